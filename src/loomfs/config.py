@@ -1,0 +1,127 @@
+"""Per-component configuration: frozen dataclasses, units in the names.
+
+Precedence: defaults < TOML file < environment (``LOOMFS_<COMPONENT>_<FIELD>``) < flags.
+Every service reads its own TOML file (``loomfs local up`` writes one per process).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RpcConfig:
+    connect_timeout_s: float = 3.0
+    call_timeout_s: float = 30.0
+    retry_attempts_max: int = 6
+    max_payload_bytes: int = 64 << 20
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MgmtdConfig:
+    host: str = "127.0.0.1"
+    port: int = 8000
+    store_url: str = "sqlite:///mgmtd.db"  # relative paths are under data_dir
+    data_dir: str = "."
+    heartbeat_interval_s: float = 1.0
+    lease_s: float = 5.0  # a node silent this long is marked dead
+    default_replicas: int = 3
+    rpc: RpcConfig = field(default_factory=RpcConfig)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MetaConfig:
+    host: str = "127.0.0.1"
+    port: int = 8100
+    node_id: int = 0
+    mgmtd: str = "127.0.0.1:8000"  # comma-separated list allowed
+    store_url: str = "sqlite:///meta.db"
+    data_dir: str = "."
+    gc_delay_s: float = 60.0  # unlinked data is removed this long after the unlink
+    gc_interval_s: float = 1.0
+    default_chunk_size_bytes: int = 4 << 20
+    default_stripe: int = 16
+    sqlite_synchronous: str = "NORMAL"  # FULL to fsync every commit
+    rpc: RpcConfig = field(default_factory=RpcConfig)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StorageConfig:
+    host: str = "127.0.0.1"
+    port: int = 8200
+    node_id: int = 1
+    mgmtd: str = "127.0.0.1:8000"
+    data_dir: str = "."
+    targets: list[str] = field(default_factory=list)  # one directory per target
+    fsync_on_commit: bool = False  # True: fsync chunk files before acking
+    max_chunk_size_bytes: int = 64 << 20
+    rpc: RpcConfig = field(default_factory=RpcConfig)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ClientConfig:
+    mgmtd: str = "127.0.0.1:8000"
+    routing_refresh_s: float = 2.0
+    write_buffer_bytes_max: int = 256 << 20  # dirty data held per client before writers wait
+    readahead_chunks: int = 8
+    parallel_chunks_max: int = 32  # chunk RPCs in flight per file operation
+    attr_cache_ttl_s: float = 0.0  # 0 = strict (revalidate every open)
+    rpc: RpcConfig = field(default_factory=RpcConfig)
+
+
+def _coerce(tp: Any, value: Any) -> Any:
+    if dataclasses.is_dataclass(tp) and isinstance(tp, type):
+        return from_dict(tp, value)
+    origin = typing.get_origin(tp)
+    if origin is list:
+        if isinstance(value, str):
+            return [v for v in value.split(",") if v]
+        return list(value)
+    if tp is bool and isinstance(value, str):
+        return value.lower() in ("1", "true", "yes", "on")
+    if tp in (int, float, str) and not isinstance(value, tp):
+        return tp(value)
+    return value
+
+
+def from_dict(cls: type[T], data: dict[str, Any]) -> T:
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    unknown = set(data) - names
+    if unknown:
+        raise ValueError(f"{cls.__name__}: unknown settings {sorted(unknown)}")
+    return cls(**{k: _coerce(hints[k], v) for k, v in data.items()})
+
+
+def to_dict(obj: Any) -> dict[str, Any]:
+    return dataclasses.asdict(obj)
+
+
+def load(cls: type[T], path: str | Path | None = None, *, env_prefix: str = "", **overrides: Any) -> T:
+    data: dict[str, Any] = {}
+    if path is not None:
+        with open(path, "rb") as f:
+            data = tomllib.load(f)
+    if env_prefix:
+        for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+            key = f"LOOMFS_{env_prefix}_{f.name}".upper()
+            if key in os.environ:
+                data[f.name] = os.environ[key]
+    data.update({k: v for k, v in overrides.items() if v is not None})
+    return from_dict(cls, data)
+
+
+def resolve_under(data_dir: str, url: str) -> str:
+    """``sqlite:///meta.db`` relative to the data dir -> absolute sqlite URL."""
+    prefix = "sqlite:///"
+    if url.startswith(prefix) and not url[len(prefix) :].startswith("/"):
+        return prefix + str(Path(data_dir, url[len(prefix) :]).resolve())
+    return url

@@ -1,0 +1,61 @@
+"""Reusable byte buffers.
+
+This VM hands freed memory back to the host, so touching fresh memory costs 3-5 us per 4 KiB
+page (0.3-1.2 GB/s) while reused memory moves at ~10 GB/s. Everything on the data path takes
+its buffers from a ``BufferPool`` and gives them back.
+"""
+
+from __future__ import annotations
+
+import threading
+
+MIN_CLASS_BYTES = 64 << 10
+
+
+def _class_of(n: int) -> int:
+    size = MIN_CLASS_BYTES
+    while size < n:
+        size <<= 1
+    return size
+
+
+class BufferPool:
+    """Free lists of bytearrays by power-of-two size class, bounded in total bytes."""
+
+    def __init__(self, max_cached_bytes: int = 256 << 20):
+        self.max_cached_bytes = max_cached_bytes
+        self._free: dict[int, list[bytearray]] = {}
+        self._cached_bytes = 0
+        self._lock = threading.Lock()
+        self.hits = 0
+        self.misses = 0
+
+    def acquire(self, n: int) -> bytearray:
+        """A buffer of at least ``n`` bytes (exactly its size class)."""
+        size = _class_of(n)
+        with self._lock:
+            free = self._free.get(size)
+            if free:
+                self.hits += 1
+                self._cached_bytes -= size
+                return free.pop()
+            self.misses += 1
+        return bytearray(size)
+
+    def release(self, buf: bytearray) -> None:
+        size = len(buf)
+        if size < MIN_CLASS_BYTES or size & (size - 1):
+            return  # not one of ours
+        with self._lock:
+            if self._cached_bytes + size > self.max_cached_bytes:
+                return
+            self._free.setdefault(size, []).append(buf)
+            self._cached_bytes += size
+
+    def __repr__(self) -> str:
+        return (
+            f"BufferPool(cached={self._cached_bytes >> 20}MiB hits={self.hits} misses={self.misses})"
+        )
+
+
+DEFAULT_POOL = BufferPool()

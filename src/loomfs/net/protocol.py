@@ -1,0 +1,227 @@
+"""asyncio ``BufferedProtocol`` that splits a byte stream into frames.
+
+Prefixes and headers are received into one preallocated per-connection buffer; a frame's
+payload is received straight into a destination the owner picks (``PayloadSink``): the
+caller's own buffer for a read reply, a pooled buffer for a server request. Small frames
+that arrive together are parsed from one ``recv``. A malformed frame closes this connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import Protocol
+
+from loomfs.wire import frame as fr
+
+logger = logging.getLogger(__name__)
+
+INITIAL_RECV_BYTES = 256 << 10
+
+
+class FrameSink(Protocol):
+    """What a connection owner implements."""
+
+    def payload_buffer(self, kind: int, header: fr.Header, length: int) -> memoryview:
+        """Where to receive a payload of ``length`` bytes (exactly that long)."""
+        ...
+
+    def frame_received(
+        self, kind: int, header: fr.Header, payload: memoryview, crc_ok: bool
+    ) -> None: ...
+
+    def connection_lost(self, exc: BaseException | None) -> None: ...
+
+
+class FrameProtocol(asyncio.BufferedProtocol):
+    def __init__(
+        self,
+        sink_factory: Callable[[FrameProtocol], FrameSink],
+        *,
+        max_payload_bytes: int = fr.DEFAULT_MAX_PAYLOAD_BYTES,
+    ):
+        self.max_payload_bytes = max_payload_bytes
+        self._sink_factory = sink_factory
+        self.sink: FrameSink | None = None
+        self.transport: asyncio.Transport | None = None
+        self._buf = bytearray(INITIAL_RECV_BYTES)
+        self._mv = memoryview(self._buf)
+        self._start = 0
+        self._end = 0
+        self._prefix: fr.Prefix | None = None
+        # payload in progress
+        self._p_header: fr.Header | None = None
+        self._p_kind = 0
+        self._p_dest: memoryview | None = None
+        self._p_pos = 0
+        self._p_crc = 0
+        self._closed = False
+        self._write_paused = False
+        self._drain_waiters: list[asyncio.Future[None]] = []
+        self.peer = ""
+
+    # ---- asyncio callbacks -------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        peer = transport.get_extra_info("peername")
+        self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            import socket
+
+            try:
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            except OSError:
+                pass
+        self.sink = self._sink_factory(self)
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        if self._p_dest is not None:
+            return self._p_dest[self._p_pos :]
+        if self._end == len(self._buf):
+            self._make_room(len(self._buf) - (self._end - self._start) or 1)
+        return self._mv[self._end :]
+
+    def buffer_updated(self, nbytes: int) -> None:
+        if self._closed:
+            return
+        try:
+            if self._p_dest is not None:
+                self._p_pos += nbytes
+                if self._p_pos == len(self._p_dest):
+                    self._finish_payload()
+                return
+            self._end += nbytes
+            self._parse()
+        except fr.FrameError as exc:
+            logger.warning("closing connection from %s: %s", self.peer, exc)
+            self.abort(exc)
+
+    def eof_received(self) -> bool | None:
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._closed = True
+        for w in self._drain_waiters:
+            if not w.done():
+                w.set_exception(ConnectionResetError("connection lost"))
+        self._drain_waiters.clear()
+        if self.sink is not None:
+            self.sink.connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        self._write_paused = True
+
+    def resume_writing(self) -> None:
+        self._write_paused = False
+        for w in self._drain_waiters:
+            if not w.done():
+                w.set_result(None)
+        self._drain_waiters.clear()
+
+    # ---- sending ---------------------------------------------------------------------------
+    def send(self, prefix_and_header: bytes, payload: bytes | bytearray | memoryview | None) -> None:
+        """Queue one frame. The payload is sent or copied before this returns."""
+        if self._closed or self.transport is None:
+            raise ConnectionResetError("connection closed")
+        # two writes, not writelines: on 3.11 writelines joins (copies) the payload
+        self.transport.write(prefix_and_header)
+        if payload is not None and len(payload):
+            self.transport.write(payload)
+
+    async def drain(self) -> None:
+        if self._closed:
+            raise ConnectionResetError("connection closed")
+        if not self._write_paused:
+            return
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._drain_waiters.append(fut)
+        await fut
+
+    def abort(self, exc: BaseException | None = None) -> None:
+        if self.transport is not None and not self._closed:
+            self.transport.abort()
+        self._closed = True
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def pause_reading(self) -> None:
+        if self.transport is not None and not self._closed:
+            self.transport.pause_reading()
+
+    def resume_reading(self) -> None:
+        if self.transport is not None and not self._closed:
+            self.transport.resume_reading()
+
+    # ---- parsing ---------------------------------------------------------------------------
+    def _make_room(self, need: int) -> None:
+        """Compact the receive buffer; grow it (bounded) when a header will not fit."""
+        live = self._end - self._start
+        if self._start:
+            self._buf[:live] = self._buf[self._start : self._end]
+            self._start, self._end = 0, live
+        if len(self._buf) - live < need:
+            size = len(self._buf)
+            while size - live < need:
+                size *= 2
+            if size > fr.MAX_HEADER_BYTES + fr.PREFIX_SIZE + INITIAL_RECV_BYTES:
+                raise fr.FrameError("receive buffer would exceed its bound")
+            self._mv.release()
+            new = bytearray(size)
+            new[:live] = self._buf[:live]
+            self._buf = new
+            self._mv = memoryview(self._buf)
+
+    def _parse(self) -> None:
+        assert self.sink is not None
+        while not self._closed:
+            avail = self._end - self._start
+            if self._prefix is None:
+                if avail < fr.PREFIX_SIZE:
+                    break
+                self._prefix = fr.parse_prefix(
+                    self._mv[self._start : self._start + fr.PREFIX_SIZE], self.max_payload_bytes
+                )
+            prefix = self._prefix
+            need = fr.PREFIX_SIZE + prefix.header_len
+            if avail < need:
+                if len(self._buf) - self._start < need:
+                    self._make_room(need)
+                break
+            hstart = self._start + fr.PREFIX_SIZE
+            header = fr.decode_header(prefix, self._mv[hstart : hstart + prefix.header_len])
+            self._start += need
+            self._prefix = None
+            plen = prefix.payload_len
+            if plen == 0:
+                self.sink.frame_received(prefix.kind, header, memoryview(b""), prefix.payload_crc == 0)
+                continue
+            dest = self.sink.payload_buffer(prefix.kind, header, plen)
+            if len(dest) != plen:
+                raise fr.FrameError("payload sink returned a buffer of the wrong size")
+            take = min(plen, self._end - self._start)
+            if take:
+                dest[:take] = self._mv[self._start : self._start + take]
+                self._start += take
+            self._p_header, self._p_kind, self._p_dest = header, prefix.kind, dest
+            self._p_pos, self._p_crc = take, prefix.payload_crc
+            if take == plen:
+                self._finish_payload()
+                continue
+            # the rest of the payload goes straight into dest
+            self._start = self._end = 0
+            break
+        if self._start == self._end:
+            self._start = self._end = 0
+
+    def _finish_payload(self) -> None:
+        assert self.sink is not None and self._p_dest is not None and self._p_header is not None
+        dest, header, kind, want = self._p_dest, self._p_header, self._p_kind, self._p_crc
+        self._p_dest = self._p_header = None
+        self._p_pos = 0
+        ok = fr.crc(dest) == want
+        self.sink.frame_received(kind, header, dest, ok)

@@ -1,0 +1,450 @@
+"""RPC over frames: a server that dispatches by (service, method) and a pooled client.
+
+Servers: every request runs in its own task (bounded per connection, reading pauses past
+the bound); unknown methods, undecodable bodies and bad payload CRCs get an error status;
+handler exceptions become status codes (never pickled); a broken peer only loses its own
+connection. Clients: one multiplexed connection per peer, deadlines on every call, retry
+with exponential backoff for idempotent methods, replies received straight into the
+caller's buffer when one is given.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import random
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+from loomfs.errors import (
+    ConnectionFailed,
+    LoomError,
+    ProtocolError,
+    StatusError,
+    TimedOut,
+    from_status,
+    status_for_exception,
+)
+from loomfs.net.buffers import DEFAULT_POOL, BufferPool
+from loomfs.net.transport import Address, Channel, Listener, Transport
+from loomfs.wire import frame as fr
+from loomfs.wire.message import Message, Method
+from loomfs.wire.status import Status
+
+logger = logging.getLogger(__name__)
+
+M = TypeVar("M", bound=Message)
+
+_EMPTY = memoryview(b"")
+
+
+@dataclass(slots=True)
+class CallContext:
+    """What a handler gets besides the decoded request."""
+
+    payload: memoryview
+    request_id: int
+    peer: str
+    deadline: float | None  # loop.time() by which the reply is due; None = no deadline
+
+
+@dataclass(slots=True)
+class Reply:
+    """A handler's answer when it has a payload to send."""
+
+    body: Message
+    payload: bytes | bytearray | memoryview | None = None
+    payload_crc: int | None = None  # precomputed (e.g. the stored chunk CRC)
+    on_sent: Callable[[], None] | None = None  # e.g. give a pooled buffer back
+
+
+Handler = Callable[[Any, CallContext], Awaitable[Message | Reply]]
+
+
+def handles(m: Method) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Mark a service coroutine as the handler of ``m``: ``@handles(STAT)``."""
+
+    def mark(fn: Callable[..., Any]) -> Callable[..., Any]:
+        fn.__loomfs_method__ = m  # type: ignore[attr-defined]
+        return fn
+
+    return mark
+
+
+class RpcServer:
+    def __init__(
+        self,
+        name: str,
+        transport: Transport,
+        *,
+        inflight_per_connection_max: int = 512,
+        pool: BufferPool = DEFAULT_POOL,
+    ):
+        self.name = name
+        self.transport = transport
+        self.inflight_per_connection_max = inflight_per_connection_max
+        self.pool = pool
+        self._handlers: dict[tuple[int, int], tuple[Method, Handler]] = {}
+        self._listener: Listener | None = None
+        self._connections: set[_ServerConnection] = set()
+        self.requests_total = 0
+        self.errors_total = 0
+
+    def register(self, m: Method, handler: Handler) -> None:
+        if m.key in self._handlers:
+            raise ValueError(f"{m.name} registered twice")
+        self._handlers[m.key] = (m, handler)
+
+    def add_service(self, service: object) -> None:
+        for attr in dir(service):
+            fn = getattr(service, attr, None)
+            m = getattr(fn, "__loomfs_method__", None)
+            if isinstance(m, Method):
+                self.register(m, fn)  # type: ignore[arg-type]
+
+    async def start(self, address: Address) -> Address:
+        self._listener = await self.transport.listen(address, self._new_connection)
+        logger.info("%s listening on %s", self.name, self._listener.address)
+        return self._listener.address
+
+    @property
+    def address(self) -> Address:
+        assert self._listener is not None
+        return self._listener.address
+
+    async def close(self) -> None:
+        if self._listener is not None:
+            await self._listener.close()
+        for conn in list(self._connections):
+            conn.channel.abort()
+        self._connections.clear()
+
+    def _new_connection(self, channel: Channel) -> _ServerConnection:
+        conn = _ServerConnection(self, channel)
+        self._connections.add(conn)
+        return conn
+
+    def __repr__(self) -> str:
+        return f"RpcServer({self.name} conns={len(self._connections)} requests={self.requests_total})"
+
+
+class _ServerConnection:
+    def __init__(self, server: RpcServer, channel: Channel):
+        self.server = server
+        self.channel = channel
+        self._inflight = 0
+        self._paused = False
+        self._bufs: dict[int, bytearray] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def payload_buffer(self, kind: int, header: fr.Header, length: int) -> memoryview:
+        buf = self.server.pool.acquire(length)
+        self._bufs[id(header)] = buf
+        return memoryview(buf)[:length]
+
+    def frame_received(self, kind: int, header: fr.Header, payload: memoryview, crc_ok: bool) -> None:
+        if kind != fr.KIND_REQUEST:
+            logger.warning("%s: response frame from client %s; closing", self.server.name, self.channel.peer)
+            self.channel.abort()
+            return
+        buf = self._bufs.pop(id(header), None)
+        self._inflight += 1
+        if self._inflight >= self.server.inflight_per_connection_max and not self._paused:
+            self._paused = True
+            self.channel.pause_reading()
+        task = asyncio.get_running_loop().create_task(self._handle(header, payload, buf, crc_ok))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        self.server._connections.discard(self)
+        for buf in self._bufs.values():
+            self.server.pool.release(buf)
+        self._bufs.clear()
+
+    async def _handle(
+        self, header: fr.Header, payload: memoryview, buf: bytearray | None, crc_ok: bool
+    ) -> None:
+        server = self.server
+        server.requests_total += 1
+        reply: Reply | None = None
+        status, message = Status.OK, ""
+        try:
+            entry = server._handlers.get((header.service, header.method))
+            if entry is None:
+                raise StatusError(
+                    Status.UNKNOWN_METHOD, f"no method {header.service}.{header.method} on {server.name}"
+                )
+            m, handler = entry
+            if not crc_ok:
+                raise StatusError(Status.CHECKSUM_MISMATCH, "request payload failed CRC32C")
+            req = m.request.from_wire(header.body)
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + header.deadline_ms / 1000 if header.deadline_ms > 0 else None
+            ctx = CallContext(payload, header.request_id, self.channel.peer, deadline)
+            if deadline is not None:
+                async with asyncio.timeout_at(deadline):
+                    result = await handler(req, ctx)
+            else:
+                result = await handler(req, ctx)
+            reply = result if isinstance(result, Reply) else Reply(result)
+        except (TimeoutError, asyncio.TimeoutError):
+            status, message = Status.DEADLINE_EXCEEDED, "deadline exceeded on server"
+        except LoomError as exc:
+            status, message = status_for_exception(exc), str(exc.strerror or exc)
+        except OSError as exc:
+            status, message = status_for_exception(exc), str(exc)
+        except asyncio.CancelledError:
+            status, message = Status.SHUTTING_DOWN, "server shutting down"
+        except Exception as exc:
+            logger.exception("%s: handler for %s.%s failed", server.name, header.service, header.method)
+            status, message = Status.INTERNAL, f"{type(exc).__name__}: {exc}"
+        finally:
+            if buf is not None:
+                server.pool.release(buf)
+            self._inflight -= 1
+            if self._paused and self._inflight < server.inflight_per_connection_max // 2:
+                self._paused = False
+                self.channel.resume_reading()
+        if status is not Status.OK:
+            server.errors_total += 1
+        body = reply.body.to_wire() if reply is not None and status is Status.OK else {}
+        out = fr.Header(header.service, header.method, header.request_id, 0, int(status), message, body)
+        pay = reply.payload if reply is not None and status is Status.OK else None
+        try:
+            if not self.channel.closed:
+                self.channel.send(
+                    fr.encode(fr.KIND_RESPONSE, out, pay, reply.payload_crc if reply else None), pay
+                )
+                await self.channel.drain()
+        except (ConnectionError, OSError):
+            pass
+        finally:
+            if reply is not None and reply.on_sent is not None:
+                reply.on_sent()
+
+
+# ---------------------------------------------------------------------------------------
+# client side
+
+
+@dataclass(slots=True)
+class Response(Generic[M]):
+    body: M
+    payload: memoryview  # a view of recv_into when one was given
+
+
+@dataclass(slots=True)
+class _Pending:
+    future: asyncio.Future[tuple[fr.Header, memoryview, bool]]
+    recv_into: memoryview | None
+
+
+class ClientConnection:
+    """One multiplexed connection to a peer."""
+
+    _ids = itertools.count(1)
+
+    def __init__(self, address: Address):
+        self.address = address
+        self.channel: Channel | None = None
+        self._pending: dict[int, _Pending] = {}
+        self._receiving: int = 0  # request id whose payload is being received, 0 = none
+        self.closed = False
+
+    # FrameSink
+    def payload_buffer(self, kind: int, header: fr.Header, length: int) -> memoryview:
+        p = self._pending.get(header.request_id)
+        self._receiving = header.request_id
+        if p is not None and p.recv_into is not None and len(p.recv_into) >= length:
+            return p.recv_into[:length]
+        return memoryview(bytearray(length))
+
+    def frame_received(self, kind: int, header: fr.Header, payload: memoryview, crc_ok: bool) -> None:
+        self._receiving = 0
+        if kind != fr.KIND_RESPONSE:
+            logger.warning("request frame from server %s; closing", self.address)
+            self.abort()
+            return
+        p = self._pending.pop(header.request_id, None)
+        if p is not None and not p.future.done():
+            p.future.set_result((header, payload, crc_ok))
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        self.closed = True
+        pending, self._pending = self._pending, {}
+        for p in pending.values():
+            if not p.future.done():
+                p.future.set_exception(ConnectionFailed(f"connection to {self.address} lost"))
+
+    def abort(self) -> None:
+        self.closed = True
+        if self.channel is not None:
+            self.channel.abort()
+
+    async def call(
+        self,
+        m: Method,
+        req: Message,
+        *,
+        payload: bytes | bytearray | memoryview | None = None,
+        payload_crc: int | None = None,
+        recv_into: memoryview | None = None,
+        timeout_s: float,
+    ) -> Response[Any]:
+        if self.closed or self.channel is None or self.channel.closed:
+            raise ConnectionFailed(f"connection to {self.address} is closed")
+        rid = next(self._ids)
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[tuple[fr.Header, memoryview, bool]] = loop.create_future()
+        self._pending[rid] = _Pending(fut, recv_into)
+        header = fr.Header(m.service, m.method, rid, max(1, int(timeout_s * 1000)), 0, "", req.to_wire())
+        try:
+            self.channel.send(fr.encode(fr.KIND_REQUEST, header, payload, payload_crc), payload)
+            await self.channel.drain()
+            async with asyncio.timeout(timeout_s):
+                rh, rpayload, crc_ok = await fut
+        except (TimeoutError, asyncio.TimeoutError) as exc:
+            self._pending.pop(rid, None)
+            if self._receiving == rid:
+                # the reply is landing in the caller's buffer right now; only closing stops it
+                self.abort()
+            raise TimedOut(f"{m.name} to {self.address} timed out after {timeout_s:.3g}s") from exc
+        except (ConnectionError, OSError) as exc:
+            self._pending.pop(rid, None)
+            if isinstance(exc, LoomError):
+                raise
+            raise ConnectionFailed(f"{m.name} to {self.address}: {exc}") from exc
+        except BaseException:
+            self._pending.pop(rid, None)
+            if self._receiving == rid:
+                self.abort()
+            raise
+        if rh.status != Status.OK:
+            raise from_status(rh.status, rh.message)
+        if not crc_ok:
+            exc2 = from_status(Status.CHECKSUM_MISMATCH, f"{m.name} reply from {self.address} failed CRC32C")
+            raise exc2
+        try:
+            body = m.response.from_wire(rh.body)
+        except StatusError as exc:
+            raise ProtocolError(f"bad {m.name} reply from {self.address}: {exc}") from exc
+        return Response(body, rpayload if len(rpayload) else _EMPTY)
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    attempts_max: int = 6
+    backoff_initial_s: float = 0.05
+    backoff_max_s: float = 2.0
+    retry_statuses: frozenset[Status] = field(
+        default_factory=lambda: frozenset({Status.SHUTTING_DOWN, Status.EAGAIN, Status.CHECKSUM_MISMATCH})
+    )
+
+    def delay_s(self, attempt: int, rng: random.Random) -> float:
+        base = min(self.backoff_max_s, self.backoff_initial_s * (2**attempt))
+        return base * (0.5 + rng.random() / 2)
+
+
+class RpcClient:
+    """Connection pool + deadlines + retries. One per process (or per event loop)."""
+
+    def __init__(
+        self,
+        transport: Transport,
+        *,
+        connect_timeout_s: float = 3.0,
+        call_timeout_s: float = 30.0,
+        retry: RetryPolicy | None = None,
+        rng: random.Random | None = None,
+    ):
+        self.transport = transport
+        self.connect_timeout_s = connect_timeout_s
+        self.call_timeout_s = call_timeout_s
+        self.retry = retry or RetryPolicy()
+        self._rng = rng or random.Random()
+        self._conns: dict[Address, ClientConnection] = {}
+        self._connecting: dict[Address, asyncio.Future[ClientConnection]] = {}
+        self.calls_total = 0
+        self.retries_total = 0
+
+    async def connection(self, address: Address) -> ClientConnection:
+        conn = self._conns.get(address)
+        if conn is not None and not conn.closed:
+            return conn
+        waiting = self._connecting.get(address)
+        if waiting is not None:
+            return await asyncio.shield(waiting)
+        fut: asyncio.Future[ClientConnection] = asyncio.get_running_loop().create_future()
+        self._connecting[address] = fut
+        try:
+            conn = ClientConnection(address)
+            conn.channel = await self.transport.connect(
+                address, lambda ch: conn, timeout_s=self.connect_timeout_s  # type: ignore[arg-type,return-value]
+            )
+            self._conns[address] = conn
+            fut.set_result(conn)
+            return conn
+        except BaseException as exc:
+            fut.set_exception(exc)
+            fut.exception()  # mark retrieved
+            raise
+        finally:
+            self._connecting.pop(address, None)
+
+    async def call(
+        self,
+        address: Address,
+        m: Method,
+        req: Message,
+        *,
+        payload: bytes | bytearray | memoryview | None = None,
+        payload_crc: int | None = None,
+        recv_into: memoryview | None = None,
+        timeout_s: float | None = None,
+        retry: bool | None = None,
+    ) -> Response[Any]:
+        """Call ``m`` at ``address``. Idempotent methods are retried on transient failure."""
+        timeout_s = self.call_timeout_s if timeout_s is None else timeout_s
+        deadline = time.monotonic() + timeout_s
+        may_retry = m.idempotent if retry is None else retry
+        attempt = 0
+        while True:
+            self.calls_total += 1
+            remaining = deadline - time.monotonic()
+            try:
+                if remaining <= 0:
+                    raise TimedOut(f"{m.name} to {address}: deadline passed")
+                conn = await self.connection(address)
+                return await conn.call(
+                    m, req, payload=payload, payload_crc=payload_crc, recv_into=recv_into, timeout_s=remaining
+                )
+            except (ConnectionFailed, TimedOut, LoomError) as exc:
+                transient = isinstance(exc, ConnectionFailed | TimedOut) or (
+                    exc.status in self.retry.retry_statuses
+                )
+                attempt += 1
+                if not (may_retry and transient) or attempt >= self.retry.attempts_max:
+                    raise
+                delay = min(self.retry.delay_s(attempt - 1, self._rng), max(0.0, deadline - time.monotonic()))
+                if delay <= 0:
+                    raise
+                self.retries_total += 1
+                logger.debug("retrying %s to %s after %s (attempt %d)", m.name, address, exc, attempt)
+                await asyncio.sleep(delay)
+
+    def drop(self, address: Address) -> None:
+        conn = self._conns.pop(address, None)
+        if conn is not None:
+            conn.abort()
+
+    async def close(self) -> None:
+        for conn in list(self._conns.values()):
+            conn.abort()
+        self._conns.clear()
+
+    def __repr__(self) -> str:
+        return f"RpcClient(conns={len(self._conns)} calls={self.calls_total} retries={self.retries_total})"

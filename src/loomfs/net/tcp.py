@@ -1,0 +1,73 @@
+"""TCP transport: asyncio streams replaced by ``FrameProtocol`` (BufferedProtocol)."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+
+from loomfs.errors import ConnectionFailed, TimedOut
+from loomfs.net.protocol import FrameProtocol
+from loomfs.net.transport import Address, Channel, Listener, SinkFactory, Transport
+from loomfs.wire import frame as fr
+
+SOCKET_BUFFER_BYTES = 4 << 20
+
+
+def _tune(sock: socket.socket | None) -> None:
+    if sock is None:
+        return
+    for opt in (socket.SO_SNDBUF, socket.SO_RCVBUF):
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, opt, SOCKET_BUFFER_BYTES)
+        except OSError:
+            pass
+
+
+class _TcpListener(Listener):
+    def __init__(self, server: asyncio.Server, address: Address):
+        self._server = server
+        self.address = address
+
+    async def close(self) -> None:
+        self._server.close()
+        try:
+            await asyncio.wait_for(self._server.wait_closed(), 2.0)
+        except (asyncio.TimeoutError, TimeoutError):
+            pass
+
+
+class TcpTransport(Transport):
+    def __init__(self, *, max_payload_bytes: int = fr.DEFAULT_MAX_PAYLOAD_BYTES):
+        self.max_payload_bytes = max_payload_bytes
+
+    async def connect(self, address: Address, sink_factory: SinkFactory, *, timeout_s: float) -> Channel:
+        loop = asyncio.get_running_loop()
+        try:
+            _, proto = await asyncio.wait_for(
+                loop.create_connection(
+                    lambda: FrameProtocol(sink_factory, max_payload_bytes=self.max_payload_bytes),  # type: ignore[arg-type]
+                    address.host,
+                    address.port,
+                ),
+                timeout_s,
+            )
+        except (asyncio.TimeoutError, TimeoutError) as exc:
+            raise TimedOut(f"connect to {address} timed out") from exc
+        except OSError as exc:
+            raise ConnectionFailed(f"connect to {address}: {exc.strerror or exc}") from exc
+        _tune(proto.transport.get_extra_info("socket") if proto.transport else None)
+        return proto
+
+    async def listen(self, address: Address, sink_factory: SinkFactory) -> Listener:
+        loop = asyncio.get_running_loop()
+        server = await loop.create_server(
+            lambda: FrameProtocol(sink_factory, max_payload_bytes=self.max_payload_bytes),  # type: ignore[arg-type]
+            address.host,
+            address.port,
+            reuse_address=True,
+            backlog=1024,
+        )
+        sock = server.sockets[0]
+        _tune(sock)
+        host, port = sock.getsockname()[:2]
+        return _TcpListener(server, Address(host, port))

@@ -1,0 +1,164 @@
+"""meta service (id 2): the namespace. Path-based calls, one round trip each.
+
+Paths are absolute, '/'-separated, already normalised by the client (``..`` resolved
+lexically, never above the root); the server validates them again (NUL bytes, components
+longer than 255 bytes, empty components) and answers EINVAL / ENAMETOOLONG.
+"""
+
+from __future__ import annotations
+
+from loomfs.wire.message import Empty, Message, many, message, method
+from loomfs.wire.types import SERVICE_META, Attr, DirEntry, Layout
+
+
+@message
+class PathReq(Message):
+    path: str = ""
+    follow_symlinks: bool = True
+
+
+@message
+class AttrRsp(Message):
+    attr: Attr | None = None
+
+
+@message
+class MkdirReq(Message):
+    path: str = ""
+    mode: int = 0o755
+    parents: bool = False  # like mkdir -p: create missing ancestors
+    exist_ok: bool = False
+    uid: int = 0
+    gid: int = 0
+
+
+@message
+class OpenReq(Message):
+    path: str = ""
+    flags: int = 0  # os.O_* bits: O_RDONLY/O_WRONLY/O_RDWR, O_CREAT, O_EXCL, O_TRUNC, O_APPEND
+    mode: int = 0o644
+    uid: int = 0
+    gid: int = 0
+    client_id: int = 0  # write opens register a session under this client
+
+
+@message
+class OpenRsp(Message):
+    attr: Attr | None = None
+    session_id: int = 0  # nonzero for write opens
+    truncated_from: int = 0  # O_TRUNC: the length before truncation (client removes those chunks)
+
+
+@message
+class CloseReq(Message):
+    inode: int = 0
+    session_id: int = 0
+    length: int = -1  # highest byte written + 1 by this session; -1 = wrote nothing
+    mtime_ns: int = 0  # 0 = now if length >= 0
+
+
+@message
+class SyncReq(Message):
+    """fsync / periodic length report from an open writer."""
+
+    inode: int = 0
+    length: int = -1
+    mtime_ns: int = 0
+
+
+@message
+class ReaddirReq(Message):
+    path: str = ""
+    after: str = ""  # cursor: return names strictly greater than this
+    limit: int = 1024
+    with_attrs: bool = False
+
+
+@message
+class ReaddirRsp(Message):
+    entries: list[DirEntry] = many()
+    more: bool = False  # another page follows; pass the last name as `after`
+
+
+@message
+class RenameReq(Message):
+    src: str = ""
+    dst: str = ""
+    no_replace: bool = False  # RENAME_NOREPLACE: EEXIST if dst exists
+
+
+@message
+class SymlinkReq(Message):
+    target: str = ""
+    path: str = ""
+    uid: int = 0
+    gid: int = 0
+
+
+@message
+class ReadlinkRsp(Message):
+    target: str = ""
+
+
+@message
+class LinkReq(Message):
+    src: str = ""
+    dst: str = ""
+
+
+@message
+class SetattrReq(Message):
+    path: str = ""
+    follow_symlinks: bool = True
+    mode: int = -1  # -1 = unchanged
+    uid: int = -1
+    gid: int = -1
+    atime_ns: int = -1
+    mtime_ns: int = -1
+    size: int = -1  # truncate/extend; the reply's truncated_from says the old length
+
+
+@message
+class SetattrRsp(Message):
+    attr: Attr | None = None
+    truncated_from: int = -1
+
+
+@message
+class StatfsRsp(Message):
+    files: int = 0
+    directories: int = 0
+    bytes_used: int = 0  # sum of file lengths (logical)
+    gc_pending: int = 0
+
+
+@message
+class SetLayoutReq(Message):
+    path: str = ""
+    layout: Layout | None = None
+
+
+@message
+class UnlinkRsp(Message):
+    """Unlink/rmdir: the removed inode and whether its data went to the GC queue."""
+
+    inode: int = 0
+    gc_queued: bool = False
+
+
+STAT = method(SERVICE_META, 1, "stat", PathReq, AttrRsp, idempotent=True)
+MKDIR = method(SERVICE_META, 2, "mkdir", MkdirReq, AttrRsp)
+OPEN = method(SERVICE_META, 3, "open", OpenReq, OpenRsp)
+CLOSE = method(SERVICE_META, 4, "close", CloseReq, AttrRsp, idempotent=True)
+SYNC = method(SERVICE_META, 5, "sync", SyncReq, AttrRsp, idempotent=True)
+READDIR = method(SERVICE_META, 6, "readdir", ReaddirReq, ReaddirRsp, idempotent=True)
+RENAME = method(SERVICE_META, 7, "rename", RenameReq, Empty)
+UNLINK = method(SERVICE_META, 8, "unlink", PathReq, UnlinkRsp)
+RMDIR = method(SERVICE_META, 9, "rmdir", PathReq, UnlinkRsp)
+SYMLINK = method(SERVICE_META, 10, "symlink", SymlinkReq, AttrRsp)
+READLINK = method(SERVICE_META, 11, "readlink", PathReq, ReadlinkRsp, idempotent=True)
+LINK = method(SERVICE_META, 12, "link", LinkReq, AttrRsp)
+SETATTR = method(SERVICE_META, 13, "setattr", SetattrReq, SetattrRsp)
+STATFS = method(SERVICE_META, 14, "statfs", Empty, StatfsRsp, idempotent=True)
+SET_LAYOUT = method(SERVICE_META, 15, "set_layout", SetLayoutReq, AttrRsp, idempotent=True)
+META_PING = method(SERVICE_META, 16, "ping", Empty, Empty, idempotent=True)

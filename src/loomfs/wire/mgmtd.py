@@ -1,0 +1,71 @@
+"""mgmtd service (id 1): membership, heartbeats, chain tables, routing."""
+
+from __future__ import annotations
+
+from loomfs.wire.message import Empty, Message, many, message, method
+from loomfs.wire.types import SERVICE_MGMTD, ChainTable, NodeInfo, RoutingInfo, TargetInfo
+
+
+@message
+class RegisterNodeReq(Message):
+    node_id: int = 0  # 0 = assign one
+    kind: int = 0
+    host: str = ""
+    port: int = 0
+    targets: list[TargetInfo] = many()  # storage nodes: the targets they serve
+
+
+@message
+class RegisterNodeRsp(Message):
+    node_id: int = 0
+    lease_s: float = 5.0
+    heartbeat_interval_s: float = 1.0
+    routing_version: int = 0
+
+
+@message
+class HeartbeatReq(Message):
+    node_id: int = 0
+    targets: list[TargetInfo] = many()  # current usage and local state
+
+
+@message
+class HeartbeatRsp(Message):
+    routing_version: int = 0
+    lease_s: float = 5.0
+
+
+@message
+class GetRoutingReq(Message):
+    known_version: int = 0  # if equal to current, routing is omitted
+
+
+@message
+class GetRoutingRsp(Message):
+    changed: bool = True
+    routing: RoutingInfo | None = None
+
+
+@message
+class CreateChainTableReq(Message):
+    replicas: int = 3
+    table_id: int = 0  # 0 = next free id
+    chains_per_target: int = 1  # reserved; each target belongs to one chain
+
+
+@message
+class CreateChainTableRsp(Message):
+    table: ChainTable | None = None
+
+
+@message
+class ListNodesRsp(Message):
+    nodes: list[NodeInfo] = many()
+
+
+REGISTER_NODE = method(SERVICE_MGMTD, 1, "register_node", RegisterNodeReq, RegisterNodeRsp, idempotent=True)
+HEARTBEAT = method(SERVICE_MGMTD, 2, "heartbeat", HeartbeatReq, HeartbeatRsp, idempotent=True)
+GET_ROUTING = method(SERVICE_MGMTD, 3, "get_routing", GetRoutingReq, GetRoutingRsp, idempotent=True)
+CREATE_CHAIN_TABLE = method(SERVICE_MGMTD, 4, "create_chain_table", CreateChainTableReq, CreateChainTableRsp)
+LIST_NODES = method(SERVICE_MGMTD, 5, "list_nodes", Empty, ListNodesRsp, idempotent=True)
+MGMTD_PING = method(SERVICE_MGMTD, 6, "ping", Empty, Empty, idempotent=True)

@@ -1,0 +1,131 @@
+"""storage service (id 3): chunk I/O with chain replication (CRAQ).
+
+A chunk is addressed by (inode, index) and lives on one chain. Client writes go to the
+chain head; each replica checks ``chain_version``, stores the update as a pending version,
+forwards it to its successor (``forwarded=True`` with the head's ``update_ver``); the tail
+commits and the commit flows back; the client's ack means the tail committed. The write's
+data travels as the frame payload (CRC32C-checked by the framing layer and again against
+``data_crc``, which the client computed over its buffer).
+"""
+
+from __future__ import annotations
+
+from loomfs.wire.message import Empty, Message, many, message, method
+from loomfs.wire.types import SERVICE_STORAGE
+
+
+@message
+class ChunkId(Message):
+    inode: int = 0
+    index: int = 0
+
+
+@message
+class RequestTag(Message):
+    """Identifies one client write so a retried copy is applied once."""
+
+    client_id: int = 0
+    request_id: int = 0
+
+
+@message
+class WriteReq(Message):
+    chain_id: int = 0
+    chain_version: int = 0
+    chunk: ChunkId | None = None
+    offset: int = 0  # inside the chunk
+    length: int = 0  # == payload length
+    chunk_size: int = 0  # the file's chunk size (upper bound for offset + length)
+    data_crc: int = 0  # CRC32C of the payload as the client saw it
+    tag: RequestTag | None = None
+    # set on hops after the head:
+    forwarded: bool = False
+    update_ver: int = 0
+    full_replace: bool = False  # resync: payload is the whole chunk at version update_ver
+
+
+@message
+class WriteRsp(Message):
+    commit_ver: int = 0
+    chunk_length: int = 0
+    chunk_crc: int = 0
+
+
+@message
+class ReadReq(Message):
+    chain_id: int = 0
+    chain_version: int = 0
+    chunk: ChunkId | None = None
+    offset: int = 0
+    length: int = 0  # bytes wanted; the reply may be shorter (end of chunk)
+    target_id: int = 0  # which replica the client chose (0 = any on that node)
+
+
+@message
+class ReadRsp(Message):
+    commit_ver: int = 0
+    length: int = 0  # bytes in the payload
+    chunk_length: int = 0
+    exists: bool = True
+
+
+@message
+class TruncateReq(Message):
+    chain_id: int = 0
+    chain_version: int = 0
+    chunk: ChunkId | None = None
+    length: int = 0  # new chunk length (may be 0); chunks are removed with RemoveChunks
+    chunk_size: int = 0
+    tag: RequestTag | None = None
+    forwarded: bool = False
+    update_ver: int = 0
+
+
+@message
+class RemoveChunksReq(Message):
+    """Remove chunks [index_begin, index_end) of an inode on one chain (GC, truncate)."""
+
+    chain_id: int = 0
+    chain_version: int = 0
+    inode: int = 0
+    index_begin: int = 0
+    index_end: int = 1 << 62
+    tag: RequestTag | None = None
+    forwarded: bool = False
+
+
+@message
+class RemoveChunksRsp(Message):
+    removed: int = 0
+
+
+@message
+class ChunkMeta(Message):
+    chunk: ChunkId | None = None
+    commit_ver: int = 0
+    update_ver: int = 0
+    length: int = 0
+    crc: int = 0
+
+
+@message
+class QueryChunksReq(Message):
+    target_id: int = 0
+    inode: int = 0  # 0 = all inodes
+    index_begin: int = 0
+    index_end: int = 1 << 62
+    limit: int = 10000
+
+
+@message
+class QueryChunksRsp(Message):
+    chunks: list[ChunkMeta] = many()
+    more: bool = False
+
+
+WRITE = method(SERVICE_STORAGE, 1, "write", WriteReq, WriteRsp, idempotent=True)  # tag-deduped
+READ = method(SERVICE_STORAGE, 2, "read", ReadReq, ReadRsp, idempotent=True)
+TRUNCATE = method(SERVICE_STORAGE, 3, "truncate", TruncateReq, WriteRsp, idempotent=True)
+REMOVE_CHUNKS = method(SERVICE_STORAGE, 4, "remove_chunks", RemoveChunksReq, RemoveChunksRsp, idempotent=True)
+QUERY_CHUNKS = method(SERVICE_STORAGE, 5, "query_chunks", QueryChunksReq, QueryChunksRsp, idempotent=True)
+STORAGE_PING = method(SERVICE_STORAGE, 6, "ping", Empty, Empty, idempotent=True)

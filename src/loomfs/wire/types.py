@@ -1,0 +1,122 @@
+"""Types shared by several services: routing, layouts, chunk ids, attributes."""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+from loomfs.wire.message import Message, many, message
+
+SERVICE_MGMTD = 1
+SERVICE_META = 2
+SERVICE_STORAGE = 3
+
+ROOT_INODE = 1
+
+
+class NodeKind(IntEnum):
+    MGMTD = 1
+    META = 2
+    STORAGE = 3
+
+
+class NodeState(IntEnum):
+    ALIVE = 1
+    DEAD = 2  # missed heartbeats past its lease
+
+
+class TargetState(IntEnum):
+    """Public target states (3FS names). Issue 3 drives the full transition table."""
+
+    SERVING = 1
+    SYNCING = 2
+    WAITING = 3
+    LASTSRV = 4
+    OFFLINE = 5
+
+
+class FileType(IntEnum):
+    FILE = 1
+    DIRECTORY = 2
+    SYMLINK = 3
+
+
+@message
+class NodeInfo(Message):
+    node_id: int = 0
+    kind: int = 0  # NodeKind
+    host: str = ""
+    port: int = 0
+    state: int = NodeState.ALIVE
+    last_heartbeat_ms: int = 0
+
+
+@message
+class TargetInfo(Message):
+    target_id: int = 0
+    node_id: int = 0
+    path: str = ""
+    state: int = TargetState.SERVING
+    chain_id: int = 0  # 0 = not in a chain (spare)
+    used_bytes: int = 0
+    capacity_bytes: int = 0
+    chunk_count: int = 0
+
+
+@message
+class ChainInfo(Message):
+    chain_id: int = 0
+    version: int = 1  # bumped on every reconfiguration
+    targets: list[int] = many()  # ordered head..tail; serving targets only are routable
+    table_id: int = 0
+
+
+@message
+class ChainTable(Message):
+    table_id: int = 0
+    version: int = 1
+    replicas: int = 3
+    chain_ids: list[int] = many()
+
+
+@message
+class RoutingInfo(Message):
+    version: int = 0
+    nodes: list[NodeInfo] = many()
+    targets: list[TargetInfo] = many()
+    chains: list[ChainInfo] = many()
+    tables: list[ChainTable] = many()
+
+
+@message
+class Layout(Message):
+    """How a file's bytes map onto chains. Chunk i lives on chains[i % stripe]."""
+
+    chunk_size: int = 4 << 20
+    stripe: int = 16  # requested width; a file's actual width is len(chains)
+    table_id: int = 1
+    replicas: int = 0  # 0 = whatever table_id has; else pick a table with that many replicas
+    chains: list[int] = many()  # filled in for files; empty on directories
+
+
+@message
+class Attr(Message):
+    inode: int = 0
+    type: int = FileType.FILE
+    mode: int = 0o644  # permission bits only
+    nlink: int = 1
+    uid: int = 0
+    gid: int = 0
+    size: int = 0
+    atime_ns: int = 0
+    mtime_ns: int = 0
+    ctime_ns: int = 0
+    layout: Layout | None = None  # files: their layout; directories: the layout children inherit
+    symlink_target: str = ""
+
+
+@message
+class DirEntry(Message):
+    name: str = ""
+    inode: int = 0
+    type: int = FileType.FILE
+    attr: Attr | None = None  # filled when with_attrs was asked
