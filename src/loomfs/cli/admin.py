@@ -1,0 +1,113 @@
+"""``loomfs admin nodes|targets|chains|create-chain-table``: the cluster as mgmtd sees it."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from loomfs.cli.common import human_bytes, target
+from loomfs.common.routing import parse_addresses
+from loomfs.net.rpc import RpcClient
+from loomfs.net.tcp import TcpTransport
+from loomfs.wire import mgmtd as wm
+from loomfs.wire.types import NodeKind, NodeState, RoutingInfo, TargetState
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser("admin", help="cluster administration: nodes, targets, chains")
+    asub = p.add_subparsers(dest="admin_command", metavar="ACTION", required=True)
+    for name, fn, text in (
+        ("nodes", cmd_nodes, "list nodes and their state"),
+        ("targets", cmd_targets, "list storage targets: state, chain, usage"),
+        ("chains", cmd_chains, "list chains: version and targets head..tail"),
+    ):
+        s = asub.add_parser(name, help=text)
+        s.add_argument("--json", action="store_true")
+        s.set_defaults(func=fn)
+    c = asub.add_parser("create-chain-table", help="build a chain table from the free targets")
+    c.add_argument("--replicas", type=int, default=3)
+    c.add_argument("--table", type=int, default=0, help="table id (default: next free)")
+    c.set_defaults(func=cmd_create_table)
+
+
+def mgmtd_addresses(args: argparse.Namespace) -> str:
+    t = target(args)
+    p = Path(t)
+    if p.is_dir():
+        return str(json.loads((p / "cluster.json").read_text())["mgmtd"])
+    return t
+
+
+async def _call(args: argparse.Namespace, m: Any, req: Any) -> Any:
+    rpc = RpcClient(TcpTransport(), connect_timeout_s=2.0)
+    try:
+        last: BaseException | None = None
+        for addr in parse_addresses(mgmtd_addresses(args)):
+            try:
+                return (await rpc.call(addr, m, req, timeout_s=10.0)).body
+            except OSError as exc:
+                last = exc
+        assert last is not None
+        raise last
+    finally:
+        await rpc.close()
+
+
+def fetch_routing(args: argparse.Namespace) -> RoutingInfo:
+    body = asyncio.run(_call(args, wm.GET_ROUTING, wm.GetRoutingReq()))
+    assert body.routing is not None
+    return body.routing  # type: ignore[no-any-return]
+
+
+def _emit(args: argparse.Namespace, title: str, cols: list[str], rows: list[list[Any]]) -> None:
+    if args.json:
+        print(json.dumps([dict(zip(cols, r, strict=True)) for r in rows], indent=2))
+        return
+    t = Table(title=title)
+    for c in cols:
+        t.add_column(c)
+    for r in rows:
+        t.add_row(*[str(x) for x in r])
+    Console().print(t)
+
+
+def cmd_nodes(args: argparse.Namespace) -> int:
+    r = fetch_routing(args)
+    rows = [[n.node_id, NodeKind(n.kind).name.lower(), f"{n.host}:{n.port}", NodeState(n.state).name.lower()]
+            for n in r.nodes]
+    _emit(args, f"nodes (routing v{r.version})", ["node", "kind", "address", "state"], rows)
+    return 0
+
+
+def cmd_targets(args: argparse.Namespace) -> int:
+    r = fetch_routing(args)
+    rows = [[t.target_id, t.node_id, TargetState(t.state).name.lower(), t.chain_id or "spare",
+             t.chunk_count, human_bytes(t.used_bytes) if not args.json else t.used_bytes,
+             human_bytes(t.capacity_bytes) if not args.json else t.capacity_bytes, t.path]
+            for t in r.targets]
+    _emit(args, f"targets (routing v{r.version})",
+          ["target", "node", "state", "chain", "chunks", "used", "capacity", "path"], rows)
+    return 0
+
+
+def cmd_chains(args: argparse.Namespace) -> int:
+    r = fetch_routing(args)
+    states = {t.target_id: TargetState(t.state).name.lower() for t in r.targets}
+    rows = [[c.chain_id, c.table_id, c.version,
+             " -> ".join(f"{t}({states.get(t, '?')})" for t in c.targets)] for c in r.chains]
+    _emit(args, f"chains (routing v{r.version})", ["chain", "table", "version", "targets head..tail"], rows)
+    return 0
+
+
+def cmd_create_table(args: argparse.Namespace) -> int:
+    body = asyncio.run(_call(args, wm.CREATE_CHAIN_TABLE,
+                             wm.CreateChainTableReq(replicas=args.replicas, table_id=args.table)))
+    t = body.table
+    print(f"chain table {t.table_id}: {len(t.chain_ids)} chains x {t.replicas} replicas")
+    return 0

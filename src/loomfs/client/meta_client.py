@@ -1,0 +1,147 @@
+"""Namespace calls to the (stateless) meta servers, with failover between them.
+
+Meta servers are the ALIVE ``NodeKind.META`` nodes in routing. The client sticks to one
+(chosen at random, so clients spread) and moves to another when it cannot be reached or
+is shutting down. ``RpcClient`` already retries idempotent methods on transient errors.
+A non-idempotent call whose connection broke mid-flight is re-sent to the next server,
+like NFS: it may then report EEXIST/ENOENT for work the first attempt did.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from typing import Any
+
+from loomfs.common.routing import RoutingClient
+from loomfs.errors import ConnectionFailed, LoomError, TimedOut
+from loomfs.net.rpc import RpcClient
+from loomfs.net.transport import Address
+from loomfs.wire import meta as wm
+from loomfs.wire.message import Empty, Message, Method
+from loomfs.wire.status import Status
+from loomfs.wire.types import Attr, Layout, NodeKind
+
+logger = logging.getLogger(__name__)
+
+
+class MetaClient:
+    """Typed wrappers around the meta RPCs; everything goes through ``call``."""
+
+    def __init__(self, rpc: RpcClient | None, routing: RoutingClient | None, *, rng: random.Random | None = None):
+        self.rpc = rpc
+        self.routing = routing
+        self._rng = rng or random.Random()
+        self._preferred: Address | None = None
+        self.failovers = 0
+
+    async def _servers(self, refresh: bool) -> list[Address]:
+        assert self.routing is not None
+        routing = await (self.routing.refresh() if refresh else self.routing.get())
+        nodes = routing.alive_nodes(NodeKind.META)
+        addrs = [Address(n.host, n.port) for n in nodes]
+        self._rng.shuffle(addrs)
+        if self._preferred in addrs:
+            addrs.remove(self._preferred)
+            addrs.insert(0, self._preferred)
+        return addrs
+
+    async def call(self, m: Method, req: Message) -> Any:
+        """Send ``req`` to a meta server; returns the decoded reply body."""
+        assert self.rpc is not None
+        last: BaseException | None = None
+        for refresh in (False, True):
+            for addr in await self._servers(refresh):
+                try:
+                    rsp = await self.rpc.call(addr, m, req)
+                except (ConnectionFailed, TimedOut) as exc:
+                    if isinstance(exc, TimedOut) and not m.idempotent:
+                        raise
+                    last = exc
+                except LoomError as exc:
+                    if exc.status is not Status.SHUTTING_DOWN:
+                        raise
+                    last = exc
+                else:
+                    if addr != self._preferred:
+                        if self._preferred is not None:
+                            self.failovers += 1
+                            logger.info("meta: now using %s", addr)
+                        self._preferred = addr
+                    return rsp.body
+                logger.debug("meta %s failed for %s: %s", addr, m.name, last)
+                if addr == self._preferred:
+                    self._preferred = None
+        if last is None:
+            raise ConnectionFailed("no meta server is alive in routing")
+        raise last
+
+    # --- typed wrappers -------------------------------------------------------------
+
+    async def stat(self, path: str, follow_symlinks: bool = True) -> Attr:
+        rsp: wm.AttrRsp = await self.call(wm.STAT, wm.PathReq(path=path, follow_symlinks=follow_symlinks))
+        assert rsp.attr is not None
+        return rsp.attr
+
+    async def mkdir(self, path: str, mode: int, parents: bool, exist_ok: bool) -> Attr:
+        req = wm.MkdirReq(path=path, mode=mode, parents=parents, exist_ok=exist_ok)
+        rsp: wm.AttrRsp = await self.call(wm.MKDIR, req)
+        assert rsp.attr is not None
+        return rsp.attr
+
+    async def open(self, path: str, flags: int, mode: int, client_id: int) -> wm.OpenRsp:
+        req = wm.OpenReq(path=path, flags=flags, mode=mode, client_id=client_id)
+        rsp: wm.OpenRsp = await self.call(wm.OPEN, req)
+        return rsp
+
+    async def close(self, inode: int, session_id: int, length: int, mtime_ns: int = 0) -> Attr | None:
+        req = wm.CloseReq(inode=inode, session_id=session_id, length=length, mtime_ns=mtime_ns)
+        rsp: wm.AttrRsp = await self.call(wm.CLOSE, req)
+        return rsp.attr
+
+    async def sync(self, inode: int, length: int, mtime_ns: int = 0) -> Attr | None:
+        rsp: wm.AttrRsp = await self.call(wm.SYNC, wm.SyncReq(inode=inode, length=length, mtime_ns=mtime_ns))
+        return rsp.attr
+
+    async def readdir(self, path: str, after: str, limit: int, with_attrs: bool) -> wm.ReaddirRsp:
+        req = wm.ReaddirReq(path=path, after=after, limit=limit, with_attrs=with_attrs)
+        rsp: wm.ReaddirRsp = await self.call(wm.READDIR, req)
+        return rsp
+
+    async def rename(self, src: str, dst: str, no_replace: bool = False) -> None:
+        await self.call(wm.RENAME, wm.RenameReq(src=src, dst=dst, no_replace=no_replace))
+
+    async def unlink(self, path: str) -> wm.UnlinkRsp:
+        rsp: wm.UnlinkRsp = await self.call(wm.UNLINK, wm.PathReq(path=path, follow_symlinks=False))
+        return rsp
+
+    async def rmdir(self, path: str) -> wm.UnlinkRsp:
+        rsp: wm.UnlinkRsp = await self.call(wm.RMDIR, wm.PathReq(path=path, follow_symlinks=False))
+        return rsp
+
+    async def symlink(self, target: str, path: str) -> Attr | None:
+        rsp: wm.AttrRsp = await self.call(wm.SYMLINK, wm.SymlinkReq(target=target, path=path))
+        return rsp.attr
+
+    async def readlink(self, path: str) -> str:
+        rsp: wm.ReadlinkRsp = await self.call(wm.READLINK, wm.PathReq(path=path, follow_symlinks=False))
+        return rsp.target
+
+    async def link(self, src: str, dst: str) -> Attr | None:
+        rsp: wm.AttrRsp = await self.call(wm.LINK, wm.LinkReq(src=src, dst=dst))
+        return rsp.attr
+
+    async def setattr(self, req: wm.SetattrReq) -> wm.SetattrRsp:
+        rsp: wm.SetattrRsp = await self.call(wm.SETATTR, req)
+        return rsp
+
+    async def statfs(self) -> wm.StatfsRsp:
+        rsp: wm.StatfsRsp = await self.call(wm.STATFS, Empty())
+        return rsp
+
+    async def set_layout(self, path: str, layout: Layout) -> Attr | None:
+        rsp: wm.AttrRsp = await self.call(wm.SET_LAYOUT, wm.SetLayoutReq(path=path, layout=layout))
+        return rsp.attr
+
+    def __repr__(self) -> str:
+        return f"MetaClient(preferred={self._preferred} failovers={self.failovers})"

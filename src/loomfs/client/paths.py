@@ -1,0 +1,48 @@
+"""Path normalisation: every path the client sends is absolute, '/'-separated and lexical.
+
+``.`` and ``..`` are resolved without looking at the namespace (like ``os.path.normpath``),
+``..`` at the root stays at the root, duplicate slashes go away, and a relative path is
+taken relative to ``/``.
+"""
+
+from __future__ import annotations
+
+import os
+
+from loomfs.errors import InvalidArgument, NameTooLong, NotFound
+
+NAME_BYTES_MAX = 255
+
+
+def normalize(path: str | os.PathLike[str]) -> str:
+    """``'a//b/./c/../d'`` -> ``'/a/b/d'``; raises ENOENT / EINVAL / ENAMETOOLONG."""
+    text = os.fspath(path)
+    if not isinstance(text, str):
+        raise InvalidArgument(f"path must be str, got {type(text).__name__}")
+    if not text:
+        raise NotFound("empty path", path=text)
+    if "\0" in text:
+        raise InvalidArgument("path contains a NUL byte", path=text)
+    parts: list[str] = []
+    for comp in text.split("/"):
+        if comp in ("", "."):
+            continue
+        if comp == "..":
+            if parts:
+                parts.pop()
+            continue
+        if len(comp.encode("utf-8", "surrogateescape")) > NAME_BYTES_MAX:
+            raise NameTooLong(f"path component longer than {NAME_BYTES_MAX} bytes", path=text)
+        parts.append(comp)
+    return "/" + "/".join(parts)
+
+
+def join(parent: str, name: str) -> str:
+    """Join a normalised directory path and one entry name."""
+    return parent + name if parent.endswith("/") else f"{parent}/{name}"
+
+
+def split(path: str) -> tuple[str, str]:
+    """Normalised ``'/a/b'`` -> ``('/a', 'b')``; ``'/'`` -> ``('/', '')``."""
+    head, _, tail = path.rpartition("/")
+    return (head or "/"), tail

@@ -1,0 +1,279 @@
+"""Chunk I/O against storage chains: replica choice, CRAQ retries, routing refresh.
+
+Reads go to any serving replica (random, to spread load) and move to the tail when a
+replica answers NOT_COMMITTED; writes go to the chain head with a request tag that stays
+the same across retries so the head applies a replayed write once. Routing problems
+(stale chain version, unknown/not-serving target, chain being reconfigured, a dead
+connection) refresh routing and retry with backoff until the call's deadline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import random
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import crc32c
+
+from loomfs.common.routing import Routing, RoutingClient
+from loomfs.errors import ConnectionFailed, LoomError, ProtocolError, TimedOut
+from loomfs.net.rpc import Response, RpcClient
+from loomfs.wire.message import Message, Method
+from loomfs.wire.status import Status
+from loomfs.wire.storage import (
+    READ,
+    REMOVE_CHUNKS,
+    TRUNCATE,
+    WRITE,
+    ChunkId,
+    ReadReq,
+    ReadRsp,
+    RemoveChunksReq,
+    RequestTag,
+    TruncateReq,
+    WriteReq,
+)
+from loomfs.wire.types import Layout
+
+logger = logging.getLogger(__name__)
+
+INDEX_END_ALL = 1 << 62
+
+# statuses after which routing is refreshed before the next try
+_REFRESH = frozenset(
+    {
+        Status.STALE_CHAIN_VERSION,
+        Status.UNKNOWN_TARGET,
+        Status.TARGET_NOT_SERVING,
+        Status.CHAIN_UNAVAILABLE,
+        Status.NOT_HEAD,
+    }
+)
+# statuses retried as they are, after a backoff
+_BACKOFF = frozenset({Status.SHUTTING_DOWN, Status.EAGAIN, Status.CHECKSUM_MISMATCH})
+
+_ZEROS = bytes(1 << 20)
+
+
+def zero_fill(view: memoryview) -> None:
+    """Write zeros over ``view`` without allocating per call."""
+    pos, n = 0, len(view)
+    while pos < n:
+        k = min(n - pos, len(_ZEROS))
+        view[pos : pos + k] = _ZEROS[:k]
+        pos += k
+
+
+class _NoServingTarget(LoomError):
+    """The chain has no serving target in our routing snapshot (refresh and retry)."""
+
+
+class ChunkStore(Protocol):
+    """What the file layer needs from storage (a fake implements this in tests)."""
+
+    async def read_chunk(
+        self, layout: Layout, inode: int, index: int, offset: int, length: int, into: memoryview
+    ) -> int: ...
+
+    async def write_chunk(
+        self, layout: Layout, inode: int, index: int, offset: int, data: memoryview
+    ) -> None: ...
+
+    async def truncate_chunk(self, layout: Layout, inode: int, index: int, length: int) -> None: ...
+
+    async def remove_chunks(
+        self, layout: Layout, inode: int, index_begin: int, index_end: int = INDEX_END_ALL
+    ) -> None: ...
+
+    async def remove_file_chunks(self, inode: int, layout: Layout, length: int) -> None: ...
+
+
+class StorageClient:
+    """Chunk reads/writes with CRAQ replica choice and routing-aware retries."""
+
+    def __init__(
+        self,
+        rpc: RpcClient,
+        routing: RoutingClient,
+        client_id: int,
+        *,
+        call_timeout_s: float = 30.0,
+        backoff_initial_s: float = 0.02,
+        backoff_max_s: float = 1.0,
+        rng: random.Random | None = None,
+    ):
+        self.rpc = rpc
+        self.routing = routing
+        self.client_id = client_id
+        self.call_timeout_s = call_timeout_s
+        self.backoff_initial_s = backoff_initial_s
+        self.backoff_max_s = backoff_max_s
+        self._rng = rng or random.Random()
+        self._request_ids = itertools.count(1)
+        self.retries_total = 0
+
+    def _tag(self) -> RequestTag:
+        return RequestTag(client_id=self.client_id, request_id=next(self._request_ids))
+
+    async def _call_chain(
+        self,
+        chain_id: int,
+        role: str,  # "any" | "head" | "tail"
+        m: Method,
+        make_req: Callable[[int, int], Message],  # (chain_version, target_id) -> request
+        *,
+        payload: memoryview | None = None,
+        payload_crc: int | None = None,
+        recv_into: memoryview | None = None,
+    ) -> Response[Any]:
+        deadline = time.monotonic() + self.call_timeout_s
+        attempt = 0
+        last: BaseException | None = None
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimedOut(f"{m.name} on chain {chain_id}: gave up after {attempt} tries: {last}") from last
+            routing: Routing = await self.routing.get()
+            refresh = False
+            try:
+                chain = routing.chain(chain_id)
+                targets = routing.serving_targets(chain_id)
+                if not targets:
+                    raise _NoServingTarget(f"chain {chain_id} has no serving target")
+                if role == "head":
+                    target = targets[0]
+                elif role == "tail":
+                    target = targets[-1]
+                else:
+                    target = targets[self._rng.randrange(len(targets))]
+                address = routing.address_of(target)
+                req = make_req(chain.version, target)
+                return await self.rpc.call(
+                    address,
+                    m,
+                    req,
+                    payload=payload,
+                    payload_crc=payload_crc,
+                    recv_into=recv_into,
+                    timeout_s=remaining,
+                    retry=False,
+                )
+            except (ConnectionFailed, TimedOut, _NoServingTarget) as exc:
+                last, refresh = exc, True
+            except LoomError as exc:
+                st = exc.status
+                if st is Status.NOT_COMMITTED and role == "any":
+                    role, last = "tail", exc
+                    attempt += 1
+                    continue  # straight to the tail, no backoff
+                elif st in _REFRESH:
+                    last, refresh = exc, True
+                elif st in _BACKOFF or st is Status.NOT_COMMITTED:
+                    last = exc
+                else:
+                    raise
+            attempt += 1
+            self.retries_total += 1
+            logger.debug("%s chain %d attempt %d: %s", m.name, chain_id, attempt, last)
+            if refresh:
+                try:
+                    await self.routing.refresh(min_version=routing.version)
+                except (LoomError, OSError) as exc:
+                    logger.debug("routing refresh failed: %s", exc)
+            delay = min(self.backoff_max_s, self.backoff_initial_s * (2 ** min(attempt - 1, 16)))
+            delay = min(delay * (0.5 + self._rng.random() / 2), max(0.0, deadline - time.monotonic()))
+            await asyncio.sleep(delay)
+
+    async def read_chunk(
+        self, layout: Layout, inode: int, index: int, offset: int, length: int, into: memoryview
+    ) -> int:
+        """Read ``length`` bytes at ``offset`` of chunk ``index`` into ``into[:length]``.
+
+        Returns how many bytes the chunk had there; the rest of ``into[:length]`` is zeroed
+        (a missing or short chunk reads as zeros).
+        """
+        into = into[:length]
+        chain_id = layout.chains[index % len(layout.chains)]
+        chunk = ChunkId(inode=inode, index=index)
+
+        def make(version: int, target: int) -> Message:
+            return ReadReq(
+                chain_id=chain_id, chain_version=version, chunk=chunk, offset=offset,
+                length=length, target_id=target,
+            )
+
+        rsp = await self._call_chain(chain_id, "any", READ, make, recv_into=into)
+        body: ReadRsp = rsp.body
+        n = len(rsp.payload) if body.exists else 0
+        if n > length:
+            raise ProtocolError(f"read of chunk {inode}:{index} returned {n} > {length} bytes")
+        if n and rsp.payload.obj is not into.obj:
+            into[:n] = rsp.payload  # the transport could not use our buffer
+        if n < length:
+            zero_fill(into[n:])
+        return n
+
+    async def write_chunk(
+        self, layout: Layout, inode: int, index: int, offset: int, data: memoryview
+    ) -> None:
+        """Write ``data`` at ``offset`` of chunk ``index`` through the chain head."""
+        chain_id = layout.chains[index % len(layout.chains)]
+        crc = crc32c.crc32c(data)
+        tag = self._tag()
+        chunk = ChunkId(inode=inode, index=index)
+
+        def make(version: int, target: int) -> Message:
+            return WriteReq(
+                chain_id=chain_id, chain_version=version, chunk=chunk, offset=offset,
+                length=len(data), chunk_size=layout.chunk_size, data_crc=crc, tag=tag,
+            )
+
+        await self._call_chain(chain_id, "head", WRITE, make, payload=data, payload_crc=crc)
+
+    async def truncate_chunk(self, layout: Layout, inode: int, index: int, length: int) -> None:
+        chain_id = layout.chains[index % len(layout.chains)]
+        tag = self._tag()
+        chunk = ChunkId(inode=inode, index=index)
+
+        def make(version: int, target: int) -> Message:
+            return TruncateReq(
+                chain_id=chain_id, chain_version=version, chunk=chunk, length=length,
+                chunk_size=layout.chunk_size, tag=tag,
+            )
+
+        await self._call_chain(chain_id, "head", TRUNCATE, make)
+
+    async def remove_chunks(
+        self, layout: Layout, inode: int, index_begin: int, index_end: int = INDEX_END_ALL
+    ) -> None:
+        """Remove chunks [index_begin, index_end) of ``inode`` on every chain of the layout."""
+        if index_end <= index_begin:
+            return
+
+        async def one(chain_id: int) -> None:
+            tag = self._tag()
+
+            def make(version: int, target: int) -> Message:
+                return RemoveChunksReq(
+                    chain_id=chain_id, chain_version=version, inode=inode,
+                    index_begin=index_begin, index_end=index_end, tag=tag,
+                )
+
+            await self._call_chain(chain_id, "head", REMOVE_CHUNKS, make)
+
+        await asyncio.gather(*(one(c) for c in sorted(set(layout.chains))))
+
+    async def remove_file_chunks(self, inode: int, layout: Layout, length: int) -> None:
+        """Remove every chunk of a file (GC, O_TRUNC).
+
+        ``length`` is the recorded file length; all chunks of the inode are removed anyway,
+        since a writer may have written past the length meta recorded.
+        """
+        await self.remove_chunks(layout, inode, 0, INDEX_END_ALL)
+
+    def __repr__(self) -> str:
+        return f"StorageClient(client={self.client_id:#x} retries={self.retries_total})"

@@ -1,0 +1,1 @@
+"""The meta service: the namespace over a MetaStore (service -> ops -> store -> gc)."""

@@ -1,0 +1,72 @@
+"""Layouts: validation, defaults, and the chain choice for new files (pure functions)."""
+
+from __future__ import annotations
+
+import random
+
+from loomfs.errors import StatusError
+from loomfs.wire.status import Status
+from loomfs.wire.types import ChainTable, Layout
+
+CHUNK_SIZE_MIN_BYTES = 64 << 10
+CHUNK_SIZE_MAX_BYTES = 64 << 20
+
+
+def validate_dir_layout(layout: Layout | None) -> Layout:
+    """The layout a directory stores (chains cleared). EINVAL if out of range."""
+    if layout is None:
+        raise StatusError(Status.EINVAL, "layout missing")
+    cs = layout.chunk_size
+    if cs < CHUNK_SIZE_MIN_BYTES or cs > CHUNK_SIZE_MAX_BYTES or cs & (cs - 1):
+        raise StatusError(
+            Status.EINVAL, f"chunk_size must be a power of two in [64 KiB, 64 MiB], got {cs}"
+        )
+    if layout.stripe < 1:
+        raise StatusError(Status.EINVAL, f"stripe must be >= 1, got {layout.stripe}")
+    if layout.table_id < 0 or layout.replicas < 0:
+        raise StatusError(Status.EINVAL, "table_id and replicas must be >= 0")
+    return Layout(
+        chunk_size=cs, stripe=layout.stripe, table_id=layout.table_id, replicas=layout.replicas
+    )
+
+
+def pick_chains(chain_ids: list[int], stripe: int, position: int) -> list[int]:
+    """``min(stripe, len)`` consecutive chains of the table starting at ``position`` (wrapping)."""
+    n = len(chain_ids)
+    if n == 0:
+        raise StatusError(Status.NO_CHAIN_TABLE, "chain table has no chains")
+    width = min(max(1, stripe), n)
+    start = position % n
+    return [chain_ids[(start + i) % n] for i in range(width)]
+
+
+class ChainAllocator:
+    """Round-robin start positions per chain table, randomised per meta process by a seed."""
+
+    def __init__(self, rng: random.Random, tables_max: int = 1024):
+        self._rng = rng
+        self._cursor: dict[int, int] = {}
+        self._tables_max = tables_max
+        self.files_placed = 0
+
+    def file_layout(self, table: ChainTable, parent: Layout) -> Layout:
+        n = len(table.chain_ids)
+        if n == 0:
+            raise StatusError(Status.NO_CHAIN_TABLE, f"chain table {table.table_id} has no chains")
+        pos = self._cursor.get(table.table_id)
+        if pos is None:
+            if len(self._cursor) >= self._tables_max:
+                self._cursor.clear()
+            pos = self._rng.randrange(n)
+        self._cursor[table.table_id] = (pos + 1) % n
+        self.files_placed += 1
+        return Layout(
+            chunk_size=parent.chunk_size,
+            stripe=parent.stripe,
+            table_id=table.table_id,
+            replicas=table.replicas,
+            chains=pick_chains(list(table.chain_ids), parent.stripe, pos),
+        )
+
+    def __repr__(self) -> str:
+        return f"ChainAllocator(tables={len(self._cursor)} files={self.files_placed})"

@@ -1,0 +1,112 @@
+"""Path resolution over a transaction: components, symlinks (<= 40 hops), ENOENT/ENOTDIR/ELOOP.
+
+The walk keeps the physical chain of directories it went through (``stack``), so a ``..`` in
+a symlink target goes to the real parent, and rename can tell whether one path lies inside
+another.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from loomfs.errors import StatusError
+from loomfs.meta.paths import split_target
+from loomfs.meta.store.base import MetaTxn
+from loomfs.wire.status import Status
+from loomfs.wire.types import ROOT_INODE, FileType
+
+SYMLINK_HOPS_MAX = 40
+
+_DIR = int(FileType.DIRECTORY)
+_LINK = int(FileType.SYMLINK)
+
+
+@dataclass(slots=True)
+class Resolved:
+    """Where a path ends.
+
+    ``parent``/``name`` are the directory and entry name of the last component (None when the
+    path ends at the root or at a ``.``/``..`` of a symlink target); ``inode`` is None when
+    the entry does not exist (the parent does). ``stack`` holds the directories walked
+    through, root first, ending with ``parent``.
+    """
+
+    parent: int | None
+    name: str | None
+    inode: int | None
+    type: int
+    stack: list[int]
+    must_be_dir: bool = False
+
+    @property
+    def exists(self) -> bool:
+        return self.inode is not None
+
+    @property
+    def is_dir(self) -> bool:
+        return self.inode is not None and self.type == _DIR
+
+
+async def walk(txn: MetaTxn, parts: list[str], *, follow_last: bool) -> Resolved:
+    """Resolve ``parts`` from the root. Intermediate symlinks are always followed."""
+    stack = [ROOT_INODE]
+    if not parts:
+        return Resolved(None, None, ROOT_INODE, _DIR, stack)
+    pending: deque[str] = deque(parts)
+    hops = 0
+    must_be_dir = False
+    lookup = txn.lookup
+    while pending:
+        comp = pending.popleft()
+        last = not pending
+        if comp == ".":
+            if last:
+                return Resolved(None, None, stack[-1], _DIR, stack)
+            continue
+        if comp == "..":
+            if len(stack) > 1:
+                stack.pop()
+            if last:
+                return Resolved(None, None, stack[-1], _DIR, stack)
+            continue
+        cur = stack[-1]
+        row = await lookup(cur, comp)
+        if row is None:
+            if last:
+                return Resolved(cur, comp, None, 0, stack, must_be_dir)
+            raise StatusError(Status.ENOENT, f"no such directory component {comp!r}")
+        t = row.type
+        if t == _DIR:
+            if last:
+                return Resolved(cur, comp, row.inode, t, stack)
+            stack.append(row.inode)
+            continue
+        if t == _LINK and (follow_last or not last):
+            hops += 1
+            if hops > SYMLINK_HOPS_MAX:
+                raise StatusError(Status.ELOOP, "too many levels of symbolic links")
+            link = await txn.get_inode(row.inode)
+            if link is None:
+                raise StatusError(Status.EIO, f"dangling dentry {comp!r} -> inode {row.inode}")
+            absolute, tparts, trailing = split_target(link.symlink_target)
+            if absolute:
+                del stack[1:]
+            if last:
+                must_be_dir = trailing
+            elif trailing:
+                pass  # an intermediate component must be a directory anyway
+            if not tparts:
+                # target "/" (or only slashes)
+                if last:
+                    return Resolved(None, None, stack[-1], _DIR, stack)
+                continue
+            pending.extendleft(reversed(tparts))
+            continue
+        # a file, or a symlink we do not follow
+        if last:
+            if must_be_dir:
+                raise StatusError(Status.ENOTDIR, f"{comp!r} is not a directory")
+            return Resolved(cur, comp, row.inode, t, stack)
+        raise StatusError(Status.ENOTDIR, f"{comp!r} is not a directory")
+    raise AssertionError("unreachable")  # pragma: no cover

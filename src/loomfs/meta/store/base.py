@@ -1,0 +1,197 @@
+"""The MetaStore seam: a narrow transactional engine under the namespace.
+
+An engine stores inodes, directory entries, write sessions, the GC queue and counters, and
+runs reads and writes inside transactions. It knows nothing about POSIX: every namespace
+rule (errno choice, nlink accounting, layouts, symlinks) lives once in ``loomfs.meta.ops``.
+
+Engines are chosen by URL and registered by scheme::
+
+    store = MetaStore.open("sqlite:////abs/path/meta.db", synchronous="NORMAL")
+    async with store.write() as txn:
+        await txn.put_inode(attr)
+
+Rule for callers: inside a transaction await only the transaction's own methods (never the
+network), so a transaction is short and an embedded engine can run it inline.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass
+from typing import Any, ClassVar, TypeVar
+
+import msgpack
+
+from loomfs.wire.types import Attr, Layout
+
+S = TypeVar("S", bound="type[MetaStore]")
+
+
+@dataclass(frozen=True, slots=True)
+class DentryRow:
+    name: str
+    inode: int
+    type: int
+
+
+@dataclass(frozen=True, slots=True)
+class GcEntry:
+    """An unlinked file whose chunks still have to be removed."""
+
+    inode: int
+    layout: Layout
+    length: int
+    enqueued_ns: int
+
+
+class MetaTxn(ABC):
+    """One transaction. Methods of a read transaction that write raise."""
+
+    # inodes -------------------------------------------------------------------------
+    @abstractmethod
+    async def get_inode(self, inode: int) -> Attr | None: ...
+
+    @abstractmethod
+    async def get_inodes(self, inodes: Sequence[int]) -> dict[int, Attr]: ...
+
+    @abstractmethod
+    async def put_inode(self, attr: Attr) -> None:
+        """Insert or replace the whole inode row."""
+
+    @abstractmethod
+    async def touch_inode(self, inode: int, *, mtime_ns: int, ctime_ns: int, nlink_delta: int = 0) -> None:
+        """Set mtime/ctime and add ``nlink_delta`` to nlink (directory entry changes)."""
+
+    @abstractmethod
+    async def delete_inode(self, inode: int) -> None: ...
+
+    # directory entries ------------------------------------------------------------------
+    @abstractmethod
+    async def lookup(self, parent: int, name: str) -> DentryRow | None: ...
+
+    @abstractmethod
+    async def list_dentries(self, parent: int, after: str, limit: int) -> list[DentryRow]:
+        """Entries of ``parent`` with name > ``after`` (UTF-8 byte order), at most ``limit``."""
+
+    @abstractmethod
+    async def has_dentries(self, parent: int) -> bool: ...
+
+    @abstractmethod
+    async def put_dentry(self, parent: int, name: str, inode: int, type: int) -> None:
+        """Insert or replace the entry (parent, name)."""
+
+    @abstractmethod
+    async def delete_dentry(self, parent: int, name: str) -> None: ...
+
+    # counters -------------------------------------------------------------------------
+    @abstractmethod
+    async def next_id(self, counter: str) -> int:
+        """Increment a named counter and return the new value (ids start above ``seed``)."""
+
+    @abstractmethod
+    async def add_counter(self, name: str, delta: int) -> None: ...
+
+    @abstractmethod
+    async def counters(self) -> dict[str, int]: ...
+
+    # write sessions ---------------------------------------------------------------------
+    @abstractmethod
+    async def add_session(self, inode: int, session_id: int, client_id: int, opened_ns: int) -> None: ...
+
+    @abstractmethod
+    async def remove_session(self, inode: int, session_id: int) -> bool: ...
+
+    @abstractmethod
+    async def has_session(self, inode: int) -> bool: ...
+
+    @abstractmethod
+    async def remove_client_sessions(self, client_id: int) -> int: ...
+
+    # GC queue -------------------------------------------------------------------------
+    @abstractmethod
+    async def gc_put(self, entry: GcEntry) -> None: ...
+
+    @abstractmethod
+    async def gc_get(self, inode: int) -> GcEntry | None: ...
+
+    @abstractmethod
+    async def gc_due(self, enqueued_before_ns: int, limit: int) -> list[GcEntry]:
+        """Oldest entries enqueued at or before the time whose inode has no write session."""
+
+    @abstractmethod
+    async def gc_delete(self, inode: int) -> None: ...
+
+    @abstractmethod
+    async def gc_count(self) -> int: ...
+
+
+class MetaStore(ABC):
+    """A transactional engine, opened by URL: ``MetaStore.open("sqlite:///...")``."""
+
+    _engines: ClassVar[dict[str, type[MetaStore]]] = {}
+    url: str = ""
+
+    @classmethod
+    def register(cls, scheme: str) -> Callable[[S], S]:
+        def deco(engine: S) -> S:
+            cls._engines[scheme] = engine
+            return engine
+
+        return deco
+
+    @classmethod
+    def open(cls, url: str, **options: Any) -> MetaStore:
+        scheme, sep, _ = url.partition("://")
+        if not sep:
+            raise ValueError(f"metastore URL needs a scheme: {url!r}")
+        scheme = scheme.split("+", 1)[0]
+        if scheme not in cls._engines:
+            # engines register themselves on import
+            from loomfs.meta import store as _store  # noqa: F401
+
+        engine = cls._engines.get(scheme)
+        if engine is None:
+            raise ValueError(f"no metastore engine for {scheme!r} (known: {sorted(cls._engines)})")
+        return engine.from_url(url, **options)
+
+    @classmethod
+    @abstractmethod
+    def from_url(cls, url: str, **options: Any) -> MetaStore: ...
+
+    @abstractmethod
+    def read(self) -> AbstractAsyncContextManager[MetaTxn]: ...
+
+    @abstractmethod
+    def write(self) -> AbstractAsyncContextManager[MetaTxn]: ...
+
+    @abstractmethod
+    async def close(self) -> None: ...
+
+
+# Layout codec shared by engines: a compact msgpack list, decoded through a bounded cache
+# (many files share a handful of layouts).
+_LAYOUT_CACHE_MAX = 4096
+_layout_cache: dict[bytes, Layout] = {}
+
+
+def encode_layout(layout: Layout | None) -> bytes | None:
+    if layout is None:
+        return None
+    return msgpack.packb(
+        [layout.chunk_size, layout.stripe, layout.table_id, layout.replicas, list(layout.chains)]
+    )
+
+
+def decode_layout(blob: bytes | None) -> Layout | None:
+    if blob is None:
+        return None
+    layout = _layout_cache.get(blob)
+    if layout is None:
+        cs, stripe, tid, rep, chains = msgpack.unpackb(blob)
+        layout = Layout(chunk_size=cs, stripe=stripe, table_id=tid, replicas=rep, chains=list(chains))
+        if len(_layout_cache) >= _LAYOUT_CACHE_MAX:
+            _layout_cache.clear()
+        _layout_cache[bytes(blob)] = layout
+    return layout

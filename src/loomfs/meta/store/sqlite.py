@@ -1,0 +1,271 @@
+"""SQLite engine: WAL, parameterised statements, calls inline on the event loop thread.
+
+One connection per store. Transactions are serialised by an asyncio lock (never contended in
+practice: sqlite calls do not suspend, and callers await nothing else inside a transaction);
+writes use ``BEGIN IMMEDIATE`` so another process sharing the file cannot interleave, reads a
+deferred ``BEGIN`` so a path walk sees one snapshot.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import sqlite3
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from typing import Any
+
+from loomfs.meta.store.base import (
+    DentryRow,
+    GcEntry,
+    MetaStore,
+    MetaTxn,
+    decode_layout,
+    encode_layout,
+)
+from loomfs.wire.types import Attr
+
+logger = logging.getLogger(__name__)
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS inodes (
+    id INTEGER PRIMARY KEY, type INTEGER NOT NULL, mode INTEGER NOT NULL, nlink INTEGER NOT NULL,
+    uid INTEGER NOT NULL, gid INTEGER NOT NULL, size INTEGER NOT NULL, atime_ns INTEGER NOT NULL,
+    mtime_ns INTEGER NOT NULL, ctime_ns INTEGER NOT NULL, layout BLOB, symlink TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS dentries (
+    parent INTEGER NOT NULL, name TEXT NOT NULL, inode INTEGER NOT NULL, type INTEGER NOT NULL,
+    PRIMARY KEY (parent, name)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS sessions (
+    inode INTEGER NOT NULL, session_id INTEGER NOT NULL, client_id INTEGER NOT NULL,
+    opened_ns INTEGER NOT NULL, PRIMARY KEY (inode, session_id)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS sessions_by_client ON sessions (client_id);
+CREATE TABLE IF NOT EXISTS gc_queue (
+    inode INTEGER PRIMARY KEY, layout BLOB, length INTEGER NOT NULL, enqueued_ns INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS gc_by_time ON gc_queue (enqueued_ns);
+CREATE TABLE IF NOT EXISTS counters (name TEXT PRIMARY KEY, value INTEGER NOT NULL) WITHOUT ROWID;
+"""
+
+_INODE_COLS = "id, type, mode, nlink, uid, gid, size, atime_ns, mtime_ns, ctime_ns, layout, symlink"
+_GET_INODE = f"SELECT {_INODE_COLS} FROM inodes WHERE id = ?"
+_PUT_INODE = f"INSERT OR REPLACE INTO inodes ({_INODE_COLS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)"
+_TOUCH = "UPDATE inodes SET mtime_ns = ?, ctime_ns = ?, nlink = nlink + ? WHERE id = ?"
+_DEL_INODE = "DELETE FROM inodes WHERE id = ?"
+_LOOKUP = "SELECT inode, type FROM dentries WHERE parent = ? AND name = ?"
+_LIST = "SELECT name, inode, type FROM dentries WHERE parent = ? AND name > ? ORDER BY name LIMIT ?"
+_HAS = "SELECT 1 FROM dentries WHERE parent = ? LIMIT 1"
+_PUT_DENTRY = "INSERT OR REPLACE INTO dentries (parent, name, inode, type) VALUES (?,?,?,?)"
+_DEL_DENTRY = "DELETE FROM dentries WHERE parent = ? AND name = ?"
+_NEXT_ID = "UPDATE counters SET value = value + 1 WHERE name = ? RETURNING value"
+_ADD_COUNTER = (
+    "INSERT INTO counters (name, value) VALUES (?, ?) "
+    "ON CONFLICT(name) DO UPDATE SET value = value + excluded.value"
+)
+_GC_DUE = (
+    "SELECT inode, layout, length, enqueued_ns FROM gc_queue g WHERE enqueued_ns <= ? "
+    "AND NOT EXISTS (SELECT 1 FROM sessions s WHERE s.inode = g.inode) "
+    "ORDER BY enqueued_ns LIMIT ?"
+)
+
+
+def _attr(row: tuple[Any, ...]) -> Attr:
+    return Attr(
+        inode=row[0], type=row[1], mode=row[2], nlink=row[3], uid=row[4], gid=row[5], size=row[6],
+        atime_ns=row[7], mtime_ns=row[8], ctime_ns=row[9], layout=decode_layout(row[10]),
+        symlink_target=row[11],
+    )
+
+
+class ReadOnlyTxn(sqlite3.Error):
+    pass
+
+
+class SqliteTxn(MetaTxn):
+    __slots__ = ("_c", "_writable")
+
+    def __init__(self, conn: sqlite3.Connection, writable: bool):
+        self._c = conn
+        self._writable = writable
+
+    def _w(self) -> sqlite3.Connection:
+        if not self._writable:
+            raise ReadOnlyTxn("write inside a read transaction")
+        return self._c
+
+    async def get_inode(self, inode: int) -> Attr | None:
+        row = self._c.execute(_GET_INODE, (inode,)).fetchone()
+        return None if row is None else _attr(row)
+
+    async def get_inodes(self, inodes: Sequence[int]) -> dict[int, Attr]:
+        out: dict[int, Attr] = {}
+        ids = list(inodes)
+        for i in range(0, len(ids), 500):
+            part = ids[i : i + 500]
+            sql = f"SELECT {_INODE_COLS} FROM inodes WHERE id IN ({','.join('?' * len(part))})"
+            for row in self._c.execute(sql, part):
+                out[row[0]] = _attr(row)
+        return out
+
+    async def put_inode(self, attr: Attr) -> None:
+        self._w().execute(
+            _PUT_INODE,
+            (
+                attr.inode, attr.type, attr.mode, attr.nlink, attr.uid, attr.gid, attr.size,
+                attr.atime_ns, attr.mtime_ns, attr.ctime_ns, encode_layout(attr.layout),
+                attr.symlink_target,
+            ),
+        )
+
+    async def touch_inode(self, inode: int, *, mtime_ns: int, ctime_ns: int, nlink_delta: int = 0) -> None:
+        self._w().execute(_TOUCH, (mtime_ns, ctime_ns, nlink_delta, inode))
+
+    async def delete_inode(self, inode: int) -> None:
+        self._w().execute(_DEL_INODE, (inode,))
+
+    async def lookup(self, parent: int, name: str) -> DentryRow | None:
+        row = self._c.execute(_LOOKUP, (parent, name)).fetchone()
+        return None if row is None else DentryRow(name, row[0], row[1])
+
+    async def list_dentries(self, parent: int, after: str, limit: int) -> list[DentryRow]:
+        return [DentryRow(n, i, t) for n, i, t in self._c.execute(_LIST, (parent, after, limit))]
+
+    async def has_dentries(self, parent: int) -> bool:
+        return self._c.execute(_HAS, (parent,)).fetchone() is not None
+
+    async def put_dentry(self, parent: int, name: str, inode: int, type: int) -> None:
+        self._w().execute(_PUT_DENTRY, (parent, name, inode, type))
+
+    async def delete_dentry(self, parent: int, name: str) -> None:
+        self._w().execute(_DEL_DENTRY, (parent, name))
+
+    async def next_id(self, counter: str) -> int:
+        c = self._w()
+        row = c.execute(_NEXT_ID, (counter,)).fetchone()
+        if row is None:
+            c.execute(_ADD_COUNTER, (counter, 1))
+            return 1
+        return int(row[0])
+
+    async def add_counter(self, name: str, delta: int) -> None:
+        self._w().execute(_ADD_COUNTER, (name, delta))
+
+    async def counters(self) -> dict[str, int]:
+        return {n: v for n, v in self._c.execute("SELECT name, value FROM counters")}
+
+    async def add_session(self, inode: int, session_id: int, client_id: int, opened_ns: int) -> None:
+        self._w().execute(
+            "INSERT OR REPLACE INTO sessions (inode, session_id, client_id, opened_ns) VALUES (?,?,?,?)",
+            (inode, session_id, client_id, opened_ns),
+        )
+
+    async def remove_session(self, inode: int, session_id: int) -> bool:
+        cur = self._w().execute(
+            "DELETE FROM sessions WHERE inode = ? AND session_id = ?", (inode, session_id)
+        )
+        return cur.rowcount > 0
+
+    async def has_session(self, inode: int) -> bool:
+        row = self._c.execute("SELECT 1 FROM sessions WHERE inode = ? LIMIT 1", (inode,)).fetchone()
+        return row is not None
+
+    async def remove_client_sessions(self, client_id: int) -> int:
+        return self._w().execute("DELETE FROM sessions WHERE client_id = ?", (client_id,)).rowcount
+
+    async def gc_put(self, entry: GcEntry) -> None:
+        self._w().execute(
+            "INSERT OR REPLACE INTO gc_queue (inode, layout, length, enqueued_ns) VALUES (?,?,?,?)",
+            (entry.inode, encode_layout(entry.layout), entry.length, entry.enqueued_ns),
+        )
+
+    async def gc_get(self, inode: int) -> GcEntry | None:
+        row = self._c.execute(
+            "SELECT inode, layout, length, enqueued_ns FROM gc_queue WHERE inode = ?", (inode,)
+        ).fetchone()
+        return None if row is None else _gc(row)
+
+    async def gc_due(self, enqueued_before_ns: int, limit: int) -> list[GcEntry]:
+        return [_gc(r) for r in self._c.execute(_GC_DUE, (enqueued_before_ns, limit))]
+
+    async def gc_delete(self, inode: int) -> None:
+        self._w().execute("DELETE FROM gc_queue WHERE inode = ?", (inode,))
+
+    async def gc_count(self) -> int:
+        return int(self._c.execute("SELECT COUNT(*) FROM gc_queue").fetchone()[0])
+
+
+def _gc(row: tuple[Any, ...]) -> GcEntry:
+    layout = decode_layout(row[1])
+    assert layout is not None
+    return GcEntry(row[0], layout, row[2], row[3])
+
+
+_SYNC_MODES = ("OFF", "NORMAL", "FULL", "EXTRA")
+
+
+@MetaStore.register("sqlite")
+class SqliteStore(MetaStore):
+    def __init__(self, path: str, *, synchronous: str = "NORMAL", busy_timeout_s: float = 5.0):
+        synchronous = synchronous.upper()
+        if synchronous not in _SYNC_MODES:
+            raise ValueError(f"sqlite synchronous must be one of {_SYNC_MODES}, got {synchronous!r}")
+        self.path = path
+        self.url = f"sqlite:///{path}"
+        if path != ":memory:":
+            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        self._conn = sqlite3.connect(
+            path, isolation_level=None, check_same_thread=False, cached_statements=256
+        )
+        self._conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_s * 1000)}")
+        if path != ":memory:":
+            self._conn.execute("PRAGMA journal_mode = WAL")
+        self._conn.execute(f"PRAGMA synchronous = {synchronous}")
+        self._conn.execute("PRAGMA foreign_keys = OFF")
+        self._conn.executescript(SCHEMA)
+        self._lock = asyncio.Lock()
+        self._closed = False
+        self.commits = 0
+
+    @classmethod
+    def from_url(cls, url: str, **options: Any) -> SqliteStore:
+        """``sqlite:////abs/path.db`` (absolute), ``sqlite:///rel.db``, ``sqlite://:memory:``."""
+        rest = url.split("://", 1)[1]
+        if rest in (":memory:", "/:memory:"):
+            return cls(":memory:", **options)
+        if not rest.startswith("/"):
+            raise ValueError(f"sqlite URL must be sqlite:///path, got {url!r}")
+        return cls(rest[1:], **options)
+
+    @asynccontextmanager
+    async def read(self) -> AsyncIterator[MetaTxn]:
+        async with self._lock:
+            c = self._conn
+            c.execute("BEGIN")
+            try:
+                yield SqliteTxn(c, False)
+            finally:
+                c.execute("COMMIT")
+
+    @asynccontextmanager
+    async def write(self) -> AsyncIterator[MetaTxn]:
+        async with self._lock:
+            c = self._conn
+            c.execute("BEGIN IMMEDIATE")
+            try:
+                yield SqliteTxn(c, True)
+            except BaseException:
+                c.execute("ROLLBACK")
+                raise
+            c.execute("COMMIT")
+            self.commits += 1
+
+    async def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._conn.close()
+
+    def __repr__(self) -> str:
+        return f"SqliteStore({self.path!r} commits={self.commits})"

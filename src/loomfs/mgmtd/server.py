@@ -1,0 +1,65 @@
+"""mgmtd process: ``python -m loomfs.mgmtd.server --config mgmtd.toml``."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+
+from loomfs.common import logs
+from loomfs.config import MgmtdConfig, load, resolve_under
+from loomfs.mgmtd.service import MgmtdService
+from loomfs.mgmtd.state import ClusterState
+from loomfs.mgmtd.store import MgmtdStore
+from loomfs.net.rpc import RpcServer
+from loomfs.net.tcp import TcpTransport
+from loomfs.net.transport import Address
+
+logger = logging.getLogger(__name__)
+
+
+async def serve(config: MgmtdConfig, *, ready: asyncio.Event | None = None) -> None:
+    store = MgmtdStore(resolve_under(config.data_dir, config.store_url))
+    state = ClusterState(lease_s=config.lease_s)
+    service = MgmtdService(state, store, heartbeat_interval_s=config.heartbeat_interval_s)
+    store.load(state, service.clock.monotonic())
+    service.persist()
+    server = RpcServer("mgmtd", TcpTransport(max_payload_bytes=config.rpc.max_payload_bytes))
+    server.add_service(service)
+    await server.start(Address(config.host, config.port))
+    logger.info("mgmtd up: %r", state)
+    if ready is not None:
+        ready.set()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        try:
+            loop.add_signal_handler(sig, stop.set)
+        except (NotImplementedError, RuntimeError):
+            pass
+    try:
+        while not stop.is_set():
+            service.tick()
+            try:
+                await asyncio.wait_for(stop.wait(), config.heartbeat_interval_s / 2)
+            except (asyncio.TimeoutError, TimeoutError):
+                pass
+    finally:
+        await server.close()
+        service.persist()
+        store.close()
+        logger.info("mgmtd stopped")
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="loomfs-mgmtd", description="LoomFS cluster manager")
+    p.add_argument("--config", help="TOML config file")
+    args = p.parse_args(argv)
+    config = load(MgmtdConfig, args.config, env_prefix="MGMTD")
+    logs.setup("mgmtd")
+    asyncio.run(serve(config))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,84 @@
+"""mgmtd RPC adapter: decode -> ClusterState -> persist -> encode."""
+
+from __future__ import annotations
+
+import logging
+
+from loomfs.common.clock import SYSTEM_CLOCK, Clock
+from loomfs.mgmtd.state import ClusterState
+from loomfs.mgmtd.store import MgmtdStore
+from loomfs.net.rpc import CallContext, handles
+from loomfs.wire import mgmtd as w
+from loomfs.wire.message import Empty
+from loomfs.wire.types import ChainTable
+
+logger = logging.getLogger(__name__)
+
+
+class MgmtdService:
+    def __init__(
+        self,
+        state: ClusterState,
+        store: MgmtdStore | None,
+        *,
+        heartbeat_interval_s: float,
+        clock: Clock = SYSTEM_CLOCK,
+    ):
+        self.state = state
+        self.store = store
+        self.heartbeat_interval_s = heartbeat_interval_s
+        self.clock = clock
+        self._saved_version = state.version
+
+    def persist(self) -> None:
+        if self.store is not None and self.state.version != self._saved_version:
+            self.store.save(self.state)
+            self._saved_version = self.state.version
+
+    @handles(w.REGISTER_NODE)
+    async def register_node(self, req: w.RegisterNodeReq, ctx: CallContext) -> w.RegisterNodeRsp:
+        node_id = self.state.register(
+            node_id=req.node_id, kind=req.kind, host=req.host, port=req.port,
+            targets=req.targets, now_s=self.clock.monotonic(),
+        )
+        self.persist()
+        return w.RegisterNodeRsp(
+            node_id=node_id, lease_s=self.state.lease_s,
+            heartbeat_interval_s=self.heartbeat_interval_s, routing_version=self.state.version,
+        )
+
+    @handles(w.HEARTBEAT)
+    async def heartbeat(self, req: w.HeartbeatReq, ctx: CallContext) -> w.HeartbeatRsp:
+        self.state.heartbeat(req.node_id, req.targets, self.clock.monotonic())
+        self.persist()
+        return w.HeartbeatRsp(routing_version=self.state.version, lease_s=self.state.lease_s)
+
+    @handles(w.GET_ROUTING)
+    async def get_routing(self, req: w.GetRoutingReq, ctx: CallContext) -> w.GetRoutingRsp:
+        if req.known_version == self.state.version:
+            return w.GetRoutingRsp(changed=False)
+        return w.GetRoutingRsp(changed=True, routing=self.state.routing())
+
+    @handles(w.CREATE_CHAIN_TABLE)
+    async def create_chain_table(self, req: w.CreateChainTableReq, ctx: CallContext) -> w.CreateChainTableRsp:
+        t = self.state.create_chain_table(replicas=req.replicas, table_id=req.table_id)
+        self.persist()
+        return w.CreateChainTableRsp(
+            table=ChainTable(table_id=t.table_id, version=t.version, replicas=t.replicas,
+                             chain_ids=list(t.chain_ids))
+        )
+
+    @handles(w.LIST_NODES)
+    async def list_nodes(self, req: Empty, ctx: CallContext) -> w.ListNodesRsp:
+        return w.ListNodesRsp(nodes=self.state.routing().nodes)
+
+    @handles(w.MGMTD_PING)
+    async def ping(self, req: Empty, ctx: CallContext) -> Empty:
+        return Empty()
+
+    def tick(self) -> None:
+        if self.state.tick(self.clock.monotonic()):
+            self.persist()
+
+    def __repr__(self) -> str:
+        return f"MgmtdService({self.state!r})"

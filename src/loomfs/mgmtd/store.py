@@ -1,0 +1,67 @@
+"""Persistent mgmtd state: one row per record in a small SQLite (WAL) database.
+
+Heartbeat times are not persisted: after a restart every known node gets a fresh lease,
+so a restarted mgmtd keeps serving the routing it had.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import msgpack
+
+from loomfs.mgmtd.state import ChainRecord, ClusterState, NodeRecord, TableRecord, TargetRecord
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS kv (kind TEXT NOT NULL, id INTEGER NOT NULL, value BLOB NOT NULL,
+                               PRIMARY KEY (kind, id));
+"""
+
+
+class MgmtdStore:
+    def __init__(self, url: str):
+        prefix = "sqlite:///"
+        if not url.startswith(prefix):
+            raise ValueError(f"mgmtd store supports sqlite:/// URLs, got {url!r}")
+        self.path = url[len(prefix):]
+        Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+        self._db = sqlite3.connect(self.path, isolation_level=None)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=FULL")
+        self._db.executescript(SCHEMA)
+
+    def load(self, state: ClusterState, now_s: float) -> None:
+        rows = self._db.execute("SELECT kind, id, value FROM kv").fetchall()
+        for kind, _id, blob in rows:
+            v = msgpack.unpackb(blob)
+            if kind == "node":
+                state.nodes[v["node_id"]] = NodeRecord(v["node_id"], v["kind"], v["host"], v["port"],
+                                                       v["state"], now_s)
+            elif kind == "target":
+                state.targets[v["target_id"]] = TargetRecord(**v)
+            elif kind == "chain":
+                state.chains[v["chain_id"]] = ChainRecord(**v)
+            elif kind == "table":
+                state.tables[v["table_id"]] = TableRecord(**v)
+            elif kind == "version":
+                state.version = v + 1  # a new incarnation always advertises a newer version
+
+    def save(self, state: ClusterState) -> None:
+        rows: list[tuple[str, int, bytes]] = [("version", 0, msgpack.packb(state.version))]
+        rows += [("node", n.node_id, msgpack.packb({"node_id": n.node_id, "kind": n.kind, "host": n.host,
+                                                     "port": n.port, "state": n.state}))
+                 for n in state.nodes.values()]
+        rows += [("target", t.target_id, msgpack.packb({f: getattr(t, f) for f in TargetRecord.__slots__}))
+                 for t in state.targets.values()]
+        rows += [("chain", c.chain_id, msgpack.packb({f: getattr(c, f) for f in ChainRecord.__slots__}))
+                 for c in state.chains.values()]
+        rows += [("table", t.table_id, msgpack.packb({f: getattr(t, f) for f in TableRecord.__slots__}))
+                 for t in state.tables.values()]
+        with self._db:
+            self._db.execute("BEGIN")
+            self._db.execute("DELETE FROM kv")
+            self._db.executemany("INSERT INTO kv (kind, id, value) VALUES (?, ?, ?)", rows)
+
+    def close(self) -> None:
+        self._db.close()

@@ -1,0 +1,223 @@
+"""CRAQ replication decisions for one chunk: events in, actions out, no I/O.
+
+The service feeds each request (with this replica's position in the chain and the chunk's
+local versions) to these functions and executes what comes back. Rules (DESIGN.md §4):
+
+* every hop checks the chain version; a client write must reach the head;
+* the head serialises writes per chunk and assigns ``update_ver = committed + 1``; a pending
+  update left behind by a failed forward is pushed down the chain again (whole chunk,
+  ``full_replace``) before a new update, so no version number is ever reused for other data;
+* a forwarded update that is already committed here is acked idempotently; the next version
+  (or a whole-chunk replace) is applied; a gap is a version mismatch (needs resync);
+* every replica but the tail forwards and commits after its successor acked; the tail commits
+  at once;
+* reads: a non-tail replica holding a pending update refuses (the client retries at the tail).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+from loomfs.wire.status import Status
+
+
+class Role(Enum):
+    SINGLE = "single"  # head and tail
+    HEAD = "head"
+    MIDDLE = "middle"
+    TAIL = "tail"
+
+
+@dataclass(frozen=True, slots=True)
+class Position:
+    """Where one target sits in one chain version (serving targets only, head first)."""
+
+    chain_id: int
+    chain_version: int
+    target_id: int
+    targets: tuple[int, ...]
+
+    @property
+    def _i(self) -> int:
+        return self.targets.index(self.target_id)
+
+    @property
+    def is_head(self) -> bool:
+        return self.targets[0] == self.target_id
+
+    @property
+    def is_tail(self) -> bool:
+        return self.targets[-1] == self.target_id
+
+    @property
+    def role(self) -> Role:
+        if self.is_head:
+            return Role.SINGLE if self.is_tail else Role.HEAD
+        return Role.TAIL if self.is_tail else Role.MIDDLE
+
+    @property
+    def successor(self) -> int | None:
+        i = self._i
+        return self.targets[i + 1] if i + 1 < len(self.targets) else None
+
+    @property
+    def predecessor(self) -> int | None:
+        i = self._i
+        return self.targets[i - 1] if i > 0 else None
+
+
+def position_of(chain_id: int, chain_version: int, serving: list[int] | tuple[int, ...], target_id: int) -> Position | None:
+    """This target's position, or None when it is not a serving member of the chain."""
+    if target_id not in serving:
+        return None
+    return Position(chain_id, chain_version, target_id, tuple(serving))
+
+
+@dataclass(frozen=True, slots=True)
+class Versions:
+    """The chunk's local versions (0 = none)."""
+
+    commit_ver: int = 0
+    pending_ver: int = 0
+
+    @property
+    def has_pending(self) -> bool:
+        return self.pending_ver > self.commit_ver
+
+
+# ---- events ---------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class UpdateIn:
+    """A write or truncate arriving at this replica."""
+
+    chain_version: int
+    forwarded: bool = False
+    update_ver: int = 0  # forwarded only
+    full_replace: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class ReadIn:
+    chain_version: int
+
+
+# ---- actions --------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Refuse:
+    status: Status
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class AckCommitted:
+    """Already applied here (a duplicate): answer with the committed state."""
+
+    commit_ver: int
+
+
+@dataclass(frozen=True, slots=True)
+class Reforward:
+    """Push the leftover pending update ``update_ver`` (whole chunk) to ``successor``, then
+    commit it locally once acked."""
+
+    update_ver: int
+    successor: int
+
+
+@dataclass(frozen=True, slots=True)
+class Apply:
+    """Stage ``update_ver``; forward to ``successor`` (None = tail: commit at once) and
+    commit after the ack."""
+
+    update_ver: int
+    successor: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class Commit:
+    update_ver: int
+
+
+@dataclass(frozen=True, slots=True)
+class Serve:
+    pass
+
+
+Action = Refuse | AckCommitted | Reforward | Apply | Commit | Serve
+
+
+def _check_membership(pos: Position | None, chain_version: int) -> Refuse | None:
+    if pos is None:
+        return Refuse(Status.TARGET_NOT_SERVING, "target is not a serving member of the chain")
+    if chain_version != pos.chain_version:
+        return Refuse(
+            Status.STALE_CHAIN_VERSION,
+            f"chain {pos.chain_id}: request has v{chain_version}, replica has v{pos.chain_version}",
+        )
+    return None
+
+
+def on_update(pos: Position | None, local: Versions, ev: UpdateIn) -> list[Action]:
+    """Decide what to do with a write/truncate. Returns one Refuse/AckCommitted, or the
+    steps to run in order (at most one Reforward, then one Apply)."""
+    refused = _check_membership(pos, ev.chain_version)
+    if refused is not None:
+        return [refused]
+    assert pos is not None
+    if not ev.forwarded:
+        if not pos.is_head:
+            return [Refuse(Status.NOT_HEAD, f"target {pos.target_id} is not the head of chain {pos.chain_id}")]
+        succ = pos.successor
+        if local.has_pending and succ is not None:
+            return [Reforward(local.pending_ver, succ), Apply(local.pending_ver + 1, succ)]
+        # single replica: a leftover pending reached nobody; the new update replaces it
+        return [Apply(local.commit_ver + 1, succ)]
+    if pos.is_head:
+        return [Refuse(Status.STALE_CHAIN_VERSION, f"target {pos.target_id} is head of chain {pos.chain_id}: not forwarded to")]
+    if ev.update_ver <= local.commit_ver:
+        return [AckCommitted(local.commit_ver)]
+    if ev.update_ver != local.commit_ver + 1 and not ev.full_replace:
+        return [
+            Refuse(
+                Status.VERSION_MISMATCH,
+                f"update v{ev.update_ver} does not follow committed v{local.commit_ver}",
+            )
+        ]
+    return [Apply(ev.update_ver, pos.successor)]
+
+
+def on_successor_result(update_ver: int, status: Status) -> Action:
+    """The successor answered a forward (OK or a failure status): commit or give up, keeping
+    the pending update so a later write or a chain change re-forwards it."""
+    if status is Status.OK:
+        return Commit(update_ver)
+    if status in (Status.STALE_CHAIN_VERSION, Status.VERSION_MISMATCH):
+        return Refuse(status, f"successor refused update v{update_ver}: {status.name}")
+    return Refuse(Status.CHAIN_UNAVAILABLE, f"successor failed update v{update_ver}: {status.name}")
+
+
+def on_remove(pos: Position | None, ev: UpdateIn) -> list[Action]:
+    """RemoveChunks: same routing checks as an update; forward, then apply after the ack."""
+    refused = _check_membership(pos, ev.chain_version)
+    if refused is not None:
+        return [refused]
+    assert pos is not None
+    if not ev.forwarded and not pos.is_head:
+        return [Refuse(Status.NOT_HEAD, f"target {pos.target_id} is not the head of chain {pos.chain_id}")]
+    if ev.forwarded and pos.is_head:
+        return [Refuse(Status.STALE_CHAIN_VERSION, f"target {pos.target_id} is head of chain {pos.chain_id}")]
+    return [Apply(0, pos.successor)]
+
+
+def on_read(pos: Position | None, local: Versions, ev: ReadIn) -> Action:
+    refused = _check_membership(pos, ev.chain_version)
+    if refused is not None:
+        return refused
+    assert pos is not None
+    if local.has_pending and not pos.is_tail:
+        return Refuse(
+            Status.NOT_COMMITTED,
+            f"target {pos.target_id} holds pending v{local.pending_ver} > committed v{local.commit_ver}",
+        )
+    return Serve()

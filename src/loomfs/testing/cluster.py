@@ -1,0 +1,392 @@
+"""A whole cluster as real OS processes on 127.0.0.1: mgmtd, meta(s), storage nodes.
+
+Used by ``loomfs local up/status/down`` and by integration tests. State lives in one
+directory: one sub-directory per service (config.toml, data, log), pid files, and
+``cluster.json`` (addresses, pids) that clients read (``loomfs.connect(DIR)``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import tomli_w
+
+from loomfs.errors import LoomError
+from loomfs.net.rpc import RpcClient
+from loomfs.net.tcp import TcpTransport
+from loomfs.net.transport import Address
+from loomfs.wire import mgmtd as wm
+from loomfs.wire.types import NodeKind, NodeState, RoutingInfo
+
+logger = logging.getLogger(__name__)
+
+STATE_FILE = "cluster.json"
+
+
+@dataclass
+class ServiceProc:
+    name: str  # mgmtd, meta1, storage1...
+    kind: str  # mgmtd | meta | storage
+    port: int
+    node_id: int
+    dir: str
+    pid: int = 0
+
+    @property
+    def config_path(self) -> str:
+        return str(Path(self.dir, "config.toml"))
+
+    @property
+    def log_path(self) -> str:
+        return str(Path(self.dir, "service.log"))
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def alive(self) -> bool:
+        return self.pid > 0 and _pid_runs(self.pid, self.config_path)
+
+
+def _pid_runs(pid: int, config_path: str) -> bool:
+    """True if ``pid`` is alive and is the process we started (its cmdline names our config)."""
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    if stat.split(") ", 1)[-1].startswith("Z"):
+        return False
+    return config_path.encode() in cmdline
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def find_base_port(span: int, start: int = 20000, stop: int = 60000) -> int:
+    import random
+
+    rng = random.Random()
+    for _ in range(200):
+        base = rng.randrange(start, stop - span)
+        if all(_port_free(base + i) for i in range(span)):
+            return base
+    raise LoomError("no free port range found")
+
+
+class LocalCluster:
+    def __init__(
+        self,
+        root: str | Path,
+        *,
+        storage_nodes: int = 3,
+        targets_per_node: int = 2,
+        replicas: int = 3,
+        meta_nodes: int = 1,
+        base_port: int | None = None,
+        gc_delay_s: float = 5.0,
+        heartbeat_interval_s: float = 1.0,
+        lease_s: float = 5.0,
+        extra_env: dict[str, str] | None = None,
+    ):
+        self.root = Path(root).resolve()
+        self.storage_nodes = storage_nodes
+        self.targets_per_node = targets_per_node
+        self.replicas = replicas
+        self.meta_nodes = meta_nodes
+        self.base_port = base_port
+        self.gc_delay_s = gc_delay_s
+        self.heartbeat_interval_s = heartbeat_interval_s
+        self.lease_s = lease_s
+        self.extra_env = extra_env or {}
+        self.services: dict[str, ServiceProc] = {}
+
+    # ---- layout ---------------------------------------------------------------------------
+    @property
+    def state_path(self) -> Path:
+        return self.root / STATE_FILE
+
+    @property
+    def mgmtd_address(self) -> str:
+        return self.services["mgmtd"].address
+
+    def _plan(self) -> None:
+        span = 20 + self.storage_nodes
+        base = self.base_port if self.base_port is not None else find_base_port(span)
+        busy = [base + i for i in [0, *range(1, 1 + self.meta_nodes),
+                                   *range(10, 10 + self.storage_nodes)] if not _port_free(base + i)]
+        if busy:
+            raise LoomError(f"ports already in use: {busy} (pick another --base-port)")
+        self.base_port = base
+        svcs = [ServiceProc("mgmtd", "mgmtd", base, 0, str(self.root / "mgmtd"))]
+        for i in range(1, self.meta_nodes + 1):
+            svcs.append(ServiceProc(f"meta{i}", "meta", base + i, 100 + i, str(self.root / f"meta{i}")))
+        for i in range(1, self.storage_nodes + 1):
+            svcs.append(ServiceProc(f"storage{i}", "storage", base + 9 + i, i, str(self.root / f"storage{i}")))
+        self.services = {s.name: s for s in svcs}
+
+    def _config(self, s: ServiceProc) -> dict[str, Any]:
+        mg = f"127.0.0.1:{self.base_port}"
+        if s.kind == "mgmtd":
+            return {"host": "127.0.0.1", "port": s.port, "data_dir": s.dir, "lease_s": self.lease_s,
+                    "heartbeat_interval_s": self.heartbeat_interval_s, "default_replicas": self.replicas}
+        if s.kind == "meta":
+            return {"host": "127.0.0.1", "port": s.port, "node_id": s.node_id, "mgmtd": mg,
+                    "data_dir": s.dir, "gc_delay_s": self.gc_delay_s}
+        targets = [str(Path(s.dir, f"target{j}")) for j in range(1, self.targets_per_node + 1)]
+        return {"host": "127.0.0.1", "port": s.port, "node_id": s.node_id, "mgmtd": mg,
+                "data_dir": s.dir, "targets": targets}
+
+    # ---- lifecycle -------------------------------------------------------------------------
+    def start(self, timeout_s: float = 60.0) -> None:
+        """Start every service (or restart a stopped cluster from its directory)."""
+        if self.state_path.exists():
+            self._load_state()
+            running = [s.name for s in self.services.values() if s.alive()]
+            if running:
+                raise LoomError(f"cluster at {self.root} is already running ({', '.join(running)})")
+        else:
+            self.root.mkdir(parents=True, exist_ok=True)
+            self._plan()
+        for s in self.services.values():
+            Path(s.dir).mkdir(parents=True, exist_ok=True)
+            with open(s.config_path, "wb") as f:
+                tomli_w.dump(self._config(s), f)
+        self.start_service("mgmtd")
+        self._write_state()
+        self._wait(lambda r: True, timeout_s, "mgmtd")
+        for s in self.services.values():
+            if s.kind == "storage":
+                self.start_service(s.name)
+        n = self.storage_nodes
+        self._wait(lambda r: sum(1 for x in r.nodes if x.kind == NodeKind.STORAGE
+                                 and x.state == NodeState.ALIVE) >= n, timeout_s, "storage nodes")
+        self._ensure_chain_table(timeout_s)
+        for s in self.services.values():
+            if s.kind == "meta":
+                self.start_service(s.name)
+        m = self.meta_nodes
+        self._wait(lambda r: sum(1 for x in r.nodes if x.kind == NodeKind.META
+                                 and x.state == NodeState.ALIVE) >= m, timeout_s, "meta")
+        self._wait_ping_meta(timeout_s)
+        self._write_state()
+
+    def start_service(self, name: str) -> ServiceProc:
+        s = self.services[name]
+        if s.alive():
+            return s
+        env = dict(os.environ)
+        env.update(self.extra_env)
+        src = str(Path(__file__).resolve().parents[2])
+        env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        log = open(s.log_path, "ab")
+        proc = subprocess.Popen(
+            [sys.executable, "-m", f"loomfs.{s.kind}.server", "--config", s.config_path],
+            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            start_new_session=True, env=env, cwd=s.dir,
+        )
+        log.close()
+        s.pid = proc.pid
+        Path(s.dir, "pid").write_text(str(proc.pid))
+        self._write_state()
+        return s
+
+    def stop_service(self, name: str, sig: int = signal.SIGTERM, timeout_s: float = 10.0) -> None:
+        s = self.services[name]
+        if not s.alive():
+            return
+        try:
+            os.kill(s.pid, sig)
+        except ProcessLookupError:
+            return
+        end = time.monotonic() + timeout_s
+        while time.monotonic() < end:
+            if not s.alive():
+                break
+            _reap(s.pid)
+            time.sleep(0.05)
+        else:
+            try:
+                os.kill(s.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            time.sleep(0.1)
+        _reap(s.pid)
+
+    def kill_service(self, name: str) -> None:
+        self.stop_service(name, signal.SIGKILL, timeout_s=5.0)
+
+    def restart_service(self, name: str, timeout_s: float = 30.0) -> None:
+        self.stop_service(name)
+        self.start_service(name)
+
+    def stop(self) -> None:
+        """Stop exactly the processes this cluster started (meta first, mgmtd last)."""
+        if not self.services and self.state_path.exists():
+            self._load_state()
+        order = sorted(self.services.values(), key=lambda s: {"meta": 0, "storage": 1, "mgmtd": 2}[s.kind])
+        for s in order:
+            self.stop_service(s.name)
+        self._write_state()
+
+    def status(self) -> list[dict[str, Any]]:
+        if not self.services and self.state_path.exists():
+            self._load_state()
+        out = []
+        for s in self.services.values():
+            out.append({"name": s.name, "kind": s.kind, "pid": s.pid if s.alive() else 0,
+                        "address": s.address, "state": "running" if s.alive() else "stopped",
+                        "log": s.log_path})
+        return out
+
+    def __enter__(self) -> LocalCluster:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # ---- state file ------------------------------------------------------------------------
+    def _write_state(self) -> None:
+        data = {
+            "mgmtd": self.mgmtd_address,
+            "base_port": self.base_port,
+            "storage_nodes": self.storage_nodes,
+            "targets_per_node": self.targets_per_node,
+            "replicas": self.replicas,
+            "meta_nodes": self.meta_nodes,
+            "services": [asdict(s) for s in self.services.values()],
+        }
+        tmp = self.state_path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(data, indent=2))
+        os.replace(tmp, self.state_path)
+
+    def _load_state(self) -> None:
+        data = json.loads(self.state_path.read_text())
+        self.base_port = data["base_port"]
+        self.storage_nodes = data["storage_nodes"]
+        self.targets_per_node = data["targets_per_node"]
+        self.replicas = data["replicas"]
+        self.meta_nodes = data["meta_nodes"]
+        self.services = {d["name"]: ServiceProc(**d) for d in data["services"]}
+
+    @classmethod
+    def from_dir(cls, root: str | Path) -> LocalCluster:
+        c = cls(root)
+        if not c.state_path.exists():
+            raise LoomError(f"no local cluster at {c.root} (no {STATE_FILE}); run `loomfs local up`")
+        c._load_state()
+        return c
+
+    # ---- health ----------------------------------------------------------------------------
+    def routing(self) -> RoutingInfo:
+        async def go() -> RoutingInfo:
+            rpc = RpcClient(TcpTransport(), connect_timeout_s=1.0)
+            try:
+                rsp = await rpc.call(Address.parse(self.mgmtd_address), wm.GET_ROUTING,
+                                     wm.GetRoutingReq(), timeout_s=2.0, retry=False)
+                assert rsp.body.routing is not None
+                return rsp.body.routing  # type: ignore[no-any-return]
+            finally:
+                await rpc.close()
+
+        return _run(go())
+
+    def _wait(self, ok: Any, timeout_s: float, what: str) -> RoutingInfo:
+        end = time.monotonic() + timeout_s
+        last: BaseException | None = None
+        while time.monotonic() < end:
+            self._check_crashed()
+            try:
+                r = self.routing()
+                if ok(r):
+                    return r
+            except (LoomError, OSError) as exc:
+                last = exc
+            time.sleep(0.1)
+        raise LoomError(f"timed out after {timeout_s:.0f}s waiting for {what} ({last}); logs in {self.root}")
+
+    def _check_crashed(self) -> None:
+        for s in self.services.values():
+            if s.pid and not s.alive():
+                _reap(s.pid)
+                tail = Path(s.log_path).read_text(errors="replace")[-2000:] if Path(s.log_path).exists() else ""
+                raise LoomError(f"{s.name} exited during start-up; log tail:\n{tail}")
+
+    def _ensure_chain_table(self, timeout_s: float) -> None:
+        r = self.routing()
+        if r.tables:
+            return
+
+        async def go() -> None:
+            rpc = RpcClient(TcpTransport())
+            try:
+                await rpc.call(Address.parse(self.mgmtd_address), wm.CREATE_CHAIN_TABLE,
+                               wm.CreateChainTableReq(replicas=self.replicas), timeout_s=timeout_s)
+            finally:
+                await rpc.close()
+
+        _run(go())
+
+    def _wait_ping_meta(self, timeout_s: float) -> None:
+        from loomfs.wire.meta import META_PING
+        from loomfs.wire.message import Empty
+
+        async def go() -> None:
+            rpc = RpcClient(TcpTransport(), connect_timeout_s=1.0)
+            end = time.monotonic() + timeout_s
+            try:
+                for s in self.services.values():
+                    if s.kind != "meta":
+                        continue
+                    while True:
+                        try:
+                            await rpc.call(Address.parse(s.address), META_PING, Empty(), timeout_s=2.0,
+                                           retry=False)
+                            break
+                        except (LoomError, OSError):
+                            if time.monotonic() > end:
+                                raise
+                            await asyncio.sleep(0.1)
+            finally:
+                await rpc.close()
+
+        _run(go())
+
+    def __repr__(self) -> str:
+        return f"LocalCluster({self.root} base_port={self.base_port} services={len(self.services)})"
+
+
+def _reap(pid: int) -> None:
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        pass
+    except OSError:
+        pass
+
+
+def _run(coro: Any) -> Any:
+    loop = asyncio.new_event_loop()
+    try:
+        return loop.run_until_complete(coro)
+    finally:
+        loop.close()

@@ -1,0 +1,119 @@
+"""mgmtd cluster state machine: registration, leases, chain tables (no I/O)."""
+
+from __future__ import annotations
+
+import pytest
+
+from loomfs.errors import InvalidArgument, StatusError
+from loomfs.mgmtd.state import ClusterState, plan_chains
+from loomfs.mgmtd.store import MgmtdStore
+from loomfs.wire.status import Status
+from loomfs.wire.types import NodeKind, NodeState, TargetInfo, TargetState
+
+
+def _cluster(nodes: int = 3, targets: int = 2, lease_s: float = 5.0) -> ClusterState:
+    st = ClusterState(lease_s=lease_s)
+    for n in range(1, nodes + 1):
+        st.register(node_id=n, kind=NodeKind.STORAGE, host="127.0.0.1", port=9000 + n,
+                    targets=[TargetInfo(target_id=n * 1000 + i + 1, path=f"/t{i}") for i in range(targets)],
+                    now_s=0.0)
+    return st
+
+
+def test_plan_chains_distinct_nodes_and_balanced() -> None:
+    free = {n: [n * 1000 + i for i in range(1, 5)] for n in range(1, 6)}
+    chains = plan_chains(free, 3)
+    assert len(chains) == (5 * 4) // 3
+    used = [t for c in chains for t in c]
+    assert len(used) == len(set(used))
+    for c in chains:
+        assert len({t // 1000 for t in c}) == 3
+    heads = [c[0] // 1000 for c in chains]
+    assert max(heads.count(n) for n in set(heads)) - min(heads.count(n) for n in set(heads)) <= 2
+
+
+def test_plan_chains_not_enough_nodes() -> None:
+    assert plan_chains({1: [1001, 1002], 2: [2001]}, 3) == []
+
+
+@pytest.mark.parametrize("replicas", [1, 2, 3])
+def test_create_chain_table(replicas: int) -> None:
+    st = _cluster()
+    v0 = st.version
+    table = st.create_chain_table(replicas=replicas)
+    assert st.version > v0
+    assert table.table_id == 1 and table.replicas == replicas
+    assert len(table.chain_ids) == 6 // replicas
+    r = st.routing()
+    assert r.version == st.version
+    for c in r.chains:
+        assert len(c.targets) == replicas
+        assert len({st.targets[t].node_id for t in c.targets}) == replicas
+    with pytest.raises(StatusError) as ei:
+        st.create_chain_table(replicas=replicas, table_id=1)
+    assert ei.value.status is Status.EEXIST
+
+
+def test_chain_table_needs_enough_nodes() -> None:
+    st = _cluster(nodes=2)
+    with pytest.raises(StatusError) as ei:
+        st.create_chain_table(replicas=3)
+    assert ei.value.status is Status.NO_CHAIN_TABLE
+
+
+def test_lease_expiry_marks_dead_and_lastsrv() -> None:
+    st = _cluster(lease_s=5.0)
+    st.create_chain_table(replicas=3)
+    for n in (1, 2):
+        st.heartbeat(n, [], 4.0)
+    assert not st.tick(4.9)
+    v = st.version
+    assert st.tick(5.5)  # node 3 silent since t=0
+    assert st.version > v
+    assert st.nodes[3].state == NodeState.DEAD
+    for t in st.targets.values():
+        want = TargetState.OFFLINE if t.node_id == 3 else TargetState.SERVING
+        assert t.state == want
+    assert all(c.version == 2 for c in st.chains.values())
+    # node 3 returns: its targets need resync because the chains kept serving
+    st.heartbeat(3, [], 6.0)
+    assert st.nodes[3].state == NodeState.ALIVE
+    assert all(t.state == TargetState.WAITING for t in st.targets.values() if t.node_id == 3)
+
+
+def test_whole_cluster_down_comes_back_serving() -> None:
+    st = _cluster()
+    st.create_chain_table(replicas=3)
+    assert st.tick(100.0)
+    assert all(t.state == TargetState.LASTSRV for t in st.targets.values())
+    for n in (1, 2, 3):
+        st.heartbeat(n, [], 101.0)
+    assert all(t.state == TargetState.SERVING for t in st.targets.values())
+
+
+def test_register_validation_and_auto_ids() -> None:
+    st = ClusterState(lease_s=5)
+    with pytest.raises(InvalidArgument):
+        st.register(node_id=0, kind=99, host="h", port=1, targets=[], now_s=0)
+    with pytest.raises(InvalidArgument):
+        st.register(node_id=0, kind=NodeKind.META, host="", port=1, targets=[], now_s=0)
+    a = st.register(node_id=0, kind=NodeKind.META, host="h", port=1, targets=[], now_s=0)
+    b = st.register(node_id=0, kind=NodeKind.META, host="h", port=1, targets=[], now_s=0)
+    c = st.register(node_id=0, kind=NodeKind.META, host="h", port=2, targets=[], now_s=0)
+    assert a == b != c
+    with pytest.raises(StatusError):
+        st.heartbeat(12345, [], 0)
+
+
+def test_store_roundtrip(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    st = _cluster()
+    st.create_chain_table(replicas=2)
+    store = MgmtdStore(f"sqlite:///{tmp_path}/m.db")
+    store.save(st)
+    store.close()
+    st2 = ClusterState(lease_s=5)
+    MgmtdStore(f"sqlite:///{tmp_path}/m.db").load(st2, now_s=50.0)
+    assert st2.version > st.version
+    assert st2.routing().chains == st.routing().chains
+    assert st2.routing().tables == st.routing().tables
+    assert {n: r.last_heartbeat_s for n, r in st2.nodes.items()} == {1: 50.0, 2: 50.0, 3: 50.0}
