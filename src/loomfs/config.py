@@ -111,10 +111,10 @@ def load(cls: type[T], path: str | Path | None = None, *, env_prefix: str = "", 
         with open(path, "rb") as f:
             data = tomllib.load(f)
     if env_prefix:
-        for f in dataclasses.fields(cls):  # type: ignore[arg-type]
-            key = f"LOOMFS_{env_prefix}_{f.name}".upper()
+        for fld in dataclasses.fields(cls):  # type: ignore[arg-type]
+            key = f"LOOMFS_{env_prefix}_{fld.name}".upper()
             if key in os.environ:
-                data[f.name] = os.environ[key]
+                data[fld.name] = os.environ[key]
     data.update({k: v for k, v in overrides.items() if v is not None})
     return from_dict(cls, data)
 

@@ -10,7 +10,14 @@ from pathlib import Path
 from typing import Any
 
 from loomfs.bench import limits
-from loomfs.bench.workloads import Result, creates_and_stats, pipelined_stats, random_reads, seq_read, seq_write
+from loomfs.bench.workloads import (
+    Result,
+    creates_and_stats,
+    pipelined_stats,
+    random_reads,
+    seq_read,
+    seq_write,
+)
 from loomfs.cli.common import connect, human_bytes, parse_size
 
 

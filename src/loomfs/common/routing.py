@@ -17,7 +17,15 @@ from loomfs.net.rpc import RpcClient
 from loomfs.net.transport import Address
 from loomfs.wire.mgmtd import GET_ROUTING, GetRoutingReq, GetRoutingRsp
 from loomfs.wire.status import Status
-from loomfs.wire.types import ChainInfo, ChainTable, NodeInfo, NodeState, RoutingInfo, TargetInfo, TargetState
+from loomfs.wire.types import (
+    ChainInfo,
+    ChainTable,
+    NodeInfo,
+    NodeState,
+    RoutingInfo,
+    TargetInfo,
+    TargetState,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -149,7 +157,7 @@ class RoutingClient:
         ev = self._changed
         try:
             await asyncio.wait_for(ev.wait(), timeout_s)
-        except (asyncio.TimeoutError, TimeoutError):
+        except TimeoutError:
             pass
 
     async def run(self) -> None:

@@ -43,7 +43,7 @@ async def serve(config: MgmtdConfig, *, ready: asyncio.Event | None = None) -> N
             service.tick()
             try:
                 await asyncio.wait_for(stop.wait(), config.heartbeat_interval_s / 2)
-            except (asyncio.TimeoutError, TimeoutError):
+            except TimeoutError:
                 pass
     finally:
         await server.close()

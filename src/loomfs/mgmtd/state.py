@@ -221,8 +221,8 @@ class ClusterState:
             chain = ChainRecord(next_chain, table_id, group)
             self.chains[next_chain] = chain
             table.chain_ids.append(next_chain)
-            for t in group:
-                self.targets[t].chain_id = next_chain
+            for tid in group:
+                self.targets[tid].chain_id = next_chain
             next_chain += 1
         self.tables[table_id] = table
         logger.info("chain table %d: %d chains x %d replicas", table_id, len(groups), replicas)

@@ -191,7 +191,7 @@ class _ServerConnection:
             else:
                 result = await handler(req, ctx)
             reply = result if isinstance(result, Reply) else Reply(result)
-        except (TimeoutError, asyncio.TimeoutError):
+        except TimeoutError:
             status, message = Status.DEADLINE_EXCEEDED, "deadline exceeded on server"
         except LoomError as exc:
             status, message = status_for_exception(exc), str(exc.strerror or exc)
@@ -307,7 +307,7 @@ class ClientConnection:
             await self.channel.drain()
             async with asyncio.timeout(timeout_s):
                 rh, rpayload, crc_ok = await fut
-        except (TimeoutError, asyncio.TimeoutError) as exc:
+        except TimeoutError as exc:
             self._pending.pop(rid, None)
             if self._receiving == rid:
                 # the reply is landing in the caller's buffer right now; only closing stops it
@@ -383,7 +383,7 @@ class RpcClient:
         try:
             conn = ClientConnection(address)
             conn.channel = await self.transport.connect(
-                address, lambda ch: conn, timeout_s=self.connect_timeout_s  # type: ignore[arg-type,return-value]
+                address, lambda ch: conn, timeout_s=self.connect_timeout_s
             )
             self._conns[address] = conn
             fut.set_result(conn)

@@ -32,7 +32,7 @@ class _TcpListener(Listener):
         self._server.close()
         try:
             await asyncio.wait_for(self._server.wait_closed(), 2.0)
-        except (asyncio.TimeoutError, TimeoutError):
+        except TimeoutError:
             pass
 
 
@@ -45,13 +45,13 @@ class TcpTransport(Transport):
         try:
             _, proto = await asyncio.wait_for(
                 loop.create_connection(
-                    lambda: FrameProtocol(sink_factory, max_payload_bytes=self.max_payload_bytes),  # type: ignore[arg-type]
+                    lambda: FrameProtocol(sink_factory, max_payload_bytes=self.max_payload_bytes),
                     address.host,
                     address.port,
                 ),
                 timeout_s,
             )
-        except (asyncio.TimeoutError, TimeoutError) as exc:
+        except TimeoutError as exc:
             raise TimedOut(f"connect to {address} timed out") from exc
         except OSError as exc:
             raise ConnectionFailed(f"connect to {address}: {exc.strerror or exc}") from exc
@@ -61,7 +61,7 @@ class TcpTransport(Transport):
     async def listen(self, address: Address, sink_factory: SinkFactory) -> Listener:
         loop = asyncio.get_running_loop()
         server = await loop.create_server(
-            lambda: FrameProtocol(sink_factory, max_payload_bytes=self.max_payload_bytes),  # type: ignore[arg-type]
+            lambda: FrameProtocol(sink_factory, max_payload_bytes=self.max_payload_bytes),
             address.host,
             address.port,
             reuse_address=True,

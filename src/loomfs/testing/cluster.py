@@ -304,7 +304,7 @@ class LocalCluster:
                 rsp = await rpc.call(Address.parse(self.mgmtd_address), wm.GET_ROUTING,
                                      wm.GetRoutingReq(), timeout_s=2.0, retry=False)
                 assert rsp.body.routing is not None
-                return rsp.body.routing  # type: ignore[no-any-return]
+                return rsp.body.routing
             finally:
                 await rpc.close()
 
@@ -347,8 +347,8 @@ class LocalCluster:
         _run(go())
 
     def _wait_ping_meta(self, timeout_s: float) -> None:
-        from loomfs.wire.meta import META_PING
         from loomfs.wire.message import Empty
+        from loomfs.wire.meta import META_PING
 
         async def go() -> None:
             rpc = RpcClient(TcpTransport(), connect_timeout_s=1.0)

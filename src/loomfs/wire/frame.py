@@ -121,7 +121,7 @@ def encode(
     )
     plen = 0 if payload is None else len(payload)
     if payload_crc is None:
-        payload_crc = crc(payload) if plen else 0
+        payload_crc = crc(payload) if payload is not None and plen else 0
     return PREFIX.pack(MAGIC, VERSION, kind, len(raw), plen, payload_crc, crc(raw)) + raw
 
 

@@ -20,7 +20,13 @@ from loomfs.wire.status import Status
 
 T = TypeVar("T", bound="Message")
 
-message = dataclass(frozen=True, slots=True, kw_only=True)
+_C = TypeVar("_C", bound=type)
+
+
+@typing.dataclass_transform(frozen_default=True, kw_only_default=True, field_specifiers=(dataclasses.field,))
+def message(cls: _C) -> _C:
+    """Decorator for wire messages: a frozen, slotted, keyword-only dataclass."""
+    return dataclass(frozen=True, slots=True, kw_only=True)(cls)  # type: ignore[return-value]
 
 
 def many() -> Any:
@@ -69,7 +75,7 @@ class Message:
                 (f.name, *_codec_for(hints[f.name])) for f in dataclasses.fields(cls)  # type: ignore[arg-type]
             )
             type.__setattr__(cls, "_plan_cache", plan)
-        return plan  # type: ignore[no-any-return]
+        return plan
 
 
 def _identity(v: Any) -> Any:

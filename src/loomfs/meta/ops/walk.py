@@ -94,8 +94,6 @@ async def walk(txn: MetaTxn, parts: list[str], *, follow_last: bool) -> Resolved
                 del stack[1:]
             if last:
                 must_be_dir = trailing
-            elif trailing:
-                pass  # an intermediate component must be a directory anyway
             if not tparts:
                 # target "/" (or only slashes)
                 if last:

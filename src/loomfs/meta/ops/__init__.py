@@ -1,0 +1,1 @@
+"""Namespace operations: POSIX semantics written once above the MetaStore."""

@@ -1,0 +1,164 @@
+"""Shared state and helpers of the namespace operations (inode creation, link drops, lengths)."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import random
+from typing import Protocol
+
+from loomfs.common.clock import SYSTEM_CLOCK, Clock
+from loomfs.common.routing import Routing
+from loomfs.errors import LoomError, StatusError
+from loomfs.meta.layout import ChainAllocator
+from loomfs.meta.store.base import GcEntry, MetaStore, MetaTxn
+from loomfs.wire.status import Status
+from loomfs.wire.types import ROOT_INODE, Attr, FileType, Layout
+
+logger = logging.getLogger(__name__)
+
+FILE = int(FileType.FILE)
+DIR = int(FileType.DIRECTORY)
+LINK = int(FileType.SYMLINK)
+
+# counter names in the store
+C_INODE = "inode"
+C_SESSION = "session"
+C_FILES = "files"
+C_DIRS = "directories"
+C_BYTES = "bytes_used"
+
+
+class RoutingSource(Protocol):
+    """What the namespace needs from routing (``loomfs.common.routing.RoutingClient`` fits)."""
+
+    async def get(self) -> Routing: ...
+
+    async def refresh(self, min_version: int = 0) -> Routing: ...
+
+
+class NamespaceBase:
+    def __init__(
+        self,
+        store: MetaStore,
+        *,
+        routing: RoutingSource | None = None,
+        clock: Clock = SYSTEM_CLOCK,
+        rng: random.Random | None = None,
+        default_layout: Layout | None = None,
+    ):
+        self.store = store
+        self.routing = routing
+        self.clock = clock
+        self.chains = ChainAllocator(rng or random.Random())
+        self.default_layout = default_layout or Layout()
+        self.ops_total = 0
+
+    async def init(self) -> None:
+        """Create the root directory on a fresh store (idempotent)."""
+        async with self.store.write() as txn:
+            if await txn.get_inode(ROOT_INODE) is not None:
+                return
+            now = self.clock.now_ns()
+            root = Attr(
+                inode=ROOT_INODE, type=DIR, mode=0o755, nlink=2, atime_ns=now, mtime_ns=now,
+                ctime_ns=now, layout=dataclasses.replace(self.default_layout, chains=[]),
+            )
+            await txn.put_inode(root)
+            counters = await txn.counters()
+            if counters.get(C_INODE, 0) < ROOT_INODE:
+                await txn.add_counter(C_INODE, ROOT_INODE - counters.get(C_INODE, 0))
+            await txn.add_counter(C_DIRS, 1)
+            logger.info("meta: created root inode %d", ROOT_INODE)
+
+    # -- helpers used inside transactions -----------------------------------------------
+
+    async def _routing_for_create(self) -> Routing | None:
+        """Routing to place new files; fetched before the transaction (it may hit the network)."""
+        if self.routing is None:
+            return None
+        return await self.routing.get()
+
+    def _file_layout(self, routing: Routing | None, parent: Attr) -> Layout:
+        if routing is None:
+            raise StatusError(Status.NO_CHAIN_TABLE, "no routing source: cannot place file data")
+        dir_layout = parent.layout or self.default_layout
+        try:
+            table = routing.table(dir_layout.table_id, dir_layout.replicas)
+        except LoomError as exc:
+            raise StatusError(Status.NO_CHAIN_TABLE, str(exc)) from exc
+        return self.chains.file_layout(table, dir_layout)
+
+    async def _new_inode(
+        self,
+        txn: MetaTxn,
+        parent: int,
+        name: str,
+        *,
+        type: int,
+        mode: int,
+        uid: int,
+        gid: int,
+        layout: Layout | None,
+        symlink_target: str = "",
+        now: int,
+    ) -> Attr:
+        ino = await txn.next_id(C_INODE)
+        attr = Attr(
+            inode=ino, type=type, mode=mode & 0o7777, nlink=2 if type == DIR else 1, uid=uid,
+            gid=gid, size=len(symlink_target.encode("utf-8", "surrogatepass")), atime_ns=now,
+            mtime_ns=now, ctime_ns=now, layout=layout, symlink_target=symlink_target,
+        )
+        await txn.put_inode(attr)
+        await txn.put_dentry(parent, name, ino, type)
+        await txn.touch_inode(parent, mtime_ns=now, ctime_ns=now, nlink_delta=1 if type == DIR else 0)
+        if type == DIR:
+            await txn.add_counter(C_DIRS, 1)
+        elif type == FILE:
+            await txn.add_counter(C_FILES, 1)
+        return attr
+
+    async def _drop_link(self, txn: MetaTxn, attr: Attr, now: int) -> bool:
+        """One name of ``attr`` is gone. Returns True when the file's data went to the GC queue."""
+        if attr.type == DIR:
+            await txn.delete_inode(attr.inode)
+            await txn.add_counter(C_DIRS, -1)
+            return False
+        if attr.nlink > 1:
+            await txn.put_inode(dataclasses.replace(attr, nlink=attr.nlink - 1, ctime_ns=now))
+            return False
+        await txn.delete_inode(attr.inode)
+        if attr.type != FILE:
+            return False
+        await txn.add_counter(C_FILES, -1)
+        if attr.size:
+            await txn.add_counter(C_BYTES, -attr.size)
+        await txn.gc_put(GcEntry(attr.inode, attr.layout or self.default_layout, attr.size, now))
+        return True
+
+    async def _report_length(self, txn: MetaTxn, inode: int, length: int, mtime_ns: int) -> Attr | None:
+        """A writer's length report: new length = max(current, reported)."""
+        attr = await txn.get_inode(inode)
+        if attr is None:
+            gc = await txn.gc_get(inode)  # unlinked while open: GC must cover what was written
+            if gc is not None and length > gc.length:
+                await txn.gc_put(dataclasses.replace(gc, length=length))
+            return None
+        if length < 0 or attr.type != FILE:
+            return attr
+        now = self.clock.now_ns()
+        size = max(attr.size, length)
+        attr2 = dataclasses.replace(attr, size=size, mtime_ns=mtime_ns or now, ctime_ns=now)
+        await txn.put_inode(attr2)
+        if size != attr.size:
+            await txn.add_counter(C_BYTES, size - attr.size)
+        return attr2
+
+    async def _attr(self, txn: MetaTxn, inode: int) -> Attr:
+        attr = await txn.get_inode(inode)
+        if attr is None:
+            raise StatusError(Status.EIO, f"dentry points at missing inode {inode}")
+        return attr
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(store={self.store!r} ops={self.ops_total})"
