@@ -1,0 +1,169 @@
+"""File operations: open/create (os.O_* flags), close, sync, setattr (truncate, chmod, utimes)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+from loomfs.errors import StatusError
+from loomfs.meta.ops.base import C_BYTES, C_SESSION, DIR, FILE, LINK, NamespaceBase
+from loomfs.meta.ops.walk import walk
+from loomfs.meta.paths import split_path
+from loomfs.wire.status import Status
+from loomfs.wire.types import Attr
+
+O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0o400000)
+O_DIRECTORY = getattr(os, "O_DIRECTORY", 0o200000)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Opened:
+    attr: Attr
+    session_id: int = 0  # nonzero for write opens
+    truncated_from: int = 0
+    created: bool = False
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SetattrResult:
+    attr: Attr
+    truncated_from: int = -1
+
+
+class FileOps(NamespaceBase):
+    async def open(
+        self, path: str, flags: int = os.O_RDONLY, *, mode: int = 0o644, uid: int = 0, gid: int = 0,
+        client_id: int = 0,
+    ) -> Opened:
+        parts = split_path(path)
+        acc = flags & os.O_ACCMODE
+        if acc == os.O_ACCMODE:
+            raise StatusError(Status.EINVAL, "bad access mode")
+        write = acc != os.O_RDONLY
+        creat = bool(flags & os.O_CREAT)
+        excl = creat and bool(flags & os.O_EXCL)
+        trunc = bool(flags & os.O_TRUNC)
+        follow = not excl and not flags & O_NOFOLLOW
+        if not (creat or trunc or write):
+            async with self.store.read() as txn:
+                r = await walk(txn, parts, follow_last=follow)
+                if r.inode is None:
+                    raise StatusError(Status.ENOENT, path)
+                if r.type == LINK:
+                    raise StatusError(Status.ELOOP, f"{path!r} is a symbolic link (O_NOFOLLOW)")
+                if flags & O_DIRECTORY and not r.is_dir:
+                    raise StatusError(Status.ENOTDIR, path)
+                return Opened(await self._attr(txn, r.inode))
+        routing = await self._routing_for_create() if creat else None
+        try:
+            return await self._open_write(path, parts, flags, mode, uid, gid, client_id, routing, follow)
+        except StatusError as exc:
+            if exc.status is not Status.NO_CHAIN_TABLE or self.routing is None:
+                raise
+            # a chain table may have been created since our last routing refresh
+            routing = await self.routing.refresh()
+            return await self._open_write(path, parts, flags, mode, uid, gid, client_id, routing, follow)
+
+    async def _open_write(
+        self, path: str, parts: list[str], flags: int, mode: int, uid: int, gid: int, client_id: int,
+        routing: object, follow: bool,
+    ) -> Opened:
+        write = flags & os.O_ACCMODE != os.O_RDONLY
+        creat = bool(flags & os.O_CREAT)
+        async with self.store.write() as txn:
+            now = self.clock.now_ns()
+            r = await walk(txn, parts, follow_last=follow)
+            truncated_from = 0
+            created = False
+            if r.inode is not None:
+                if creat and flags & os.O_EXCL:
+                    raise StatusError(Status.EEXIST, path)
+                if r.type == LINK:
+                    raise StatusError(Status.ELOOP, f"{path!r} is a symbolic link (O_NOFOLLOW)")
+                if r.type == DIR:
+                    if write or creat or flags & os.O_TRUNC:
+                        raise StatusError(Status.EISDIR, path)
+                    return Opened(await self._attr(txn, r.inode))
+                if flags & O_DIRECTORY:
+                    raise StatusError(Status.ENOTDIR, path)
+                attr = await self._attr(txn, r.inode)
+                if flags & os.O_TRUNC and attr.type == FILE:
+                    truncated_from = attr.size
+                    if attr.size:
+                        attr = dataclasses.replace(attr, size=0, mtime_ns=now, ctime_ns=now)
+                        await txn.put_inode(attr)
+                        await txn.add_counter(C_BYTES, -truncated_from)
+            else:
+                if not creat:
+                    raise StatusError(Status.ENOENT, path)
+                if r.must_be_dir or r.parent is None or r.name is None:
+                    raise StatusError(Status.EISDIR, path)
+                parent = await self._attr(txn, r.parent)
+                layout = self._file_layout(routing, parent)  # type: ignore[arg-type]
+                attr = await self._new_inode(
+                    txn, r.parent, r.name, type=FILE, mode=mode, uid=uid, gid=gid, layout=layout, now=now
+                )
+                created = True
+            session_id = 0
+            if write:
+                session_id = await txn.next_id(C_SESSION)
+                await txn.add_session(attr.inode, session_id, client_id, now)
+            return Opened(attr, session_id, truncated_from, created)
+
+    async def close(self, inode: int, session_id: int = 0, length: int = -1, mtime_ns: int = 0) -> Attr | None:
+        """End a write session and apply its length report. None if the inode is gone."""
+        async with self.store.write() as txn:
+            if session_id:
+                await txn.remove_session(inode, session_id)
+            return await self._report_length(txn, inode, length, mtime_ns)
+
+    async def sync(self, inode: int, length: int = -1, mtime_ns: int = 0) -> Attr | None:
+        async with self.store.write() as txn:
+            return await self._report_length(txn, inode, length, mtime_ns)
+
+    async def getattr_inode(self, inode: int) -> Attr | None:
+        async with self.store.read() as txn:
+            return await txn.get_inode(inode)
+
+    async def setattr(
+        self, path: str, *, follow_symlinks: bool = True, mode: int = -1, uid: int = -1, gid: int = -1,
+        atime_ns: int = -1, mtime_ns: int = -1, size: int = -1,
+    ) -> SetattrResult:
+        parts = split_path(path)
+        if size < -1:
+            raise StatusError(Status.EINVAL, f"negative size {size}")
+        async with self.store.write() as txn:
+            r = await walk(txn, parts, follow_last=follow_symlinks or size >= 0)
+            if r.inode is None:
+                raise StatusError(Status.ENOENT, path)
+            attr = await self._attr(txn, r.inode)
+            if size >= 0:
+                if attr.type == DIR:
+                    raise StatusError(Status.EISDIR, path)
+                if attr.type != FILE:
+                    raise StatusError(Status.EINVAL, path)
+            now = self.clock.now_ns()
+            changes: dict[str, int] = {}
+            if mode >= 0:
+                changes["mode"] = mode & 0o7777
+            if uid >= 0:
+                changes["uid"] = uid
+            if gid >= 0:
+                changes["gid"] = gid
+            if atime_ns >= 0:
+                changes["atime_ns"] = atime_ns
+            if mtime_ns >= 0:
+                changes["mtime_ns"] = mtime_ns
+            truncated_from = -1
+            if size >= 0:
+                truncated_from = attr.size
+                changes["size"] = size
+                if mtime_ns < 0:
+                    changes["mtime_ns"] = now
+                if size != attr.size:
+                    await txn.add_counter(C_BYTES, size - attr.size)
+            if changes:
+                changes["ctime_ns"] = now
+                attr = dataclasses.replace(attr, **changes)  # type: ignore[arg-type]
+                await txn.put_inode(attr)
+            return SetattrResult(attr, truncated_from)
