@@ -182,7 +182,8 @@ class AsyncFile:
         task = asyncio.get_running_loop().create_task(self._flush_one(cur, prev))
         self._last_flush[cur.index] = task
         self._flushes.add(task)
-        task.add_done_callback(lambda t, i=cur.index: self._flush_done(t, i))
+        index = cur.index
+        task.add_done_callback(lambda t: self._flush_done(t, index))
 
     async def _flush_one(self, cur: ChunkBuffer, prev: asyncio.Task[None] | None) -> None:
         try:

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 from loomfs.net.buffers import BufferPool
 
 logger = logging.getLogger(__name__)
 
-Fetch = Callable[[int, memoryview], Awaitable[int]]  # (chunk index, into) -> bytes present
+Fetch = Callable[[int, memoryview], Coroutine[Any, Any, int]]  # (chunk index, into) -> bytes present
 
 
 class CachedChunk:
@@ -67,7 +68,7 @@ class ReadAheadCache:
         if self.full:
             return None
         buf = self.pool.acquire(length)
-        task = asyncio.get_running_loop().create_task(fetch(index, memoryview(buf)[:length]))
+        task: asyncio.Task[int] = asyncio.get_running_loop().create_task(fetch(index, memoryview(buf)[:length]))
         task.add_done_callback(_retrieve)
         entry = CachedChunk(index, length, buf, task)
         self._entries[index] = entry

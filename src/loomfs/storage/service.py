@@ -94,7 +94,7 @@ class TagCache:
         if known is not None:
             self.hits += 1
             self._entries.move_to_end(k)
-            return await asyncio.shield(known)  # type: ignore[return-value]
+            return await asyncio.shield(known)  # type: ignore[arg-type]
         fut: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
         self._entries[k] = fut
         while len(self._entries) > self.max_entries:
@@ -168,9 +168,10 @@ class StorageService:
             if target is None:
                 raise StatusError(Status.UNKNOWN_TARGET, f"target {target_id} is not on this node")
         else:
-            target = next((self.targets[t] for t in info.targets if t in self.targets), None)  # type: ignore[assignment]
-            if target is None:
+            found = next((self.targets[t] for t in info.targets if t in self.targets), None)
+            if found is None:
                 raise StatusError(Status.UNKNOWN_TARGET, f"no target of chain {chain_id} on this node")
+            target = found
         serving = routing.serving_targets(chain_id)
         return target, chain.position_of(chain_id, info.version, serving, target.target_id), routing
 

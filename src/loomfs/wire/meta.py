@@ -104,6 +104,7 @@ class ReadlinkRsp(Message):
 class LinkReq(Message):
     src: str = ""
     dst: str = ""
+    follow_symlinks: bool = False  # False = link(2) on Linux (src symlink itself is linked)
 
 
 @message

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import os
 
+from loomfs.common.routing import Routing
 from loomfs.errors import StatusError
 from loomfs.meta.ops.base import C_BYTES, C_SESSION, DIR, FILE, LINK, NamespaceBase
 from loomfs.meta.ops.walk import walk
@@ -66,7 +67,7 @@ class FileOps(NamespaceBase):
 
     async def _open_write(
         self, path: str, parts: list[str], flags: int, mode: int, uid: int, gid: int, client_id: int,
-        routing: object, follow: bool,
+        routing: Routing | None, follow: bool,
     ) -> Opened:
         write = flags & os.O_ACCMODE != os.O_RDONLY
         creat = bool(flags & os.O_CREAT)
@@ -99,7 +100,7 @@ class FileOps(NamespaceBase):
                 if r.must_be_dir or r.parent is None or r.name is None:
                     raise StatusError(Status.EISDIR, path)
                 parent = await self._attr(txn, r.parent)
-                layout = self._file_layout(routing, parent)  # type: ignore[arg-type]
+                layout = self._file_layout(routing, parent)
                 attr = await self._new_inode(
                     txn, r.parent, r.name, type=FILE, mode=mode, uid=uid, gid=gid, layout=layout, now=now
                 )

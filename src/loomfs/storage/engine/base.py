@@ -16,7 +16,6 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import NamedTuple
 
 import crc32c
 
@@ -27,9 +26,13 @@ INDEX_END = 1 << 62
 _ZEROS = bytes(1 << 20)
 
 
-class ChunkKey(NamedTuple):
+@dataclass(frozen=True, slots=True, order=True)
+class ChunkKey:
     inode: int
     index: int
+
+    def __str__(self) -> str:
+        return f"{self.inode:x}/{self.index}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,11 +82,11 @@ def check_range(offset: int, length: int) -> None:
 
 
 def no_pending(key: ChunkKey, version: int) -> NotFound:
-    return NotFound(f"chunk {tuple(key)}: no pending update v{version}")
+    return NotFound(f"chunk {key}: no pending update v{version}")
 
 
 def missing_chunk(key: ChunkKey) -> NotFound:
-    return NotFound(f"chunk {tuple(key)} has no committed version")
+    return NotFound(f"chunk {key} has no committed version")
 
 
 class ChunkEngine(ABC):

@@ -1,0 +1,352 @@
+"""The async core: one ``AsyncClient`` per process (per event loop).
+
+It owns the RPC connection pool, routing (refreshed in the background), the meta client
+and the storage client; every front end (blocking API, fsspec, FUSE, PyTorch) is a thin
+layer over it. Data path objects are passed in, so tests run it against in-memory fakes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import time
+import weakref
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+from loomfs.client import paths
+from loomfs.client.file import AsyncFile, parse_mode, trim_chunks
+from loomfs.client.meta_client import MetaClient
+from loomfs.client.storage_client import ChunkStore, StorageClient
+from loomfs.client.writeback import ByteBudget
+from loomfs.common.routing import RoutingClient, parse_addresses
+from loomfs.config import ClientConfig
+from loomfs.errors import IsADirectory, NotADirectory, NotFound
+from loomfs.net.buffers import DEFAULT_POOL, BufferPool
+from loomfs.net.rpc import RetryPolicy, RpcClient
+from loomfs.net.tcp import TcpTransport
+from loomfs.net.transport import Address
+from loomfs.wire.meta import SetattrReq, StatfsRsp
+from loomfs.wire.types import Attr, DirEntry, FileType, Layout
+
+logger = logging.getLogger(__name__)
+
+READDIR_PAGE = 1024
+RMTREE_PARALLEL = 32
+_TYPE_NAMES = {FileType.FILE: "file", FileType.DIRECTORY: "directory", FileType.SYMLINK: "link"}
+
+
+def info_of(path: str, attr: Attr) -> dict[str, Any]:
+    """fsspec-style info dict for one entry."""
+    d: dict[str, Any] = {
+        "name": path,
+        "size": attr.size,
+        "type": _TYPE_NAMES.get(FileType(attr.type), "other"),
+        "inode": attr.inode,
+        "mode": attr.mode,
+        "nlink": attr.nlink,
+        "uid": attr.uid,
+        "gid": attr.gid,
+        "atime_ns": attr.atime_ns,
+        "mtime_ns": attr.mtime_ns,
+        "ctime_ns": attr.ctime_ns,
+    }
+    if attr.type == FileType.SYMLINK:
+        d["destination"] = attr.symlink_target
+    return d
+
+
+class AsyncClient:
+    def __init__(
+        self,
+        meta: MetaClient,
+        storage: ChunkStore,
+        *,
+        config: ClientConfig | None = None,
+        client_id: int = 0,
+        pool: BufferPool = DEFAULT_POOL,
+        rpc: RpcClient | None = None,
+        routing: RoutingClient | None = None,
+    ):
+        self.config = config or ClientConfig()
+        self.meta = meta
+        self.storage = storage
+        self.client_id = client_id or random.getrandbits(63) or 1
+        self.pool = pool
+        self.rpc = rpc
+        self.routing = routing
+        self.budget = ByteBudget(self.config.write_buffer_bytes_max)
+        self._open_files: weakref.WeakSet[AsyncFile] = weakref.WeakSet()
+        self._routing_task: asyncio.Task[None] | None = None
+        self.closed = False
+
+    @classmethod
+    async def connect(
+        cls, mgmtd: str | Sequence[Address | str], config: ClientConfig | None = None
+    ) -> AsyncClient:
+        """Connect to a cluster through its mgmtd(s): ``'host:port'``, a comma list, or Addresses."""
+        config = config or ClientConfig()
+        if isinstance(mgmtd, str):
+            addrs = parse_addresses(mgmtd)
+        else:
+            addrs = [a if isinstance(a, Address) else Address.parse(a) for a in mgmtd]
+        rc = config.rpc
+        rpc = RpcClient(
+            TcpTransport(max_payload_bytes=rc.max_payload_bytes),
+            connect_timeout_s=rc.connect_timeout_s,
+            call_timeout_s=rc.call_timeout_s,
+            retry=RetryPolicy(attempts_max=rc.retry_attempts_max),
+        )
+        routing = RoutingClient(rpc, addrs, refresh_s=config.routing_refresh_s)
+        try:
+            await routing.refresh()
+        except BaseException:
+            await rpc.close()
+            raise
+        client_id = random.getrandbits(63) or 1
+        storage = StorageClient(rpc, routing, client_id, call_timeout_s=rc.call_timeout_s)
+        self = cls(MetaClient(rpc, routing), storage, config=config, client_id=client_id, rpc=rpc, routing=routing)
+        self._routing_task = asyncio.get_running_loop().create_task(routing.run())
+        logger.info("client %#x connected to %s (%r)", client_id, ",".join(map(str, addrs)), routing.current)
+        return self
+
+    async def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        for f in list(self._open_files):
+            try:
+                await f.close()
+            except Exception as exc:
+                logger.warning("closing %s: %s", f.path, exc)
+        if self._routing_task is not None:
+            self._routing_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._routing_task
+        if self.rpc is not None:
+            await self.rpc.close()
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # --- attributes -------------------------------------------------------------------
+
+    async def stat(self, path: str) -> Attr:
+        return await self.meta.stat(paths.normalize(path), True)
+
+    async def lstat(self, path: str) -> Attr:
+        return await self.meta.stat(paths.normalize(path), False)
+
+    async def info(self, path: str) -> dict[str, Any]:
+        p = paths.normalize(path)
+        return info_of(p, await self.meta.stat(p, False))
+
+    async def exists(self, path: str) -> bool:
+        try:
+            await self.meta.stat(paths.normalize(path), True)
+        except NotFound:
+            return False
+        return True
+
+    async def isdir(self, path: str) -> bool:
+        try:
+            return (await self.stat(path)).type == FileType.DIRECTORY
+        except NotFound:
+            return False
+
+    async def isfile(self, path: str) -> bool:
+        try:
+            return (await self.stat(path)).type == FileType.FILE
+        except NotFound:
+            return False
+
+    # --- directories ------------------------------------------------------------------
+
+    async def scandir(self, path: str, *, with_attrs: bool = False) -> list[DirEntry]:
+        """All entries of a directory (pages through READDIR)."""
+        p = paths.normalize(path)
+        out: list[DirEntry] = []
+        after = ""
+        while True:
+            rsp = await self.meta.readdir(p, after, READDIR_PAGE, with_attrs)
+            out.extend(rsp.entries)
+            if not rsp.more or not rsp.entries:
+                return out
+            after = rsp.entries[-1].name
+
+    async def ls(self, path: str, detail: bool = False) -> list[Any]:
+        """Full paths of a directory's entries (sorted), or fsspec-style info dicts."""
+        p = paths.normalize(path)
+        try:
+            entries = await self.scandir(p, with_attrs=detail)
+        except NotADirectory:
+            attr = await self.meta.stat(p, False)
+            return [info_of(p, attr)] if detail else [p]
+        if not detail:
+            return [paths.join(p, e.name) for e in entries]
+        out = []
+        for e in entries:
+            child = paths.join(p, e.name)
+            attr = e.attr if e.attr is not None else await self.meta.stat(child, False)
+            out.append(info_of(child, attr))
+        return out
+
+    async def mkdir(self, path: str, mode: int = 0o755, *, parents: bool = False, exist_ok: bool = False) -> Attr:
+        return await self.meta.mkdir(paths.normalize(path), mode, parents, exist_ok)
+
+    async def makedirs(self, path: str, exist_ok: bool = False, mode: int = 0o755) -> Attr:
+        return await self.meta.mkdir(paths.normalize(path), mode, True, exist_ok)
+
+    async def rmdir(self, path: str) -> None:
+        await self.meta.rmdir(paths.normalize(path))
+
+    async def rm(self, path: str, recursive: bool = False) -> None:
+        """Remove a file or symlink; a directory needs ``recursive`` unless it is empty."""
+        p = paths.normalize(path)
+        attr = await self.meta.stat(p, False)
+        if attr.type == FileType.DIRECTORY:
+            if recursive:
+                await self.rmtree(p)
+            else:
+                await self.meta.rmdir(p)
+        else:
+            await self.meta.unlink(p)
+
+    async def unlink(self, path: str) -> None:
+        await self.meta.unlink(paths.normalize(path))
+
+    async def rmtree(self, path: str) -> None:
+        top = paths.normalize(path)
+        entries = await self.scandir(top)
+        sem = asyncio.Semaphore(RMTREE_PARALLEL)
+
+        async def unlink(child: str) -> None:
+            async with sem:
+                await self.meta.unlink(child)
+
+        files = [paths.join(top, e.name) for e in entries if e.type != FileType.DIRECTORY]
+        await asyncio.gather(*(unlink(c) for c in files))
+        for e in entries:
+            if e.type == FileType.DIRECTORY:
+                await self.rmtree(paths.join(top, e.name))
+        if top != "/":
+            await self.meta.rmdir(top)
+
+    async def walk(self, path: str, topdown: bool = True) -> AsyncIterator[tuple[str, list[str], list[str]]]:
+        """Like ``os.walk``: (dirpath, dirnames, filenames); symlinks are not followed."""
+        top = paths.normalize(path)
+        entries = await self.scandir(top)
+        dirs = [e.name for e in entries if e.type == FileType.DIRECTORY]
+        files = [e.name for e in entries if e.type != FileType.DIRECTORY]
+        if topdown:
+            yield top, dirs, files
+        for d in dirs:
+            async for item in self.walk(paths.join(top, d), topdown):
+                yield item
+        if not topdown:
+            yield top, dirs, files
+
+    async def rename(self, src: str, dst: str, *, no_replace: bool = False) -> None:
+        await self.meta.rename(paths.normalize(src), paths.normalize(dst), no_replace)
+
+    mv = rename
+
+    async def symlink(self, target: str, path: str) -> None:
+        """Create ``path`` pointing at ``target`` (stored as given)."""
+        await self.meta.symlink(target, paths.normalize(path))
+
+    async def readlink(self, path: str) -> str:
+        return await self.meta.readlink(paths.normalize(path))
+
+    async def link(self, src: str, dst: str) -> None:
+        await self.meta.link(paths.normalize(src), paths.normalize(dst))
+
+    # --- attributes that change -------------------------------------------------------
+
+    async def chmod(self, path: str, mode: int) -> Attr | None:
+        rsp = await self.meta.setattr(SetattrReq(path=paths.normalize(path), mode=mode & 0o7777))
+        return rsp.attr
+
+    async def chown(self, path: str, uid: int = -1, gid: int = -1) -> Attr | None:
+        rsp = await self.meta.setattr(SetattrReq(path=paths.normalize(path), uid=uid, gid=gid))
+        return rsp.attr
+
+    async def utime(
+        self, path: str, times: tuple[float, float] | None = None, *, ns: tuple[int, int] | None = None
+    ) -> Attr | None:
+        """Like ``os.utime``: (atime_s, mtime_s), or ``ns=(atime_ns, mtime_ns)``, or now."""
+        if ns is not None:
+            atime_ns, mtime_ns = ns
+        elif times is not None:
+            atime_ns, mtime_ns = int(times[0] * 1e9), int(times[1] * 1e9)
+        else:
+            atime_ns = mtime_ns = time.time_ns()
+        req = SetattrReq(path=paths.normalize(path), atime_ns=atime_ns, mtime_ns=mtime_ns)
+        return (await self.meta.setattr(req)).attr
+
+    async def truncate(self, path: str, size: int) -> None:
+        """Set a file's length; data beyond it is removed from storage."""
+        p = paths.normalize(path)
+        rsp = await self.meta.setattr(SetattrReq(path=p, size=size))
+        attr = rsp.attr
+        if attr is not None and attr.layout is not None and rsp.truncated_from > size:
+            await trim_chunks(self.storage, attr.layout, attr.inode, size, rsp.truncated_from)
+
+    async def set_layout(self, path: str, layout: Layout) -> Attr | None:
+        return await self.meta.set_layout(paths.normalize(path), layout)
+
+    async def get_layout(self, path: str) -> Layout | None:
+        return (await self.stat(path)).layout
+
+    async def statfs(self) -> StatfsRsp:
+        return await self.meta.statfs()
+
+    # --- data -------------------------------------------------------------------------
+
+    async def open(self, path: str, mode: str = "rb", *, perm: int = 0o644) -> AsyncFile:
+        flags, _binary = parse_mode(mode)
+        p = paths.normalize(path)
+        rsp = await self.meta.open(p, flags, perm, self.client_id)
+        attr = rsp.attr
+        if attr is None:
+            raise NotFound("open returned no attributes", path=p)
+        if attr.type == FileType.DIRECTORY:
+            raise IsADirectory(path=p)
+        if rsp.truncated_from > 0 and attr.layout is not None:
+            await self.storage.remove_file_chunks(attr.inode, attr.layout, rsp.truncated_from)
+        f = AsyncFile(
+            path=p,
+            attr=attr,
+            flags=flags,
+            session_id=rsp.session_id,
+            storage=self.storage,
+            meta=self.meta,
+            config=self.config,
+            pool=self.pool,
+            budget=self.budget,
+        )
+        self._open_files.add(f)
+        return f
+
+    async def cat(self, path: str) -> bytes:
+        f = await self.open(path, "rb")
+        try:
+            return await f.read()
+        finally:
+            await f.close()
+
+    async def pipe(self, path: str, data: bytes | bytearray | memoryview) -> None:
+        """Write ``data`` as the whole content of ``path``."""
+        f = await self.open(path, "wb")
+        try:
+            await f.write(data)
+        finally:
+            await f.close()
+
+    def __repr__(self) -> str:
+        return f"AsyncClient(id={self.client_id:#x} open={len(self._open_files)} {self.budget!r})"

@@ -1,0 +1,357 @@
+"""The blocking API: ``loomfs.connect()`` -> ``LoomFS``, running the async core on one
+daemon event-loop thread named ``loomfs-io``.
+
+Calls from that thread are refused (they would deadlock). After ``os.fork()`` (DataLoader
+workers) the facade sees the pid changed and starts a fresh loop and client in the child;
+file objects opened before the fork are not usable there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import io
+import json
+import logging
+import os
+import shutil
+import threading
+import weakref
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
+from concurrent.futures import Future
+from typing import Any, TypeVar
+
+from loomfs.client.core import AsyncClient
+from loomfs.client.file import AsyncFile, parse_mode
+from loomfs.client.syncfile import LoomFile
+from loomfs.common.routing import parse_addresses
+from loomfs.config import ClientConfig
+from loomfs.errors import LoomError
+from loomfs.wire.meta import StatfsRsp
+from loomfs.wire.types import Attr, Layout
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+LOOP_THREAD_NAME = "loomfs-io"
+CLOSE_WAIT_S = 60.0
+COPY_BLOCK_BYTES = 8 << 20
+ClientFactory = Callable[[], Awaitable[AsyncClient]]
+
+_lock = threading.Lock()
+
+
+def _reset_lock() -> None:
+    global _lock
+    _lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_reset_lock)
+
+
+def resolve_mgmtd(address: str | None) -> str:
+    """'host:port[,host:port]' or a local cluster directory (its cluster.json) -> mgmtd list."""
+    text = address if address is not None else os.environ.get("LOOMFS_CLUSTER", "")
+    if not text:
+        raise ValueError(
+            "no LoomFS cluster given: pass loomfs.connect('host:port') or a local cluster "
+            "directory (from `loomfs local up`), or set LOOMFS_CLUSTER"
+        )
+    if os.path.isdir(text):
+        path = os.path.join(text, "cluster.json")
+        try:
+            with open(path) as f:
+                data = json.load(f)
+        except (OSError, ValueError) as exc:
+            raise ValueError(f"{text} is not a LoomFS cluster directory: cannot read {path}: {exc}") from exc
+        mgmtd = data.get("mgmtd") if isinstance(data, dict) else None
+        if not isinstance(mgmtd, str) or not mgmtd:
+            raise ValueError(f"{path} has no \"mgmtd\" address")
+        text = mgmtd
+    if not parse_addresses(text):
+        raise ValueError(f"no mgmtd address in {text!r}")
+    return text
+
+
+def _close_at_exit(ref: weakref.ref[LoomFS]) -> None:
+    fs = ref()
+    if fs is not None:
+        fs.close()
+
+
+def _new_loop() -> asyncio.AbstractEventLoop:
+    try:
+        import uvloop
+
+        loop: asyncio.AbstractEventLoop = uvloop.new_event_loop()
+        return loop
+    except ImportError:
+        return asyncio.new_event_loop()
+
+
+class LoomFS:
+    """Blocking twins of every ``AsyncClient`` call, plus cat/put/get."""
+
+    def __init__(
+        self,
+        address: str | None = None,
+        *,
+        config: ClientConfig | None = None,
+        client_factory: ClientFactory | None = None,
+    ):
+        if client_factory is None:
+            mgmtd = resolve_mgmtd(address)
+            client_factory = lambda: AsyncClient.connect(mgmtd, config)  # noqa: E731
+        self.address = address
+        self._factory = client_factory
+        self._pid = -1
+        self._generation = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._client: AsyncClient | None = None
+        self.closed = False
+        self._ensure()
+        atexit.register(_close_at_exit, weakref.ref(self))
+
+    # --- the loop thread ----------------------------------------------------------------
+
+    def _ensure(self) -> AsyncClient:
+        if self._pid == os.getpid() and self._client is not None:
+            return self._client
+        if self.closed:
+            raise ValueError("LoomFS client is closed")
+        with _lock:
+            if self._pid == os.getpid() and self._client is not None:
+                return self._client
+            if self._pid != -1:
+                logger.info("pid changed (%d -> %d): starting a fresh LoomFS client", self._pid, os.getpid())
+            loop = _new_loop()
+            thread = threading.Thread(target=loop.run_forever, name=LOOP_THREAD_NAME, daemon=True)
+            thread.start()
+            try:
+                client = asyncio.run_coroutine_threadsafe(self._connect(), loop).result()
+            except BaseException:
+                loop.call_soon_threadsafe(loop.stop)
+                thread.join(5.0)
+                raise
+            self._loop, self._thread, self._client = loop, thread, client
+            self._generation += 1
+            self._pid = os.getpid()
+            return client
+
+    async def _connect(self) -> AsyncClient:
+        return await self._factory()
+
+    def _submit(self, coro: Coroutine[Any, Any, T]) -> T:
+        assert self._loop is not None
+        fut: Future[T] = asyncio.run_coroutine_threadsafe(coro, self._loop)
+        try:
+            return fut.result()
+        except BaseException:
+            fut.cancel()
+            raise
+
+    def _check_thread(self) -> None:
+        if self._thread is not None and threading.current_thread() is self._thread:
+            raise RuntimeError(
+                "blocking LoomFS call from its own event loop thread 'loomfs-io' would deadlock; "
+                "use the AsyncClient (fs.client) there"
+            )
+
+    def _run(self, make: Callable[[AsyncClient], Coroutine[Any, Any, T]]) -> T:
+        self._check_thread()
+        client = self._ensure()
+        return self._submit(make(client))
+
+    def _run_file(self, generation: int, make: Callable[[], Awaitable[T]]) -> T:
+        self._check_thread()
+        self._ensure()
+        if generation != self._generation:
+            raise LoomError("file was opened before fork (or by a closed client); reopen it", errno=9)
+
+        async def call() -> T:
+            return await make()
+
+        return self._submit(call())
+
+    def _close_file(self, generation: int, afile: AsyncFile) -> None:
+        if generation != self._generation or self._pid != os.getpid() or self._loop is None:
+            return  # the loop that owned it is gone
+        if self._thread is not None and threading.current_thread() is self._thread:
+            self._loop.create_task(afile.close())  # e.g. garbage-collected on the loop thread
+            return
+        if not self._loop.is_running():
+            return
+        self._submit(afile.close())
+
+    @property
+    def client(self) -> AsyncClient:
+        """The async core (use it from coroutines on the loop thread)."""
+        return self._ensure()
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        self._ensure()
+        assert self._loop is not None
+        return self._loop
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        if self._pid != os.getpid() or self._loop is None or self._client is None:
+            return
+        loop, client, thread = self._loop, self._client, self._thread
+        try:
+            if loop.is_running():
+                asyncio.run_coroutine_threadsafe(client.close(), loop).result(CLOSE_WAIT_S)
+        except Exception as exc:
+            logger.warning("closing LoomFS client: %s", exc)
+        finally:
+            loop.call_soon_threadsafe(loop.stop)
+            if thread is not None and thread is not threading.current_thread():
+                thread.join(5.0)
+            self._client = None
+
+    def __enter__(self) -> LoomFS:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --- namespace ----------------------------------------------------------------------
+
+    def stat(self, path: str) -> Attr:
+        return self._run(lambda c: c.stat(path))
+
+    def lstat(self, path: str) -> Attr:
+        return self._run(lambda c: c.lstat(path))
+
+    def info(self, path: str) -> dict[str, Any]:
+        return self._run(lambda c: c.info(path))
+
+    def exists(self, path: str) -> bool:
+        return self._run(lambda c: c.exists(path))
+
+    def isdir(self, path: str) -> bool:
+        return self._run(lambda c: c.isdir(path))
+
+    def isfile(self, path: str) -> bool:
+        return self._run(lambda c: c.isfile(path))
+
+    def ls(self, path: str = "/", detail: bool = False) -> list[Any]:
+        return self._run(lambda c: c.ls(path, detail))
+
+    def mkdir(self, path: str, mode: int = 0o755, *, parents: bool = False, exist_ok: bool = False) -> Attr:
+        return self._run(lambda c: c.mkdir(path, mode, parents=parents, exist_ok=exist_ok))
+
+    def makedirs(self, path: str, exist_ok: bool = False, mode: int = 0o755) -> Attr:
+        return self._run(lambda c: c.makedirs(path, exist_ok, mode))
+
+    def rmdir(self, path: str) -> None:
+        self._run(lambda c: c.rmdir(path))
+
+    def rm(self, path: str, recursive: bool = False) -> None:
+        self._run(lambda c: c.rm(path, recursive))
+
+    def unlink(self, path: str) -> None:
+        self._run(lambda c: c.unlink(path))
+
+    def rmtree(self, path: str) -> None:
+        self._run(lambda c: c.rmtree(path))
+
+    def rename(self, src: str, dst: str, *, no_replace: bool = False) -> None:
+        self._run(lambda c: c.rename(src, dst, no_replace=no_replace))
+
+    mv = rename
+
+    def walk(self, path: str = "/", topdown: bool = True) -> Iterator[tuple[str, list[str], list[str]]]:
+        from loomfs.client import paths as _paths
+        from loomfs.wire.types import FileType
+
+        top = _paths.normalize(path)
+        entries = self._run(lambda c: c.scandir(top))
+        dirs = [e.name for e in entries if e.type == FileType.DIRECTORY]
+        files = [e.name for e in entries if e.type != FileType.DIRECTORY]
+        if topdown:
+            yield top, dirs, files
+        for d in dirs:
+            yield from self.walk(_paths.join(top, d), topdown)
+        if not topdown:
+            yield top, dirs, files
+
+    def symlink(self, target: str, path: str) -> None:
+        self._run(lambda c: c.symlink(target, path))
+
+    def readlink(self, path: str) -> str:
+        return self._run(lambda c: c.readlink(path))
+
+    def link(self, src: str, dst: str) -> None:
+        self._run(lambda c: c.link(src, dst))
+
+    def chmod(self, path: str, mode: int) -> None:
+        self._run(lambda c: c.chmod(path, mode))
+
+    def chown(self, path: str, uid: int = -1, gid: int = -1) -> None:
+        self._run(lambda c: c.chown(path, uid, gid))
+
+    def utime(self, path: str, times: tuple[float, float] | None = None, *, ns: tuple[int, int] | None = None) -> None:
+        self._run(lambda c: c.utime(path, times, ns=ns))
+
+    def truncate(self, path: str, size: int) -> None:
+        self._run(lambda c: c.truncate(path, size))
+
+    def set_layout(self, path: str, layout: Layout) -> None:
+        self._run(lambda c: c.set_layout(path, layout))
+
+    def get_layout(self, path: str) -> Layout | None:
+        return self._run(lambda c: c.get_layout(path))
+
+    def statfs(self) -> StatfsRsp:
+        return self._run(lambda c: c.statfs())
+
+    # --- data ---------------------------------------------------------------------------
+
+    def open(
+        self,
+        path: str,
+        mode: str = "rb",
+        *,
+        encoding: str | None = None,
+        errors: str | None = None,
+        newline: str | None = None,
+    ) -> Any:
+        """A binary ``io.BufferedIOBase`` file; text modes ('r', 'wt', ...) wrap it in TextIOWrapper."""
+        _flags, binary = parse_mode(mode)
+        bmode = mode.replace("t", "") + ("" if binary else "b")
+        afile = self._run(lambda c: c.open(path, bmode))
+        f = LoomFile(self, afile, bmode, self._generation)
+        if binary:
+            return f
+        return io.TextIOWrapper(f, encoding=encoding or "utf-8", errors=errors, newline=newline)
+
+    def cat(self, path: str) -> bytes:
+        return self._run(lambda c: c.cat(path))
+
+    def pipe(self, path: str, data: bytes | bytearray | memoryview) -> None:
+        self._run(lambda c: c.pipe(path, data))
+
+    def put(self, local_path: str | os.PathLike[str], remote_path: str) -> None:
+        """Copy a local file into LoomFS."""
+        with open(local_path, "rb") as src, self.open(remote_path, "wb") as dst:
+            shutil.copyfileobj(src, dst, COPY_BLOCK_BYTES)
+
+    def get(self, remote_path: str, local_path: str | os.PathLike[str]) -> None:
+        """Copy a LoomFS file to the local file system."""
+        with self.open(remote_path, "rb") as src, open(local_path, "wb") as dst:
+            shutil.copyfileobj(src, dst, COPY_BLOCK_BYTES)
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else f"pid={self._pid} gen={self._generation}"
+        return f"LoomFS({self.address!r} {state})"
+
+
+def connect(address: str | None = None, *, config: ClientConfig | None = None) -> LoomFS:
+    """Connect to a LoomFS cluster: 'host:port' of a mgmtd (comma list allowed), a local
+    cluster directory (``loomfs local up``), or None for ``$LOOMFS_CLUSTER``."""
+    return LoomFS(address, config=config)

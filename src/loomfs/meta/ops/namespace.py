@@ -1,0 +1,19 @@
+"""``Namespace``: every meta operation, POSIX/Linux errno semantics, over one MetaStore.
+
+Build one per meta process::
+
+    ns = Namespace(store, routing=routing_client, clock=clock, rng=random.Random(seed),
+                   default_layout=Layout(chunk_size=4 << 20, stripe=16, table_id=1))
+    await ns.init()
+"""
+
+from __future__ import annotations
+
+from loomfs.meta.ops.dirs import DirOps, Statfs
+from loomfs.meta.ops.files import FileOps, Opened, SetattrResult
+
+__all__ = ["Namespace", "Opened", "SetattrResult", "Statfs"]
+
+
+class Namespace(DirOps, FileOps):
+    """All namespace operations (directory shape in DirOps, file data bookkeeping in FileOps)."""

@@ -1,0 +1,146 @@
+"""meta process: ``python -m loomfs.meta.server --config meta.toml``."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import random
+import signal
+
+from loomfs.common import logs
+from loomfs.common.clock import SYSTEM_CLOCK
+from loomfs.common.routing import RoutingClient, parse_addresses
+from loomfs.config import MetaConfig, load, resolve_under
+from loomfs.errors import LoomError
+from loomfs.meta.gc import ChunkRemover, GcWorker
+from loomfs.meta.ops.namespace import Namespace
+from loomfs.meta.service import MetaService
+from loomfs.meta.store.base import MetaStore
+from loomfs.net.rpc import RpcClient, RpcServer
+from loomfs.net.tcp import TcpTransport
+from loomfs.net.transport import Address
+from loomfs.wire.mgmtd import (
+    HEARTBEAT,
+    REGISTER_NODE,
+    HeartbeatReq,
+    RegisterNodeReq,
+    RegisterNodeRsp,
+)
+from loomfs.wire.types import Layout, NodeKind
+
+logger = logging.getLogger(__name__)
+
+
+async def _register(rpc: RpcClient, mgmtd: list[Address], config: MetaConfig, port: int) -> RegisterNodeRsp:
+    req = RegisterNodeReq(node_id=config.node_id, kind=NodeKind.META, host=config.host, port=port)
+    delay_s = 0.1
+    while True:
+        for addr in mgmtd:
+            try:
+                rsp = await rpc.call(addr, REGISTER_NODE, req, timeout_s=5.0)
+                body: RegisterNodeRsp = rsp.body
+                logger.info("meta registered with mgmtd %s as node %d", addr, body.node_id)
+                return body
+            except (LoomError, OSError) as exc:
+                logger.debug("register with %s: %s", addr, exc)
+        await asyncio.sleep(delay_s)
+        delay_s = min(2.0, delay_s * 2)
+
+
+async def _heartbeat(rpc: RpcClient, mgmtd: list[Address], node_id: int, interval_s: float) -> None:
+    i = 0
+    while True:
+        await asyncio.sleep(interval_s)
+        addr = mgmtd[i % len(mgmtd)]
+        try:
+            await rpc.call(addr, HEARTBEAT, HeartbeatReq(node_id=node_id), timeout_s=max(1.0, interval_s * 2))
+        except (LoomError, OSError) as exc:
+            i += 1  # try the next mgmtd next time
+            logger.warning("heartbeat to %s failed: %s", addr, exc)
+
+
+def _make_remover(rpc: RpcClient, routing: RoutingClient, node_id: int) -> ChunkRemover | None:
+    try:
+        from loomfs.client.storage_client import StorageClient
+    except ImportError as exc:
+        logger.warning("GC disabled: no chunk remover (%s)", exc)
+        return None
+    return StorageClient(rpc, routing, client_id=(1 << 62) | node_id)
+
+
+async def serve(config: MetaConfig, *, ready: asyncio.Event | None = None) -> None:
+    store = MetaStore.open(
+        resolve_under(config.data_dir, config.store_url), synchronous=config.sqlite_synchronous
+    )
+    rpc = RpcClient(
+        TcpTransport(max_payload_bytes=config.rpc.max_payload_bytes),
+        connect_timeout_s=config.rpc.connect_timeout_s,
+        call_timeout_s=config.rpc.call_timeout_s,
+    )
+    mgmtd = parse_addresses(config.mgmtd)
+    routing = RoutingClient(rpc, mgmtd)
+    default_layout = Layout(
+        chunk_size=config.default_chunk_size_bytes, stripe=config.default_stripe, table_id=1
+    )
+    ns = Namespace(
+        store, routing=routing, clock=SYSTEM_CLOCK,
+        rng=random.Random(config.node_id or None), default_layout=default_layout,
+    )
+    await ns.init()
+    server = RpcServer("meta", TcpTransport(max_payload_bytes=config.rpc.max_payload_bytes))
+    server.add_service(MetaService(ns))
+    tasks: list[asyncio.Task[object]] = []
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, stop.set)
+    try:
+        addr = await server.start(Address(config.host, config.port))
+        tasks.append(loop.create_task(routing.run(), name="meta-routing"))
+        reg_task = loop.create_task(_register(rpc, mgmtd, config, addr.port))
+        stop_task = loop.create_task(stop.wait())
+        tasks += [reg_task, stop_task]
+        await asyncio.wait([reg_task, stop_task], return_when=asyncio.FIRST_COMPLETED)
+        if stop.is_set():
+            return
+        reg = reg_task.result()
+        tasks.append(loop.create_task(
+            _heartbeat(rpc, mgmtd, reg.node_id, reg.heartbeat_interval_s or 1.0), name="meta-heartbeat"
+        ))
+        remover = _make_remover(rpc, routing, reg.node_id)
+        if remover is not None:
+            gc = GcWorker(
+                store, remover, delay_s=config.gc_delay_s, interval_s=config.gc_interval_s, clock=SYSTEM_CLOCK
+            )
+            tasks.append(loop.create_task(gc.run(), name="meta-gc"))
+        logger.info("meta up on %s: %r", addr, ns)
+        if ready is not None:
+            ready.set()
+        await stop.wait()
+    finally:
+        logger.info("meta stopping")
+        for t in tasks:
+            t.cancel()
+        for t in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+        await server.close()
+        await rpc.close()
+        await store.close()
+        logger.info("meta stopped")
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="loomfs-meta", description="LoomFS metadata service")
+    p.add_argument("--config", help="TOML config file")
+    args = p.parse_args(argv)
+    config = load(MetaConfig, args.config, env_prefix="META")
+    logs.setup("meta")
+    asyncio.run(serve(config))
+
+
+if __name__ == "__main__":
+    main()

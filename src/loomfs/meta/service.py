@@ -1,0 +1,101 @@
+"""RPC adapter: one thin ``@handles`` coroutine per meta method (decode -> ops -> encode)."""
+
+from __future__ import annotations
+
+from loomfs.meta.ops.namespace import Namespace
+from loomfs.net.rpc import CallContext, handles
+from loomfs.wire import meta as w
+from loomfs.wire.message import Empty
+
+
+class MetaService:
+    def __init__(self, ns: Namespace):
+        self.ns = ns
+
+    @handles(w.STAT)
+    async def stat(self, req: w.PathReq, ctx: CallContext) -> w.AttrRsp:
+        return w.AttrRsp(attr=await self.ns.stat(req.path, follow_symlinks=req.follow_symlinks))
+
+    @handles(w.MKDIR)
+    async def mkdir(self, req: w.MkdirReq, ctx: CallContext) -> w.AttrRsp:
+        attr = await self.ns.mkdir(
+            req.path, mode=req.mode, parents=req.parents, exist_ok=req.exist_ok, uid=req.uid, gid=req.gid
+        )
+        return w.AttrRsp(attr=attr)
+
+    @handles(w.OPEN)
+    async def open(self, req: w.OpenReq, ctx: CallContext) -> w.OpenRsp:
+        o = await self.ns.open(
+            req.path, req.flags, mode=req.mode, uid=req.uid, gid=req.gid, client_id=req.client_id
+        )
+        return w.OpenRsp(attr=o.attr, session_id=o.session_id, truncated_from=o.truncated_from)
+
+    @handles(w.CLOSE)
+    async def close(self, req: w.CloseReq, ctx: CallContext) -> w.AttrRsp:
+        attr = await self.ns.close(req.inode, req.session_id, req.length, req.mtime_ns)
+        return w.AttrRsp(attr=attr)
+
+    @handles(w.SYNC)
+    async def sync(self, req: w.SyncReq, ctx: CallContext) -> w.AttrRsp:
+        return w.AttrRsp(attr=await self.ns.sync(req.inode, req.length, req.mtime_ns))
+
+    @handles(w.READDIR)
+    async def readdir(self, req: w.ReaddirReq, ctx: CallContext) -> w.ReaddirRsp:
+        entries, more = await self.ns.readdir(
+            req.path, after=req.after, limit=req.limit, with_attrs=req.with_attrs
+        )
+        return w.ReaddirRsp(entries=entries, more=more)
+
+    @handles(w.RENAME)
+    async def rename(self, req: w.RenameReq, ctx: CallContext) -> Empty:
+        await self.ns.rename(req.src, req.dst, no_replace=req.no_replace)
+        return Empty()
+
+    @handles(w.UNLINK)
+    async def unlink(self, req: w.PathReq, ctx: CallContext) -> w.UnlinkRsp:
+        inode, queued = await self.ns.unlink(req.path)
+        return w.UnlinkRsp(inode=inode, gc_queued=queued)
+
+    @handles(w.RMDIR)
+    async def rmdir(self, req: w.PathReq, ctx: CallContext) -> w.UnlinkRsp:
+        inode, queued = await self.ns.rmdir(req.path)
+        return w.UnlinkRsp(inode=inode, gc_queued=queued)
+
+    @handles(w.SYMLINK)
+    async def symlink(self, req: w.SymlinkReq, ctx: CallContext) -> w.AttrRsp:
+        return w.AttrRsp(attr=await self.ns.symlink(req.target, req.path, uid=req.uid, gid=req.gid))
+
+    @handles(w.READLINK)
+    async def readlink(self, req: w.PathReq, ctx: CallContext) -> w.ReadlinkRsp:
+        return w.ReadlinkRsp(target=await self.ns.readlink(req.path))
+
+    @handles(w.LINK)
+    async def link(self, req: w.LinkReq, ctx: CallContext) -> w.AttrRsp:
+        attr = await self.ns.link(req.src, req.dst, follow_symlinks=req.follow_symlinks)
+        return w.AttrRsp(attr=attr)
+
+    @handles(w.SETATTR)
+    async def setattr(self, req: w.SetattrReq, ctx: CallContext) -> w.SetattrRsp:
+        r = await self.ns.setattr(
+            req.path, follow_symlinks=req.follow_symlinks, mode=req.mode, uid=req.uid, gid=req.gid,
+            atime_ns=req.atime_ns, mtime_ns=req.mtime_ns, size=req.size,
+        )
+        return w.SetattrRsp(attr=r.attr, truncated_from=r.truncated_from)
+
+    @handles(w.STATFS)
+    async def statfs(self, req: Empty, ctx: CallContext) -> w.StatfsRsp:
+        s = await self.ns.statfs()
+        return w.StatfsRsp(
+            files=s.files, directories=s.directories, bytes_used=s.bytes_used, gc_pending=s.gc_pending
+        )
+
+    @handles(w.SET_LAYOUT)
+    async def set_layout(self, req: w.SetLayoutReq, ctx: CallContext) -> w.AttrRsp:
+        return w.AttrRsp(attr=await self.ns.set_layout(req.path, req.layout))
+
+    @handles(w.META_PING)
+    async def ping(self, req: Empty, ctx: CallContext) -> Empty:
+        return Empty()
+
+    def __repr__(self) -> str:
+        return f"MetaService({self.ns!r})"
