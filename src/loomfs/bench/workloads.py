@@ -83,7 +83,7 @@ def creates_and_stats(fs: Any, dir_path: str, count: int) -> tuple[float, float]
 
 def pipelined_stats(fs: Any, dir_path: str, count: int, inflight: int = 64) -> float:
     """Stats issued ``inflight`` at a time from one client (how a loader warms its cache)."""
-    client = fs.async_client
+    client = fs.client
     paths = [f"{dir_path}/f{i:07d}" for i in range(count)]
 
     async def run() -> float:

@@ -74,7 +74,7 @@ def cmd_ls(args: argparse.Namespace) -> int:
             name = e["name"].rsplit("/", 1)[-1]
             if args.long:
                 mode = stat_mod.filemode(e["mode"])
-                mtime = datetime.fromtimestamp(e["mtime"]).strftime("%Y-%m-%d %H:%M")
+                mtime = datetime.fromtimestamp(e["mtime_ns"] / 1e9).strftime("%Y-%m-%d %H:%M")
                 print(f"{mode} {e['nlink']:>3} {e['size']:>14} {mtime} {name}")
             else:
                 print(name + ("/" if e["type"] == "directory" else ""))

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import dataclasses
+import stat as stat_mod
 import io
 import json
 import logging
@@ -28,7 +30,7 @@ from loomfs.common.routing import parse_addresses
 from loomfs.config import ClientConfig
 from loomfs.errors import LoomError
 from loomfs.wire.meta import StatfsRsp
-from loomfs.wire.types import Attr, Layout
+from loomfs.wire.types import Attr, FileType, Layout
 
 logger = logging.getLogger(__name__)
 
@@ -221,11 +223,24 @@ class LoomFS:
 
     # --- namespace ----------------------------------------------------------------------
 
-    def stat(self, path: str) -> Attr:
-        return self._run(lambda c: c.stat(path))
+    def stat(self, path: str) -> os.stat_result:
+        """Like ``os.stat``: follows symlinks; ``st_mode`` carries the file type bits."""
+        return stat_result(self._run(lambda c: c.stat(path)))
 
-    def lstat(self, path: str) -> Attr:
+    def lstat(self, path: str) -> os.stat_result:
+        return stat_result(self._run(lambda c: c.lstat(path)))
+
+    def attr(self, path: str, *, follow_symlinks: bool = True) -> Attr:
+        """The raw LoomFS attributes (inode, layout, ...)."""
+        if follow_symlinks:
+            return self._run(lambda c: c.stat(path))
         return self._run(lambda c: c.lstat(path))
+
+    def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Run a coroutine that uses ``fs.client`` on the client's loop and wait for it."""
+        self._check_thread()
+        self._ensure()
+        return self._submit(coro)
 
     def info(self, path: str) -> dict[str, Any]:
         return self._run(lambda c: c.info(path))
@@ -301,8 +316,27 @@ class LoomFS:
     def truncate(self, path: str, size: int) -> None:
         self._run(lambda c: c.truncate(path, size))
 
-    def set_layout(self, path: str, layout: Layout) -> None:
+    def set_layout(
+        self,
+        path: str,
+        layout: Layout | None = None,
+        *,
+        chunk_size: int | None = None,
+        stripe: int | None = None,
+        replicas: int | None = None,
+        table_id: int | None = None,
+    ) -> Layout | None:
+        """Set a directory's layout; keyword arguments change only those fields."""
+        if layout is None:
+            cur = self.get_layout(path) or Layout()
+            layout = dataclasses.replace(
+                cur,
+                chains=[],
+                **{k: v for k, v in (("chunk_size", chunk_size), ("stripe", stripe),
+                                     ("replicas", replicas), ("table_id", table_id)) if v is not None},
+            )
         self._run(lambda c: c.set_layout(path, layout))
+        return self.get_layout(path)
 
     def get_layout(self, path: str) -> Layout | None:
         return self._run(lambda c: c.get_layout(path))
@@ -349,6 +383,21 @@ class LoomFS:
     def __repr__(self) -> str:
         state = "closed" if self.closed else f"pid={self._pid} gen={self._generation}"
         return f"LoomFS({self.address!r} {state})"
+
+
+_TYPE_BITS = {FileType.FILE: stat_mod.S_IFREG, FileType.DIRECTORY: stat_mod.S_IFDIR,
+              FileType.SYMLINK: stat_mod.S_IFLNK}
+
+
+def stat_result(a: Attr) -> os.stat_result:
+    """LoomFS attributes as an ``os.stat_result`` (times in seconds and *_ns)."""
+    mode = _TYPE_BITS.get(FileType(a.type), 0) | (a.mode & 0o7777)
+    return os.stat_result((
+        mode, a.inode, 0, a.nlink, a.uid, a.gid, a.size,
+        a.atime_ns // 10**9, a.mtime_ns // 10**9, a.ctime_ns // 10**9,
+        a.atime_ns / 1e9, a.mtime_ns / 1e9, a.ctime_ns / 1e9,
+        a.atime_ns, a.mtime_ns, a.ctime_ns,
+    ))
 
 
 def connect(address: str | None = None, *, config: ClientConfig | None = None) -> LoomFS:

@@ -52,7 +52,6 @@ class NamespaceBase:
         self.clock = clock
         self.chains = ChainAllocator(rng or random.Random())
         self.default_layout = default_layout or Layout()
-        self.ops_total = 0
 
     async def init(self) -> None:
         """Create the root directory on a fresh store (idempotent)."""
@@ -161,4 +160,4 @@ class NamespaceBase:
         return attr
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}(store={self.store!r} ops={self.ops_total})"
+        return f"{type(self).__name__}(store={self.store!r} {self.chains!r})"

@@ -1,0 +1,171 @@
+"""The storage process: engines per target, RPC server, mgmtd registration and heartbeats.
+
+``python -m loomfs.storage.server --config storage.toml``
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import signal
+from pathlib import Path
+
+from loomfs import config as cfg
+from loomfs.common import logs
+from loomfs.common.routing import RoutingClient, parse_addresses
+from loomfs.config import StorageConfig
+from loomfs.errors import LoomError
+from loomfs.net.rpc import RetryPolicy, RpcClient, RpcServer
+from loomfs.net.tcp import TcpTransport
+from loomfs.net.transport import Address
+from loomfs.storage.engine.file import FileEngine
+from loomfs.storage.service import StorageService
+from loomfs.storage.target import StorageTarget, target_id_for
+from loomfs.wire.mgmtd import (
+    HEARTBEAT,
+    REGISTER_NODE,
+    HeartbeatReq,
+    RegisterNodeReq,
+    RegisterNodeRsp,
+)
+from loomfs.wire.types import NodeKind
+
+logger = logging.getLogger(__name__)
+
+REGISTER_RETRY_S = 0.5
+
+
+def target_dirs(config: StorageConfig) -> list[Path]:
+    names = config.targets or ["target0"]
+    return [p if (p := Path(t)).is_absolute() else Path(config.data_dir, t) for t in names]
+
+
+def open_targets(config: StorageConfig) -> list[StorageTarget]:
+    targets = []
+    for i, path in enumerate(target_dirs(config)):
+        path.mkdir(parents=True, exist_ok=True)
+        engine = FileEngine(path, fsync_on_commit=config.fsync_on_commit)
+        targets.append(StorageTarget(target_id_for(config.node_id, i), engine, str(path.resolve())))
+    return targets
+
+
+class StorageNode:
+    """Everything one storage process runs; ``start()`` then ``run_until(stop_event)``."""
+
+    def __init__(self, config: StorageConfig):
+        self.config = config
+        rpc_cfg = config.rpc
+        transport = TcpTransport(max_payload_bytes=rpc_cfg.max_payload_bytes)
+        self.rpc = RpcClient(
+            transport,
+            connect_timeout_s=rpc_cfg.connect_timeout_s,
+            call_timeout_s=rpc_cfg.call_timeout_s,
+            retry=RetryPolicy(attempts_max=rpc_cfg.retry_attempts_max),
+        )
+        self.mgmtd = parse_addresses(config.mgmtd)
+        self.routing = RoutingClient(self.rpc, self.mgmtd)
+        self.targets = open_targets(config)
+        self.service = StorageService(
+            self.targets, self.routing, self.rpc, max_chunk_size_bytes=config.max_chunk_size_bytes,
+            forward_timeout_s=rpc_cfg.call_timeout_s,
+        )
+        self.server = RpcServer(f"storage{config.node_id}", transport)
+        self.server.add_service(self.service)
+        self.heartbeat_interval_s = 1.0
+
+    async def start(self) -> Address:
+        return await self.server.start(Address(self.config.host, self.config.port))
+
+    async def register(self) -> RegisterNodeRsp:
+        req = RegisterNodeReq(
+            node_id=self.config.node_id, kind=NodeKind.STORAGE, host=self.config.host,
+            port=self.server.address.port, targets=self.service.target_infos(self.config.node_id),
+        )
+        attempt = 0
+        while True:
+            for addr in self.mgmtd:
+                try:
+                    rsp: RegisterNodeRsp = (await self.rpc.call(addr, REGISTER_NODE, req, timeout_s=5.0)).body
+                except (LoomError, OSError) as exc:
+                    if attempt % 20 == 0:
+                        logger.warning("register with mgmtd %s failed (will retry): %s", addr, exc)
+                    continue
+                logger.info("registered node %d with mgmtd %s (%d targets)", self.config.node_id, addr, len(self.targets))
+                self.heartbeat_interval_s = rsp.heartbeat_interval_s or self.heartbeat_interval_s
+                await self._refresh_routing(rsp.routing_version)
+                return rsp
+            attempt += 1
+            await asyncio.sleep(REGISTER_RETRY_S)
+
+    async def _refresh_routing(self, version: int) -> None:
+        if self.routing.has_routing and self.routing.current.version >= version:
+            return
+        try:
+            r = await self.routing.refresh()
+            logger.info("routing v%d: %d chains", r.version, len(r.chains))
+        except (LoomError, OSError) as exc:
+            logger.warning("routing refresh failed: %s", exc)
+
+    async def heartbeat_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.heartbeat_interval_s)
+            req = HeartbeatReq(node_id=self.config.node_id, targets=self.service.target_infos(self.config.node_id))
+            for addr in self.mgmtd:
+                try:
+                    rsp = (await self.rpc.call(addr, HEARTBEAT, req, timeout_s=max(1.0, self.heartbeat_interval_s))).body
+                except (LoomError, OSError) as exc:
+                    logger.debug("heartbeat to %s failed: %s", addr, exc)
+                    continue
+                await self._refresh_routing(rsp.routing_version)
+                break
+
+    async def close(self) -> None:
+        await self.server.close()
+        await self.rpc.close()
+        for t in self.targets:
+            t.engine.close()
+
+    def __repr__(self) -> str:
+        return f"StorageNode({self.config.node_id} {self.service!r})"
+
+
+async def serve(config: StorageConfig, stop: asyncio.Event | None = None) -> None:
+    """Run a storage node until ``stop`` is set (or SIGTERM/SIGINT)."""
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+            loop.add_signal_handler(sig, stop.set)
+    node = StorageNode(config)
+    address = await node.start()
+    logger.info("storage node %d serving %d targets on %s", config.node_id, len(node.targets), address)
+    tasks: list[asyncio.Task[object]] = []
+    try:
+        registered = asyncio.ensure_future(node.register())
+        stopped = asyncio.ensure_future(stop.wait())
+        await asyncio.wait({registered, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        tasks = [registered, stopped]
+        if registered.done():
+            tasks.append(asyncio.ensure_future(node.heartbeat_loop()))
+            await stopped
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await node.close()
+        logger.info("storage node %d stopped", config.node_id)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="loomfs-storage", description="LoomFS storage service")
+    parser.add_argument("--config", help="TOML config file")
+    args = parser.parse_args(argv)
+    config = cfg.load(StorageConfig, args.config, env_prefix="STORAGE")
+    logs.setup("storage")
+    asyncio.run(serve(config))
+
+
+if __name__ == "__main__":
+    main()

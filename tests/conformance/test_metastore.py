@@ -1,0 +1,227 @@
+"""MetaStore engine contract, run against every backend (sqlite today; postgresql later)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
+from typing import TypeVar
+
+import pytest
+
+from loomfs.meta.store.base import GcEntry, MetaStore
+from loomfs.meta.store.sqlite import SqliteStore
+from loomfs.wire.types import Attr, FileType, Layout
+
+T = TypeVar("T")
+
+BACKENDS: dict[str, Callable[[Path], str]] = {
+    "sqlite": lambda tmp: f"sqlite:///{tmp / 'meta.db'}",
+}
+
+
+@pytest.fixture(params=sorted(BACKENDS))
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[MetaStore]:
+    s = MetaStore.open(BACKENDS[request.param](tmp_path), synchronous="NORMAL")
+    yield s
+    asyncio.run(s.close())
+
+
+def run(aw: Awaitable[T]) -> T:
+    async def main() -> T:
+        return await aw
+
+    return asyncio.run(main())
+
+
+LAY = Layout(chunk_size=1 << 20, stripe=2, table_id=1, replicas=3, chains=[5, 6])
+
+
+def _attr(ino: int, **kw: int) -> Attr:
+    return Attr(inode=ino, type=FileType.FILE, mode=0o644, nlink=1, size=kw.get("size", 0),
+                mtime_ns=1, ctime_ns=1, atime_ns=1, layout=LAY, symlink_target="")
+
+
+def test_open_by_url(tmp_path: Path) -> None:
+    s = MetaStore.open(f"sqlite:///{tmp_path}/x/meta.db")
+    assert isinstance(s, SqliteStore) and "commits=0" in repr(s)
+    run(s.close())
+    with pytest.raises(ValueError):
+        MetaStore.open("nosuch:///x")
+    with pytest.raises(ValueError):
+        MetaStore.open("no-scheme")
+    with pytest.raises(ValueError):
+        MetaStore.open(f"sqlite:///{tmp_path}/y.db", synchronous="SOMETIMES")
+
+
+def test_inodes_roundtrip(store: MetaStore) -> None:
+    async def go() -> None:
+        a = _attr(7, size=123)
+        link = Attr(inode=8, type=FileType.SYMLINK, mode=0o777, symlink_target="../é/x", size=7)
+        async with store.write() as t:
+            await t.put_inode(a)
+            await t.put_inode(link)
+        async with store.read() as t:
+            assert await t.get_inode(7) == a
+            assert await t.get_inode(8) == link
+            assert await t.get_inode(9) is None
+            assert await t.get_inodes([7, 8, 9]) == {7: a, 8: link}
+        async with store.write() as t:
+            await t.touch_inode(7, mtime_ns=50, ctime_ns=60, nlink_delta=2)
+            await t.delete_inode(8)
+        async with store.read() as t:
+            got = await t.get_inode(7)
+            assert got is not None and (got.mtime_ns, got.ctime_ns, got.nlink) == (50, 60, 3)
+            assert await t.get_inode(8) is None
+        many = list(range(100, 1300))
+        async with store.write() as t:
+            for i in many:
+                await t.put_inode(_attr(i))
+        async with store.read() as t:
+            assert len(await t.get_inodes(many)) == len(many)
+
+    run(go())
+
+
+def test_dentries_lookup_and_range_scan(store: MetaStore) -> None:
+    async def go() -> None:
+        names = ["b", "a", "é", "Z", "aa", "a b", "日本"]
+        async with store.write() as t:
+            for i, n in enumerate(names):
+                await t.put_dentry(1, n, 10 + i, FileType.FILE)
+            await t.put_dentry(2, "other", 99, FileType.DIRECTORY)
+        async with store.read() as t:
+            row = await t.lookup(1, "é")
+            assert row is not None and (row.inode, row.type) == (12, FileType.FILE)
+            assert await t.lookup(1, "nope") is None
+            assert await t.lookup(2, "a") is None
+            listed = [d.name for d in await t.list_dentries(1, "", 100)]
+            assert listed == sorted(names, key=lambda s: s.encode())
+            assert [d.name for d in await t.list_dentries(1, "a", 2)] == ["a b", "aa"]
+            assert await t.list_dentries(1, "日本", 10) == []
+            assert await t.has_dentries(2) and not await t.has_dentries(3)
+        async with store.write() as t:
+            await t.put_dentry(1, "a", 55, FileType.SYMLINK)  # replace
+            await t.delete_dentry(1, "b")
+        async with store.read() as t:
+            row = await t.lookup(1, "a")
+            assert row is not None and row.inode == 55 and row.type == FileType.SYMLINK
+            assert await t.lookup(1, "b") is None
+
+    run(go())
+
+
+def test_write_rolls_back_on_error(store: MetaStore) -> None:
+    async def go() -> None:
+        with pytest.raises(RuntimeError):
+            async with store.write() as t:
+                await t.put_inode(_attr(5))
+                await t.put_dentry(1, "x", 5, FileType.FILE)
+                await t.add_counter("files", 1)
+                raise RuntimeError("abort")
+        async with store.read() as t:
+            assert await t.get_inode(5) is None
+            assert await t.lookup(1, "x") is None
+            assert (await t.counters()).get("files", 0) == 0
+
+    run(go())
+
+
+def test_read_txn_refuses_writes(store: MetaStore) -> None:
+    async def go() -> None:
+        async with store.read() as t:
+            with pytest.raises(Exception):  # noqa: B017 - engine-specific error type
+                await t.put_inode(_attr(5))
+
+    run(go())
+
+
+def test_counters_and_ids(store: MetaStore) -> None:
+    async def go() -> None:
+        async with store.write() as t:
+            assert await t.next_id("inode") == 1
+            assert await t.next_id("inode") == 2
+            await t.add_counter("session", 40)
+            assert await t.next_id("session") == 41
+            await t.add_counter("bytes", 10)
+            await t.add_counter("bytes", -3)
+        async with store.read() as t:
+            assert await t.counters() == {"inode": 2, "session": 41, "bytes": 7}
+
+    run(go())
+
+
+def test_sessions(store: MetaStore) -> None:
+    async def go() -> None:
+        async with store.write() as t:
+            await t.add_session(7, 1, 100, 0)
+            await t.add_session(7, 2, 101, 0)
+            await t.add_session(8, 3, 100, 0)
+        async with store.write() as t:
+            assert await t.remove_session(7, 1)
+            assert not await t.remove_session(7, 1)
+            assert await t.has_session(7)
+            assert await t.remove_client_sessions(100) == 1
+        async with store.read() as t:
+            assert await t.has_session(7) and not await t.has_session(8)
+
+    run(go())
+
+
+def test_gc_queue(store: MetaStore) -> None:
+    async def go() -> None:
+        async with store.write() as t:
+            for ino, when in [(10, 300), (11, 100), (12, 200), (13, 50)]:
+                await t.gc_put(GcEntry(ino, LAY, ino * 10, when))
+            await t.add_session(13, 1, 1, 0)  # open for write: never due
+        async with store.read() as t:
+            assert await t.gc_count() == 4
+            assert [e.inode for e in await t.gc_due(250, 10)] == [11, 12]
+            assert [e.inode for e in await t.gc_due(1000, 2)] == [11, 12]
+            got = await t.gc_get(10)
+            assert got == GcEntry(10, LAY, 100, 300)
+        async with store.write() as t:
+            await t.gc_delete(11)
+            await t.gc_put(GcEntry(12, LAY, 999, 200))
+            await t.remove_session(13, 1)
+        async with store.read() as t:
+            assert [(e.inode, e.length) for e in await t.gc_due(1000, 10)] == [(13, 130), (12, 999), (10, 100)]
+
+    run(go())
+
+
+def test_persists_across_reopen(store: MetaStore) -> None:
+    url = store.url
+    run(_put(store))
+    run(store.close())
+    again = MetaStore.open(url)
+    try:
+        async def check() -> None:
+            async with again.read() as t:
+                assert await t.get_inode(42) == _attr(42, size=9)
+                assert await t.lookup(1, "kept") is not None
+
+        run(check())
+    finally:
+        run(again.close())
+
+
+async def _put(store: MetaStore) -> None:
+    async with store.write() as t:
+        await t.put_inode(_attr(42, size=9))
+        await t.put_dentry(1, "kept", 42, FileType.FILE)
+
+
+def test_concurrent_transactions_serialise(store: MetaStore) -> None:
+    async def go() -> None:
+        async def bump(k: int) -> None:
+            for _ in range(20):
+                async with store.write() as t:
+                    await t.next_id("n")
+                await asyncio.sleep(0)
+
+        await asyncio.gather(*(bump(k) for k in range(5)))
+        async with store.read() as t:
+            assert (await t.counters())["n"] == 100
+
+    run(go())
