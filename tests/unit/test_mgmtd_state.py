@@ -117,3 +117,14 @@ def test_store_roundtrip(tmp_path) -> None:  # type: ignore[no-untyped-def]
     assert st2.routing().chains == st.routing().chains
     assert st2.routing().tables == st.routing().tables
     assert {n: r.last_heartbeat_s for n, r in st2.nodes.items()} == {1: 50.0, 2: 50.0, 3: 50.0}
+
+
+def test_usage_updates_show_without_version_bump() -> None:
+    st = _cluster()
+    v = st.version
+    assert st.routing().targets[0].used_bytes == 0
+    st.heartbeat(1, [TargetInfo(target_id=1001, used_bytes=123, capacity_bytes=1000, chunk_count=2)], 1.0)
+    r = st.routing()
+    assert r.version == v
+    t = next(t for t in r.targets if t.target_id == 1001)
+    assert (t.used_bytes, t.capacity_bytes, t.chunk_count) == (123, 1000, 2)

@@ -135,7 +135,10 @@ class ClusterState:
         for t in targets:
             tr = self.targets.get(t.target_id)
             if tr is not None and tr.node_id == node_id:
-                tr.used_bytes, tr.capacity_bytes, tr.chunk_count = t.used_bytes, t.capacity_bytes, t.chunk_count
+                usage = (t.used_bytes, t.capacity_bytes, t.chunk_count)
+                if usage != (tr.used_bytes, tr.capacity_bytes, tr.chunk_count):
+                    tr.used_bytes, tr.capacity_bytes, tr.chunk_count = usage
+                    self._routing_cache = None  # usage is not a routing change: no version bump
 
     def tick(self, now_s: float) -> bool:
         """Mark nodes silent for longer than the lease dead. True if routing changed."""

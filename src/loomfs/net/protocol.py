@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 from collections.abc import Callable
 from typing import Protocol
 
@@ -18,6 +19,12 @@ from loomfs.wire import frame as fr
 logger = logging.getLogger(__name__)
 
 INITIAL_RECV_BYTES = 256 << 10
+LARGE_PAYLOAD_BYTES = 128 << 10
+
+
+def _set_once(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
 
 
 class FrameSink(Protocol):
@@ -59,6 +66,8 @@ class FrameProtocol(asyncio.BufferedProtocol):
         self._closed = False
         self._write_paused = False
         self._drain_waiters: list[asyncio.Future[None]] = []
+        self._send_lock = asyncio.Lock()
+        self._raw: socket.socket | None = None  # dup of the socket for zero-copy large sends
         self.peer = ""
 
     # ---- asyncio callbacks -------------------------------------------------------------
@@ -69,12 +78,18 @@ class FrameProtocol(asyncio.BufferedProtocol):
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
         sock = transport.get_extra_info("socket")
         if sock is not None:
-            import socket
-
             try:
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             except OSError:
                 pass
+            loop = asyncio.get_running_loop()
+            if type(loop).__module__.startswith("asyncio"):  # uvloop refuses add_writer on its fds
+                try:
+                    self._raw = sock.dup()
+                    self._raw.setblocking(False)
+                except OSError:
+                    self._raw = None
+        transport.set_write_buffer_limits(high=0, low=0)  # pause/resume == buffer non-empty/empty
         self.sink = self._sink_factory(self)
 
     def get_buffer(self, sizehint: int) -> memoryview:
@@ -104,6 +119,13 @@ class FrameProtocol(asyncio.BufferedProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._closed = True
+        if self._raw is not None:
+            try:
+                asyncio.get_running_loop().remove_writer(self._raw.fileno())
+            except (RuntimeError, ValueError, OSError):
+                pass
+            self._raw.close()
+            self._raw = None
         for w in self._drain_waiters:
             if not w.done():
                 w.set_exception(ConnectionResetError("connection lost"))
@@ -122,23 +144,66 @@ class FrameProtocol(asyncio.BufferedProtocol):
         self._drain_waiters.clear()
 
     # ---- sending ---------------------------------------------------------------------------
-    def send(self, prefix_and_header: bytes, payload: bytes | bytearray | memoryview | None) -> None:
-        """Queue one frame. The payload is sent or copied before this returns."""
+    async def send(self, prefix_and_header: bytes, payload: bytes | bytearray | memoryview | None) -> None:
+        """Send one frame; when this returns the payload may be reused.
+
+        Frames go out one at a time (a lock keeps them whole). Small ones go through the
+        asyncio transport. A large payload is sent with ``socket.send`` on a dup of the
+        socket, straight from the caller's buffer, once the transport's own buffer is empty:
+        on Python 3.11 the transport would copy whatever the kernel does not take at once
+        into a freshly grown buffer, and fresh memory is slow on this VM.
+        """
         if self._closed or self.transport is None:
             raise ConnectionResetError("connection closed")
-        # two writes, not writelines: on 3.11 writelines joins (copies) the payload
-        self.transport.write(prefix_and_header)
-        if payload is not None and len(payload):
-            self.transport.write(payload)
+        async with self._send_lock:
+            if self._closed:
+                raise ConnectionResetError("connection closed")
+            large = payload is not None and len(payload) >= LARGE_PAYLOAD_BYTES and self._raw is not None
+            self.transport.write(prefix_and_header)
+            if payload is not None and len(payload) and not large:
+                self.transport.write(payload)
+            if self._write_paused:
+                await self._drained()
+            if large:
+                assert payload is not None
+                await self._raw_send(memoryview(payload).cast("B"))
+
+    async def _drained(self) -> None:
+        """Wait until the transport's buffer is empty (write limits are high=low=0)."""
+        while self._write_paused:
+            if self._closed:
+                raise ConnectionResetError("connection closed")
+            fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self._drain_waiters.append(fut)
+            await fut
+
+    async def _raw_send(self, view: memoryview) -> None:
+        assert self._raw is not None
+        loop = asyncio.get_running_loop()
+        fd = self._raw.fileno()
+        off, total = 0, len(view)
+        while off < total:
+            if self._closed:
+                raise ConnectionResetError("connection closed")
+            try:
+                off += self._raw.send(view[off:])
+            except (BlockingIOError, InterruptedError):
+                pass
+            except OSError as exc:
+                self.abort(exc)
+                raise ConnectionResetError(f"send failed: {exc}") from exc
+            if off < total:
+                fut: asyncio.Future[None] = loop.create_future()
+                loop.add_writer(fd, _set_once, fut)
+                self._drain_waiters.append(fut)
+                try:
+                    await fut
+                finally:
+                    loop.remove_writer(fd)
 
     async def drain(self) -> None:
         if self._closed:
             raise ConnectionResetError("connection closed")
-        if not self._write_paused:
-            return
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._drain_waiters.append(fut)
-        await fut
 
     def abort(self, exc: BaseException | None = None) -> None:
         if self.transport is not None and not self._closed:
@@ -194,6 +259,7 @@ class FrameProtocol(asyncio.BufferedProtocol):
                 break
             hstart = self._start + fr.PREFIX_SIZE
             header = fr.decode_header(prefix, self._mv[hstart : hstart + prefix.header_len])
+            header.payload_crc = prefix.payload_crc
             self._start += need
             self._prefix = None
             plen = prefix.payload_len

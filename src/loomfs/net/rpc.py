@@ -49,6 +49,7 @@ class CallContext:
     request_id: int
     peer: str
     deadline: float | None  # loop.time() by which the reply is due; None = no deadline
+    payload_crc: int = 0  # CRC32C of ``payload``, already verified by the framing layer
 
 
 @dataclass(slots=True)
@@ -184,7 +185,7 @@ class _ServerConnection:
             req = m.request.from_wire(header.body)
             loop = asyncio.get_running_loop()
             deadline = loop.time() + header.deadline_ms / 1000 if header.deadline_ms > 0 else None
-            ctx = CallContext(payload, header.request_id, self.channel.peer, deadline)
+            ctx = CallContext(payload, header.request_id, self.channel.peer, deadline, header.payload_crc)
             if deadline is not None:
                 async with asyncio.timeout_at(deadline):
                     result = await handler(req, ctx)
@@ -216,10 +217,9 @@ class _ServerConnection:
         pay = reply.payload if reply is not None and status is Status.OK else None
         try:
             if not self.channel.closed:
-                self.channel.send(
+                await self.channel.send(
                     fr.encode(fr.KIND_RESPONSE, out, pay, reply.payload_crc if reply else None), pay
                 )
-                await self.channel.drain()
         except (ConnectionError, OSError):
             pass
         finally:
@@ -303,8 +303,7 @@ class ClientConnection:
         self._pending[rid] = _Pending(fut, recv_into)
         header = fr.Header(m.service, m.method, rid, max(1, int(timeout_s * 1000)), 0, "", req.to_wire())
         try:
-            self.channel.send(fr.encode(fr.KIND_REQUEST, header, payload, payload_crc), payload)
-            await self.channel.drain()
+            await self.channel.send(fr.encode(fr.KIND_REQUEST, header, payload, payload_crc), payload)
             async with asyncio.timeout(timeout_s):
                 rh, rpayload, crc_ok = await fut
         except TimeoutError as exc:

@@ -83,7 +83,7 @@ class SimChannel:
     def closed(self) -> bool:
         return self._closed
 
-    def send(self, prefix_and_header: bytes, payload: bytes | bytearray | memoryview | None) -> None:
+    async def send(self, prefix_and_header: bytes, payload: bytes | bytearray | memoryview | None) -> None:
         if self._closed or self.other is None:
             raise ConnectionResetError("channel closed")
         other = self.other
@@ -111,6 +111,7 @@ class SimChannel:
         try:
             prefix = fr.parse_prefix(head, fr.DEFAULT_MAX_PAYLOAD_BYTES)
             header = fr.decode_header(prefix, memoryview(head)[fr.PREFIX_SIZE:])
+            header.payload_crc = prefix.payload_crc
         except fr.FrameError as exc:
             logger.warning("sim: closing channel from %s: %s", self.peer, exc)
             self.abort(exc)
@@ -122,10 +123,6 @@ class SimChannel:
             self.sink.frame_received(prefix.kind, header, dest, fr.crc(dest) == prefix.payload_crc)
         else:
             self.sink.frame_received(prefix.kind, header, memoryview(b""), True)
-
-    async def drain(self) -> None:
-        if self._closed:
-            raise ConnectionResetError("channel closed")
 
     def abort(self, exc: BaseException | None = None) -> None:
         if self._closed:

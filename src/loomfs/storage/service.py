@@ -13,8 +13,6 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from typing import Protocol, TypeVar
 
-import crc32c
-
 from loomfs.common.routing import Routing
 from loomfs.errors import InvalidArgument, LoomError, StatusError
 from loomfs.net.buffers import DEFAULT_POOL, BufferPool
@@ -200,7 +198,7 @@ class StorageService:
         if req.offset < 0 or req.length != len(payload):
             raise InvalidArgument(f"write length {req.length} != payload {len(payload)} or bad offset")
         self._check_bounds(req.offset + req.length, req.chunk_size)
-        if crc32c.crc32c(payload) != req.data_crc:
+        if ctx.payload_crc != req.data_crc:  # the framing layer verified payload_crc already
             raise StatusError(Status.CHECKSUM_MISMATCH, "write payload does not match data_crc")
         if req.forwarded:
             return await self._update(req, payload)

@@ -60,6 +60,7 @@ class Header:
     status: int
     message: str
     body: dict[str, Any]
+    payload_crc: int = 0  # filled in on receipt from the prefix (not part of the encoding)
 
 
 def crc(data: bytes | bytearray | memoryview, value: int = 0) -> int:
