@@ -71,7 +71,7 @@ def _racer(cluster_dir: str, base: str, worker: int, rounds: int, q: mp.Queue) -
                 with fs.open(f"{base}/hot{a}", "xb") as f:
                     f.write(b"w%d" % worker)
             else:
-                fs.rename(f"{base}/d{a}", f"{base}/d{b}")
+                fs.rename(f"{base}/d{a}", f"{base}/d{b}", no_replace=True)
         except OSError as exc:
             if exc.errno not in (errno.ENOENT, errno.EEXIST, errno.ENOTEMPTY):
                 unexpected.append(repr(exc))

@@ -126,18 +126,16 @@ def test_layout_set_is_inherited(fs: loomfs.LoomFS, base: str) -> None:
 def test_deleted_data_is_garbage_collected(fs: loomfs.LoomFS, base: str, cluster) -> None:  # type: ignore[no-untyped-def]
     import time
 
-    def used() -> int:
-        return sum(t.used_bytes for t in cluster.routing().targets)
-
     path = f"{base}/gc.bin"
     with fs.open(path, "wb") as f:
         f.write(os.urandom(16 << 20))
-    deadline = time.monotonic() + 10
-    while used() < 16 << 20 and time.monotonic() < deadline:
-        time.sleep(0.2)
-    before = used()
+    inode = fs.stat(path).st_ino
+    chunks = cluster.chunks_of(inode)
+    assert len(chunks) == 4 * 3  # 4 chunks of 4 MiB, 3 replicas each
+    assert len({t for t, _ in chunks}) >= 3
     fs.rm(path)
     deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and used() > before - (16 << 20):
+    while time.monotonic() < deadline and cluster.chunks_of(inode):
         time.sleep(0.3)
-    assert used() <= before - (16 << 20), "chunks of the unlinked file were not removed"
+    assert cluster.chunks_of(inode) == [], "chunks of the unlinked file were not removed"
+    assert fs.statfs().gc_pending == 0

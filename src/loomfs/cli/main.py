@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from loomfs.cli import admin, bench, demo, fs, layout, local, service
@@ -24,6 +25,18 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def describe(exc: OSError) -> str:
+    """'PATH: No such file or directory (detail)' from any OSError."""
+    std = os.strerror(exc.errno) if exc.errno else ""
+    detail = exc.strerror or ""
+    parts = [str(exc.filename)] if getattr(exc, "filename", None) else []
+    text = std or detail or str(exc)
+    if detail and detail != std and detail not in parts:
+        text += f" ({detail})"
+    parts.append(text)
+    return ": ".join(parts)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -32,9 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     except OSError as exc:
-        msg = exc.strerror or str(exc)
-        where = f": {exc.filename}" if getattr(exc, "filename", None) else ""
-        print(f"loomfs {args.command}: {msg}{where}", file=sys.stderr)
+        print(f"loomfs {args.command}: {describe(exc)}", file=sys.stderr)
         return 1
     return int(rc or 0)
 

@@ -179,6 +179,10 @@ class AsyncClient:
                 return out
             after = rsp.entries[-1].name
 
+    async def listdir(self, path: str) -> list[str]:
+        """Entry names, sorted, like ``os.listdir`` (ENOTDIR on a file)."""
+        return [e.name for e in await self.scandir(paths.normalize(path))]
+
     async def ls(self, path: str, detail: bool = False) -> list[Any]:
         """Full paths of a directory's entries (sorted), or fsspec-style info dicts."""
         p = paths.normalize(path)
@@ -206,16 +210,14 @@ class AsyncClient:
         await self.meta.rmdir(paths.normalize(path))
 
     async def rm(self, path: str, recursive: bool = False) -> None:
-        """Remove a file or symlink; a directory needs ``recursive`` unless it is empty."""
+        """Remove a file or symlink (like ``os.remove``); a directory needs ``recursive``."""
         p = paths.normalize(path)
-        attr = await self.meta.stat(p, False)
-        if attr.type == FileType.DIRECTORY:
-            if recursive:
-                await self.rmtree(p)
-            else:
-                await self.meta.rmdir(p)
-        else:
-            await self.meta.unlink(p)
+        try:
+            await self.meta.unlink(p)  # one round trip for the common case
+        except IsADirectory:
+            if not recursive:
+                raise
+            await self.rmtree(p)
 
     async def unlink(self, path: str) -> None:
         await self.meta.unlink(paths.normalize(path))

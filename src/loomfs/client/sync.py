@@ -254,6 +254,9 @@ class LoomFS:
     def isfile(self, path: str) -> bool:
         return self._run(lambda c: c.isfile(path))
 
+    def listdir(self, path: str = "/") -> list[str]:
+        return self._run(lambda c: c.listdir(path))
+
     def ls(self, path: str = "/", detail: bool = False) -> list[Any]:
         return self._run(lambda c: c.ls(path, detail))
 

@@ -310,6 +310,28 @@ class LocalCluster:
 
         return _run(go())
 
+    def chunks_of(self, inode: int) -> list[tuple[int, Any]]:
+        """(target_id, ChunkMeta) for every chunk of ``inode`` on every storage target."""
+        from loomfs.wire.storage import QUERY_CHUNKS, QueryChunksReq
+
+        routing = self.routing()
+        nodes = {n.node_id: n for n in routing.nodes}
+
+        async def go() -> list[tuple[int, Any]]:
+            rpc = RpcClient(TcpTransport(), connect_timeout_s=1.0)
+            out: list[tuple[int, Any]] = []
+            try:
+                for t in routing.targets:
+                    n = nodes[t.node_id]
+                    rsp = await rpc.call(Address(n.host, n.port), QUERY_CHUNKS,
+                                         QueryChunksReq(target_id=t.target_id, inode=inode), timeout_s=5.0)
+                    out += [(t.target_id, c) for c in rsp.body.chunks]
+            finally:
+                await rpc.close()
+            return out
+
+        return _run(go())  # type: ignore[no-any-return]
+
     def _wait(self, ok: Any, timeout_s: float, what: str) -> RoutingInfo:
         end = time.monotonic() + timeout_s
         last: BaseException | None = None
