@@ -90,6 +90,10 @@ class ConnectionFailed(LoomError, ConnectionError):
     default_errno = _errno.ECONNREFUSED
 
 
+class ConnectRefused(ConnectionFailed):
+    """Nothing listens at the address: the request was never sent, so any call may retry."""
+
+
 class ChecksumError(LoomError):
     """Data failed its CRC32C check."""
 

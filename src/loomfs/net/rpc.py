@@ -21,6 +21,7 @@ from typing import Any, Generic, TypeVar
 
 from loomfs.errors import (
     ConnectionFailed,
+    ConnectRefused,
     LoomError,
     ProtocolError,
     StatusError,
@@ -425,9 +426,12 @@ class RpcClient:
                 transient = isinstance(exc, ConnectionFailed | TimedOut) or (
                     exc.status in self.retry.retry_statuses
                 )
+                never_sent = isinstance(exc, ConnectRefused)  # safe to retry any method
                 attempt += 1
-                if not (may_retry and transient) or attempt >= self.retry.attempts_max:
+                if not ((may_retry and transient) or never_sent):
                     raise
+                if attempt >= self.retry.attempts_max and not never_sent:
+                    raise  # refused connects retry until the deadline (a restarting peer)
                 delay = min(self.retry.delay_s(attempt - 1, self._rng), max(0.0, deadline - time.monotonic()))
                 if delay <= 0:
                     raise

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import socket
 
-from loomfs.errors import ConnectionFailed, TimedOut
+from loomfs.errors import ConnectionFailed, ConnectRefused, TimedOut
 from loomfs.net.protocol import FrameProtocol
 from loomfs.net.transport import Address, Channel, Listener, SinkFactory, Transport
 from loomfs.wire import frame as fr
@@ -53,6 +53,8 @@ class TcpTransport(Transport):
             )
         except TimeoutError as exc:
             raise TimedOut(f"connect to {address} timed out") from exc
+        except ConnectionRefusedError as exc:
+            raise ConnectRefused(f"connect to {address}: connection refused") from exc
         except OSError as exc:
             raise ConnectionFailed(f"connect to {address}: {exc.strerror or exc}") from exc
         _tune(proto.transport.get_extra_info("socket") if proto.transport else None)

@@ -163,6 +163,8 @@ class LocalCluster:
             running = [s.name for s in self.services.values() if s.alive()]
             if running:
                 raise LoomError(f"cluster at {self.root} is already running ({', '.join(running)})")
+            for s in self.services.values():
+                s.pid = 0  # stopped earlier; only processes started from here on are watched
         else:
             self.root.mkdir(parents=True, exist_ok=True)
             self._plan()
@@ -237,6 +239,20 @@ class LocalCluster:
     def restart_service(self, name: str, timeout_s: float = 30.0) -> None:
         self.stop_service(name)
         self.start_service(name)
+        self.wait_listening(name, timeout_s)
+
+    def wait_listening(self, name: str, timeout_s: float = 30.0) -> None:
+        s = self.services[name]
+        end = time.monotonic() + timeout_s
+        while time.monotonic() < end:
+            if not s.alive():
+                self._check_crashed()
+            try:
+                with socket.create_connection(("127.0.0.1", s.port), timeout=0.5):
+                    return
+            except OSError:
+                time.sleep(0.05)
+        raise LoomError(f"{name} is not listening on {s.address} after {timeout_s:.0f}s")
 
     def stop(self) -> None:
         """Stop exactly the processes this cluster started (meta first, mgmtd last)."""
