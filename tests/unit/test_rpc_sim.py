@@ -10,6 +10,7 @@ from loomfs.errors import ChecksumError, ConnectionFailed, NotFound, RemoteError
 from loomfs.net.rpc import CallContext, Reply, RpcClient, RpcServer, handles
 from loomfs.net.sim import LinkFaults, SimNetwork
 from loomfs.net.transport import Address
+from loomfs.testing.simloop import run_virtual
 from loomfs.wire.message import Empty
 from loomfs.wire.meta import META_PING, STAT, AttrRsp, PathReq
 from loomfs.wire.status import Status
@@ -43,7 +44,7 @@ class Svc:
 
 
 def run(coro):  # type: ignore[no-untyped-def]
-    return asyncio.run(asyncio.wait_for(coro, 20))
+    return run_virtual(asyncio.wait_for(coro, 20))
 
 
 async def _setup(seed: int = 1, faults: LinkFaults | None = None):  # type: ignore[no-untyped-def]
@@ -138,3 +139,18 @@ def test_same_seed_same_schedule() -> None:
         return order
 
     assert run(trace(5)) == run(trace(5))
+    assert run(trace(5)) != run(trace(6))  # the seed really drives the schedule
+
+
+def test_virtual_time_makes_long_sleeps_free() -> None:
+    import time
+
+    async def go() -> float:
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        await asyncio.sleep(15)
+        return loop.time() - t0
+
+    wall = time.monotonic()
+    assert run(go()) == 15
+    assert time.monotonic() - wall < 1

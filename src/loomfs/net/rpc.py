@@ -407,7 +407,12 @@ class RpcClient:
         timeout_s: float | None = None,
         retry: bool | None = None,
     ) -> Response[Any]:
-        """Call ``m`` at ``address``. Idempotent methods are retried on transient failure."""
+        """Call ``m`` at ``address``.
+
+        ``retry=None``: idempotent methods retry transient failures (``attempts_max``) and
+        every method retries refused connects until the deadline; ``True``: retry transient
+        failures (``attempts_max``) whatever the method; ``False``: one attempt only.
+        """
         timeout_s = self.call_timeout_s if timeout_s is None else timeout_s
         deadline = time.monotonic() + timeout_s
         may_retry = m.idempotent if retry is None else retry
@@ -426,12 +431,12 @@ class RpcClient:
                 transient = isinstance(exc, ConnectionFailed | TimedOut) or (
                     exc.status in self.retry.retry_statuses
                 )
-                never_sent = isinstance(exc, ConnectRefused)  # safe to retry any method
                 attempt += 1
-                if not ((may_retry and transient) or never_sent):
+                # a refused connect never sent the request: with the default policy any
+                # method retries it until the deadline (a peer that is restarting)
+                patient = retry is None and isinstance(exc, ConnectRefused)
+                if not patient and not (may_retry and transient and attempt < self.retry.attempts_max):
                     raise
-                if attempt >= self.retry.attempts_max and not never_sent:
-                    raise  # refused connects retry until the deadline (a restarting peer)
                 delay = min(self.retry.delay_s(attempt - 1, self._rng), max(0.0, deadline - time.monotonic()))
                 if delay <= 0:
                     raise

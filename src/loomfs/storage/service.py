@@ -179,7 +179,7 @@ class StorageService:
         try:
             address = routing.address_of(successor)
             await self.rpc.call(address, m, req, payload=payload, payload_crc=payload_crc,
-                                timeout_s=self.forward_timeout_s)
+                                timeout_s=self.forward_timeout_s, retry=True)  # bounded retries
         except LoomError as exc:
             logger.warning("forward %s to target %d failed: %s", m.name, successor, exc)
             return exc.status if exc.status is not None else Status.CHAIN_UNAVAILABLE
