@@ -19,7 +19,7 @@ from loomfs.wire import mgmtd as wm
 from loomfs.wire.types import NodeKind, NodeState, RoutingInfo, TargetState
 
 
-def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("admin", help="cluster administration: nodes, targets, chains")
     asub = p.add_subparsers(dest="admin_command", metavar="ACTION", required=True)
     for name, fn, text in (
@@ -62,7 +62,7 @@ async def _call(args: argparse.Namespace, m: Any, req: Any) -> Any:
 def fetch_routing(args: argparse.Namespace) -> RoutingInfo:
     body = asyncio.run(_call(args, wm.GET_ROUTING, wm.GetRoutingReq()))
     assert body.routing is not None
-    return body.routing  # type: ignore[no-any-return]
+    return body.routing
 
 
 def _emit(args: argparse.Namespace, title: str, cols: list[str], rows: list[list[Any]]) -> None:

@@ -21,7 +21,7 @@ from loomfs.bench.workloads import (
 from loomfs.cli.common import connect, human_bytes, parse_size
 
 
-def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("bench", help="benchmark a cluster against raw TCP / disk / memcpy limits")
     p.add_argument("--quick", action="store_true", help="tiny sizes (a smoke run)")
     p.add_argument("--size", type=parse_size, default=1 << 30, help="big-file size (default 1G)")

@@ -12,7 +12,7 @@ from loomfs.cli.common import connect, human_bytes, parse_size
 from loomfs.wire.types import TargetState
 
 
-def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("demo", help="the main job: dataset shards + a checkpoint, written and verified")
     p.add_argument("--shards", type=int, default=16)
     p.add_argument("--shard-size", type=parse_size, default=8 << 20)

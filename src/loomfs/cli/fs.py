@@ -19,7 +19,7 @@ COPY_BLOCK_BYTES = 16 << 20
 PROGRESS_MIN_BYTES = 32 << 20
 
 
-def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("ls", help="list a directory")
     p.add_argument("path", nargs="?", default="/")
     p.add_argument("-l", action="store_true", dest="long", help="long format")

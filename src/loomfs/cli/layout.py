@@ -7,7 +7,7 @@ import argparse
 from loomfs.cli.common import connect, human_bytes, parse_size
 
 
-def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("layout", help="show or set a directory's layout (chunk size, stripe, replicas)")
     lsub = p.add_subparsers(dest="layout_command", metavar="ACTION", required=True)
     s = lsub.add_parser("set", help="set the layout new files under DIR inherit")

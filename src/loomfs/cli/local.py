@@ -12,7 +12,7 @@ from loomfs.cli.common import cluster_dir
 from loomfs.testing.cluster import LocalCluster
 
 
-def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("local", help="run a cluster on this machine (127.0.0.1)")
     lsub = p.add_subparsers(dest="local_command", metavar="ACTION", required=True)
 

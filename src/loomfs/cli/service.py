@@ -6,7 +6,7 @@ import argparse
 import importlib
 
 
-def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("service", help="run one service (mgmtd, meta, storage) in the foreground")
     p.add_argument("kind", choices=["mgmtd", "meta", "storage"])
     p.add_argument("--config", required=True, help="the service's TOML config file")

@@ -11,12 +11,12 @@ from __future__ import annotations
 import asyncio
 import atexit
 import dataclasses
-import stat as stat_mod
 import io
 import json
 import logging
 import os
 import shutil
+import stat as stat_mod
 import threading
 import weakref
 from collections.abc import Awaitable, Callable, Coroutine, Iterator

@@ -149,8 +149,10 @@ class LocalCluster:
             return {"host": "127.0.0.1", "port": s.port, "data_dir": s.dir, "lease_s": self.lease_s,
                     "heartbeat_interval_s": self.heartbeat_interval_s, "default_replicas": self.replicas}
         if s.kind == "meta":
+            # every meta serves the same namespace: one shared SQLite file (PostgreSQL in production)
             return {"host": "127.0.0.1", "port": s.port, "node_id": s.node_id, "mgmtd": mg,
-                    "data_dir": s.dir, "gc_delay_s": self.gc_delay_s}
+                    "data_dir": s.dir, "gc_delay_s": self.gc_delay_s,
+                    "store_url": f"sqlite:///{self.root / 'meta.db'}"}
         targets = [str(Path(s.dir, f"target{j}")) for j in range(1, self.targets_per_node + 1)]
         return {"host": "127.0.0.1", "port": s.port, "node_id": s.node_id, "mgmtd": mg,
                 "data_dir": s.dir, "targets": targets}
@@ -346,7 +348,7 @@ class LocalCluster:
                 await rpc.close()
             return out
 
-        return _run(go())  # type: ignore[no-any-return]
+        return _run(go())
 
     def _wait(self, ok: Any, timeout_s: float, what: str) -> RoutingInfo:
         end = time.monotonic() + timeout_s
