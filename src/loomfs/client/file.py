@@ -305,8 +305,11 @@ class AsyncFile:
         view = view[:n]
         self._streak = self._streak + 1 if pos == self._seq_next else 0
         self._seq_next = pos + n
-        use_cache = self._streak >= 2 and self._config.readahead_chunks > 0
         cs = self._chunk_size
+        # read-ahead serves streams of small reads; a request of a chunk or more already fans
+        # out over the stripe straight into the caller's buffer, and staging it through the
+        # cache would cost a copy of every byte
+        use_cache = self._streak >= 2 and self._config.readahead_chunks > 0 and n < cs
         pieces = list(split_range(self.layout, pos, n))
         sem = asyncio.Semaphore(max(1, self._config.parallel_chunks_max))
 

@@ -7,7 +7,7 @@ import logging
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from loomfs.net.buffers import BufferPool
+from loomfs.net.buffers import Buffer, BufferPool
 
 logger = logging.getLogger(__name__)
 
@@ -19,7 +19,7 @@ class CachedChunk:
 
     __slots__ = ("index", "length", "buf", "task")
 
-    def __init__(self, index: int, length: int, buf: bytearray, task: asyncio.Task[int]):
+    def __init__(self, index: int, length: int, buf: Buffer, task: asyncio.Task[int]):
         self.index = index
         self.length = length
         self.buf = buf

@@ -6,6 +6,8 @@ import asyncio
 from collections import deque
 from dataclasses import dataclass
 
+from loomfs.net.buffers import Buffer
+
 
 class ByteBudget:
     """Bounds the bytes of dirty data in flight; ``acquire`` waits when over the bound.
@@ -69,7 +71,7 @@ class ChunkBuffer:
     """A pooled chunk-sized buffer holding the dirty range [start, end) of chunk ``index``."""
 
     index: int
-    buf: bytearray
+    buf: Buffer
     start: int
     end: int
 

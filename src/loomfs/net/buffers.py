@@ -7,7 +7,13 @@ its buffers from a ``BufferPool`` and gives them back.
 
 from __future__ import annotations
 
+import mmap
 import threading
+from typing import Union
+
+# Pooled buffers are anonymous mmaps: page-aligned (so storage can do O_DIRECT I/O straight
+# from and into them) and, like bytearrays, writable buffers that memoryview can slice.
+Buffer = Union[bytearray, mmap.mmap]  # noqa: UP007 (a runtime alias)
 
 MIN_CLASS_BYTES = 64 << 10
 
@@ -24,13 +30,13 @@ class BufferPool:
 
     def __init__(self, max_cached_bytes: int = 256 << 20):
         self.max_cached_bytes = max_cached_bytes
-        self._free: dict[int, list[bytearray]] = {}
+        self._free: dict[int, list[Buffer]] = {}
         self._cached_bytes = 0
         self._lock = threading.Lock()
         self.hits = 0
         self.misses = 0
 
-    def acquire(self, n: int) -> bytearray:
+    def acquire(self, n: int) -> Buffer:
         """A buffer of at least ``n`` bytes (exactly its size class)."""
         size = _class_of(n)
         with self._lock:
@@ -40,9 +46,9 @@ class BufferPool:
                 self._cached_bytes -= size
                 return free.pop()
             self.misses += 1
-        return bytearray(size)
+        return mmap.mmap(-1, size)
 
-    def release(self, buf: bytearray) -> None:
+    def release(self, buf: Buffer) -> None:
         size = len(buf)
         if size < MIN_CLASS_BYTES or size & (size - 1):
             return  # not one of ours

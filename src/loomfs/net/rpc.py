@@ -29,7 +29,7 @@ from loomfs.errors import (
     from_status,
     status_for_exception,
 )
-from loomfs.net.buffers import DEFAULT_POOL, BufferPool
+from loomfs.net.buffers import DEFAULT_POOL, Buffer, BufferPool
 from loomfs.net.transport import Address, Channel, Listener, Transport
 from loomfs.wire import frame as fr
 from loomfs.wire.message import Message, Method
@@ -139,7 +139,7 @@ class _ServerConnection:
         self.channel = channel
         self._inflight = 0
         self._paused = False
-        self._bufs: dict[int, bytearray] = {}
+        self._bufs: dict[int, Buffer] = {}
         self._tasks: set[asyncio.Task[None]] = set()
 
     def payload_buffer(self, kind: int, header: fr.Header, length: int) -> memoryview:
@@ -168,7 +168,7 @@ class _ServerConnection:
         self._bufs.clear()
 
     async def _handle(
-        self, header: fr.Header, payload: memoryview, buf: bytearray | None, crc_ok: bool
+        self, header: fr.Header, payload: memoryview, buf: Buffer | None, crc_ok: bool
     ) -> None:
         server = self.server
         server.requests_total += 1

@@ -244,14 +244,15 @@ class StorageService:
     ) -> WriteRsp:
         engine, ver = target.engine, action.update_ver
 
-        def stage() -> None:
+        async def stage() -> None:
             if isinstance(req, WriteReq):
-                engine.stage_write(key, ver, req.offset, payload, data_crc=req.data_crc, full_replace=req.full_replace)
+                await engine.astage_write(key, ver, req.offset, payload, data_crc=req.data_crc,
+                                          full_replace=req.full_replace)
             else:
                 engine.stage_truncate(key, ver, req.length)
 
         if action.successor is None:
-            stage()
+            await stage()
             return _write_rsp(await engine.commit(key, ver))
         fwd = dataclasses.replace(req, forwarded=True, update_ver=ver, chain_version=pos.chain_version)
         m = WRITE if isinstance(req, WriteReq) else TRUNCATE
@@ -259,7 +260,7 @@ class StorageService:
         task = asyncio.ensure_future(self._forward(routing, action.successor, m, fwd, payload or None, crc))
         await asyncio.sleep(0)  # the forward is on the wire before the local write starts
         try:
-            stage()
+            await stage()
         except BaseException:
             status = await task
             logger.error("chunk %s v%d: local stage failed after forwarding (successor: %s)", key, ver, status.name)
@@ -337,7 +338,7 @@ class StorageService:
             return Reply(rsp_base)
         buf = self.pool.acquire(want)
         try:
-            n = engine.read(key, req.offset, memoryview(buf)[:want])
+            n = await engine.aread(key, req.offset, memoryview(buf)[:want])
         except BaseException:
             self.pool.release(buf)
             raise

@@ -116,6 +116,23 @@ class ChunkEngine(ABC):
         """Stage update ``version``: the committed content with ``data`` written at ``offset``
         (a gap past the end reads as zeros), or exactly ``data`` when ``full_replace``."""
 
+    async def aread(self, key: ChunkKey, offset: int, into: memoryview) -> int:
+        """``read`` of committed data that may run off the event loop (big disk reads)."""
+        return self.read(key, offset, into)
+
+    async def astage_write(
+        self,
+        key: ChunkKey,
+        version: int,
+        offset: int,
+        data: memoryview | bytes,
+        *,
+        data_crc: int | None = None,
+        full_replace: bool = False,
+    ) -> ChunkState:
+        """``stage_write`` that may run its disk write off the event loop."""
+        return self.stage_write(key, version, offset, data, data_crc=data_crc, full_replace=full_replace)
+
     @abstractmethod
     def stage_truncate(self, key: ChunkKey, version: int, length: int) -> ChunkState:
         """Stage update ``version``: the committed content cut or zero-extended to ``length``."""

@@ -23,6 +23,7 @@ shrinking truncate re-reads the new content.
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import logging
 import os
 import sqlite3
@@ -49,6 +50,25 @@ from loomfs.storage.engine.base import (
 logger = logging.getLogger(__name__)
 
 SCRATCH_BYTES = 1 << 20
+OFFLOAD_MIN_BYTES = 512 << 10  # requests this big do their disk I/O in the thread pool
+IO_THREADS = 2
+DIRECT_ALIGN_BYTES = 4096  # O_DIRECT: buffer address, file offset and length multiples of this
+
+
+def _address(mv: memoryview | bytes) -> int:
+    try:
+        return ctypes.addressof(ctypes.c_char.from_buffer(mv))
+    except TypeError:  # read-only buffer (bytes): not usable for O_DIRECT anyway
+        return 1
+
+
+def _direct_ok(mv: memoryview | bytes, offset: int) -> bool:
+    """Can this buffer/offset go through O_DIRECT? (Pooled buffers are page-aligned mmaps.)"""
+    return (
+        len(mv) >= DIRECT_ALIGN_BYTES
+        and offset % DIRECT_ALIGN_BYTES == 0
+        and _address(mv) % DIRECT_ALIGN_BYTES == 0
+    )
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS chunks (
     inode INTEGER NOT NULL, idx INTEGER NOT NULL, commit_ver INTEGER NOT NULL,
@@ -84,8 +104,22 @@ class _Pending:
 
 
 class FileEngine(ChunkEngine):
-    def __init__(self, path: str | os.PathLike[str], *, fsync_on_commit: bool = False, fd_cache_max: int = 256):
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        fsync_on_commit: bool = False,
+        fd_cache_max: int = 256,
+        direct_io: bool = True,
+    ):
         self.path = Path(path)
+        # Whole-chunk writes and aligned reads bypass the page cache (as 3FS does): on this VM
+        # fresh page-cache pages cost 3-5 us each, so buffered writes of new data crawl at
+        # ~0.4 GB/s while O_DIRECT moves ~1.5 GB/s. Falls back to buffered I/O when the file
+        # system refuses O_DIRECT or a buffer is not aligned.
+        self.direct_io = direct_io and hasattr(os, "O_DIRECT")
+        self._direct_fds: OrderedDict[tuple[ChunkKey, int], int] = OrderedDict()
+        self._io: ThreadPoolExecutor | None = None
         self.fsync_on_commit = fsync_on_commit
         self.fd_cache_max = fd_cache_max
         self._chunks_dir = self.path / "chunks"
@@ -154,9 +188,10 @@ class FileEngine(ChunkEngine):
             os.close(self._fds.popitem(last=False)[1])
 
     def _forget_fd(self, key: ChunkKey, file_ver: int) -> None:
-        fd = self._fds.pop((key, file_ver), None)
-        if fd is not None:
-            os.close(fd)
+        for cache in (self._fds, self._direct_fds):
+            fd = cache.pop((key, file_ver), None)
+            if fd is not None:
+                os.close(fd)
 
     def _copy(self, src: int, dst: int, count: int) -> None:
         pos = 0
@@ -213,6 +248,19 @@ class FileEngine(ChunkEngine):
             fd, length = self._fd(key, m.file_ver), m.length
         want = min(len(into), length - offset)
         got = 0
+        if not pending and self.direct_io and want >= DIRECT_ALIGN_BYTES and _direct_ok(into, offset):
+            assert m is not None
+            body = want - want % DIRECT_ALIGN_BYTES
+            try:
+                dfd = self._direct_fd(key, m.file_ver)
+                while got < body:
+                    n = os.preadv(dfd, [into[got:body]], offset + got)
+                    if n <= 0:
+                        break
+                    got += n
+            except OSError:
+                self.direct_io = False
+                got = 0
         while got < want:
             n = os.preadv(fd, [into[got:want]], offset + got)
             if n <= 0:  # the file is shorter than the index says: holes read as zeros
@@ -261,7 +309,7 @@ class FileEngine(ChunkEngine):
         fd = self._create(key, version)
         try:
             if full_replace or (offset == 0 and n >= committed_len):
-                os.pwrite(fd, data, 0)
+                self._pwrite_maybe_direct(key, version, fd, data)
                 length = n
                 crc = data_crc if data_crc is not None else crc32c.crc32c(data)
             elif m is None:
@@ -300,6 +348,107 @@ class FileEngine(ChunkEngine):
             self._drop_new(key, version, fd)
             raise
         return self._stage(key, _Pending(version, length, crc, version, fd, False))
+
+    def _pwrite_maybe_direct(self, key: ChunkKey, file_ver: int, fd: int, data: memoryview | bytes) -> None:
+        """Write a whole new chunk file from offset 0: the aligned body with O_DIRECT."""
+        body = len(data) - len(data) % DIRECT_ALIGN_BYTES
+        if self.direct_io and body and _direct_ok(data, 0):
+            try:
+                dfd = os.open(self._file(key, file_ver), os.O_WRONLY | os.O_DIRECT)
+            except OSError:
+                self.direct_io = False  # this file system has no O_DIRECT
+            else:
+                try:
+                    view = memoryview(data)
+                    done = 0
+                    while done < body:
+                        done += os.pwrite(dfd, view[done:body], done)
+                finally:
+                    os.close(dfd)
+                if body < len(data):
+                    os.pwrite(fd, view[body:], body)
+                return
+        os.pwrite(fd, data, 0)
+
+    # ---- off-loop variants: the disk I/O of big requests runs in a small thread pool, so
+    # the event loop keeps receiving and sending while a 4 MiB pread/pwrite is in the kernel.
+    # Only I/O on a private dup of the fd runs in a thread; all state changes stay on the loop.
+    def _io_pool(self) -> ThreadPoolExecutor:
+        if self._io is None:
+            self._io = ThreadPoolExecutor(IO_THREADS, thread_name_prefix="chunk-io")
+        return self._io
+
+    async def aread(self, key: ChunkKey, offset: int, into: memoryview) -> int:
+        m = self._m(key)
+        if len(into) < OFFLOAD_MIN_BYTES or m is None or key in self._pending:
+            return self.read(key, offset, into)
+        check_range(offset, len(into))
+        want = min(len(into), m.length - offset)
+        if want <= 0:
+            return 0
+        direct = self.direct_io and want >= DIRECT_ALIGN_BYTES and _direct_ok(into, offset)
+        try:
+            fd = os.dup(self._direct_fd(key, m.file_ver) if direct else self._fd(key, m.file_ver))
+        except OSError:
+            return self.read(key, offset, into)
+        body = want - want % DIRECT_ALIGN_BYTES if direct else want
+
+        def work() -> int:
+            got = 0
+            try:
+                while got < body:
+                    n = os.preadv(fd, [into[got:body]], offset + got)
+                    if n <= 0:
+                        break
+                    got += n
+            finally:
+                os.close(fd)
+            return got
+
+        got = await asyncio.get_running_loop().run_in_executor(self._io_pool(), work)
+        if got < want:  # the unaligned tail (or a short file): buffered, on the loop
+            got += self.read(key, offset + got, into[got:want])
+        return want
+
+    async def astage_write(
+        self,
+        key: ChunkKey,
+        version: int,
+        offset: int,
+        data: memoryview | bytes,
+        *,
+        data_crc: int | None = None,
+        full_replace: bool = False,
+    ) -> ChunkState:
+        m = self._m(key)
+        committed_len = m.length if m else 0
+        whole = full_replace or (offset == 0 and len(data) >= committed_len)
+        if not whole or len(data) < OFFLOAD_MIN_BYTES:
+            return self.stage_write(key, version, offset, data, data_crc=data_crc, full_replace=full_replace)
+        check_range(offset, len(data))
+        self._begin(key, version)
+        fd = self._create(key, version)
+        try:
+            await asyncio.get_running_loop().run_in_executor(
+                self._io_pool(), self._pwrite_maybe_direct, key, version, fd, data
+            )
+        except BaseException:
+            self._drop_new(key, version, fd)
+            raise
+        crc = data_crc if data_crc is not None else crc32c.crc32c(data)
+        return self._stage(key, _Pending(version, len(data), crc, version, fd, False))
+
+    def _direct_fd(self, key: ChunkKey, file_ver: int) -> int:
+        ck = (key, file_ver)
+        fd = self._direct_fds.get(ck)
+        if fd is not None:
+            self._direct_fds.move_to_end(ck)
+            return fd
+        fd = os.open(self._file(key, file_ver), os.O_RDONLY | os.O_DIRECT)
+        self._direct_fds[ck] = fd
+        while len(self._direct_fds) > self.fd_cache_max:
+            os.close(self._direct_fds.popitem(last=False)[1])
+        return fd
 
     def _drop_new(self, key: ChunkKey, file_ver: int, fd: int) -> None:
         os.close(fd)
@@ -416,6 +565,11 @@ class FileEngine(ChunkEngine):
     def _release(self) -> None:
         while self._fds:
             os.close(self._fds.popitem()[1])
+        while self._direct_fds:
+            os.close(self._direct_fds.popitem()[1])
+        if self._io is not None:
+            self._io.shutdown(wait=True)
+            self._io = None
         self._db.close()
         if self._executor is not None:
             self._executor.shutdown(wait=True)
