@@ -63,6 +63,7 @@ class FrameProtocol(asyncio.BufferedProtocol):
         self._p_dest: memoryview | None = None
         self._p_pos = 0
         self._p_crc = 0
+        self._p_acc = 0  # CRC32C of the payload bytes received so far (hashed while cache-hot)
         self._closed = False
         self._write_paused = False
         self._drain_waiters: list[asyncio.Future[None]] = []
@@ -104,6 +105,7 @@ class FrameProtocol(asyncio.BufferedProtocol):
             return
         try:
             if self._p_dest is not None:
+                self._p_acc = fr.crc(self._p_dest[self._p_pos : self._p_pos + nbytes], self._p_acc)
                 self._p_pos += nbytes
                 if self._p_pos == len(self._p_dest):
                     self._finish_payload()
@@ -275,6 +277,7 @@ class FrameProtocol(asyncio.BufferedProtocol):
                 self._start += take
             self._p_header, self._p_kind, self._p_dest = header, prefix.kind, dest
             self._p_pos, self._p_crc = take, prefix.payload_crc
+            self._p_acc = fr.crc(dest[:take]) if take else 0
             if take == plen:
                 self._finish_payload()
                 continue
@@ -289,5 +292,5 @@ class FrameProtocol(asyncio.BufferedProtocol):
         dest, header, kind, want = self._p_dest, self._p_header, self._p_kind, self._p_crc
         self._p_dest = self._p_header = None
         self._p_pos = 0
-        ok = fr.crc(dest) == want
+        ok = self._p_acc == want
         self.sink.frame_received(kind, header, dest, ok)
