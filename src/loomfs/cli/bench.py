@@ -33,7 +33,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_bench)
 
 
-def _one_round(args: argparse.Namespace, fs: Any, tcp: float, mem: float, rnd: int) -> list[Result]:
+def _one_round(args: argparse.Namespace, fs: Any, lim: dict[str, float], rnd: int) -> list[Result]:
+    tcp = lim["loopback_tcp_Bps"]
     size = args.size
     files = args.files
     if args.quick:
@@ -46,9 +47,10 @@ def _one_round(args: argparse.Namespace, fs: Any, tcp: float, mem: float, rnd: i
     w, _ = seq_write(fs, f"{base}/big", size)
     replicas = fs.get_layout(f"{base}/big")
     reps = _replicas(args, fs, replicas)
-    out.append(Result("seq_write", w, "B/s", f"raw TCP / {reps} replicas", tcp / reps))
+    out.append(Result("seq_write", w, "B/s", f"raw TCP / {reps} replicas", tcp / reps,
+                      {"disk_bound_Bps": lim["disk_write_Bps"] / reps}))  # all replicas share one disk
     r = seq_read(fs, f"{base}/big")
-    out.append(Result("seq_read", r, "B/s", "raw TCP", tcp))
+    out.append(Result("seq_read", r, "B/s", "raw TCP", tcp, {"disk_bound_Bps": lim["disk_read_Bps"]}))
     rr = random_reads(fs, f"{base}/big", size, 4096, 300 if args.quick else 3000)
     out.append(Result("rand_read_4k", rr["iops"], "IOPS", extra=rr))
     c, s = creates_and_stats(fs, f"{base}/md", files)
@@ -92,32 +94,38 @@ def _bench(args: argparse.Namespace) -> int:
     print("measuring raw limits ...")
     tcp = limits.loopback_tcp_bytes_per_s(tcp_total)
     mem = limits.memcpy_bytes_per_s()
+    disk_dir = args.cluster_dir if args.cluster_dir and Path(args.cluster_dir).is_dir() else tempfile.gettempdir()
+    dw, dr = limits.disk_write_read_bytes_per_s(disk_dir, (128 << 20) if args.quick else (512 << 20))
+    lim = {"loopback_tcp_Bps": tcp, "memcpy_Bps": mem, "disk_write_Bps": dw, "disk_read_Bps": dr}
     print(f"  raw loopback TCP (one stream, 2 processes): {human_bytes(tcp)}/s")
+    print(f"  local disk, 4 MiB O_DIRECT files: write {human_bytes(dw)}/s, read {human_bytes(dr)}/s")
     print(f"  memcpy: {human_bytes(mem)}/s")
     rounds: list[list[Result]] = []
     with connect(args) as fs:
         for i in range(args.rounds):
             print(f"round {i + 1}/{args.rounds} ...")
-            rounds.append(_one_round(args, fs, tcp, mem, i))
+            rounds.append(_one_round(args, fs, lim, i))
     merged: list[Result] = []
     for j, first in enumerate(rounds[0]):
         vals = [r[j].value for r in rounds]
         merged.append(Result(first.name, statistics.median(vals), first.unit, first.limit_name,
                              first.limit_value, {"values": vals, **first.extra}))
-    print(f"\n{'workload':<20} {'median':>14} {'limit':>30} {'ratio':>7}")
+    print(f"\n{'workload':<20} {'median':>14} {'limit':>30} {'ratio':>7} {'vs disk':>8}")
     for r in merged:
         v = f"{human_bytes(r.value)}/s" if r.unit == "B/s" else f"{r.value:,.0f} {r.unit}"
-        lim = ""
+        lim_text = ""
         if r.limit_value:
             lv = f"{human_bytes(r.limit_value)}/s" if r.unit == "B/s" else f"{r.limit_value:,.0f}"
-            lim = f"{r.limit_name} {lv}"
+            lim_text = f"{r.limit_name} {lv}"
         ratio = f"{r.ratio:.2f}" if r.ratio is not None else "-"
-        print(f"{r.name:<20} {v:>14} {lim:>30} {ratio:>7}")
+        disk = r.extra.get("disk_bound_Bps")
+        vs_disk = f"{r.value / disk:.2f}" if disk else ""
+        print(f"{r.name:<20} {v:>14} {lim_text:>30} {ratio:>7} {vs_disk:>8}")
         if r.name == "rand_read_4k":
             print(f"{'':<20} p50 {r.extra['p50_ms']:.2f} ms, p99 {r.extra['p99_ms']:.2f} ms")
     if args.json_path:
         doc = {
-            "limits": {"loopback_tcp_Bps": tcp, "memcpy_Bps": mem},
+            "limits": lim,
             "results": [{"name": r.name, "value": r.value, "unit": r.unit, "limit_name": r.limit_name,
                          "limit_value": r.limit_value, "ratio": r.ratio, "extra": r.extra} for r in merged],
         }

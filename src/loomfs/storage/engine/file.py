@@ -51,6 +51,7 @@ logger = logging.getLogger(__name__)
 
 SCRATCH_BYTES = 1 << 20
 OFFLOAD_MIN_BYTES = 512 << 10  # requests this big do their disk I/O in the thread pool
+DIRECT_READ_MIN_BYTES = 256 << 10  # smaller reads go through the page cache (hot small reads)
 IO_THREADS = 2
 DIRECT_ALIGN_BYTES = 4096  # O_DIRECT: buffer address, file offset and length multiples of this
 
@@ -248,7 +249,7 @@ class FileEngine(ChunkEngine):
             fd, length = self._fd(key, m.file_ver), m.length
         want = min(len(into), length - offset)
         got = 0
-        if not pending and self.direct_io and want >= DIRECT_ALIGN_BYTES and _direct_ok(into, offset):
+        if not pending and self.direct_io and want >= DIRECT_READ_MIN_BYTES and _direct_ok(into, offset):
             assert m is not None
             body = want - want % DIRECT_ALIGN_BYTES
             try:
@@ -386,7 +387,7 @@ class FileEngine(ChunkEngine):
         want = min(len(into), m.length - offset)
         if want <= 0:
             return 0
-        direct = self.direct_io and want >= DIRECT_ALIGN_BYTES and _direct_ok(into, offset)
+        direct = self.direct_io and want >= DIRECT_READ_MIN_BYTES and _direct_ok(into, offset)
         try:
             fd = os.dup(self._direct_fd(key, m.file_ver) if direct else self._fd(key, m.file_ver))
         except OSError:
