@@ -154,3 +154,28 @@ def test_virtual_time_makes_long_sleeps_free() -> None:
     wall = time.monotonic()
     assert run(go()) == 15
     assert time.monotonic() - wall < 1
+
+
+def test_observers_see_every_call_with_bytes_and_status() -> None:
+    seen: list[tuple[str, str, int, int, int]] = []
+
+    class Obs:
+        def on_call(self, side: str, method: str, status: int, seconds: float, bytes_in: int,
+                    bytes_out: int) -> None:
+            assert seconds >= 0
+            seen.append((side, method, status, bytes_in, bytes_out))
+
+    async def go() -> None:
+        net, server, svc, addr, client = await _setup()
+        server.observers.append(Obs())
+        client.observers.append(Obs())
+        await client.call(addr, WRITE, WriteReq(length=5), payload=b"hello")
+        await client.call(addr, READ, ReadReq(length=300))
+        with pytest.raises(NotFound):
+            await client.call(addr, STAT, PathReq(path="/missing"))
+
+    run(go())
+    assert ("server", "write", 0, 5, 0) in seen and ("client", "write", 0, 0, 5) in seen
+    assert ("server", "read", 0, 0, 300) in seen and ("client", "read", 0, 300, 0) in seen
+    assert ("server", "stat", int(Status.ENOENT), 0, 0) in seen
+    assert ("client", "stat", int(Status.ENOENT), 0, 0) in seen

@@ -17,7 +17,7 @@ import random
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 from loomfs.errors import (
     ConnectionFailed,
@@ -66,6 +66,15 @@ class Reply:
 Handler = Callable[[Any, CallContext], Awaitable[Message | Reply]]
 
 
+class RpcObserver(Protocol):
+    """Told about every finished call (metrics). ``side`` is "server" or "client";
+    ``method`` the method's name ("stat", "write", ... or "unknown")."""
+
+    def on_call(
+        self, side: str, method: str, status: int, seconds: float, bytes_in: int, bytes_out: int
+    ) -> None: ...
+
+
 def handles(m: Method) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Mark a service coroutine as the handler of ``m``: ``@handles(STAT)``."""
 
@@ -94,6 +103,7 @@ class RpcServer:
         self._connections: set[_ServerConnection] = set()
         self.requests_total = 0
         self.errors_total = 0
+        self.observers: list[RpcObserver] = []
 
     def register(self, m: Method, handler: Handler) -> None:
         if m.key in self._handlers:
@@ -174,8 +184,9 @@ class _ServerConnection:
         server.requests_total += 1
         reply: Reply | None = None
         status, message = Status.OK, ""
+        started = time.perf_counter()
+        entry = server._handlers.get((header.service, header.method))
         try:
-            entry = server._handlers.get((header.service, header.method))
             if entry is None:
                 raise StatusError(
                     Status.UNKNOWN_METHOD, f"no method {header.service}.{header.method} on {server.name}"
@@ -226,6 +237,12 @@ class _ServerConnection:
         finally:
             if reply is not None and reply.on_sent is not None:
                 reply.on_sent()
+        if server.observers:
+            name = entry[0].name if entry is not None else "unknown"
+            elapsed = time.perf_counter() - started
+            sent = len(pay) if pay is not None else 0
+            for obs in server.observers:
+                obs.on_call("server", name, int(status), elapsed, len(payload), sent)
 
 
 # ---------------------------------------------------------------------------------------
@@ -370,6 +387,7 @@ class RpcClient:
         self._connecting: dict[Address, asyncio.Future[ClientConnection]] = {}
         self.calls_total = 0
         self.retries_total = 0
+        self.observers: list[RpcObserver] = []
 
     async def connection(self, address: Address) -> ClientConnection:
         conn = self._conns.get(address)
@@ -424,9 +442,17 @@ class RpcClient:
                 if remaining <= 0:
                     raise TimedOut(f"{m.name} to {address}: deadline passed")
                 conn = await self.connection(address)
-                return await conn.call(
-                    m, req, payload=payload, payload_crc=payload_crc, recv_into=recv_into, timeout_s=remaining
-                )
+                started = time.perf_counter()
+                try:
+                    rsp = await conn.call(
+                        m, req, payload=payload, payload_crc=payload_crc, recv_into=recv_into,
+                        timeout_s=remaining,
+                    )
+                except LoomError as exc:
+                    self._observe(m, exc.status or Status.EIO, started, payload, 0)
+                    raise
+                self._observe(m, Status.OK, started, payload, len(rsp.payload))
+                return rsp
             except (ConnectionFailed, TimedOut, LoomError) as exc:
                 transient = isinstance(exc, ConnectionFailed | TimedOut) or (
                     exc.status in self.retry.retry_statuses
@@ -443,6 +469,14 @@ class RpcClient:
                 self.retries_total += 1
                 logger.debug("retrying %s to %s after %s (attempt %d)", m.name, address, exc, attempt)
                 await asyncio.sleep(delay)
+
+    def _observe(self, m: Method, status: int, started: float,
+                 payload: bytes | bytearray | memoryview | None, received: int) -> None:
+        if self.observers:
+            elapsed = time.perf_counter() - started
+            sent = len(payload) if payload is not None else 0
+            for obs in self.observers:
+                obs.on_call("client", m.name, int(status), elapsed, received, sent)
 
     def drop(self, address: Address) -> None:
         conn = self._conns.pop(address, None)
