@@ -46,6 +46,10 @@ def cmd_up(args: argparse.Namespace) -> int:
     root = cluster_dir(args)
     if (root / "cluster.json").exists():
         c = LocalCluster.from_dir(root)
+        if all(s["state"] == "running" for s in c.status()):
+            print(f"LoomFS local cluster already running in {root}")
+            _print_status(c, as_json=False)
+            return 0
     else:
         if args.replicas > args.storage_nodes:
             raise SystemExit(f"--replicas {args.replicas} needs at least that many --storage-nodes")
