@@ -8,6 +8,7 @@ file objects opened before the fork are not usable there.
 
 from __future__ import annotations
 
+import _thread
 import asyncio
 import atexit
 import dataclasses
@@ -20,7 +21,6 @@ import stat as stat_mod
 import threading
 import weakref
 from collections.abc import Awaitable, Callable, Coroutine, Iterator
-from concurrent.futures import Future
 from typing import Any, TypeVar
 
 from loomfs.client.core import AsyncClient
@@ -145,13 +145,36 @@ class LoomFS:
         return await self._factory()
 
     def _submit(self, coro: Coroutine[Any, Any, T]) -> T:
-        assert self._loop is not None
-        fut: Future[T] = asyncio.run_coroutine_threadsafe(coro, self._loop)
+        """Run ``coro`` on the loop thread and block until it finishes.
+
+        Leaner than ``run_coroutine_threadsafe`` (one futex wait, no chained futures):
+        sequential small calls are bound by this hop, ~10% of a ``stat``.
+        """
+        loop = self._loop
+        assert loop is not None
+        done = _thread.allocate_lock()
+        done.acquire()
+        box: list[asyncio.Task[T]] = []
+
+        def finished(task: asyncio.Task[T]) -> None:
+            done.release()
+
+        def start() -> None:
+            task = loop.create_task(coro)
+            box.append(task)
+            task.add_done_callback(finished)
+
+        loop.call_soon_threadsafe(start)
         try:
-            return fut.result()
-        except BaseException:
-            fut.cancel()
+            done.acquire()
+        except BaseException:  # e.g. KeyboardInterrupt while waiting: stop the work too
+            # callbacks run in FIFO order, so start() has created the task by then
+            loop.call_soon_threadsafe(lambda: box[0].cancel())
             raise
+        task = box[0]
+        if task.cancelled():
+            raise LoomError("operation cancelled", errno=125)
+        return task.result()
 
     def _check_thread(self) -> None:
         if self._thread is not None and threading.current_thread() is self._thread:
