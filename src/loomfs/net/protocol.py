@@ -89,7 +89,7 @@ class FrameProtocol(asyncio.BufferedProtocol):
                     self._raw.setblocking(False)
                 except OSError:
                     self._raw = None
-        transport.set_write_buffer_limits(high=0, low=0)  # pause/resume == buffer non-empty/empty
+        self.transport.set_write_buffer_limits(high=0, low=0)  # pause/resume == buffer non-empty/empty
         self.sink = self._sink_factory(self)
 
     def get_buffer(self, sizehint: int) -> memoryview:
