@@ -73,7 +73,8 @@ class FrameProtocol(asyncio.BufferedProtocol):
 
     # ---- asyncio callbacks -------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]  # uvloop's are not asyncio.Transport subclasses
+        tr: asyncio.Transport = transport  # type: ignore[assignment]  # uvloop's are not asyncio.Transport subclasses
+        self.transport = tr
         peer = transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
         sock = transport.get_extra_info("socket")
@@ -89,7 +90,7 @@ class FrameProtocol(asyncio.BufferedProtocol):
                     self._raw.setblocking(False)
                 except OSError:
                     self._raw = None
-        self.transport.set_write_buffer_limits(high=0, low=0)  # pause/resume == buffer non-empty/empty
+        tr.set_write_buffer_limits(high=0, low=0)  # pause/resume == buffer non-empty/empty
         self.sink = self._sink_factory(self)
 
     def get_buffer(self, sizehint: int) -> memoryview:
