@@ -79,6 +79,7 @@ class AsyncClient:
         self.routing = routing
         self.budget = ByteBudget(self.config.write_buffer_bytes_max)
         self._open_files: weakref.WeakSet[AsyncFile] = weakref.WeakSet()
+        self._background: set[asyncio.Task[Any]] = set()  # fire-and-forget meta calls in flight
         self._routing_task: asyncio.Task[None] | None = None
         self.closed = False
 
@@ -121,6 +122,8 @@ class AsyncClient:
                 await f.close()
             except Exception as exc:
                 logger.warning("closing %s: %s", f.path, exc)
+        while self._background:  # write sessions still closing
+            await asyncio.gather(*list(self._background), return_exceptions=True)
         if self._routing_task is not None:
             self._routing_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -322,6 +325,7 @@ class AsyncClient:
         if rsp.truncated_from > 0 and attr.layout is not None:
             await self.storage.remove_file_chunks(attr.inode, attr.layout, rsp.truncated_from)
         f = AsyncFile(
+            background=self._background,
             path=p,
             attr=attr,
             flags=flags,

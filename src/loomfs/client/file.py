@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from loomfs.client.layout import chunk_count, chunk_range, split_range
 from loomfs.client.readahead import CachedChunk, ReadAheadCache
@@ -75,6 +75,7 @@ class AsyncFile:
         config: ClientConfig,
         pool: BufferPool,
         budget: ByteBudget,
+        background: set[asyncio.Task[Any]] | None = None,
     ):
         if attr.layout is None or not attr.layout.chains:
             raise LoomError(f"{path}: file has no layout", path=path)
@@ -91,6 +92,7 @@ class AsyncFile:
         self._config = config
         self._pool = pool
         self._budget = budget
+        self._background = background  # where an untouched file's CLOSE may finish
         self._chunk_size = self.layout.chunk_size
         self._length = attr.size
         self._pos = 0
@@ -384,9 +386,22 @@ class AsyncFile:
         self.closed = True
         self._cache.clear()
         if self.session_id:
-            await self._meta.close(self.inode, self.session_id, self._written_end)
+            if self._written_end < 0 and err is None and self._background is not None:
+                # nothing was written: attributes do not change, only the write session
+                # ends, so the CLOSE need not be waited for (creates cost one round trip)
+                task = asyncio.get_running_loop().create_task(self._close_session())
+                self._background.add(task)
+                task.add_done_callback(self._background.discard)
+            else:
+                await self._meta.close(self.inode, self.session_id, self._written_end)
         if err is not None:
             raise err
+
+    async def _close_session(self) -> None:
+        try:
+            await self._meta.close(self.inode, self.session_id, -1)
+        except (LoomError, OSError) as exc:
+            logger.warning("%s: closing the write session failed: %s", self.path, exc)
 
     def __repr__(self) -> str:
         state = "closed" if self.closed else f"pos={self._pos}"
