@@ -1,4 +1,8 @@
-"""Benchmark workloads against a running cluster, through the public client API."""
+"""Benchmark workloads, through the public client API or any ``BenchTarget``.
+
+Each function does one workload in this process and returns rates; ``bench.parallel`` runs
+them in several processes at once.
+"""
 
 from __future__ import annotations
 
@@ -49,8 +53,23 @@ def seq_read(fs: Any, path: str, block_bytes: int = 16 << 20) -> float:
     return total / (time.perf_counter() - t0)
 
 
-def random_reads(fs: Any, path: str, size_bytes: int, io_bytes: int, count: int, seed: int = 7) -> dict[str, float]:
-    """Random aligned reads of io_bytes, one at a time; returns IOPS and latency percentiles."""
+def percentile(sorted_values: list[float], q: float) -> float:
+    if not sorted_values:
+        return 0.0
+    return sorted_values[min(len(sorted_values) - 1, int(len(sorted_values) * q))]
+
+
+def cdf_points(sorted_values: list[float], points: int = 100) -> list[float]:
+    """``points`` evenly spaced quantiles of a sorted sample (for latency CDF plots)."""
+    if not sorted_values:
+        return []
+    n = len(sorted_values)
+    return [sorted_values[min(n - 1, int(i * n / points))] for i in range(points)] + [sorted_values[-1]]
+
+
+def random_reads(fs: Any, path: str, size_bytes: int, io_bytes: int, count: int, seed: int = 7) -> dict[str, Any]:
+    """Random aligned reads of io_bytes, one at a time; returns IOPS, latency percentiles (ms)
+    and a CDF sample (``cdf_ms``)."""
     rng = random.Random(seed)
     slots = max(1, size_bytes // io_bytes)
     buf = bytearray(io_bytes)
@@ -65,7 +84,9 @@ def random_reads(fs: Any, path: str, size_bytes: int, io_bytes: int, count: int,
             lat.append(time.perf_counter() - t)
         dt = time.perf_counter() - t0
     lat.sort()
-    return {"iops": count / dt, "p50_ms": lat[len(lat) // 2] * 1e3, "p99_ms": lat[int(len(lat) * 0.99)] * 1e3}
+    return {"iops": count / dt, "bytes_per_s": count * io_bytes / dt,
+            "p50_ms": percentile(lat, 0.5) * 1e3, "p95_ms": percentile(lat, 0.95) * 1e3,
+            "p99_ms": percentile(lat, 0.99) * 1e3, "cdf_ms": [x * 1e3 for x in cdf_points(lat)]}
 
 
 def creates_and_stats(fs: Any, dir_path: str, count: int) -> tuple[float, float]:
@@ -98,3 +119,58 @@ def pipelined_stats(fs: Any, dir_path: str, count: int, inflight: int = 64) -> f
         return count / (time.perf_counter() - t0)
 
     return float(fs.run(run()))
+
+
+def small_files(t: Any, dir_path: str, count: int, size_bytes: int, seed: int = 3) -> dict[str, float]:
+    """``count`` files of ``size_bytes``: create (write whole), stat, read back; files/s each."""
+    t.makedirs(dir_path)
+    data = memoryview(os.urandom(size_bytes))
+    paths = [f"{dir_path}/s{i:07d}" for i in range(count)]
+    t0 = time.perf_counter()
+    for p in paths:
+        t.write_file(p, data)
+    create = count / (time.perf_counter() - t0)
+    t0 = time.perf_counter()
+    for p in paths:
+        t.stat(p)
+    stat = count / (time.perf_counter() - t0)
+    order = paths[:]
+    random.Random(seed).shuffle(order)
+    t0 = time.perf_counter()
+    got = 0
+    for p in order:
+        got += len(t.read_file(p))
+    read = count / (time.perf_counter() - t0)
+    if got != count * size_bytes:
+        raise OSError(f"small-file read back {got} bytes, wrote {count * size_bytes}")
+    return {"create": create, "stat": stat, "read": read}
+
+
+def lookup_scaling(t: Any, dir_path: str, sizes: list[int], samples: int, seed: int = 5,
+                   tick: Any = None) -> list[dict[str, float]]:
+    """Grow one directory through ``sizes`` entries; at each size time ``samples`` stats of
+    random existing names and one miss each. Returns [{entries, stat_us, miss_us}]."""
+    rng = random.Random(seed)
+    t.makedirs(dir_path)
+    have = 0
+    out: list[dict[str, float]] = []
+    for n in sizes:
+        t.create_many(f"{dir_path}/e{i:08d}" for i in range(have, n))
+        have = n
+        names = [f"{dir_path}/e{rng.randrange(n):08d}" for _ in range(samples)]
+        t0 = time.perf_counter()
+        for p in names:
+            t.stat(p)
+        hit_us = (time.perf_counter() - t0) / samples * 1e6
+        misses = max(1, samples // 4)
+        t0 = time.perf_counter()
+        for i in range(misses):
+            try:
+                t.stat(f"{dir_path}/missing{i}")
+            except FileNotFoundError:
+                pass
+        miss_us = (time.perf_counter() - t0) / misses * 1e6
+        out.append({"entries": float(n), "stat_us": hit_us, "miss_us": miss_us})
+        if tick is not None:
+            tick()
+    return out

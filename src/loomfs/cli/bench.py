@@ -1,134 +1,101 @@
-"""``loomfs bench``: throughput and metadata rates next to this machine's raw limits."""
+"""``loomfs bench``: throughput, latency and metadata rates next to this machine's raw limits."""
 
 from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import tempfile
 from pathlib import Path
 from typing import Any
 
-from loomfs.bench import limits
-from loomfs.bench.workloads import (
-    Result,
-    creates_and_stats,
-    pipelined_stats,
-    random_reads,
-    seq_read,
-    seq_write,
-)
-from loomfs.cli.common import connect, human_bytes, parse_size
+from loomfs.cli.common import connect, parse_size, target
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("bench", help="benchmark a cluster against raw TCP / disk / memcpy limits")
-    p.add_argument("--quick", action="store_true", help="tiny sizes (a smoke run)")
-    p.add_argument("--size", type=parse_size, default=1 << 30, help="big-file size (default 1G)")
-    p.add_argument("--files", type=int, default=5000, help="files for the create/stat phase")
+    p.add_argument("--quick", action="store_true", help="tiny sizes (a smoke run, ~1 minute)")
+    p.add_argument("--size", type=parse_size, default=None, help="big-file size (default 1G)")
+    p.add_argument("--procs", type=int, default=None, help="client processes for the N-process big-file run (default 4, --quick 2); mdtest runs 1 and 4")
+    p.add_argument("--files", type=int, default=None, help="mdtest files per process (default 2000)")
+    p.add_argument("--lookup-sizes", default=None,
+                   help="directory sizes for the lookup-cost curve, comma list (default 1000,100000,1000000)")
     p.add_argument("--rounds", type=int, default=1, help="repeat and report medians")
     p.add_argument("--json", dest="json_path", default=None, help="write results as JSON here")
+    p.add_argument("--plot", dest="plot_path", default=None, help="draw the results into this PNG")
+    p.add_argument("--compare", dest="compare_dir", default=None,
+                   help="also run the file-level workloads in this directory (a local disk, another DFS)")
     p.add_argument("--start", action="store_true",
                    help="start a throwaway local cluster (3 storage nodes) instead of using --dir")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_bench)
 
 
-def _one_round(args: argparse.Namespace, fs: Any, lim: dict[str, float], rnd: int) -> list[Result]:
-    tcp = lim["loopback_tcp_Bps"]
-    size = args.size
-    files = args.files
-    if args.quick:
-        size, files = min(size, 64 << 20), min(files, 300)
-    base = f"/.bench/r{rnd}"
-    if fs.exists(base):
-        fs.rmtree(base)
-    fs.makedirs(base, exist_ok=True)
-    out: list[Result] = []
-    w, _ = seq_write(fs, f"{base}/big", size)
-    replicas = fs.get_layout(f"{base}/big")
-    reps = _replicas(args, fs, replicas)
-    out.append(Result("seq_write", w, "B/s", f"raw TCP / {reps} replicas", tcp / reps,
-                      {"disk_bound_Bps": lim["disk_write_Bps"] / reps}))  # all replicas share one disk
-    r = seq_read(fs, f"{base}/big")
-    out.append(Result("seq_read", r, "B/s", "raw TCP", tcp, {"disk_bound_Bps": lim["disk_read_Bps"]}))
-    rr = random_reads(fs, f"{base}/big", size, 4096, 300 if args.quick else 3000)
-    out.append(Result("rand_read_4k", rr["iops"], "IOPS", extra=rr))
-    c, s = creates_and_stats(fs, f"{base}/md", files)
-    out.append(Result("create", c, "ops/s", "JuiceFS+Redis mdtest", 1410))
-    out.append(Result("stat", s, "ops/s", "JuiceFS+Redis mdtest", 5023))
-    ps = pipelined_stats(fs, f"{base}/md", files)
-    out.append(Result("stat_pipelined_64", ps, "ops/s", "JuiceFS+Redis mdtest", 5023))
-    fs.rmtree(base)
-    return out
-
-
-def _replicas(args: argparse.Namespace, fs: Any, layout: Any) -> int:
-    from loomfs.cli.admin import fetch_routing
-
-    r = fetch_routing(args)
-    for t in r.tables:
-        if t.table_id == layout.table_id:
-            return int(t.replicas)
-    return 3
-
-
 def cmd_bench(args: argparse.Namespace) -> int:
+    cluster = None
     if args.start:
         from loomfs.testing.cluster import LocalCluster
 
         tmp = tempfile.mkdtemp(prefix="loomfs-bench-")
         cluster = LocalCluster(tmp)
+        print(f"starting a local cluster in {tmp} ...")
         cluster.start()
         args.cluster_dir = tmp
-    else:
-        cluster = None
     try:
         return _bench(args)
     finally:
         if cluster is not None:
+            import shutil
+
             cluster.stop()
+            shutil.rmtree(cluster.root, ignore_errors=True)
+
+
+def plan_from_args(args: argparse.Namespace) -> Any:
+    from loomfs.bench.suite import Plan
+
+    plan = Plan.quick() if args.quick else Plan()
+    if args.size is not None:
+        plan.big_bytes = args.size
+    if args.procs is not None:
+        plan.procs = args.procs
+    if args.files is not None:
+        plan.md_files = args.files
+    if args.lookup_sizes:
+        plan.lookup_sizes = [int(x) for x in args.lookup_sizes.split(",") if x.strip()]
+    plan.rounds = max(1, args.rounds)
+    return plan
+
+
+def _replicas(args: argparse.Namespace, fs: Any) -> int:
+    from loomfs.cli.admin import fetch_routing
+
+    fs.makedirs("/.bench", exist_ok=True)
+    layout = fs.get_layout("/.bench")
+    r = fetch_routing(args)
+    for t in r.tables:
+        if layout is None or not layout.table_id or t.table_id == layout.table_id:
+            return int(t.replicas)
+    return 3
 
 
 def _bench(args: argparse.Namespace) -> int:
-    tcp_total = (256 << 20) if args.quick else (2 << 30)
-    print("measuring raw limits ...")
-    tcp = limits.loopback_tcp_bytes_per_s(tcp_total)
-    mem = limits.memcpy_bytes_per_s()
+    from loomfs.bench.report import plot, table_lines
+    from loomfs.bench.suite import run_bench
+    from loomfs.bench.targets import BenchTarget, LocalTarget, LoomTarget
+
+    plan = plan_from_args(args)
     disk_dir = args.cluster_dir if args.cluster_dir and Path(args.cluster_dir).is_dir() else tempfile.gettempdir()
-    dw, dr = limits.disk_write_read_bytes_per_s(disk_dir, (128 << 20) if args.quick else (512 << 20))
-    lim = {"loopback_tcp_Bps": tcp, "memcpy_Bps": mem, "disk_write_Bps": dw, "disk_read_Bps": dr}
-    print(f"  raw loopback TCP (one stream, 2 processes): {human_bytes(tcp)}/s")
-    print(f"  local disk, 4 MiB O_DIRECT files: write {human_bytes(dw)}/s, read {human_bytes(dr)}/s")
-    print(f"  memcpy: {human_bytes(mem)}/s")
-    rounds: list[list[Result]] = []
     with connect(args) as fs:
-        for i in range(args.rounds):
-            print(f"round {i + 1}/{args.rounds} ...")
-            rounds.append(_one_round(args, fs, lim, i))
-    merged: list[Result] = []
-    for j, first in enumerate(rounds[0]):
-        vals = [r[j].value for r in rounds]
-        merged.append(Result(first.name, statistics.median(vals), first.unit, first.limit_name,
-                             first.limit_value, {"values": vals, **first.extra}))
-    print(f"\n{'workload':<20} {'median':>14} {'limit':>30} {'ratio':>7} {'vs disk':>8}")
-    for r in merged:
-        v = f"{human_bytes(r.value)}/s" if r.unit == "B/s" else f"{r.value:,.0f} {r.unit}"
-        lim_text = ""
-        if r.limit_value:
-            lv = f"{human_bytes(r.limit_value)}/s" if r.unit == "B/s" else f"{r.limit_value:,.0f}"
-            lim_text = f"{r.limit_name} {lv}"
-        ratio = f"{r.ratio:.2f}" if r.ratio is not None else "-"
-        disk = r.extra.get("disk_bound_Bps")
-        vs_disk = f"{r.value / disk:.2f}" if disk else ""
-        print(f"{r.name:<20} {v:>14} {lim_text:>30} {ratio:>7} {vs_disk:>8}")
-        if r.name == "rand_read_4k":
-            print(f"{'':<20} p50 {r.extra['p50_ms']:.2f} ms, p99 {r.extra['p99_ms']:.2f} ms")
+        replicas = _replicas(args, fs)
+        targets: list[BenchTarget] = [LoomTarget(target(args), fs)]
+        if args.compare_dir:
+            targets.append(LocalTarget(args.compare_dir))
+        doc = run_bench(targets, plan, replicas, disk_dir, quick=args.quick, show_progress=not args.no_progress)
+    print("\n".join(table_lines(doc)))
     if args.json_path:
-        doc = {
-            "limits": lim,
-            "results": [{"name": r.name, "value": r.value, "unit": r.unit, "limit_name": r.limit_name,
-                         "limit_value": r.limit_value, "ratio": r.ratio, "extra": r.extra} for r in merged],
-        }
         Path(args.json_path).write_text(json.dumps(doc, indent=2))
         print(f"results written to {args.json_path}")
+    if args.plot_path:
+        plot(doc, args.plot_path)
+        print(f"plot written to {args.plot_path}")
     return 0

@@ -1,0 +1,133 @@
+"""Printing and plotting a bench document (the JSON ``suite.run_bench`` returns)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from loomfs.cli.common import human_bytes
+
+
+def fmt_value(value: float, unit: str) -> str:
+    if unit == "B/s":
+        return f"{human_bytes(value)}/s"
+    if unit == "us/op":
+        return f"{value:,.1f} us"
+    return f"{value:,.0f} {unit}"
+
+
+def table_lines(doc: dict[str, Any]) -> list[str]:
+    """The results table: value, limit, ratio to it, vs disk, and the --compare target."""
+    lines = []
+    lim = doc["limits"]
+    lines.append(f"raw loopback TCP: {human_bytes(lim['loopback_tcp_Bps'])}/s one stream, "
+                 f"{human_bytes(lim['loopback_tcp_2streams_Bps'])}/s two streams; round trips "
+                 f"{lim['round_trips_per_s']:,.0f}/s one pair, {lim['round_trips_2pairs_per_s']:,.0f}/s two")
+    lines.append(f"local disk: O_DIRECT 4 MiB files write {human_bytes(lim['disk_write_Bps'])}/s, read "
+                 f"{human_bytes(lim['disk_read_Bps'])}/s; fsync'd file write "
+                 f"{human_bytes(lim['disk_fsync_write_Bps'])}/s, read {human_bytes(lim['disk_fsync_read_Bps'])}/s; "
+                 f"memcpy {human_bytes(lim['memcpy_Bps'])}/s")
+    main = [r for r in doc["results"] if r["target"] == "loomfs"]
+    other = {r["name"]: r for r in doc["results"] if r["target"] != "loomfs"}
+    cmp = bool(other)
+    head = f"{'workload':<26} {'median':>14} {'limit':>40} {'ratio':>7} {'vs disk':>8}"
+    if cmp:
+        head += f" {'compare':>14} {'x compare':>9}"
+    lines += ["", head]
+    for r in main or list(other.values()):
+        lim_text = ""
+        if r["limit_value"]:
+            lim_text = f"{r['limit_name']} {fmt_value(r['limit_value'], r['unit'])}"
+        ratio = f"{r['ratio']:.2f}" if r["ratio"] is not None else "-"
+        disk = r["extra"].get("disk_bound_Bps")
+        vs_disk = f"{r['value'] / disk:.2f}" if disk else ""
+        line = f"{r['name']:<26} {fmt_value(r['value'], r['unit']):>14} {lim_text:>40} {ratio:>7} {vs_disk:>8}"
+        o = other.get(r["name"])
+        if cmp and o is not None and main:
+            lower_better = r["unit"] == "us/op"
+            x = (o["value"] / r["value"] if lower_better else r["value"] / o["value"]) if o["value"] and r["value"] else math.nan
+            line += f" {fmt_value(o['value'], o['unit']):>14} {x:>9.2f}"
+        lines.append(line)
+        if r["name"].startswith("rand_read"):
+            e = r["extra"]
+            lines.append(f"{'':<26} p50 {e['p50_ms']:.2f} ms, p95 {e['p95_ms']:.2f} ms, p99 {e['p99_ms']:.2f} ms")
+    return lines
+
+
+def plot(doc: dict[str, Any], path: str) -> None:
+    """Four panels: throughput vs limits, latency CDFs, lookup cost vs directory size, mdtest."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    targets = doc["targets"]
+    by = {(r["target"], r["name"]): r for r in doc["results"]}
+    fig, axes = plt.subplots(2, 2, figsize=(15, 10))
+    title = "LoomFS bench" + (" (--quick)" if doc.get("quick") else "") + f", {doc.get('replicas', '?')} replicas"
+    fig.suptitle(title)
+
+    ax = axes[0][0]
+    names = [r["name"] for r in doc["results"] if r["unit"] == "B/s" and r["target"] == targets[0]]
+    width = 0.8 / (len(targets) + 1)
+    for i, t in enumerate(targets):
+        vals = [by[(t, n)]["value"] / 2**20 if (t, n) in by else 0 for n in names]
+        ax.bar([x + i * width for x in range(len(names))], vals, width, label=t[:40])
+    lims = [by[(targets[0], n)]["limit_value"] / 2**20 for n in names]
+    ax.bar([x + len(targets) * width for x in range(len(names))], lims, width, label="raw limit",
+           color="lightgray", edgecolor="gray")
+    for x, n in enumerate(names):
+        d = by[(targets[0], n)]["extra"].get("disk_bound_Bps")
+        if d:
+            ax.hlines(d / 2**20, x - width / 2, x + len(targets) * width + width / 2, colors="red",
+                      linestyles="dashed", label="disk bound" if x == 0 else None)
+    ax.set_xticks([x + width * len(targets) / 2 for x in range(len(names))], names, rotation=20)
+    ax.set_ylabel("MiB/s")
+    ax.set_title("sequential throughput vs raw limits")
+    ax.legend(fontsize=8)
+
+    ax = axes[0][1]
+    for t in targets:
+        for n in ("rand_read_4k", "rand_read_64k"):
+            r = by.get((t, n))
+            if r and r["extra"].get("cdf_ms"):
+                cdf = r["extra"]["cdf_ms"]
+                ax.plot(cdf, [i / (len(cdf) - 1) for i in range(len(cdf))], label=f"{n} {t[:30]}")
+    ax.set_xscale("log")
+    ax.set_xlabel("latency (ms, log)")
+    ax.set_ylabel("fraction of reads")
+    ax.set_title("random read latency CDF")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+
+    ax = axes[1][0]
+    for t in targets:
+        rows = sorted((r for r in doc["results"] if r["target"] == t and r["name"].startswith("lookup_")),
+                      key=lambda r: r["extra"]["entries"])
+        if rows:
+            xs = [r["extra"]["entries"] for r in rows]
+            ax.plot(xs, [r["value"] for r in rows], "o-", label=f"stat hit {t[:30]}")
+            ax.plot(xs, [r["extra"]["miss_us"] for r in rows], "x--", label=f"stat miss {t[:30]}")
+    rtt = doc["limits"]["round_trips_per_s"]
+    ax.axhline(1e6 / rtt, color="gray", linestyle=":", label="raw round trip")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("entries in the directory")
+    ax.set_ylabel("us per lookup")
+    ax.set_title("metadata cost vs directory size")
+    ax.legend(fontsize=8)
+
+    ax = axes[1][1]
+    md = [r["name"] for r in doc["results"] if r["name"].startswith(("md_", "small_")) and r["target"] == targets[0]]
+    for i, t in enumerate(targets):
+        vals = [by[(t, n)]["value"] if (t, n) in by else 0 for n in md]
+        ax.barh([y + i * 0.8 / len(targets) for y in range(len(md))], vals, 0.8 / len(targets), label=t[:40])
+    ax.set_yticks(range(len(md)), md, fontsize=7)
+    ax.set_xscale("log")
+    ax.set_xlabel("ops/s (log)")
+    ax.set_title("metadata and small files")
+    ax.legend(fontsize=8)
+
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)

@@ -1,0 +1,224 @@
+"""The whole benchmark: raw limits, then every workload against each target, with progress.
+
+``run_bench(targets, plan, replicas)`` returns a JSON-ready document; ``bench.report``
+prints and plots it. Every figure carries the raw limit it is compared with.
+"""
+
+from __future__ import annotations
+
+import statistics
+import tempfile
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from loomfs.bench import limits
+from loomfs.bench.parallel import parallel_bigfile, parallel_mdtest
+from loomfs.bench.targets import BenchTarget
+from loomfs.bench.workloads import (
+    Result,
+    lookup_scaling,
+    random_reads,
+    seq_read,
+    seq_write,
+    small_files,
+)
+
+SCHEMA_VERSION = 2
+READDIR_ENTRY_BYTES = 256  # readdir's bound: entries with attributes over raw TCP
+
+
+@dataclass
+class Plan:
+    big_bytes: int = 1 << 30
+    procs: int = 4
+    big_each_bytes: int = 256 << 20
+    rand_4k_count: int = 3000
+    rand_64k_count: int = 1000
+    md_files: int = 2000  # per process
+    md_procs: tuple[int, ...] = (1, 4)
+    lookup_sizes: list[int] = field(default_factory=lambda: [1000, 100_000, 1_000_000])
+    lookup_samples: int = 2000
+    small: list[tuple[int, int]] = field(default_factory=lambda: [(20_000, 4096), (2_000, 128 << 10)])
+    tcp_bytes: int = 2 << 30
+    rtt_count: int = 20_000
+    disk_bytes: int = 512 << 20
+    rounds: int = 1
+
+    @classmethod
+    def quick(cls) -> Plan:
+        return cls(big_bytes=32 << 20, procs=2, big_each_bytes=8 << 20, rand_4k_count=200,
+                   rand_64k_count=100, md_files=100, lookup_sizes=[100, 1000, 3000], lookup_samples=200,
+                   small=[(200, 4096), (40, 128 << 10)], tcp_bytes=64 << 20, rtt_count=2000,
+                   disk_bytes=32 << 20)
+
+
+def measure_limits(plan: Plan, disk_dir: str, step: Callable[[str], None]) -> dict[str, float]:
+    step("raw loopback TCP, 1 and 2 streams")
+    tcp1 = limits.loopback_tcp_bytes_per_s(plan.tcp_bytes)
+    tcp2 = limits.loopback_tcp_bytes_per_s(plan.tcp_bytes // 2, streams=2)
+    step("raw loopback round trips, 1 and 2 pairs")
+    rtt1 = limits.loopback_round_trips_per_s(plan.rtt_count)
+    rtt2 = limits.loopback_round_trips_per_s(plan.rtt_count, pairs=2)
+    step("local disk: O_DIRECT chunk files, fsync'd file")
+    dw, dr = limits.disk_write_read_bytes_per_s(disk_dir, plan.disk_bytes)
+    fw, fr = limits.disk_fsync_write_read_bytes_per_s(disk_dir, plan.disk_bytes)
+    step("memcpy")
+    mem = limits.memcpy_bytes_per_s()
+    return {
+        "loopback_tcp_Bps": tcp1, "loopback_tcp_2streams_Bps": tcp2,
+        "round_trips_per_s": rtt1, "round_trips_2pairs_per_s": rtt2,
+        "disk_write_Bps": dw, "disk_read_Bps": dr,
+        "disk_fsync_write_Bps": fw, "disk_fsync_read_Bps": fr,
+        "memcpy_Bps": mem,
+    }
+
+
+class _Limits:
+    """Which raw limit a figure is held against, for a cluster (network) or a local directory."""
+
+    def __init__(self, lim: dict[str, float], replicas: int, local: bool):
+        self.lim, self.replicas, self.local = lim, replicas, local
+
+    def write(self, streams: int) -> tuple[str, float, dict[str, Any]]:
+        if self.local:
+            return "local disk write+fsync", self.lim["disk_fsync_write_Bps"], {}
+        tcp = self.lim["loopback_tcp_Bps" if streams == 1 else "loopback_tcp_2streams_Bps"]
+        name = f"raw TCP x{min(streams, 2)} / {self.replicas} replicas"
+        return name, tcp / self.replicas, {"disk_bound_Bps": self.lim["disk_write_Bps"] / self.replicas}
+
+    def read(self, streams: int) -> tuple[str, float, dict[str, Any]]:
+        if self.local:
+            return "local disk read", self.lim["disk_fsync_read_Bps"], {}
+        tcp = self.lim["loopback_tcp_Bps" if streams == 1 else "loopback_tcp_2streams_Bps"]
+        return f"raw TCP x{min(streams, 2)}", tcp, {"disk_bound_Bps": self.lim["disk_read_Bps"]}
+
+    def ops(self, procs: int, io_bytes: int = 0) -> tuple[str, float]:
+        if self.local:
+            return "", 0.0
+        rtt = self.lim["round_trips_per_s" if procs == 1 else "round_trips_2pairs_per_s"]
+        name = "raw round trips" + ("" if procs == 1 else " x2")
+        if io_bytes:
+            by_bw = self.lim["loopback_tcp_Bps"] / io_bytes
+            if by_bw < rtt:
+                return f"raw TCP / {io_bytes >> 10} KiB", by_bw
+        return name, rtt
+
+
+def run_target(t: BenchTarget, plan: Plan, lim: dict[str, float], replicas: int, rnd: int,
+               step: Callable[[str], None]) -> list[Result]:
+    local = t.spec[0] == "local"
+    L = _Limits(lim, 1 if local else replicas, local)
+    base = f"/.bench/r{rnd}"
+    t.rmtree(base)
+    t.makedirs(base)
+    out: list[Result] = []
+    tag = "" if not local else " (compare)"
+
+    step(f"big file write/read, 1 process{tag}")
+    w, _ = seq_write(t, f"{base}/big", plan.big_bytes)
+    n, v, ex = L.write(1)
+    out.append(Result("seq_write", w, "B/s", n, v, ex))
+    t.drop_cache(f"{base}/big")
+    r = seq_read(t, f"{base}/big")
+    n, v, ex = L.read(1)
+    out.append(Result("seq_read", r, "B/s", n, v, ex))
+
+    for io, count in ((4096, plan.rand_4k_count), (64 << 10, plan.rand_64k_count)):
+        step(f"random {io >> 10} KiB reads{tag}")
+        rr = random_reads(t, f"{base}/big", plan.big_bytes, io, count)
+        n, v = L.ops(1, io)
+        out.append(Result(f"rand_read_{io >> 10}k", rr["iops"], "IOPS", n, v, rr))
+
+    step(f"big files, {plan.procs} processes{tag}")
+    t.makedirs(f"{base}/par")
+    par = parallel_bigfile(t.spec, f"{base}/par", plan.procs, plan.big_each_bytes)
+    n, v, ex = L.write(plan.procs)
+    out.append(Result(f"seq_write_{plan.procs}p", par["write"], "B/s", n, v, {"procs": plan.procs, **ex}))
+    n, v, ex = L.read(plan.procs)
+    out.append(Result(f"seq_read_{plan.procs}p", par["read"], "B/s", n, v, {"procs": plan.procs, **ex}))
+    t.rmtree(f"{base}/par")
+    t.rmtree(f"{base}/big")
+
+    for procs in plan.md_procs:
+        for shared in (True, False):
+            mode = "shared" if shared else "perproc"
+            step(f"mdtest {procs} process(es), {mode} dir{tag}")
+            d = f"{base}/md{procs}{mode}"
+            t.makedirs(d)
+            md = parallel_mdtest(t.spec, d, procs, plan.md_files, shared=shared)
+            for phase in ("create", "stat", "readdir", "unlink"):
+                if phase == "readdir":
+                    n, v = ("", 0.0) if local else (f"raw TCP / {READDIR_ENTRY_BYTES} B", lim["loopback_tcp_Bps"] / READDIR_ENTRY_BYTES)
+                    unit = "entries/s"
+                else:
+                    n, v = L.ops(procs)
+                    unit = "ops/s"
+                out.append(Result(f"md_{phase}_{procs}p_{mode}", md[phase], unit, n, v,
+                                  {"procs": procs, "files_per_proc": plan.md_files}))
+            t.rmtree(d)
+
+    for count, size in plan.small:
+        label = f"{size >> 10}k"
+        step(f"small files {count} x {label}{tag}")
+        sf = small_files(t, f"{base}/small{label}", count, size)
+        for phase in ("create", "stat", "read"):
+            n, v = L.ops(1, size if phase != "stat" else 0)
+            out.append(Result(f"small_{label}_{phase}", sf[phase], "files/s", n, v, {"files": count, "size_bytes": size}))
+        t.rmtree(f"{base}/small{label}")
+
+    step(f"lookup cost vs directory size {plan.lookup_sizes}{tag}")
+    scaling = lookup_scaling(t, f"{base}/huge", plan.lookup_sizes, plan.lookup_samples)
+    rtt_us = 1e6 / lim["round_trips_per_s"]
+    for row in scaling:
+        n_ent = int(row["entries"])
+        out.append(Result(f"lookup_{n_ent}", row["stat_us"], "us/op", "" if local else "raw round trip (us)",
+                          0.0 if local else rtt_us, {"entries": n_ent, "miss_us": row["miss_us"]}))
+    t.rmtree(f"{base}/huge")
+    t.rmtree(base)
+    return out
+
+
+def merge_rounds(rounds: list[list[Result]]) -> list[Result]:
+    merged = []
+    for j, first in enumerate(rounds[0]):
+        vals = [r[j].value for r in rounds]
+        merged.append(Result(first.name, statistics.median(vals), first.unit, first.limit_name,
+                             first.limit_value, {**first.extra, "values": vals}))
+    return merged
+
+
+def steps_total(plan: Plan, targets: int) -> int:
+    per_target = 1 + 2 + 1 + 2 * len(plan.md_procs) + len(plan.small) + 1
+    return 4 + per_target * targets * plan.rounds
+
+
+def run_bench(targets: list[BenchTarget], plan: Plan, replicas: int, disk_dir: str | None = None,
+              *, quick: bool = False, show_progress: bool = True) -> dict[str, Any]:
+    disk_dir = disk_dir or tempfile.gettempdir()
+    progress = Progress(TextColumn("{task.description:<52}"), BarColumn(), MofNCompleteColumn(),
+                        TimeElapsedColumn(), disable=not show_progress)
+    with progress:
+        task = progress.add_task("raw limits", total=steps_total(plan, len(targets)))
+        first = [True]
+
+        def step(text: str) -> None:
+            if not first[0]:
+                progress.advance(task)
+            first[0] = False
+            progress.update(task, description=text)
+
+        lim = measure_limits(plan, disk_dir, step)
+        results: list[dict[str, Any]] = []
+        for t in targets:
+            rounds = [run_target(t, plan, lim, replicas, i, step) for i in range(plan.rounds)]
+            for r in merge_rounds(rounds):
+                results.append({"name": r.name, "target": t.name, "value": r.value, "unit": r.unit,
+                                "limit_name": r.limit_name, "limit_value": r.limit_value,
+                                "ratio": r.ratio, "extra": r.extra})
+        progress.advance(task)
+        progress.update(task, description="done")
+    return {"schema": SCHEMA_VERSION, "quick": quick, "rounds": plan.rounds, "replicas": replicas,
+            "plan": asdict(plan), "limits": lim, "targets": [t.name for t in targets], "results": results}

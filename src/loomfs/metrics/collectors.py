@@ -1,0 +1,267 @@
+"""Collectors that read counters from service objects at scrape time (no work per request).
+
+Each takes the live object and yields metric families when ``/metrics`` is scraped:
+``StorageCollector(service, node_id)``, ``MetaCollector(store, namespace)``,
+``MgmtdCollector(state)``, ``ClientCollector(client)``. Attributes that other components
+add later (resync/scrub progress, store conflicts) are read with ``getattr`` so a missing
+one only leaves its metric out. ``instrument_engines`` / ``instrument_meta_store`` wrap
+instance methods to time disk operations and store transactions.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
+from contextlib import asynccontextmanager
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from loomfs.net.buffers import DEFAULT_POOL, BufferPool
+from loomfs.wire.types import NodeKind, NodeState, TargetState
+
+DISK_BUCKETS_S = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
+                  0.1, 0.25, 0.5, 1.0, 5.0)
+
+# progress sources: name -> function returning {target_id: (done_units, total_units)}
+ProgressFn = Callable[[], Mapping[int, tuple[float, float]]]
+
+
+def _counter(name: str, doc: str, value: float) -> CounterMetricFamily:
+    return CounterMetricFamily(name, doc, value=value)
+
+
+class StorageCollector(Collector):
+    """Per-target usage and chunk counts, forwarding counters, optional recovery progress."""
+
+    def __init__(self, service: Any, node_id: int = 0, *, progress: Mapping[str, ProgressFn] | None = None):
+        self.service = service
+        self.node_id = node_id
+        self.progress = dict(progress or {})
+
+    def collect(self) -> Iterable[Metric]:
+        labels = ["node", "target"]
+        used = GaugeMetricFamily("loomfs_storage_target_used_bytes", "bytes of chunk data", labels=labels)
+        cap = GaugeMetricFamily("loomfs_storage_target_capacity_bytes", "target capacity", labels=labels)
+        free = GaugeMetricFamily("loomfs_storage_target_free_bytes", "capacity - used", labels=labels)
+        chunks = GaugeMetricFamily("loomfs_storage_target_chunks", "committed chunks", labels=labels)
+        node = str(self.node_id)
+        for tid, t in sorted(self.service.targets.items()):
+            u = t.engine.usage()
+            lv = [node, str(tid)]
+            used.add_metric(lv, u.used_bytes)
+            cap.add_metric(lv, u.capacity_bytes)
+            free.add_metric(lv, max(0, u.capacity_bytes - u.used_bytes))
+            chunks.add_metric(lv, u.chunk_count)
+        yield from (used, cap, free, chunks)
+        yield _counter("loomfs_storage_forwards", "updates forwarded to successors",
+                       getattr(self.service, "forwards_total", 0))
+        yield _counter("loomfs_storage_reforwards", "updates re-forwarded after a chain change",
+                       getattr(self.service, "reforwards_total", 0))
+        tags = getattr(self.service, "tags", None)
+        if tags is not None:
+            yield _counter("loomfs_storage_dedupe_hits", "replayed writes answered from the tag cache",
+                           getattr(tags, "hits", 0))
+        for kind, fn in sorted(self.progress.items()):
+            done = GaugeMetricFamily(f"loomfs_storage_{kind}_done_units", f"{kind} progress: done",
+                                     labels=labels)
+            total = GaugeMetricFamily(f"loomfs_storage_{kind}_total_units", f"{kind} progress: total",
+                                      labels=labels)
+            for tid, (d, n) in sorted(fn().items()):
+                done.add_metric([node, str(tid)], d)
+                total.add_metric([node, str(tid)], n)
+            yield done
+            yield total
+
+
+class MetaCollector(Collector):
+    """Store commits, conflicts (when the store counts them)."""
+
+    def __init__(self, store: Any, namespace: Any = None):
+        self.store = store
+        self.namespace = namespace
+
+    def collect(self) -> Iterable[Metric]:
+        yield _counter("loomfs_meta_store_commits", "committed write transactions",
+                       getattr(self.store, "commits", 0))
+        for attr in ("conflicts", "conflicts_total"):
+            if hasattr(self.store, attr):
+                yield _counter("loomfs_meta_store_conflicts", "transactions retried after a conflict",
+                               getattr(self.store, attr))
+                break
+
+
+class MgmtdCollector(Collector):
+    """Cluster view: routing version, nodes by kind/state, targets by state, resync left."""
+
+    def __init__(self, state: Any):
+        self.state = state
+
+    def collect(self) -> Iterable[Metric]:
+        r = self.state.routing()
+        yield GaugeMetricFamily("loomfs_mgmtd_routing_version", "routing version", value=r.version)
+        nodes = GaugeMetricFamily("loomfs_mgmtd_nodes", "nodes by kind and state", labels=["kind", "state"])
+        counts: dict[tuple[str, str], int] = {}
+        for n in r.nodes:
+            key = (_enum_name(NodeKind, n.kind), _enum_name(NodeState, n.state))
+            counts[key] = counts.get(key, 0) + 1
+        for (k, s), v in sorted(counts.items()):
+            nodes.add_metric([k, s], v)
+        yield nodes
+        targets = GaugeMetricFamily("loomfs_mgmtd_targets", "targets by state", labels=["state"])
+        by_state: dict[str, int] = {s.name.lower(): 0 for s in TargetState}
+        for t in r.targets:
+            by_state[_enum_name(TargetState, t.state)] = by_state.get(_enum_name(TargetState, t.state), 0) + 1
+        for s, v in sorted(by_state.items()):
+            targets.add_metric([s], v)
+        yield targets
+        yield GaugeMetricFamily("loomfs_mgmtd_chains", "chains", value=len(r.chains))
+        left = GaugeMetricFamily("loomfs_mgmtd_target_sync_bytes_left", "resync bytes left",
+                                 labels=["target"])
+        for t in r.targets:
+            if getattr(t, "sync_bytes_left", 0):
+                left.add_metric([str(t.target_id)], t.sync_bytes_left)
+        yield left
+        used = sum(t.used_bytes for t in r.targets)
+        cap = sum(t.capacity_bytes for t in r.targets)
+        yield GaugeMetricFamily("loomfs_mgmtd_used_bytes", "bytes used over all targets", value=used)
+        yield GaugeMetricFamily("loomfs_mgmtd_capacity_bytes", "capacity over all targets", value=cap)
+
+
+class ClientCollector(Collector):
+    """Client caches and retries: read-ahead hits/misses, buffer pool hits/misses, RPC retries."""
+
+    def __init__(self, client: Any, pool: BufferPool = DEFAULT_POOL):
+        self.client = client  # an AsyncClient (or anything with the same attributes)
+        self.pool = pool
+
+    def _readahead(self) -> tuple[float, float, float]:
+        c = self.client
+        if hasattr(c, "readahead_hits_total"):
+            return (c.readahead_hits_total, getattr(c, "readahead_misses_total", 0),
+                    getattr(c, "readahead_fetches_total", 0))
+        hits = misses = fetches = 0
+        for f in list(getattr(c, "_open_files", ())):
+            cache = getattr(f, "_cache", None)
+            if cache is not None:
+                hits += cache.hits
+                misses += cache.misses
+                fetches += cache.fetches
+        return hits, misses, fetches
+
+    def collect(self) -> Iterable[Metric]:
+        hits, misses, fetches = self._readahead()
+        yield _counter("loomfs_client_readahead_hits", "reads served from the read-ahead cache", hits)
+        yield _counter("loomfs_client_readahead_misses", "reads that missed the read-ahead cache", misses)
+        yield _counter("loomfs_client_readahead_fetches", "chunks fetched ahead", fetches)
+        yield _counter("loomfs_client_buffer_pool_hits", "buffers reused from the pool", self.pool.hits)
+        yield _counter("loomfs_client_buffer_pool_misses", "fresh buffers allocated", self.pool.misses)
+        rpc = getattr(self.client, "rpc", None)
+        if rpc is not None:
+            yield _counter("loomfs_client_rpc_retries", "RPC attempts retried", rpc.retries_total)
+            yield _counter("loomfs_client_rpc_attempts", "RPC attempts made", rpc.calls_total)
+        storage = getattr(self.client, "storage", None)
+        yield _counter("loomfs_client_storage_retries", "chunk operations retried (tail, routing)",
+                       getattr(storage, "retries_total", 0))
+        meta = getattr(self.client, "meta", None)
+        yield _counter("loomfs_client_meta_failovers", "switches to another meta server",
+                       getattr(meta, "failovers", 0))
+        yield GaugeMetricFamily("loomfs_client_open_files", "files open in this client",
+                                value=len(getattr(self.client, "_open_files", ())))
+
+
+def _enum_name(enum: Any, value: int) -> str:
+    try:
+        return str(enum(value).name.lower())
+    except ValueError:
+        return str(value)
+
+
+# ---- instrumentation by wrapping instance methods ------------------------------------------
+
+def instrument_engines(targets: Iterable[Any], registry: CollectorRegistry) -> Histogram:
+    """Time every engine read / stage_write / commit of these ``StorageTarget``s."""
+    hist = Histogram("loomfs_storage_disk_seconds", "chunk engine operation latency",
+                     ["target", "op"], buckets=DISK_BUCKETS_S, registry=registry)
+    for t in targets:
+        engine = t.engine
+        for op in ("read", "stage_write"):
+            _wrap_sync(engine, op, hist.labels(str(t.target_id), op))
+        for op in ("aread", "astage_write", "commit"):
+            _wrap_async(engine, op, hist.labels(str(t.target_id), op.removeprefix("a")))
+    return hist
+
+
+def _wrap_sync(obj: Any, name: str, child: Histogram) -> None:
+    fn = getattr(obj, name, None)
+    if fn is None or getattr(fn, "__loomfs_timed__", False):
+        return
+
+    @functools.wraps(fn)
+    def timed(*a: Any, **kw: Any) -> Any:
+        t0 = time.perf_counter()
+        try:
+            return fn(*a, **kw)
+        finally:
+            child.observe(time.perf_counter() - t0)
+
+    timed.__loomfs_timed__ = True  # type: ignore[attr-defined]
+    setattr(obj, name, timed)
+
+
+def _wrap_async(obj: Any, name: str, child: Histogram) -> None:
+    fn = getattr(obj, name, None)
+    if fn is None or getattr(fn, "__loomfs_timed__", False):
+        return
+
+    @functools.wraps(fn)
+    async def timed(*a: Any, **kw: Any) -> Any:
+        t0 = time.perf_counter()
+        try:
+            return await fn(*a, **kw)
+        finally:
+            child.observe(time.perf_counter() - t0)
+
+    timed.__loomfs_timed__ = True  # type: ignore[attr-defined]
+    setattr(obj, name, timed)
+
+
+def instrument_meta_store(store: Any, registry: CollectorRegistry) -> Histogram:
+    """Time the store's read/write transactions (lock wait included) and count failed ones."""
+    hist = Histogram("loomfs_meta_txn_seconds", "metadata store transaction latency", ["kind"],
+                     buckets=DISK_BUCKETS_S, registry=registry)
+    from prometheus_client import Counter
+
+    failed = Counter("loomfs_meta_txn_failed", "transactions that raised (rolled back)", ["kind"],
+                     registry=registry)
+    for kind in ("read", "write"):
+        fn = getattr(store, kind, None)
+        if fn is None or getattr(fn, "__loomfs_timed__", False):
+            continue
+        setattr(store, kind, _timed_txn(fn, hist.labels(kind), failed.labels(kind)))
+    return hist
+
+
+def _timed_txn(fn: Callable[[], Any], child: Histogram, failed: Any) -> Callable[[], Any]:
+    @asynccontextmanager
+    async def timed() -> AsyncIterator[Any]:
+        t0 = time.perf_counter()
+        try:
+            async with fn() as txn:
+                yield txn
+        except BaseException:
+            failed.inc()
+            raise
+        finally:
+            child.observe(time.perf_counter() - t0)
+
+    timed.__loomfs_timed__ = True  # type: ignore[attr-defined]
+    return timed
+
+
+def families(collector: Collector) -> Iterator[Metric]:
+    """What ``collector`` yields now (for tests and ``loomfs top`` in-process)."""
+    yield from collector.collect()

@@ -1,0 +1,54 @@
+"""``loomfs bench --quick`` as a smoke run: the JSON has every workload, every figure is
+positive and carries its limit, the PNG is drawn. No timing assertions."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
+
+EXPECTED = {
+    "seq_write", "seq_read", "rand_read_4k", "rand_read_64k", "seq_write_2p", "seq_read_2p",
+    *(f"md_{ph}_{p}p_{mode}" for ph in ("create", "stat", "readdir", "unlink") for p in (1, 4)
+      for mode in ("shared", "perproc")),
+    *(f"small_{s}_{ph}" for s in ("4k", "128k") for ph in ("create", "stat", "read")),
+    "lookup_100", "lookup_1000", "lookup_3000",
+}
+LIMIT_KEYS = {"loopback_tcp_Bps", "loopback_tcp_2streams_Bps", "round_trips_per_s", "round_trips_2pairs_per_s",
+              "disk_write_Bps", "disk_read_Bps", "disk_fsync_write_Bps", "disk_fsync_read_Bps", "memcpy_Bps"}
+
+
+def test_bench_quick_json_plot_and_compare(cluster, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    out, png, cmp_dir = tmp_path / "bench.json", tmp_path / "bench.png", tmp_path / "compare"
+    proc = subprocess.run(
+        [sys.executable, "-m", "loomfs.cli.main", "--dir", str(cluster.root), "bench", "--quick",
+         "--json", str(out), "--plot", str(png), "--compare", str(cmp_dir), "--no-progress"],
+        capture_output=True, text=True, timeout=200,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    doc = json.loads(out.read_text())
+    assert doc["schema"] == 2 and doc["quick"] is True and doc["replicas"] == cluster.replicas
+    assert set(doc["limits"]) == LIMIT_KEYS and all(v > 0 for v in doc["limits"].values())
+    assert doc["targets"] == ["loomfs", f"compare:{cmp_dir}"]
+    for tgt in doc["targets"]:
+        rows = {r["name"]: r for r in doc["results"] if r["target"] == tgt}
+        assert set(rows) == EXPECTED, set(rows) ^ EXPECTED
+        for r in rows.values():
+            assert r["value"] > 0 and math.isfinite(r["value"]), r
+    for r in (r for r in doc["results"] if r["target"] == "loomfs"):
+        assert r["limit_value"] > 0 and r["ratio"] == pytest.approx(r["value"] / r["limit_value"]), r
+    rr = next(r for r in doc["results"] if r["name"] == "rand_read_4k" and r["target"] == "loomfs")
+    e = rr["extra"]
+    assert 0 < e["p50_ms"] <= e["p95_ms"] <= e["p99_ms"] and len(e["cdf_ms"]) > 10
+    assert e["cdf_ms"] == sorted(e["cdf_ms"])
+    seq = next(r for r in doc["results"] if r["name"] == "seq_write" and r["target"] == "loomfs")
+    assert seq["extra"]["disk_bound_Bps"] > 0  # the "vs disk" column
+    assert "vs disk" in proc.stdout and "x compare" in proc.stdout and "seq_read_2p" in proc.stdout
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 20_000
+    assert not list(cmp_dir.joinpath(".bench").iterdir())  # the compare run cleaned up after itself
