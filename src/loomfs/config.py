@@ -34,6 +34,7 @@ class MgmtdConfig:
     heartbeat_interval_s: float = 1.0
     lease_s: float = 5.0  # a node silent this long is marked dead
     default_replicas: int = 3
+    replace_after_s: float = 600.0  # an offline target is replaced by a spare after this (0 = never)
     rpc: RpcConfig = field(default_factory=RpcConfig)
 
 
@@ -63,6 +64,10 @@ class StorageConfig:
     targets: list[str] = field(default_factory=list)  # one directory per target
     fsync_on_commit: bool = False  # True: fsync chunk files before acking
     max_chunk_size_bytes: int = 64 << 20
+    target_capacity_bytes: int = 0  # per target; 0 = the disk's free space (ENOSPC beyond it)
+    scrub_bytes_per_s: int = 16 << 20  # background CRC scrub rate per node (0 = off)
+    scrub_interval_s: float = 3600.0  # pause between full scrub passes
+    resync_bytes_per_s: int = 0  # 0 = unthrottled
     rpc: RpcConfig = field(default_factory=RpcConfig)
 
 

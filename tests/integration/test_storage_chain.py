@@ -64,7 +64,8 @@ class Cluster:
         for node_id in range(1, n + 1):
             tid = target_id_for(node_id, 0)
             target = StorageTarget(tid, FileEngine(self.tmp / f"n{node_id}"), str(self.tmp / f"n{node_id}"))
-            service = StorageService([target], self.routing, self.forwarder, max_chunk_size_bytes=4 << 20)
+            service = StorageService([target], self.routing, self.forwarder, max_chunk_size_bytes=4 << 20,
+                                     reconfig_wait_s=0.1)
             server = RpcServer(f"storage{node_id}", TcpTransport())
             server.add_service(service)
             addr = await server.start(Address("127.0.0.1", 0))

@@ -78,16 +78,30 @@ def test_lease_expiry_marks_dead_and_lastsrv() -> None:
     # node 3 returns: its targets need resync because the chains kept serving
     st.heartbeat(3, [], 6.0)
     assert st.nodes[3].state == NodeState.ALIVE
-    assert all(t.state == TargetState.WAITING for t in st.targets.values() if t.node_id == 3)
+    back = [t for t in st.targets.values() if t.node_id == 3]
+    assert all(t.state in (TargetState.WAITING, TargetState.SYNCING) for t in back)
+    for t in back:  # one sync per chain: each chain has one node-3 target, so all sync now
+        assert t.state == TargetState.SYNCING
+        chain = st.chains[t.chain_id]
+        assert chain.targets[-1] == t.target_id  # the syncing target is the write tail
+        assert st.sync_report(target_id=t.target_id, chain_id=t.chain_id, chain_version=chain.version,
+                              chunks_left=0, bytes_left=0, done=True, now_s=7.0)
+    assert all(t.state == TargetState.SERVING for t in st.targets.values())
 
 
 def test_whole_cluster_down_comes_back_serving() -> None:
     st = _cluster()
     st.create_chain_table(replicas=3)
     assert st.tick(100.0)
-    assert all(t.state == TargetState.LASTSRV for t in st.targets.values())
+    for c in st.chains.values():  # the first member of each chain holds the newest data
+        assert [st.targets[t].state for t in c.targets] == [TargetState.LASTSRV] + [TargetState.OFFLINE] * 2
     for n in (1, 2, 3):
         st.heartbeat(n, [], 101.0)
+    for _ in range(3):  # sync the others one at a time
+        for t in [t for t in st.targets.values() if t.state == TargetState.SYNCING]:
+            c = st.chains[t.chain_id]
+            st.sync_report(target_id=t.target_id, chain_id=c.chain_id, chain_version=c.version,
+                           chunks_left=0, bytes_left=0, done=True, now_s=102.0)
     assert all(t.state == TargetState.SERVING for t in st.targets.values())
 
 

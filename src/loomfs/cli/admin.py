@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,16 @@ def register(sub: argparse._SubParsersAction) -> None:
         s = asub.add_parser(name, help=text)
         s.add_argument("--json", action="store_true")
         s.set_defaults(func=fn)
+    d = asub.add_parser("drain", help="move a storage node's replicas to spares (then it can be removed)")
+    d.add_argument("node", type=int, help="storage node id")
+    d.add_argument("--undo", action="store_true", help="stop draining")
+    d.add_argument("--wait", action="store_true", help="wait until the node holds no replica")
+    d.add_argument("--timeout-s", type=float, default=600.0)
+    d.set_defaults(func=cmd_drain)
+    f = asub.add_parser("fsck", help="check namespace <-> chunks (orphans, missing replicas, lengths)")
+    f.add_argument("--repair", action="store_true", help="remove orphan chunks (after --grace-s)")
+    f.add_argument("--grace-s", type=float, default=10.0)
+    f.set_defaults(func=_fsck)
     c = asub.add_parser("create-chain-table", help="build a chain table from the free targets")
     c.add_argument("--replicas", type=int, default=3)
     c.add_argument("--table", type=int, default=0, help="table id (default: next free)")
@@ -87,12 +98,19 @@ def cmd_nodes(args: argparse.Namespace) -> int:
 
 def cmd_targets(args: argparse.Namespace) -> int:
     r = fetch_routing(args)
-    rows = [[t.target_id, t.node_id, TargetState(t.state).name.lower(), t.chain_id or "spare",
-             t.chunk_count, human_bytes(t.used_bytes) if not args.json else t.used_bytes,
-             human_bytes(t.capacity_bytes) if not args.json else t.capacity_bytes, t.path]
+    def sync_left(t: Any) -> Any:
+        if t.state != TargetState.SYNCING:
+            return "" if not args.json else None
+        if args.json:
+            return {"chunks": t.sync_chunks_left, "bytes": t.sync_bytes_left}
+        return f"{t.sync_chunks_left} chunks / {human_bytes(t.sync_bytes_left)}"
+
+    rows = [[t.target_id, t.node_id, TargetState(t.state).name.lower() + (" (draining)" if t.draining else ""),
+             t.chain_id or "spare", t.chunk_count, human_bytes(t.used_bytes) if not args.json else t.used_bytes,
+             human_bytes(t.capacity_bytes) if not args.json else t.capacity_bytes, sync_left(t), t.path]
             for t in r.targets]
     _emit(args, f"targets (routing v{r.version})",
-          ["target", "node", "state", "chain", "chunks", "used", "capacity", "path"], rows)
+          ["target", "node", "state", "chain", "chunks", "used", "capacity", "sync left", "path"], rows)
     return 0
 
 
@@ -111,3 +129,29 @@ def cmd_create_table(args: argparse.Namespace) -> int:
     t = body.table
     print(f"chain table {t.table_id}: {len(t.chain_ids)} chains x {t.replicas} replicas")
     return 0
+
+
+def cmd_drain(args: argparse.Namespace) -> int:
+    body = asyncio.run(_call(args, wm.DRAIN_NODE, wm.DrainReq(node_id=args.node, undrain=args.undo)))
+    if args.undo:
+        print(f"node {args.node}: draining stopped")
+        return 0
+    print(f"node {args.node}: draining, {body.targets_to_move} targets still in chains")
+    if not args.wait:
+        return 0
+    end = time.monotonic() + args.timeout_s
+    while time.monotonic() < end:
+        r = fetch_routing(args)
+        left = [t.target_id for t in r.targets if t.node_id == args.node and t.chain_id]
+        if not left:
+            print(f"node {args.node} holds no replica: it can be removed")
+            return 0
+        time.sleep(1.0)
+    print(f"node {args.node}: still in chains after {args.timeout_s:.0f}s")
+    return 3
+
+
+def _fsck(args: argparse.Namespace) -> int:
+    from loomfs.cli.fsck import cmd_fsck
+
+    return cmd_fsck(args)

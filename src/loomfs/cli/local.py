@@ -36,6 +36,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     down.add_argument("--dir", dest="local_dir", default=None)
     down.set_defaults(func=cmd_down)
 
+    an = lsub.add_parser("add-node", help="start one more storage node; its targets become spares")
+    an.add_argument("--dir", dest="local_dir", default=None)
+    an.set_defaults(func=cmd_add_node)
+
     rs = lsub.add_parser("restart", help="restart one service (or all)")
     rs.add_argument("--dir", dest="local_dir", default=None)
     rs.add_argument("service", nargs="?", default=None, help="e.g. storage2; default all")
@@ -75,6 +79,13 @@ def cmd_down(args: argparse.Namespace) -> int:
     c = LocalCluster.from_dir(cluster_dir(args))
     c.stop()
     print(f"stopped {len(c.services)} services of {c.root}")
+    return 0
+
+
+def cmd_add_node(args: argparse.Namespace) -> int:
+    c = LocalCluster.from_dir(cluster_dir(args))
+    s = c.add_storage_node()
+    print(f"started {s.name} (node {s.node_id}) on {s.address}; its targets are spares")
     return 0
 
 

@@ -5,6 +5,11 @@ replica answers NOT_COMMITTED; writes go to the chain head with a request tag th
 the same across retries so the head applies a replayed write once. Routing problems
 (stale chain version, unknown/not-serving target, chain being reconfigured, a dead
 connection) refresh routing and retry with backoff until the call's deadline.
+
+Failover: a replica that failed (dead connection, timeout, bad CRC) is avoided by the next
+read attempts; a call that is slow (``watch_after_s``) watches routing meanwhile and is
+abandoned for a retry as soon as its chain is reconfigured (a hung server is replaced by
+mgmtd after its lease), so a server that dies costs a stall of about one lease, not an error.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ import itertools
 import logging
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 import crc32c
@@ -72,6 +77,10 @@ class _NoServingTarget(LoomError):
     """The chain has no serving target in our routing snapshot (refresh and retry)."""
 
 
+class _ChainChanged(LoomError):
+    """The chain was reconfigured while a call to it hung (retry on the new routing)."""
+
+
 class ChunkStore(Protocol):
     """What the file layer needs from storage (a fake implements this in tests)."""
 
@@ -105,6 +114,8 @@ class StorageClient:
         backoff_initial_s: float = 0.02,
         backoff_max_s: float = 1.0,
         rng: random.Random | None = None,
+        watch_after_s: float = 1.0,
+        watch_refresh_s: float = 0.25,
     ):
         self.rpc = rpc
         self.routing = routing
@@ -115,6 +126,43 @@ class StorageClient:
         self._rng = rng or random.Random()
         self._request_ids = itertools.count(1)
         self.retries_total = 0
+        self.failovers_total = 0  # calls abandoned because their chain changed under them
+        self.watch_after_s = watch_after_s
+        self.watch_refresh_s = watch_refresh_s
+        self._watch_refreshed_s = 0.0
+
+    async def _call_watching(self, chain_id: int, version: int, target: int, call: Awaitable[Response[Any]],
+                             remaining: float) -> Response[Any]:
+        """Run ``call``; once it is slow, refresh routing every ``watch_refresh_s`` and give up
+        on it (raise _ChainChanged) when the chain's version moved past ``version``."""
+        task = asyncio.ensure_future(call)
+        try:
+            done, _ = await asyncio.wait({task}, timeout=min(self.watch_after_s, remaining))
+            end = time.monotonic() + remaining
+            while not done:
+                r: Routing | None = None
+                try:
+                    if time.monotonic() - self._watch_refreshed_s >= self.watch_refresh_s:
+                        self._watch_refreshed_s = time.monotonic()  # one refresh for all slow calls
+                        r = await self.routing.refresh(min_version=0)
+                    else:
+                        r = await self.routing.get()
+                except (LoomError, OSError):
+                    pass
+                info = r.chains.get(chain_id) if r is not None else None
+                if info is not None and info.version > version:
+                    self.failovers_total += 1
+                    raise _ChainChanged(f"chain {chain_id} v{version} -> v{info.version} while waiting on "
+                                        f"target {target}")
+                left = end - time.monotonic()
+                if left <= 0:
+                    break
+                done, _ = await asyncio.wait({task}, timeout=min(self.watch_refresh_s, left))
+            return await task
+        finally:
+            if not task.done():
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
 
     def _tag(self) -> RequestTag:
         return RequestTag(client_id=self.client_id, request_id=next(self._request_ids))
@@ -133,6 +181,7 @@ class StorageClient:
         deadline = time.monotonic() + self.call_timeout_s
         attempt = 0
         last: BaseException | None = None
+        avoid: set[int] = set()  # replicas that just failed a read
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
@@ -149,10 +198,11 @@ class StorageClient:
                 elif role == "tail":
                     target = targets[-1]
                 else:
-                    target = targets[self._rng.randrange(len(targets))]
+                    pick = [t for t in targets if t not in avoid] or targets
+                    target = pick[self._rng.randrange(len(pick))]
                 address = routing.address_of(target)
                 req = make_req(chain.version, target)
-                return await self.rpc.call(
+                call = self.rpc.call(
                     address,
                     m,
                     req,
@@ -162,8 +212,15 @@ class StorageClient:
                     timeout_s=remaining,
                     retry=False,
                 )
+                return await self._call_watching(chain_id, chain.version, target, call, remaining)
+            except _ChainChanged as exc:
+                last = exc
+                attempt += 1
+                continue  # routing is already fresh: retry at once
             except (ConnectionFailed, TimedOut, _NoServingTarget) as exc:
                 last, refresh = exc, True
+                if role == "any" and not isinstance(exc, _NoServingTarget):
+                    avoid.add(target)
             except LoomError as exc:
                 st = exc.status
                 if st is Status.NOT_COMMITTED and role == "any":
@@ -174,6 +231,8 @@ class StorageClient:
                     last, refresh = exc, True
                 elif st in _BACKOFF or st is Status.NOT_COMMITTED:
                     last = exc
+                    if st is Status.CHECKSUM_MISMATCH and role == "any":
+                        avoid.add(target)  # a corrupt replica: read another one
                 else:
                     raise
             attempt += 1

@@ -21,7 +21,7 @@ logger = logging.getLogger(__name__)
 
 async def serve(config: MgmtdConfig, *, ready: asyncio.Event | None = None) -> None:
     store = MgmtdStore(resolve_under(config.data_dir, config.store_url))
-    state = ClusterState(lease_s=config.lease_s)
+    state = ClusterState(lease_s=config.lease_s, replace_after_s=config.replace_after_s)
     service = MgmtdService(state, store, heartbeat_interval_s=config.heartbeat_interval_s)
     store.load(state, service.clock.monotonic())
     service.persist()

@@ -68,6 +68,21 @@ class MgmtdService:
                              chain_ids=list(t.chain_ids))
         )
 
+    @handles(w.SYNC_REPORT)
+    async def sync_report(self, req: w.SyncReportReq, ctx: CallContext) -> w.SyncReportRsp:
+        ok = self.state.sync_report(
+            target_id=req.target_id, chain_id=req.chain_id, chain_version=req.chain_version,
+            chunks_left=req.chunks_left, bytes_left=req.bytes_left, done=req.done, now_s=self.clock.monotonic(),
+        )
+        self.persist()
+        return w.SyncReportRsp(accepted=ok, routing_version=self.state.version)
+
+    @handles(w.DRAIN_NODE)
+    async def drain_node(self, req: w.DrainReq, ctx: CallContext) -> w.DrainRsp:
+        left = self.state.drain(req.node_id, undrain=req.undrain, now_s=self.clock.monotonic())
+        self.persist()
+        return w.DrainRsp(targets_to_move=left)
+
     @handles(w.LIST_NODES)
     async def list_nodes(self, req: Empty, ctx: CallContext) -> w.ListNodesRsp:
         return w.ListNodesRsp(nodes=self.state.routing().nodes)

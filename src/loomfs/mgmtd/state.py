@@ -2,13 +2,13 @@
 
 Events come in as method calls with the current time; the state changes and reports
 whether routing changed. The service persists the state and answers RPCs; a background
-loop calls ``tick`` so silent nodes are marked dead.
+loop calls ``tick`` so silent nodes are marked dead and chains are reconciled.
 
-Target states in this first version: SERVING while its node is alive; when a node's lease
-lapses its targets go OFFLINE, except the last serving targets of a chain, which go LASTSRV
-(they hold the newest data). A returning LASTSRV target serves again; a returning OFFLINE
-target waits (WAITING) until resync brings it up to date (the resync protocol is the fault
-tolerance issue's work), unless its chain has no serving or lastsrv member left at all.
+Target states follow 3FS (serving, syncing, waiting, lastsrv, offline); the per-chain rules
+are the pure function ``transitions.plan_chain`` (table in docs/fault-tolerance.md). Every
+event (registration, heartbeat of a returning node, lease expiry, sync report, drain) ends
+in ``reconcile``, which applies the plan to every chain and bumps the chain version and the
+routing version when anything changed.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import logging
 from dataclasses import dataclass, field
 
 from loomfs.errors import InvalidArgument, StatusError
+from loomfs.mgmtd.transitions import Member, plan_chain
 from loomfs.wire.status import Status
 from loomfs.wire.types import (
     ChainInfo,
@@ -42,6 +43,7 @@ class NodeRecord:
     port: int
     state: int = NodeState.ALIVE
     last_heartbeat_s: float = 0.0  # clock.monotonic() of the last heartbeat (not persisted)
+    draining: bool = False
 
 
 @dataclass(slots=True)
@@ -54,6 +56,11 @@ class TargetRecord:
     used_bytes: int = 0
     capacity_bytes: int = 0
     chunk_count: int = 0
+    offline_since_s: float = 0.0  # monotonic time it went OFFLINE (0 = not offline)
+    sync_done_version: int = 0  # chain version under which its resync was reported done
+    sync_chunks_left: int = 0
+    sync_bytes_left: int = 0
+    restarted: bool = False  # its process re-registered; consumed by the next reconcile
 
 
 @dataclass(slots=True)
@@ -73,8 +80,9 @@ class TableRecord:
 
 
 class ClusterState:
-    def __init__(self, *, lease_s: float):
+    def __init__(self, *, lease_s: float, replace_after_s: float = 0.0):
         self.lease_s = lease_s
+        self.replace_after_s = replace_after_s  # 0 = never replace offline targets by spares
         self.version = 1
         self.nodes: dict[int, NodeRecord] = {}
         self.targets: dict[int, TargetRecord] = {}
@@ -106,7 +114,9 @@ class ClusterState:
             changed = True
         rec.last_heartbeat_s = now_s
         if rec.state != NodeState.ALIVE:
-            changed |= self._node_returns(rec)
+            rec.state = NodeState.ALIVE
+            logger.info("node %d is back", rec.node_id)
+            changed = True
         for t in targets:
             if t.target_id <= 0:
                 raise InvalidArgument(f"bad target id {t.target_id}")
@@ -121,6 +131,8 @@ class ClusterState:
                 if tr.node_id != node_id:
                     raise StatusError(Status.EEXIST, f"target {t.target_id} belongs to node {tr.node_id}")
                 tr.used_bytes, tr.capacity_bytes, tr.chunk_count = t.used_bytes, t.capacity_bytes, t.chunk_count
+                tr.restarted = tr.chain_id != 0
+        changed |= self.reconcile(now_s, bump=False)
         if changed:
             self._bump()
         return node_id
@@ -130,7 +142,10 @@ class ClusterState:
         if rec is None:
             raise StatusError(Status.ENOENT, f"node {node_id} is not registered")
         rec.last_heartbeat_s = now_s
-        if rec.state != NodeState.ALIVE and self._node_returns(rec):
+        if rec.state != NodeState.ALIVE:
+            rec.state = NodeState.ALIVE
+            logger.info("node %d is back", rec.node_id)
+            self.reconcile(now_s, bump=False)
             self._bump()
         for t in targets:
             tr = self.targets.get(t.target_id)
@@ -141,55 +156,115 @@ class ClusterState:
                     self._routing_cache = None  # usage is not a routing change: no version bump
 
     def tick(self, now_s: float) -> bool:
-        """Mark nodes silent for longer than the lease dead. True if routing changed."""
+        """Mark nodes silent for longer than the lease dead, reconcile chains. True if routing
+        changed."""
         dead = [
             n for n in self.nodes.values()
             if n.state == NodeState.ALIVE and now_s - n.last_heartbeat_s > self.lease_s
         ]
-        if not dead:
-            return False
         for n in dead:
             n.state = NodeState.DEAD
             logger.info("node %d missed heartbeats for %.1fs: dead", n.node_id, now_s - n.last_heartbeat_s)
-        lost = {t.target_id for t in self.targets.values() if self.nodes[t.node_id].state == NodeState.DEAD
-                and t.state in (TargetState.SERVING, TargetState.SYNCING)}
-        for chain in self.chains.values():
-            serving = [t for t in chain.targets if self.targets[t].state == TargetState.SERVING]
-            going = [t for t in serving if t in lost]
-            if not going:
-                continue
-            last = len(going) == len(serving)  # the chain loses its final serving members
-            for t in going:
-                self.targets[t].state = TargetState.LASTSRV if last else TargetState.OFFLINE
-                logger.info("target %d of chain %d -> %s", t, chain.chain_id,
-                            TargetState(self.targets[t].state).name)
-            chain.version += 1
-        for t in lost:  # spares (no chain)
-            if self.targets[t].chain_id == 0:
-                self.targets[t].state = TargetState.OFFLINE
-        self._bump()
+        changed = self.reconcile(now_s, bump=False) or bool(dead)
+        if changed:
+            self._bump()
+        return changed
+
+    def sync_report(self, *, target_id: int, chain_id: int, chain_version: int, chunks_left: int,
+                    bytes_left: int, done: bool, now_s: float) -> bool:
+        """Resync progress from the syncing target's predecessor. False when the report is
+        for another chain version (the sync must re-check routing and start over)."""
+        t = self.targets.get(target_id)
+        chain = self.chains.get(chain_id)
+        if t is None or chain is None or t.chain_id != chain_id or t.state != TargetState.SYNCING \
+                or chain.version != chain_version:
+            return False
+        if done:
+            t.sync_done_version = chain_version
+            t.sync_chunks_left = t.sync_bytes_left = 0
+            logger.info("target %d of chain %d: resync done", target_id, chain_id)
+            self.reconcile(now_s)
+        elif (t.sync_chunks_left, t.sync_bytes_left) != (chunks_left, bytes_left):
+            t.sync_chunks_left, t.sync_bytes_left = chunks_left, bytes_left
+            self._routing_cache = None  # progress is not a routing change
         return True
 
-    def _node_returns(self, rec: NodeRecord) -> bool:
-        rec.state = NodeState.ALIVE
-        logger.info("node %d is back", rec.node_id)
+    def drain(self, node_id: int, *, undrain: bool = False, now_s: float) -> int:
+        """Start (or stop) moving a node's replicas to spares; returns its targets still in chains."""
+        rec = self.nodes.get(node_id)
+        if rec is None or rec.kind != NodeKind.STORAGE:
+            raise StatusError(Status.ENOENT, f"no storage node {node_id}")
+        if rec.draining != (not undrain):
+            rec.draining = not undrain
+            logger.info("node %d %s", node_id, "undrained" if undrain else "draining")
+            self.reconcile(now_s, bump=False)
+            self._bump()
+        return sum(1 for t in self.targets.values() if t.node_id == node_id and t.chain_id)
+
+    def _alive(self, node_id: int) -> bool:
+        n = self.nodes.get(node_id)
+        return n is not None and n.state == NodeState.ALIVE
+
+    def _member(self, t: TargetRecord, chain: ChainRecord) -> Member:
+        node = self.nodes.get(t.node_id)
+        return Member(
+            target_id=t.target_id, node_id=t.node_id, state=TargetState(t.state), alive=self._alive(t.node_id),
+            restarted=t.restarted,
+            sync_done=t.state == TargetState.SYNCING and t.sync_done_version == chain.version,
+            offline_since_s=t.offline_since_s if t.state == TargetState.OFFLINE and t.offline_since_s else None,
+            draining=node is not None and node.draining,
+        )
+
+    def reconcile(self, now_s: float, *, bump: bool = True) -> bool:
+        """Apply the transition rules to every chain. True if routing changed (then the
+        routing version was bumped, unless ``bump=False``)."""
+        changed = False
+        for t in self.targets.values():  # spares follow their node
+            if t.chain_id == 0:
+                want = TargetState.SERVING if self._alive(t.node_id) else TargetState.OFFLINE
+                if t.state != want:
+                    t.state = want
+                    changed = True
+        load: dict[int, int] = {}
         for t in self.targets.values():
-            if t.node_id != rec.node_id:
-                continue
-            chain = self.chains.get(t.chain_id)
-            if chain is None:
-                t.state = TargetState.SERVING
-                continue
-            states = [self.targets[x].state for x in chain.targets if x != t.target_id]
-            if t.state == TargetState.LASTSRV or not any(
-                s in (TargetState.SERVING, TargetState.LASTSRV) for s in states
-            ):
-                t.state = TargetState.SERVING
-            elif t.state == TargetState.OFFLINE:
-                t.state = TargetState.WAITING
-            chain.version += 1
-            logger.info("target %d of chain %d -> %s", t.target_id, chain.chain_id, TargetState(t.state).name)
-        return True
+            if t.chain_id:
+                load[t.node_id] = load.get(t.node_id, 0) + 1
+        for chain in sorted(self.chains.values(), key=lambda c: c.chain_id):
+            members = [self._member(self.targets[x], chain) for x in chain.targets]
+            spares = [self._member(t, chain) for t in sorted(self.targets.values(), key=lambda t: t.target_id)
+                      if t.chain_id == 0 and self.nodes.get(t.node_id) is not None
+                      and self.nodes[t.node_id].kind == NodeKind.STORAGE]
+            table = self.tables.get(chain.table_id)
+            plan = plan_chain(members, spares=spares, replicas=table.replicas if table else 0, now_s=now_s,
+                              replace_after_s=self.replace_after_s, node_load=load)
+            for x in chain.targets:
+                self.targets[x].restarted = False
+            for tid in plan.removed:
+                tr = self.targets[tid]
+                tr.chain_id = 0
+                tr.state = TargetState.SERVING if self._alive(tr.node_id) else TargetState.OFFLINE
+                load[tr.node_id] = load.get(tr.node_id, 1) - 1
+            for tid in plan.added:
+                self.targets[tid].chain_id = chain.chain_id
+                load[self.targets[tid].node_id] = load.get(self.targets[tid].node_id, 0) + 1
+            states_changed = False
+            for m in plan.members:
+                tr = self.targets[m.target_id]
+                if tr.state != m.state:
+                    states_changed = True
+                    tr.state = m.state
+                    tr.offline_since_s = now_s if m.state == TargetState.OFFLINE else 0.0
+                if tr.state != TargetState.SYNCING:
+                    tr.sync_chunks_left = tr.sync_bytes_left = 0
+            if states_changed or plan.targets() != chain.targets:
+                chain.targets = plan.targets()
+                chain.version += 1
+                changed = True
+                for why in plan.reasons:
+                    logger.info("chain %d v%d: %s", chain.chain_id, chain.version, why)
+        if changed and bump:
+            self._bump()
+        return changed
 
     def _find_or_assign(self, kind: int, host: str, port: int) -> int:
         for n in self.nodes.values():
@@ -237,11 +312,14 @@ class ClusterState:
         if self._routing_cache is None or self._routing_cache.version != self.version:
             self._routing_cache = RoutingInfo(
                 version=self.version,
-                nodes=[NodeInfo(node_id=n.node_id, kind=n.kind, host=n.host, port=n.port, state=n.state)
+                nodes=[NodeInfo(node_id=n.node_id, kind=n.kind, host=n.host, port=n.port, state=n.state,
+                                draining=n.draining)
                        for n in sorted(self.nodes.values(), key=lambda n: n.node_id)],
                 targets=[TargetInfo(target_id=t.target_id, node_id=t.node_id, path=t.path, state=t.state,
                                     chain_id=t.chain_id, used_bytes=t.used_bytes,
-                                    capacity_bytes=t.capacity_bytes, chunk_count=t.chunk_count)
+                                    capacity_bytes=t.capacity_bytes, chunk_count=t.chunk_count,
+                                    sync_chunks_left=t.sync_chunks_left, sync_bytes_left=t.sync_bytes_left,
+                                    draining=self._draining(t.node_id))
                          for t in sorted(self.targets.values(), key=lambda t: t.target_id)],
                 chains=[ChainInfo(chain_id=c.chain_id, version=c.version, targets=list(c.targets),
                                   table_id=c.table_id)
@@ -251,6 +329,10 @@ class ClusterState:
                         for t in sorted(self.tables.values(), key=lambda t: t.table_id)],
             )
         return self._routing_cache
+
+    def _draining(self, node_id: int) -> bool:
+        n = self.nodes.get(node_id)
+        return n is not None and n.draining
 
     def _bump(self) -> None:
         self.version += 1

@@ -37,9 +37,12 @@ class MgmtdStore:
             v = msgpack.unpackb(blob)
             if kind == "node":
                 state.nodes[v["node_id"]] = NodeRecord(v["node_id"], v["kind"], v["host"], v["port"],
-                                                       v["state"], now_s)
+                                                       v["state"], now_s, v.get("draining", False))
             elif kind == "target":
-                state.targets[v["target_id"]] = TargetRecord(**v)
+                known = {k: x for k, x in v.items() if k in TargetRecord.__slots__}
+                t = state.targets[v["target_id"]] = TargetRecord(**known)
+                if t.offline_since_s:
+                    t.offline_since_s = now_s  # monotonic times do not survive a restart
             elif kind == "chain":
                 state.chains[v["chain_id"]] = ChainRecord(**v)
             elif kind == "table":
@@ -50,7 +53,8 @@ class MgmtdStore:
     def save(self, state: ClusterState) -> None:
         rows: list[tuple[str, int, bytes]] = [("version", 0, msgpack.packb(state.version))]
         rows += [("node", n.node_id, msgpack.packb({"node_id": n.node_id, "kind": n.kind, "host": n.host,
-                                                     "port": n.port, "state": n.state}))
+                                                     "port": n.port, "state": n.state,
+                                                     "draining": n.draining}))
                  for n in state.nodes.values()]
         rows += [("target", t.target_id, msgpack.packb({f: getattr(t, f) for f in TargetRecord.__slots__}))
                  for t in state.targets.values()]

@@ -10,26 +10,32 @@ import asyncio
 import contextlib
 import logging
 import signal
+import time
 from pathlib import Path
 
 from loomfs import config as cfg
 from loomfs.common import logs
 from loomfs.common.routing import RoutingClient, parse_addresses
 from loomfs.config import StorageConfig
-from loomfs.errors import LoomError
+from loomfs.errors import LoomError, StatusError
 from loomfs.net.rpc import RetryPolicy, RpcClient, RpcServer
 from loomfs.net.tcp import TcpTransport
 from loomfs.net.transport import Address
 from loomfs.storage.engine.file import FileEngine
+from loomfs.storage.resync import Resyncer
+from loomfs.storage.scrub import Scrubber
 from loomfs.storage.service import StorageService
 from loomfs.storage.target import StorageTarget, target_id_for
 from loomfs.wire.mgmtd import (
     HEARTBEAT,
     REGISTER_NODE,
+    SYNC_REPORT,
     HeartbeatReq,
     RegisterNodeReq,
     RegisterNodeRsp,
+    SyncReportReq,
 )
+from loomfs.wire.status import Status
 from loomfs.wire.types import NodeKind
 
 logger = logging.getLogger(__name__)
@@ -69,14 +75,35 @@ class StorageNode:
         self.targets = open_targets(config)
         self.service = StorageService(
             self.targets, self.routing, self.rpc, max_chunk_size_bytes=config.max_chunk_size_bytes,
-            forward_timeout_s=rpc_cfg.call_timeout_s,
+            forward_timeout_s=rpc_cfg.call_timeout_s, target_capacity_bytes=config.target_capacity_bytes,
         )
+        self.service.writable_until_s = 0.0  # not writable before mgmtd granted a lease
+        self.resyncer = Resyncer(self.service, self._report_sync, bytes_per_s=config.resync_bytes_per_s)
+        self.scrubber = Scrubber(self.service, bytes_per_s=config.scrub_bytes_per_s,
+                                 interval_s=config.scrub_interval_s)
         self.server = RpcServer(f"storage{config.node_id}", transport)
         self.server.add_service(self.service)
         self.heartbeat_interval_s = 1.0
+        self.lease_s = 5.0
 
     async def start(self) -> Address:
         return await self.server.start(Address(self.config.host, self.config.port))
+
+    def _lease_granted(self, sent_s: float, lease_s: float) -> None:
+        self.lease_s = lease_s or self.lease_s
+        self.service.writable_until_s = sent_s + self.lease_s / 2
+
+    async def _report_sync(self, req: SyncReportReq) -> bool:
+        last: BaseException | None = None
+        for addr in self.mgmtd:
+            try:
+                rsp = (await self.rpc.call(addr, SYNC_REPORT, req, timeout_s=5.0)).body
+            except (LoomError, OSError) as exc:
+                last = exc
+                continue
+            await self._refresh_routing(rsp.routing_version)
+            return bool(rsp.accepted)
+        raise last if last is not None else LoomError("no mgmtd address")
 
     async def register(self) -> RegisterNodeRsp:
         req = RegisterNodeReq(
@@ -86,6 +113,7 @@ class StorageNode:
         attempt = 0
         while True:
             for addr in self.mgmtd:
+                sent_s = time.monotonic()
                 try:
                     rsp: RegisterNodeRsp = (await self.rpc.call(addr, REGISTER_NODE, req, timeout_s=5.0)).body
                 except (LoomError, OSError) as exc:
@@ -94,6 +122,7 @@ class StorageNode:
                     continue
                 logger.info("registered node %d with mgmtd %s (%d targets)", self.config.node_id, addr, len(self.targets))
                 self.heartbeat_interval_s = rsp.heartbeat_interval_s or self.heartbeat_interval_s
+                self._lease_granted(sent_s, rsp.lease_s)
                 await self._refresh_routing(rsp.routing_version)
                 return rsp
             attempt += 1
@@ -107,21 +136,42 @@ class StorageNode:
             logger.info("routing v%d: %d chains", r.version, len(r.chains))
         except (LoomError, OSError) as exc:
             logger.warning("routing refresh failed: %s", exc)
+            return
+        self.resyncer.update(r)
+
+    async def _heartbeat_once(self) -> None:
+        req = HeartbeatReq(node_id=self.config.node_id, targets=self.service.target_infos(self.config.node_id))
+        for addr in self.mgmtd:
+            sent_s = time.monotonic()
+            try:
+                rsp = (await self.rpc.call(addr, HEARTBEAT, req, timeout_s=max(1.0, self.heartbeat_interval_s),
+                                           retry=False)).body
+            except StatusError as exc:
+                if exc.status is Status.ENOENT:  # mgmtd lost us (fresh store): register again
+                    logger.warning("mgmtd %s does not know node %d: registering again", addr, self.config.node_id)
+                    await self.register()
+                    return
+                logger.debug("heartbeat to %s failed: %s", addr, exc)
+                continue
+            except (LoomError, OSError) as exc:
+                logger.debug("heartbeat to %s failed: %s", addr, exc)
+                continue
+            self._lease_granted(sent_s, rsp.lease_s)
+            await self._refresh_routing(rsp.routing_version)
+            if self.routing.has_routing:
+                self.resyncer.update(self.routing.current)  # restarts failed resyncs
+            return
+        if time.monotonic() > self.service.writable_until_s:
+            logger.warning("no mgmtd reachable for %.1fs: refusing writes", self.lease_s / 2)
 
     async def heartbeat_loop(self) -> None:
         while True:
             await asyncio.sleep(self.heartbeat_interval_s)
-            req = HeartbeatReq(node_id=self.config.node_id, targets=self.service.target_infos(self.config.node_id))
-            for addr in self.mgmtd:
-                try:
-                    rsp = (await self.rpc.call(addr, HEARTBEAT, req, timeout_s=max(1.0, self.heartbeat_interval_s))).body
-                except (LoomError, OSError) as exc:
-                    logger.debug("heartbeat to %s failed: %s", addr, exc)
-                    continue
-                await self._refresh_routing(rsp.routing_version)
-                break
+            await self._heartbeat_once()
 
     async def close(self) -> None:
+        await self.resyncer.close()
+        await self.scrubber.close()
         await self.server.close()
         await self.rpc.close()
         for t in self.targets:
@@ -149,6 +199,7 @@ async def serve(config: StorageConfig, stop: asyncio.Event | None = None) -> Non
         tasks = [registered, stopped]
         if registered.done():
             tasks.append(asyncio.ensure_future(node.heartbeat_loop()))
+            tasks.append(asyncio.ensure_future(node.scrubber.run()))
             await stopped
     finally:
         for t in tasks:

@@ -8,13 +8,16 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import errno
 import logging
+import math
+import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from typing import Protocol, TypeVar
 
 from loomfs.common.routing import Routing
-from loomfs.errors import InvalidArgument, LoomError, StatusError
+from loomfs.errors import InvalidArgument, LoomError, NoSpace, StatusError
 from loomfs.net.buffers import DEFAULT_POOL, BufferPool
 from loomfs.net.rpc import CallContext, Reply, RpcClient, handles
 from loomfs.storage import chain
@@ -42,12 +45,24 @@ from loomfs.wire.storage import (
     WriteReq,
     WriteRsp,
 )
-from loomfs.wire.types import RoutingInfo, TargetInfo
+from loomfs.wire.types import RoutingInfo, TargetInfo, TargetState
 
 logger = logging.getLogger(__name__)
 
 M = TypeVar("M", bound=Message)
 _EMPTY = memoryview(b"")
+
+
+def write_chain(routing: Routing, chain_id: int) -> list[int]:
+    """The members writes flow through: serving ones (head first), then the syncing one (the
+    write tail: it gets every update while its predecessor copies the rest)."""
+    info = routing.chain(chain_id)
+    out = []
+    for t in info.targets:
+        ti = routing.targets.get(t)
+        if ti is not None and ti.state in (TargetState.SERVING, TargetState.SYNCING):
+            out.append(t)
+    return out
 
 
 class RoutingSource(Protocol):
@@ -141,6 +156,8 @@ class StorageService:
         forward_timeout_s: float = 10.0,
         pool: BufferPool = DEFAULT_POOL,
         dedupe_max: int = 8192,
+        target_capacity_bytes: int = 0,
+        reconfig_wait_s: float = 1.0,
     ):
         self.targets = {t.target_id: t for t in targets}
         self.routing = routing
@@ -151,10 +168,16 @@ class StorageService:
         self.tags = TagCache(dedupe_max)
         self.forwards_total = 0
         self.reforwards_total = 0
+        self.replaces_total = 0  # forwards redone as whole-chunk replaces (version gap at the successor)
+        self.target_capacity_bytes = target_capacity_bytes
+        self.reconfig_wait_s = reconfig_wait_s  # a forward slower than this starts watching routing
+        # writes are refused once mgmtd has not been reached for half a lease (the node may be
+        # cut off and already replaced); the node's heartbeat loop pushes this forward
+        self.writable_until_s = math.inf
 
     # ---- routing ----------------------------------------------------------------------
     async def _locate(
-        self, chain_id: int, chain_version: int, target_id: int = 0
+        self, chain_id: int, chain_version: int, target_id: int = 0, *, for_update: bool = False
     ) -> tuple[StorageTarget, chain.Position | None, Routing]:
         routing = await self.routing.get()
         known = routing.chains.get(chain_id)
@@ -170,11 +193,21 @@ class StorageService:
             if found is None:
                 raise StatusError(Status.UNKNOWN_TARGET, f"no target of chain {chain_id} on this node")
             target = found
-        serving = routing.serving_targets(chain_id)
-        return target, chain.position_of(chain_id, info.version, serving, target.target_id), routing
+        members = write_chain(routing, chain_id) if for_update else routing.serving_targets(chain_id)
+        return target, chain.position_of(chain_id, info.version, members, target.target_id), routing
+
+    def check_writable(self) -> None:
+        if time.monotonic() > self.writable_until_s:
+            raise StatusError(Status.TARGET_NOT_SERVING, "storage node lost mgmtd for half a lease: not writable")
 
     async def _forward(self, routing: Routing, successor: int, m: Method, req: Message,
                        payload: memoryview | None = None, payload_crc: int | None = None) -> Status:
+        status, _ = await self._forward2(routing, successor, m, req, payload, payload_crc)
+        return status
+
+    async def _forward2(self, routing: Routing, successor: int, m: Method, req: Message,
+                        payload: memoryview | None = None, payload_crc: int | None = None) -> tuple[Status, bool]:
+        """(status, unreachable): ``unreachable`` when the successor itself did not answer."""
         self.forwards_total += 1
         try:
             address = routing.address_of(successor)
@@ -182,8 +215,67 @@ class StorageService:
                                 timeout_s=self.forward_timeout_s, retry=True)  # bounded retries
         except LoomError as exc:
             logger.warning("forward %s to target %d failed: %s", m.name, successor, exc)
-            return exc.status if exc.status is not None else Status.CHAIN_UNAVAILABLE
-        return Status.OK
+            if exc.status is None:
+                return Status.CHAIN_UNAVAILABLE, True
+            return exc.status, exc.status in (Status.DEADLINE_EXCEEDED, Status.SHUTTING_DOWN)
+        return Status.OK, False
+
+    async def _changed_position(self, pos: chain.Position, wait_s: float) -> chain.Position | None:
+        """Wait up to ``wait_s`` for routing with a newer version of ``pos``'s chain; return
+        this target's new write position (None: it is no longer a member, or nothing changed)."""
+        end = time.monotonic() + wait_s
+        while True:
+            routing = await self.routing.get()
+            info = routing.chains.get(pos.chain_id)
+            if info is not None and info.version > pos.chain_version:
+                return chain.position_of(pos.chain_id, info.version, write_chain(routing, pos.chain_id),
+                                         pos.target_id)
+            if time.monotonic() >= end:
+                return None
+            await asyncio.sleep(0.05)
+
+    async def _forward_chain(
+        self, pos: chain.Position, m: Method, req: WriteReq | TruncateReq | RemoveChunksReq,
+        payload: memoryview | None, crc: int | None,
+        replace: Callable[[chain.Position], Awaitable[Status]] | None = None,
+    ) -> tuple[Status, chain.Position]:
+        """Forward ``req`` to the successor; when it fails or hangs and the chain is
+        reconfigured meanwhile, forward again (with the new chain version) to the new
+        successor, or commit as the new tail. A successor that misses versions (a syncing
+        target) gets the whole chunk instead (``replace``). Returns the final status and the
+        position it was reached under."""
+        deadline = time.monotonic() + self.forward_timeout_s
+        while True:
+            succ = pos.successor
+            if succ is None:
+                return Status.OK, pos  # we became the tail
+            routing = await self.routing.get()
+            fwd = dataclasses.replace(req, forwarded=True, chain_version=pos.chain_version)
+            call = asyncio.ensure_future(self._forward2(routing, succ, m, fwd, payload, crc))
+            new_pos: chain.Position | None = None
+            done, _ = await asyncio.wait({call}, timeout=self.reconfig_wait_s)
+            while not done:  # slow successor (hung?): watch for a chain change meanwhile
+                new_pos = await self._changed_position(pos, 0.0)
+                if new_pos is not None or time.monotonic() > deadline:
+                    call.cancel()
+                    break
+                done, _ = await asyncio.wait({call}, timeout=0.05)
+            status, unreachable = (Status.CHAIN_UNAVAILABLE, True) if call.cancelled() or not done \
+                else call.result()
+            if status is Status.VERSION_MISMATCH and replace is not None:
+                self.replaces_total += 1
+                status = await replace(pos)
+            if status is Status.OK:
+                return status, pos
+            if new_pos is None and unreachable:  # our successor is gone: mgmtd will drop it
+                left = deadline - time.monotonic()
+                new_pos = await self._changed_position(pos, max(0.0, min(left, self.reconfig_wait_s * 5)))
+            if new_pos is None:
+                return status, pos
+            logger.info("chain %d v%d -> v%d while forwarding to target %d (%s): forwarding again",
+                        pos.chain_id, pos.chain_version, new_pos.chain_version, succ, status.name)
+            self.reforwards_total += 1
+            pos = new_pos
 
     # ---- writes -----------------------------------------------------------------------
     def _check_bounds(self, end: int, chunk_size: int) -> None:
@@ -191,6 +283,14 @@ class StorageService:
             raise InvalidArgument(
                 f"range end {end} / chunk size {chunk_size} out of bounds (max {self.max_chunk_size_bytes})"
             )
+
+    def _check_space(self, target: StorageTarget, grow_bytes: int) -> None:
+        if grow_bytes <= 0 or not self.target_capacity_bytes:
+            return
+        used = target.engine.usage().used_bytes
+        if used + grow_bytes > self.target_capacity_bytes:
+            raise NoSpace(f"target {target.target_id} is full: {used} of {self.target_capacity_bytes} bytes used, "
+                          f"write needs {grow_bytes} more")
 
     @handles(WRITE)
     async def write(self, req: WriteReq, ctx: CallContext) -> WriteRsp:
@@ -200,6 +300,9 @@ class StorageService:
         self._check_bounds(req.offset + req.length, req.chunk_size)
         if ctx.payload_crc != req.data_crc:  # the framing layer verified payload_crc already
             raise StatusError(Status.CHECKSUM_MISMATCH, "write payload does not match data_crc")
+        self.check_writable()
+        if req.sync:
+            return await self._sync_write(req, payload)
         if req.forwarded:
             return await self._update(req, payload)
         return await self.tags.run(req.tag, lambda: self._update(req, payload))
@@ -207,13 +310,14 @@ class StorageService:
     @handles(TRUNCATE)
     async def truncate(self, req: TruncateReq, ctx: CallContext) -> WriteRsp:
         self._check_bounds(req.length, req.chunk_size)
+        self.check_writable()
         if req.forwarded:
             return await self._update(req, _EMPTY)
         return await self.tags.run(req.tag, lambda: self._update(req, _EMPTY))
 
     async def _update(self, req: WriteReq | TruncateReq, payload: memoryview) -> WriteRsp:
         key = _key(req.chunk)
-        target, pos, routing = await self._locate(req.chain_id, req.chain_version)
+        target, pos, routing = await self._locate(req.chain_id, req.chain_version, for_update=True)
         engine = target.engine
         async with target.locks.hold(key):
             st = engine.get(key)
@@ -227,58 +331,100 @@ class StorageService:
                 if isinstance(action, chain.AckCommitted):
                     return _write_rsp(engine.get(key))
                 if isinstance(action, chain.Reforward):
-                    await self._reforward(target, pos, routing, key, action, req.chunk_size)  # type: ignore[arg-type]
+                    pos = await self._reforward(target, pos, key, action, req.chunk_size)  # type: ignore[arg-type]
                 elif isinstance(action, chain.Apply):
-                    return await self._apply(target, pos, routing, key, req, payload, action)  # type: ignore[arg-type]
+                    if pos is not None and pos.successor is None:
+                        action = chain.Apply(action.update_ver, None)  # became the tail meanwhile
+                    return await self._apply(target, pos, key, req, payload, action)  # type: ignore[arg-type]
         raise StatusError(Status.INTERNAL, "chain decision ended without a reply")
+
+    def _growth(self, st: ChunkState | None, req: WriteReq | TruncateReq) -> int:
+        old = st.length if st else 0
+        if isinstance(req, TruncateReq):
+            return req.length - old
+        if req.full_replace:
+            return req.length - old
+        return max(old, req.offset + req.length) - old
 
     async def _apply(
         self,
         target: StorageTarget,
         pos: chain.Position,
-        routing: Routing,
         key: ChunkKey,
         req: WriteReq | TruncateReq,
         payload: memoryview,
         action: chain.Apply,
     ) -> WriteRsp:
         engine, ver = target.engine, action.update_ver
+        self._check_space(target, self._growth(engine.get(key), req))  # before anything is forwarded
 
-        async def stage() -> None:
-            if isinstance(req, WriteReq):
-                await engine.astage_write(key, ver, req.offset, payload, data_crc=req.data_crc,
-                                          full_replace=req.full_replace)
-            else:
-                engine.stage_truncate(key, ver, req.length)
+        def stage() -> None:
+            try:
+                if isinstance(req, WriteReq):
+                    engine.stage_write(key, ver, req.offset, payload, data_crc=req.data_crc,
+                                       full_replace=req.full_replace)
+                else:
+                    engine.stage_truncate(key, ver, req.length)
+            except OSError as exc:
+                if exc.errno == errno.ENOSPC and not isinstance(exc, NoSpace):
+                    engine.abort(key)
+                    raise NoSpace(f"target {target.target_id}: disk full ({exc})") from exc
+                raise
 
         if action.successor is None:
-            await stage()
+            stage()
             return _write_rsp(await engine.commit(key, ver))
-        fwd = dataclasses.replace(req, forwarded=True, update_ver=ver, chain_version=pos.chain_version)
         m = WRITE if isinstance(req, WriteReq) else TRUNCATE
         crc = req.data_crc if isinstance(req, WriteReq) else None
-        task = asyncio.ensure_future(self._forward(routing, action.successor, m, fwd, payload or None, crc))
+        fwd = dataclasses.replace(req, update_ver=ver)
+
+        async def whole(p: chain.Position) -> Status:
+            return await self._send_whole(target, p, key, ver, req.chunk_size)
+
+        task = asyncio.ensure_future(self._forward_chain(pos, m, fwd, payload or None, crc, whole))
         await asyncio.sleep(0)  # the forward is on the wire before the local write starts
         try:
-            await stage()
+            stage()
         except BaseException:
-            status = await task
-            logger.error("chunk %s v%d: local stage failed after forwarding (successor: %s)", key, ver, status.name)
+            task.cancel()
+            logger.error("chunk %s v%d: local stage failed after forwarding", key, ver)
             raise
-        outcome = chain.on_successor_result(ver, await task)
+        status, _ = await task
+        outcome = chain.on_successor_result(ver, status)
         if isinstance(outcome, chain.Refuse):
             raise StatusError(outcome.status, outcome.reason)
         return _write_rsp(await engine.commit(key, ver))
 
+    async def _send_whole(self, target: StorageTarget, pos: chain.Position, key: ChunkKey, ver: int,
+                          chunk_size: int) -> Status:
+        """Forward the staged update ``ver`` as a whole-chunk replace (under the chunk lock)."""
+        engine = target.engine
+        st = engine.get(key)
+        if st is None or st.pending_ver != ver or pos.successor is None:
+            return Status.VERSION_MISMATCH
+        buf = self.pool.acquire(max(1, st.pending_length))
+        try:
+            mv = memoryview(buf)[: st.pending_length]
+            engine.read(key, 0, mv, pending=True)
+            fwd = WriteReq(
+                chain_id=pos.chain_id, chain_version=pos.chain_version, chunk=ChunkId(inode=key.inode, index=key.index),
+                offset=0, length=st.pending_length, chunk_size=max(chunk_size, st.pending_length),
+                data_crc=st.pending_crc, forwarded=True, update_ver=ver, full_replace=True,
+            )
+            routing = await self.routing.get()
+            return await self._forward(routing, pos.successor, WRITE, fwd, mv, st.pending_crc)
+        finally:
+            self.pool.release(buf)
+
     async def _reforward(
-        self, target: StorageTarget, pos: chain.Position, routing: Routing, key: ChunkKey,
+        self, target: StorageTarget, pos: chain.Position, key: ChunkKey,
         action: chain.Reforward, chunk_size: int,
-    ) -> None:
+    ) -> chain.Position:
         engine = target.engine
         st = engine.get(key)
         assert st is not None and st.pending_ver == action.update_ver
         self.reforwards_total += 1
-        buf = self.pool.acquire(st.pending_length)
+        buf = self.pool.acquire(max(1, st.pending_length))
         try:
             mv = memoryview(buf)[: st.pending_length]
             engine.read(key, 0, mv, pending=True)
@@ -287,13 +433,32 @@ class StorageService:
                 offset=0, length=st.pending_length, chunk_size=max(chunk_size, st.pending_length),
                 data_crc=st.pending_crc, forwarded=True, update_ver=action.update_ver, full_replace=True,
             )
-            status = await self._forward(routing, action.successor, WRITE, fwd, mv, st.pending_crc)
+            status, pos = await self._forward_chain(pos, WRITE, fwd, mv, st.pending_crc)
         finally:
             self.pool.release(buf)
         outcome = chain.on_successor_result(action.update_ver, status)
         if isinstance(outcome, chain.Refuse):
             raise StatusError(outcome.status, outcome.reason)
         await engine.commit(key, action.update_ver)
+        return pos
+
+    async def _sync_write(self, req: WriteReq, payload: memoryview) -> WriteRsp:
+        """A resync copy at the syncing target: make the chunk exactly the sender's version."""
+        key = _key(req.chunk)
+        target, pos, _ = await self._locate(req.chain_id, req.chain_version, for_update=True)
+        if pos is None or pos.is_head:
+            raise StatusError(Status.TARGET_NOT_SERVING, f"target {target.target_id} is not a sync target")
+        engine = target.engine
+        async with target.locks.hold(key):
+            st = engine.get(key)
+            if st is not None and not st.has_pending and (st.commit_ver, st.length, st.crc) == (
+                    req.update_ver, req.length, req.data_crc):
+                return _write_rsp(st)
+            self._check_space(target, req.length - (st.length if st else 0))
+            if st is not None:
+                await engine.remove_range(key.inode, key.index, key.index + 1)
+            engine.stage_write(key, req.update_ver, 0, payload, data_crc=req.data_crc, full_replace=True)
+            return _write_rsp(await engine.commit(key, req.update_ver))
 
     @handles(REMOVE_CHUNKS)
     async def remove_chunks(self, req: RemoveChunksReq, ctx: CallContext) -> RemoveChunksRsp:
@@ -304,14 +469,14 @@ class StorageService:
     async def _remove(self, req: RemoveChunksReq) -> RemoveChunksRsp:
         if req.index_begin < 0 or req.index_end < req.index_begin:
             raise InvalidArgument(f"bad index range [{req.index_begin}, {req.index_end})")
-        target, pos, routing = await self._locate(req.chain_id, req.chain_version)
+        target, pos, routing = await self._locate(req.chain_id, req.chain_version, for_update=True)
         action = chain.on_remove(pos, chain.UpdateIn(req.chain_version, req.forwarded))[0]
         if isinstance(action, chain.Refuse):
             raise StatusError(action.status, action.reason)
         assert isinstance(action, chain.Apply) and pos is not None
         if action.successor is not None:
-            fwd = dataclasses.replace(req, forwarded=True, chain_version=pos.chain_version)
-            outcome = chain.on_successor_result(0, await self._forward(routing, action.successor, REMOVE_CHUNKS, fwd))
+            status, _ = await self._forward_chain(pos, REMOVE_CHUNKS, req, None, None)
+            outcome = chain.on_successor_result(0, status)
             if isinstance(outcome, chain.Refuse):
                 raise StatusError(outcome.status, outcome.reason)
         removed = await target.engine.remove_range(req.inode, req.index_begin, req.index_end)

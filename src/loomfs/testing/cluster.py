@@ -27,7 +27,7 @@ from loomfs.net.rpc import RpcClient
 from loomfs.net.tcp import TcpTransport
 from loomfs.net.transport import Address
 from loomfs.wire import mgmtd as wm
-from loomfs.wire.types import NodeKind, NodeState, RoutingInfo
+from loomfs.wire.types import NodeKind, NodeState, RoutingInfo, TargetState
 
 logger = logging.getLogger(__name__)
 
@@ -106,6 +106,9 @@ class LocalCluster:
         heartbeat_interval_s: float = 1.0,
         lease_s: float = 5.0,
         extra_env: dict[str, str] | None = None,
+        replace_after_s: float = 600.0,
+        storage_config: dict[str, Any] | None = None,
+        client_config: dict[str, Any] | None = None,
     ):
         self.root = Path(root).resolve()
         self.storage_nodes = storage_nodes
@@ -117,6 +120,9 @@ class LocalCluster:
         self.heartbeat_interval_s = heartbeat_interval_s
         self.lease_s = lease_s
         self.extra_env = extra_env or {}
+        self.replace_after_s = replace_after_s
+        self.storage_config = dict(storage_config or {})  # extra StorageConfig settings (tests)
+        self.client_config = dict(client_config or {})
         self.services: dict[str, ServiceProc] = {}
 
     # ---- layout ---------------------------------------------------------------------------
@@ -147,7 +153,8 @@ class LocalCluster:
         mg = f"127.0.0.1:{self.base_port}"
         if s.kind == "mgmtd":
             return {"host": "127.0.0.1", "port": s.port, "data_dir": s.dir, "lease_s": self.lease_s,
-                    "heartbeat_interval_s": self.heartbeat_interval_s, "default_replicas": self.replicas}
+                    "heartbeat_interval_s": self.heartbeat_interval_s, "default_replicas": self.replicas,
+                    "replace_after_s": self.replace_after_s}
         if s.kind == "meta":
             # every meta serves the same namespace: one shared SQLite file (PostgreSQL in production)
             return {"host": "127.0.0.1", "port": s.port, "node_id": s.node_id, "mgmtd": mg,
@@ -155,7 +162,7 @@ class LocalCluster:
                     "store_url": f"sqlite:///{self.root / 'meta.db'}"}
         targets = [str(Path(s.dir, f"target{j}")) for j in range(1, self.targets_per_node + 1)]
         return {"host": "127.0.0.1", "port": s.port, "node_id": s.node_id, "mgmtd": mg,
-                "data_dir": s.dir, "targets": targets}
+                "data_dir": s.dir, "targets": targets, **self.storage_config}
 
     # ---- lifecycle -------------------------------------------------------------------------
     def start(self, timeout_s: float = 60.0) -> None:
@@ -234,6 +241,50 @@ class LocalCluster:
                 pass
             time.sleep(0.1)
         _reap(s.pid)
+        s.pid = 0  # stopped on purpose: not a crash
+
+    # ---- fault injection -------------------------------------------------------------------
+    def pause_service(self, name: str) -> None:
+        """SIGSTOP: the process hangs (a gray failure) until ``resume_service``."""
+        s = self.services[name]
+        if s.alive():
+            os.kill(s.pid, signal.SIGSTOP)
+
+    def resume_service(self, name: str) -> None:
+        s = self.services[name]
+        if s.pid:
+            os.kill(s.pid, signal.SIGCONT)
+
+    def add_storage_node(self, timeout_s: float = 30.0) -> ServiceProc:
+        """Start one more storage process; its targets register as spares."""
+        storage = [x for x in self.services.values() if x.kind == "storage"]
+        node_id = max([x.node_id for x in storage], default=0) + 1
+        assert self.base_port is not None
+        port = self.base_port + 9 + node_id
+        if not _port_free(port):
+            raise LoomError(f"port {port} for storage{node_id} is in use")
+        s = ServiceProc(f"storage{node_id}", "storage", port, node_id, str(self.root / f"storage{node_id}"))
+        self.services[s.name] = s
+        self.storage_nodes += 1
+        Path(s.dir).mkdir(parents=True, exist_ok=True)
+        with open(s.config_path, "wb") as f:
+            tomli_w.dump(self._config(s), f)
+        self.start_service(s.name)
+        self._wait(lambda r: any(n.node_id == node_id and n.state == NodeState.ALIVE for n in r.nodes),
+                   timeout_s, s.name)
+        return s
+
+    def wait_routing(self, ok: Any, timeout_s: float, what: str) -> RoutingInfo:
+        """Poll mgmtd's routing until ``ok(routing)``; raise LoomError after ``timeout_s``."""
+        return self._wait(ok, timeout_s, what)
+
+    def fully_replicated(self, r: RoutingInfo | None = None) -> bool:
+        """Every chain has ``replicas`` serving targets (full redundancy)."""
+        r = r or self.routing()
+        states = {t.target_id: t.state for t in r.targets}
+        return bool(r.chains) and all(
+            sum(1 for t in c.targets if states.get(t) == TargetState.SERVING) >= self.replicas for c in r.chains
+        )
 
     def kill_service(self, name: str) -> None:
         self.stop_service(name, signal.SIGKILL, timeout_s=5.0)
@@ -291,6 +342,10 @@ class LocalCluster:
             "targets_per_node": self.targets_per_node,
             "replicas": self.replicas,
             "meta_nodes": self.meta_nodes,
+            "heartbeat_interval_s": self.heartbeat_interval_s,
+            "lease_s": self.lease_s,
+            "replace_after_s": self.replace_after_s,
+            "storage_config": self.storage_config,
             "services": [asdict(s) for s in self.services.values()],
         }
         tmp = self.state_path.with_suffix(".tmp")
@@ -304,6 +359,10 @@ class LocalCluster:
         self.targets_per_node = data["targets_per_node"]
         self.replicas = data["replicas"]
         self.meta_nodes = data["meta_nodes"]
+        self.heartbeat_interval_s = data.get("heartbeat_interval_s", self.heartbeat_interval_s)
+        self.lease_s = data.get("lease_s", self.lease_s)
+        self.replace_after_s = data.get("replace_after_s", self.replace_after_s)
+        self.storage_config = data.get("storage_config", self.storage_config)
         self.services = {d["name"]: ServiceProc(**d) for d in data["services"]}
 
     @classmethod

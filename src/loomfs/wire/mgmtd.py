@@ -69,3 +69,36 @@ GET_ROUTING = method(SERVICE_MGMTD, 3, "get_routing", GetRoutingReq, GetRoutingR
 CREATE_CHAIN_TABLE = method(SERVICE_MGMTD, 4, "create_chain_table", CreateChainTableReq, CreateChainTableRsp)
 LIST_NODES = method(SERVICE_MGMTD, 5, "list_nodes", Empty, ListNodesRsp, idempotent=True)
 MGMTD_PING = method(SERVICE_MGMTD, 6, "ping", Empty, Empty, idempotent=True)
+
+
+@message
+class SyncReportReq(Message):
+    """A predecessor reports resync progress of its syncing successor ``target_id``."""
+
+    target_id: int = 0
+    chain_id: int = 0
+    chain_version: int = 0  # the chain version the sync ran under
+    chunks_left: int = 0
+    bytes_left: int = 0
+    done: bool = False
+
+
+@message
+class SyncReportRsp(Message):
+    accepted: bool = False  # False: the chain changed; the reporter should re-check routing
+    routing_version: int = 0
+
+
+@message
+class DrainReq(Message):
+    node_id: int = 0
+    undrain: bool = False
+
+
+@message
+class DrainRsp(Message):
+    targets_to_move: int = 0  # targets of the node still in chains
+
+
+SYNC_REPORT = method(SERVICE_MGMTD, 7, "sync_report", SyncReportReq, SyncReportRsp, idempotent=True)
+DRAIN_NODE = method(SERVICE_MGMTD, 8, "drain_node", DrainReq, DrainRsp, idempotent=True)

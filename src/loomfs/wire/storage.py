@@ -42,6 +42,7 @@ class WriteReq(Message):
     forwarded: bool = False
     update_ver: int = 0
     full_replace: bool = False  # resync: payload is the whole chunk at version update_ver
+    sync: bool = False  # resync copy: replaces whatever the syncing target holds for the chunk
 
 
 @message

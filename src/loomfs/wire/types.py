@@ -48,6 +48,7 @@ class NodeInfo(Message):
     port: int = 0
     state: int = NodeState.ALIVE
     last_heartbeat_ms: int = 0
+    draining: bool = False  # `admin drain`: its replicas are moving to spares
 
 
 @message
@@ -60,6 +61,10 @@ class TargetInfo(Message):
     used_bytes: int = 0
     capacity_bytes: int = 0
     chunk_count: int = 0
+    # resync progress (filled by mgmtd from the predecessor's reports while SYNCING)
+    sync_chunks_left: int = 0
+    sync_bytes_left: int = 0
+    draining: bool = False  # its node is being drained
 
 
 @message

@@ -1,0 +1,109 @@
+"""``loomfs admin fsck [--repair]``: check namespace <-> chunks.
+
+Lists every chunk on every storage target, then walks the namespace (in that order, so a
+chunk of a file created meanwhile is never taken for an orphan). Reports:
+
+* orphans: chunks whose inode is no file in the namespace (a crash between unlink and GC, or
+  a lost GC entry); with ``--repair`` they are removed through their chain after a second
+  walk ``--grace-s`` later confirms the inode is still gone;
+* missing replicas: a chunk held by fewer serving members of its chain than others hold;
+* bad lengths: a chunk longer than the file's chunk size.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import loomfs
+from loomfs.client import paths as _paths
+from loomfs.wire.types import FileType, Layout, TargetState
+
+
+@dataclass
+class FsckReport:
+    files: int = 0
+    chunks: int = 0
+    orphans: dict[int, set[tuple[int, int]]] = field(default_factory=dict)  # inode -> {(chain, index)}
+    missing: list[str] = field(default_factory=list)
+    bad_lengths: list[str] = field(default_factory=list)
+    removed: int = 0
+
+    @property
+    def clean(self) -> bool:
+        return not (self.orphans or self.missing or self.bad_lengths)
+
+
+def _namespace(fs: loomfs.LoomFS) -> dict[int, Layout | None]:
+    out: dict[int, Layout | None] = {}
+    for top, _dirs, files in fs.walk("/"):
+        for name in files:
+            try:
+                a = fs.attr(_paths.join(top, name), follow_symlinks=False)
+            except FileNotFoundError:
+                continue
+            if a.type == FileType.FILE:
+                out[a.inode] = a.layout
+    return out
+
+
+def fsck(fs: loomfs.LoomFS, cluster_chunks: Any, routing: Any, *, repair: bool = False,
+         grace_s: float = 10.0) -> FsckReport:
+    """``cluster_chunks()``: [(target_id, ChunkMeta)] of all targets (LocalCluster.chunks_of(0))."""
+    rep = FsckReport()
+    states = {t.target_id: t for t in routing.targets}
+    chunks = cluster_chunks()
+    names = _namespace(fs)
+    rep.files = len(names)
+    holders: dict[tuple[int, int, int], set[int]] = {}  # (chain, inode, index) -> serving targets
+    for tid, m in chunks:
+        t = states.get(tid)
+        if t is None or not t.chain_id or m.chunk is None or not m.commit_ver:
+            continue
+        rep.chunks += 1
+        if t.state == TargetState.SERVING:
+            holders.setdefault((t.chain_id, m.chunk.inode, m.chunk.index), set()).add(tid)
+        layout = names.get(m.chunk.inode)
+        if m.chunk.inode not in names:
+            rep.orphans.setdefault(m.chunk.inode, set()).add((t.chain_id, m.chunk.index))
+        elif layout is not None and m.length > layout.chunk_size:
+            rep.bad_lengths.append(f"target {tid} chunk {m.chunk.inode:x}/{m.chunk.index}: {m.length} bytes "
+                                   f"> chunk size {layout.chunk_size}")
+    for c in routing.chains:
+        serving = {t for t in c.targets if states[t].state == TargetState.SERVING}
+        for (chain_id, inode, index), have in holders.items():
+            if chain_id == c.chain_id and have != serving and inode in names:
+                rep.missing.append(f"chain {chain_id} chunk {inode:x}/{index}: on {sorted(have)} of {sorted(serving)}")
+    if repair and rep.orphans:
+        time.sleep(grace_s)
+        still = _namespace(fs)
+        for inode, places in list(rep.orphans.items()):
+            if inode in still:
+                del rep.orphans[inode]
+                continue
+            chains = sorted({chain for chain, _ in places})
+            fs.run(fs.client.storage.remove_chunks(Layout(chains=chains, stripe=len(chains)), inode, 0))
+            rep.removed += len(places)
+    return rep
+
+
+def cmd_fsck(args: argparse.Namespace) -> int:
+    from loomfs.cli.admin import fetch_routing
+    from loomfs.cli.common import target
+    from loomfs.testing.cluster import LocalCluster
+
+    c = LocalCluster.from_dir(target(args))
+    fs = loomfs.connect(str(c.root))
+    try:
+        rep = fsck(fs, lambda: c.chunks_of(0), fetch_routing(args), repair=args.repair, grace_s=args.grace_s)
+    finally:
+        fs.close()
+    print(f"fsck: {rep.files} files, {rep.chunks} chunk replicas; {sum(map(len, rep.orphans.values()))} orphan "
+          f"chunks of {len(rep.orphans)} inodes, {len(rep.missing)} missing replicas, {len(rep.bad_lengths)} bad lengths")
+    for line in rep.missing[:20] + rep.bad_lengths[:20]:
+        print("  " + line)
+    if args.repair:
+        print(f"fsck: removed {rep.removed} orphan chunks")
+    return 0 if rep.clean or (args.repair and not rep.missing and not rep.bad_lengths) else 1

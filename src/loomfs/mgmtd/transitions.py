@@ -1,0 +1,180 @@
+"""Target-state transitions of one chain: a pure function, no I/O, no clock reads.
+
+``plan_chain`` takes the chain's members (in chain order) with their public state and what
+mgmtd knows locally (is the node alive, did the target just restart, did its resync finish,
+since when is it offline, is its node draining) plus the spare targets, and returns the new
+member list, in routing order, with new states. mgmtd calls it on every event and every tick,
+so it must reach a fixed point: calling it again on its own output changes nothing.
+
+The rules (docs/fault-tolerance.md has them as a table):
+
+* a dead SERVING target goes OFFLINE, unless it was the chain's last serving one: then the
+  first of those in chain order goes LASTSRV (it holds the newest data) and the rest OFFLINE;
+* a dead SYNCING or WAITING target goes OFFLINE; LASTSRV and OFFLINE stay;
+* an alive LASTSRV serves again when the chain has no serving member, else it waits;
+* an alive OFFLINE target (or a restarted SERVING one, while others serve) WAITs;
+* one WAITING target at a time becomes SYNCING, when the chain has a serving member;
+* a SYNCING target whose predecessor reported sync done becomes SERVING;
+* a chain with no serving and no lastsrv member (nothing better is known) serves from its
+  first alive member, so a chain never stays stuck;
+* an OFFLINE target offline for longer than ``replace_after_s`` is swapped for a spare on
+  another node, which then syncs like a returning target;
+* a draining target gets a spare added beside it; once the chain has ``replicas`` serving
+  members without it, it leaves the chain.
+
+Routing order: serving (keeping their order: the head stays the head), syncing, waiting,
+lastsrv, offline. Writes flow through serving then syncing members, so the syncing target is
+the write tail and the last serving one its predecessor (the resync source).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from loomfs.wire.types import TargetState
+
+S = TargetState
+_ORDER = {S.SERVING: 0, S.SYNCING: 1, S.WAITING: 2, S.LASTSRV: 3, S.OFFLINE: 4}
+
+
+@dataclass(frozen=True, slots=True)
+class Member:
+    target_id: int
+    node_id: int
+    state: S
+    alive: bool = True
+    restarted: bool = False  # the node re-registered (a new process): its data may be behind
+    sync_done: bool = False  # the predecessor reported the resync finished
+    offline_since_s: float | None = None
+    draining: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class ChainPlan:
+    members: list[Member]  # new routing order with new states
+    removed: list[int] = field(default_factory=list)  # targets that left the chain (now spares)
+    added: list[int] = field(default_factory=list)  # spares that joined
+    reasons: list[str] = field(default_factory=list)  # one line per change, for the log
+
+    def targets(self) -> list[int]:
+        return [m.target_id for m in self.members]
+
+
+def _set(ms: list[Member], i: int, state: S, reasons: list[str], why: str) -> None:
+    if ms[i].state != state:
+        reasons.append(f"target {ms[i].target_id}: {ms[i].state.name} -> {state.name} ({why})")
+        ms[i] = replace(ms[i], state=state)
+
+
+def _states(ms: list[Member]) -> list[S]:
+    return [m.state for m in ms]
+
+
+def _step_states(ms: list[Member], reasons: list[str]) -> None:
+    """The per-target rules, applied in place in a fixed order."""
+    # 1. failures
+    serving_alive = [m for m in ms if m.state == S.SERVING and m.alive]
+    dying = [i for i, m in enumerate(ms) if m.state == S.SERVING and not m.alive]
+    has_lastsrv = S.LASTSRV in _states(ms)
+    for k, i in enumerate(dying):
+        last = not serving_alive and not has_lastsrv and k == 0
+        _set(ms, i, S.LASTSRV if last else S.OFFLINE, reasons, "last serving member lost" if last else "lease lapsed")
+    for i, m in enumerate(ms):
+        if not m.alive and m.state in (S.SYNCING, S.WAITING):
+            _set(ms, i, S.OFFLINE, reasons, "lease lapsed")
+    # 2. restarts of serving targets while others serve: their data may lag (lost pending)
+    for i, m in enumerate(ms):
+        others = [x for x in ms if x is not m and x.state == S.SERVING and x.alive]
+        if m.alive and m.restarted and m.state == S.SERVING and others:
+            _set(ms, i, S.WAITING, reasons, "restarted; resync from the chain")
+    # 3. returns
+    for i, m in enumerate(ms):
+        if not m.alive:
+            continue
+        serving = S.SERVING in _states(ms)
+        if m.state == S.LASTSRV:
+            _set(ms, i, S.WAITING if serving else S.SERVING, reasons, "lastsrv back")
+        elif m.state == S.OFFLINE:
+            _set(ms, i, S.WAITING, reasons, "back")
+    # 4. never stuck: no serving and no lastsrv member -> the first alive member serves
+    st = _states(ms)
+    if S.SERVING not in st and S.LASTSRV not in st:
+        for i, m in enumerate(ms):
+            if m.alive:
+                _set(ms, i, S.SERVING, reasons, "no better replica known")
+                break
+    # 5. syncing: finished -> serving; no source left -> waiting; one at a time
+    serving = S.SERVING in _states(ms)
+    for i, m in enumerate(ms):
+        if m.state == S.SYNCING and m.alive:
+            if not serving:
+                _set(ms, i, S.WAITING, reasons, "no serving source")
+            elif m.sync_done:
+                _set(ms, i, S.SERVING, reasons, "resync done")
+    if serving and S.SYNCING not in _states(ms):
+        for i, m in enumerate(ms):
+            if m.state == S.WAITING and m.alive:
+                _set(ms, i, S.SYNCING, reasons, "resync from predecessor")
+                break
+
+
+def pick_spare(spares: list[Member], used_nodes: set[int], node_load: dict[int, int]) -> Member | None:
+    """An alive, non-draining spare on a node the chain does not use; least-loaded node first."""
+    ok = [s for s in spares if s.alive and not s.draining and s.node_id not in used_nodes]
+    if not ok:
+        return None
+    return min(ok, key=lambda s: (node_load.get(s.node_id, 0), s.target_id))
+
+
+def plan_chain(
+    members: list[Member],
+    *,
+    spares: list[Member] = (),  # type: ignore[assignment]
+    replicas: int = 0,
+    now_s: float = 0.0,
+    replace_after_s: float = 0.0,  # 0 = never replace
+    node_load: dict[int, int] | None = None,  # chain memberships per node (spread spares)
+) -> ChainPlan:
+    ms = list(members)
+    reasons: list[str] = []
+    removed: list[int] = []
+    added: list[int] = []
+    pool = list(spares)
+    load = node_load or {}
+    _step_states(ms, reasons)
+    # replacement of long-offline targets by spares
+    if replace_after_s > 0:
+        for i, m in enumerate(ms):
+            if m.state != S.OFFLINE or m.offline_since_s is None or now_s - m.offline_since_s < replace_after_s:
+                continue
+            if S.SERVING not in _states(ms):
+                break  # nothing to rebuild from
+            spare = pick_spare(pool, {x.node_id for x in ms if x is not m}, load)
+            if spare is None:
+                break
+            pool.remove(spare)
+            reasons.append(f"target {m.target_id} offline {now_s - m.offline_since_s:.0f}s: replaced by spare "
+                           f"{spare.target_id}")
+            removed.append(m.target_id)
+            added.append(spare.target_id)
+            ms[i] = replace(spare, state=S.WAITING, restarted=False, sync_done=False)
+    # drain: add a spare next to a draining member, drop the member once enough serve without it
+    draining = [m for m in ms if m.draining]
+    if draining:
+        healthy = [m for m in ms if m.state == S.SERVING and not m.draining]
+        want = replicas or len(ms) - len(draining)
+        if len(healthy) >= want:
+            for m in draining:
+                reasons.append(f"target {m.target_id} drained: leaves the chain")
+                removed.append(m.target_id)
+            ms = [m for m in ms if not m.draining]
+        elif all(m.state == S.SERVING for m in ms) and len(ms) < want + len(draining):
+            spare = pick_spare(pool, {x.node_id for x in ms}, load)
+            if spare is not None:
+                reasons.append(f"spare {spare.target_id} joins to replace draining target {draining[0].target_id}")
+                added.append(spare.target_id)
+                ms.append(replace(spare, state=S.WAITING, restarted=False, sync_done=False))
+    if removed or added:
+        _step_states(ms, reasons)
+    ms.sort(key=lambda m: _ORDER[m.state])  # stable: serving keep their order
+    return ChainPlan(ms, removed, added, reasons)

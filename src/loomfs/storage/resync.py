@@ -1,0 +1,209 @@
+"""Online resync: the predecessor of a SYNCING target copies what the target is missing.
+
+When mgmtd marks a returning (or spare) target SYNCING it sits at the write tail of its
+chain, so every new update reaches it; its predecessor (the last serving member) then walks
+the union of its own chunks and the target's chunk dump (QUERY_CHUNKS) and, under each
+chunk's lock (so it serialises with writes passing through), sends the committed chunk as a
+``sync`` whole-chunk replace when versions differ, or removes chunks the chain no longer has.
+At the end it reports done; mgmtd makes the target SERVING. Progress (chunks and bytes left)
+goes to mgmtd every ``report_interval_s`` and shows in ``loomfs admin targets``.
+
+A chain change cancels the worker; the next routing check starts a fresh one for the new
+chain version (comparing again skips what is already equal).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from loomfs.common.routing import Routing
+from loomfs.errors import LoomError, StatusError
+from loomfs.storage.engine.base import ChunkKey
+from loomfs.storage.target import StorageTarget
+from loomfs.wire.mgmtd import SyncReportReq
+from loomfs.wire.status import Status
+from loomfs.wire.storage import (
+    QUERY_CHUNKS,
+    REMOVE_CHUNKS,
+    WRITE,
+    ChunkId,
+    ChunkMeta,
+    QueryChunksReq,
+    RemoveChunksReq,
+    WriteReq,
+)
+from loomfs.wire.types import TargetState
+
+logger = logging.getLogger(__name__)
+
+Reporter = Callable[[SyncReportReq], Awaitable[bool]]
+DUMP_LIMIT = 100_000
+
+
+@dataclass(frozen=True, slots=True)
+class SyncJob:
+    chain_id: int
+    chain_version: int
+    source: int  # local target (the predecessor)
+    dest: int  # the syncing target
+
+
+def sync_jobs(routing: Routing, local_targets: set[int]) -> list[SyncJob]:
+    """Which resyncs this node must run: for each chain whose write tail is SYNCING, the last
+    serving member copies to it, if that member is one of ours."""
+    jobs = []
+    for c in routing.chains.values():
+        states = [(t, routing.targets[t].state) for t in c.targets if t in routing.targets]
+        serving = [t for t, s in states if s == TargetState.SERVING]
+        syncing = [t for t, s in states if s == TargetState.SYNCING]
+        if serving and syncing and serving[-1] in local_targets:
+            jobs.append(SyncJob(c.chain_id, c.version, serving[-1], syncing[0]))
+    return jobs
+
+
+class Resyncer:
+    """Runs one worker per SyncJob; ``update(routing)`` starts and cancels them."""
+
+    def __init__(self, service: object, report: Reporter, *, bytes_per_s: int = 0,
+                 report_interval_s: float = 0.5):
+        from loomfs.storage.service import StorageService
+
+        assert isinstance(service, StorageService)
+        self.service = service
+        self.report = report
+        self.bytes_per_s = bytes_per_s
+        self.report_interval_s = report_interval_s
+        self._tasks: dict[SyncJob, asyncio.Task[None]] = {}
+        self.chunks_copied = 0
+        self.chunks_removed = 0
+        self.bytes_copied = 0
+        self.done_total = 0
+
+    def update(self, routing: Routing) -> None:
+        jobs = set(sync_jobs(routing, set(self.service.targets)))
+        me = asyncio.current_task()
+        for job, task in list(self._tasks.items()):
+            if task is me:
+                continue  # a worker reporting done sees its own job vanish: it ends by itself
+            if job not in jobs or task.done():
+                if not task.done():
+                    logger.info("resync %s: chain changed, stopping", job)
+                    task.cancel()
+                if job not in jobs:
+                    del self._tasks[job]
+        for job in jobs:
+            if job not in self._tasks:
+                self._tasks[job] = asyncio.ensure_future(self._run(job, routing))
+
+    @property
+    def active(self) -> int:
+        return sum(1 for t in self._tasks.values() if not t.done())
+
+    async def close(self) -> None:
+        for t in self._tasks.values():
+            t.cancel()
+        await asyncio.gather(*self._tasks.values(), return_exceptions=True)
+        self._tasks.clear()
+
+    async def _run(self, job: SyncJob, routing: Routing) -> None:
+        started = time.monotonic()
+        try:
+            copied = await self._sync(job, routing)
+        except asyncio.CancelledError:
+            raise
+        except (LoomError, OSError) as exc:
+            logger.warning("resync %s failed (retried on the next routing check): %s", job, exc)
+            await asyncio.sleep(0.5)
+            self._tasks.pop(job, None)
+            return
+        except Exception:
+            logger.exception("resync %s crashed", job)
+            await asyncio.sleep(0.5)
+            self._tasks.pop(job, None)
+            return
+        self.done_total += 1
+        logger.info("resync %s done in %.2fs: %d chunks copied", job, time.monotonic() - started, copied)
+
+    async def _dump(self, job: SyncJob, routing: Routing) -> dict[ChunkKey, ChunkMeta]:
+        rsp = await self.service.rpc.call(routing.address_of(job.dest), QUERY_CHUNKS,
+                                          QueryChunksReq(target_id=job.dest, limit=DUMP_LIMIT), timeout_s=30.0)
+        if rsp.body.more:
+            logger.warning("resync %s: target holds more than %d chunks; later passes finish it", job, DUMP_LIMIT)
+        return {ChunkKey(m.chunk.inode, m.chunk.index): m for m in rsp.body.chunks if m.chunk is not None}
+
+    async def _sync(self, job: SyncJob, routing: Routing) -> int:
+        target = self.service.targets[job.source]
+        remote = await self._dump(job, routing)
+        local = {s.key: s for s in target.engine.list_chunks(0, limit=1 << 40) if s.commit_ver}
+        keys = sorted(set(local) | set(remote))
+        chunks_left = len(keys)
+        bytes_left = sum(s.length for s in local.values())
+        last_report = 0.0
+        copied = 0
+        for key in keys:
+            now = time.monotonic()
+            if now - last_report >= self.report_interval_s:
+                last_report = now
+                if not await self._report(job, chunks_left, bytes_left, done=False):
+                    raise StatusError(Status.STALE_CHAIN_VERSION, "mgmtd refused the progress report")
+            sent = await self._sync_chunk(job, routing, target, key, remote.get(key))
+            copied += sent > 0
+            chunks_left -= 1
+            bytes_left = max(0, bytes_left - (local[key].length if key in local else 0))
+            if self.bytes_per_s and sent:
+                await asyncio.sleep(sent / self.bytes_per_s)
+        if not await self._report(job, 0, 0, done=True):
+            raise StatusError(Status.STALE_CHAIN_VERSION, "mgmtd refused the sync-done report")
+        return copied
+
+    async def _report(self, job: SyncJob, chunks_left: int, bytes_left: int, *, done: bool) -> bool:
+        req = SyncReportReq(target_id=job.dest, chain_id=job.chain_id, chain_version=job.chain_version,
+                            chunks_left=chunks_left, bytes_left=bytes_left, done=done)
+        for attempt in range(20):
+            try:
+                return await self.report(req)
+            except (LoomError, OSError) as exc:
+                logger.debug("sync report failed (attempt %d): %s", attempt, exc)
+                await asyncio.sleep(0.25)
+        return False
+
+    async def _sync_chunk(self, job: SyncJob, routing: Routing, target: StorageTarget, key: ChunkKey,
+                          remote: ChunkMeta | None) -> int:
+        """Make ``dest``'s copy of ``key`` equal ours; returns bytes sent (0: nothing to do)."""
+        svc = self.service
+        address = routing.address_of(job.dest)
+        async with target.locks.hold(key):
+            st = target.engine.get(key)
+            if st is None or st.commit_ver == 0:
+                if remote is not None:
+                    rm = RemoveChunksReq(chain_id=job.chain_id, chain_version=job.chain_version, inode=key.inode,
+                                         index_begin=key.index, index_end=key.index + 1, forwarded=True)
+                    await svc.rpc.call(address, REMOVE_CHUNKS, rm, timeout_s=svc.forward_timeout_s)
+                    self.chunks_removed += 1
+                return 0
+            if remote is not None and remote.update_ver <= remote.commit_ver and (
+                    remote.commit_ver, remote.length, remote.crc) == (st.commit_ver, st.length, st.crc):
+                return 0
+            buf = svc.pool.acquire(max(1, st.length))
+            try:
+                mv = memoryview(buf)[: st.length]
+                n = target.engine.read(key, 0, mv)
+                req = WriteReq(chain_id=job.chain_id, chain_version=job.chain_version,
+                               chunk=ChunkId(inode=key.inode, index=key.index), offset=0, length=n,
+                               chunk_size=max(n, 1), data_crc=st.crc, forwarded=True, update_ver=st.commit_ver,
+                               full_replace=True, sync=True)
+                await svc.rpc.call(address, WRITE, req, payload=mv[:n], payload_crc=st.crc,
+                                   timeout_s=svc.forward_timeout_s)
+            finally:
+                svc.pool.release(buf)
+            self.chunks_copied += 1
+            self.bytes_copied += n
+            return max(1, n)
+
+    def __repr__(self) -> str:
+        return (f"Resyncer(active={self.active} copied={self.chunks_copied} removed={self.chunks_removed} "
+                f"bytes={self.bytes_copied} done={self.done_total})")

@@ -1,0 +1,140 @@
+"""Background scrubber: recompute every chunk's CRC32C at a bounded rate; repair bad ones.
+
+Each pass walks every target's committed chunks (under the chunk lock, so it never races a
+write), reads the chunk, and compares its CRC32C with the one recorded at commit. A chunk
+that does not match (bit rot, a torn or tampered file) is logged, counted, and replaced by
+the same version read from another serving replica of its chain (the transport checks that
+copy's CRC end to end). A chunk whose replicas moved on meanwhile is left for the next pass.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+import crc32c
+
+from loomfs.errors import LoomError
+from loomfs.storage.engine.base import ChunkKey
+from loomfs.storage.target import StorageTarget
+from loomfs.wire.storage import READ, ChunkId, ReadReq
+from loomfs.wire.types import TargetState
+
+logger = logging.getLogger(__name__)
+
+BAD_KEPT_MAX = 1000
+
+
+class Scrubber:
+    def __init__(self, service: object, *, bytes_per_s: int, interval_s: float, first_pass_after_s: float = 0.0):
+        from loomfs.storage.service import StorageService
+
+        assert isinstance(service, StorageService)
+        self.service = service
+        self.bytes_per_s = bytes_per_s
+        self.interval_s = interval_s
+        self.first_pass_after_s = first_pass_after_s if first_pass_after_s else min(interval_s, 60.0)
+        self.passes = 0
+        self.chunks_checked = 0
+        self.bad_found = 0
+        self.repaired = 0
+        self.bad: list[tuple[int, ChunkKey]] = []  # (target, chunk) found bad, newest last (bounded)
+        self._task: asyncio.Task[None] | None = None
+
+    async def run(self) -> None:
+        if self.bytes_per_s <= 0:
+            return
+        self._task = asyncio.current_task()
+        await asyncio.sleep(self.first_pass_after_s)
+        while True:
+            started = time.monotonic()
+            for target in list(self.service.targets.values()):
+                await self.scrub_target(target)
+            self.passes += 1
+            logger.info("scrub pass %d: %d chunks checked, %d bad, %d repaired in %.1fs", self.passes,
+                        self.chunks_checked, self.bad_found, self.repaired, time.monotonic() - started)
+            await asyncio.sleep(self.interval_s)
+
+    async def scrub_target(self, target: StorageTarget) -> int:
+        """One pass over ``target``; returns how many bad chunks it found."""
+        bad = 0
+        for st in target.engine.list_chunks(0, limit=1 << 40):
+            if not st.commit_ver:
+                continue
+            ok, n = await self.check_chunk(target, st.key)
+            bad += not ok
+            if self.bytes_per_s > 0:
+                await asyncio.sleep(max(n, 4096) / self.bytes_per_s)
+        return bad
+
+    async def check_chunk(self, target: StorageTarget, key: ChunkKey) -> tuple[bool, int]:
+        """(good, bytes read). A bad chunk is repaired from another replica when possible."""
+        svc = self.service
+        async with target.locks.hold(key):
+            st = target.engine.get(key)
+            if st is None or not st.commit_ver:
+                return True, 0
+            buf = svc.pool.acquire(max(1, st.length))
+            try:
+                mv = memoryview(buf)[: st.length]
+                try:
+                    n = target.engine.read(key, 0, mv)
+                    crc = crc32c.crc32c(mv[:n])
+                except OSError as exc:
+                    logger.error("scrub: target %d chunk %s unreadable: %s", target.target_id, key, exc)
+                    n, crc = 0, -1
+                self.chunks_checked += 1
+                if n == st.length and crc == st.crc:
+                    return True, n
+                self.bad_found += 1
+                self.bad.append((target.target_id, key))
+                del self.bad[:-BAD_KEPT_MAX]
+                logger.error("scrub: target %d chunk %s v%d is corrupt (crc %08x, recorded %08x): repairing",
+                             target.target_id, key, st.commit_ver, crc & 0xFFFFFFFF, st.crc)
+                if await self._repair(target, key, st.commit_ver, st.length, st.crc, mv):
+                    self.repaired += 1
+                return False, n
+            finally:
+                svc.pool.release(buf)
+
+    async def _repair(self, target: StorageTarget, key: ChunkKey, ver: int, length: int, crc: int,
+                      into: memoryview) -> bool:
+        svc = self.service
+        try:
+            routing = await svc.routing.get()
+            chain_id = routing.targets[target.target_id].chain_id
+            info = routing.chain(chain_id)
+        except (KeyError, LoomError) as exc:
+            logger.warning("scrub: no chain for target %d: %s", target.target_id, exc)
+            return False
+        for other in info.targets:
+            ti = routing.targets.get(other)
+            if other == target.target_id or ti is None or ti.state != TargetState.SERVING:
+                continue
+            req = ReadReq(chain_id=chain_id, chain_version=info.version, chunk=ChunkId(inode=key.inode, index=key.index),
+                          offset=0, length=length, target_id=other)
+            try:
+                rsp = await svc.rpc.call(routing.address_of(other), READ, req, recv_into=into, timeout_s=30.0)
+            except (LoomError, OSError) as exc:
+                logger.warning("scrub: reading chunk %s from target %d failed: %s", key, other, exc)
+                continue
+            data = rsp.payload
+            if rsp.body.commit_ver != ver or len(data) != length or crc32c.crc32c(data) != crc:
+                logger.warning("scrub: target %d has chunk %s v%d (want v%d): retry next pass", other, key,
+                               rsp.body.commit_ver, ver)
+                continue
+            await target.engine.remove_range(key.inode, key.index, key.index + 1)
+            target.engine.stage_write(key, ver, 0, data, data_crc=crc, full_replace=True)
+            await target.engine.commit(key, ver)
+            logger.info("scrub: target %d chunk %s v%d repaired from target %d", target.target_id, key, ver, other)
+            return True
+        return False
+
+    async def close(self) -> None:
+        if self._task is not None and not self._task.done():
+            self._task.cancel()
+
+    def __repr__(self) -> str:
+        return (f"Scrubber(passes={self.passes} checked={self.chunks_checked} bad={self.bad_found} "
+                f"repaired={self.repaired})")
