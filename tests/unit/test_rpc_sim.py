@@ -179,3 +179,43 @@ def test_observers_see_every_call_with_bytes_and_status() -> None:
     assert ("server", "read", 0, 0, 300) in seen and ("client", "read", 0, 300, 0) in seen
     assert ("server", "stat", int(Status.ENOENT), 0, 0) in seen
     assert ("client", "stat", int(Status.ENOENT), 0, 0) in seen
+
+
+def test_trace_id_follows_a_request_across_servers() -> None:
+    from loomfs.common import trace
+    from loomfs.wire.message import Method
+
+    fwd_method = Method(STAT.service, 99, "fwd", PathReq, AttrRsp)
+    seen: dict[str, int] = {}
+
+    class Front:
+        def __init__(self, client: RpcClient, back: Address):
+            self.client, self.back = client, back
+
+        @handles(STAT)
+        async def stat(self, req: PathReq, ctx: CallContext) -> AttrRsp:
+            seen["front"] = trace.current()
+            rsp = await self.client.call(self.back, fwd_method, PathReq(path=req.path))
+            return rsp.body  # type: ignore[no-any-return]
+
+    class Back:
+        @handles(fwd_method)
+        async def fwd(self, req: PathReq, ctx: CallContext) -> AttrRsp:
+            seen["back"] = trace.current()
+            return AttrRsp(attr=Attr(inode=42))
+
+    async def go() -> None:
+        net = SimNetwork(seed=3)
+        back = RpcServer("back", net.transport("10.0.0.3"))
+        back.add_service(Back())
+        back_addr = await back.start(Address("10.0.0.3", 7001))
+        front = RpcServer("front", net.transport("10.0.0.1"))
+        front.add_service(Front(RpcClient(net.transport("10.0.0.1")), back_addr))
+        front_addr = await front.start(Address("10.0.0.1", 7000))
+        client = RpcClient(net.transport("10.0.0.2"))
+        trace.TRACE.set(0xABC)
+        rsp = await client.call(front_addr, STAT, PathReq(path="/x"))
+        assert rsp.body.attr.inode == 42
+
+    run(go())
+    assert seen == {"front": 0xABC, "back": 0xABC}

@@ -11,6 +11,7 @@ from __future__ import annotations
 import _thread
 import asyncio
 import atexit
+import contextvars
 import dataclasses
 import io
 import json
@@ -26,6 +27,7 @@ from typing import Any, TypeVar
 from loomfs.client.core import AsyncClient
 from loomfs.client.file import AsyncFile, parse_mode
 from loomfs.client.syncfile import LoomFile
+from loomfs.common import trace
 from loomfs.common.routing import parse_addresses
 from loomfs.config import ClientConfig
 from loomfs.errors import LoomError
@@ -163,8 +165,11 @@ class LoomFS:
         def finished(task: asyncio.Task[T]) -> None:
             done.release()
 
+        ctx = contextvars.copy_context()
+        ctx.run(trace.TRACE.set, trace.new_id())  # one trace id for all RPCs of this call
+
         def start() -> None:
-            task = loop.create_task(coro)
+            task = loop.create_task(coro, context=ctx)
             box.append(task)
             task.add_done_callback(finished)
 

@@ -19,6 +19,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
+from loomfs.common import trace
 from loomfs.errors import (
     ConnectionFailed,
     ConnectRefused,
@@ -186,6 +187,7 @@ class _ServerConnection:
         status, message = Status.OK, ""
         started = time.perf_counter()
         entry = server._handlers.get((header.service, header.method))
+        trace.TRACE.set(header.trace or trace.new_id())  # this task's context: logs and onward calls
         try:
             if entry is None:
                 raise StatusError(
@@ -319,7 +321,8 @@ class ClientConnection:
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[tuple[fr.Header, memoryview, bool]] = loop.create_future()
         self._pending[rid] = _Pending(fut, recv_into)
-        header = fr.Header(m.service, m.method, rid, max(1, int(timeout_s * 1000)), 0, "", req.to_wire())
+        header = fr.Header(m.service, m.method, rid, max(1, int(timeout_s * 1000)), 0, "", req.to_wire(),
+                           0, trace.outgoing())
         try:
             await self.channel.send(fr.encode(fr.KIND_REQUEST, header, payload, payload_crc), payload)
             async with asyncio.timeout(timeout_s):

@@ -61,6 +61,7 @@ class Header:
     message: str
     body: dict[str, Any]
     payload_crc: int = 0  # filled in on receipt from the prefix (not part of the encoding)
+    trace: int = 0  # request trace id (optional 8th header item; older peers ignore it)
 
 
 def crc(data: bytes | bytearray | memoryview, value: int = 0) -> int:
@@ -94,11 +95,12 @@ def decode_header(prefix: Prefix, raw: bytes | bytearray | memoryview) -> Header
     if not isinstance(items, list) or len(items) < 7:
         raise FrameError("header is not a 7-item array")
     service, method, request_id, deadline_ms, status, message, body = items[:7]
+    trace = items[7] if len(items) > 7 and isinstance(items[7], int) and 0 <= items[7] < 1 << 64 else 0
     if not all(isinstance(v, int) for v in (service, method, request_id, deadline_ms, status)):
         raise FrameError("header ids must be integers")
     if not isinstance(message, str) or not isinstance(body, dict):
         raise FrameError("header message/body have wrong types")
-    return Header(service, method, request_id, deadline_ms, status, message, body)
+    return Header(service, method, request_id, deadline_ms, status, message, body, 0, trace)
 
 
 def encode(
@@ -117,6 +119,7 @@ def encode(
             header.status,
             header.message,
             header.body,
+            *((header.trace,) if header.trace else ()),
         ],
         use_bin_type=True,
     )
