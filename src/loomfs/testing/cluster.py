@@ -216,6 +216,11 @@ class LocalCluster:
         )
         log.close()
         s.pid = proc.pid
+        # until the child has exec'd, /proc/PID/cmdline is still ours, and alive() would call a
+        # perfectly healthy process dead (then stop() would SIGTERM it): wait for the exec
+        end = time.monotonic() + 10.0
+        while proc.poll() is None and not s.alive() and time.monotonic() < end:
+            time.sleep(0.002)
         Path(s.dir, "pid").write_text(str(proc.pid))
         self._write_state()
         return s
@@ -388,18 +393,22 @@ class LocalCluster:
         return _run(go())
 
     def chunks_of(self, inode: int) -> list[tuple[int, Any]]:
-        """(target_id, ChunkMeta) for every chunk of ``inode`` on every storage target."""
+        """(target_id, ChunkMeta) for every chunk of ``inode`` on every running storage node."""
         from loomfs.wire.storage import QUERY_CHUNKS, QueryChunksReq
 
         routing = self.routing()
-        nodes = {n.node_id: n for n in routing.nodes}
+        running = {s.node_id for s in self.services.values() if s.kind == "storage" and s.alive()}
+        nodes = {n.node_id: n for n in routing.nodes
+                 if n.node_id in running and n.state == NodeState.ALIVE}
 
         async def go() -> list[tuple[int, Any]]:
             rpc = RpcClient(TcpTransport(), connect_timeout_s=1.0)
             out: list[tuple[int, Any]] = []
             try:
                 for t in routing.targets:
-                    n = nodes[t.node_id]
+                    n = nodes.get(t.node_id)
+                    if n is None:
+                        continue  # stopped or dead: nothing to ask
                     rsp = await rpc.call(Address(n.host, n.port), QUERY_CHUNKS,
                                          QueryChunksReq(target_id=t.target_id, inode=inode), timeout_s=5.0)
                     out += [(t.target_id, c) for c in rsp.body.chunks]
