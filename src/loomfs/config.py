@@ -35,6 +35,7 @@ class MgmtdConfig:
     lease_s: float = 5.0  # a node silent this long is marked dead
     default_replicas: int = 3
     replace_after_s: float = 600.0  # an offline target is replaced by a spare after this (0 = never)
+    metrics_port: int = 0  # Prometheus /metrics: 0 = any free port (advertised to mgmtd), -1 = off
     rpc: RpcConfig = field(default_factory=RpcConfig)
 
 
@@ -51,6 +52,7 @@ class MetaConfig:
     default_chunk_size_bytes: int = 4 << 20
     default_stripe: int = 16
     sqlite_synchronous: str = "NORMAL"  # FULL to fsync every commit
+    metrics_port: int = 0  # Prometheus /metrics: 0 = any free port (advertised to mgmtd), -1 = off
     rpc: RpcConfig = field(default_factory=RpcConfig)
 
 
@@ -68,6 +70,7 @@ class StorageConfig:
     scrub_bytes_per_s: int = 16 << 20  # background CRC scrub rate per node (0 = off)
     scrub_interval_s: float = 3600.0  # pause between full scrub passes
     resync_bytes_per_s: int = 0  # 0 = unthrottled
+    metrics_port: int = 0  # Prometheus /metrics: 0 = any free port (advertised to mgmtd), -1 = off
     rpc: RpcConfig = field(default_factory=RpcConfig)
 
 

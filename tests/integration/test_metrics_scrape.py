@@ -118,9 +118,11 @@ def test_cluster_services_serve_metrics(fs, cluster) -> None:  # type: ignore[no
                     "see docs/observability.md 'Wiring'")
 
     def storage_write_bytes() -> float:
+        nodes = cluster.routing().nodes
+
         async def go() -> float:
             total = 0.0
-            for n in cluster.routing().nodes:
+            for n in nodes:
                 if n.kind == NodeKind.STORAGE and _metrics_port(n):
                     s = await scrape(n.host, _metrics_port(n))
                     total += s.total("loomfs_rpc_payload_bytes_total", side="server", method="write",

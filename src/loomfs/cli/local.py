@@ -108,9 +108,10 @@ def _print_status(c: LocalCluster, *, as_json: bool) -> None:
         print(json.dumps({"dir": str(c.root), "mgmtd": c.mgmtd_address, "services": rows}, indent=2))
         return
     t = Table(title=f"LoomFS cluster {c.root}")
-    for col in ("service", "kind", "pid", "address", "state"):
+    for col in ("service", "kind", "pid", "address", "state", "/metrics port"):
         t.add_column(col)
     for r in rows:
         color = "green" if r["state"] == "running" else "red"
-        t.add_row(r["name"], r["kind"], str(r["pid"] or "-"), r["address"], f"[{color}]{r['state']}[/]")
+        t.add_row(r["name"], r["kind"], str(r["pid"] or "-"), r["address"], f"[{color}]{r['state']}[/]",
+                  (r.get("metrics") or "-").rsplit(":", 1)[-1].removesuffix("/metrics"))
     Console().print(t)

@@ -8,6 +8,7 @@ import contextlib
 import logging
 import random
 import signal
+from typing import Any
 
 from loomfs.common import logs
 from loomfs.common.clock import SYSTEM_CLOCK
@@ -33,8 +34,11 @@ from loomfs.wire.types import Layout, NodeKind
 logger = logging.getLogger(__name__)
 
 
-async def _register(rpc: RpcClient, mgmtd: list[Address], config: MetaConfig, port: int) -> RegisterNodeRsp:
-    req = RegisterNodeReq(node_id=config.node_id, kind=NodeKind.META, host=config.host, port=port)
+async def _register(
+    rpc: RpcClient, mgmtd: list[Address], config: MetaConfig, port: int, metrics_port: int = 0
+) -> RegisterNodeRsp:
+    req = RegisterNodeReq(node_id=config.node_id, kind=NodeKind.META, host=config.host, port=port,
+                          metrics_port=metrics_port)
     delay_s = 0.1
     while True:
         for addr in mgmtd:
@@ -97,10 +101,19 @@ async def serve(config: MetaConfig, *, ready: asyncio.Event | None = None) -> No
     for sig in (signal.SIGTERM, signal.SIGINT):
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(sig, stop.set)
+    metrics: Any = None
     try:
         addr = await server.start(Address(config.host, config.port))
+        if config.metrics_port >= 0:
+            from loomfs.metrics import MetaCollector, instrument_meta_store, start_service_metrics
+
+            metrics = await start_service_metrics("meta", server, rpc, port=config.metrics_port,
+                                                  host=config.host, collectors=[MetaCollector(store, ns)])
+            instrument_meta_store(store, metrics.registry)
         tasks.append(loop.create_task(routing.run(), name="meta-routing"))
-        reg_task = loop.create_task(_register(rpc, mgmtd, config, addr.port))
+        reg_task = loop.create_task(
+            _register(rpc, mgmtd, config, addr.port, metrics.port if metrics is not None else 0)
+        )
         stop_task = loop.create_task(stop.wait())
         tasks += [reg_task, stop_task]
         await asyncio.wait([reg_task, stop_task], return_when=asyncio.FIRST_COMPLETED)
@@ -127,6 +140,8 @@ async def serve(config: MetaConfig, *, ready: asyncio.Event | None = None) -> No
         for t in tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
+        if metrics is not None:
+            await metrics.close()
         await server.close()
         await rpc.close()
         await store.close()

@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import logging
 import signal
+from typing import Any
 
 from loomfs.common import logs
 from loomfs.config import MgmtdConfig, load, resolve_under
@@ -28,6 +29,13 @@ async def serve(config: MgmtdConfig, *, ready: asyncio.Event | None = None) -> N
     server = RpcServer("mgmtd", TcpTransport(max_payload_bytes=config.rpc.max_payload_bytes))
     server.add_service(service)
     await server.start(Address(config.host, config.port))
+    metrics: Any = None
+    if config.metrics_port >= 0:
+        from loomfs.metrics import MgmtdCollector, start_service_metrics
+
+        metrics = await start_service_metrics("mgmtd", server, None, port=config.metrics_port,
+                                              host=config.host, collectors=[MgmtdCollector(state)])
+        logger.info("mgmtd metrics on %s:%d/metrics", config.host, metrics.port)
     logger.info("mgmtd up: %r", state)
     if ready is not None:
         ready.set()
@@ -46,6 +54,8 @@ async def serve(config: MgmtdConfig, *, ready: asyncio.Event | None = None) -> N
             except TimeoutError:
                 pass
     finally:
+        if metrics is not None:
+            await metrics.close()
         await server.close()
         service.persist()
         store.close()

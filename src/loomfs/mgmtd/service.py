@@ -39,7 +39,7 @@ class MgmtdService:
     async def register_node(self, req: w.RegisterNodeReq, ctx: CallContext) -> w.RegisterNodeRsp:
         node_id = self.state.register(
             node_id=req.node_id, kind=req.kind, host=req.host, port=req.port,
-            targets=req.targets, now_s=self.clock.monotonic(),
+            targets=req.targets, now_s=self.clock.monotonic(), metrics_port=req.metrics_port,
         )
         self.persist()
         return w.RegisterNodeRsp(

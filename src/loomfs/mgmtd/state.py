@@ -44,6 +44,7 @@ class NodeRecord:
     state: int = NodeState.ALIVE
     last_heartbeat_s: float = 0.0  # clock.monotonic() of the last heartbeat (not persisted)
     draining: bool = False
+    metrics_port: int = 0
 
 
 @dataclass(slots=True)
@@ -92,7 +93,8 @@ class ClusterState:
 
     # ---- events ----------------------------------------------------------------------------
     def register(
-        self, *, node_id: int, kind: int, host: str, port: int, targets: list[TargetInfo], now_s: float
+        self, *, node_id: int, kind: int, host: str, port: int, targets: list[TargetInfo], now_s: float,
+        metrics_port: int = 0,
     ) -> int:
         if kind not in (NodeKind.META, NodeKind.STORAGE, NodeKind.MGMTD):
             raise InvalidArgument(f"unknown node kind {kind}")
@@ -109,8 +111,8 @@ class ClusterState:
             logger.info("node %d (%s) registered at %s:%d", node_id, NodeKind(kind).name, host, port)
         elif rec.kind != kind:
             raise StatusError(Status.EEXIST, f"node id {node_id} belongs to a {NodeKind(rec.kind).name} node")
-        if (rec.host, rec.port) != (host, port):
-            rec.host, rec.port = host, port
+        if (rec.host, rec.port, rec.metrics_port) != (host, port, metrics_port):
+            rec.host, rec.port, rec.metrics_port = host, port, metrics_port
             changed = True
         rec.last_heartbeat_s = now_s
         if rec.state != NodeState.ALIVE:
@@ -313,7 +315,7 @@ class ClusterState:
             self._routing_cache = RoutingInfo(
                 version=self.version,
                 nodes=[NodeInfo(node_id=n.node_id, kind=n.kind, host=n.host, port=n.port, state=n.state,
-                                draining=n.draining)
+                                draining=n.draining, metrics_port=n.metrics_port)
                        for n in sorted(self.nodes.values(), key=lambda n: n.node_id)],
                 targets=[TargetInfo(target_id=t.target_id, node_id=t.node_id, path=t.path, state=t.state,
                                     chain_id=t.chain_id, used_bytes=t.used_bytes,

@@ -37,7 +37,8 @@ class MgmtdStore:
             v = msgpack.unpackb(blob)
             if kind == "node":
                 state.nodes[v["node_id"]] = NodeRecord(v["node_id"], v["kind"], v["host"], v["port"],
-                                                       v["state"], now_s, v.get("draining", False))
+                                                       v["state"], now_s, v.get("draining", False),
+                                                       v.get("metrics_port", 0))
             elif kind == "target":
                 known = {k: x for k, x in v.items() if k in TargetRecord.__slots__}
                 t = state.targets[v["target_id"]] = TargetRecord(**known)
@@ -54,7 +55,8 @@ class MgmtdStore:
         rows: list[tuple[str, int, bytes]] = [("version", 0, msgpack.packb(state.version))]
         rows += [("node", n.node_id, msgpack.packb({"node_id": n.node_id, "kind": n.kind, "host": n.host,
                                                      "port": n.port, "state": n.state,
-                                                     "draining": n.draining}))
+                                                     "draining": n.draining,
+                                                     "metrics_port": n.metrics_port}))
                  for n in state.nodes.values()]
         rows += [("target", t.target_id, msgpack.packb({f: getattr(t, f) for f in TargetRecord.__slots__}))
                  for t in state.targets.values()]

@@ -12,6 +12,7 @@ import logging
 import signal
 import time
 from pathlib import Path
+from typing import Any
 
 from loomfs import config as cfg
 from loomfs.common import logs
@@ -62,6 +63,7 @@ class StorageNode:
 
     def __init__(self, config: StorageConfig):
         self.config = config
+        self.metrics: Any = None  # loomfs.metrics.ServiceMetrics once started
         rpc_cfg = config.rpc
         transport = TcpTransport(max_payload_bytes=rpc_cfg.max_payload_bytes)
         self.rpc = RpcClient(
@@ -87,7 +89,16 @@ class StorageNode:
         self.lease_s = 5.0
 
     async def start(self) -> Address:
-        return await self.server.start(Address(self.config.host, self.config.port))
+        address = await self.server.start(Address(self.config.host, self.config.port))
+        if self.config.metrics_port >= 0:
+            from loomfs.metrics import StorageCollector, instrument_engines, start_service_metrics
+
+            self.metrics = await start_service_metrics(
+                f"storage{self.config.node_id}", self.server, self.rpc, port=self.config.metrics_port,
+                host=self.config.host, collectors=[StorageCollector(self.service, self.config.node_id)],
+            )
+            instrument_engines(self.targets, self.metrics.registry)
+        return address
 
     def _lease_granted(self, sent_s: float, lease_s: float) -> None:
         self.lease_s = lease_s or self.lease_s
@@ -109,6 +120,7 @@ class StorageNode:
         req = RegisterNodeReq(
             node_id=self.config.node_id, kind=NodeKind.STORAGE, host=self.config.host,
             port=self.server.address.port, targets=self.service.target_infos(self.config.node_id),
+            metrics_port=self.metrics.port if self.metrics is not None else 0,
         )
         attempt = 0
         while True:
@@ -170,6 +182,8 @@ class StorageNode:
             await self._heartbeat_once()
 
     async def close(self) -> None:
+        if self.metrics is not None:
+            await self.metrics.close()
         await self.resyncer.close()
         await self.scrubber.close()
         await self.server.close()

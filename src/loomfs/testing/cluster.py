@@ -137,7 +137,7 @@ class LocalCluster:
     def _plan(self) -> None:
         span = 20 + self.storage_nodes
         base = self.base_port if self.base_port is not None else find_base_port(span)
-        busy = [base + i for i in [0, *range(1, 1 + self.meta_nodes),
+        busy = [base + i for i in [0, *range(1, 1 + self.meta_nodes), 9,
                                    *range(10, 10 + self.storage_nodes)] if not _port_free(base + i)]
         if busy:
             raise LoomError(f"ports already in use: {busy} (pick another --base-port)")
@@ -154,7 +154,7 @@ class LocalCluster:
         if s.kind == "mgmtd":
             return {"host": "127.0.0.1", "port": s.port, "data_dir": s.dir, "lease_s": self.lease_s,
                     "heartbeat_interval_s": self.heartbeat_interval_s, "default_replicas": self.replicas,
-                    "replace_after_s": self.replace_after_s}
+                    "replace_after_s": self.replace_after_s, "metrics_port": self.mgmtd_metrics_port}
         if s.kind == "meta":
             # every meta serves the same namespace: one shared SQLite file (PostgreSQL in production)
             return {"host": "127.0.0.1", "port": s.port, "node_id": s.node_id, "mgmtd": mg,
@@ -321,13 +321,27 @@ class LocalCluster:
             self.stop_service(s.name)
         self._write_state()
 
+    @property
+    def mgmtd_metrics_port(self) -> int:
+        """mgmtd is not in routing, so its /metrics port is fixed: base + 9 (between meta and storage)."""
+        assert self.base_port is not None
+        return self.base_port + 9
+
     def status(self) -> list[dict[str, Any]]:
         if not self.services and self.state_path.exists():
             self._load_state()
+        metrics: dict[tuple[str, int], int] = {}
+        try:
+            metrics = {(n.host, n.port): n.metrics_port for n in self.routing().nodes}
+        except (LoomError, OSError):
+            pass  # mgmtd down: no metrics ports to show
         out = []
         for s in self.services.values():
-            out.append({"name": s.name, "kind": s.kind, "pid": s.pid if s.alive() else 0,
-                        "address": s.address, "state": "running" if s.alive() else "stopped",
+            alive = s.alive()
+            mport = self.mgmtd_metrics_port if s.kind == "mgmtd" else metrics.get(("127.0.0.1", s.port), 0)
+            out.append({"name": s.name, "kind": s.kind, "pid": s.pid if alive else 0,
+                        "address": s.address, "state": "running" if alive else "stopped",
+                        "metrics": f"http://127.0.0.1:{mport}/metrics" if alive and mport else "",
                         "log": s.log_path})
         return out
 

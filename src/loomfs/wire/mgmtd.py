@@ -13,6 +13,7 @@ class RegisterNodeReq(Message):
     host: str = ""
     port: int = 0
     targets: list[TargetInfo] = many()  # storage nodes: the targets they serve
+    metrics_port: int = 0  # where the node serves /metrics (0 = nowhere)
 
 
 @message

@@ -49,6 +49,7 @@ class NodeInfo(Message):
     state: int = NodeState.ALIVE
     last_heartbeat_ms: int = 0
     draining: bool = False  # `admin drain`: its replicas are moving to spares
+    metrics_port: int = 0  # its Prometheus /metrics HTTP port (0 = none)
 
 
 @message
