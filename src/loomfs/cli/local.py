@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
@@ -39,6 +40,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     an = lsub.add_parser("add-node", help="start one more storage node; its targets become spares")
     an.add_argument("--dir", dest="local_dir", default=None)
     an.set_defaults(func=cmd_add_node)
+
+    lg = lsub.add_parser("logs", help="show service logs (all services merged by time, or one)")
+    lg.add_argument("--dir", dest="local_dir", default=None)
+    lg.add_argument("service", nargs="?", default=None, help="e.g. meta1; default all")
+    lg.add_argument("-n", "--lines", type=int, default=40, help="last N lines (default 40)")
+    lg.add_argument("--grep", default=None, help="only lines containing this (e.g. a trace id)")
+    lg.set_defaults(func=cmd_logs)
 
     rs = lsub.add_parser("restart", help="restart one service (or all)")
     rs.add_argument("--dir", dest="local_dir", default=None)
@@ -86,6 +94,24 @@ def cmd_add_node(args: argparse.Namespace) -> int:
     c = LocalCluster.from_dir(cluster_dir(args))
     s = c.add_storage_node()
     print(f"started {s.name} (node {s.node_id}) on {s.address}; its targets are spares")
+    return 0
+
+
+def cmd_logs(args: argparse.Namespace) -> int:
+    c = LocalCluster.from_dir(cluster_dir(args))
+    names = [args.service] if args.service else list(c.services)
+    unknown = [n for n in names if n not in c.services]
+    if unknown:
+        raise SystemExit(f"no service {unknown[0]!r}; have {', '.join(c.services)}")
+    lines: list[str] = []
+    for name in names:
+        path = Path(c.services[name].log_path)
+        if path.exists():
+            lines += [ln for ln in path.read_text(errors="replace").splitlines()
+                      if args.grep is None or args.grep in ln]
+    lines.sort(key=lambda ln: ln[:23])  # every line starts with its timestamp: merge by time
+    for ln in lines[-args.lines:] if args.lines > 0 else lines:
+        print(ln)
     return 0
 
 
