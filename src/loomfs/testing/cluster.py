@@ -166,7 +166,23 @@ class LocalCluster:
 
     # ---- lifecycle -------------------------------------------------------------------------
     def start(self, timeout_s: float = 60.0) -> None:
-        """Start every service (or restart a stopped cluster from its directory)."""
+        """Start every service (or restart a stopped cluster from its directory). If start-up
+        fails, the processes started so far are stopped again (nothing is left behind)."""
+        if self.state_path.exists():
+            self._load_state()
+            running = [s.name for s in self.services.values() if s.alive()]
+            if running:  # not ours to stop
+                raise LoomError(f"cluster at {self.root} is already running ({', '.join(running)})")
+        try:
+            self._start(timeout_s)
+        except BaseException:
+            try:
+                self.stop()
+            except Exception as exc:  # keep the start-up error, which says what went wrong
+                logger.warning("stopping after a failed start: %s", exc)
+            raise
+
+    def _start(self, timeout_s: float) -> None:
         if self.state_path.exists():
             self._load_state()
             running = [s.name for s in self.services.values() if s.alive()]
