@@ -143,3 +143,21 @@ def test_cluster_services_serve_metrics(fs, cluster) -> None:  # type: ignore[no
     assert storage_write_bytes() - before == size * replicas
     fs.rmtree("/metrics_e2e")
     assert Path(cluster.root).exists()
+
+
+def test_blocking_client_serves_its_own_metrics(cluster) -> None:  # type: ignore[no-untyped-def]
+    import loomfs
+
+    fs = loomfs.connect(str(cluster.root))
+    try:
+        port = fs.serve_metrics()
+        fs.makedirs("/metrics_own", exist_ok=True)
+        data = os.urandom(3 << 20)
+        fs.pipe("/metrics_own/f", data)
+        assert fs.cat("/metrics_own/f") == data
+        s = asyncio.run(scrape("127.0.0.1", port))
+        assert s.total("loomfs_rpc_payload_bytes_total", side="client", method="write", direction="out") == len(data)
+        assert s.total("loomfs_rpc_payload_bytes_total", side="client", method="read", direction="in") == len(data)
+        fs.rmtree("/metrics_own")
+    finally:
+        fs.close()

@@ -24,13 +24,17 @@ import weakref
 from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from typing import Any, TypeVar
 
+from loomfs.client import paths
 from loomfs.client.core import AsyncClient
+from loomfs.client.fastpath import SyncMetaPath, Unavailable
 from loomfs.client.file import AsyncFile, parse_mode
+from loomfs.client.meta_client import MetaClient
 from loomfs.client.syncfile import LoomFile
 from loomfs.common import trace
 from loomfs.common.routing import parse_addresses
 from loomfs.config import ClientConfig
 from loomfs.errors import LoomError
+from loomfs.wire import meta as wmeta
 from loomfs.wire.meta import StatfsRsp
 from loomfs.wire.types import Attr, FileType, Layout
 
@@ -117,6 +121,8 @@ class LoomFS:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._client: AsyncClient | None = None
+        self._fast: SyncMetaPath | None = None  # caller-thread metadata reads
+        self._metrics: Any = None  # loomfs.metrics.ServiceMetrics once serve_metrics() ran
         self.closed = False
         self._ensure()
         atexit.register(_close_at_exit, weakref.ref(self))
@@ -143,6 +149,8 @@ class LoomFS:
                 thread.join(5.0)
                 raise
             self._loop, self._thread, self._client = loop, thread, client
+            meta = getattr(client, "meta", None)
+            self._fast = SyncMetaPath(meta) if isinstance(meta, MetaClient) and meta.rpc is not None else None
             self._generation += 1
             self._pid = os.getpid()
             return client
@@ -238,6 +246,9 @@ class LoomFS:
         loop, client, thread = self._loop, self._client, self._thread
         try:
             if loop.is_running():
+                if self._metrics is not None:
+                    asyncio.run_coroutine_threadsafe(self._metrics.close(), loop).result(CLOSE_WAIT_S)
+                    self._metrics = None
                 asyncio.run_coroutine_threadsafe(client.close(), loop).result(CLOSE_WAIT_S)
         except Exception as exc:
             logger.warning("closing LoomFS client: %s", exc)
@@ -246,6 +257,21 @@ class LoomFS:
             if thread is not None and thread is not threading.current_thread():
                 thread.join(5.0)
             self._client = None
+            if self._fast is not None:
+                self._fast.close()
+                self._fast = None
+
+    def serve_metrics(self, port: int = 0, host: str = "127.0.0.1") -> int:
+        """Serve this client's Prometheus /metrics (RPC counts, bytes and latency, read-ahead
+        and buffer-pool hits/misses, retries); returns the bound port (0 = any free one)."""
+        from loomfs.metrics import ClientCollector, start_service_metrics
+
+        if self._metrics is None:
+            client = self._ensure()
+            self._metrics = self._submit(start_service_metrics(
+                "client", None, client.rpc, port=port, host=host, collectors=[ClientCollector(client)]
+            ))
+        return int(self._metrics.port)
 
     def __enter__(self) -> LoomFS:
         return self
@@ -255,18 +281,31 @@ class LoomFS:
 
     # --- namespace ----------------------------------------------------------------------
 
+    def _fast_stat(self, path: str, follow_symlinks: bool) -> Attr:
+        """stat via the caller-thread fast path (no thread hops), else the async core."""
+        self._check_thread()
+        client = self._ensure()
+        fast = self._fast
+        if fast is not None:
+            try:
+                rsp = fast.call(wmeta.STAT, wmeta.PathReq(path=paths.normalize(path),
+                                                          follow_symlinks=follow_symlinks))
+                if rsp.attr is not None:
+                    return rsp.attr
+            except Unavailable:
+                pass
+        return self._submit(client.stat(path) if follow_symlinks else client.lstat(path))
+
     def stat(self, path: str) -> os.stat_result:
         """Like ``os.stat``: follows symlinks; ``st_mode`` carries the file type bits."""
-        return stat_result(self._run(lambda c: c.stat(path)))
+        return stat_result(self._fast_stat(path, True))
 
     def lstat(self, path: str) -> os.stat_result:
-        return stat_result(self._run(lambda c: c.lstat(path)))
+        return stat_result(self._fast_stat(path, False))
 
     def attr(self, path: str, *, follow_symlinks: bool = True) -> Attr:
         """The raw LoomFS attributes (inode, layout, ...)."""
-        if follow_symlinks:
-            return self._run(lambda c: c.stat(path))
-        return self._run(lambda c: c.lstat(path))
+        return self._fast_stat(path, follow_symlinks)
 
     def run(self, coro: Coroutine[Any, Any, T]) -> T:
         """Run a coroutine that uses ``fs.client`` on the client's loop and wait for it."""
@@ -278,7 +317,11 @@ class LoomFS:
         return self._run(lambda c: c.info(path))
 
     def exists(self, path: str) -> bool:
-        return self._run(lambda c: c.exists(path))
+        try:
+            self._fast_stat(path, True)
+        except FileNotFoundError:
+            return False
+        return True
 
     def isdir(self, path: str) -> bool:
         return self._run(lambda c: c.isdir(path))

@@ -1,0 +1,124 @@
+"""Blocking metadata reads straight from the caller's thread.
+
+A blocking ``fs.stat`` through the async core costs two thread hops (caller -> loop thread
+-> caller) on top of the RPC round trip, and on this VM a cross-core wake-up is the expensive
+part. For idempotent metadata reads (stat, readdir) the blocking API therefore talks to the
+meta server the async core already uses over a small blocking socket of its own, one per
+calling thread, with the same frames and checks. Anything unusual (no meta server chosen
+yet, a broken connection, a malformed reply, a protocol status) raises ``Unavailable`` and
+the caller takes the ordinary async path, which owns failover and retries. POSIX errors
+(ENOENT, ENOTDIR, ...) are real answers and are raised as they are.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import socket
+import threading
+from typing import Any
+
+from loomfs.common import trace
+from loomfs.errors import from_status
+from loomfs.net.transport import Address
+from loomfs.wire import frame as fr
+from loomfs.wire.message import Message, Method
+from loomfs.wire.status import Status
+
+logger = logging.getLogger(__name__)
+
+MAX_REPLY_BYTES = 16 << 20
+
+
+class Unavailable(Exception):
+    """The fast path cannot answer; use the async path."""
+
+
+class _Conn:
+    __slots__ = ("address", "sock", "buf")
+
+    def __init__(self, address: Address, timeout_s: float):
+        self.address = address
+        self.sock = socket.create_connection((address.host, address.port), timeout=timeout_s)
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.buf = bytearray(64 << 10)
+
+    def recv_exact(self, n: int) -> memoryview:
+        if n > len(self.buf):
+            if n > MAX_REPLY_BYTES:
+                raise fr.FrameError(f"reply of {n} bytes is over the fast path's bound")
+            self.buf = bytearray(n)
+        view = memoryview(self.buf)[:n]
+        got = 0
+        while got < n:
+            k = self.sock.recv_into(view[got:])
+            if k == 0:
+                raise ConnectionResetError("meta closed the connection")
+            got += k
+        return view
+
+    def close(self) -> None:
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+
+
+class SyncMetaPath:
+    """Per-thread blocking connections to the async core's current meta server."""
+
+    _ids = itertools.count(1 << 40)  # distinct from the async connections' request ids
+
+    def __init__(self, meta_client: Any, *, timeout_s: float = 10.0):
+        self._meta = meta_client  # the async MetaClient: its ``_preferred`` is the server to use
+        self.timeout_s = timeout_s
+        self._local = threading.local()
+        self.calls = 0
+        self.fallbacks = 0
+
+    def call(self, m: Method, req: Message) -> Any:
+        if not m.idempotent:
+            raise Unavailable(m.name)
+        address: Address | None = getattr(self._meta, "_preferred", None)
+        if address is None:
+            raise Unavailable("no meta server chosen yet")
+        conn: _Conn | None = getattr(self._local, "conn", None)
+        try:
+            if conn is None or conn.address != address:
+                if conn is not None:
+                    conn.close()
+                conn = self._local.conn = _Conn(address, self.timeout_s)
+            rid = next(self._ids)
+            header = fr.Header(m.service, m.method, rid, int(self.timeout_s * 1000), 0, "", req.to_wire(),
+                               0, trace.outgoing())
+            conn.sock.sendall(fr.encode(fr.KIND_REQUEST, header))
+            prefix = fr.parse_prefix(conn.recv_exact(fr.PREFIX_SIZE), MAX_REPLY_BYTES)
+            rest = conn.recv_exact(prefix.header_len + prefix.payload_len)
+            if prefix.kind != fr.KIND_RESPONSE:
+                raise fr.FrameError("not a response")
+            h = fr.decode_header(prefix, rest[: prefix.header_len])
+            if h.request_id != rid or (prefix.payload_len and fr.crc(rest[prefix.header_len:]) != prefix.payload_crc):
+                raise fr.FrameError("reply does not match the request")
+        except (OSError, fr.FrameError) as exc:
+            if conn is not None:
+                conn.close()
+            self._local.conn = None
+            self.fallbacks += 1
+            raise Unavailable(str(exc)) from exc
+        self.calls += 1
+        if h.status != Status.OK:
+            status = Status(h.status) if h.status in Status._value2member_map_ else Status.INTERNAL
+            if status.is_errno:
+                raise from_status(h.status, h.message)
+            self.fallbacks += 1
+            raise Unavailable(status.name)  # shutting down, ...: the async path handles it
+        return m.response.from_wire(h.body)
+
+    def close(self) -> None:
+        conn = getattr(self._local, "conn", None)
+        if conn is not None:
+            conn.close()
+            self._local.conn = None
+
+    def __repr__(self) -> str:
+        return f"SyncMetaPath(calls={self.calls} fallbacks={self.fallbacks})"

@@ -1,0 +1,62 @@
+"""The blocking API's caller-thread metadata path agrees with the async path and falls back."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+import loomfs
+from loomfs.testing import LocalCluster
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+
+
+def test_fast_stat_matches_and_raises_errno(fs: loomfs.LoomFS, base: str) -> None:
+    fs.pipe(f"{base}/f", b"12345")
+    fs.symlink(f"{base}/f", f"{base}/l")
+    fs.stat(base)  # the first call may go the async way (picks the meta server)
+    fast = fs._fast
+    assert fast is not None
+    before = fast.calls
+    st = fs.stat(f"{base}/l")
+    assert st.st_size == 5
+    slow = fs.run(fs.client.stat(f"{base}/l"))
+    assert st.st_ino == slow.inode and st.st_size == slow.size
+    with pytest.raises(FileNotFoundError):
+        fs.stat(f"{base}/missing")
+    with pytest.raises(NotADirectoryError):
+        fs.stat(f"{base}/f/x")
+    assert fs.exists(f"{base}/f") and not fs.exists(f"{base}/nope")
+    assert fast.calls >= before + 5  # all of those went the fast way
+
+    errors: list[BaseException] = []
+
+    def worker() -> None:  # a socket per thread, no sharing
+        try:
+            for _ in range(200):
+                assert fs.stat(f"{base}/f").st_size == 5
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+
+
+def test_fast_path_falls_back_when_meta_restarts(own_cluster: LocalCluster) -> None:
+    fs = loomfs.connect(str(own_cluster.root))
+    try:
+        fs.makedirs("/fp", exist_ok=True)
+        fs.stat("/fp")
+        fast = fs._fast
+        assert fast is not None
+        own_cluster.restart_service("meta1")
+        assert fs.stat("/fp").st_nlink >= 2  # the dead socket is noticed; the async path answers
+        assert fast.fallbacks >= 1
+        assert fs.stat("/fp").st_nlink >= 2  # and the fast path reconnects
+    finally:
+        fs.close()
