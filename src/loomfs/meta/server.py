@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import logging
@@ -10,10 +9,10 @@ import random
 import signal
 from typing import Any
 
-from loomfs.common import logs
 from loomfs.common.clock import SYSTEM_CLOCK
 from loomfs.common.routing import RoutingClient, parse_addresses
-from loomfs.config import MetaConfig, load, resolve_under
+from loomfs.common.service_main import run_service
+from loomfs.config import MetaConfig, resolve_under
 from loomfs.errors import LoomError
 from loomfs.meta.gc import ChunkRemover, GcWorker
 from loomfs.meta.ops.namespace import Namespace
@@ -149,12 +148,7 @@ async def serve(config: MetaConfig, *, ready: asyncio.Event | None = None) -> No
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="loomfs-meta", description="LoomFS metadata service")
-    p.add_argument("--config", help="TOML config file")
-    args = p.parse_args(argv)
-    config = load(MetaConfig, args.config, env_prefix="META")
-    logs.setup("meta")
-    asyncio.run(serve(config))
+    run_service("meta", "LoomFS metadata service", MetaConfig, serve, argv)
 
 
 if __name__ == "__main__":

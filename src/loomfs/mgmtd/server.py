@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import logging
 import signal
 from typing import Any
 
-from loomfs.common import logs
-from loomfs.config import MgmtdConfig, load, resolve_under
+from loomfs.common.service_main import run_service
+from loomfs.config import MgmtdConfig, resolve_under
 from loomfs.mgmtd.service import MgmtdService
 from loomfs.mgmtd.state import ClusterState
 from loomfs.mgmtd.store import MgmtdStore
@@ -63,12 +62,7 @@ async def serve(config: MgmtdConfig, *, ready: asyncio.Event | None = None) -> N
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="loomfs-mgmtd", description="LoomFS cluster manager")
-    p.add_argument("--config", help="TOML config file")
-    args = p.parse_args(argv)
-    config = load(MgmtdConfig, args.config, env_prefix="MGMTD")
-    logs.setup("mgmtd")
-    asyncio.run(serve(config))
+    run_service("mgmtd", "LoomFS cluster manager", MgmtdConfig, serve, argv)
 
 
 if __name__ == "__main__":

@@ -5,7 +5,6 @@
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import logging
@@ -14,9 +13,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from loomfs import config as cfg
-from loomfs.common import logs
 from loomfs.common.routing import RoutingClient, parse_addresses
+from loomfs.common.service_main import run_service
 from loomfs.config import StorageConfig
 from loomfs.errors import LoomError, StatusError
 from loomfs.net.rpc import RetryPolicy, RpcClient, RpcServer
@@ -224,12 +222,7 @@ async def serve(config: StorageConfig, stop: asyncio.Event | None = None) -> Non
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="loomfs-storage", description="LoomFS storage service")
-    parser.add_argument("--config", help="TOML config file")
-    args = parser.parse_args(argv)
-    config = cfg.load(StorageConfig, args.config, env_prefix="STORAGE")
-    logs.setup("storage")
-    asyncio.run(serve(config))
+    run_service("storage", "LoomFS storage service", StorageConfig, serve, argv)
 
 
 if __name__ == "__main__":

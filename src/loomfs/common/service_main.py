@@ -1,0 +1,29 @@
+"""The one ``main()`` every service process shares: flags -> config -> logging -> serve()."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar
+
+from loomfs.common import logs
+from loomfs.config import load
+
+C = TypeVar("C")
+
+
+def run_service(
+    name: str,
+    description: str,
+    config_cls: type[C],
+    serve: Callable[[C], Coroutine[Any, Any, None]],
+    argv: list[str] | None = None,
+) -> None:
+    """``python -m loomfs.<name>.server --config FILE``; env ``LOOMFS_<NAME>_<FIELD>`` overrides."""
+    p = argparse.ArgumentParser(prog=f"loomfs-{name}", description=description)
+    p.add_argument("--config", help="TOML config file")
+    args = p.parse_args(argv)
+    config = load(config_cls, args.config, env_prefix=name.upper())
+    logs.setup(name)
+    asyncio.run(serve(config))
