@@ -52,6 +52,7 @@ logger = logging.getLogger(__name__)
 SCRATCH_BYTES = 1 << 20
 OFFLOAD_MIN_BYTES = 512 << 10  # requests this big do their disk I/O in the thread pool
 DIRECT_READ_MIN_BYTES = 256 << 10  # smaller reads go through the page cache (hot small reads)
+DIRECT_WRITE_MIN_BYTES = 256 << 10  # smaller writes too: an O_DIRECT 4 KiB write waits for the disk
 IO_THREADS = 2
 DIRECT_ALIGN_BYTES = 4096  # O_DIRECT: buffer address, file offset and length multiples of this
 
@@ -353,7 +354,7 @@ class FileEngine(ChunkEngine):
     def _pwrite_maybe_direct(self, key: ChunkKey, file_ver: int, fd: int, data: memoryview | bytes) -> None:
         """Write a whole new chunk file from offset 0: the aligned body with O_DIRECT."""
         body = len(data) - len(data) % DIRECT_ALIGN_BYTES
-        if self.direct_io and body and _direct_ok(data, 0):
+        if self.direct_io and len(data) >= DIRECT_WRITE_MIN_BYTES and _direct_ok(data, 0):
             try:
                 dfd = os.open(self._file(key, file_ver), os.O_WRONLY | os.O_DIRECT)
             except OSError:
