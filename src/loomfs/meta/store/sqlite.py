@@ -80,6 +80,10 @@ def _attr(row: tuple[Any, ...]) -> Attr:
     )
 
 
+
+CACHE_KIB = 256 << 10  # 256 MiB page cache per connection (a budget, allocated as used)
+MMAP_BYTES = 1 << 30
+
 class ReadOnlyTxn(sqlite3.Error):
     pass
 
@@ -224,6 +228,10 @@ class SqliteStore(MetaStore):
             self._conn.execute("PRAGMA journal_mode = WAL")
         self._conn.execute(f"PRAGMA synchronous = {synchronous}")
         self._conn.execute("PRAGMA foreign_keys = OFF")
+        # huge directories: keep the hot B-tree pages in memory (the default cache is 2 MiB,
+        # so random lookups in a 100k-entry directory went to the OS for most pages)
+        self._conn.execute(f"PRAGMA cache_size = -{CACHE_KIB}")
+        self._conn.execute(f"PRAGMA mmap_size = {MMAP_BYTES}")
         self._conn.executescript(SCHEMA)
         self._lock = asyncio.Lock()
         self._closed = False
