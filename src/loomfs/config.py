@@ -35,6 +35,7 @@ class MgmtdConfig:
     lease_s: float = 5.0  # a node silent this long is marked dead
     default_replicas: int = 3
     replace_after_s: float = 600.0  # an offline target is replaced by a spare after this (0 = never)
+    unreachable_hold_s: float = 0.0  # a target its predecessor cannot reach stays out this long (0 = 2 leases)
     metrics_port: int = 0  # Prometheus /metrics: 0 = any free port (advertised to mgmtd), -1 = off
     rpc: RpcConfig = field(default_factory=RpcConfig)
 
@@ -70,6 +71,7 @@ class StorageConfig:
     scrub_bytes_per_s: int = 16 << 20  # background CRC scrub rate per node (0 = off)
     scrub_interval_s: float = 3600.0  # pause between full scrub passes
     resync_bytes_per_s: int = 0  # 0 = unthrottled
+    suspect_after_s: float = 5.0  # a forward unanswered this long reports the successor to mgmtd
     metrics_port: int = 0  # Prometheus /metrics: 0 = any free port (advertised to mgmtd), -1 = off
     rpc: RpcConfig = field(default_factory=RpcConfig)
 

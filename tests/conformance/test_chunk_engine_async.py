@@ -11,7 +11,7 @@ from pathlib import Path
 import crc32c
 import pytest
 
-from loomfs.storage.engine.base import ChunkEngine, ChunkKey
+from loomfs.storage.engine.base import ChunkEngine, ChunkKey, block_crcs_of, unpack_blocks
 from loomfs.storage.engine.file import FileEngine
 from loomfs.storage.engine.memory import MemoryEngine
 
@@ -55,6 +55,8 @@ def test_async_write_read_roundtrip(tmp_path: Path, kind: str, size: int, aligne
         # past the end: short read
         out = _aligned(bytes(1 << 20))
         assert await e.aread(key, size - 10, out) == 10
+        # the block CRCs were computed beside the (O_DIRECT) write; partial reads above checked them
+        assert e.block_crcs(key) == unpack_blocks(block_crcs_of(v2)) and e.verify(key) == []
         e.close()
 
     asyncio.run(go())
@@ -75,6 +77,9 @@ def test_partial_overwrite_after_direct_write_is_coherent(tmp_path: Path) -> Non
         assert await e.aread(key, 0, out) == 4 << 20  # O_DIRECT read sees the buffered write
         assert bytes(out) == bytes(data)
         assert e.get(key).crc == crc32c.crc32c(data)  # type: ignore[union-attr]
+        assert e.block_crcs(key) == unpack_blocks(block_crcs_of(data)) and e.verify(key) == []
+        part = _aligned(bytes(1 << 20))
+        assert await e.aread(key, 4096, part) == 1 << 20 and bytes(part) == bytes(data[4096 : 4096 + (1 << 20)])
         e.close()
         e2 = FileEngine(tmp_path / "t", direct_io=True)  # restart: same content
         out2 = _aligned(bytes(4 << 20))

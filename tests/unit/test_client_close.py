@@ -1,10 +1,18 @@
-"""An untouched write-open ends its session in the background; client.close() waits for it."""
+"""Write sessions: an untouched write-open ends in the background (client.close() waits for it);
+open write sessions are renewed (leases)."""
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
-from test_client_support import FakeMeta, make_client
+from test_client_support import FakeMeta, FakeStorage, make_client
+
+from loomfs.client.core import AsyncClient
+from loomfs.client.storage_client import INDEX_END_ALL
+from loomfs.config import ClientConfig
+from loomfs.net.buffers import BufferPool
+from loomfs.wire import meta as wm
 
 
 def test_untouched_write_open_closes_in_background() -> None:
@@ -32,5 +40,73 @@ def test_untouched_write_open_closes_in_background() -> None:
         await client.close()  # waits for the background CLOSE too
         assert meta.sessions == {}
         assert sorted(length for _, _, length in meta.closes) == [-1, 3]
+
+    asyncio.run(go())
+
+
+class LeasedMeta(FakeMeta):
+    """Write sessions come with a lease; renewals are recorded, and meta may have lost some."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.renewals: list[tuple[int, list[int]]] = []
+        self.expired: set[int] = set()
+
+    async def open(self, path: str, flags: int, mode: int, client_id: int, session_id: int = 0) -> wm.OpenRsp:
+        rsp = await super().open(path, flags, mode, client_id, session_id)
+        return dataclasses.replace(rsp, session_lease_s=60.0 if rsp.session_id else 0.0)
+
+    async def renew_sessions(self, client_id: int, session_ids: list[int]) -> int:
+        self.renewals.append((client_id, session_ids))
+        return len([s for s in session_ids if s in self.sessions and s not in self.expired])
+
+
+def test_write_sessions_are_renewed_while_open() -> None:
+    async def go() -> None:
+        meta = LeasedMeta()
+        client = AsyncClient(meta, FakeStorage(), config=ClientConfig(), client_id=7, pool=BufferPool())
+        assert await client.renew_sessions() == 0 and meta.renewals == []  # nothing open: no call
+        r = await client.open("/r", "wb")
+        await r.close()
+        f = await client.open("/f", "wb")
+        g = await client.open("/g", "wb")
+        await client.open("/f", "rb")  # read opens hold no session
+        task = client._renew_task
+        assert task is not None and not task.done()  # started by the first write open
+        assert await client.renew_sessions() == 2
+        assert meta.renewals[-1] == (7, sorted([f.session_id, g.session_id]))
+        meta.expired.add(g.session_id)  # this client was cut off from meta for a lease
+        assert await client.renew_sessions() == 1 and client.sessions_lost_total == 1
+        await g.close()
+        assert await client.renew_sessions() == 1 and meta.renewals[-1] == (7, [f.session_id])
+        await client.close()
+        assert task.done() and client._renew_task is task
+
+    asyncio.run(go())
+
+
+def test_write_opens_name_their_session_and_a_replayed_truncate_removes_chunks() -> None:
+    async def go() -> None:
+        client, meta, storage = make_client()
+        sent: list[int] = []
+        real_open = meta.open
+
+        async def replaying_open(path: str, flags: int, mode: int, client_id: int, session_id: int = 0) -> wm.OpenRsp:
+            sent.append(session_id)
+            rsp = await real_open(path, flags, mode, client_id, session_id)
+            return dataclasses.replace(rsp, replayed=path == "/again")  # the first reply was lost
+
+        meta.open = replaying_open  # type: ignore[method-assign]
+        await client.pipe("/again", b"x" * 2500)
+        await client.cat("/again")
+        assert sent[0] >> 62 == 1 and sent[1] == 0  # write opens name a session, reads do not
+        storage.removes.clear()
+        f = await client.open("/again", "wb")  # O_TRUNC, replayed: the old length is unknown
+        assert [r[:3] for r in storage.removes] == [(f.inode, 0, INDEX_END_ALL)]
+        await f.close()
+        storage.removes.clear()
+        await (await client.open("/again", "ab")).close()  # no O_TRUNC: nothing removed
+        assert storage.removes == []
+        await client.close()
 
     asyncio.run(go())

@@ -143,7 +143,7 @@ class FakeMeta(MetaClient):
                 await self.mkdir(parent, mode, True, True)
         return self._new(path, FileType.DIRECTORY, mode, layout=self.layout)
 
-    async def open(self, path: str, flags: int, mode: int, client_id: int) -> wm.OpenRsp:
+    async def open(self, path: str, flags: int, mode: int, client_id: int, session_id: int = 0) -> wm.OpenRsp:
         attr = self.nodes.get(path)
         truncated_from = 0
         if attr is None:

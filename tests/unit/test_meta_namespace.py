@@ -210,6 +210,37 @@ def test_open_flags(env: Env) -> None:
     assert env.err(env.ns.open("/f", os.O_ACCMODE)) == errno.EINVAL
 
 
+def test_retried_open_is_applied_once(env: Env) -> None:
+    # the client names its write session; a re-send after a lost reply (meta killed between
+    # commit and reply) carries the same id and is answered from the first attempt's session
+    sid = (1 << 62) | 12345
+    o = env.run(env.ns.open("/f", CREAT | os.O_EXCL, client_id=9, session_id=sid))
+    assert o.created and o.session_id == sid and not o.replayed
+    again = env.run(env.ns.open("/f", CREAT | os.O_EXCL, client_id=9, session_id=sid))
+    assert again.replayed and again.session_id == sid and again.attr.inode == o.attr.inode  # no EEXIST
+    assert env.run(env.ns.close(o.attr.inode, sid, 1000)).size == 1000
+    assert env.run(env.ns.close(o.attr.inode, sid)) is not None  # a re-sent CLOSE is harmless
+
+    async def has_session() -> bool:
+        async with env.store.read() as t:
+            return await t.has_session(o.attr.inode)
+
+    assert not env.run(has_session())  # there was one session, closed
+    # O_TRUNC: the replay does not truncate again (here: data written in between survives)
+    t = env.run(env.ns.open("/f", W | os.O_TRUNC, client_id=9, session_id=sid + 1))
+    assert t.truncated_from == 1000 and t.attr.size == 0
+    env.run(env.ns.sync(o.attr.inode, 300))
+    t2 = env.run(env.ns.open("/f", W | os.O_TRUNC, client_id=9, session_id=sid + 1))
+    assert t2.replayed and t2.truncated_from == 0 and env.run(env.ns.stat("/f")).size == 300
+    # another client's session id is not a replay: that client gets an id of meta's
+    other = env.run(env.ns.open("/f", W, client_id=10, session_id=sid + 1))
+    assert not other.replayed and other.session_id not in (0, sid + 1)
+    # read opens have no session, whatever is sent
+    assert env.run(env.ns.open("/f", os.O_RDONLY, client_id=9, session_id=sid)).session_id == 0
+    assert env.err(env.ns.open("/f", W, session_id=-1)) == errno.EINVAL
+    assert env.err(env.ns.open("/f", W, session_id=1 << 63)) == errno.EINVAL
+
+
 def test_open_directory(env: Env) -> None:
     env.run(env.ns.mkdir("/d"))
     assert env.run(env.ns.open("/d", os.O_RDONLY)).attr.type == FileType.DIRECTORY

@@ -3,9 +3,11 @@
 Lists every chunk on every storage target, then walks the namespace (in that order, so a
 chunk of a file created meanwhile is never taken for an orphan). Reports:
 
-* orphans: chunks whose inode is no file in the namespace (a crash between unlink and GC, or
-  a lost GC entry); with ``--repair`` they are removed through their chain after a second
-  walk ``--grace-s`` later confirms the inode is still gone;
+* orphans: chunks whose inode is no file in the namespace. Right after an unlink these are
+  the GC's to remove (after ``gc_delay_s``, once no write session holds the file); found
+  later, they are a leak. With ``--repair`` they are removed through their chain after a
+  second walk ``--grace-s`` later confirms the inode is still gone (an unlinked file still
+  open for write loses its data: repair with the GC queue drained, ``statfs().gc_pending``);
 * missing replicas: a chunk held by fewer serving members of its chain than others hold;
 * bad lengths: a chunk longer than the file's chunk size.
 """

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import random
 import time
 import weakref
@@ -23,10 +24,10 @@ from loomfs.client.storage_client import ChunkStore, StorageClient
 from loomfs.client.writeback import ByteBudget
 from loomfs.common.routing import RoutingClient, parse_addresses
 from loomfs.config import ClientConfig
-from loomfs.errors import IsADirectory, NotADirectory, NotFound
+from loomfs.errors import IsADirectory, LoomError, NotADirectory, NotFound
 from loomfs.net.buffers import DEFAULT_POOL, BufferPool
 from loomfs.net.rpc import RetryPolicy, RpcClient
-from loomfs.net.tcp import TcpTransport
+from loomfs.net.tcp import default_transport
 from loomfs.net.transport import Address
 from loomfs.wire.meta import SetattrReq, StatfsRsp
 from loomfs.wire.types import Attr, DirEntry, FileType, Layout
@@ -81,6 +82,9 @@ class AsyncClient:
         self._open_files: weakref.WeakSet[AsyncFile] = weakref.WeakSet()
         self._background: set[asyncio.Task[Any]] = set()  # fire-and-forget meta calls in flight
         self._routing_task: asyncio.Task[None] | None = None
+        self._renew_task: asyncio.Task[None] | None = None
+        self._session_lease_s = 0.0  # the shortest lease meta gave our write sessions
+        self.sessions_lost_total = 0  # write sessions meta no longer held at a renewal
         self.closed = False
 
     @classmethod
@@ -95,7 +99,7 @@ class AsyncClient:
             addrs = [a if isinstance(a, Address) else Address.parse(a) for a in mgmtd]
         rc = config.rpc
         rpc = RpcClient(
-            TcpTransport(max_payload_bytes=rc.max_payload_bytes),
+            default_transport(max_payload_bytes=rc.max_payload_bytes),
             connect_timeout_s=rc.connect_timeout_s,
             call_timeout_s=rc.call_timeout_s,
             retry=RetryPolicy(attempts_max=rc.retry_attempts_max),
@@ -124,6 +128,10 @@ class AsyncClient:
                 logger.warning("closing %s: %s", f.path, exc)
         while self._background:  # write sessions still closing
             await asyncio.gather(*list(self._background), return_exceptions=True)
+        if self._renew_task is not None:
+            self._renew_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._renew_task
         if self._routing_task is not None:
             self._routing_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -316,13 +324,17 @@ class AsyncClient:
     async def open(self, path: str, mode: str = "rb", *, perm: int = 0o644) -> AsyncFile:
         flags, _binary = parse_mode(mode)
         p = paths.normalize(path)
-        rsp = await self.meta.open(p, flags, perm, self.client_id)
+        # write opens name their session, so a re-sent OPEN (reply lost) is applied once
+        session_id = (1 << 62) | random.getrandbits(62) if flags & (os.O_WRONLY | os.O_RDWR) else 0
+        rsp = await self.meta.open(p, flags, perm, self.client_id, session_id)
         attr = rsp.attr
         if attr is None:
             raise NotFound("open returned no attributes", path=p)
         if attr.type == FileType.DIRECTORY:
             raise IsADirectory(path=p)
-        if rsp.truncated_from > 0 and attr.layout is not None:
+        # O_TRUNC: the old chunks go; a replayed open truncated in its first attempt, whose
+        # reply (and the old length) was lost, so remove whatever is there
+        if (rsp.truncated_from > 0 or (rsp.replayed and flags & os.O_TRUNC)) and attr.layout is not None:
             await self.storage.remove_file_chunks(attr.inode, attr.layout, rsp.truncated_from)
         f = AsyncFile(
             background=self._background,
@@ -337,7 +349,48 @@ class AsyncClient:
             budget=self.budget,
         )
         self._open_files.add(f)
+        if rsp.session_id:
+            self._keep_sessions(rsp.session_lease_s)
         return f
+
+    # --- write-session leases ---------------------------------------------------------
+
+    def _write_sessions(self) -> list[int]:
+        return sorted(f.session_id for f in self._open_files if f.session_id and not f.closed)
+
+    def _keep_sessions(self, lease_s: float) -> None:
+        """A write session with a lease was opened: renew this client's sessions in the
+        background (every third of the lease) while any is open."""
+        if lease_s <= 0 or self.closed:
+            return
+        if not self._session_lease_s or lease_s < self._session_lease_s:
+            self._session_lease_s = lease_s
+        if self._renew_task is None or self._renew_task.done():
+            self._renew_task = asyncio.get_running_loop().create_task(self._renew_loop(), name="loomfs-renew")
+
+    async def renew_sessions(self) -> int:
+        """Renew the write sessions of this client's open files now; returns how many meta
+        still held. Fewer than open means some expired (this client could not reach meta for
+        a lease): the files are fine, but an unlinked one may have been collected."""
+        held = self._write_sessions()
+        if not held:
+            return 0
+        renewed = await self.meta.renew_sessions(self.client_id, held)
+        if renewed < len(held):
+            self.sessions_lost_total += len(held) - renewed
+            logger.warning("client %#x: meta held %d of our %d write sessions (the others expired)",
+                           self.client_id, renewed, len(held))
+        return renewed
+
+    async def _renew_loop(self) -> None:
+        while not self.closed:
+            await asyncio.sleep(self._session_lease_s / 3)
+            if not self._write_sessions():
+                return  # the next write open starts a new loop
+            try:
+                await self.renew_sessions()
+            except (LoomError, OSError) as exc:  # meta down: try again next period
+                logger.warning("client %#x: renewing write sessions failed: %s", self.client_id, exc)
 
     async def cat(self, path: str) -> bytes:
         f = await self.open(path, "rb")

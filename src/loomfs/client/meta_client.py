@@ -4,7 +4,9 @@ Meta servers are the ALIVE ``NodeKind.META`` nodes in routing. The client sticks
 (chosen at random, so clients spread) and moves to another when it cannot be reached or
 is shutting down. ``RpcClient`` already retries idempotent methods on transient errors.
 A non-idempotent call whose connection broke mid-flight is re-sent to the next server,
-like NFS: it may then report EEXIST/ENOENT for work the first attempt did.
+like NFS: it may then report EEXIST/ENOENT for work the first attempt did. OPEN is the
+exception: write opens carry a session id the client chose, and meta answers a re-sent
+one from the session the first attempt made (no second session, no spurious EEXIST).
 """
 
 from __future__ import annotations
@@ -89,8 +91,10 @@ class MetaClient:
         assert rsp.attr is not None
         return rsp.attr
 
-    async def open(self, path: str, flags: int, mode: int, client_id: int) -> wm.OpenRsp:
-        req = wm.OpenReq(path=path, flags=flags, mode=mode, client_id=client_id)
+    async def open(self, path: str, flags: int, mode: int, client_id: int, session_id: int = 0) -> wm.OpenRsp:
+        """``session_id``: the write session's id, chosen by the caller so that the re-send of
+        an OPEN whose reply was lost is applied once (see ``call``)."""
+        req = wm.OpenReq(path=path, flags=flags, mode=mode, client_id=client_id, session_id=session_id)
         rsp: wm.OpenRsp = await self.call(wm.OPEN, req)
         return rsp
 
@@ -98,6 +102,15 @@ class MetaClient:
         req = wm.CloseReq(inode=inode, session_id=session_id, length=length, mtime_ns=mtime_ns)
         rsp: wm.AttrRsp = await self.call(wm.CLOSE, req)
         return rsp.attr
+
+    async def renew_sessions(self, client_id: int, session_ids: list[int]) -> int:
+        """Renew the write sessions this client holds; returns how many meta still had."""
+        renewed = 0
+        for i in range(0, len(session_ids), wm.RENEW_SESSIONS_MAX):
+            req = wm.RenewSessionsReq(client_id=client_id, session_ids=session_ids[i : i + wm.RENEW_SESSIONS_MAX])
+            rsp: wm.RenewSessionsRsp = await self.call(wm.RENEW_SESSIONS, req)
+            renewed += rsp.renewed
+        return renewed
 
     async def sync(self, inode: int, length: int, mtime_ns: int = 0) -> Attr | None:
         rsp: wm.AttrRsp = await self.call(wm.SYNC, wm.SyncReq(inode=inode, length=length, mtime_ns=mtime_ns))

@@ -229,6 +229,8 @@ class StorageClient:
                     continue  # straight to the tail, no backoff
                 elif st in _REFRESH:
                     last, refresh = exc, True
+                    if st is Status.TARGET_NOT_SERVING and role == "any":
+                        avoid.add(target)  # e.g. a replica cut off from mgmtd: read another one
                 elif st in _BACKOFF or st is Status.NOT_COMMITTED:
                     last = exc
                     if st is Status.CHECKSUM_MISMATCH and role == "any":

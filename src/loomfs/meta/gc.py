@@ -3,6 +3,12 @@
 An entry is due when it has waited ``delay_s`` (injected clock) and its inode has no open
 write session; files still open for write are kept until closed. The remover is injected
 (``loomfs.client.storage_client.StorageClient`` in the service, a fake in tests).
+
+Write sessions are leases (``session_lease_s``): clients renew theirs (RENEW_SESSIONS), and
+the worker drops sessions not renewed for a lease, so a writer that is gone (an OPEN whose
+reply was lost in a meta crash, a CLOSE that never arrived, a crashed client) cannot keep an
+unlinked file's chunks forever. For one lease after the worker starts nothing expires: the
+clients of a meta that was down longer than a lease get the time to renew.
 """
 
 from __future__ import annotations
@@ -10,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import random
 from typing import Protocol
 
 from loomfs.common.clock import SYSTEM_CLOCK, Clock
@@ -19,8 +26,24 @@ from loomfs.wire.types import Layout
 logger = logging.getLogger(__name__)
 
 
+SESSION_LEASE_S = 60.0  # a write session not renewed this long is dropped (clients renew every third)
+SESSIONS_EXPIRED_MAX = 1024  # per expiry pass
+
+
 class ChunkRemover(Protocol):
     async def remove_file_chunks(self, inode: int, layout: Layout, length: int) -> None: ...
+
+
+def remover_client_id(node_id: int, rng: random.Random | None = None) -> int:
+    """The storage client id of one meta process's chunk remover: fresh for every process.
+
+    Storage heads keep a cache of (client id, request id) -> result to apply retried writes
+    once, and request ids restart at 1 with every process. An id that survived a restart
+    made the restarted meta's first removals "retries" of the previous process's: answered
+    from the cache, never applied, and their GC entries deleted (orphan chunks).
+    """
+    rng = rng or random.SystemRandom()
+    return (1 << 62) | (rng.getrandbits(46) << 16) | (node_id & 0xFFFF)
 
 
 class GcWorker:
@@ -32,6 +55,7 @@ class GcWorker:
         delay_s: float,
         interval_s: float = 1.0,
         batch_max: int = 64,
+        session_lease_s: float = 0.0,  # 0 = write sessions never expire
         clock: Clock = SYSTEM_CLOCK,
     ):
         self.store = store
@@ -39,12 +63,38 @@ class GcWorker:
         self.delay_s = delay_s
         self.interval_s = interval_s
         self.batch_max = batch_max
+        self.session_lease_s = session_lease_s
         self.clock = clock
         self.removed_total = 0
         self.failures_total = 0
+        self.sessions_expired_total = 0
+        self._started_ns = clock.now_ns()
+        self._next_expiry_ns = self._started_ns + int(session_lease_s * 1e9)
+
+    async def expire_sessions(self) -> int:
+        """Drop write sessions not renewed for a lease (at most every lease/8, and not during
+        the first lease after start). Returns how many were dropped."""
+        if self.session_lease_s <= 0:
+            return 0
+        now = self.clock.now_ns()
+        if now < self._next_expiry_ns:
+            return 0
+        lease_ns = int(self.session_lease_s * 1e9)
+        self._next_expiry_ns = now + lease_ns // 8
+        async with self.store.write() as txn:
+            gone = await txn.expire_sessions(now - lease_ns, SESSIONS_EXPIRED_MAX)
+        for inode, session_id, client_id in gone:
+            logger.info("gc: write session %d of client %#x on inode %d expired (not renewed for %.0fs)",
+                        session_id, client_id, inode, self.session_lease_s)
+        if len(gone) == SESSIONS_EXPIRED_MAX:
+            self._next_expiry_ns = now  # more to drop: next round
+        self.sessions_expired_total += len(gone)
+        return len(gone)
 
     async def run_once(self) -> int:
-        """Process one bounded batch of due entries; returns how many were removed."""
+        """Expire stale sessions, then process one bounded batch of due entries; returns how
+        many entries were removed."""
+        await self.expire_sessions()
         due_before_ns = self.clock.now_ns() - int(self.delay_s * 1e9)
         async with self.store.read() as txn:
             entries = await txn.gc_due(due_before_ns, self.batch_max)
@@ -88,4 +138,5 @@ class GcWorker:
                 await asyncio.sleep(0)
 
     def __repr__(self) -> str:
-        return f"GcWorker(delay={self.delay_s}s removed={self.removed_total} failures={self.failures_total})"
+        return (f"GcWorker(delay={self.delay_s}s removed={self.removed_total} failures={self.failures_total} "
+                f"sessions_expired={self.sessions_expired_total})")

@@ -14,12 +14,12 @@ from loomfs.common.routing import RoutingClient, parse_addresses
 from loomfs.common.service_main import run_service
 from loomfs.config import MetaConfig, resolve_under
 from loomfs.errors import LoomError
-from loomfs.meta.gc import ChunkRemover, GcWorker
+from loomfs.meta.gc import ChunkRemover, GcWorker, remover_client_id
 from loomfs.meta.ops.namespace import Namespace
 from loomfs.meta.service import MetaService
 from loomfs.meta.store.base import MetaStore
 from loomfs.net.rpc import RpcClient, RpcServer
-from loomfs.net.tcp import TcpTransport
+from loomfs.net.tcp import default_transport
 from loomfs.net.transport import Address
 from loomfs.wire.mgmtd import (
     HEARTBEAT,
@@ -70,7 +70,7 @@ def _make_remover(rpc: RpcClient, routing: RoutingClient, node_id: int) -> Chunk
     except ImportError as exc:
         logger.warning("GC disabled: no chunk remover (%s)", exc)
         return None
-    return StorageClient(rpc, routing, client_id=(1 << 62) | node_id)
+    return StorageClient(rpc, routing, client_id=remover_client_id(node_id))
 
 
 async def serve(config: MetaConfig, *, ready: asyncio.Event | None = None) -> None:
@@ -78,7 +78,7 @@ async def serve(config: MetaConfig, *, ready: asyncio.Event | None = None) -> No
         resolve_under(config.data_dir, config.store_url), synchronous=config.sqlite_synchronous
     )
     rpc = RpcClient(
-        TcpTransport(max_payload_bytes=config.rpc.max_payload_bytes),
+        default_transport(max_payload_bytes=config.rpc.max_payload_bytes),
         connect_timeout_s=config.rpc.connect_timeout_s,
         call_timeout_s=config.rpc.call_timeout_s,
     )
@@ -92,7 +92,7 @@ async def serve(config: MetaConfig, *, ready: asyncio.Event | None = None) -> No
         rng=random.Random(config.node_id or None), default_layout=default_layout,
     )
     await ns.init()
-    server = RpcServer("meta", TcpTransport(max_payload_bytes=config.rpc.max_payload_bytes))
+    server = RpcServer("meta", default_transport(max_payload_bytes=config.rpc.max_payload_bytes))
     server.add_service(MetaService(ns))
     tasks: list[asyncio.Task[object]] = []
     stop = asyncio.Event()
@@ -125,7 +125,8 @@ async def serve(config: MetaConfig, *, ready: asyncio.Event | None = None) -> No
         remover = _make_remover(rpc, routing, reg.node_id)
         if remover is not None:
             gc = GcWorker(
-                store, remover, delay_s=config.gc_delay_s, interval_s=config.gc_interval_s, clock=SYSTEM_CLOCK
+                store, remover, delay_s=config.gc_delay_s, interval_s=config.gc_interval_s,
+                session_lease_s=ns.session_lease_s, clock=SYSTEM_CLOCK,
             )
             tasks.append(loop.create_task(gc.run(), name="meta-gc"))
         logger.info("meta up on %s: %r", addr, ns)

@@ -26,14 +26,20 @@ class MetaService:
     @handles(w.OPEN)
     async def open(self, req: w.OpenReq, ctx: CallContext) -> w.OpenRsp:
         o = await self.ns.open(
-            req.path, req.flags, mode=req.mode, uid=req.uid, gid=req.gid, client_id=req.client_id
+            req.path, req.flags, mode=req.mode, uid=req.uid, gid=req.gid, client_id=req.client_id,
+            session_id=req.session_id,
         )
-        return w.OpenRsp(attr=o.attr, session_id=o.session_id, truncated_from=o.truncated_from)
+        return w.OpenRsp(attr=o.attr, session_id=o.session_id, truncated_from=o.truncated_from,
+                         session_lease_s=self.ns.session_lease_s if o.session_id else 0.0, replayed=o.replayed)
 
     @handles(w.CLOSE)
     async def close(self, req: w.CloseReq, ctx: CallContext) -> w.AttrRsp:
         attr = await self.ns.close(req.inode, req.session_id, req.length, req.mtime_ns)
         return w.AttrRsp(attr=attr)
+
+    @handles(w.RENEW_SESSIONS)
+    async def renew_sessions(self, req: w.RenewSessionsReq, ctx: CallContext) -> w.RenewSessionsRsp:
+        return w.RenewSessionsRsp(renewed=await self.ns.renew_sessions(req.client_id, req.session_ids))
 
     @handles(w.SYNC)
     async def sync(self, req: w.SyncReq, ctx: CallContext) -> w.AttrRsp:

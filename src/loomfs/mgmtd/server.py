@@ -9,23 +9,37 @@ from typing import Any
 
 from loomfs.common.service_main import run_service
 from loomfs.config import MgmtdConfig, resolve_under
+from loomfs.errors import LoomError
 from loomfs.mgmtd.service import MgmtdService
 from loomfs.mgmtd.state import ClusterState
 from loomfs.mgmtd.store import MgmtdStore
-from loomfs.net.rpc import RpcServer
-from loomfs.net.tcp import TcpTransport
+from loomfs.net.rpc import RpcClient, RpcServer
+from loomfs.net.tcp import default_transport
 from loomfs.net.transport import Address
+from loomfs.wire.message import Empty
+from loomfs.wire.storage import STORAGE_PING
 
 logger = logging.getLogger(__name__)
 
 
 async def serve(config: MgmtdConfig, *, ready: asyncio.Event | None = None) -> None:
     store = MgmtdStore(resolve_under(config.data_dir, config.store_url))
-    state = ClusterState(lease_s=config.lease_s, replace_after_s=config.replace_after_s)
-    service = MgmtdService(state, store, heartbeat_interval_s=config.heartbeat_interval_s)
+    state = ClusterState(lease_s=config.lease_s, replace_after_s=config.replace_after_s,
+                         unreachable_hold_s=config.unreachable_hold_s)
+    probe_rpc = RpcClient(default_transport(), connect_timeout_s=min(1.0, config.lease_s / 2))
+
+    async def probe(host: str, port: int) -> bool:
+        try:
+            await probe_rpc.call(Address(host, port), STORAGE_PING, Empty(), timeout_s=min(1.0, config.lease_s / 2),
+                                 retry=False)
+        except (LoomError, OSError):
+            return False
+        return True
+
+    service = MgmtdService(state, store, heartbeat_interval_s=config.heartbeat_interval_s, probe=probe)
     store.load(state, service.clock.monotonic())
     service.persist()
-    server = RpcServer("mgmtd", TcpTransport(max_payload_bytes=config.rpc.max_payload_bytes))
+    server = RpcServer("mgmtd", default_transport(max_payload_bytes=config.rpc.max_payload_bytes))
     server.add_service(service)
     await server.start(Address(config.host, config.port))
     metrics: Any = None
@@ -56,6 +70,7 @@ async def serve(config: MgmtdConfig, *, ready: asyncio.Event | None = None) -> N
         if metrics is not None:
             await metrics.close()
         await server.close()
+        await probe_rpc.close()
         service.persist()
         store.close()
         logger.info("mgmtd stopped")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable
 
 from loomfs.common.clock import SYSTEM_CLOCK, Clock
 from loomfs.mgmtd.state import ClusterState
@@ -23,7 +24,9 @@ class MgmtdService:
         *,
         heartbeat_interval_s: float,
         clock: Clock = SYSTEM_CLOCK,
+        probe: Callable[[str, int], Awaitable[bool]] | None = None,
     ):
+        self.probe = probe  # can mgmtd itself reach host:port? (judges unreachability reports)
         self.state = state
         self.store = store
         self.heartbeat_interval_s = heartbeat_interval_s
@@ -82,6 +85,23 @@ class MgmtdService:
         left = self.state.drain(req.node_id, undrain=req.undrain, now_s=self.clock.monotonic())
         self.persist()
         return w.DrainRsp(targets_to_move=left)
+
+    @handles(w.REPORT_UNREACHABLE)
+    async def report_unreachable(self, req: w.ReportUnreachableReq, ctx: CallContext) -> w.ReportUnreachableRsp:
+        logger.info("node %d: target %d cannot reach target %d (chain %d v%d): %s", req.node_id, req.target_id,
+                    req.suspect_target_id, req.chain_id, req.chain_version, req.reason)
+        reachable = False
+        suspect = self.state.targets.get(req.suspect_target_id)
+        node = self.state.nodes.get(suspect.node_id) if suspect is not None else None
+        if node is not None and self.probe is not None:
+            reachable = await self.probe(node.host, node.port)
+        fenced = self.state.report_unreachable(
+            reporter_node=req.node_id, reporter_target=req.target_id, suspect_target=req.suspect_target_id,
+            chain_id=req.chain_id, chain_version=req.chain_version, suspect_reachable=reachable,
+            now_s=self.clock.monotonic(),
+        )
+        self.persist()
+        return w.ReportUnreachableRsp(fenced_target_id=fenced, routing_version=self.state.version)
 
     @handles(w.LIST_NODES)
     async def list_nodes(self, req: Empty, ctx: CallContext) -> w.ListNodesRsp:

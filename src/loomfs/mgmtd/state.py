@@ -45,6 +45,8 @@ class NodeRecord:
     last_heartbeat_s: float = 0.0  # clock.monotonic() of the last heartbeat (not persisted)
     draining: bool = False
     metrics_port: int = 0
+    # suspect node id -> when this node last reported it unreachable (not persisted)
+    accusations: dict[int, float] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -62,6 +64,9 @@ class TargetRecord:
     sync_chunks_left: int = 0
     sync_bytes_left: int = 0
     restarted: bool = False  # its process re-registered; consumed by the next reconcile
+    fenced_until_s: float = 0.0  # monotonic: reported unreachable, kept out of its chain until then
+    fence_count: int = 0  # fences in a row (each doubles the hold); reset after a quiet period
+    last_fence_s: float = 0.0
 
 
 @dataclass(slots=True)
@@ -81,9 +86,13 @@ class TableRecord:
 
 
 class ClusterState:
-    def __init__(self, *, lease_s: float, replace_after_s: float = 0.0):
+    def __init__(self, *, lease_s: float, replace_after_s: float = 0.0, unreachable_hold_s: float = 0.0):
         self.lease_s = lease_s
         self.replace_after_s = replace_after_s  # 0 = never replace offline targets by spares
+        # a target reported unreachable by its predecessor leaves the chain for this long
+        # (doubling while reports repeat); 0 = two leases
+        self.unreachable_hold_s = unreachable_hold_s or 2 * lease_s
+        self._now_s = 0.0  # the time of the event being handled (fences are judged against it)
         self.version = 1
         self.nodes: dict[int, NodeRecord] = {}
         self.targets: dict[int, TargetRecord] = {}
@@ -203,27 +212,79 @@ class ClusterState:
             self._bump()
         return sum(1 for t in self.targets.values() if t.node_id == node_id and t.chain_id)
 
+    def report_unreachable(self, *, reporter_node: int, reporter_target: int, suspect_target: int,
+                           chain_id: int, chain_version: int, suspect_reachable: bool, now_s: float) -> int:
+        """A chain member could not reach its successor ``suspect_target`` although both
+        still heartbeat (a network cut between them, a hung process, a bad NIC, or a death
+        the lease has not noticed yet). ``suspect_reachable``: mgmtd itself just reached the
+        suspect. Returns the target taken out of the chain (0: stale report, nothing done).
+
+        Taking a member out is always safe for consistency (the chain gets shorter; the
+        target resyncs when it returns), so mgmtd acts on the first report. The suspect
+        leaves, unless mgmtd can reach it and the reporter has also accused another node that
+        mgmtd could reach, within the window: then the reporter's own network is the likelier
+        fault and the reporter leaves instead (only while the suspect serves, so the chain
+        keeps a serving member). A fenced target stays out for ``unreachable_hold_s``
+        (doubling while reports repeat); when it returns it rejoins at the tail and resyncs
+        from the last serving member, so the chain routes around a cut that is still there."""
+        chain = self.chains.get(chain_id)
+        if chain is None or chain.version != chain_version:
+            return 0
+        rep, sus = self.targets.get(reporter_target), self.targets.get(suspect_target)
+        if rep is None or sus is None or rep.node_id != reporter_node or rep.chain_id != chain_id \
+                or sus.chain_id != chain_id or rep.state != TargetState.SERVING \
+                or sus.state not in (TargetState.SERVING, TargetState.SYNCING) or not self._alive(sus.node_id):
+            return 0
+        node = self.nodes[reporter_node]
+        window_s = 4 * self.unreachable_hold_s
+        node.accusations = {n: t for n, t in node.accusations.items() if now_s - t <= window_s}
+        others = [n for n in node.accusations if n != sus.node_id]
+        blamed = sus
+        if suspect_reachable:
+            node.accusations[sus.node_id] = now_s
+            if others and sus.state == TargetState.SERVING:
+                blamed = rep
+        if blamed.last_fence_s and now_s - blamed.last_fence_s > window_s:
+            blamed.fence_count = 0
+        blamed.fence_count += 1
+        hold_s = self.unreachable_hold_s * 2 ** min(blamed.fence_count - 1, 6)
+        blamed.fenced_until_s = now_s + hold_s
+        blamed.last_fence_s = now_s
+        logger.warning(
+            "chain %d v%d: target %d (node %d) cannot reach target %d (node %d, %s from mgmtd)%s: fencing target "
+            "%d for %.1fs", chain_id, chain_version, reporter_target, reporter_node, suspect_target, sus.node_id,
+            "reachable" if suspect_reachable else "unreachable",
+            f"; the reporter also accused nodes {others}" if blamed is rep else "", blamed.target_id, hold_s)
+        self.reconcile(now_s)
+        return blamed.target_id
+
     def _alive(self, node_id: int) -> bool:
         n = self.nodes.get(node_id)
         return n is not None and n.state == NodeState.ALIVE
 
+    def _usable(self, t: TargetRecord) -> bool:
+        """Alive and not fenced off after an unreachability report."""
+        return self._alive(t.node_id) and t.fenced_until_s <= self._now_s
+
     def _member(self, t: TargetRecord, chain: ChainRecord) -> Member:
         node = self.nodes.get(t.node_id)
         return Member(
-            target_id=t.target_id, node_id=t.node_id, state=TargetState(t.state), alive=self._alive(t.node_id),
+            target_id=t.target_id, node_id=t.node_id, state=TargetState(t.state), alive=self._usable(t),
             restarted=t.restarted,
             sync_done=t.state == TargetState.SYNCING and t.sync_done_version == chain.version,
             offline_since_s=t.offline_since_s if t.state == TargetState.OFFLINE and t.offline_since_s else None,
             draining=node is not None and node.draining,
+            fenced=self._alive(t.node_id) and t.fenced_until_s > self._now_s,
         )
 
     def reconcile(self, now_s: float, *, bump: bool = True) -> bool:
         """Apply the transition rules to every chain. True if routing changed (then the
         routing version was bumped, unless ``bump=False``)."""
         changed = False
+        self._now_s = now_s
         for t in self.targets.values():  # spares follow their node
             if t.chain_id == 0:
-                want = TargetState.SERVING if self._alive(t.node_id) else TargetState.OFFLINE
+                want = TargetState.SERVING if self._usable(t) else TargetState.OFFLINE
                 if t.state != want:
                     t.state = want
                     changed = True
@@ -244,7 +305,7 @@ class ClusterState:
             for tid in plan.removed:
                 tr = self.targets[tid]
                 tr.chain_id = 0
-                tr.state = TargetState.SERVING if self._alive(tr.node_id) else TargetState.OFFLINE
+                tr.state = TargetState.SERVING if self._usable(tr) else TargetState.OFFLINE
                 load[tr.node_id] = load.get(tr.node_id, 1) - 1
             for tid in plan.added:
                 self.targets[tid].chain_id = chain.chain_id

@@ -44,6 +44,9 @@ class MgmtdStore:
                 t = state.targets[v["target_id"]] = TargetRecord(**known)
                 if t.offline_since_s:
                     t.offline_since_s = now_s  # monotonic times do not survive a restart
+                if t.fenced_until_s:
+                    t.fenced_until_s = now_s + state.unreachable_hold_s
+                    t.last_fence_s = now_s
             elif kind == "chain":
                 state.chains[v["chain_id"]] = ChainRecord(**v)
             elif kind == "table":

@@ -47,6 +47,7 @@ class Member:
     sync_done: bool = False  # the predecessor reported the resync finished
     offline_since_s: float | None = None
     draining: bool = False
+    fenced: bool = False  # alive, but reported unreachable by its predecessor (alive is False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +71,10 @@ def _states(ms: list[Member]) -> list[S]:
     return [m.state for m in ms]
 
 
+def _why_gone(m: Member) -> str:
+    return "unreachable from its chain: fenced" if m.fenced else "lease lapsed"
+
+
 def _step_states(ms: list[Member], reasons: list[str]) -> None:
     """The per-target rules, applied in place in a fixed order."""
     # 1. failures
@@ -78,10 +83,10 @@ def _step_states(ms: list[Member], reasons: list[str]) -> None:
     has_lastsrv = S.LASTSRV in _states(ms)
     for k, i in enumerate(dying):
         last = not serving_alive and not has_lastsrv and k == 0
-        _set(ms, i, S.LASTSRV if last else S.OFFLINE, reasons, "last serving member lost" if last else "lease lapsed")
+        _set(ms, i, S.LASTSRV if last else S.OFFLINE, reasons, "last serving member lost" if last else _why_gone(ms[i]))
     for i, m in enumerate(ms):
         if not m.alive and m.state in (S.SYNCING, S.WAITING):
-            _set(ms, i, S.OFFLINE, reasons, "lease lapsed")
+            _set(ms, i, S.OFFLINE, reasons, _why_gone(m))
     # 2. restarts of serving targets while others serve: their data may lag (lost pending)
     for i, m in enumerate(ms):
         others = [x for x in ms if x is not m and x.state == S.SERVING and x.alive]

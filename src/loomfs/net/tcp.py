@@ -73,3 +73,11 @@ class TcpTransport(Transport):
         _tune(sock)
         host, port = sock.getsockname()[:2]
         return _TcpListener(server, Address(host, port))
+
+
+def default_transport(*, max_payload_bytes: int = fr.DEFAULT_MAX_PAYLOAD_BYTES) -> Transport:
+    """The transport services and clients use: TCP, wrapped in fault injection when
+    ``$LOOMFS_FAULTS_FILE`` is set (tests only; see ``net.faults``)."""
+    from loomfs.net.faults import maybe_faulty
+
+    return maybe_faulty(TcpTransport(max_payload_bytes=max_payload_bytes))

@@ -17,12 +17,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 
 from loomfs.common.routing import Routing
 from loomfs.errors import LoomError, StatusError
-from loomfs.storage.engine.base import ChunkKey
+from loomfs.storage import chain
+from loomfs.storage.engine.base import ChunkKey, ChunkState
 from loomfs.storage.target import StorageTarget
 from loomfs.wire.mgmtd import SyncReportReq
 from loomfs.wire.status import Status
@@ -41,7 +42,7 @@ from loomfs.wire.types import TargetState
 logger = logging.getLogger(__name__)
 
 Reporter = Callable[[SyncReportReq], Awaitable[bool]]
-DUMP_LIMIT = 100_000
+PAGE_CHUNKS = 10_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,7 +70,7 @@ class Resyncer:
     """Runs one worker per SyncJob; ``update(routing)`` starts and cancels them."""
 
     def __init__(self, service: object, report: Reporter, *, bytes_per_s: int = 0,
-                 report_interval_s: float = 0.5):
+                 report_interval_s: float = 0.5, page_chunks: int = PAGE_CHUNKS):
         from loomfs.storage.service import StorageService
 
         assert isinstance(service, StorageService)
@@ -77,6 +78,7 @@ class Resyncer:
         self.report = report
         self.bytes_per_s = bytes_per_s
         self.report_interval_s = report_interval_s
+        self.page_chunks = page_chunks
         self._tasks: dict[SyncJob, asyncio.Task[None]] = {}
         self.chunks_copied = 0
         self.chunks_removed = 0
@@ -128,32 +130,89 @@ class Resyncer:
         self.done_total += 1
         logger.info("resync %s done in %.2fs: %d chunks copied", job, time.monotonic() - started, copied)
 
-    async def _dump(self, job: SyncJob, routing: Routing) -> dict[ChunkKey, ChunkMeta]:
-        rsp = await self.service.rpc.call(routing.address_of(job.dest), QUERY_CHUNKS,
-                                          QueryChunksReq(target_id=job.dest, limit=DUMP_LIMIT), timeout_s=30.0)
-        if rsp.body.more:
-            logger.warning("resync %s: target holds more than %d chunks; later passes finish it", job, DUMP_LIMIT)
-        return {ChunkKey(m.chunk.inode, m.chunk.index): m for m in rsp.body.chunks if m.chunk is not None}
+    async def _remote_pages(self, job: SyncJob, routing: Routing) -> AsyncIterator[list[ChunkMeta]]:
+        """The syncing target's chunk list, page by page, in (inode, index) order."""
+        after: ChunkId | None = None
+        while True:
+            req = QueryChunksReq(target_id=job.dest, limit=self.page_chunks, after=after)
+            try:
+                rsp = await self.service.rpc.call(routing.address_of(job.dest), QUERY_CHUNKS, req,
+                                                  timeout_s=self.service.forward_timeout_s)
+            except LoomError as exc:
+                if exc.status is None or exc.status is Status.DEADLINE_EXCEEDED:
+                    self._suspect(job, routing, f"chunk dump failed: {exc}")
+                raise
+            page = [m for m in rsp.body.chunks if m.chunk is not None]
+            yield page
+            if not rsp.body.more or not page:
+                return
+            last = page[-1].chunk
+            assert last is not None
+            after = ChunkId(inode=last.inode, index=last.index)
+
+    def _local_pages(self, target: StorageTarget) -> Iterator[list[ChunkState]]:
+        after: ChunkKey | None = None
+        while True:
+            page = target.engine.list_chunks(0, limit=self.page_chunks, after=after)
+            committed = [s for s in page if s.commit_ver]
+            if committed:
+                yield committed
+            if len(page) < self.page_chunks:
+                return
+            after = page[-1].key
+
+    def _suspect(self, job: SyncJob, routing: Routing, why: str) -> None:
+        members = [t for t in routing.chain(job.chain_id).targets if t in routing.targets
+                   and routing.targets[t].state in (TargetState.SERVING, TargetState.SYNCING)]
+        pos = chain.position_of(job.chain_id, job.chain_version, members, job.source) \
+            if job.source in members else None
+        if pos is not None:
+            self.service.suspect(pos, job.dest, why)
 
     async def _sync(self, job: SyncJob, routing: Routing) -> int:
+        """Merge-walk our chunks and the target's, both paged in key order, so a target with
+        millions of chunks never needs both lists in memory."""
         target = self.service.targets[job.source]
-        remote = await self._dump(job, routing)
-        local = {s.key: s for s in target.engine.list_chunks(0, limit=1 << 40) if s.commit_ver}
-        keys = sorted(set(local) | set(remote))
-        chunks_left = len(keys)
-        bytes_left = sum(s.length for s in local.values())
+        usage = target.engine.usage()
+        chunks_left, bytes_left = usage.chunk_count, usage.used_bytes
         last_report = 0.0
         copied = 0
-        for key in keys:
+        local_iter = self._local_pages(target)
+        remote_iter = self._remote_pages(job, routing).__aiter__()
+        local: list[ChunkState] = next(local_iter, [])
+        remote: list[ChunkMeta] = await anext(remote_iter, [])
+        li = ri = 0
+        while True:
+            if li == len(local) and local:
+                local, li = next(local_iter, []), 0
+            if ri == len(remote) and remote:
+                remote, ri = await anext(remote_iter, []), 0
+            lk = local[li].key if li < len(local) else None
+            rm = remote[ri] if ri < len(remote) else None
+            rk = ChunkKey(rm.chunk.inode, rm.chunk.index) if rm is not None and rm.chunk is not None else None
+            if lk is None and rk is None:
+                break
+            key = lk if rk is None or (lk is not None and lk <= rk) else rk
+            assert key is not None
+            mine = local[li] if lk == key else None
+            theirs = rm if rk == key else None
+            li += mine is not None
+            ri += theirs is not None
             now = time.monotonic()
             if now - last_report >= self.report_interval_s:
                 last_report = now
                 if not await self._report(job, chunks_left, bytes_left, done=False):
                     raise StatusError(Status.STALE_CHAIN_VERSION, "mgmtd refused the progress report")
-            sent = await self._sync_chunk(job, routing, target, key, remote.get(key))
+            try:
+                sent = await self._sync_chunk(job, routing, target, key, theirs)
+            except LoomError as exc:
+                if exc.status is None or exc.status is Status.DEADLINE_EXCEEDED:
+                    self._suspect(job, routing, f"sync write failed: {exc}")
+                raise
             copied += sent > 0
-            chunks_left -= 1
-            bytes_left = max(0, bytes_left - (local[key].length if key in local else 0))
+            if mine is not None:
+                chunks_left = max(0, chunks_left - 1)
+                bytes_left = max(0, bytes_left - mine.length)
             if self.bytes_per_s and sent:
                 await asyncio.sleep(sent / self.bytes_per_s)
         if not await self._report(job, 0, 0, done=True):

@@ -18,8 +18,9 @@ from loomfs.common.service_main import run_service
 from loomfs.config import StorageConfig
 from loomfs.errors import LoomError, StatusError
 from loomfs.net.rpc import RetryPolicy, RpcClient, RpcServer
-from loomfs.net.tcp import TcpTransport
+from loomfs.net.tcp import default_transport
 from loomfs.net.transport import Address
+from loomfs.storage.chain import Position
 from loomfs.storage.engine.file import FileEngine
 from loomfs.storage.resync import Resyncer
 from loomfs.storage.scrub import Scrubber
@@ -28,10 +29,12 @@ from loomfs.storage.target import StorageTarget, target_id_for
 from loomfs.wire.mgmtd import (
     HEARTBEAT,
     REGISTER_NODE,
+    REPORT_UNREACHABLE,
     SYNC_REPORT,
     HeartbeatReq,
     RegisterNodeReq,
     RegisterNodeRsp,
+    ReportUnreachableReq,
     SyncReportReq,
 )
 from loomfs.wire.status import Status
@@ -63,7 +66,7 @@ class StorageNode:
         self.config = config
         self.metrics: Any = None  # loomfs.metrics.ServiceMetrics once started
         rpc_cfg = config.rpc
-        transport = TcpTransport(max_payload_bytes=rpc_cfg.max_payload_bytes)
+        transport = default_transport(max_payload_bytes=rpc_cfg.max_payload_bytes)
         self.rpc = RpcClient(
             transport,
             connect_timeout_s=rpc_cfg.connect_timeout_s,
@@ -76,6 +79,7 @@ class StorageNode:
         self.service = StorageService(
             self.targets, self.routing, self.rpc, max_chunk_size_bytes=config.max_chunk_size_bytes,
             forward_timeout_s=rpc_cfg.call_timeout_s, target_capacity_bytes=config.target_capacity_bytes,
+            suspect_after_s=config.suspect_after_s, report_unreachable=self._report_unreachable,
         )
         self.service.writable_until_s = 0.0  # not writable before mgmtd granted a lease
         self.resyncer = Resyncer(self.service, self._report_sync, bytes_per_s=config.resync_bytes_per_s)
@@ -113,6 +117,21 @@ class StorageNode:
             await self._refresh_routing(rsp.routing_version)
             return bool(rsp.accepted)
         raise last if last is not None else LoomError("no mgmtd address")
+
+    async def _report_unreachable(self, pos: Position, successor: int, why: str) -> None:
+        req = ReportUnreachableReq(node_id=self.config.node_id, target_id=pos.target_id,
+                                   suspect_target_id=successor, chain_id=pos.chain_id,
+                                   chain_version=pos.chain_version, reason=why)
+        for addr in self.mgmtd:
+            try:
+                rsp = (await self.rpc.call(addr, REPORT_UNREACHABLE, req, timeout_s=5.0)).body
+            except (LoomError, OSError) as exc:
+                logger.warning("report to mgmtd %s failed: %s", addr, exc)
+                continue
+            if rsp.fenced_target_id:
+                logger.warning("mgmtd fenced target %d (chain %d)", rsp.fenced_target_id, pos.chain_id)
+            await self._refresh_routing(rsp.routing_version)
+            return
 
     async def register(self) -> RegisterNodeRsp:
         req = RegisterNodeReq(

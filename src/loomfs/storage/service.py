@@ -145,6 +145,11 @@ def _write_rsp(st: ChunkState | None) -> WriteRsp:
     return WriteRsp(commit_ver=st.commit_ver, chunk_length=st.length, chunk_crc=st.crc)
 
 
+def _log_failure(task: asyncio.Future[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        logger.warning("unreachability report failed: %s", task.exception())
+
+
 class StorageService:
     def __init__(
         self,
@@ -158,6 +163,8 @@ class StorageService:
         dedupe_max: int = 8192,
         target_capacity_bytes: int = 0,
         reconfig_wait_s: float = 1.0,
+        suspect_after_s: float = 5.0,
+        report_unreachable: Callable[[chain.Position, int, str], Awaitable[None]] | None = None,
     ):
         self.targets = {t.target_id: t for t in targets}
         self.routing = routing
@@ -171,6 +178,12 @@ class StorageService:
         self.replaces_total = 0  # forwards redone as whole-chunk replaces (version gap at the successor)
         self.target_capacity_bytes = target_capacity_bytes
         self.reconfig_wait_s = reconfig_wait_s  # a forward slower than this starts watching routing
+        # a successor that fails or stays silent this long although it heartbeats (a network cut,
+        # a hung process) is reported to mgmtd, which takes it out of the chain
+        self.suspect_after_s = suspect_after_s
+        self.report_unreachable = report_unreachable
+        self.unreachable_reports_total = 0
+        self._reported: set[tuple[int, int, int]] = set()  # (chain, version, successor) already reported
         # writes are refused once mgmtd has not been reached for half a lease (the node may be
         # cut off and already replaced); the node's heartbeat loop pushes this forward
         self.writable_until_s = math.inf
@@ -253,12 +266,15 @@ class StorageService:
             fwd = dataclasses.replace(req, forwarded=True, chain_version=pos.chain_version)
             call = asyncio.ensure_future(self._forward2(routing, succ, m, fwd, payload, crc))
             new_pos: chain.Position | None = None
+            started_s = time.monotonic()
             done, _ = await asyncio.wait({call}, timeout=self.reconfig_wait_s)
-            while not done:  # slow successor (hung?): watch for a chain change meanwhile
+            while not done:  # slow successor (hung? cut off?): watch for a chain change meanwhile
                 new_pos = await self._changed_position(pos, 0.0)
                 if new_pos is not None or time.monotonic() > deadline:
                     call.cancel()
                     break
+                if time.monotonic() - started_s > self.suspect_after_s:
+                    self.suspect(pos, succ, f"{m.name} unanswered for {time.monotonic() - started_s:.1f}s")
                 done, _ = await asyncio.wait({call}, timeout=0.05)
             status, unreachable = (Status.CHAIN_UNAVAILABLE, True) if call.cancelled() or not done \
                 else call.result()
@@ -267,7 +283,8 @@ class StorageService:
                 status = await replace(pos)
             if status is Status.OK:
                 return status, pos
-            if new_pos is None and unreachable:  # our successor is gone: mgmtd will drop it
+            if new_pos is None and unreachable:  # our successor is gone or cut off: mgmtd will drop it
+                self.suspect(pos, succ, f"{m.name} failed: {status.name}")
                 left = deadline - time.monotonic()
                 new_pos = await self._changed_position(pos, max(0.0, min(left, self.reconfig_wait_s * 5)))
             if new_pos is None:
@@ -276,6 +293,22 @@ class StorageService:
                         pos.chain_id, pos.chain_version, new_pos.chain_version, succ, status.name)
             self.reforwards_total += 1
             pos = new_pos
+
+    def suspect(self, pos: chain.Position, successor: int, why: str) -> None:
+        """Tell mgmtd (once per chain version) that ``successor`` does not answer. If it is
+        dead, its lease lapses anyway; if it still heartbeats (a cut between us), only this
+        report gets it out of the chain."""
+        key = (pos.chain_id, pos.chain_version, successor)
+        if self.report_unreachable is None or key in self._reported:
+            return
+        if len(self._reported) > 4096:
+            self._reported.clear()
+        self._reported.add(key)
+        self.unreachable_reports_total += 1
+        logger.warning("chain %d v%d: successor target %d unreachable (%s): reporting to mgmtd",
+                       pos.chain_id, pos.chain_version, successor, why)
+        task = asyncio.ensure_future(self.report_unreachable(pos, successor, why))
+        task.add_done_callback(_log_failure)
 
     # ---- writes -----------------------------------------------------------------------
     def _check_bounds(self, end: int, chunk_size: int) -> None:
@@ -518,7 +551,8 @@ class StorageService:
         if target is None:
             raise StatusError(Status.UNKNOWN_TARGET, f"target {req.target_id} is not on this node")
         limit = max(0, min(req.limit, 100_000))
-        states = target.engine.list_chunks(req.inode, req.index_begin, req.index_end, limit + 1)
+        after = ChunkKey(req.after.inode, req.after.index) if req.after is not None and not req.inode else None
+        states = target.engine.list_chunks(req.inode, req.index_begin, req.index_end, limit + 1, after=after)
         metas = [
             ChunkMeta(chunk=ChunkId(inode=s.key.inode, index=s.key.index), commit_ver=s.commit_ver,
                       update_ver=s.pending_ver, length=s.length, crc=s.crc)

@@ -23,6 +23,8 @@ from typing import Any
 import tomli_w
 
 from loomfs.errors import LoomError
+from loomfs.net.faults import ENV_VAR as FAULTS_ENV_VAR
+from loomfs.net.faults import Rule, write_rules
 from loomfs.net.rpc import RpcClient
 from loomfs.net.tcp import TcpTransport
 from loomfs.net.transport import Address
@@ -109,6 +111,8 @@ class LocalCluster:
         replace_after_s: float = 600.0,
         storage_config: dict[str, Any] | None = None,
         client_config: dict[str, Any] | None = None,
+        mgmtd_config: dict[str, Any] | None = None,
+        fault_injection: bool = False,
     ):
         self.root = Path(root).resolve()
         self.storage_nodes = storage_nodes
@@ -123,6 +127,10 @@ class LocalCluster:
         self.replace_after_s = replace_after_s
         self.storage_config = dict(storage_config or {})  # extra StorageConfig settings (tests)
         self.client_config = dict(client_config or {})
+        self.mgmtd_config = dict(mgmtd_config or {})
+        # every process reads network-fault rules from faults/<name>.json (see ``cut``)
+        self.fault_injection = fault_injection
+        self._fault_rules: dict[str, list[Rule]] = {}
         self.services: dict[str, ServiceProc] = {}
 
     # ---- layout ---------------------------------------------------------------------------
@@ -154,7 +162,8 @@ class LocalCluster:
         if s.kind == "mgmtd":
             return {"host": "127.0.0.1", "port": s.port, "data_dir": s.dir, "lease_s": self.lease_s,
                     "heartbeat_interval_s": self.heartbeat_interval_s, "default_replicas": self.replicas,
-                    "replace_after_s": self.replace_after_s, "metrics_port": self.mgmtd_metrics_port}
+                    "replace_after_s": self.replace_after_s, "metrics_port": self.mgmtd_metrics_port,
+                    **self.mgmtd_config}
         if s.kind == "meta":
             # every meta serves the same namespace: one shared SQLite file (PostgreSQL in production)
             return {"host": "127.0.0.1", "port": s.port, "node_id": s.node_id, "mgmtd": mg,
@@ -224,6 +233,9 @@ class LocalCluster:
         env.update(self.extra_env)
         src = str(Path(__file__).resolve().parents[2])
         env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        if self.fault_injection:
+            env[FAULTS_ENV_VAR] = str(self.faults_path(name))
+            self._write_faults(name)
         log = open(s.log_path, "ab")
         proc = subprocess.Popen(
             [sys.executable, "-m", f"loomfs.{s.kind}.server", "--config", s.config_path],
@@ -240,6 +252,40 @@ class LocalCluster:
         Path(s.dir, "pid").write_text(str(proc.pid))
         self._write_state()
         return s
+
+    # ---- network faults (fault_injection=True) ------------------------------------------
+    def faults_path(self, name: str) -> Path:
+        return self.root / "faults" / f"{name}.json"
+
+    def _write_faults(self, name: str) -> None:
+        path = self.faults_path(name)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_rules(path, self._fault_rules.get(name, []))
+
+    def cut(self, a: str, b: str, *, action: str = "blackhole", both_ways: bool = True,
+            delay_ms: float = 0.0) -> None:
+        """Cut the network from service ``a`` to service ``b`` (and back, by default):
+        ``blackhole`` drops every frame (a partition), ``reset`` refuses connections,
+        ``delay`` slows every frame. Takes effect within 0.1 s, on existing connections too."""
+        if not self.fault_injection:
+            raise LoomError("this cluster was started without fault_injection=True")
+        pairs = [(a, b), (b, a)] if both_ways else [(a, b)]
+        for src, dst in pairs:
+            rules = [r for r in self._fault_rules.get(src, []) if r.to != self.services[dst].address]
+            rules.append(Rule(self.services[dst].address, action, delay_ms))
+            self._fault_rules[src] = rules
+            self._write_faults(src)
+
+    def heal(self, a: str | None = None, b: str | None = None) -> None:
+        """Remove the cut between ``a`` and ``b`` (both ways), or every cut."""
+        for src in list(self._fault_rules):
+            if a is None:
+                self._fault_rules[src] = []
+            elif src in (a, b):
+                other = b if src == a else a
+                drop = {self.services[other].address} if other else {s.address for s in self.services.values()}
+                self._fault_rules[src] = [r for r in self._fault_rules[src] if r.to not in drop]
+            self._write_faults(src)
 
     def stop_service(self, name: str, sig: int = signal.SIGTERM, timeout_s: float = 10.0) -> None:
         s = self.services[name]

@@ -40,6 +40,9 @@ class OpenReq(Message):
     uid: int = 0
     gid: int = 0
     client_id: int = 0  # write opens register a session under this client
+    # write opens: the session id the client chose (0 = meta picks). A retry after a lost
+    # reply sends the same id and meta answers from that session: the open applies once.
+    session_id: int = 0
 
 
 @message
@@ -47,6 +50,8 @@ class OpenRsp(Message):
     attr: Attr | None = None
     session_id: int = 0  # nonzero for write opens
     truncated_from: int = 0  # O_TRUNC: the length before truncation (client removes those chunks)
+    session_lease_s: float = 0.0  # renew write sessions (RENEW_SESSIONS) well within this; 0 = never expire
+    replayed: bool = False  # the open had been applied (a retry): nothing created or truncated now
 
 
 @message
@@ -64,6 +69,23 @@ class SyncReq(Message):
     inode: int = 0
     length: int = -1
     mtime_ns: int = 0
+
+
+@message
+class RenewSessionsReq(Message):
+    """A writer's lease renewal of the write sessions it holds (sessions it does not name,
+    such as one from an OPEN whose reply was lost, are left to expire)."""
+
+    client_id: int = 0
+    session_ids: list[int] = many()  # at most RENEW_SESSIONS_MAX
+
+
+@message
+class RenewSessionsRsp(Message):
+    renewed: int = 0  # how many of them meta still held (the others expired or were closed)
+
+
+RENEW_SESSIONS_MAX = 8192
 
 
 @message
@@ -163,3 +185,4 @@ SETATTR = method(SERVICE_META, 13, "setattr", SetattrReq, SetattrRsp)
 STATFS = method(SERVICE_META, 14, "statfs", Empty, StatfsRsp, idempotent=True)
 SET_LAYOUT = method(SERVICE_META, 15, "set_layout", SetLayoutReq, AttrRsp, idempotent=True)
 META_PING = method(SERVICE_META, 16, "ping", Empty, Empty, idempotent=True)
+RENEW_SESSIONS = method(SERVICE_META, 17, "renew_sessions", RenewSessionsReq, RenewSessionsRsp, idempotent=True)

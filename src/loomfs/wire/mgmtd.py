@@ -103,3 +103,26 @@ class DrainRsp(Message):
 
 SYNC_REPORT = method(SERVICE_MGMTD, 7, "sync_report", SyncReportReq, SyncReportRsp, idempotent=True)
 DRAIN_NODE = method(SERVICE_MGMTD, 8, "drain_node", DrainReq, DrainRsp, idempotent=True)
+
+
+@message
+class ReportUnreachableReq(Message):
+    """Chain member ``target_id`` (on ``node_id``) could not reach its successor
+    ``suspect_target_id`` under ``chain_version`` although both are in the routing."""
+
+    node_id: int = 0
+    target_id: int = 0
+    suspect_target_id: int = 0
+    chain_id: int = 0
+    chain_version: int = 0
+    reason: str = ""
+
+
+@message
+class ReportUnreachableRsp(Message):
+    fenced_target_id: int = 0  # the target taken out of the chain (0 = report stale, nothing done)
+    routing_version: int = 0
+
+
+REPORT_UNREACHABLE = method(SERVICE_MGMTD, 9, "report_unreachable", ReportUnreachableReq, ReportUnreachableRsp,
+                            idempotent=True)

@@ -116,6 +116,7 @@ class QueryChunksReq(Message):
     index_begin: int = 0
     index_end: int = 1 << 62
     limit: int = 10000
+    after: ChunkId | None = None  # with inode=0: only chunks after this one (paging a whole target)
 
 
 @message

@@ -10,6 +10,7 @@ from typing import Protocol
 from loomfs.common.clock import SYSTEM_CLOCK, Clock
 from loomfs.common.routing import Routing
 from loomfs.errors import LoomError, StatusError
+from loomfs.meta.gc import SESSION_LEASE_S
 from loomfs.meta.layout import ChainAllocator
 from loomfs.meta.store.base import GcEntry, MetaStore, MetaTxn
 from loomfs.wire.status import Status
@@ -46,12 +47,14 @@ class NamespaceBase:
         clock: Clock = SYSTEM_CLOCK,
         rng: random.Random | None = None,
         default_layout: Layout | None = None,
+        session_lease_s: float = SESSION_LEASE_S,
     ):
         self.store = store
         self.routing = routing
         self.clock = clock
         self.chains = ChainAllocator(rng or random.Random())
         self.default_layout = default_layout or Layout()
+        self.session_lease_s = session_lease_s  # told to writers, who renew (GcWorker expires)
 
     async def init(self) -> None:
         """Create the root directory on a fresh store (idempotent)."""

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Sequence
 
 from loomfs.common.routing import Routing
 from loomfs.errors import StatusError
 from loomfs.meta.ops.base import C_BYTES, C_SESSION, DIR, FILE, LINK, NamespaceBase
 from loomfs.meta.ops.walk import walk
 from loomfs.meta.paths import split_path
+from loomfs.wire.meta import RENEW_SESSIONS_MAX
 from loomfs.wire.status import Status
 from loomfs.wire.types import Attr
 
@@ -23,6 +25,7 @@ class Opened:
     session_id: int = 0  # nonzero for write opens
     truncated_from: int = 0
     created: bool = False
+    replayed: bool = False  # a retried OPEN that had been applied: nothing done this time
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -34,12 +37,22 @@ class SetattrResult:
 class FileOps(NamespaceBase):
     async def open(
         self, path: str, flags: int = os.O_RDONLY, *, mode: int = 0o644, uid: int = 0, gid: int = 0,
-        client_id: int = 0,
+        client_id: int = 0, session_id: int = 0,
     ) -> Opened:
+        """Open ``path`` with ``os.O_*`` flags; a write open starts a write session.
+
+        ``session_id``: the id the client chose for the write session (0 = meta picks). A
+        retried OPEN whose first attempt was applied but whose reply was lost (meta killed,
+        connection cut) carries the same id and is answered from that session, so it is
+        applied once: no second session, no EEXIST for its own O_EXCL create, no second
+        truncation.
+        """
         parts = split_path(path)
         acc = flags & os.O_ACCMODE
         if acc == os.O_ACCMODE:
             raise StatusError(Status.EINVAL, "bad access mode")
+        if not 0 <= session_id < 1 << 63:
+            raise StatusError(Status.EINVAL, f"bad session id {session_id}")
         write = acc != os.O_RDONLY
         creat = bool(flags & os.O_CREAT)
         excl = creat and bool(flags & os.O_EXCL)
@@ -57,17 +70,19 @@ class FileOps(NamespaceBase):
                 return Opened(await self._attr(txn, r.inode))
         routing = await self._routing_for_create() if creat else None
         try:
-            return await self._open_write(path, parts, flags, mode, uid, gid, client_id, routing, follow)
+            return await self._open_write(path, parts, flags, mode, uid, gid, client_id, session_id, routing,
+                                          follow)
         except StatusError as exc:
             if exc.status is not Status.NO_CHAIN_TABLE or self.routing is None:
                 raise
             # a chain table may have been created since our last routing refresh
             routing = await self.routing.refresh()
-            return await self._open_write(path, parts, flags, mode, uid, gid, client_id, routing, follow)
+            return await self._open_write(path, parts, flags, mode, uid, gid, client_id, session_id, routing,
+                                          follow)
 
     async def _open_write(
         self, path: str, parts: list[str], flags: int, mode: int, uid: int, gid: int, client_id: int,
-        routing: Routing | None, follow: bool,
+        session_id: int, routing: Routing | None, follow: bool,
     ) -> Opened:
         write = flags & os.O_ACCMODE != os.O_RDONLY
         creat = bool(flags & os.O_CREAT)
@@ -77,6 +92,12 @@ class FileOps(NamespaceBase):
             truncated_from = 0
             created = False
             if r.inode is not None:
+                if write and session_id and r.type == FILE:
+                    owner = await txn.session_client(r.inode, session_id)
+                    if owner == client_id:
+                        return Opened(await self._attr(txn, r.inode), session_id, replayed=True)
+                    if owner is not None:
+                        session_id = 0  # another client's id: take one of ours
                 if creat and flags & os.O_EXCL:
                     raise StatusError(Status.EEXIST, path)
                 if r.type == LINK:
@@ -105,9 +126,11 @@ class FileOps(NamespaceBase):
                     txn, r.parent, r.name, type=FILE, mode=mode, uid=uid, gid=gid, layout=layout, now=now
                 )
                 created = True
-            session_id = 0
-            if write:
+            if not write:
+                session_id = 0
+            elif not session_id:
                 session_id = await txn.next_id(C_SESSION)
+            if session_id:
                 await txn.add_session(attr.inode, session_id, client_id, now)
             return Opened(attr, session_id, truncated_from, created)
 
@@ -117,6 +140,16 @@ class FileOps(NamespaceBase):
             if session_id:
                 await txn.remove_session(inode, session_id)
             return await self._report_length(txn, inode, length, mtime_ns)
+
+    async def renew_sessions(self, client_id: int, session_ids: Sequence[int]) -> int:
+        """A writer's lease renewal of the write sessions it holds. Returns how many of them
+        still exist (fewer: some expired, see ``loomfs.meta.gc``)."""
+        if len(session_ids) > RENEW_SESSIONS_MAX:
+            raise StatusError(Status.EINVAL, f"{len(session_ids)} sessions in one renewal (max {RENEW_SESSIONS_MAX})")
+        if not client_id or not session_ids:
+            return 0
+        async with self.store.write() as txn:
+            return await txn.renew_sessions(client_id, session_ids, self.clock.now_ns())
 
     async def sync(self, inode: int, length: int = -1, mtime_ns: int = 0) -> Attr | None:
         async with self.store.write() as txn:

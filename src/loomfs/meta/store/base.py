@@ -97,8 +97,24 @@ class MetaTxn(ABC):
     async def counters(self) -> dict[str, int]: ...
 
     # write sessions ---------------------------------------------------------------------
+    # A session row's time is when it was opened or last renewed by its client (a lease):
+    # the GC worker drops sessions not renewed for a lease, so a writer that vanished (lost
+    # OPEN reply, failed CLOSE, crashed client) does not keep an unlinked file forever.
     @abstractmethod
     async def add_session(self, inode: int, session_id: int, client_id: int, opened_ns: int) -> None: ...
+
+    @abstractmethod
+    async def session_client(self, inode: int, session_id: int) -> int | None:
+        """The client id of session ``session_id`` on ``inode``, None if there is none."""
+
+    @abstractmethod
+    async def renew_sessions(self, client_id: int, session_ids: Sequence[int], now_ns: int) -> int:
+        """Set the time of those sessions of ``client_id`` to ``now_ns``; returns how many exist."""
+
+    @abstractmethod
+    async def expire_sessions(self, renewed_before_ns: int, limit: int) -> list[tuple[int, int, int]]:
+        """Delete at most ``limit`` sessions last renewed before the time; returns their
+        (inode, session_id, client_id)."""
 
     @abstractmethod
     async def remove_session(self, inode: int, session_id: int) -> bool: ...

@@ -166,6 +166,32 @@ class SqliteTxn(MetaTxn):
             (inode, session_id, client_id, opened_ns),
         )
 
+    async def session_client(self, inode: int, session_id: int) -> int | None:
+        row = self._c.execute(
+            "SELECT client_id FROM sessions WHERE inode = ? AND session_id = ?", (inode, session_id)
+        ).fetchone()
+        return None if row is None else int(row[0])
+
+    async def renew_sessions(self, client_id: int, session_ids: Sequence[int], now_ns: int) -> int:
+        c = self._w()
+        ids = list(session_ids)
+        n = 0
+        for i in range(0, len(ids), 500):
+            part = ids[i : i + 500]
+            sql = (f"UPDATE sessions SET opened_ns = ? WHERE client_id = ? "
+                   f"AND session_id IN ({','.join('?' * len(part))})")
+            n += c.execute(sql, [now_ns, client_id, *part]).rowcount
+        return n
+
+    async def expire_sessions(self, renewed_before_ns: int, limit: int) -> list[tuple[int, int, int]]:
+        rows = self._w().execute(
+            "DELETE FROM sessions WHERE (inode, session_id) IN "
+            "(SELECT inode, session_id FROM sessions WHERE opened_ns < ? LIMIT ?) "
+            "RETURNING inode, session_id, client_id",
+            (renewed_before_ns, limit),
+        ).fetchall()
+        return [(int(a), int(b), int(c)) for a, b, c in rows]
+
     async def remove_session(self, inode: int, session_id: int) -> bool:
         cur = self._w().execute(
             "DELETE FROM sessions WHERE inode = ? AND session_id = ?", (inode, session_id)

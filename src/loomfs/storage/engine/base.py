@@ -2,7 +2,10 @@
 
 A chunk is addressed by ``ChunkKey(inode, index)``. Per chunk the engine keeps the committed
 version (readable), at most one pending update version (staged, invisible to readers until
-committed), the committed length and the CRC32C of the committed content.
+committed), the committed length, the CRC32C of the committed content (what the wire carries for
+whole-chunk reads) and the CRC32C of every ``BLOCK_BYTES`` block of it (the last one may be
+short), so a partial read is checked against the disk too: a read that is not the whole chunk
+from offset 0 verifies every block it touches and fails with ``CHECKSUM_MISMATCH``.
 
 Crash semantics, shared by every engine (the conformance suite checks them): a crash loses
 every pending update and nothing committed; after a crash each chunk holds exactly its last
@@ -14,8 +17,12 @@ committed version. Staging again replaces the pending update (a re-forwarded upd
 
 from __future__ import annotations
 
+import bisect
+import struct
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Generic, TypeVar
 
 import crc32c
 
@@ -23,6 +30,7 @@ from loomfs.errors import InvalidArgument, NotFound, StatusError
 from loomfs.wire.status import Status
 
 INDEX_END = 1 << 62
+BLOCK_BYTES = 64 << 10  # unit of the per-block CRC32Cs
 _ZEROS = bytes(1 << 20)
 
 
@@ -68,6 +76,110 @@ def crc_zeros(count: int, value: int = 0) -> int:
     return value
 
 
+_ZERO_BLOCK_CRC = crc_zeros(BLOCK_BYTES)
+
+
+# ---- per-block CRCs: packed as little-endian uint32s, one per BLOCK_BYTES block -------------
+def block_count(length: int) -> int:
+    return (length + BLOCK_BYTES - 1) // BLOCK_BYTES
+
+
+def block_crc(blocks: bytes, i: int) -> int:
+    """The stored CRC of block ``i``."""
+    return int(struct.unpack_from("<I", blocks, 4 * i)[0])
+
+
+def unpack_blocks(blocks: bytes) -> list[int]:
+    return list(struct.unpack(f"<{len(blocks) // 4}I", blocks))
+
+
+def block_crcs_of(data: memoryview | bytes | bytearray) -> bytes:
+    """Packed block CRCs of content ``data`` (from offset 0)."""
+    mv = memoryview(data)
+    out = bytearray(4 * block_count(len(mv)))
+    for i, pos in enumerate(range(0, len(mv), BLOCK_BYTES)):
+        struct.pack_into("<I", out, 4 * i, crc32c.crc32c(mv[pos : pos + BLOCK_BYTES]))
+    return bytes(out)
+
+
+def restage_blocks(
+    old: bytes, old_len: int, new_len: int, lo: int, hi: int, crc_of: Callable[[int, int, int], int]
+) -> bytes:
+    """Block CRCs of a new version made from one of ``old_len`` bytes (block CRCs ``old``) by
+    changing bytes [lo, hi) and setting the length to ``new_len``. Only the blocks that overlap
+    [lo, hi) or whose extent changed are recomputed, with ``crc_of(index, start, end)`` (the new
+    content's block [start, end)); every other block keeps its CRC."""
+    nb = block_count(new_len)
+    out = bytearray(old[: 4 * nb])
+    out.extend(bytes(4 * nb - len(out)))
+    todo: set[int] = set()
+    if hi > lo:
+        todo.update(range(lo // BLOCK_BYTES, min(nb, block_count(hi))))
+    if old_len != new_len:  # the block holding the old/new end changed its extent; new blocks
+        todo.update(range(min(old_len, new_len) // BLOCK_BYTES, nb))
+    for i in sorted(todo):
+        start = i * BLOCK_BYTES
+        struct.pack_into("<I", out, 4 * i, crc_of(i, start, min(start + BLOCK_BYTES, new_len)))
+    return bytes(out)
+
+
+def _crc_span(value: int, start: int, end: int, data: memoryview, data_off: int) -> int:
+    """Continue ``value`` over bytes [start, end) of a region that is zeros except ``data`` at
+    ``data_off``."""
+    data_end = data_off + len(data)
+    if start < min(end, data_off):
+        count = min(end, data_off) - start
+        value = _ZERO_BLOCK_CRC if value == 0 and count == BLOCK_BYTES else crc_zeros(count, value)
+        start += count
+    if start < min(end, data_end):
+        value = crc32c.crc32c(data[start - data_off : min(end, data_end) - data_off], value)
+        start = min(end, data_end)
+    if start < end:
+        count = end - start
+        value = _ZERO_BLOCK_CRC if value == 0 and count == BLOCK_BYTES else crc_zeros(count, value)
+    return value
+
+
+def extend_blocks(
+    old: bytes, old_len: int, new_len: int, data: memoryview | bytes | bytearray, data_off: int
+) -> bytes:
+    """Block CRCs after growing content of ``old_len`` bytes (block CRCs ``old``) to ``new_len``:
+    the new bytes are zeros except ``data`` at ``data_off`` (an append, a write past the end, a
+    zero-extending truncate). No old byte is read again: the old short last block's CRC is
+    continued over the bytes that join it."""
+    mv = memoryview(data)
+
+    def crc_of(i: int, start: int, end: int) -> int:
+        if start < old_len:
+            return _crc_span(block_crc(old, i), old_len, end, mv, data_off)
+        return _crc_span(0, start, end, mv, data_off)
+
+    return restage_blocks(old, old_len, new_len, old_len, new_len, crc_of)
+
+
+def block_mismatch(key: ChunkKey, i: int, stored: int, computed: int) -> StatusError:
+    return StatusError(
+        Status.CHECKSUM_MISMATCH,
+        f"chunk {key} block {i} at offset {i * BLOCK_BYTES}: CRC mismatch "
+        f"(stored {stored:08x}, computed {computed:08x})",
+    )
+
+
+def check_blocks(key: ChunkKey, blocks: bytes, first: int, view: memoryview) -> None:
+    """Raise CHECKSUM_MISMATCH unless every block of ``view`` (the content from the start of
+    block ``first``, whole blocks but for the chunk's short last one) matches its stored CRC."""
+    for j, pos in enumerate(range(0, len(view), BLOCK_BYTES)):
+        computed = crc32c.crc32c(view[pos : pos + BLOCK_BYTES])
+        stored = block_crc(blocks, first + j)
+        if computed != stored:
+            raise block_mismatch(key, first + j, stored, computed)
+
+
+def bad_blocks(blocks: bytes, computed: bytes) -> list[int]:
+    """Indexes whose CRC differs between two packed block CRC lists of the same content."""
+    return [i for i in range(len(blocks) // 4) if blocks[4 * i : 4 * i + 4] != computed[4 * i : 4 * i + 4]]
+
+
 def check_stage_version(state: ChunkState | None, key: ChunkKey, version: int) -> None:
     committed = state.commit_ver if state is not None else 0
     if version <= committed:
@@ -89,6 +201,122 @@ def missing_chunk(key: ChunkKey) -> NotFound:
     return NotFound(f"chunk {key} has no committed version")
 
 
+V = TypeVar("V")
+
+
+class ChunkMap(Generic[V]):
+    """inode -> index -> value, listed in (inode, index) order without sorting the whole key set
+    per page (a target may hold millions of chunks and resync pages through all of them).
+
+    Inodes live in a sorted list: a new inode goes to an unsorted inbox, merged by one C sort of
+    the mostly sorted list when a listing next needs order; an inode that empties stays in the
+    list (skipped, counted as stale) until stale ones are a quarter of the list, then the list is
+    rebuilt. Each inode's indexes are sorted when listed; for inodes with many chunks that order
+    is cached until their key set changes.
+    """
+
+    _ORDER_CACHE_MIN = 64  # inodes with at least this many chunks keep their sorted indexes
+
+    def __init__(self) -> None:
+        self._by_inode: dict[int, dict[int, V]] = {}
+        self._inodes: list[int] = []  # sorted; may hold emptied inodes and repeats (stale)
+        self._inbox: list[int] = []
+        self._stale = 0
+        self._order: dict[int, list[int]] = {}
+        self._len = 0
+
+    def __len__(self) -> int:
+        return self._len
+
+    def get(self, inode: int, index: int) -> V | None:
+        d = self._by_inode.get(inode)
+        return None if d is None else d.get(index)
+
+    def put(self, inode: int, index: int, value: V) -> None:
+        d = self._by_inode.get(inode)
+        if d is None:
+            d = self._by_inode[inode] = {}
+            self._inbox.append(inode)
+        if index not in d:
+            self._len += 1
+            self._order.pop(inode, None)
+        d[index] = value
+
+    def pop(self, inode: int, index: int) -> V | None:
+        d = self._by_inode.get(inode)
+        if d is None or index not in d:
+            return None
+        value = d.pop(index)
+        self._len -= 1
+        self._order.pop(inode, None)
+        if not d:
+            del self._by_inode[inode]
+            self._stale += 1
+        return value
+
+    def items(self) -> Iterator[tuple[ChunkKey, V]]:
+        """Every (key, value), in no particular order."""
+        for inode, d in self._by_inode.items():
+            for index, value in d.items():
+                yield ChunkKey(inode, index), value
+
+    def inode_range(self, inode: int, index_begin: int = 0, index_end: int = INDEX_END) -> list[tuple[int, V]]:
+        """(index, value) of ``inode``'s indexes in [index_begin, index_end), in order."""
+        return [(k.index, v) for k, v in self._scan_inode(inode, index_begin, index_end)]
+
+    def scan(
+        self, after: ChunkKey | None = None, inode: int = 0, index_begin: int = 0, index_end: int = INDEX_END
+    ) -> Iterator[tuple[ChunkKey, V]]:
+        """(key, value) in (inode, index) order, only keys strictly greater than ``after``;
+        ``inode`` != 0 keeps to that inode's [index_begin, index_end). Do not change the map
+        while iterating."""
+        if inode:
+            if after is not None and after.inode >= inode:
+                if after.inode > inode:
+                    return
+                index_begin = max(index_begin, after.index + 1)
+            yield from self._scan_inode(inode, index_begin, index_end)
+            return
+        inodes = self._sorted_inodes()
+        pos, prev = 0, -1
+        if after is not None:
+            yield from self._scan_inode(after.inode, after.index + 1, INDEX_END)
+            pos, prev = bisect.bisect_right(inodes, after.inode), after.inode
+        for i in range(pos, len(inodes)):
+            ino = inodes[i]
+            if ino != prev:
+                prev = ino
+                yield from self._scan_inode(ino, 0, INDEX_END)
+
+    def _scan_inode(self, inode: int, lo: int, hi: int) -> Iterator[tuple[ChunkKey, V]]:
+        d = self._by_inode.get(inode)
+        if not d or lo >= hi:
+            return
+        if len(d) < self._ORDER_CACHE_MIN:
+            order = sorted(d)
+        else:
+            cached = self._order.get(inode)
+            order = self._order[inode] = sorted(d) if cached is None else cached
+        for i in range(bisect.bisect_left(order, lo) if lo else 0, len(order)):
+            index = order[i]
+            if index >= hi:
+                return
+            yield ChunkKey(inode, index), d[index]
+
+    def _sorted_inodes(self) -> list[int]:
+        if self._stale > 64 and 4 * self._stale > len(self._inodes):
+            self._inodes, self._stale = sorted(self._by_inode), 0
+            self._inbox.clear()
+        elif self._inbox:
+            self._inodes += self._inbox
+            self._inbox.clear()
+            self._inodes.sort()
+        return self._inodes
+
+    def __repr__(self) -> str:
+        return f"ChunkMap(chunks={self._len} inodes={len(self._by_inode)} stale={self._stale})"
+
+
 class ChunkEngine(ABC):
     """Chunk storage for one target. Reads are synchronous (page cache); commit may fsync."""
 
@@ -100,7 +328,25 @@ class ChunkEngine(ABC):
     def read(self, key: ChunkKey, offset: int, into: memoryview, *, pending: bool = False) -> int:
         """Copy committed bytes [offset, offset+len(into)) into ``into``; returns bytes read
         (shorter at the end of the chunk). ``pending=True`` reads the pending update instead
-        (re-forwarding). Raises NotFound when there is no such version."""
+        (re-forwarding). Raises NotFound when there is no such version. A committed read that is
+        not the whole chunk from offset 0 checks every block it touches and raises
+        StatusError(CHECKSUM_MISMATCH) on a bad one; a whole-chunk read is not checked here (the
+        reader checks the whole-chunk CRC)."""
+
+    @abstractmethod
+    def block_crcs(self, key: ChunkKey, *, pending: bool = False) -> list[int]:
+        """The stored CRC32C of each BLOCK_BYTES block of the committed (or pending) content."""
+
+    def verify(self, key: ChunkKey) -> list[int]:
+        """Check the committed content against its block CRCs; returns the bad block indexes
+        (empty: good). Generic version: one whole-chunk read into a fresh buffer."""
+        st = self.get(key)
+        if st is None or not st.commit_ver:
+            raise missing_chunk(key)
+        stored = self.block_crcs(key)
+        buf = bytearray(st.length)
+        self.read(key, 0, memoryview(buf))
+        return bad_blocks(struct.pack(f"<{len(stored)}I", *stored), block_crcs_of(buf))
 
     @abstractmethod
     def stage_write(
@@ -152,9 +398,17 @@ class ChunkEngine(ABC):
 
     @abstractmethod
     def list_chunks(
-        self, inode: int = 0, index_begin: int = 0, index_end: int = INDEX_END, limit: int = 10000
+        self,
+        inode: int = 0,
+        index_begin: int = 0,
+        index_end: int = INDEX_END,
+        limit: int = 10000,
+        *,
+        after: ChunkKey | None = None,
     ) -> list[ChunkState]:
-        """Chunks in (inode, index) order; ``inode=0`` lists all inodes (index range ignored)."""
+        """Up to ``limit`` chunks (committed or pending only) in (inode, index) order;
+        ``inode=0`` lists all inodes (index range ignored). ``after`` resumes a listing: only
+        chunks strictly greater than it in (inode, index) order (pass the last key of a page)."""
 
     @abstractmethod
     def usage(self) -> Usage: ...

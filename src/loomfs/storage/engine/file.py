@@ -3,7 +3,7 @@
 Layout of a target directory::
 
     index.sqlite                         committed metadata: (inode, index) -> version, length,
-                                         CRC32C, which data file holds it
+                                         CRC32C, which data file holds it, block CRC32Cs
     chunks/<inode & 0xff>/<inode>.<index>.<file_ver>   chunk data (hex names)
 
 Why SQLite: it is crash-safe (WAL), supports the range deletes and scans that GC and resync
@@ -18,6 +18,23 @@ the new version. Appends and zero-extensions go in place, past the committed len
 reader looks: the committed bytes are never touched. CRC32C is carried forward for full
 writes (the client's CRC) and appends (CRC continuation); only a mid-chunk overwrite or a
 shrinking truncate re-reads the new content.
+
+Block CRCs (one CRC32C per 64 KiB block, ``blocks`` BLOB of little-endian uint32s in the index
+row, kept in memory with the rest of the row: 4 bytes per 64 KiB, 1/16384 of the data). Each
+update recomputes only the blocks it changed: a whole write hashes its data (for big chunks on a
+helper thread while this thread is in the kernel writing), an append continues the old last
+block's CRC over the new bytes, an overwrite hashes the blocks its data covers and reads back
+only the (at most two) edge blocks from the new file, a shrinking truncate re-reads only the new
+last block. A partial read of committed data reads the blocks it touches whole (the inner ones
+straight into the caller's buffer, the edge ones through a reused scratch buffer) and checks
+them; whole-chunk reads are not hashed here (the client checks the whole-chunk CRC).
+
+Schema migration: an index from before block CRCs gets the ``blocks`` column added (NULL on
+every old row = unknown). An unknown chunk gets its block CRCs on first need (a partial read,
+``verify``, a partial update): the whole file is read once, the whole-chunk CRC checked, and the
+block CRCs stored in its row; if the whole-chunk CRC does not match, that read or update fails
+with CHECKSUM_MISMATCH (``verify`` reports every block: a bad chunk, position unknown) and
+nothing is stored. Older code cannot open a migrated index (its ``SELECT *`` sees 7 columns).
 """
 
 from __future__ import annotations
@@ -27,29 +44,46 @@ import ctypes
 import logging
 import os
 import sqlite3
+import struct
+import threading
 from collections import OrderedDict
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass
+from heapq import merge
+from itertools import islice
 from pathlib import Path
 
 import crc32c
 
+from loomfs.errors import StatusError
 from loomfs.storage.engine.base import (
+    BLOCK_BYTES,
     INDEX_END,
     ChunkEngine,
     ChunkKey,
+    ChunkMap,
     ChunkState,
     Usage,
+    bad_blocks,
+    block_count,
+    block_crcs_of,
+    check_blocks,
     check_range,
     check_stage_version,
     crc_zeros,
+    extend_blocks,
     missing_chunk,
     no_pending,
+    restage_blocks,
+    unpack_blocks,
 )
+from loomfs.wire.status import Status
 
 logger = logging.getLogger(__name__)
 
-SCRATCH_BYTES = 1 << 20
+SCRATCH_BYTES = 1 << 20  # a multiple of BLOCK_BYTES
 OFFLOAD_MIN_BYTES = 512 << 10  # requests this big do their disk I/O in the thread pool
 DIRECT_READ_MIN_BYTES = 256 << 10  # smaller reads go through the page cache (hot small reads)
 DIRECT_WRITE_MIN_BYTES = 256 << 10  # smaller writes too: an O_DIRECT 4 KiB write waits for the disk
@@ -71,12 +105,33 @@ def _direct_ok(mv: memoryview | bytes, offset: int) -> bool:
         and offset % DIRECT_ALIGN_BYTES == 0
         and _address(mv) % DIRECT_ALIGN_BYTES == 0
     )
+
+
+def _pread(fd: int, view: memoryview, pos: int) -> None:
+    """Fill ``view`` from ``pos``; bytes past the end of the file read as zeros (a file shorter
+    than the index says: its blocks then fail their CRC)."""
+    got = 0
+    while got < len(view):
+        n = os.preadv(fd, [view[got:]], pos + got)
+        if n <= 0:
+            break
+        got += n
+    while got < len(view):
+        step = min(len(view) - got, SCRATCH_BYTES)
+        view[got : got + step] = _ZERO_MV[:step]
+        got += step
+
+
+_ZERO_MV = memoryview(bytes(SCRATCH_BYTES))
+SCHEMA_VERSION = 1  # 0: no block CRCs; 1: ``blocks`` column
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS chunks (
     inode INTEGER NOT NULL, idx INTEGER NOT NULL, commit_ver INTEGER NOT NULL,
     length INTEGER NOT NULL, crc INTEGER NOT NULL, file_ver INTEGER NOT NULL,
+    blocks BLOB,
     PRIMARY KEY (inode, idx)) WITHOUT ROWID
 """
+_COLUMNS = "inode, idx, commit_ver, length, crc, file_ver, blocks"
 
 
 def _signed(v: int) -> int:
@@ -93,6 +148,7 @@ class _Meta:
     length: int
     crc: int
     file_ver: int
+    blocks: bytes | None  # packed block CRCs; None = not known yet (a row from schema 0)
 
 
 @dataclass(slots=True)
@@ -103,6 +159,7 @@ class _Pending:
     file_ver: int
     fd: int
     in_place: bool  # appended to the committed file past its committed length
+    blocks: bytes
 
 
 class FileEngine(ChunkEngine):
@@ -130,34 +187,50 @@ class FileEngine(ChunkEngine):
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute(f"PRAGMA synchronous={'FULL' if fsync_on_commit else 'NORMAL'}")
         self._db.execute(_SCHEMA)
-        self._meta: dict[int, dict[int, _Meta]] = {}
+        self._migrate()
+        self._meta: ChunkMap[_Meta] = ChunkMap()
         self._pending: dict[ChunkKey, _Pending] = {}
         self._fds: OrderedDict[tuple[ChunkKey, int], int] = OrderedDict()
-        self._scratch = bytearray(SCRATCH_BYTES)
+        self._scratch = bytearray(SCRATCH_BYTES)  # loop-thread only; pool threads have their own
+        self._tls = threading.local()
+        self._hasher: ThreadPoolExecutor | None = None
+        self._hasher_lock = threading.Lock()
         self._used_bytes = 0
-        self._count = 0
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="chunk-fsync") if fsync_on_commit else None
         self._load()
 
     # ---- start-up -----------------------------------------------------------------------
+    def _migrate(self) -> None:
+        """Schema 0 -> 1: add the ``blocks`` column; old rows keep NULL (block CRCs unknown,
+        computed and stored on first need)."""
+        columns = {row[1] for row in self._db.execute("PRAGMA table_info(chunks)")}
+        if "blocks" not in columns:
+            self._db.execute("ALTER TABLE chunks ADD COLUMN blocks BLOB")
+            logger.info("engine %s: index migrated to schema %d (per-block CRCs)", self.path, SCHEMA_VERSION)
+        self._db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+
     def _load(self) -> None:
-        for inode, idx, ver, length, crc, file_ver in self._db.execute("SELECT * FROM chunks"):
-            self._meta.setdefault(_unsigned(inode), {})[idx] = _Meta(ver, length, crc, file_ver)
+        unknown = 0
+        for inode, idx, ver, length, crc, file_ver, blocks in self._db.execute(f"SELECT {_COLUMNS} FROM chunks"):
+            if blocks is not None and len(blocks) != 4 * block_count(length):
+                blocks = None  # malformed: recompute (and check the whole-chunk CRC) on first need
+            unknown += blocks is None
+            self._meta.put(_unsigned(inode), idx, _Meta(ver, length, crc, file_ver, blocks))
             self._used_bytes += length
-            self._count += 1
         orphans = 0
         for bucket in self._chunks_dir.iterdir():
             for f in bucket.iterdir():
                 try:
                     inode_s, idx_s, ver_s = f.name.split(".")
-                    m = self._meta.get(int(inode_s, 16), {}).get(int(idx_s, 16))
+                    m = self._meta.get(int(inode_s, 16), int(idx_s, 16))
                     keep = m is not None and m.file_ver == int(ver_s, 16)
                 except ValueError:
                     keep = False
                 if not keep:
                     f.unlink()
                     orphans += 1
-        logger.info("engine %s: %d chunks, %d bytes, %d orphan files removed", self.path, self._count, self._used_bytes, orphans)
+        logger.info("engine %s: %d chunks (%d without block CRCs yet), %d bytes, %d orphan files removed",
+                    self.path, len(self._meta), unknown, self._used_bytes, orphans)
 
     # ---- files --------------------------------------------------------------------------
     def _file(self, key: ChunkKey, file_ver: int) -> Path:
@@ -217,10 +290,53 @@ class FileEngine(ChunkEngine):
             pos += n
         return value
 
+    def _crc_range(self, fd: int, start: int, end: int) -> int:
+        """CRC32C of bytes [start, end) of a file (an edge block read back after a write)."""
+        view = memoryview(self._scratch)[: end - start]
+        _pread(fd, view, start)
+        return crc32c.crc32c(view)
+
+    def _scan_blocks(self, fd: int, length: int, *, whole: bool) -> tuple[bytes, int]:
+        """(block CRCs, whole-chunk CRC if ``whole`` else 0) of the file's first ``length`` bytes."""
+        out, value, mv = bytearray(4 * block_count(length)), 0, memoryview(self._scratch)
+        for pos in range(0, length, SCRATCH_BYTES):
+            piece = mv[: min(SCRATCH_BYTES, length - pos)]
+            _pread(fd, piece, pos)
+            for off in range(0, len(piece), BLOCK_BYTES):
+                struct.pack_into("<I", out, 4 * ((pos + off) // BLOCK_BYTES), crc32c.crc32c(piece[off : off + BLOCK_BYTES]))
+            if whole:
+                value = crc32c.crc32c(piece, value)
+        return bytes(out), value
+
+    def _known_blocks(self, key: ChunkKey, m: _Meta) -> bytes:
+        """``m``'s block CRCs; for a row from before block CRCs, computed from the file now
+        (checked against the whole-chunk CRC) and stored in the index."""
+        if m.blocks is not None:
+            return m.blocks
+        blocks, crc = self._scan_blocks(self._fd(key, m.file_ver), m.length, whole=True)
+        if crc != m.crc:
+            raise StatusError(
+                Status.CHECKSUM_MISMATCH,
+                f"chunk {key}: CRC mismatch (stored {m.crc:08x}, computed {crc:08x}) while computing "
+                "its first block CRCs (index from before block CRCs)",
+            )
+        m.blocks = blocks
+        self._db.execute(
+            "UPDATE chunks SET blocks = ? WHERE inode = ? AND idx = ? AND commit_ver = ?",
+            (blocks, _signed(key.inode), key.index, m.commit_ver),
+        )
+        return blocks
+
+    def _thread_scratch(self) -> memoryview:
+        """Two blocks of scratch owned by the calling pool thread (allocated once per thread)."""
+        buf = getattr(self._tls, "scratch", None)
+        if buf is None:
+            buf = self._tls.scratch = memoryview(bytearray(2 * BLOCK_BYTES))
+        return buf
+
     # ---- reads --------------------------------------------------------------------------
     def _m(self, key: ChunkKey) -> _Meta | None:
-        d = self._meta.get(key.inode)
-        return None if d is None else d.get(key.index)
+        return self._meta.get(key.inode, key.index)
 
     def get(self, key: ChunkKey) -> ChunkState | None:
         m, p = self._m(key), self._pending.get(key)
@@ -242,34 +358,113 @@ class FileEngine(ChunkEngine):
             p = self._pending.get(key)
             if p is None:
                 raise no_pending(key, 0)
-            fd, length = p.fd, p.length
+            want = min(len(into), p.length - offset)
+            if want > 0:
+                _pread(p.fd, into[:want], offset)
+            return max(0, want)
+        m = self._m(key)
+        if m is None:
+            raise missing_chunk(key)
+        want = min(len(into), m.length - offset)
+        if want <= 0:
+            return 0
+        fd = self._fd(key, m.file_ver)
+
+        def direct_fd() -> int:
+            return self._direct_fd_or_none(key, m.file_ver)
+
+        if offset == 0 and want == m.length:  # whole chunk: the reader checks the whole CRC
+            self._fill(fd, direct_fd, into[:want], 0)
         else:
-            m = self._m(key)
-            if m is None:
-                raise missing_chunk(key)
-            fd, length = self._fd(key, m.file_ver), m.length
-        want = min(len(into), length - offset)
+            blocks = self._known_blocks(key, m)
+            self._read_checked(key, fd, direct_fd, into[:want], offset, m.length, blocks, memoryview(self._scratch))
+        return want
+
+    def _fill(self, fd: int, direct_fd: Callable[[], int], view: memoryview, pos: int) -> None:
+        """Read ``view`` from ``pos``: its 4 KiB-aligned body with O_DIRECT when it is big and
+        aligned (``direct_fd()`` gives the fd, or -1), the rest through the page cache."""
         got = 0
-        if not pending and self.direct_io and want >= DIRECT_READ_MIN_BYTES and _direct_ok(into, offset):
-            assert m is not None
-            body = want - want % DIRECT_ALIGN_BYTES
+        if self.direct_io and len(view) >= DIRECT_READ_MIN_BYTES and _direct_ok(view, pos):
+            dfd = direct_fd()
+            body = len(view) - len(view) % DIRECT_ALIGN_BYTES
             try:
-                dfd = self._direct_fd(key, m.file_ver)
-                while got < body:
-                    n = os.preadv(dfd, [into[got:body]], offset + got)
-                    if n <= 0:
-                        break
-                    got += n
+                while 0 <= dfd and got < body:
+                    n = os.preadv(dfd, [view[got:body]], pos + got)
+                    got += max(0, n)
+                    if n <= 0 or n % DIRECT_ALIGN_BYTES:
+                        break  # end of file
             except OSError:
                 self.direct_io = False
                 got = 0
-        while got < want:
-            n = os.preadv(fd, [into[got:want]], offset + got)
-            if n <= 0:  # the file is shorter than the index says: holes read as zeros
-                into[got:want] = bytes(want - got)
-                break
-            got += n
-        return max(0, want)
+        _pread(fd, view[got:], pos + got)
+
+    def _read_checked(
+        self,
+        key: ChunkKey,
+        fd: int,
+        direct_fd: Callable[[], int],
+        into: memoryview,
+        offset: int,
+        length: int,
+        blocks: bytes,
+        scratch: memoryview,
+    ) -> None:
+        """Fill ``into`` from ``offset`` (not past ``length``), checking every block it touches:
+        the blocks it covers whole are read into ``into`` and hashed there, the (at most two)
+        it covers in part are read whole into ``scratch`` (2 blocks) and copied from."""
+        end = offset + len(into)
+        first, last = offset // BLOCK_BYTES, (end - 1) // BLOCK_BYTES
+        last_end = min((last + 1) * BLOCK_BYTES, length)
+        lo = first if offset % BLOCK_BYTES == 0 else first + 1  # blocks [lo, hi) are covered whole
+        hi = last + 1 if end == last_end else last
+        if lo >= hi:  # one or two partly covered blocks: one read of both
+            start = first * BLOCK_BYTES
+            view = scratch[: last_end - start]
+            _pread(fd, view, start)
+            check_blocks(key, blocks, first, view)
+            into[:] = view[offset - start : end - start]
+            return
+        inner_start, inner_end = lo * BLOCK_BYTES, min(hi * BLOCK_BYTES, length)
+        inner = into[inner_start - offset : inner_end - offset]
+        self._fill(fd, direct_fd, inner, inner_start)
+        check_blocks(key, blocks, lo, inner)
+        if lo > first:  # head block: a whole one (blocks follow it)
+            start = first * BLOCK_BYTES
+            view = scratch[:BLOCK_BYTES]
+            _pread(fd, view, start)
+            check_blocks(key, blocks, first, view)
+            into[: inner_start - offset] = view[offset - start :]
+        if hi <= last:  # tail block
+            start = last * BLOCK_BYTES
+            view = scratch[: last_end - start]
+            _pread(fd, view, start)
+            check_blocks(key, blocks, last, view)
+            into[start - offset :] = view[: end - start]
+
+    def block_crcs(self, key: ChunkKey, *, pending: bool = False) -> list[int]:
+        if pending:
+            p = self._pending.get(key)
+            if p is None:
+                raise no_pending(key, 0)
+            return unpack_blocks(p.blocks)
+        m = self._m(key)
+        if m is None:
+            raise missing_chunk(key)
+        return unpack_blocks(self._known_blocks(key, m))
+
+    def verify(self, key: ChunkKey) -> list[int]:
+        """Re-read the committed file (page cache, 1 MiB at a time) and compare every block."""
+        m = self._m(key)
+        if m is None:
+            raise missing_chunk(key)
+        if m.blocks is None:
+            try:
+                self._known_blocks(key, m)
+            except StatusError:
+                return list(range(block_count(m.length)))  # bad, but no block CRCs to say where
+            return []
+        computed, _ = self._scan_blocks(self._fd(key, m.file_ver), m.length, whole=False)
+        return bad_blocks(m.blocks, computed)
 
     # ---- updates ------------------------------------------------------------------------
     def _begin(self, key: ChunkKey, version: int) -> _Meta | None:
@@ -297,7 +492,17 @@ class FileEngine(ChunkEngine):
         m = self._begin(key, version)
         n = len(data)
         committed_len = m.length if m else 0
-        if m is not None and not full_replace and offset >= committed_len and not (offset == 0 and n >= committed_len):
+        if full_replace or (offset == 0 and n >= committed_len):
+            fd = self._create(key, version)
+            try:
+                blocks = self._write_whole(key, version, fd, data)
+            except BaseException:
+                self._drop_new(key, version, fd)
+                raise
+            crc = data_crc if data_crc is not None else crc32c.crc32c(data)
+            return self._stage(key, _Pending(version, n, crc, version, fd, False, blocks))
+        if m is not None and offset >= committed_len:  # append (maybe past a gap), in place
+            old_blocks = self._known_blocks(key, m)
             fd = os.open(self._file(key, m.file_ver), os.O_RDWR)
             try:
                 if offset > committed_len:
@@ -307,49 +512,86 @@ class FileEngine(ChunkEngine):
                 os.close(fd)
                 raise
             crc = crc32c.crc32c(data, crc_zeros(offset - committed_len, m.crc))
-            return self._stage(key, _Pending(version, offset + n, crc, m.file_ver, fd, True))
+            blocks = extend_blocks(old_blocks, committed_len, offset + n, data, offset)
+            return self._stage(key, _Pending(version, offset + n, crc, m.file_ver, fd, True, blocks))
+        old_blocks = self._known_blocks(key, m) if m is not None else b""
         fd = self._create(key, version)
         try:
-            if full_replace or (offset == 0 and n >= committed_len):
-                self._pwrite_maybe_direct(key, version, fd, data)
-                length = n
-                crc = data_crc if data_crc is not None else crc32c.crc32c(data)
-            elif m is None:
+            if m is None:  # a new chunk written past offset 0: zeros before
                 os.pwrite(fd, data, offset)
                 length = offset + n
                 crc = crc32c.crc32c(data, crc_zeros(offset))
-            else:
+                blocks = extend_blocks(b"", 0, length, data, offset)
+            else:  # overwrite inside the committed bytes: copy-on-write
                 self._copy(self._fd(key, m.file_ver), fd, committed_len)
                 os.pwrite(fd, data, offset)
                 length = max(committed_len, offset + n)
                 crc = self._crc_of(fd, length)
+                view = memoryview(data)
+
+                def crc_of(i: int, start: int, end: int) -> int:
+                    if offset <= start and end <= offset + n:
+                        return crc32c.crc32c(view[start - offset : end - offset])
+                    return self._crc_range(fd, start, end)  # an edge block: read it back
+
+                blocks = restage_blocks(old_blocks, committed_len, length, offset, offset + n, crc_of)
         except BaseException:
             self._drop_new(key, version, fd)
             raise
-        return self._stage(key, _Pending(version, length, crc, version, fd, False))
+        return self._stage(key, _Pending(version, length, crc, version, fd, False, blocks))
 
     def stage_truncate(self, key: ChunkKey, version: int, length: int) -> ChunkState:
         check_range(0, length)
         m = self._begin(key, version)
         if m is not None and length >= m.length:
+            old_blocks = self._known_blocks(key, m)
             fd = os.open(self._file(key, m.file_ver), os.O_RDWR)
-            os.ftruncate(fd, m.length)
-            os.ftruncate(fd, length)
+            try:
+                os.ftruncate(fd, m.length)
+                os.ftruncate(fd, length)
+            except BaseException:
+                os.close(fd)
+                raise
             crc = crc_zeros(length - m.length, m.crc)
-            return self._stage(key, _Pending(version, length, crc, m.file_ver, fd, True))
+            blocks = extend_blocks(old_blocks, m.length, length, b"", length)
+            return self._stage(key, _Pending(version, length, crc, m.file_ver, fd, True, blocks))
+        old_blocks = self._known_blocks(key, m) if m is not None else b""
         fd = self._create(key, version)
         try:
             if m is None:
                 os.ftruncate(fd, length)
                 crc = crc_zeros(length)
+                blocks = extend_blocks(b"", 0, length, b"", length)
             else:
                 self._copy(self._fd(key, m.file_ver), fd, length)
                 os.ftruncate(fd, length)
                 crc = self._crc_of(fd, length)
+                blocks = restage_blocks(old_blocks, m.length, length, length, length,
+                                        lambda i, start, end: self._crc_range(fd, start, end))
         except BaseException:
             self._drop_new(key, version, fd)
             raise
-        return self._stage(key, _Pending(version, length, crc, version, fd, False))
+        return self._stage(key, _Pending(version, length, crc, version, fd, False, blocks))
+
+    def _write_whole(self, key: ChunkKey, file_ver: int, fd: int, data: memoryview | bytes) -> bytes:
+        """Write a whole new chunk file; returns its block CRCs. A big chunk is hashed on the
+        helper thread while this thread waits in the kernel for the write (crc32c drops the GIL)."""
+        if len(data) < OFFLOAD_MIN_BYTES:
+            self._pwrite_maybe_direct(key, file_ver, fd, data)
+            return block_crcs_of(data)
+        hashing = self._hash_pool().submit(block_crcs_of, data)
+        try:
+            self._pwrite_maybe_direct(key, file_ver, fd, data)
+        except BaseException:
+            wait_futures([hashing])  # it still reads ``data``
+            raise
+        return hashing.result()
+
+    def _hash_pool(self) -> ThreadPoolExecutor:
+        with self._hasher_lock:  # astage_write calls this from pool threads
+            if self._hasher is None:
+                self._hasher = ThreadPoolExecutor(1, thread_name_prefix="chunk-crc")
+            return self._hasher
 
     def _pwrite_maybe_direct(self, key: ChunkKey, file_ver: int, fd: int, data: memoryview | bytes) -> None:
         """Write a whole new chunk file from offset 0: the aligned body with O_DIRECT."""
@@ -374,7 +616,8 @@ class FileEngine(ChunkEngine):
 
     # ---- off-loop variants: the disk I/O of big requests runs in a small thread pool, so
     # the event loop keeps receiving and sending while a 4 MiB pread/pwrite is in the kernel.
-    # Only I/O on a private dup of the fd runs in a thread; all state changes stay on the loop.
+    # Only I/O on a private dup of the fd (and hashing) runs in a thread; all state changes
+    # stay on the loop.
     def _io_pool(self) -> ThreadPoolExecutor:
         if self._io is None:
             self._io = ThreadPoolExecutor(IO_THREADS, thread_name_prefix="chunk-io")
@@ -388,28 +631,30 @@ class FileEngine(ChunkEngine):
         want = min(len(into), m.length - offset)
         if want <= 0:
             return 0
-        direct = self.direct_io and want >= DIRECT_READ_MIN_BYTES and _direct_ok(into, offset)
+        length = m.length
+        blocks = None if offset == 0 and want == length else self._known_blocks(key, m)
         try:
-            fd = os.dup(self._direct_fd(key, m.file_ver) if direct else self._fd(key, m.file_ver))
+            fd = os.dup(self._fd(key, m.file_ver))
         except OSError:
             return self.read(key, offset, into)
-        body = want - want % DIRECT_ALIGN_BYTES if direct else want
+        dfd = -1
+        if self.direct_io and want >= DIRECT_READ_MIN_BYTES:
+            dfd = self._direct_fd_or_none(key, m.file_ver)
+            dfd = os.dup(dfd) if dfd >= 0 else -1
+        view = into[:want]
 
-        def work() -> int:
-            got = 0
+        def work() -> None:
             try:
-                while got < body:
-                    n = os.preadv(fd, [into[got:body]], offset + got)
-                    if n <= 0:
-                        break
-                    got += n
+                if blocks is None:  # whole chunk: the reader checks the whole CRC
+                    self._fill(fd, lambda: dfd, view, 0)
+                else:
+                    self._read_checked(key, fd, lambda: dfd, view, offset, length, blocks, self._thread_scratch())
             finally:
                 os.close(fd)
-            return got
+                if dfd >= 0:
+                    os.close(dfd)
 
-        got = await asyncio.get_running_loop().run_in_executor(self._io_pool(), work)
-        if got < want:  # the unaligned tail (or a short file): buffered, on the loop
-            got += self.read(key, offset + got, into[got:want])
+        await asyncio.get_running_loop().run_in_executor(self._io_pool(), work)
         return want
 
     async def astage_write(
@@ -431,14 +676,14 @@ class FileEngine(ChunkEngine):
         self._begin(key, version)
         fd = self._create(key, version)
         try:
-            await asyncio.get_running_loop().run_in_executor(
-                self._io_pool(), self._pwrite_maybe_direct, key, version, fd, data
+            blocks = await asyncio.get_running_loop().run_in_executor(
+                self._io_pool(), self._write_whole, key, version, fd, data
             )
         except BaseException:
             self._drop_new(key, version, fd)
             raise
         crc = data_crc if data_crc is not None else crc32c.crc32c(data)
-        return self._stage(key, _Pending(version, len(data), crc, version, fd, False))
+        return self._stage(key, _Pending(version, len(data), crc, version, fd, False, blocks))
 
     def _direct_fd(self, key: ChunkKey, file_ver: int) -> int:
         ck = (key, file_ver)
@@ -452,6 +697,16 @@ class FileEngine(ChunkEngine):
             os.close(self._direct_fds.popitem(last=False)[1])
         return fd
 
+    def _direct_fd_or_none(self, key: ChunkKey, file_ver: int) -> int:
+        """The cached O_DIRECT fd, or -1 when O_DIRECT is off or refused (then off for good)."""
+        if not self.direct_io:
+            return -1
+        try:
+            return self._direct_fd(key, file_ver)
+        except OSError:
+            self.direct_io = False
+            return -1
+
     def _drop_new(self, key: ChunkKey, file_ver: int, fd: int) -> None:
         os.close(fd)
         try:
@@ -463,8 +718,8 @@ class FileEngine(ChunkEngine):
         if fsync:
             os.fsync(p.fd)
         self._db.execute(
-            "INSERT OR REPLACE INTO chunks VALUES (?, ?, ?, ?, ?, ?)",
-            (_signed(key.inode), key.index, p.ver, p.length, p.crc, p.file_ver),
+            f"INSERT OR REPLACE INTO chunks ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (_signed(key.inode), key.index, p.ver, p.length, p.crc, p.file_ver, p.blocks),
         )
 
     async def commit(self, key: ChunkKey, version: int) -> ChunkState:
@@ -486,10 +741,8 @@ class FileEngine(ChunkEngine):
             if old.file_ver != p.file_ver:
                 self._forget_fd(key, old.file_ver)
                 self._file(key, old.file_ver).unlink(missing_ok=True)
-        else:
-            self._count += 1
         self._used_bytes += p.length
-        self._meta.setdefault(key.inode, {})[key.index] = _Meta(p.ver, p.length, p.crc, p.file_ver)
+        self._meta.put(key.inode, key.index, _Meta(p.ver, p.length, p.crc, p.file_ver, p.blocks))
         self._cache_fd((key, p.file_ver), p.fd)
         st = self.get(key)
         assert st is not None
@@ -510,8 +763,7 @@ class FileEngine(ChunkEngine):
     async def remove_range(self, inode: int, index_begin: int = 0, index_end: int = INDEX_END) -> int:
         for key in [k for k in self._pending if k.inode == inode and index_begin <= k.index < index_end]:
             self.abort(key)
-        d = self._meta.get(inode, {})
-        doomed = sorted(i for i in d if index_begin <= i < index_end)
+        doomed = self._meta.inode_range(inode, index_begin, index_end)
         if not doomed:
             return 0
         args = (_signed(inode), index_begin, min(index_end, INDEX_END))
@@ -520,28 +772,34 @@ class FileEngine(ChunkEngine):
             await asyncio.get_running_loop().run_in_executor(self._executor, self._db.execute, sql, args)
         else:
             self._db.execute(sql, args)
-        for idx in doomed:
-            m = d.pop(idx)
+        for idx, m in doomed:
+            self._meta.pop(inode, idx)
             key = ChunkKey(inode, idx)
             self._forget_fd(key, m.file_ver)
             self._file(key, m.file_ver).unlink(missing_ok=True)
             self._used_bytes -= m.length
-            self._count -= 1
-        if not d:
-            self._meta.pop(inode, None)
         return len(doomed)
 
     def list_chunks(
-        self, inode: int = 0, index_begin: int = 0, index_end: int = INDEX_END, limit: int = 10000
+        self,
+        inode: int = 0,
+        index_begin: int = 0,
+        index_end: int = INDEX_END,
+        limit: int = 10000,
+        *,
+        after: ChunkKey | None = None,
     ) -> list[ChunkState]:
-        if inode:
-            keys = {ChunkKey(inode, i) for i in self._meta.get(inode, {}) if index_begin <= i < index_end}
-            keys.update(k for k in self._pending if k.inode == inode and index_begin <= k.index < index_end)
-        else:
-            keys = {ChunkKey(ino, i) for ino, d in self._meta.items() for i in d}
-            keys.update(self._pending)
+        """Committed keys come in order from the index; the few pending-only ones (in-flight
+        first writes) are sorted per call and merged in."""
+        keys = (k for k, _ in self._meta.scan(after, inode, index_begin, index_end))
+        extra = sorted(
+            k for k in self._pending
+            if self._m(k) is None
+            and (after is None or k > after)
+            and (not inode or (k.inode == inode and index_begin <= k.index < index_end))
+        )
         out = []
-        for k in sorted(keys)[:limit]:
+        for k in islice(merge(keys, extra) if extra else keys, max(0, limit)):
             st = self.get(k)
             if st is not None:
                 out.append(st)
@@ -549,7 +807,7 @@ class FileEngine(ChunkEngine):
 
     def usage(self) -> Usage:
         vfs = os.statvfs(self.path)
-        return Usage(self._used_bytes, self._count, vfs.f_blocks * vfs.f_frsize)
+        return Usage(self._used_bytes, len(self._meta), vfs.f_blocks * vfs.f_frsize)
 
     def close(self) -> None:
         for key in list(self._pending):
@@ -569,12 +827,13 @@ class FileEngine(ChunkEngine):
             os.close(self._fds.popitem()[1])
         while self._direct_fds:
             os.close(self._direct_fds.popitem()[1])
-        if self._io is not None:
-            self._io.shutdown(wait=True)
-            self._io = None
+        for pool in (self._io, self._hasher):
+            if pool is not None:
+                pool.shutdown(wait=True)
+        self._io = self._hasher = None
         self._db.close()
         if self._executor is not None:
             self._executor.shutdown(wait=True)
 
     def __repr__(self) -> str:
-        return f"FileEngine({self.path} chunks={self._count} used={self._used_bytes}B pending={len(self._pending)})"
+        return f"FileEngine({self.path} chunks={len(self._meta)} used={self._used_bytes}B pending={len(self._pending)})"

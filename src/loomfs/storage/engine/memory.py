@@ -1,22 +1,37 @@
-"""In-memory ChunkEngine with the file engine's contract and crash semantics (simulator)."""
+"""In-memory ChunkEngine with the file engine's contract and crash semantics (simulator).
+
+Block CRCs follow the file engine's rules exactly (the same helpers from ``base``): a whole
+write hashes every block, an append continues the old last block's CRC, an overwrite or a
+shrinking truncate recomputes only the blocks it touches from the new bytes. So ``corrupt`` (bit
+rot for tests) is caught by partial reads and ``verify`` just as a flipped byte on disk is.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import islice
 
 import crc32c
 
 from loomfs.errors import NoSpace
 from loomfs.storage.engine.base import (
+    BLOCK_BYTES,
     INDEX_END,
     ChunkEngine,
     ChunkKey,
+    ChunkMap,
     ChunkState,
     Usage,
+    bad_blocks,
+    block_crcs_of,
+    check_blocks,
     check_range,
     check_stage_version,
+    extend_blocks,
     missing_chunk,
     no_pending,
+    restage_blocks,
+    unpack_blocks,
 )
 
 
@@ -25,6 +40,7 @@ class _Version:
     ver: int
     data: bytearray
     crc: int
+    blocks: bytes  # packed block CRCs
 
 
 @dataclass(slots=True)
@@ -36,8 +52,9 @@ class _Slot:
 class MemoryEngine(ChunkEngine):
     def __init__(self, capacity_bytes: int = 1 << 40):
         self.capacity_bytes = capacity_bytes
-        self._slots: dict[ChunkKey, _Slot] = {}
+        self._slots: ChunkMap[_Slot] = ChunkMap()
         self._used_bytes = 0
+        self._committed = 0  # chunks with a committed version
         self.crashes = 0
 
     # ---- state ------------------------------------------------------------------------
@@ -54,30 +71,53 @@ class MemoryEngine(ChunkEngine):
         )
 
     def get(self, key: ChunkKey) -> ChunkState | None:
-        slot = self._slots.get(key)
+        slot = self._slots.get(key.inode, key.index)
         return None if slot is None else self._state(key, slot)
 
-    def read(self, key: ChunkKey, offset: int, into: memoryview, *, pending: bool = False) -> int:
-        check_range(offset, len(into))
-        slot = self._slots.get(key)
+    def _version(self, key: ChunkKey, pending: bool) -> _Version:
+        slot = self._slots.get(key.inode, key.index)
         v = None if slot is None else (slot.pending if pending else slot.committed)
         if v is None:
             raise no_pending(key, 0) if pending else missing_chunk(key)
+        return v
+
+    def read(self, key: ChunkKey, offset: int, into: memoryview, *, pending: bool = False) -> int:
+        check_range(offset, len(into))
+        v = self._version(key, pending)
         n = max(0, min(len(into), len(v.data) - offset))
-        into[:n] = memoryview(v.data)[offset : offset + n]
+        data = memoryview(v.data)
+        if n and not pending and not (offset == 0 and n == len(v.data)):
+            first, last = offset // BLOCK_BYTES, (offset + n - 1) // BLOCK_BYTES
+            check_blocks(key, v.blocks, first, data[first * BLOCK_BYTES : (last + 1) * BLOCK_BYTES])
+        into[:n] = data[offset : offset + n]
         return n
 
+    def block_crcs(self, key: ChunkKey, *, pending: bool = False) -> list[int]:
+        return unpack_blocks(self._version(key, pending).blocks)
+
+    def verify(self, key: ChunkKey) -> list[int]:
+        v = self._version(key, False)
+        return bad_blocks(v.blocks, block_crcs_of(v.data))
+
     # ---- updates ----------------------------------------------------------------------
-    def _stage(self, key: ChunkKey, version: int, data: bytearray) -> ChunkState:
-        slot = self._slots.setdefault(key, _Slot())
+    def _stage(self, key: ChunkKey, version: int, data: bytearray, blocks: bytes) -> ChunkState:
         check_stage_version(self.get(key), key, version)
+        slot = self._slots.get(key.inode, key.index)
+        if slot is None:
+            slot = _Slot()
+            self._slots.put(key.inode, key.index, slot)
         grow = len(data) - (len(slot.committed.data) if slot.committed else 0)
         if grow > 0 and self._used_bytes + grow > self.capacity_bytes:
             if slot.committed is None and slot.pending is None:
-                del self._slots[key]
+                self._slots.pop(key.inode, key.index)
             raise NoSpace(f"memory engine full ({self.capacity_bytes} bytes)")
-        slot.pending = _Version(version, data, crc32c.crc32c(data))
+        slot.pending = _Version(version, data, crc32c.crc32c(data), blocks)
         return self._state(key, slot)
+
+    def _committed_of(self, key: ChunkKey) -> tuple[bytearray, bytes]:
+        slot = self._slots.get(key.inode, key.index)
+        c = slot.committed if slot else None
+        return (bytearray(c.data), c.blocks) if c else (bytearray(), b"")
 
     def stage_write(
         self,
@@ -90,70 +130,87 @@ class MemoryEngine(ChunkEngine):
         full_replace: bool = False,
     ) -> ChunkState:
         check_range(offset, len(data))
-        slot = self._slots.get(key)
-        if full_replace:
-            return self._stage(key, version, bytearray(data))
-        base = bytearray(slot.committed.data) if slot and slot.committed else bytearray()
-        if len(base) < offset:
-            base.extend(bytes(offset - len(base)))
-        base[offset : offset + len(data)] = data
-        return self._stage(key, version, base)
+        base, old_blocks = self._committed_of(key)
+        old_len, n = len(base), len(data)
+        if full_replace or (offset == 0 and n >= old_len):
+            new = bytearray(data)
+            return self._stage(key, version, new, block_crcs_of(new))
+        if offset >= old_len:  # append / write past the end: the old last block's CRC continues
+            base.extend(bytes(offset - old_len))
+            base += data
+            return self._stage(key, version, base, extend_blocks(old_blocks, old_len, offset + n, data, offset))
+        base[offset : offset + n] = data
+        view = memoryview(base)
+        blocks = restage_blocks(old_blocks, old_len, len(base), offset, offset + n,
+                                lambda i, s, e: crc32c.crc32c(view[s:e]))
+        return self._stage(key, version, base, blocks)
 
     def stage_truncate(self, key: ChunkKey, version: int, length: int) -> ChunkState:
         check_range(0, length)
-        slot = self._slots.get(key)
-        base = bytearray(slot.committed.data) if slot and slot.committed else bytearray()
-        if len(base) > length:
-            del base[length:]
-        else:
-            base.extend(bytes(length - len(base)))
-        return self._stage(key, version, base)
+        base, old_blocks = self._committed_of(key)
+        old_len = len(base)
+        if length >= old_len:
+            base.extend(bytes(length - old_len))
+            return self._stage(key, version, base, extend_blocks(old_blocks, old_len, length, b"", length))
+        del base[length:]
+        view = memoryview(base)
+        blocks = restage_blocks(old_blocks, old_len, length, length, length,
+                                lambda i, s, e: crc32c.crc32c(view[s:e]))
+        return self._stage(key, version, base, blocks)
 
     async def commit(self, key: ChunkKey, version: int) -> ChunkState:
-        slot = self._slots.get(key)
+        slot = self._slots.get(key.inode, key.index)
         if slot is None or slot.pending is None or slot.pending.ver != version:
             raise no_pending(key, version)
         old = len(slot.committed.data) if slot.committed else 0
         self._used_bytes += len(slot.pending.data) - old
+        self._committed += slot.committed is None
         slot.committed, slot.pending = slot.pending, None
         return self._state(key, slot)
 
     def abort(self, key: ChunkKey) -> None:
-        slot = self._slots.get(key)
+        slot = self._slots.get(key.inode, key.index)
         if slot is None:
             return
         slot.pending = None
         if slot.committed is None:
-            del self._slots[key]
+            self._slots.pop(key.inode, key.index)
 
     async def remove_range(self, inode: int, index_begin: int = 0, index_end: int = INDEX_END) -> int:
-        doomed = [k for k in self._slots if k.inode == inode and index_begin <= k.index < index_end]
         removed = 0
-        for k in doomed:
-            slot = self._slots.pop(k)
+        for index, slot in self._slots.inode_range(inode, index_begin, index_end):
+            self._slots.pop(inode, index)
             if slot.committed is not None:
                 self._used_bytes -= len(slot.committed.data)
+                self._committed -= 1
                 removed += 1
         return removed
 
     def list_chunks(
-        self, inode: int = 0, index_begin: int = 0, index_end: int = INDEX_END, limit: int = 10000
+        self,
+        inode: int = 0,
+        index_begin: int = 0,
+        index_end: int = INDEX_END,
+        limit: int = 10000,
+        *,
+        after: ChunkKey | None = None,
     ) -> list[ChunkState]:
-        keys = sorted(
-            k for k in self._slots if inode == 0 or (k.inode == inode and index_begin <= k.index < index_end)
-        )
-        return [self._state(k, self._slots[k]) for k in keys[:limit]]
+        scan = self._slots.scan(after, inode, index_begin, index_end)
+        return [self._state(k, slot) for k, slot in islice(scan, max(0, limit))]
 
     def usage(self) -> Usage:
-        count = sum(1 for s in self._slots.values() if s.committed is not None)
-        return Usage(self._used_bytes, count, self.capacity_bytes)
+        return Usage(self._used_bytes, self._committed, self.capacity_bytes)
 
     # ---- simulation -------------------------------------------------------------------
     def crash(self) -> None:
         """Lose everything not committed, as a power cut would."""
         self.crashes += 1
-        for key in list(self._slots):
+        for key, _ in list(self._slots.items()):
             self.abort(key)
+
+    def corrupt(self, key: ChunkKey, offset: int) -> None:
+        """Tests: flip every bit of one committed byte, updating no CRC (bit rot on disk)."""
+        self._version(key, False).data[offset] ^= 0xFF
 
     def __repr__(self) -> str:
         return f"MemoryEngine(chunks={len(self._slots)} used={self._used_bytes}B crashes={self.crashes})"
