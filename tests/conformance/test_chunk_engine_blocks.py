@@ -459,10 +459,13 @@ def test_old_schema_bad_chunk_refuses_partial_update(tmp_path: Path) -> None:
 
 
 # ---- ordered listing structure ------------------------------------------------------------
-def test_chunk_map_scan_matches_sorted_model() -> None:
+@pytest.mark.parametrize("small", [False, True])
+def test_chunk_map_scan_matches_sorted_model(small: bool) -> None:
     seed = random.randrange(1 << 30)
     rng = random.Random(seed)
     cm: ChunkMap[int] = ChunkMap()
+    if small:  # exercise every path: inbox folding, stale rebuilds, cached index orders
+        cm._INBOX_MIN, cm._STALE_MIN, cm._ORDER_CACHE_MIN = 2, 2, 3  # type: ignore[misc]
     model: dict[ChunkKey, int] = {}
     inodes = [rng.randrange(1, 1 << 64) for _ in range(30)] + [1, 2, 3]
     for step in range(4000):

@@ -11,7 +11,9 @@ one from the session the first attempt made (no second session, no spurious EEXI
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import os
 import random
 from typing import Any
 
@@ -25,6 +27,9 @@ from loomfs.wire.status import Status
 from loomfs.wire.types import Attr, Layout, NodeKind
 
 logger = logging.getLogger(__name__)
+
+RESEND_ROUNDS = 4  # rounds over the meta servers for a request meta dedupes
+RESEND_BACKOFF_S = 0.1  # before the third round, doubling
 
 
 class MetaClient:
@@ -48,12 +53,21 @@ class MetaClient:
             addrs.insert(0, self._preferred)
         return addrs
 
-    async def call(self, m: Method, req: Message) -> Any:
-        """Send ``req`` to a meta server; returns the decoded reply body."""
+    async def call(self, m: Method, req: Message, *, resend_safe: bool = False) -> Any:
+        """Send ``req`` to a meta server; returns the decoded reply body.
+
+        ``resend_safe``: meta applies a re-send of this request once (an OPEN naming its
+        session), so a call whose connection broke is re-sent through up to
+        ``RESEND_ROUNDS`` rounds over the servers, not two. A meta killed mid-call often
+        breaks the first re-send too: the kernel still completes a connect to the dying
+        process's listening socket, then resets it."""
         assert self.rpc is not None
         last: BaseException | None = None
-        for refresh in (False, True):
-            for addr in await self._servers(refresh):
+        rounds = RESEND_ROUNDS if resend_safe else 2
+        for round_ in range(rounds):
+            if round_ > 1:
+                await asyncio.sleep(RESEND_BACKOFF_S * 2 ** (round_ - 2))
+            for addr in await self._servers(round_ > 0):
                 try:
                     rsp = await self.rpc.call(addr, m, req)
                 except (ConnectionFailed, TimedOut) as exc:
@@ -95,7 +109,8 @@ class MetaClient:
         """``session_id``: the write session's id, chosen by the caller so that the re-send of
         an OPEN whose reply was lost is applied once (see ``call``)."""
         req = wm.OpenReq(path=path, flags=flags, mode=mode, client_id=client_id, session_id=session_id)
-        rsp: wm.OpenRsp = await self.call(wm.OPEN, req)
+        changes = flags & (os.O_CREAT | os.O_TRUNC | os.O_WRONLY | os.O_RDWR)
+        rsp: wm.OpenRsp = await self.call(wm.OPEN, req, resend_safe=bool(session_id) or not changes)
         return rsp
 
     async def close(self, inode: int, session_id: int, length: int, mtime_ns: int = 0) -> Attr | None:

@@ -208,14 +208,18 @@ class ChunkMap(Generic[V]):
     """inode -> index -> value, listed in (inode, index) order without sorting the whole key set
     per page (a target may hold millions of chunks and resync pages through all of them).
 
-    Inodes live in a sorted list: a new inode goes to an unsorted inbox, merged by one C sort of
-    the mostly sorted list when a listing next needs order; an inode that empties stays in the
-    list (skipped, counted as stale) until stale ones are a quarter of the list, then the list is
-    rebuilt. Each inode's indexes are sorted when listed; for inodes with many chunks that order
-    is cached until their key set changes.
+    Inodes live in a big sorted list plus a small inbox of new ones: a listing sorts the inbox in
+    place (cheap: it is mostly sorted already) and walks both lists at once; the inbox is folded
+    into the big list only when it outgrows 1/64 of it, so a new inode costs O(1) amortized and a
+    page costs O(page + inbox) whatever the target's size. An inode that empties stays listed
+    (skipped, counted as stale) until stale ones are a quarter of all, then both are rebuilt.
+    Each inode's indexes are sorted when listed; for inodes with many chunks that order is cached
+    until their key set changes.
     """
 
     _ORDER_CACHE_MIN = 64  # inodes with at least this many chunks keep their sorted indexes
+    _INBOX_MIN = 1024  # the inbox is folded in past this + 1/64 of the big list
+    _STALE_MIN = 64  # rebuild past this many stale entries (and a quarter of all)
 
     def __init__(self) -> None:
         self._by_inode: dict[int, dict[int, V]] = {}
@@ -277,13 +281,19 @@ class ChunkMap(Generic[V]):
                 index_begin = max(index_begin, after.index + 1)
             yield from self._scan_inode(inode, index_begin, index_end)
             return
-        inodes = self._sorted_inodes()
-        pos, prev = 0, -1
+        main, inbox = self._sorted_inodes()
+        prev = -1
         if after is not None:
             yield from self._scan_inode(after.inode, after.index + 1, INDEX_END)
-            pos, prev = bisect.bisect_right(inodes, after.inode), after.inode
-        for i in range(pos, len(inodes)):
-            ino = inodes[i]
+            prev = after.inode
+        i, j = bisect.bisect_right(main, prev), bisect.bisect_right(inbox, prev)
+        while True:  # merge the two sorted lists; repeats (stale entries) are skipped
+            if i < len(main) and (j == len(inbox) or main[i] <= inbox[j]):
+                ino, i = main[i], i + 1
+            elif j < len(inbox):
+                ino, j = inbox[j], j + 1
+            else:
+                return
             if ino != prev:
                 prev = ino
                 yield from self._scan_inode(ino, 0, INDEX_END)
@@ -303,15 +313,17 @@ class ChunkMap(Generic[V]):
                 return
             yield ChunkKey(inode, index), d[index]
 
-    def _sorted_inodes(self) -> list[int]:
-        if self._stale > 64 and 4 * self._stale > len(self._inodes):
+    def _sorted_inodes(self) -> tuple[list[int], list[int]]:
+        if self._stale > self._STALE_MIN and 4 * self._stale > len(self._inodes) + len(self._inbox):
             self._inodes, self._stale = sorted(self._by_inode), 0
             self._inbox.clear()
-        elif self._inbox:
+        elif len(self._inbox) > self._INBOX_MIN + len(self._inodes) // 64:
             self._inodes += self._inbox
             self._inbox.clear()
             self._inodes.sort()
-        return self._inodes
+        else:
+            self._inbox.sort()
+        return self._inodes, self._inbox
 
     def __repr__(self) -> str:
         return f"ChunkMap(chunks={self._len} inodes={len(self._by_inode)} stale={self._stale})"
