@@ -305,6 +305,7 @@ def test_flipped_byte_fails_only_its_block(h: Harness) -> None:
     assert e.verify(K) == [2]
     h.corrupt(K, 5 * B + 1)
     assert e.verify(K) == [2, 5]
+    assert ChunkEngine.verify(e, K) == [2, 5]  # the generic one agrees
     _expect_mismatch(lambda: read(e, len(BASE) - 1, 1), 5)
 
 
@@ -375,7 +376,7 @@ def test_blocks_survive_reopen(h: Harness) -> None:
 
 
 # ---- an index from before block CRCs ------------------------------------------------------
-# The schema as it was (git show HEAD~:src/loomfs/storage/engine/file.py), and its insert.
+# The schema as it was before block CRCs (git show 9c26514:src/loomfs/storage/engine/file.py).
 OLD_SCHEMA = """
 CREATE TABLE IF NOT EXISTS chunks (
     inode INTEGER NOT NULL, idx INTEGER NOT NULL, commit_ver INTEGER NOT NULL,

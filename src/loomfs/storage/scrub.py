@@ -26,6 +26,10 @@ logger = logging.getLogger(__name__)
 BAD_KEPT_MAX = 1000
 
 
+PAGE_CHUNKS = 10_000
+URGENT_MAX = 1024
+
+
 class Scrubber:
     def __init__(self, service: object, *, bytes_per_s: int, interval_s: float, first_pass_after_s: float = 0.0):
         from loomfs.storage.service import StorageService
@@ -41,6 +45,7 @@ class Scrubber:
         self.repaired = 0
         self.bad: list[tuple[int, ChunkKey]] = []  # (target, chunk) found bad, newest last (bounded)
         self._task: asyncio.Task[None] | None = None
+        self._urgent: set[tuple[int, ChunkKey]] = set()  # chunks a read found corrupt, being repaired
 
     async def run(self) -> None:
         if self.bytes_per_s <= 0:
@@ -59,14 +64,35 @@ class Scrubber:
     async def scrub_target(self, target: StorageTarget) -> int:
         """One pass over ``target``; returns how many bad chunks it found."""
         bad = 0
-        for st in target.engine.list_chunks(0, limit=1 << 40):
-            if not st.commit_ver:
-                continue
-            ok, n = await self.check_chunk(target, st.key)
-            bad += not ok
-            if self.bytes_per_s > 0:
-                await asyncio.sleep(max(n, 4096) / self.bytes_per_s)
-        return bad
+        after: ChunkKey | None = None
+        while True:  # paged, so a target with millions of chunks is never listed whole
+            page = target.engine.list_chunks(0, limit=PAGE_CHUNKS, after=after)
+            for st in page:
+                if not st.commit_ver:
+                    continue
+                ok, n = await self.check_chunk(target, st.key)
+                bad += not ok
+                if self.bytes_per_s > 0:
+                    await asyncio.sleep(max(n, 4096) / self.bytes_per_s)
+            if len(page) < PAGE_CHUNKS:
+                return bad
+            after = page[-1].key
+
+    def check_soon(self, target: StorageTarget, key: ChunkKey) -> None:
+        """A read found ``key`` corrupt: check and repair it now, not at the next pass."""
+        if (target.target_id, key) in self._urgent or len(self._urgent) >= URGENT_MAX:
+            return
+        self._urgent.add((target.target_id, key))
+
+        async def go() -> None:
+            try:
+                await self.check_chunk(target, key)
+            except Exception as exc:  # noqa: BLE001 - the next pass tries again
+                logger.warning("scrub: urgent check of %s failed: %s", key, exc)
+            finally:
+                self._urgent.discard((target.target_id, key))
+
+        asyncio.ensure_future(go())
 
     async def check_chunk(self, target: StorageTarget, key: ChunkKey) -> tuple[bool, int]:
         """(good, bytes read). A bad chunk is repaired from another replica when possible."""

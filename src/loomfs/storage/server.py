@@ -85,6 +85,7 @@ class StorageNode:
         self.resyncer = Resyncer(self.service, self._report_sync, bytes_per_s=config.resync_bytes_per_s)
         self.scrubber = Scrubber(self.service, bytes_per_s=config.scrub_bytes_per_s,
                                  interval_s=config.scrub_interval_s)
+        self.service.on_corrupt = self.scrubber.check_soon
         self.server = RpcServer(f"storage{config.node_id}", transport)
         self.server.add_service(self.service)
         self.heartbeat_interval_s = 1.0

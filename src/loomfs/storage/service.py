@@ -183,6 +183,8 @@ class StorageService:
         self.suspect_after_s = suspect_after_s
         self.report_unreachable = report_unreachable
         self.unreachable_reports_total = 0
+        self.corrupt_reads_total = 0  # partial reads whose block CRC did not match
+        self.on_corrupt: Callable[[StorageTarget, ChunkKey], None] | None = None  # the scrubber repairs
         self._reported: set[tuple[int, int, int]] = set()  # (chain, version, successor) already reported
         # writes are refused once mgmtd has not been reached for half a lease (the node may be
         # cut off and already replaced); the node's heartbeat loop pushes this forward
@@ -537,8 +539,13 @@ class StorageService:
         buf = self.pool.acquire(want)
         try:
             n = await engine.aread(key, req.offset, memoryview(buf)[:want])
-        except BaseException:
+        except BaseException as exc:
             self.pool.release(buf)
+            if isinstance(exc, StatusError) and exc.status is Status.CHECKSUM_MISMATCH:
+                self.corrupt_reads_total += 1
+                logger.error("read of chunk %s on target %d: %s", key, target.target_id, exc)
+                if self.on_corrupt is not None:
+                    self.on_corrupt(target, key)  # the client reads another replica; we repair
             raise
         whole = req.offset == 0 and n == st.length
         rsp = rsp_base if n == want else dataclasses.replace(rsp_base, length=n)

@@ -111,15 +111,17 @@ def restage_blocks(
     content's block [start, end)); every other block keeps its CRC."""
     nb = block_count(new_len)
     out = bytearray(old[: 4 * nb])
-    out.extend(bytes(4 * nb - len(out)))
-    todo: set[int] = set()
-    if hi > lo:
-        todo.update(range(lo // BLOCK_BYTES, min(nb, block_count(hi))))
+    if len(out) < 4 * nb:
+        out += bytes(4 * nb - len(out))
+    spans = [(lo // BLOCK_BYTES, min(nb, block_count(hi)))] if hi > lo else []
     if old_len != new_len:  # the block holding the old/new end changed its extent; new blocks
-        todo.update(range(min(old_len, new_len) // BLOCK_BYTES, nb))
-    for i in sorted(todo):
-        start = i * BLOCK_BYTES
-        struct.pack_into("<I", out, 4 * i, crc_of(i, start, min(start + BLOCK_BYTES, new_len)))
+        spans.append((min(old_len, new_len) // BLOCK_BYTES, nb))
+    done = 0
+    for first, end in sorted(spans):
+        for i in range(max(first, done), end):
+            start = i * BLOCK_BYTES
+            struct.pack_into("<I", out, 4 * i, crc_of(i, start, min(start + BLOCK_BYTES, new_len)))
+        done = max(done, end)
     return bytes(out)
 
 
