@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
 import random
 from collections.abc import Iterator
@@ -10,36 +9,14 @@ from pathlib import Path
 
 import crc32c
 import pytest
+from engine_harness import Harness, run
 
 from loomfs.errors import NotFound, StatusError
 from loomfs.storage.engine.base import ChunkEngine, ChunkKey, block_crcs_of, unpack_blocks
 from loomfs.storage.engine.file import FileEngine
-from loomfs.storage.engine.memory import MemoryEngine
 from loomfs.wire.status import Status
 
 K = ChunkKey(7, 0)
-
-
-class Harness:
-    def __init__(self, kind: str, path: Path):
-        self.kind, self.path = kind, path
-        self.engine: ChunkEngine = self._open()
-
-    def _open(self) -> ChunkEngine:
-        if self.kind == "memory":
-            return MemoryEngine()
-        return FileEngine(self.path, fsync_on_commit=self.kind == "file-fsync", fd_cache_max=4)
-
-    def crash(self) -> ChunkEngine:
-        """Power cut + restart: uncommitted state is lost."""
-        e = self.engine
-        if isinstance(e, MemoryEngine):
-            e.crash()
-        else:
-            assert isinstance(e, FileEngine)
-            e.simulate_crash()
-            self.engine = self._open()
-        return self.engine
 
 
 @pytest.fixture(params=["memory", "file", "file-fsync"])
@@ -47,10 +24,6 @@ def h(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Harness]:
     harness = Harness(request.param, tmp_path / "target")
     yield harness
     harness.engine.close()
-
-
-def run(coro):  # type: ignore[no-untyped-def]
-    return asyncio.run(coro)
 
 
 def read_all(e: ChunkEngine, key: ChunkKey, *, pending: bool = False, size: int = 1 << 20) -> bytes:

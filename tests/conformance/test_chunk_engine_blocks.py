@@ -4,7 +4,6 @@ and an index from before block CRCs (schema 0) still opens and reads."""
 
 from __future__ import annotations
 
-import asyncio
 import mmap
 import os
 import random
@@ -14,6 +13,7 @@ from pathlib import Path
 
 import crc32c
 import pytest
+from engine_harness import Harness, run
 
 from loomfs.errors import StatusError
 from loomfs.storage.engine.base import (
@@ -25,43 +25,10 @@ from loomfs.storage.engine.base import (
     unpack_blocks,
 )
 from loomfs.storage.engine.file import FileEngine
-from loomfs.storage.engine.memory import MemoryEngine
 from loomfs.wire.status import Status
 
 B = BLOCK_BYTES
 K = ChunkKey(0x1234, 3)
-
-
-class Harness:
-    def __init__(self, kind: str, path: Path):
-        self.kind, self.path = kind, path
-        self.engine: ChunkEngine = self._open()
-
-    def _open(self) -> ChunkEngine:
-        if self.kind == "memory":
-            return MemoryEngine()
-        return FileEngine(self.path, direct_io=self.kind == "file-direct", fd_cache_max=4)
-
-    def reopen(self) -> ChunkEngine:
-        """Close and open again (a clean restart); the memory engine just stays."""
-        if isinstance(self.engine, FileEngine):
-            self.engine.close()
-            self.engine = self._open()
-        return self.engine
-
-    def corrupt(self, key: ChunkKey, offset: int) -> None:
-        """Flip one committed byte behind the engine's back."""
-        e = self.engine
-        if isinstance(e, MemoryEngine):
-            e.corrupt(key, offset)
-            return
-        files = list((self.path / "chunks").rglob(f"{key.inode:x}.{key.index:x}.*"))
-        assert len(files) == 1, files
-        with open(files[0], "r+b") as f:
-            f.seek(offset)
-            b = f.read(1)
-            f.seek(offset)
-            f.write(bytes([b[0] ^ 0xFF]))
 
 
 @pytest.fixture(params=["memory", "file", "file-direct"])
@@ -69,10 +36,6 @@ def h(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Harness]:
     harness = Harness(request.param, tmp_path / "target")
     yield harness
     harness.engine.close()
-
-
-def run(coro):  # type: ignore[no-untyped-def]
-    return asyncio.run(coro)
 
 
 def aligned(data: bytes) -> memoryview:

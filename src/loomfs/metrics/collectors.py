@@ -61,6 +61,10 @@ class StorageCollector(Collector):
                        getattr(self.service, "forwards_total", 0))
         yield _counter("loomfs_storage_reforwards", "updates re-forwarded after a chain change",
                        getattr(self.service, "reforwards_total", 0))
+        yield _counter("loomfs_storage_unreachable_reports", "successors reported unreachable to mgmtd",
+                       getattr(self.service, "unreachable_reports_total", 0))
+        yield _counter("loomfs_storage_corrupt_reads", "partial reads that failed their block CRC",
+                       getattr(self.service, "corrupt_reads_total", 0))
         tags = getattr(self.service, "tags", None)
         if tags is not None:
             yield _counter("loomfs_storage_dedupe_hits", "replayed writes answered from the tag cache",

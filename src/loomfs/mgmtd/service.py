@@ -91,9 +91,11 @@ class MgmtdService:
         logger.info("node %d: target %d cannot reach target %d (chain %d v%d): %s", req.node_id, req.target_id,
                     req.suspect_target_id, req.chain_id, req.chain_version, req.reason)
         reachable = False
+        chain = self.state.chains.get(req.chain_id)
         suspect = self.state.targets.get(req.suspect_target_id)
         node = self.state.nodes.get(suspect.node_id) if suspect is not None else None
-        if node is not None and self.probe is not None:
+        current = chain is not None and chain.version == req.chain_version  # stale: no probe needed
+        if current and node is not None and self.probe is not None:
             reachable = await self.probe(node.host, node.port)
         fenced = self.state.report_unreachable(
             reporter_node=req.node_id, reporter_target=req.target_id, suspect_target=req.suspect_target_id,

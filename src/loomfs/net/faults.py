@@ -113,7 +113,6 @@ class _FaultySink:
 
     def __init__(self, inner: FrameSink, rules: FaultRules, address: Address):
         self.inner, self.rules, self.address = inner, rules, address
-        self._dropping = False
 
     def payload_buffer(self, kind: int, header: fr.Header, length: int) -> memoryview:
         return self.inner.payload_buffer(kind, header, length)

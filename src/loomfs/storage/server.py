@@ -26,6 +26,7 @@ from loomfs.storage.resync import Resyncer
 from loomfs.storage.scrub import Scrubber
 from loomfs.storage.service import StorageService
 from loomfs.storage.target import StorageTarget, target_id_for
+from loomfs.wire.message import Message, Method
 from loomfs.wire.mgmtd import (
     HEARTBEAT,
     REGISTER_NODE,
@@ -107,32 +108,29 @@ class StorageNode:
         self.lease_s = lease_s or self.lease_s
         self.service.writable_until_s = sent_s + self.lease_s / 2
 
-    async def _report_sync(self, req: SyncReportReq) -> bool:
+    async def _call_mgmtd(self, m: Method, req: Message) -> Any:
+        """One call to the first mgmtd that answers; the reply's routing version is fetched."""
         last: BaseException | None = None
         for addr in self.mgmtd:
             try:
-                rsp = (await self.rpc.call(addr, SYNC_REPORT, req, timeout_s=5.0)).body
+                rsp = (await self.rpc.call(addr, m, req, timeout_s=5.0)).body
             except (LoomError, OSError) as exc:
                 last = exc
                 continue
             await self._refresh_routing(rsp.routing_version)
-            return bool(rsp.accepted)
+            return rsp
         raise last if last is not None else LoomError("no mgmtd address")
+
+    async def _report_sync(self, req: SyncReportReq) -> bool:
+        return bool((await self._call_mgmtd(SYNC_REPORT, req)).accepted)
 
     async def _report_unreachable(self, pos: Position, successor: int, why: str) -> None:
         req = ReportUnreachableReq(node_id=self.config.node_id, target_id=pos.target_id,
                                    suspect_target_id=successor, chain_id=pos.chain_id,
                                    chain_version=pos.chain_version, reason=why)
-        for addr in self.mgmtd:
-            try:
-                rsp = (await self.rpc.call(addr, REPORT_UNREACHABLE, req, timeout_s=5.0)).body
-            except (LoomError, OSError) as exc:
-                logger.warning("report to mgmtd %s failed: %s", addr, exc)
-                continue
-            if rsp.fenced_target_id:
-                logger.warning("mgmtd fenced target %d (chain %d)", rsp.fenced_target_id, pos.chain_id)
-            await self._refresh_routing(rsp.routing_version)
-            return
+        rsp = await self._call_mgmtd(REPORT_UNREACHABLE, req)
+        if rsp.fenced_target_id:
+            logger.warning("mgmtd fenced target %d (chain %d)", rsp.fenced_target_id, pos.chain_id)
 
     async def register(self) -> RegisterNodeRsp:
         req = RegisterNodeReq(
