@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 
@@ -112,7 +111,7 @@ class Resyncer:
         self._tasks.clear()
 
     async def _run(self, job: SyncJob, routing: Routing) -> None:
-        started = time.monotonic()
+        started = self.service.clock.monotonic()
         try:
             copied = await self._sync(job, routing)
         except asyncio.CancelledError:
@@ -128,7 +127,7 @@ class Resyncer:
             self._tasks.pop(job, None)
             return
         self.done_total += 1
-        logger.info("resync %s done in %.2fs: %d chunks copied", job, time.monotonic() - started, copied)
+        logger.info("resync %s done in %.2fs: %d chunks copied", job, self.service.clock.monotonic() - started, copied)
 
     async def _remote_pages(self, job: SyncJob, routing: Routing) -> AsyncIterator[list[ChunkMeta]]:
         """The syncing target's chunk list, page by page, in (inode, index) order."""
@@ -198,7 +197,7 @@ class Resyncer:
             theirs = rm if rk == key else None
             li += mine is not None
             ri += theirs is not None
-            now = time.monotonic()
+            now = self.service.clock.monotonic()
             if now - last_report >= self.report_interval_s:
                 last_report = now
                 if not await self._report(job, chunks_left, bytes_left, done=False):

@@ -8,18 +8,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import random
 import signal
-import time
 from pathlib import Path
 from typing import Any
 
+from loomfs.common.clock import SYSTEM_CLOCK, Clock
 from loomfs.common.routing import RoutingClient, parse_addresses
 from loomfs.common.service_main import run_service
 from loomfs.config import StorageConfig
 from loomfs.errors import LoomError, StatusError
 from loomfs.net.rpc import RetryPolicy, RpcClient, RpcServer
 from loomfs.net.tcp import default_transport
-from loomfs.net.transport import Address
+from loomfs.net.transport import Address, Transport
 from loomfs.storage.chain import Position
 from loomfs.storage.engine.file import FileEngine
 from loomfs.storage.resync import Resyncer
@@ -63,24 +64,37 @@ def open_targets(config: StorageConfig) -> list[StorageTarget]:
 class StorageNode:
     """Everything one storage process runs; ``start()`` then ``run_until(stop_event)``."""
 
-    def __init__(self, config: StorageConfig):
+    def __init__(
+        self,
+        config: StorageConfig,
+        *,
+        transport: Transport | None = None,
+        targets: list[StorageTarget] | None = None,
+        clock: Clock = SYSTEM_CLOCK,
+        rng: random.Random | None = None,
+    ):
+        """``transport``, ``targets``, ``clock`` and ``rng`` are seams for the simulator (the
+        defaults: TCP, file engines under ``config.data_dir``, the system clock)."""
         self.config = config
+        self.clock = clock
         self.metrics: Any = None  # loomfs.metrics.ServiceMetrics once started
         rpc_cfg = config.rpc
-        transport = default_transport(max_payload_bytes=rpc_cfg.max_payload_bytes)
+        transport = transport or default_transport(max_payload_bytes=rpc_cfg.max_payload_bytes)
         self.rpc = RpcClient(
             transport,
             connect_timeout_s=rpc_cfg.connect_timeout_s,
             call_timeout_s=rpc_cfg.call_timeout_s,
             retry=RetryPolicy(attempts_max=rpc_cfg.retry_attempts_max),
+            rng=rng,
         )
         self.mgmtd = parse_addresses(config.mgmtd)
         self.routing = RoutingClient(self.rpc, self.mgmtd)
-        self.targets = open_targets(config)
+        self.targets = targets if targets is not None else open_targets(config)
         self.service = StorageService(
             self.targets, self.routing, self.rpc, max_chunk_size_bytes=config.max_chunk_size_bytes,
             forward_timeout_s=rpc_cfg.call_timeout_s, target_capacity_bytes=config.target_capacity_bytes,
             suspect_after_s=config.suspect_after_s, report_unreachable=self._report_unreachable,
+            clock=clock,
         )
         self.service.writable_until_s = 0.0  # not writable before mgmtd granted a lease
         self.resyncer = Resyncer(self.service, self._report_sync, bytes_per_s=config.resync_bytes_per_s)
@@ -141,7 +155,7 @@ class StorageNode:
         attempt = 0
         while True:
             for addr in self.mgmtd:
-                sent_s = time.monotonic()
+                sent_s = self.clock.monotonic()
                 try:
                     rsp: RegisterNodeRsp = (await self.rpc.call(addr, REGISTER_NODE, req, timeout_s=5.0)).body
                 except (LoomError, OSError) as exc:
@@ -170,7 +184,7 @@ class StorageNode:
     async def _heartbeat_once(self) -> None:
         req = HeartbeatReq(node_id=self.config.node_id, targets=self.service.target_infos(self.config.node_id))
         for addr in self.mgmtd:
-            sent_s = time.monotonic()
+            sent_s = self.clock.monotonic()
             try:
                 rsp = (await self.rpc.call(addr, HEARTBEAT, req, timeout_s=max(1.0, self.heartbeat_interval_s),
                                            retry=False)).body
@@ -189,7 +203,7 @@ class StorageNode:
             if self.routing.has_routing:
                 self.resyncer.update(self.routing.current)  # restarts failed resyncs
             return
-        if time.monotonic() > self.service.writable_until_s:
+        if self.clock.monotonic() > self.service.writable_until_s:
             logger.warning("no mgmtd reachable for %.1fs: refusing writes", self.lease_s / 2)
 
     async def heartbeat_loop(self) -> None:

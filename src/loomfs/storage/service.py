@@ -11,11 +11,11 @@ import dataclasses
 import errno
 import logging
 import math
-import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from typing import Protocol, TypeVar
 
+from loomfs.common.clock import SYSTEM_CLOCK, Clock
 from loomfs.common.routing import Routing
 from loomfs.errors import InvalidArgument, LoomError, NoSpace, StatusError
 from loomfs.net.buffers import DEFAULT_POOL, BufferPool
@@ -165,7 +165,9 @@ class StorageService:
         reconfig_wait_s: float = 1.0,
         suspect_after_s: float = 5.0,
         report_unreachable: Callable[[chain.Position, int, str], Awaitable[None]] | None = None,
+        clock: Clock = SYSTEM_CLOCK,
     ):
+        self.clock = clock
         self.targets = {t.target_id: t for t in targets}
         self.routing = routing
         self.rpc = rpc
@@ -212,7 +214,7 @@ class StorageService:
         return target, chain.position_of(chain_id, info.version, members, target.target_id), routing
 
     def check_writable(self) -> None:
-        if time.monotonic() > self.writable_until_s:
+        if self.clock.monotonic() > self.writable_until_s:
             raise StatusError(Status.TARGET_NOT_SERVING, "storage node lost mgmtd for half a lease: not writable")
 
     async def _forward(self, routing: Routing, successor: int, m: Method, req: Message,
@@ -238,14 +240,14 @@ class StorageService:
     async def _changed_position(self, pos: chain.Position, wait_s: float) -> chain.Position | None:
         """Wait up to ``wait_s`` for routing with a newer version of ``pos``'s chain; return
         this target's new write position (None: it is no longer a member, or nothing changed)."""
-        end = time.monotonic() + wait_s
+        end = self.clock.monotonic() + wait_s
         while True:
             routing = await self.routing.get()
             info = routing.chains.get(pos.chain_id)
             if info is not None and info.version > pos.chain_version:
                 return chain.position_of(pos.chain_id, info.version, write_chain(routing, pos.chain_id),
                                          pos.target_id)
-            if time.monotonic() >= end:
+            if self.clock.monotonic() >= end:
                 return None
             await asyncio.sleep(0.05)
 
@@ -259,7 +261,7 @@ class StorageService:
         successor, or commit as the new tail. A successor that misses versions (a syncing
         target) gets the whole chunk instead (``replace``). Returns the final status and the
         position it was reached under."""
-        deadline = time.monotonic() + self.forward_timeout_s
+        deadline = self.clock.monotonic() + self.forward_timeout_s
         while True:
             succ = pos.successor
             if succ is None:
@@ -268,15 +270,15 @@ class StorageService:
             fwd = dataclasses.replace(req, forwarded=True, chain_version=pos.chain_version)
             call = asyncio.ensure_future(self._forward2(routing, succ, m, fwd, payload, crc))
             new_pos: chain.Position | None = None
-            started_s = time.monotonic()
+            started_s = self.clock.monotonic()
             done, _ = await asyncio.wait({call}, timeout=self.reconfig_wait_s)
             while not done:  # slow successor (hung? cut off?): watch for a chain change meanwhile
                 new_pos = await self._changed_position(pos, 0.0)
-                if new_pos is not None or time.monotonic() > deadline:
+                if new_pos is not None or self.clock.monotonic() > deadline:
                     call.cancel()
                     break
-                if time.monotonic() - started_s > self.suspect_after_s:
-                    self.suspect(pos, succ, f"{m.name} unanswered for {time.monotonic() - started_s:.1f}s")
+                if self.clock.monotonic() - started_s > self.suspect_after_s:
+                    self.suspect(pos, succ, f"{m.name} unanswered for {self.clock.monotonic() - started_s:.1f}s")
                 done, _ = await asyncio.wait({call}, timeout=0.05)
             status, unreachable = (Status.CHAIN_UNAVAILABLE, True) if call.cancelled() or not done \
                 else call.result()
@@ -287,7 +289,7 @@ class StorageService:
                 return status, pos
             if new_pos is None and unreachable:  # our successor is gone or cut off: mgmtd will drop it
                 self.suspect(pos, succ, f"{m.name} failed: {status.name}")
-                left = deadline - time.monotonic()
+                left = deadline - self.clock.monotonic()
                 new_pos = await self._changed_position(pos, max(0.0, min(left, self.reconfig_wait_s * 5)))
             if new_pos is None:
                 return status, pos
