@@ -33,22 +33,28 @@ def test_suspect_is_fenced_then_rejoins_at_the_tail_and_resyncs() -> None:
     chain = st.chains[1]
     head, succ, tail = chain.targets
     v = chain.version
-    fenced = st.report_unreachable(reporter_node=head // 1000, reporter_target=head, suspect_target=succ,
-                                   chain_id=1, chain_version=v, suspect_reachable=True, now_s=0.1)
-    assert fenced == succ
+    # mgmtd reaches the successor, which has a successor of its own it may be waiting for:
+    # the report settles for half a lease (the successor reports nothing), then it is fenced
+    assert st.report_unreachable(reporter_node=head // 1000, reporter_target=head, suspect_target=succ,
+                                 chain_id=1, chain_version=v, suspect_reachable=True, now_s=0.1) == 0
+    assert chain.version == v
+    st.tick(0.5)
+    assert chain.version == v and st.targets[succ].state == S.SERVING
+    st.tick(0.65)
     assert chain.version > v
     assert chain.targets == [head, tail, succ] and st.targets[succ].state == S.OFFLINE
     # a duplicate report for the old version does nothing
     assert st.report_unreachable(reporter_node=head // 1000, reporter_target=head, suspect_target=succ,
-                                 chain_id=1, chain_version=v, suspect_reachable=True, now_s=0.2) == 0
+                                 chain_id=1, chain_version=v, suspect_reachable=True, now_s=0.7) == 0
     # heartbeats keep coming; while the hold lasts the target stays out
     _heartbeat_all(st, 1.0)
     assert st.targets[succ].state == S.OFFLINE
-    # hold (2 leases) over: it rejoins at the tail, syncing from the last serving member (not the head)
-    _heartbeat_all(st, 2.2)
+    # hold (2 leases from the fence at 0.65) over: it rejoins at the tail, syncing from the last
+    # serving member (not the head)
+    _heartbeat_all(st, 2.7)
     assert _states(st, 1) == [(head, S.SERVING), (tail, S.SERVING), (succ, S.SYNCING)]
     assert st.sync_report(target_id=succ, chain_id=1, chain_version=st.chains[1].version, chunks_left=0,
-                          bytes_left=0, done=True, now_s=2.3)
+                          bytes_left=0, done=True, now_s=2.8)
     assert _states(st, 1) == [(head, S.SERVING), (tail, S.SERVING), (succ, S.SERVING)]
 
 
@@ -57,11 +63,14 @@ def test_reporter_that_accuses_two_reachable_nodes_is_fenced_itself() -> None:
     chain = st.chains[1]
     a, b, c3 = chain.targets
     assert st.report_unreachable(reporter_node=a // 1000, reporter_target=a, suspect_target=b, chain_id=1,
-                                 chain_version=chain.version, suspect_reachable=True, now_s=0.1) == b
-    # the new successor of a is c3: a cannot reach it either, and mgmtd can: a is the problem
+                                 chain_version=chain.version, suspect_reachable=True, now_s=0.1) == 0
+    st.tick(0.65)  # settled: b never reported its own successor, so b is blamed
+    assert st.targets[b].state == S.OFFLINE
+    # the new successor of a is c3 (now the last on the write path: no settling): a cannot
+    # reach it either, and mgmtd can: a is the problem
     assert chain.targets[:2] == [a, c3]
     assert st.report_unreachable(reporter_node=a // 1000, reporter_target=a, suspect_target=c3, chain_id=1,
-                                 chain_version=chain.version, suspect_reachable=True, now_s=0.2) == a
+                                 chain_version=chain.version, suspect_reachable=True, now_s=0.7) == a
     assert st.targets[a].state == S.OFFLINE
     assert [t for t in chain.targets if st.targets[t].state == S.SERVING] == [c3]
 

@@ -90,13 +90,17 @@ class MgmtdService:
     async def report_unreachable(self, req: w.ReportUnreachableReq, ctx: CallContext) -> w.ReportUnreachableRsp:
         logger.info("node %d: target %d cannot reach target %d (chain %d v%d): %s", req.node_id, req.target_id,
                     req.suspect_target_id, req.chain_id, req.chain_version, req.reason)
+        # recorded before the probe, so a report upstream of this one waits for its verdict
+        current = self.state.note_report(
+            reporter_node=req.node_id, reporter_target=req.target_id, suspect_target=req.suspect_target_id,
+            chain_id=req.chain_id, chain_version=req.chain_version, now_s=self.clock.monotonic(),
+        )  # stale: no probe needed
         reachable = False
-        chain = self.state.chains.get(req.chain_id)
         suspect = self.state.targets.get(req.suspect_target_id)
         node = self.state.nodes.get(suspect.node_id) if suspect is not None else None
-        current = chain is not None and chain.version == req.chain_version  # stale: no probe needed
         if current and node is not None and self.probe is not None:
             reachable = await self.probe(node.host, node.port)
+        # 0 while the report is pending: tick() decides it once its settle window is over
         fenced = self.state.report_unreachable(
             reporter_node=req.node_id, reporter_target=req.target_id, suspect_target=req.suspect_target_id,
             chain_id=req.chain_id, chain_version=req.chain_version, suspect_reachable=reachable,

@@ -9,6 +9,21 @@ are the pure function ``transitions.plan_chain`` (table in docs/fault-tolerance.
 event (registration, heartbeat of a returning node, lease expiry, sync report, drain) ends
 in ``reconcile``, which applies the plan to every chain and bumps the chain version and the
 routing version when anything changed.
+
+Unreachability reports (a chain member cannot reach its successor although both heartbeat)
+are judged by position, because one hung member makes every member upstream of it time out
+too: in ``[H, M, T]`` with T hung, H reports M *and* M reports T, in either order. A report
+is recorded per chain (``suspicions``: chain id -> reporter target -> ``Suspicion``), from
+the moment it arrives (``note_report``, before mgmtd probes the suspect) until it is decided
+or its chain version is gone. ``transitions.pick_suspicion`` picks the one to act on: only
+the most downstream report of a chain; at once when mgmtd could not reach the suspect or the
+suspect is the last member of the write path; otherwise after ``unreachable_settle_s``
+(default half a lease), so a suspect that is only waiting for its own successor has time to
+report it and move the blame downstream. ``report_unreachable`` decides what it can at once
+and ``tick`` decides the rest, so a healthy middle is never fenced for a hung tail. Acting
+fences one target per chain; the chain version bumps and the remaining (upstream) reports
+are dropped as stale: their reporters report again under the new version if their fault is
+still there. The decision depends only on the reports, the probe results and ``now_s``.
 """
 
 from __future__ import annotations
@@ -17,7 +32,7 @@ import logging
 from dataclasses import dataclass, field
 
 from loomfs.errors import InvalidArgument, StatusError
-from loomfs.mgmtd.transitions import Member, plan_chain
+from loomfs.mgmtd.transitions import Member, Suspicion, pick_suspicion, plan_chain
 from loomfs.wire.status import Status
 from loomfs.wire.types import (
     ChainInfo,
@@ -86,12 +101,18 @@ class TableRecord:
 
 
 class ClusterState:
-    def __init__(self, *, lease_s: float, replace_after_s: float = 0.0, unreachable_hold_s: float = 0.0):
+    def __init__(self, *, lease_s: float, replace_after_s: float = 0.0, unreachable_hold_s: float = 0.0,
+                 unreachable_settle_s: float = 0.0):
         self.lease_s = lease_s
         self.replace_after_s = replace_after_s  # 0 = never replace offline targets by spares
         # a target reported unreachable by its predecessor leaves the chain for this long
         # (doubling while reports repeat); 0 = two leases
         self.unreachable_hold_s = unreachable_hold_s or 2 * lease_s
+        # a report about a reachable suspect with a successor waits this long for the suspect's
+        # own report (which moves the blame downstream); 0 = half a lease
+        self.unreachable_settle_s = unreachable_settle_s or lease_s / 2
+        # chain id -> reporter target -> its undecided report (not persisted)
+        self.suspicions: dict[int, dict[int, Suspicion]] = {}
         self._now_s = 0.0  # the time of the event being handled (fences are judged against it)
         self.version = 1
         self.nodes: dict[int, NodeRecord] = {}
@@ -167,8 +188,8 @@ class ClusterState:
                     self._routing_cache = None  # usage is not a routing change: no version bump
 
     def tick(self, now_s: float) -> bool:
-        """Mark nodes silent for longer than the lease dead, reconcile chains. True if routing
-        changed."""
+        """Mark nodes silent for longer than the lease dead, decide unreachability reports whose
+        settle window is over, reconcile chains. True if routing changed."""
         dead = [
             n for n in self.nodes.values()
             if n.state == NodeState.ALIVE and now_s - n.last_heartbeat_s > self.lease_s
@@ -177,6 +198,9 @@ class ClusterState:
             n.state = NodeState.DEAD
             logger.info("node %d missed heartbeats for %.1fs: dead", n.node_id, now_s - n.last_heartbeat_s)
         changed = self.reconcile(now_s, bump=False) or bool(dead)
+        fenced = [self._settle(chain_id, now_s) for chain_id in sorted(self.suspicions)]
+        if any(fenced):
+            changed = self.reconcile(now_s, bump=False) or changed
         if changed:
             self._bump()
         return changed
@@ -212,35 +236,102 @@ class ClusterState:
             self._bump()
         return sum(1 for t in self.targets.values() if t.node_id == node_id and t.chain_id)
 
+    def note_report(self, *, reporter_node: int, reporter_target: int, suspect_target: int, chain_id: int,
+                    chain_version: int, now_s: float) -> bool:
+        """An unreachability report arrived; mgmtd is about to probe the suspect. Recorded
+        already, so the settle window starts now and blame upstream of it waits for the probe.
+        False: the report is stale or bogus (nothing to probe)."""
+        if not self._report_valid(reporter_node, reporter_target, suspect_target, chain_id, chain_version):
+            return False
+        reports = self.suspicions.setdefault(chain_id, {})
+        prev = reports.get(reporter_target)
+        if prev is None or (prev.chain_version, prev.suspect_target) != (chain_version, suspect_target):
+            reports[reporter_target] = Suspicion(reporter_node, reporter_target, suspect_target, chain_version, now_s)
+        return True
+
     def report_unreachable(self, *, reporter_node: int, reporter_target: int, suspect_target: int,
                            chain_id: int, chain_version: int, suspect_reachable: bool, now_s: float) -> int:
         """A chain member could not reach its successor ``suspect_target`` although both
         still heartbeat (a network cut between them, a hung process, a bad NIC, or a death
         the lease has not noticed yet). ``suspect_reachable``: mgmtd itself just reached the
-        suspect. Returns the target taken out of the chain (0: stale report, nothing done).
+        suspect. Returns the target taken out of the chain now; 0 when nothing was done yet:
+        the report is stale (ignored) or pending (``tick`` decides it, see the module doc).
 
         Taking a member out is always safe for consistency (the chain gets shorter; the
-        target resyncs when it returns), so mgmtd acts on the first report. The suspect
+        target resyncs when it returns), so mgmtd acts without asking anyone else; *which*
+        member goes is position-aware (``transitions.pick_suspicion``): a report about a
+        suspect that mgmtd can reach and that has a successor waits ``unreachable_settle_s``
+        for the suspect's own report, which moves the blame downstream. The blamed suspect
         leaves, unless mgmtd can reach it and the reporter has also accused another node that
         mgmtd could reach, within the window: then the reporter's own network is the likelier
         fault and the reporter leaves instead (only while the suspect serves, so the chain
         keeps a serving member). A fenced target stays out for ``unreachable_hold_s``
         (doubling while reports repeat); when it returns it rejoins at the tail and resyncs
         from the last serving member, so the chain routes around a cut that is still there."""
+        if not self.note_report(reporter_node=reporter_node, reporter_target=reporter_target,
+                                suspect_target=suspect_target, chain_id=chain_id, chain_version=chain_version,
+                                now_s=now_s):
+            return 0
+        reports = self.suspicions[chain_id]
+        noted = reports[reporter_target]
+        if noted.suspect_reachable is None:
+            reports[reporter_target] = Suspicion(reporter_node, reporter_target, suspect_target, chain_version,
+                                                 noted.received_s, suspect_reachable)
+        fenced = self._settle(chain_id, now_s)
+        if fenced:
+            self.reconcile(now_s)
+        else:
+            logger.info("chain %d v%d: target %d cannot reach target %d: pending (%d report(s) on the chain)",
+                        chain_id, chain_version, reporter_target, suspect_target, len(reports))
+        return fenced
+
+    def _report_valid(self, reporter_node: int, reporter_target: int, suspect_target: int, chain_id: int,
+                      chain_version: int) -> bool:
+        """Current chain version, the reporter a serving member on ``reporter_node``, the
+        suspect on the write path and alive (else the lease already handles it)."""
         chain = self.chains.get(chain_id)
-        if chain is None or chain.version != chain_version:
-            return 0
         rep, sus = self.targets.get(reporter_target), self.targets.get(suspect_target)
-        if rep is None or sus is None or rep.node_id != reporter_node or rep.chain_id != chain_id \
-                or sus.chain_id != chain_id or rep.state != TargetState.SERVING \
-                or sus.state not in (TargetState.SERVING, TargetState.SYNCING) or not self._alive(sus.node_id):
-            return 0
-        node = self.nodes[reporter_node]
+        return chain is not None and chain.version == chain_version and rep is not None and sus is not None \
+            and rep.node_id == reporter_node and rep.chain_id == chain_id and sus.chain_id == chain_id \
+            and rep.state == TargetState.SERVING and sus.state in (TargetState.SERVING, TargetState.SYNCING) \
+            and self._alive(sus.node_id)
+
+    def _settle(self, chain_id: int, now_s: float) -> int:
+        """Drop the chain's stale reports (and probes that never finished within a lease),
+        then act on the report ``pick_suspicion`` picks, if any. Returns the fenced target
+        (0: none); the caller reconciles."""
+        reports = self.suspicions.get(chain_id, {})
+        for r in list(reports.values()):
+            lost_probe = r.suspect_reachable is None and now_s - r.received_s > self.lease_s
+            if lost_probe or not self._report_valid(r.reporter_node, r.reporter_target, r.suspect_target,
+                                                    chain_id, r.chain_version):
+                del reports[r.reporter_target]
+        chain = self.chains.get(chain_id)
+        pick = None
+        if reports and chain is not None:
+            write_path = [t for t in chain.targets
+                          if self.targets[t].state in (TargetState.SERVING, TargetState.SYNCING)]
+            pick = pick_suspicion(write_path, reports.values(), now_s=now_s, settle_s=self.unreachable_settle_s)
+        if pick is not None:
+            del reports[pick.reporter_target]
+            upstream = sorted(r.reporter_target for r in reports.values())
+            if upstream:
+                logger.info("chain %d v%d: reports by targets %s are upstream of target %d's report: not blaming "
+                            "their successors", chain_id, pick.chain_version, upstream, pick.reporter_target)
+        if not reports:
+            self.suspicions.pop(chain_id, None)
+        return self._fence(pick, now_s) if pick is not None else 0
+
+    def _fence(self, r: Suspicion, now_s: float) -> int:
+        """Act on report ``r``: fence its suspect, or its reporter if the reporter keeps
+        accusing nodes mgmtd can reach. Returns the fenced target."""
+        rep, sus = self.targets[r.reporter_target], self.targets[r.suspect_target]
+        node = self.nodes[r.reporter_node]
         window_s = 4 * self.unreachable_hold_s
         node.accusations = {n: t for n, t in node.accusations.items() if now_s - t <= window_s}
         others = [n for n in node.accusations if n != sus.node_id]
         blamed = sus
-        if suspect_reachable:
+        if r.suspect_reachable:
             node.accusations[sus.node_id] = now_s
             if others and sus.state == TargetState.SERVING:
                 blamed = rep
@@ -251,11 +342,11 @@ class ClusterState:
         blamed.fenced_until_s = now_s + hold_s
         blamed.last_fence_s = now_s
         logger.warning(
-            "chain %d v%d: target %d (node %d) cannot reach target %d (node %d, %s from mgmtd)%s: fencing target "
-            "%d for %.1fs", chain_id, chain_version, reporter_target, reporter_node, suspect_target, sus.node_id,
-            "reachable" if suspect_reachable else "unreachable",
-            f"; the reporter also accused nodes {others}" if blamed is rep else "", blamed.target_id, hold_s)
-        self.reconcile(now_s)
+            "chain %d v%d: target %d (node %d) cannot reach target %d (node %d, %s from mgmtd, reported %.2fs ago)%s: "
+            "fencing target %d for %.1fs", rep.chain_id, r.chain_version, r.reporter_target, r.reporter_node,
+            r.suspect_target, sus.node_id, "reachable" if r.suspect_reachable else "unreachable",
+            now_s - r.received_s, f"; the reporter also accused nodes {others}" if blamed is rep else "",
+            blamed.target_id, hold_s)
         return blamed.target_id
 
     def _alive(self, node_id: int) -> bool:

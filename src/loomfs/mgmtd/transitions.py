@@ -25,10 +25,14 @@ The rules (docs/fault-tolerance.md has them as a table):
 Routing order: serving (keeping their order: the head stays the head), syncing, waiting,
 lastsrv, offline. Writes flow through serving then syncing members, so the syncing target is
 the write tail and the last serving one its predecessor (the resync source).
+
+``pick_suspicion`` is the other per-chain rule: which of the chain's pending
+"successor unreachable" reports to act on, and when (position-aware blame, below).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 
 from loomfs.wire.types import TargetState
@@ -183,3 +187,47 @@ def plan_chain(
         _step_states(ms, reasons)
     ms.sort(key=lambda m: _ORDER[m.state])  # stable: serving keep their order
     return ChainPlan(ms, removed, added, reasons)
+
+
+@dataclass(frozen=True, slots=True)
+class Suspicion:
+    """A chain member's report that its successor does not answer, waiting for a verdict."""
+
+    reporter_node: int
+    reporter_target: int
+    suspect_target: int
+    chain_version: int
+    received_s: float  # when mgmtd got the report (the settle window starts here)
+    suspect_reachable: bool | None = None  # did mgmtd reach the suspect; None: still probing it
+
+
+def pick_suspicion(write_path: Sequence[int], reports: Iterable[Suspicion], *, now_s: float,
+                   settle_s: float) -> Suspicion | None:
+    """The report of one chain to act on now (its suspect is blamed), or None: wait.
+
+    Forwards run head -> tail and every member waits for its successor, so one hung member
+    makes *every* member upstream of it time out at about the same moment, each reporting
+    its own successor: with ``[H, M, T]`` and T hung, H reports M and M reports T. Only the
+    most downstream report names the fault; the ones upstream of it are its echoes. So:
+
+    * only the most downstream report (by its reporter's place on ``write_path``) can be acted
+      on; reports upstream of it wait, and are dropped when the chain changes;
+    * while mgmtd is still probing its suspect, wait (the probe may say it is the culprit);
+    * act at once when mgmtd could not reach the suspect (it is down or cut off: it is the
+      fault whatever lies behind it) or the suspect is the last member of the write path
+      (nothing downstream could be the cause);
+    * otherwise (mgmtd reached it, and it has a successor it may be waiting for) act only
+      after ``settle_s``, which leaves the suspect time to report its own successor, which
+      would move the blame downstream. A suspect that reports nothing in that time is
+      itself the fault (a cut between it and the reporter).
+    """
+    on_path = [r for r in reports if r.reporter_target in write_path and r.suspect_target in write_path]
+    if not on_path:
+        return None
+    last = max(on_path, key=lambda r: (write_path.index(r.reporter_target), r.received_s))
+    if last.suspect_reachable is None:
+        return None
+    nothing_downstream = write_path.index(last.suspect_target) == len(write_path) - 1
+    if not last.suspect_reachable or nothing_downstream or now_s - last.received_s >= settle_s:
+        return last
+    return None
