@@ -371,7 +371,7 @@ def test_old_schema_index_opens_and_reads(tmp_path: Path, direct: bool) -> None:
     _old_target(path, {k: (3, d) for k, d in data.items()}, bad_crc={bad})
     e = FileEngine(path, direct_io=direct)
     try:
-        assert [s.key for s in e.list_chunks()] == [good, bad, grow, cow]
+        assert [(s.key, s.tags) for s in e.list_chunks()] == [(good, ()), (bad, ()), (grow, ()), (cow, ())]
         assert all(read(e, 0, 1 << 20, k) == d for k, d in data.items())  # whole reads: as before
         # first partial read: block CRCs computed from the file, whole CRC checked, row updated
         assert read(e, B + 5, 100, good) == data[good][B + 5 : B + 105]
@@ -394,7 +394,7 @@ def test_old_schema_index_opens_and_reads(tmp_path: Path, direct: bool) -> None:
     finally:
         e.close()
     db = sqlite3.connect(path / "index.sqlite")
-    assert db.execute("PRAGMA user_version").fetchone()[0] == 1
+    assert db.execute("PRAGMA user_version").fetchone()[0] == 2
     rows = dict(db.execute("SELECT idx, blocks IS NOT NULL FROM chunks WHERE inode = 5").fetchall())
     db.close()
     assert rows == {0: 1, 1: 1, 2: 1}

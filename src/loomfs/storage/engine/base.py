@@ -13,6 +13,18 @@ committed version. ``commit`` is the only step that changes what readers see.
 
 Versions: ``stage_*`` takes the update version the chain assigned; it must be newer than the
 committed version. Staging again replaces the pending update (a re-forwarded update).
+
+Request tags (retry dedupe that survives a change of head, as in 3FS): each version carries up to
+``TAGS_MAX`` ``ChunkTag(client_id, request_id, version)``, oldest first, persisted with the
+chunk's metadata on every replica. ``stage_*(..., tags=...)`` gives the complete list the new
+version will carry (the service computes it: the committed list plus the new request's tag, see
+``tags_with``); ``tags=None`` keeps the committed version's list. An engine keeps the newest
+``TAGS_MAX`` of a longer list, and refuses (InvalidArgument) a field outside 0..2**64-1. Tags
+follow their version exactly: ``ChunkState.pending_tags`` shows the pending version's list,
+``ChunkState.tags`` the committed one's; ``commit`` makes the pending list the committed one (in
+the same index row write as the length and CRCs: no extra statement, no extra fsync); ``abort``
+and a crash lose the pending list with the pending update and never the committed one;
+``remove_range`` drops them with the chunk.
 """
 
 from __future__ import annotations
@@ -31,6 +43,7 @@ from loomfs.wire.status import Status
 
 INDEX_END = 1 << 62
 BLOCK_BYTES = 64 << 10  # unit of the per-block CRC32Cs
+TAGS_MAX = 8  # recent request tags kept per chunk version, oldest first
 _ZEROS = bytes(1 << 20)
 
 
@@ -44,6 +57,15 @@ class ChunkKey:
 
 
 @dataclass(frozen=True, slots=True)
+class ChunkTag:
+    """One client request that produced an update: (client, request) -> the version it made."""
+
+    client_id: int
+    request_id: int
+    version: int  # the update version this request produced
+
+
+@dataclass(frozen=True, slots=True)
 class ChunkState:
     """What the engine knows about one chunk (committed part + the pending update, if any)."""
 
@@ -54,6 +76,8 @@ class ChunkState:
     pending_ver: int = 0  # 0 = none
     pending_length: int = 0
     pending_crc: int = 0
+    tags: tuple[ChunkTag, ...] = ()  # the committed version's request tags, oldest first
+    pending_tags: tuple[ChunkTag, ...] = ()  # what the pending version will carry; () = none
 
     @property
     def has_pending(self) -> bool:
@@ -65,6 +89,77 @@ class Usage:
     used_bytes: int = 0
     chunk_count: int = 0
     capacity_bytes: int = 0
+
+
+# ---- request tags: packed as little-endian (u64 client, u64 request, u64 version) triples ---
+_TAG = struct.Struct("<QQQ")
+
+
+def tags_with(tags: tuple[ChunkTag, ...], tag: ChunkTag) -> tuple[ChunkTag, ...]:
+    """``tags`` plus ``tag``, trimmed to the newest TAGS_MAX (the list a new version carries)."""
+    return (*tags[-(TAGS_MAX - 1) :], tag)
+
+
+class TagListCache:
+    """Decoded tag lists by their packed bytes, for the chunks being written now: ``get`` runs
+    several times per write (the service's check, stage, commit) and decoding 8 tags costs ~3 us,
+    while engines keep tags packed (24 bytes a tag). ``encode_tags`` puts the list it was given, so
+    a write decodes nothing. Bounded; the oldest entry goes first. Shared by every engine in the
+    process (entries are immutable, keyed by content); plain dict operations only."""
+
+    def __init__(self, entries_max: int = 4096):
+        self.entries_max = entries_max
+        self._lists: dict[bytes, tuple[ChunkTag, ...]] = {}
+        self.hits = self.misses = 0
+
+    def put(self, packed: bytes, tags: tuple[ChunkTag, ...]) -> None:
+        if packed not in self._lists and len(self._lists) >= self.entries_max:
+            self._lists.pop(next(iter(self._lists)), None)
+        self._lists[packed] = tags
+
+    def decode(self, packed: bytes) -> tuple[ChunkTag, ...]:
+        if not packed:
+            return ()
+        tags = self._lists.get(packed)
+        if tags is not None:
+            self.hits += 1
+            return tags
+        self.misses += 1
+        tags = tuple(ChunkTag(c, r, v) for c, r, v in _TAG.iter_unpack(packed))
+        self.put(packed, tags)
+        return tags
+
+    def __repr__(self) -> str:
+        return f"TagListCache(entries={len(self._lists)}/{self.entries_max} hits={self.hits} misses={self.misses})"
+
+
+TAG_LISTS = TagListCache()
+
+
+def encode_tags(tags: tuple[ChunkTag, ...]) -> bytes:
+    """The newest TAGS_MAX of ``tags``, packed; InvalidArgument on a field outside u64."""
+    if not tags:
+        return b""
+    tags = tuple(tags[-TAGS_MAX:])
+    out = bytearray(_TAG.size * len(tags))
+    try:
+        for i, t in enumerate(tags):
+            _TAG.pack_into(out, _TAG.size * i, t.client_id, t.request_id, t.version)
+    except struct.error as exc:
+        raise InvalidArgument(f"bad request tag in {tags}: {exc}") from exc
+    packed = bytes(out)
+    TAG_LISTS.put(packed, tags)
+    return packed
+
+
+def decode_tags(packed: bytes) -> tuple[ChunkTag, ...]:
+    """Packed tags as ChunkTags (through ``TAG_LISTS``)."""
+    return TAG_LISTS.decode(packed)
+
+
+def tags_ok(packed: bytes) -> bool:
+    """Is this a well-formed packed tag list (as stored)?"""
+    return len(packed) % _TAG.size == 0 and len(packed) <= _TAG.size * TAGS_MAX
 
 
 def crc_zeros(count: int, value: int = 0) -> int:
@@ -372,9 +467,11 @@ class ChunkEngine(ABC):
         *,
         data_crc: int | None = None,
         full_replace: bool = False,
+        tags: tuple[ChunkTag, ...] | None = None,
     ) -> ChunkState:
         """Stage update ``version``: the committed content with ``data`` written at ``offset``
-        (a gap past the end reads as zeros), or exactly ``data`` when ``full_replace``."""
+        (a gap past the end reads as zeros), or exactly ``data`` when ``full_replace``. ``tags``:
+        the request tags the version carries once committed (None: the committed version's)."""
 
     async def aread(self, key: ChunkKey, offset: int, into: memoryview) -> int:
         """``read`` of committed data that may run off the event loop (big disk reads)."""
@@ -389,21 +486,26 @@ class ChunkEngine(ABC):
         *,
         data_crc: int | None = None,
         full_replace: bool = False,
+        tags: tuple[ChunkTag, ...] | None = None,
     ) -> ChunkState:
         """``stage_write`` that may run its disk write off the event loop."""
-        return self.stage_write(key, version, offset, data, data_crc=data_crc, full_replace=full_replace)
+        return self.stage_write(key, version, offset, data, data_crc=data_crc, full_replace=full_replace, tags=tags)
 
     @abstractmethod
-    def stage_truncate(self, key: ChunkKey, version: int, length: int) -> ChunkState:
-        """Stage update ``version``: the committed content cut or zero-extended to ``length``."""
+    def stage_truncate(
+        self, key: ChunkKey, version: int, length: int, *, tags: tuple[ChunkTag, ...] | None = None
+    ) -> ChunkState:
+        """Stage update ``version``: the committed content cut or zero-extended to ``length``
+        (``tags`` as for ``stage_write``)."""
 
     @abstractmethod
     async def commit(self, key: ChunkKey, version: int) -> ChunkState:
-        """Make pending ``version`` the committed one (durably when the engine fsyncs)."""
+        """Make pending ``version`` (and its tags) the committed one (durably when the engine
+        fsyncs)."""
 
     @abstractmethod
     def abort(self, key: ChunkKey) -> None:
-        """Drop the pending update, if any."""
+        """Drop the pending update (and its tags), if any."""
 
     @abstractmethod
     async def remove_range(self, inode: int, index_begin: int = 0, index_end: int = INDEX_END) -> int:

@@ -3,7 +3,8 @@
 Layout of a target directory::
 
     index.sqlite                         committed metadata: (inode, index) -> version, length,
-                                         CRC32C, which data file holds it, block CRC32Cs
+                                         CRC32C, which data file holds it, block CRC32Cs,
+                                         request tags
     chunks/<inode & 0xff>/<inode>.<index>.<file_ver>   chunk data (hex names)
 
 Why SQLite: it is crash-safe (WAL), supports the range deletes and scans that GC and resync
@@ -29,12 +30,21 @@ last block. A partial read of committed data reads the blocks it touches whole (
 straight into the caller's buffer, the edge ones through a reused scratch buffer) and checks
 them; whole-chunk reads are not hashed here (the client checks the whole-chunk CRC).
 
-Schema migration: an index from before block CRCs gets the ``blocks`` column added (NULL on
-every old row = unknown). An unknown chunk gets its block CRCs on first need (a partial read,
-``verify``, a partial update): the whole file is read once, the whole-chunk CRC checked, and the
-block CRCs stored in its row; if the whole-chunk CRC does not match, that read or update fails
-with CHECKSUM_MISMATCH (``verify`` reports every block: a bad chunk, position unknown) and
-nothing is stored. Older code cannot open a migrated index (its ``SELECT *`` sees 7 columns).
+Request tags (see ``base``): the committed version's, packed (``tags`` BLOB of little-endian u64
+(client, request, version) triples, at most ``TAGS_MAX``), in the same row as its length and
+CRCs, so ``commit`` writes them in its one ``INSERT OR REPLACE`` (no extra statement or fsync).
+In memory they stay packed (24 bytes a tag) and are decoded by ``get``. A pending update's tags
+live in memory only, like the rest of it: a crash drops them.
+
+Schema migration (``user_version``; 0: no block CRCs, 1: ``blocks``, 2: ``tags``): each missing
+column is added, NULL on every old row. A NULL ``tags`` is no tags (a version committed before
+tags: its retries are not deduplicated, as before). A NULL ``blocks`` is unknown block CRCs: an
+unknown chunk gets them on first need (a partial read, ``verify``, a partial update): the whole
+file is read once, the whole-chunk CRC checked, and the block CRCs stored in its row; if the
+whole-chunk CRC does not match, that read or update fails with CHECKSUM_MISMATCH (``verify``
+reports every block: a bad chunk, position unknown) and nothing is stored. Code from schema 0
+cannot open a migrated index (its ``SELECT *`` sees 8 columns); code from schema 1 can (it
+names its columns), but its commits write NULL tags.
 """
 
 from __future__ import annotations
@@ -65,6 +75,7 @@ from loomfs.storage.engine.base import (
     ChunkKey,
     ChunkMap,
     ChunkState,
+    ChunkTag,
     Usage,
     bad_blocks,
     block_count,
@@ -73,10 +84,13 @@ from loomfs.storage.engine.base import (
     check_range,
     check_stage_version,
     crc_zeros,
+    decode_tags,
+    encode_tags,
     extend_blocks,
     missing_chunk,
     no_pending,
     restage_blocks,
+    tags_ok,
     unpack_blocks,
 )
 from loomfs.wire.status import Status
@@ -123,15 +137,15 @@ def _pread(fd: int, view: memoryview, pos: int) -> None:
 
 
 _ZERO_MV = memoryview(bytes(SCRATCH_BYTES))
-SCHEMA_VERSION = 1  # 0: no block CRCs; 1: ``blocks`` column
+SCHEMA_VERSION = 2  # 0: no block CRCs; 1: ``blocks`` column; 2: ``tags`` column
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS chunks (
     inode INTEGER NOT NULL, idx INTEGER NOT NULL, commit_ver INTEGER NOT NULL,
     length INTEGER NOT NULL, crc INTEGER NOT NULL, file_ver INTEGER NOT NULL,
-    blocks BLOB,
+    blocks BLOB, tags BLOB,
     PRIMARY KEY (inode, idx)) WITHOUT ROWID
 """
-_COLUMNS = "inode, idx, commit_ver, length, crc, file_ver, blocks"
+_COLUMNS = "inode, idx, commit_ver, length, crc, file_ver, blocks, tags"
 
 
 def _signed(v: int) -> int:
@@ -149,6 +163,7 @@ class _Meta:
     crc: int
     file_ver: int
     blocks: bytes | None  # packed block CRCs; None = not known yet (a row from schema 0)
+    tags: bytes  # packed request tags
 
 
 @dataclass(slots=True)
@@ -160,6 +175,7 @@ class _Pending:
     fd: int
     in_place: bool  # appended to the committed file past its committed length
     blocks: bytes
+    tags: bytes
 
 
 class FileEngine(ChunkEngine):
@@ -201,21 +217,27 @@ class FileEngine(ChunkEngine):
 
     # ---- start-up -----------------------------------------------------------------------
     def _migrate(self) -> None:
-        """Schema 0 -> 1: add the ``blocks`` column; old rows keep NULL (block CRCs unknown,
-        computed and stored on first need)."""
+        """Add the columns an older index lacks; old rows keep NULL. Schema 0 -> 1: ``blocks``
+        (block CRCs unknown, computed and stored on first need); 1 -> 2: ``tags`` (no tags)."""
         columns = {row[1] for row in self._db.execute("PRAGMA table_info(chunks)")}
-        if "blocks" not in columns:
-            self._db.execute("ALTER TABLE chunks ADD COLUMN blocks BLOB")
-            logger.info("engine %s: index migrated to schema %d (per-block CRCs)", self.path, SCHEMA_VERSION)
+        for column, what in (("blocks", "per-block CRCs"), ("tags", "request tags")):
+            if column not in columns:
+                self._db.execute(f"ALTER TABLE chunks ADD COLUMN {column} BLOB")
+                logger.info("engine %s: index migrated: %s column added (%s)", self.path, column, what)
         self._db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
     def _load(self) -> None:
-        unknown = 0
-        for inode, idx, ver, length, crc, file_ver, blocks in self._db.execute(f"SELECT {_COLUMNS} FROM chunks"):
+        unknown = bad_tags = 0
+        rows = self._db.execute(f"SELECT {_COLUMNS} FROM chunks")
+        for inode, idx, ver, length, crc, file_ver, blocks, tags in rows:
             if blocks is not None and len(blocks) != 4 * block_count(length):
                 blocks = None  # malformed: recompute (and check the whole-chunk CRC) on first need
             unknown += blocks is None
-            self._meta.put(_unsigned(inode), idx, _Meta(ver, length, crc, file_ver, blocks))
+            if tags is None:
+                tags = b""  # committed before tags
+            elif not tags_ok(tags):
+                tags, bad_tags = b"", bad_tags + 1  # malformed: no dedupe for this version
+            self._meta.put(_unsigned(inode), idx, _Meta(ver, length, crc, file_ver, blocks, tags))
             self._used_bytes += length
         orphans = 0
         for bucket in self._chunks_dir.iterdir():
@@ -231,6 +253,8 @@ class FileEngine(ChunkEngine):
                     orphans += 1
         logger.info("engine %s: %d chunks (%d without block CRCs yet), %d bytes, %d orphan files removed",
                     self.path, len(self._meta), unknown, self._used_bytes, orphans)
+        if bad_tags:
+            logger.warning("engine %s: %d index rows had malformed request tags (dropped)", self.path, bad_tags)
 
     # ---- files --------------------------------------------------------------------------
     def _file(self, key: ChunkKey, file_ver: int) -> Path:
@@ -350,6 +374,8 @@ class FileEngine(ChunkEngine):
             pending_ver=p.ver if p else 0,
             pending_length=p.length if p else 0,
             pending_crc=p.crc if p else 0,
+            tags=decode_tags(m.tags) if m else (),
+            pending_tags=decode_tags(p.tags) if p else (),
         )
 
     def read(self, key: ChunkKey, offset: int, into: memoryview, *, pending: bool = False) -> int:
@@ -472,6 +498,13 @@ class FileEngine(ChunkEngine):
         self.abort(key)
         return self._m(key)
 
+    def _new_tags(self, key: ChunkKey, tags: tuple[ChunkTag, ...] | None) -> bytes:
+        """The packed tags a staged version carries (checked before anything changes)."""
+        if tags is not None:
+            return encode_tags(tags)
+        m = self._m(key)
+        return m.tags if m is not None else b""
+
     def _stage(self, key: ChunkKey, p: _Pending) -> ChunkState:
         self._pending[key] = p
         st = self.get(key)
@@ -487,8 +520,10 @@ class FileEngine(ChunkEngine):
         *,
         data_crc: int | None = None,
         full_replace: bool = False,
+        tags: tuple[ChunkTag, ...] | None = None,
     ) -> ChunkState:
         check_range(offset, len(data))
+        packed = self._new_tags(key, tags)
         m = self._begin(key, version)
         n = len(data)
         committed_len = m.length if m else 0
@@ -500,7 +535,7 @@ class FileEngine(ChunkEngine):
                 self._drop_new(key, version, fd)
                 raise
             crc = data_crc if data_crc is not None else crc32c.crc32c(data)
-            return self._stage(key, _Pending(version, n, crc, version, fd, False, blocks))
+            return self._stage(key, _Pending(version, n, crc, version, fd, False, blocks, packed))
         if m is not None and offset >= committed_len:  # append (maybe past a gap), in place
             old_blocks = self._known_blocks(key, m)
             fd = os.open(self._file(key, m.file_ver), os.O_RDWR)
@@ -513,7 +548,7 @@ class FileEngine(ChunkEngine):
                 raise
             crc = crc32c.crc32c(data, crc_zeros(offset - committed_len, m.crc))
             blocks = extend_blocks(old_blocks, committed_len, offset + n, data, offset)
-            return self._stage(key, _Pending(version, offset + n, crc, m.file_ver, fd, True, blocks))
+            return self._stage(key, _Pending(version, offset + n, crc, m.file_ver, fd, True, blocks, packed))
         old_blocks = self._known_blocks(key, m) if m is not None else b""
         fd = self._create(key, version)
         try:
@@ -538,10 +573,13 @@ class FileEngine(ChunkEngine):
         except BaseException:
             self._drop_new(key, version, fd)
             raise
-        return self._stage(key, _Pending(version, length, crc, version, fd, False, blocks))
+        return self._stage(key, _Pending(version, length, crc, version, fd, False, blocks, packed))
 
-    def stage_truncate(self, key: ChunkKey, version: int, length: int) -> ChunkState:
+    def stage_truncate(
+        self, key: ChunkKey, version: int, length: int, *, tags: tuple[ChunkTag, ...] | None = None
+    ) -> ChunkState:
         check_range(0, length)
+        packed = self._new_tags(key, tags)
         m = self._begin(key, version)
         if m is not None and length >= m.length:
             old_blocks = self._known_blocks(key, m)
@@ -554,7 +592,7 @@ class FileEngine(ChunkEngine):
                 raise
             crc = crc_zeros(length - m.length, m.crc)
             blocks = extend_blocks(old_blocks, m.length, length, b"", length)
-            return self._stage(key, _Pending(version, length, crc, m.file_ver, fd, True, blocks))
+            return self._stage(key, _Pending(version, length, crc, m.file_ver, fd, True, blocks, packed))
         old_blocks = self._known_blocks(key, m) if m is not None else b""
         fd = self._create(key, version)
         try:
@@ -571,7 +609,7 @@ class FileEngine(ChunkEngine):
         except BaseException:
             self._drop_new(key, version, fd)
             raise
-        return self._stage(key, _Pending(version, length, crc, version, fd, False, blocks))
+        return self._stage(key, _Pending(version, length, crc, version, fd, False, blocks, packed))
 
     def _write_whole(self, key: ChunkKey, file_ver: int, fd: int, data: memoryview | bytes) -> bytes:
         """Write a whole new chunk file; returns its block CRCs. A big chunk is hashed on the
@@ -666,13 +704,15 @@ class FileEngine(ChunkEngine):
         *,
         data_crc: int | None = None,
         full_replace: bool = False,
+        tags: tuple[ChunkTag, ...] | None = None,
     ) -> ChunkState:
         m = self._m(key)
         committed_len = m.length if m else 0
         whole = full_replace or (offset == 0 and len(data) >= committed_len)
         if not whole or len(data) < OFFLOAD_MIN_BYTES:
-            return self.stage_write(key, version, offset, data, data_crc=data_crc, full_replace=full_replace)
+            return self.stage_write(key, version, offset, data, data_crc=data_crc, full_replace=full_replace, tags=tags)
         check_range(offset, len(data))
+        packed = self._new_tags(key, tags)
         self._begin(key, version)
         fd = self._create(key, version)
         try:
@@ -683,7 +723,7 @@ class FileEngine(ChunkEngine):
             self._drop_new(key, version, fd)
             raise
         crc = data_crc if data_crc is not None else crc32c.crc32c(data)
-        return self._stage(key, _Pending(version, len(data), crc, version, fd, False, blocks))
+        return self._stage(key, _Pending(version, len(data), crc, version, fd, False, blocks, packed))
 
     def _direct_fd(self, key: ChunkKey, file_ver: int) -> int:
         ck = (key, file_ver)
@@ -718,8 +758,8 @@ class FileEngine(ChunkEngine):
         if fsync:
             os.fsync(p.fd)
         self._db.execute(
-            f"INSERT OR REPLACE INTO chunks ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?)",
-            (_signed(key.inode), key.index, p.ver, p.length, p.crc, p.file_ver, p.blocks),
+            f"INSERT OR REPLACE INTO chunks ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            (_signed(key.inode), key.index, p.ver, p.length, p.crc, p.file_ver, p.blocks, p.tags),
         )
 
     async def commit(self, key: ChunkKey, version: int) -> ChunkState:
@@ -742,7 +782,7 @@ class FileEngine(ChunkEngine):
                 self._forget_fd(key, old.file_ver)
                 self._file(key, old.file_ver).unlink(missing_ok=True)
         self._used_bytes += p.length
-        self._meta.put(key.inode, key.index, _Meta(p.ver, p.length, p.crc, p.file_ver, p.blocks))
+        self._meta.put(key.inode, key.index, _Meta(p.ver, p.length, p.crc, p.file_ver, p.blocks, p.tags))
         self._cache_fd((key, p.file_ver), p.fd)
         st = self.get(key)
         assert st is not None

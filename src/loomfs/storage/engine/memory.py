@@ -4,6 +4,7 @@ Block CRCs follow the file engine's rules exactly (the same helpers from ``base`
 write hashes every block, an append continues the old last block's CRC, an overwrite or a
 shrinking truncate recomputes only the blocks it touches from the new bytes. So ``corrupt`` (bit
 rot for tests) is caught by partial reads and ``verify`` just as a flipped byte on disk is.
+Request tags are kept packed, as the file engine keeps them, and follow their version.
 """
 
 from __future__ import annotations
@@ -21,12 +22,15 @@ from loomfs.storage.engine.base import (
     ChunkKey,
     ChunkMap,
     ChunkState,
+    ChunkTag,
     Usage,
     bad_blocks,
     block_crcs_of,
     check_blocks,
     check_range,
     check_stage_version,
+    decode_tags,
+    encode_tags,
     extend_blocks,
     missing_chunk,
     no_pending,
@@ -41,6 +45,7 @@ class _Version:
     data: bytearray
     crc: int
     blocks: bytes  # packed block CRCs
+    tags: bytes  # packed request tags
 
 
 @dataclass(slots=True)
@@ -68,6 +73,8 @@ class MemoryEngine(ChunkEngine):
             pending_ver=p.ver if p else 0,
             pending_length=len(p.data) if p else 0,
             pending_crc=p.crc if p else 0,
+            tags=decode_tags(c.tags) if c else (),
+            pending_tags=decode_tags(p.tags) if p else (),
         )
 
     def get(self, key: ChunkKey) -> ChunkState | None:
@@ -100,9 +107,15 @@ class MemoryEngine(ChunkEngine):
         return bad_blocks(v.blocks, block_crcs_of(v.data))
 
     # ---- updates ----------------------------------------------------------------------
-    def _stage(self, key: ChunkKey, version: int, data: bytearray, blocks: bytes) -> ChunkState:
+    def _stage(
+        self, key: ChunkKey, version: int, data: bytearray, blocks: bytes, tags: tuple[ChunkTag, ...] | None
+    ) -> ChunkState:
         check_stage_version(self.get(key), key, version)
         slot = self._slots.get(key.inode, key.index)
+        if tags is not None:
+            packed = encode_tags(tags)
+        else:
+            packed = slot.committed.tags if slot is not None and slot.committed is not None else b""
         if slot is None:
             slot = _Slot()
             self._slots.put(key.inode, key.index, slot)
@@ -111,7 +124,7 @@ class MemoryEngine(ChunkEngine):
             if slot.committed is None and slot.pending is None:
                 self._slots.pop(key.inode, key.index)
             raise NoSpace(f"memory engine full ({self.capacity_bytes} bytes)")
-        slot.pending = _Version(version, data, crc32c.crc32c(data), blocks)
+        slot.pending = _Version(version, data, crc32c.crc32c(data), blocks, packed)
         return self._state(key, slot)
 
     def _committed_of(self, key: ChunkKey) -> tuple[bytearray, bytes]:
@@ -128,35 +141,38 @@ class MemoryEngine(ChunkEngine):
         *,
         data_crc: int | None = None,
         full_replace: bool = False,
+        tags: tuple[ChunkTag, ...] | None = None,
     ) -> ChunkState:
         check_range(offset, len(data))
         base, old_blocks = self._committed_of(key)
         old_len, n = len(base), len(data)
         if full_replace or (offset == 0 and n >= old_len):
             new = bytearray(data)
-            return self._stage(key, version, new, block_crcs_of(new))
+            return self._stage(key, version, new, block_crcs_of(new), tags)
         if offset >= old_len:  # append / write past the end: the old last block's CRC continues
             base.extend(bytes(offset - old_len))
             base += data
-            return self._stage(key, version, base, extend_blocks(old_blocks, old_len, offset + n, data, offset))
+            return self._stage(key, version, base, extend_blocks(old_blocks, old_len, offset + n, data, offset), tags)
         base[offset : offset + n] = data
         view = memoryview(base)
         blocks = restage_blocks(old_blocks, old_len, len(base), offset, offset + n,
                                 lambda i, s, e: crc32c.crc32c(view[s:e]))
-        return self._stage(key, version, base, blocks)
+        return self._stage(key, version, base, blocks, tags)
 
-    def stage_truncate(self, key: ChunkKey, version: int, length: int) -> ChunkState:
+    def stage_truncate(
+        self, key: ChunkKey, version: int, length: int, *, tags: tuple[ChunkTag, ...] | None = None
+    ) -> ChunkState:
         check_range(0, length)
         base, old_blocks = self._committed_of(key)
         old_len = len(base)
         if length >= old_len:
             base.extend(bytes(length - old_len))
-            return self._stage(key, version, base, extend_blocks(old_blocks, old_len, length, b"", length))
+            return self._stage(key, version, base, extend_blocks(old_blocks, old_len, length, b"", length), tags)
         del base[length:]
         view = memoryview(base)
         blocks = restage_blocks(old_blocks, old_len, length, length, length,
                                 lambda i, s, e: crc32c.crc32c(view[s:e]))
-        return self._stage(key, version, base, blocks)
+        return self._stage(key, version, base, blocks, tags)
 
     async def commit(self, key: ChunkKey, version: int) -> ChunkState:
         slot = self._slots.get(key.inode, key.index)
