@@ -100,17 +100,48 @@ def test_head_reforwards_leftover_pending_first() -> None:
     assert acts == [Reforward(4, 201), Apply(5, 201)]
 
 
-def test_single_replaces_leftover_pending() -> None:
-    assert on_update(ROLES[Role.SINGLE], Versions(3, 4), UpdateIn(V)) == [Apply(4, None)]
+def test_single_commits_leftover_pending() -> None:
+    """Issue 8 defect 3: the only member holding a leftover pending version commits it (the
+    old tail may have committed and served it) before assigning the next version."""
+    assert on_update(ROLES[Role.SINGLE], Versions(3, 4), UpdateIn(V)) == [Reforward(4, None), Apply(5, None)]
+
+
+def test_client_retry_dedupe_by_chunk_tags() -> None:
+    """Issue 8 defect 4: a retried request whose tag is on the chunk is not applied again."""
+    head = ROLES[Role.HEAD]
+    assert on_update(head, Versions(3), UpdateIn(V, seen=chain.TagSeen.COMMITTED)) == [AckCommitted(3)]
+    # on the pending version: push it down, then answer (never a second version)
+    assert on_update(head, Versions(3, 4), UpdateIn(V, seen=chain.TagSeen.PENDING)) == [
+        Reforward(4, 201), AckCommitted(4)]
+    assert on_update(ROLES[Role.SINGLE], Versions(3, 4), UpdateIn(V, seen=chain.TagSeen.PENDING)) == [
+        Reforward(4, None), AckCommitted(4)]
+
+
+@pytest.mark.parametrize("role", [Role.MIDDLE, Role.TAIL])
+def test_duplicate_with_other_content_is_refused(role: Role) -> None:
+    """Issue 8 defect 1: a forwarded "duplicate" is acked only when its content matches."""
+    p = ROLES[role]
+    local = Versions(5, 0, length=100, crc=0xAB)
+    assert on_update(p, local, UpdateIn(V, True, 5, expect_length=100, expect_crc=0xAB)) == [AckCommitted(5)]
+    bad = on_update(p, local, UpdateIn(V, True, 5, expect_length=100, expect_crc=0xCD))
+    assert isinstance(bad[0], Refuse) and bad[0].status is Status.VERSION_MISMATCH
+    # the sender's whole-chunk replace repairs it in place
+    succ = p.successor
+    assert on_update(p, local, UpdateIn(V, True, 5, True, expect_length=100, expect_crc=0xCD)) == [
+        Apply(5, succ, repair=True)]
+    # never backwards
+    old = on_update(p, local, UpdateIn(V, True, 4, True, expect_length=100, expect_crc=0xAB))
+    assert isinstance(old[0], Refuse) and old[0].status is Status.VERSION_MISMATCH
 
 
 @pytest.mark.parametrize("role", [Role.MIDDLE, Role.TAIL])
 def test_forwarded_rules(role: Role) -> None:
     p = ROLES[role]
     succ = 301 if role is Role.MIDDLE else None
-    # duplicates (already committed) are acked idempotently
-    for ver in (1, 5):
-        assert on_update(p, Versions(5), UpdateIn(V, True, ver)) == [AckCommitted(5)]
+    # a duplicate of the committed version is acked idempotently; an older one is refused
+    assert on_update(p, Versions(5), UpdateIn(V, True, 5)) == [AckCommitted(5)]
+    old = on_update(p, Versions(5), UpdateIn(V, True, 1))
+    assert isinstance(old[0], Refuse) and old[0].status is Status.VERSION_MISMATCH
     # the next version applies, pending or not (a re-forward replaces the pending update)
     assert on_update(p, Versions(5), UpdateIn(V, True, 6)) == [Apply(6, succ)]
     assert on_update(p, Versions(5, 6), UpdateIn(V, True, 6)) == [Apply(6, succ)]
@@ -137,11 +168,11 @@ def test_exhaustive_update_invariants() -> None:
             continue
         assert len(applies) == 1 and acts[-1] is applies[0]
         a = applies[0]
-        assert a.update_ver > committed
+        assert a.update_ver > committed or (a.repair and a.update_ver == committed)
         assert a.successor == p.successor
         if not forwarded:
             assert p.is_head
-            assert a.update_ver == max(committed, local.pending_ver) + 1 or role is Role.SINGLE
+            assert a.update_ver == max(committed, local.pending_ver) + 1
         else:
             assert a.update_ver == upd
         for r in acts[:-1]:
@@ -155,7 +186,7 @@ def test_reads(role: Role) -> None:
     assert on_read(p, Versions(0), ReadIn(V)) == Serve()  # missing chunk: served as "not exists"
     r = on_read(p, Versions(3, 4), ReadIn(V))
     if p.is_tail:
-        assert r == Serve()  # the tail's committed version is the truth
+        assert r == chain.Settle(4)  # issue 8 defect 3: commit the leftover, then serve
     else:
         assert isinstance(r, Refuse) and r.status is Status.NOT_COMMITTED
 

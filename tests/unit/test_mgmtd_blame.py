@@ -43,10 +43,11 @@ def _report(st: ClusterState, reporter: int, suspect: int, *, reachable: bool, n
 
 
 def _tick(st: ClusterState, now_s: float, *, silent: tuple[int, ...] = ()) -> None:
-    """Every node but ``silent`` heartbeats (a gray failure still heartbeats), then mgmtd ticks."""
+    """Every node but ``silent`` heartbeats (a gray failure still heartbeats), saying it stopped
+    serving what mgmtd revoked (the fence applies then), then mgmtd ticks."""
     for n in st.nodes:
         if n not in silent:
-            st.heartbeat(n, [], now_s)
+            st.heartbeat(n, [], now_s, revoked_acked=st.revoked_targets(n))
     st.tick(now_s)
 
 
@@ -71,6 +72,7 @@ def test_hung_tail_head_report_first_fences_the_tail_not_the_middle(tail_answers
     _never_fenced(st, m)
     # M's report about T: T is the last on the write path, so it is decided at once
     assert _report(st, m, t, reachable=tail_answers_probe, now_s=1.3) == t
+    _tick(st, 1.35)  # T's node says it stopped serving T: the chain changes
     assert st.chains[1].version > v
     assert st.chains[1].targets == [h, m, t] and st.targets[t].state == S.OFFLINE
     # H's report was upstream of M's: dropped with the old chain version, never acted on
@@ -120,6 +122,7 @@ def test_probe_that_never_finishes_stops_holding_after_a_lease() -> None:
     _tick(st, 1.9)
     _never_fenced(st, m)
     _tick(st, 2.1)  # M's report is forgotten after a lease: H's report is the one left, and due
+    _tick(st, 2.2)
     assert st.targets[m].state == S.OFFLINE
 
 
@@ -131,6 +134,7 @@ def test_cut_middle_that_reports_nothing_is_fenced_after_the_settle_window() -> 
     _tick(st, 1.0 + SETTLE_S - 0.1)
     assert st.chains[1].version == v
     _tick(st, 1.0 + SETTLE_S + 0.1)
+    _tick(st, 1.0 + SETTLE_S + 0.2)
     assert st.chains[1].version > v
     assert st.targets[m].state == S.OFFLINE and st.targets[m].fence_count == 1
     assert st.chains[1].targets == [h, t, m]
@@ -156,6 +160,7 @@ def test_four_member_chain_with_a_gray_third_member() -> None:
     _tick(st, 1.0 + SETTLE_S + 0.05)  # A's window is over, but B's (downstream) is not
     _never_fenced(st, b, c)
     _tick(st, 1.1 + SETTLE_S + 0.05)
+    _tick(st, 1.1 + SETTLE_S + 0.1)
     assert st.targets[c].state == S.OFFLINE
     _never_fenced(st, a, b, d)
     assert st.chains[1].targets == [a, b, d, c]
@@ -267,6 +272,10 @@ def test_service_reports_pending_then_tick_decides() -> None:
     first, second = asyncio.run(scenario())
     assert first.fenced_target_id == 0
     assert second.fenced_target_id == t
+    assert st.targets[t].state == S.SERVING and st.revoked_targets(3) == [t]  # T's node may still serve
+    clock.advance(0.2)
+    st.heartbeat(3, [], clock.monotonic(), revoked_acked=[t])
+    svc.tick()
     assert st.targets[t].state == S.OFFLINE
     _never_fenced(st, h, m)
     clock.advance(2.0)

@@ -19,8 +19,9 @@ def _cluster(nodes: int = 4, lease_s: float = 1.0) -> ClusterState:
 
 
 def _heartbeat_all(st: ClusterState, now_s: float) -> None:
+    """Every node heartbeats, saying it stopped serving what mgmtd revoked; mgmtd ticks."""
     for n in st.nodes:
-        st.heartbeat(n, [], now_s)
+        st.heartbeat(n, [], now_s, revoked_acked=st.revoked_targets(n))
     st.tick(now_s)
 
 
@@ -40,7 +41,9 @@ def test_suspect_is_fenced_then_rejoins_at_the_tail_and_resyncs() -> None:
     assert chain.version == v
     st.tick(0.5)
     assert chain.version == v and st.targets[succ].state == S.SERVING
-    st.tick(0.65)
+    st.tick(0.65)  # decided: the successor's node is told to stop serving it ...
+    assert chain.version == v and st.revoked_targets(succ // 1000) == [succ]
+    _heartbeat_all(st, 0.66)  # ... and says it did: only now does the chain change
     assert chain.version > v
     assert chain.targets == [head, tail, succ] and st.targets[succ].state == S.OFFLINE
     # a duplicate report for the old version does nothing
@@ -65,12 +68,14 @@ def test_reporter_that_accuses_two_reachable_nodes_is_fenced_itself() -> None:
     assert st.report_unreachable(reporter_node=a // 1000, reporter_target=a, suspect_target=b, chain_id=1,
                                  chain_version=chain.version, suspect_reachable=True, now_s=0.1) == 0
     st.tick(0.65)  # settled: b never reported its own successor, so b is blamed
+    _heartbeat_all(st, 0.66)  # b's node stopped serving it
     assert st.targets[b].state == S.OFFLINE
     # the new successor of a is c3 (now the last on the write path: no settling): a cannot
     # reach it either, and mgmtd can: a is the problem
     assert chain.targets[:2] == [a, c3]
     assert st.report_unreachable(reporter_node=a // 1000, reporter_target=a, suspect_target=c3, chain_id=1,
                                  chain_version=chain.version, suspect_reachable=True, now_s=0.7) == a
+    _heartbeat_all(st, 0.75)
     assert st.targets[a].state == S.OFFLINE
     assert [t for t in chain.targets if st.targets[t].state == S.SERVING] == [c3]
 
@@ -85,6 +90,11 @@ def test_suspect_mgmtd_cannot_reach_never_blames_the_reporter() -> None:
                                  chain_version=chain.version, suspect_reachable=False, now_s=0.1) == b
     assert st.report_unreachable(reporter_node=a // 1000, reporter_target=a, suspect_target=c3, chain_id=1,
                                  chain_version=chain.version, suspect_reachable=False, now_s=0.2) == c3
+    # their nodes said nothing since 0.0: their leases may run until 1.0, then they are dead
+    st.heartbeat(a // 1000, [], 0.9)  # the survivor keeps heartbeating
+    st.tick(0.9)
+    assert chain.targets == [a, b, c3] and st.targets[b].state == S.SERVING
+    st.tick(1.05)
     assert st.targets[a].state == S.SERVING
     assert [t for t in chain.targets if st.targets[t].state == S.SERVING] == [a]
 
@@ -115,6 +125,8 @@ def test_repeated_fences_double_the_hold() -> None:
                                      chain_id=1, chain_version=chain.version, suspect_reachable=False,
                                      now_s=now) == b
         holds.append(st.targets[b].fenced_until_s - now)
+        _heartbeat_all(st, now + 0.05)  # b's node stopped serving it: out of the chain
+        assert st.targets[b].state == S.OFFLINE
         now = st.targets[b].fenced_until_s + 0.01
         _heartbeat_all(st, now)  # back as syncing: write tail again
         assert st.targets[b].state == S.SYNCING

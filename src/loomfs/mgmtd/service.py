@@ -52,9 +52,11 @@ class MgmtdService:
 
     @handles(w.HEARTBEAT)
     async def heartbeat(self, req: w.HeartbeatReq, ctx: CallContext) -> w.HeartbeatRsp:
-        self.state.heartbeat(req.node_id, req.targets, self.clock.monotonic())
+        revoked = self.state.heartbeat(req.node_id, req.targets, self.clock.monotonic(),
+                                       revoked_acked=req.revoked_targets, routing_version=req.routing_version)
         self.persist()
-        return w.HeartbeatRsp(routing_version=self.state.version, lease_s=self.state.lease_s)
+        return w.HeartbeatRsp(routing_version=self.state.version, lease_s=self.state.lease_s,
+                              revoked_targets=revoked)
 
     @handles(w.GET_ROUTING)
     async def get_routing(self, req: w.GetRoutingReq, ctx: CallContext) -> w.GetRoutingRsp:

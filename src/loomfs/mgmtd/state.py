@@ -32,7 +32,7 @@ import logging
 from dataclasses import dataclass, field
 
 from loomfs.errors import InvalidArgument, StatusError
-from loomfs.mgmtd.transitions import Member, Suspicion, pick_suspicion, plan_chain
+from loomfs.mgmtd.transitions import ChainPlan, Member, Suspicion, pick_suspicion, plan_chain
 from loomfs.wire.status import Status
 from loomfs.wire.types import (
     ChainInfo,
@@ -80,6 +80,12 @@ class TargetRecord:
     sync_bytes_left: int = 0
     restarted: bool = False  # its process re-registered; consumed by the next reconcile
     fenced_until_s: float = 0.0  # monotonic: reported unreachable, kept out of its chain until then
+    # a SERVING target of a live node is leaving its chain: the change waits until the node said
+    # it stopped serving it (revoke_acked) or the lease granted before ran out (revoke_deadline_s);
+    # revoke_version is the routing version that took it out (dropped once the node has it)
+    revoke_deadline_s: float = 0.0
+    revoke_acked: bool = False
+    revoke_version: int = 0
     fence_count: int = 0  # fences in a row (each doubles the hold); reset after a quiet period
     last_fence_s: float = 0.0
 
@@ -164,16 +170,31 @@ class ClusterState:
                     raise StatusError(Status.EEXIST, f"target {t.target_id} belongs to node {tr.node_id}")
                 tr.used_bytes, tr.capacity_bytes, tr.chunk_count = t.used_bytes, t.capacity_bytes, t.chunk_count
                 tr.restarted = tr.chain_id != 0
+                tr.revoke_deadline_s, tr.revoke_acked, tr.revoke_version = 0.0, False, 0  # a new process
         changed |= self.reconcile(now_s, bump=False)
         if changed:
             self._bump()
         return node_id
 
-    def heartbeat(self, node_id: int, targets: list[TargetInfo], now_s: float) -> None:
+    def heartbeat(self, node_id: int, targets: list[TargetInfo], now_s: float, *,
+                  revoked_acked: list[int] | None = None, routing_version: int = 0) -> list[int]:
+        """A storage node is alive. ``revoked_acked``: targets it has stopped serving, as an
+        earlier reply asked; ``routing_version``: the routing it serves by. Returns the targets
+        it must stop serving now (the reply carries them with the new lease)."""
         rec = self.nodes.get(node_id)
         if rec is None:
             raise StatusError(Status.ENOENT, f"node {node_id} is not registered")
         rec.last_heartbeat_s = now_s
+        acked = False
+        for tid in revoked_acked or ():
+            tr = self.targets.get(tid)
+            if tr is not None and tr.node_id == node_id and tr.revoke_deadline_s and not tr.revoke_acked:
+                tr.revoke_acked = acked = True
+        for tr in self.targets.values():
+            if tr.node_id == node_id and tr.revoke_version and routing_version >= tr.revoke_version:
+                tr.revoke_deadline_s, tr.revoke_acked, tr.revoke_version = 0.0, False, 0
+        if acked and self.reconcile(now_s, bump=False):
+            self._bump()
         if rec.state != NodeState.ALIVE:
             rec.state = NodeState.ALIVE
             logger.info("node %d is back", rec.node_id)
@@ -186,6 +207,41 @@ class ClusterState:
                 if usage != (tr.used_bytes, tr.capacity_bytes, tr.chunk_count):
                     tr.used_bytes, tr.capacity_bytes, tr.chunk_count = usage
                     self._routing_cache = None  # usage is not a routing change: no version bump
+        return self.revoked_targets(node_id)
+
+    def revoked_targets(self, node_id: int) -> list[int]:
+        return sorted(t.target_id for t in self.targets.values() if t.node_id == node_id and t.revoke_deadline_s)
+
+    def _revocation_holds(self, chain: ChainRecord, plan: ChainPlan, now_s: float) -> bool:
+        """Whether ``plan`` must wait: it takes a SERVING target of a live node out of service,
+        and that node may still serve reads under the lease it holds (with routing that says
+        the target is the tail, while the new tail commits newer versions). The node is told
+        to stop (heartbeat replies list the target) and the plan applies once it said it did,
+        or once the lease granted before the revocation has run out."""
+        after = {m.target_id: m.state for m in plan.members}
+        held = False
+        for x in chain.targets:
+            t = self.targets[x]
+            leaving = t.state == TargetState.SERVING and after.get(x) != TargetState.SERVING \
+                and not t.restarted and self._alive(t.node_id)
+            if not leaving:
+                if t.revoke_deadline_s and not t.revoke_version:
+                    t.revoke_deadline_s, t.revoke_acked = 0.0, False  # not leaving after all
+                continue
+            if not t.revoke_deadline_s:
+                t.revoke_deadline_s = self.nodes[t.node_id].last_heartbeat_s + self.lease_s
+                t.revoke_acked = False
+                logger.info("chain %d v%d: target %d leaves while its node %d is alive: revoking it first "
+                            "(at most %.2fs)", chain.chain_id, chain.version, x, t.node_id,
+                            max(0.0, t.revoke_deadline_s - now_s))
+            if not (t.revoke_acked or now_s >= t.revoke_deadline_s):
+                held = True
+        if not held:
+            for x in chain.targets:
+                t = self.targets[x]
+                if t.revoke_deadline_s and not t.revoke_version:
+                    t.revoke_version = self.version + 1  # the bump that publishes this change
+        return held
 
     def tick(self, now_s: float) -> bool:
         """Mark nodes silent for longer than the lease dead, decide unreachability reports whose
@@ -391,6 +447,8 @@ class ClusterState:
             table = self.tables.get(chain.table_id)
             plan = plan_chain(members, spares=spares, replicas=table.replicas if table else 0, now_s=now_s,
                               replace_after_s=self.replace_after_s, node_load=load)
+            if self._revocation_holds(chain, plan, now_s):
+                continue
             for x in chain.targets:
                 self.targets[x].restarted = False
             for tid in plan.removed:

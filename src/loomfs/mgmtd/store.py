@@ -47,6 +47,9 @@ class MgmtdStore:
                 if t.fenced_until_s:
                     t.fenced_until_s = now_s + state.unreachable_hold_s
                     t.last_fence_s = now_s
+                if t.revoke_deadline_s:  # leases granted by the last incarnation may still run
+                    t.revoke_deadline_s = now_s + state.lease_s
+                    t.revoke_acked = False
             elif kind == "chain":
                 state.chains[v["chain_id"]] = ChainRecord(**v)
             elif kind == "table":

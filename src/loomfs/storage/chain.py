@@ -4,14 +4,24 @@ The service feeds each request (with this replica's position in the chain and th
 local versions) to these functions and executes what comes back. Rules (DESIGN.md §4):
 
 * every hop checks the chain version; a client write must reach the head;
-* the head serialises writes per chunk and assigns ``update_ver = committed + 1``; a pending
-  update left behind by a failed forward is pushed down the chain again (whole chunk,
-  ``full_replace``) before a new update, so no version number is ever reused for other data;
-* a forwarded update that is already committed here is acked idempotently; the next version
-  (or a whole-chunk replace) is applied; a gap is a version mismatch (needs resync);
+* the head serialises writes per chunk and assigns ``update_ver = committed + 1``; it stages
+  the update locally *before* forwarding it, so a version that reached a successor always
+  exists at the head too (a failed local stage forwards nothing, and that version number
+  named no content anywhere); a pending update left behind by a failed forward is pushed
+  down the chain again (whole chunk) before a new update, so no version number is ever
+  reused for other data;
+* a client retry whose request tag the chunk already carries is not applied again: a tag on
+  the committed version is answered at once, a tag on the pending version pushes that
+  pending version down the chain (the tags live with the chunk on every replica);
+* a forwarded update carries the chunk's length and CRC as the sender staged it; a "duplicate"
+  (already committed here) with other content, or an update whose result here differs from
+  the sender's, is refused with VERSION_MISMATCH and the sender replaces the whole chunk;
+  an update older than the committed version is refused (never go backwards);
 * every replica but the tail forwards and commits after its successor acked; the tail commits
-  at once;
-* reads: a non-tail replica holding a pending update refuses (the client retries at the tail).
+  at once; a replica that is the tail (or the only member) and holds a leftover pending
+  version commits it before anything else — the old tail may have committed and served it;
+* reads: a non-tail replica holding a pending update refuses (the client retries at the
+  tail); the tail commits a leftover pending version before serving.
 """
 
 from __future__ import annotations
@@ -74,12 +84,22 @@ def position_of(chain_id: int, chain_version: int, serving: list[int] | tuple[in
     return Position(chain_id, chain_version, target_id, tuple(serving))
 
 
+class TagSeen(Enum):
+    """Whether the chunk already carries a client request's tag."""
+
+    NO = "no"
+    COMMITTED = "committed"  # on the committed version: the request was applied
+    PENDING = "pending"  # on the pending version: applied here, not yet committed
+
+
 @dataclass(frozen=True, slots=True)
 class Versions:
-    """The chunk's local versions (0 = none)."""
+    """The chunk's local versions (0 = none) and the committed content's length and CRC."""
 
     commit_ver: int = 0
     pending_ver: int = 0
+    length: int = 0
+    crc: int = 0
 
     @property
     def has_pending(self) -> bool:
@@ -95,6 +115,9 @@ class UpdateIn:
     forwarded: bool = False
     update_ver: int = 0  # forwarded only
     full_replace: bool = False
+    expect_length: int = -1  # forwarded: the chunk as the sender staged it (-1 = not given)
+    expect_crc: int = 0
+    seen: TagSeen = TagSeen.NO  # client requests: is the request tag already on the chunk?
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,19 +142,21 @@ class AckCommitted:
 @dataclass(frozen=True, slots=True)
 class Reforward:
     """Push the leftover pending update ``update_ver`` (whole chunk) to ``successor``, then
-    commit it locally once acked."""
+    commit it locally once acked (``successor`` None: this replica is the tail, commit now)."""
 
     update_ver: int
-    successor: int
+    successor: int | None
 
 
 @dataclass(frozen=True, slots=True)
 class Apply:
     """Stage ``update_ver``; forward to ``successor`` (None = tail: commit at once) and
-    commit after the ack."""
+    commit after the ack. ``repair``: the committed version ``update_ver`` here holds other
+    content than the sender's — replace it (a whole-chunk replace only)."""
 
     update_ver: int
     successor: int | None
+    repair: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,7 +169,15 @@ class Serve:
     pass
 
 
-Action = Refuse | AckCommitted | Reforward | Apply | Commit | Serve
+@dataclass(frozen=True, slots=True)
+class Settle:
+    """A read at the tail found a leftover pending version: commit it (under the chunk lock,
+    deciding again there), then serve."""
+
+    pending_ver: int
+
+
+Action = Refuse | AckCommitted | Reforward | Apply | Commit | Serve | Settle
 
 
 def _check_membership(pos: Position | None, chain_version: int) -> Refuse | None:
@@ -160,7 +193,7 @@ def _check_membership(pos: Position | None, chain_version: int) -> Refuse | None
 
 def on_update(pos: Position | None, local: Versions, ev: UpdateIn) -> list[Action]:
     """Decide what to do with a write/truncate. Returns one Refuse/AckCommitted, or the
-    steps to run in order (at most one Reforward, then one Apply)."""
+    steps to run in order (at most one Reforward, then one Apply or AckCommitted)."""
     refused = _check_membership(pos, ev.chain_version)
     if refused is not None:
         return [refused]
@@ -168,15 +201,32 @@ def on_update(pos: Position | None, local: Versions, ev: UpdateIn) -> list[Actio
     if not ev.forwarded:
         if not pos.is_head:
             return [Refuse(Status.NOT_HEAD, f"target {pos.target_id} is not the head of chain {pos.chain_id}")]
+        if ev.seen is TagSeen.COMMITTED:
+            return [AckCommitted(local.commit_ver)]
         succ = pos.successor
-        if local.has_pending and succ is not None:
-            return [Reforward(local.pending_ver, succ), Apply(local.pending_ver + 1, succ)]
-        # single replica: a leftover pending reached nobody; the new update replaces it
+        if local.has_pending:
+            # push the leftover down (or commit it as the only member: the old tail may have
+            # committed and served it); a retry of the very request it carries ends there
+            first: list[Action] = [Reforward(local.pending_ver, succ)]
+            if ev.seen is TagSeen.PENDING:
+                return [*first, AckCommitted(local.pending_ver)]
+            return [*first, Apply(local.pending_ver + 1, succ)]
         return [Apply(local.commit_ver + 1, succ)]
     if pos.is_head:
         return [Refuse(Status.STALE_CHAIN_VERSION, f"target {pos.target_id} is head of chain {pos.chain_id}: not forwarded to")]
-    if ev.update_ver <= local.commit_ver:
-        return [AckCommitted(local.commit_ver)]
+    if ev.update_ver < local.commit_ver:
+        return [Refuse(Status.VERSION_MISMATCH,
+                       f"update v{ev.update_ver} is older than committed v{local.commit_ver} (never go backwards)")]
+    if ev.update_ver == local.commit_ver:
+        same = ev.expect_length < 0 or (ev.expect_length, ev.expect_crc) == (local.length, local.crc)
+        if same:
+            return [AckCommitted(local.commit_ver)]
+        if ev.full_replace:
+            return [Apply(ev.update_ver, pos.successor, repair=True)]
+        return [Refuse(Status.VERSION_MISMATCH,
+                       f"v{ev.update_ver} is committed here with other content "
+                       f"({local.length} bytes crc {local.crc:08x}, sender {ev.expect_length} bytes "
+                       f"crc {ev.expect_crc:08x})")]
     if ev.update_ver != local.commit_ver + 1 and not ev.full_replace:
         return [
             Refuse(
@@ -215,7 +265,9 @@ def on_read(pos: Position | None, local: Versions, ev: ReadIn) -> Action:
     if refused is not None:
         return refused
     assert pos is not None
-    if local.has_pending and not pos.is_tail:
+    if local.has_pending:
+        if pos.is_tail:
+            return Settle(local.pending_ver)
         return Refuse(
             Status.NOT_COMMITTED,
             f"target {pos.target_id} holds pending v{local.pending_ver} > committed v{local.commit_ver}",

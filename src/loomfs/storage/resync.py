@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from loomfs.common.routing import Routing
 from loomfs.errors import LoomError, StatusError
 from loomfs.storage import chain
+from loomfs.storage.dedupe import pack_tags
 from loomfs.storage.engine.base import ChunkKey, ChunkState
 from loomfs.storage.target import StorageTarget
 from loomfs.wire.mgmtd import SyncReportReq
@@ -229,31 +230,45 @@ class Resyncer:
                 await asyncio.sleep(0.25)
         return False
 
+    async def _check_source(self, job: SyncJob) -> None:
+        """Before each copy: this node still holds its lease, and the routing it has still
+        names this job (a worker mgmtd has replaced must not copy anything)."""
+        svc = self.service
+        svc.check_writable()
+        if job not in sync_jobs(await svc.routing.get(), {job.source}):
+            raise StatusError(Status.STALE_CHAIN_VERSION, f"resync {job}: the chain changed")
+
     async def _sync_chunk(self, job: SyncJob, routing: Routing, target: StorageTarget, key: ChunkKey,
                           remote: ChunkMeta | None) -> int:
         """Make ``dest``'s copy of ``key`` equal ours; returns bytes sent (0: nothing to do)."""
         svc = self.service
         address = routing.address_of(job.dest)
         async with target.locks.hold(key):
+            await self._check_source(job)
             st = target.engine.get(key)
             if st is None or st.commit_ver == 0:
                 if remote is not None:
                     rm = RemoveChunksReq(chain_id=job.chain_id, chain_version=job.chain_version, inode=key.inode,
-                                         index_begin=key.index, index_end=key.index + 1, forwarded=True)
+                                         index_begin=key.index, index_end=key.index + 1, forwarded=True,
+                                         sync=True, from_target=job.source)
                     await svc.rpc.call(address, REMOVE_CHUNKS, rm, timeout_s=svc.forward_timeout_s)
                     self.chunks_removed += 1
                 return 0
             if remote is not None and remote.update_ver <= remote.commit_ver and (
-                    remote.commit_ver, remote.length, remote.crc) == (st.commit_ver, st.length, st.crc):
-                return 0
+                    remote.commit_ver, remote.length, remote.crc, remote.tags) == (
+                    st.commit_ver, st.length, st.crc, pack_tags(st.tags)):
+                return 0  # equal content and equal retry-dedupe state
             buf = svc.pool.acquire(max(1, st.length))
             try:
                 mv = memoryview(buf)[: st.length]
-                n = target.engine.read(key, 0, mv)
+                n = await target.engine.aread(key, 0, mv)  # off the event loop (file engine)
+                st2 = target.engine.get(key)
+                if st2 is None or (st2.commit_ver, st2.crc) != (st.commit_ver, st.crc):
+                    raise StatusError(Status.VERSION_MISMATCH, f"chunk {key} changed while it was read for resync")
                 req = WriteReq(chain_id=job.chain_id, chain_version=job.chain_version,
                                chunk=ChunkId(inode=key.inode, index=key.index), offset=0, length=n,
                                chunk_size=max(n, 1), data_crc=st.crc, forwarded=True, update_ver=st.commit_ver,
-                               full_replace=True, sync=True)
+                               full_replace=True, sync=True, tags=pack_tags(st.tags), from_target=job.source)
                 await svc.rpc.call(address, WRITE, req, payload=mv[:n], payload_crc=st.crc,
                                    timeout_s=svc.forward_timeout_s)
             finally:

@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 
 import crc32c
 
 from loomfs.errors import LoomError
-from loomfs.storage.engine.base import ChunkKey
+from loomfs.storage.engine.base import ChunkKey, ChunkState
 from loomfs.storage.target import StorageTarget
 from loomfs.wire.storage import READ, ChunkId, ReadReq
 from loomfs.wire.types import TargetState
@@ -53,12 +52,12 @@ class Scrubber:
         self._task = asyncio.current_task()
         await asyncio.sleep(self.first_pass_after_s)
         while True:
-            started = time.monotonic()
+            started = self.service.clock.monotonic()
             for target in list(self.service.targets.values()):
                 await self.scrub_target(target)
             self.passes += 1
             logger.info("scrub pass %d: %d chunks checked, %d bad, %d repaired in %.1fs", self.passes,
-                        self.chunks_checked, self.bad_found, self.repaired, time.monotonic() - started)
+                        self.chunks_checked, self.bad_found, self.repaired, self.service.clock.monotonic() - started)
             await asyncio.sleep(self.interval_s)
 
     async def scrub_target(self, target: StorageTarget) -> int:
@@ -105,7 +104,7 @@ class Scrubber:
             try:
                 mv = memoryview(buf)[: st.length]
                 try:
-                    n = target.engine.read(key, 0, mv)
+                    n = await target.engine.aread(key, 0, mv)  # off the event loop (file engine)
                     crc = crc32c.crc32c(mv[:n])
                 except OSError as exc:
                     logger.error("scrub: target %d chunk %s unreadable: %s", target.target_id, key, exc)
@@ -118,15 +117,15 @@ class Scrubber:
                 del self.bad[:-BAD_KEPT_MAX]
                 logger.error("scrub: target %d chunk %s v%d is corrupt (crc %08x, recorded %08x): repairing",
                              target.target_id, key, st.commit_ver, crc & 0xFFFFFFFF, st.crc)
-                if await self._repair(target, key, st.commit_ver, st.length, st.crc, mv):
+                if await self._repair(target, key, st, mv):
                     self.repaired += 1
                 return False, n
             finally:
                 svc.pool.release(buf)
 
-    async def _repair(self, target: StorageTarget, key: ChunkKey, ver: int, length: int, crc: int,
-                      into: memoryview) -> bool:
+    async def _repair(self, target: StorageTarget, key: ChunkKey, st: ChunkState, into: memoryview) -> bool:
         svc = self.service
+        ver, length, crc = st.commit_ver, st.length, st.crc
         try:
             routing = await svc.routing.get()
             chain_id = routing.targets[target.target_id].chain_id
@@ -151,7 +150,7 @@ class Scrubber:
                                rsp.body.commit_ver, ver)
                 continue
             await target.engine.remove_range(key.inode, key.index, key.index + 1)
-            target.engine.stage_write(key, ver, 0, data, data_crc=crc, full_replace=True)
+            target.engine.stage_write(key, ver, 0, data, data_crc=crc, full_replace=True, tags=st.tags)
             await target.engine.commit(key, ver)
             logger.info("scrub: target %d chunk %s v%d repaired from target %d", target.target_id, key, ver, other)
             return True

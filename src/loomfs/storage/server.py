@@ -97,6 +97,8 @@ class StorageNode:
             clock=clock,
         )
         self.service.writable_until_s = 0.0  # not writable before mgmtd granted a lease
+        self.service.readable_until_s = 0.0
+        self.service.ready = False  # nothing served before registration (a restart resyncs first)
         self.resyncer = Resyncer(self.service, self._report_sync, bytes_per_s=config.resync_bytes_per_s)
         self.scrubber = Scrubber(self.service, bytes_per_s=config.scrub_bytes_per_s,
                                  interval_s=config.scrub_interval_s)
@@ -105,6 +107,9 @@ class StorageNode:
         self.server.add_service(self.service)
         self.heartbeat_interval_s = 1.0
         self.lease_s = 5.0
+        self._settling: asyncio.Future[None] | None = None
+        self._ready_at_version = 0  # the routing version registration produced
+        self._settle_again = False
 
     async def start(self) -> Address:
         address = await self.server.start(Address(self.config.host, self.config.port))
@@ -120,7 +125,7 @@ class StorageNode:
 
     def _lease_granted(self, sent_s: float, lease_s: float) -> None:
         self.lease_s = lease_s or self.lease_s
-        self.service.writable_until_s = sent_s + self.lease_s / 2
+        self.service.lease_granted(sent_s, self.lease_s)
 
     async def _call_mgmtd(self, m: Method, req: Message) -> Any:
         """One call to the first mgmtd that answers; the reply's routing version is fetched."""
@@ -166,6 +171,10 @@ class StorageNode:
                 self.heartbeat_interval_s = rsp.heartbeat_interval_s or self.heartbeat_interval_s
                 self._lease_granted(sent_s, rsp.lease_s)
                 await self._refresh_routing(rsp.routing_version)
+                # serve only with the routing this registration produced (mgmtd has moved a
+                # restarted target to the tail of its chain, to be resynced)
+                self._ready_at_version = rsp.routing_version
+                self._mark_ready()
                 return rsp
             attempt += 1
             await asyncio.sleep(REGISTER_RETRY_S)
@@ -180,9 +189,18 @@ class StorageNode:
             logger.warning("routing refresh failed: %s", exc)
             return
         self.resyncer.update(r)
+        self._mark_ready()
+        self._settle_soon()
+
+    def _mark_ready(self) -> None:
+        if self._ready_at_version and self.routing.has_routing and \
+                self.routing.current.version >= self._ready_at_version:
+            self.service.ready = True
 
     async def _heartbeat_once(self) -> None:
-        req = HeartbeatReq(node_id=self.config.node_id, targets=self.service.target_infos(self.config.node_id))
+        req = HeartbeatReq(node_id=self.config.node_id, targets=self.service.target_infos(self.config.node_id),
+                           revoked_targets=sorted(self.service.revoked),
+                           routing_version=self.routing.current.version if self.routing.has_routing else 0)
         for addr in self.mgmtd:
             sent_s = self.clock.monotonic()
             try:
@@ -198,13 +216,34 @@ class StorageNode:
             except (LoomError, OSError) as exc:
                 logger.debug("heartbeat to %s failed: %s", addr, exc)
                 continue
+            if set(rsp.revoked_targets) != self.service.revoked:
+                logger.info("mgmtd revoked targets %s", rsp.revoked_targets)
+            self.service.revoked = set(rsp.revoked_targets)  # before the lease is extended
             self._lease_granted(sent_s, rsp.lease_s)
             await self._refresh_routing(rsp.routing_version)
             if self.routing.has_routing:
                 self.resyncer.update(self.routing.current)  # restarts failed resyncs
+            if self.service.has_leftovers:
+                self._settle_soon()  # retries what the last chain change could not settle
             return
         if self.clock.monotonic() > self.service.writable_until_s:
             logger.warning("no mgmtd reachable for %.1fs: refusing writes", self.lease_s / 2)
+
+    def _settle_soon(self) -> None:
+        """A chain changed: push leftover pending versions down (one task at a time)."""
+        if self._settling is not None and not self._settling.done():
+            self._settle_again = True
+            return
+        self._settle_again = False
+
+        async def settle() -> None:
+            while True:
+                await self.service.settle_leftovers()
+                if not self._settle_again:
+                    return
+                self._settle_again = False
+
+        self._settling = asyncio.ensure_future(settle())
 
     async def heartbeat_loop(self) -> None:
         while True:
@@ -212,6 +251,9 @@ class StorageNode:
             await self._heartbeat_once()
 
     async def close(self) -> None:
+        if self._settling is not None:
+            self._settling.cancel()
+            await asyncio.gather(self._settling, return_exceptions=True)
         if self.metrics is not None:
             await self.metrics.close()
         await self.resyncer.close()

@@ -28,12 +28,17 @@ class RegisterNodeRsp(Message):
 class HeartbeatReq(Message):
     node_id: int = 0
     targets: list[TargetInfo] = many()  # current usage and local state
+    revoked_targets: list[int] = many()  # targets this node has stopped serving (HeartbeatRsp asked)
+    routing_version: int = 0  # the routing this node serves by
 
 
 @message
 class HeartbeatRsp(Message):
     routing_version: int = 0
     lease_s: float = 5.0
+    # targets of this node leaving their chains: stop serving them now (the chain change waits
+    # for the next heartbeat saying so, or for the lease granted before to run out)
+    revoked_targets: list[int] = many()
 
 
 @message

@@ -43,6 +43,14 @@ class WriteReq(Message):
     update_ver: int = 0
     full_replace: bool = False  # resync: payload is the whole chunk at version update_ver
     sync: bool = False  # resync copy: replaces whatever the syncing target holds for the chunk
+    # the chunk as the sender staged it (forwarded updates): a successor whose result differs
+    # (a diverged base, a "duplicate" with other bytes) refuses with VERSION_MISMATCH
+    expect_length: int = -1  # -1 = not given
+    expect_crc: int = 0
+    # whole-chunk replaces and resync copies: the version's request tags, flattened
+    # (client_id, request_id, version) triples; the sender of a resync copy (fencing)
+    tags: list[int] = many()
+    from_target: int = 0
 
 
 @message
@@ -80,6 +88,8 @@ class TruncateReq(Message):
     tag: RequestTag | None = None
     forwarded: bool = False
     update_ver: int = 0
+    expect_length: int = -1  # as WriteReq
+    expect_crc: int = 0
 
 
 @message
@@ -93,6 +103,8 @@ class RemoveChunksReq(Message):
     index_end: int = 1 << 62
     tag: RequestTag | None = None
     forwarded: bool = False
+    sync: bool = False  # a resync worker removing what the chain no longer has
+    from_target: int = 0
 
 
 @message
@@ -107,6 +119,7 @@ class ChunkMeta(Message):
     update_ver: int = 0
     length: int = 0
     crc: int = 0
+    tags: list[int] = many()  # the committed version's request tags, flattened triples
 
 
 @message
