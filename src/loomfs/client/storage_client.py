@@ -18,12 +18,12 @@ import asyncio
 import itertools
 import logging
 import random
-import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 import crc32c
 
+from loomfs.common.clock import LOOP_CLOCK, Clock
 from loomfs.common.routing import Routing, RoutingClient
 from loomfs.errors import ConnectionFailed, LoomError, ProtocolError, TimedOut
 from loomfs.net.rpc import Response, RpcClient
@@ -116,8 +116,10 @@ class StorageClient:
         rng: random.Random | None = None,
         watch_after_s: float = 1.0,
         watch_refresh_s: float = 0.25,
+        clock: Clock = LOOP_CLOCK,
     ):
         self.rpc = rpc
+        self.clock = clock  # deadlines and watch intervals (the simulator passes virtual time)
         self.routing = routing
         self.client_id = client_id
         self.call_timeout_s = call_timeout_s
@@ -138,12 +140,12 @@ class StorageClient:
         task = asyncio.ensure_future(call)
         try:
             done, _ = await asyncio.wait({task}, timeout=min(self.watch_after_s, remaining))
-            end = time.monotonic() + remaining
+            end = self.clock.monotonic() + remaining
             while not done:
                 r: Routing | None = None
                 try:
-                    if time.monotonic() - self._watch_refreshed_s >= self.watch_refresh_s:
-                        self._watch_refreshed_s = time.monotonic()  # one refresh for all slow calls
+                    if self.clock.monotonic() - self._watch_refreshed_s >= self.watch_refresh_s:
+                        self._watch_refreshed_s = self.clock.monotonic()  # one refresh for all slow calls
                         r = await self.routing.refresh(min_version=0)
                     else:
                         r = await self.routing.get()
@@ -154,7 +156,7 @@ class StorageClient:
                     self.failovers_total += 1
                     raise _ChainChanged(f"chain {chain_id} v{version} -> v{info.version} while waiting on "
                                         f"target {target}")
-                left = end - time.monotonic()
+                left = end - self.clock.monotonic()
                 if left <= 0:
                     break
                 done, _ = await asyncio.wait({task}, timeout=min(self.watch_refresh_s, left))
@@ -178,12 +180,12 @@ class StorageClient:
         payload_crc: int | None = None,
         recv_into: memoryview | None = None,
     ) -> Response[Any]:
-        deadline = time.monotonic() + self.call_timeout_s
+        deadline = self.clock.monotonic() + self.call_timeout_s
         attempt = 0
         last: BaseException | None = None
         avoid: set[int] = set()  # replicas that just failed a read
         while True:
-            remaining = deadline - time.monotonic()
+            remaining = deadline - self.clock.monotonic()
             if remaining <= 0:
                 raise TimedOut(f"{m.name} on chain {chain_id}: gave up after {attempt} tries: {last}") from last
             routing: Routing = await self.routing.get()
@@ -246,7 +248,7 @@ class StorageClient:
                 except (LoomError, OSError) as exc:
                     logger.debug("routing refresh failed: %s", exc)
             delay = min(self.backoff_max_s, self.backoff_initial_s * (2 ** min(attempt - 1, 16)))
-            delay = min(delay * (0.5 + self._rng.random() / 2), max(0.0, deadline - time.monotonic()))
+            delay = min(delay * (0.5 + self._rng.random() / 2), max(0.0, deadline - self.clock.monotonic()))
             await asyncio.sleep(delay)
 
     async def read_chunk(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Protocol
 
@@ -46,4 +47,30 @@ class ManualClock:
         return f"ManualClock(t={self._t:.3f})"
 
 
+class LoopClock:
+    """The running event loop's clock: ``monotonic()`` is ``loop.time()``.
+
+    Under asyncio's default loop that is ``time.monotonic()``; under the simulator's
+    virtual-time loop it is virtual time, so code that sleeps and measures on the loop agrees
+    with itself either way. Outside a running loop it falls back to the system clock.
+    ``now_ns`` is a fixed wall-clock origin plus loop time (deterministic under simulation).
+    """
+
+    def __init__(self, wall_origin_ns: int = 1_700_000_000 * 10**9):
+        self.wall_origin_ns = wall_origin_ns
+
+    def monotonic(self) -> float:
+        try:
+            return asyncio.get_running_loop().time()
+        except RuntimeError:
+            return time.monotonic()
+
+    def now_ns(self) -> int:
+        return self.wall_origin_ns + int(self.monotonic() * 1e9)
+
+    def __repr__(self) -> str:
+        return "LoopClock()"
+
+
 SYSTEM_CLOCK = SystemClock()
+LOOP_CLOCK = LoopClock()

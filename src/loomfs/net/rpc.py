@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
 from loomfs.common import trace
+from loomfs.common.clock import LOOP_CLOCK, Clock
 from loomfs.errors import (
     ConnectionFailed,
     ConnectRefused,
@@ -380,8 +381,12 @@ class RpcClient:
         call_timeout_s: float = 30.0,
         retry: RetryPolicy | None = None,
         rng: random.Random | None = None,
+        clock: Clock = LOOP_CLOCK,
     ):
+        """``rng`` (retry jitter) and ``clock`` (deadlines; default: the running loop's clock,
+        the one ``asyncio.timeout`` uses) are seams for the simulator."""
         self.transport = transport
+        self.clock = clock
         self.connect_timeout_s = connect_timeout_s
         self.call_timeout_s = call_timeout_s
         self.retry = retry or RetryPolicy()
@@ -435,12 +440,12 @@ class RpcClient:
         failures (``attempts_max``) whatever the method; ``False``: one attempt only.
         """
         timeout_s = self.call_timeout_s if timeout_s is None else timeout_s
-        deadline = time.monotonic() + timeout_s
+        deadline = self.clock.monotonic() + timeout_s
         may_retry = m.idempotent if retry is None else retry
         attempt = 0
         while True:
             self.calls_total += 1
-            remaining = deadline - time.monotonic()
+            remaining = deadline - self.clock.monotonic()
             try:
                 if remaining <= 0:
                     raise TimedOut(f"{m.name} to {address}: deadline passed")
@@ -466,7 +471,7 @@ class RpcClient:
                 patient = retry is None and isinstance(exc, ConnectRefused)
                 if not patient and not (may_retry and transient and attempt < self.retry.attempts_max):
                     raise
-                delay = min(self.retry.delay_s(attempt - 1, self._rng), max(0.0, deadline - time.monotonic()))
+                delay = min(self.retry.delay_s(attempt - 1, self._rng), max(0.0, deadline - self.clock.monotonic()))
                 if delay <= 0:
                     raise
                 self.retries_total += 1

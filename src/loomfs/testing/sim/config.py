@@ -1,0 +1,44 @@
+"""What one simulated run looks like: cluster shape, timings, workload and fault rates."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SimConfig:
+    # cluster
+    storage_nodes: int = 4
+    targets_per_node: int = 2  # 4 nodes x 2 targets, R=3: 2 chains + 2 spares
+    replicas: int = 3
+    clients: int = 3
+    heartbeat_interval_s: float = 0.25
+    lease_s: float = 1.25
+    replace_after_s: float = 0.0  # 0: offline targets are never replaced by spares
+    suspect_after_s: float = 1.0
+    rpc_connect_timeout_s: float = 0.5
+    rpc_call_timeout_s: float = 2.0  # storage forwards and mgmtd calls
+    scrub_interval_s: float = 1.0
+    scrub_bytes_per_s: int = 8 << 20
+    # workload
+    chunks: int = 3
+    chunk_size_bytes: int = 16 << 10
+    write_bytes_max: int = 2048
+    think_s_max: float = 0.06
+    client_op_timeout_s: float = 4.0
+    # phases (virtual seconds)
+    duration_s: float = 8.0  # clients work and faults happen
+    converge_s: float = 40.0  # after faults stop, chains must converge within this
+    # faults
+    faults: bool = True
+    fault_gap_s_mean: float = 0.6
+    fault_len_s_max: float = 3.0
+    restart_delay_s_max: float = 2.5
+    wall_limit_s: float = 120.0  # a run using more real time than this fails
+
+    def with_(self, **changes: object) -> SimConfig:
+        return replace(self, **changes)  # type: ignore[arg-type]
+
+
+CI = SimConfig()
+SOAK = SimConfig(duration_s=20.0, clients=4)

@@ -1,0 +1,289 @@
+"""Faults at seeded random times, within a budget that keeps acknowledged data recoverable.
+
+Kinds: storage process crash (optionally tearing its newest commit) and restart after a
+delay; pause (a frozen process and NIC: gray failure); two-way and one-way partitions between
+any two hosts; link faults on every link of one host (delay spikes, reordering, duplicated
+requests, connection resets); disk faults (EIO or ENOSPC on stage); a bit flip in committed
+data; mgmtd crash and restart.
+
+Budget: a fault may only hit storage nodes if afterwards every chain still has a member that
+mgmtd lists as serving on a node no fault touches (nor touched within ``grace_s``, nor holding
+an unrepaired corrupt chunk). Beyond that (R failures at once) acknowledged data can be lost
+legitimately and the invariants would prove nothing. Faults that touch no storage node (mgmtd,
+client links) are free.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from loomfs.net.sim import LinkState
+from loomfs.testing.sim.cluster import MGMTD_HOST, SimCluster
+from loomfs.testing.sim.config import SimConfig
+from loomfs.testing.sim.events import EventLog
+from loomfs.wire.types import TargetState
+
+KINDS = ("crash", "pause", "partition", "link", "disk", "flip", "mgmtd")
+WEIGHTS = (3, 2, 3, 3, 2, 1, 1)
+
+
+@dataclass
+class Fault:
+    name: str
+    nodes: frozenset[int]  # storage nodes it touches
+    hosts: frozenset[str]  # hosts whose links or process it holds
+    undo: Callable[[], Awaitable[None]]
+    task: asyncio.Task[None] | None = None
+    done: bool = False
+
+
+class FaultInjector:
+    def __init__(self, cluster: SimCluster, cfg: SimConfig, log: EventLog, rng: random.Random):
+        self.cluster = cluster
+        self.cfg = cfg
+        self.log = log
+        self.rng = rng
+        self.active: list[Fault] = []
+        self.released_s: dict[int, float] = {}  # storage node -> when its last fault ended
+        self.grace_s = 2 * cfg.lease_s
+        self.injected = 0
+        self.refused = 0
+
+    # ---- budget -------------------------------------------------------------------------
+    def _now(self) -> float:
+        return asyncio.get_running_loop().time()
+
+    def impaired(self, node_id: int) -> bool:
+        sh = self.cluster.storage[node_id]
+        if not sh.up or any(node_id in f.nodes for f in self.active):
+            return True
+        if self._now() - self.released_s.get(node_id, -1e9) < self.grace_s:
+            return True
+        return any(e.bad_chunks() for e in sh.engines)
+
+    def allowed(self, victims: set[int]) -> bool:
+        if not victims:
+            return True
+        st = self.cluster.state
+        for c in st.chains.values():
+            healthy = [t for t in c.targets if st.targets[t].state == TargetState.SERVING
+                       and (n := self.cluster.node_of_target(t)) not in victims and not self.impaired(n)]
+            if not healthy:
+                return False
+        return True
+
+    def _busy_hosts(self) -> set[str]:
+        return {h for f in self.active for h in f.hosts}
+
+    # ---- the loop -----------------------------------------------------------------------
+    async def run(self, until_s: float) -> None:
+        rng = self.rng
+        while True:
+            await asyncio.sleep(rng.expovariate(1.0 / self.cfg.fault_gap_s_mean))
+            if self._now() >= until_s:
+                return
+            kind = rng.choices(KINDS, WEIGHTS)[0]
+            await getattr(self, f"_{kind}")()
+
+    def _start(self, fault: Fault, duration_s: float) -> None:
+        self.injected += 1
+        self.active.append(fault)
+
+        async def hold() -> None:
+            await asyncio.sleep(duration_s)
+            await self._end(fault)
+
+        fault.task = asyncio.ensure_future(hold())
+
+    async def _end(self, fault: Fault) -> None:
+        if fault.done:
+            return
+        fault.done = True
+        self.active.remove(fault)
+        await fault.undo()
+        for n in fault.nodes:
+            self.released_s[n] = self._now()
+        self.log.add(f"fault end: {fault.name}")
+
+    async def heal_all(self) -> None:
+        """Stop every fault now (the quiet phase); undo them in the order they started."""
+        for fault in list(self.active):
+            if fault.task is not None:
+                fault.task.cancel()
+            await self._end(fault)
+        self.cluster.net.heal_all()
+        if self.cluster.mgmtd is None:
+            await self.cluster.start_mgmtd()
+        for sh in self.cluster.storage.values():
+            for e in sh.engines:
+                e.eio_rate, e.enospc = 0.0, False
+            if not sh.up:
+                self.cluster.start_storage(sh.node_id)
+        self.log.add("quiet: every fault healed")
+
+    def _duration(self) -> float:
+        return self.rng.uniform(0.1, self.cfg.fault_len_s_max)
+
+    def _refuse(self, what: str) -> None:
+        self.refused += 1
+
+    def _storage_node(self) -> int:
+        return self.rng.choice(sorted(self.cluster.storage))
+
+    # ---- kinds --------------------------------------------------------------------------
+    async def _crash(self) -> None:
+        c = self.cluster
+        n = self._storage_node()
+        if not c.storage[n].up or c.storage[n].host in self._busy_hosts() or not self.allowed({n}):
+            return self._refuse("crash")
+        tear = self.rng.random() < 0.3
+        delay_s = self.rng.uniform(0.05, self.cfg.restart_delay_s_max)
+
+        async def undo() -> None:
+            if not c.storage[n].up:
+                c.start_storage(n)
+
+        fault = Fault(f"crash s{n}", frozenset({n}), frozenset({c.storage[n].host}), undo)
+        self._start(fault, delay_s)
+        torn = await c.crash_storage(n, tear=tear)
+        self.log.add(f"fault: crash s{n} for {delay_s:.3f}s" + (f" torn {' '.join(torn)}" if torn else ""))
+
+    async def _pause(self) -> None:
+        c = self.cluster
+        hosts = [c.storage[n].host for n in sorted(c.storage)] + [MGMTD_HOST]
+        host = self.rng.choice(hosts)
+        nodes = frozenset(n for n, sh in c.storage.items() if sh.host == host)
+        if host in self._busy_hosts() or (host == MGMTD_HOST and c.mgmtd is None) or not self.allowed(set(nodes)):
+            return self._refuse("pause")
+        if nodes and not c.storage[next(iter(nodes))].up:
+            return self._refuse("pause")
+        duration_s = self._duration()
+
+        async def undo() -> None:
+            c.net.resume(host)
+            c.loop.resume_host(host)
+
+        c.net.pause(host)
+        c.loop.pause_host(host)
+        self._start(Fault(f"pause {host}", nodes, frozenset({host}), undo), duration_s)
+        self.log.add(f"fault: pause {host} for {duration_s:.3f}s")
+
+    def _hosts(self) -> list[str]:
+        c = self.cluster
+        return [MGMTD_HOST] + [c.storage[n].host for n in sorted(c.storage)] + [cl.host for cl in c.clients]
+
+    def _nodes_of(self, *hosts: str) -> frozenset[int]:
+        return frozenset(n for n, sh in self.cluster.storage.items() if sh.host in hosts)
+
+    async def _partition(self) -> None:
+        c = self.cluster
+        a, b = self.rng.sample(self._hosts(), 2)
+        if a.startswith("c") and b.startswith("c"):
+            return self._refuse("partition")
+        nodes = self._nodes_of(a, b)
+        if {a, b} & self._busy_hosts() or not self.allowed(set(nodes)):
+            return self._refuse("partition")
+        one_way = self.rng.random() < 0.5
+        duration_s = self._duration()
+
+        async def undo() -> None:
+            c.net.heal(a, b)
+
+        if one_way:
+            c.net.cut(a, b)
+        else:
+            c.net.partition(a, b)
+        name = f"cut {a}->{b}" if one_way else f"partition {a}<->{b}"
+        self._start(Fault(name, nodes, frozenset({a, b}), undo), duration_s)
+        self.log.add(f"fault: {name} for {duration_s:.3f}s")
+
+    async def _link(self) -> None:
+        c = self.cluster
+        host = self.rng.choice(self._hosts())
+        nodes = self._nodes_of(host)
+        if host in self._busy_hosts() or not self.allowed(set(nodes)):
+            return self._refuse("link")
+        rng = self.rng
+        what = rng.choice(("delay", "reorder", "dup", "reset"))
+        if what == "delay":
+            state = LinkState(extra_delay_s=rng.uniform(0.02, 1.5))
+        elif what == "reorder":
+            state = LinkState(reorder_s=rng.uniform(0.005, 0.2))
+        elif what == "dup":
+            state = LinkState(dup_rate=rng.uniform(0.1, 0.6), dup_delay_s=rng.uniform(0.001, 0.5))
+        else:
+            state = LinkState(reset_rate=rng.uniform(0.02, 0.25))
+        others = [h for h in self._hosts() if h != host]
+        for o in others:
+            c.net.set_link(host, o, state)
+            c.net.set_link(o, host, state)
+        duration_s = self._duration()
+
+        async def undo() -> None:
+            for o in others:
+                c.net.set_link(host, o, LinkState())
+                c.net.set_link(o, host, LinkState())
+
+        name = f"link {what} {host} {_fmt(state)}"
+        self._start(Fault(name, nodes, frozenset({host}), undo), duration_s)
+        self.log.add(f"fault: {name} for {duration_s:.3f}s")
+
+    async def _disk(self) -> None:
+        c = self.cluster
+        n = self._storage_node()
+        sh = c.storage[n]
+        if not sh.up or sh.host in self._busy_hosts() or not self.allowed({n}):
+            return self._refuse("disk")
+        enospc = self.rng.random() < 0.4
+        eio_rate = 0.0 if enospc else self.rng.uniform(0.05, 0.5)
+        for e in sh.engines:
+            e.enospc, e.eio_rate = enospc, eio_rate
+        duration_s = self._duration()
+
+        async def undo() -> None:
+            for e in sh.engines:
+                e.enospc, e.eio_rate = False, 0.0
+
+        name = f"disk s{n} " + ("enospc" if enospc else f"eio={eio_rate:.2f}")
+        self._start(Fault(name, frozenset({n}), frozenset({sh.host}), undo), duration_s)
+        self.log.add(f"fault: {name} for {duration_s:.3f}s")
+
+    async def _flip(self) -> None:
+        c = self.cluster
+        n = self._storage_node()
+        sh = c.storage[n]
+        if not sh.up or not self.allowed({n}):
+            return self._refuse("flip")
+        engine = sh.engines[self.rng.randrange(len(sh.engines))]
+        hit = engine.flip()
+        if hit is None:
+            return
+        self.injected += 1
+        self.released_s[n] = self._now()
+        self.log.add(f"fault: flip t{engine.target_id} chunk {hit[0]} offset {hit[1]}")
+
+    async def _mgmtd(self) -> None:
+        c = self.cluster
+        if c.mgmtd is None or MGMTD_HOST in self._busy_hosts():
+            return self._refuse("mgmtd")
+        delay_s = self.rng.uniform(0.05, self.cfg.restart_delay_s_max)
+
+        async def undo() -> None:
+            if c.mgmtd is None:
+                await c.start_mgmtd()
+
+        self._start(Fault("mgmtd restart", frozenset(), frozenset({MGMTD_HOST}), undo), delay_s)
+        await c.crash_mgmtd()
+        self.log.add(f"fault: mgmtd crash for {delay_s:.3f}s")
+
+    def __repr__(self) -> str:
+        return f"FaultInjector(active={len(self.active)} injected={self.injected} refused={self.refused})"
+
+
+def _fmt(state: LinkState) -> str:
+    parts = [f"{k}={v:.3f}" for k, v in (("delay", state.extra_delay_s), ("reorder", state.reorder_s),
+                                         ("dup", state.dup_rate), ("reset", state.reset_rate)) if v]
+    return " ".join(parts)

@@ -1,0 +1,149 @@
+"""Clients writing, overwriting, appending to, truncating and reading a few shared chunks.
+
+Every operation is recorded as a ``history.Op`` with its invoke and completion times (virtual),
+per chunk, for the linearizability checker. Written bytes name the op that wrote them
+(``"<op id in hex>|"`` repeated), so a wrong read shows whose data it saw. A failed or
+timed-out update is recorded as unknown (``ok=None``): it may or may not have taken effect,
+and may still take effect later (its frames can be held in the network).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+from loomfs.errors import LoomError
+from loomfs.testing.sim.cluster import INODE, SimClient, SimCluster
+from loomfs.testing.sim.config import SimConfig
+from loomfs.testing.sim.events import EventLog
+from loomfs.testing.sim.history import Op
+
+
+def pattern(op_id: int, length: int) -> bytes:
+    """``length`` bytes that say which op wrote them."""
+    unit = f"{op_id:x}|".encode()
+    return (unit * (length // len(unit) + 1))[:length]
+
+
+class Workload:
+    def __init__(self, cluster: SimCluster, cfg: SimConfig, log: EventLog, rng: random.Random):
+        self.cluster = cluster
+        self.cfg = cfg
+        self.log = log
+        self.rng = rng
+        self.history: dict[int, list[Op]] = {i: [] for i in range(cfg.chunks)}
+        self._next_op = 0
+        self.unexpected: list[str] = []  # exceptions that are neither LoomError nor OSError
+        self.acked = 0
+        self.failed = 0
+
+    def _op_id(self) -> int:
+        self._next_op += 1
+        return self._next_op
+
+    async def run_client(self, client: SimClient, until_s: float) -> None:
+        rng = random.Random(f"{self.cluster.seed}/workload/{client.index}")
+        loop = asyncio.get_running_loop()
+        while loop.time() < until_s:
+            await self.one_op(client, rng)
+            await asyncio.sleep(rng.uniform(0.0, self.cfg.think_s_max))
+
+    async def one_op(self, client: SimClient, rng: random.Random) -> None:
+        cfg = self.cfg
+        index = rng.randrange(cfg.chunks)
+        size = cfg.chunk_size_bytes
+        r = rng.random()
+        if r < 0.35:
+            length = 1 + rng.randrange(cfg.write_bytes_max)
+            if rng.random() < 0.1:
+                length = size
+            offset = rng.randrange(size - length + 1)
+            await self.write(client, index, offset, length)
+        elif r < 0.5:  # append at the end this client last saw
+            length = 1 + rng.randrange(cfg.write_bytes_max)
+            offset = min(client.lengths.get(index, 0), size - length)
+            await self.write(client, index, offset, length)
+        elif r < 0.6:
+            cut = rng.random()
+            length = 0 if cut < 0.1 else rng.randrange(size + 1) if cut < 0.5 else rng.randrange(size // 4 + 1)
+            await self.truncate(client, index, length)
+        elif r < 0.8:
+            await self.read(client, index, 0, size)
+        else:
+            offset = rng.randrange(size)
+            await self.read(client, index, offset, 1 + rng.randrange(min(size - offset, 4 * cfg.write_bytes_max)))
+
+    async def write(self, client: SimClient, index: int, offset: int, length: int) -> Op:
+        op_id = self._op_id()
+        data = pattern(op_id, length)
+        op = Op(op_id, client.index, "write", self._now(), None, None, offset=offset, data=data)
+        self.history[index].append(op)
+        self.log.add(f"c{client.index} op{op_id} write k{index} [{offset},{offset + length})")
+        await self._finish(op, index, client.storage.write_chunk(
+            self.cluster.layout, INODE, index, offset, memoryview(data)))
+        if op.ok:
+            client.lengths[index] = max(client.lengths.get(index, 0), offset + length)
+        return op
+
+    async def truncate(self, client: SimClient, index: int, length: int) -> Op:
+        op_id = self._op_id()
+        op = Op(op_id, client.index, "truncate", self._now(), None, None, length=length)
+        self.history[index].append(op)
+        self.log.add(f"c{client.index} op{op_id} truncate k{index} {length}")
+        await self._finish(op, index, client.storage.truncate_chunk(self.cluster.layout, INODE, index, length))
+        if op.ok:
+            client.lengths[index] = length
+        return op
+
+    async def read(self, client: SimClient, index: int, offset: int, length: int) -> Op:
+        op_id = self._op_id()
+        op = Op(op_id, client.index, "read", self._now(), None, None, offset=offset, length=length)
+        self.history[index].append(op)
+        self.log.add(f"c{client.index} op{op_id} read k{index} [{offset},{offset + length})")
+        buf = bytearray(length)
+        n = await self._finish(op, index, client.storage.read_chunk(
+            self.cluster.layout, INODE, index, offset, length, memoryview(buf)))
+        if op.ok and n is not None:
+            op.result = bytes(buf[:n])
+            if offset == 0 and n < length:
+                client.lengths[index] = n
+        return op
+
+    async def _finish(self, op: Op, index: int, call: object) -> int | None:
+        assert asyncio.iscoroutine(call)
+        try:
+            result = await call
+        except (LoomError, OSError) as exc:
+            op.ok = False if op.kind == "read" else None  # an update's effect is unknown
+            op.complete_s = self._now() if op.kind == "read" else None
+            self.failed += 1
+            self.log.add(f"c{op.client} op{op.op_id} failed: {type(exc).__name__} {_status(exc)}")
+            return None
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a client bug: reported as a violation
+            op.ok = None
+            self.unexpected.append(f"op{op.op_id} ({op.kind} chunk {index}) raised {type(exc).__name__}: {exc}")
+            self.log.add(f"c{op.client} op{op.op_id} raised {type(exc).__name__}")
+            return None
+        op.ok = True
+        op.complete_s = self._now()
+        self.acked += 1
+        extra = f" -> {result} bytes" if op.kind == "read" else ""
+        self.log.add(f"c{op.client} op{op.op_id} ok{extra}")
+        return result if isinstance(result, int) else None
+
+    @staticmethod
+    def _now() -> float:
+        return asyncio.get_running_loop().time()
+
+    def ops(self) -> int:
+        return sum(len(v) for v in self.history.values())
+
+    def __repr__(self) -> str:
+        return f"Workload(ops={self.ops()} acked={self.acked} failed={self.failed})"
+
+
+def _status(exc: BaseException) -> str:
+    st = getattr(exc, "status", None)
+    return st.name if st is not None else ""
