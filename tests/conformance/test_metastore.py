@@ -9,7 +9,7 @@ from typing import TypeVar
 
 import pytest
 
-from loomfs.meta.store.base import GcEntry, MetaStore
+from loomfs.meta.store.base import GcEntry, MetaStore, TrimEntry
 from loomfs.meta.store.sqlite import SqliteStore
 from loomfs.wire.types import Attr, FileType, Layout
 
@@ -164,6 +164,7 @@ def test_sessions(store: MetaStore) -> None:
             assert await t.remove_client_sessions(100) == 1
         async with store.read() as t:
             assert await t.has_session(7) and not await t.has_session(8)
+            assert await t.session_count(7) == 1 and await t.session_count(8) == 0
 
     run(go())
 
@@ -186,6 +187,53 @@ def test_gc_queue(store: MetaStore) -> None:
             await t.remove_session(13, 1)
         async with store.read() as t:
             assert [(e.inode, e.length) for e in await t.gc_due(1000, 10)] == [(13, 130), (12, 999), (10, 100)]
+
+    run(go())
+
+
+def test_trunc_epochs(store: MetaStore) -> None:
+    async def go() -> None:
+        async with store.write() as t:
+            assert await t.trunc_epoch(7) == 0
+            await t.set_trunc_epoch(7, 3)
+            await t.set_trunc_epoch(8, 1)
+        async with store.write() as t:
+            assert (await t.trunc_epoch(7), await t.trunc_epoch(8)) == (3, 1)
+            await t.set_trunc_epoch(8, 0)  # forgets it
+        async with store.read() as t:
+            assert (await t.trunc_epoch(7), await t.trunc_epoch(8)) == (3, 0)
+
+    run(go())
+
+
+def test_trim_queue(store: MetaStore) -> None:
+    def trim(ino: int, when: int, *, idle: bool = False, until: int = 0) -> TrimEntry:
+        return TrimEntry(ino, LAY, ino * 10, ino * 100, idle, 1, when, claim_owner=5 if until else 0,
+                         claim_until_ns=until)
+
+    async def go() -> None:
+        async with store.write() as t:
+            await t.trim_put(trim(10, 300))
+            await t.trim_put(trim(11, 100, until=500))  # claimed until 500
+            await t.trim_put(trim(12, 200, idle=True))  # idle: not while a write session is open
+            await t.trim_put(trim(13, 50))
+            await t.add_session(12, 1, 1, 0)
+        async with store.read() as t:
+            assert await t.trim_count() == 4
+            assert [e.inode for e in await t.trim_due(499, 10)] == [13, 10]
+            assert [e.inode for e in await t.trim_due(500, 10)] == [13, 11, 10]
+            assert [e.inode for e in await t.trim_due(500, 1)] == [13]
+            assert await t.trim_get(12) == trim(12, 200, idle=True)
+            assert await t.trim_get(11) == trim(11, 100, until=500)
+            assert await t.trim_get(99) is None
+        async with store.write() as t:
+            await t.trim_delete(13)
+            await t.trim_put(TrimEntry(10, LAY, 7, 1000, False, 2, 300))  # replaces
+            await t.remove_session(12, 1)
+        async with store.read() as t:
+            assert [(e.inode, e.length, e.generation) for e in await t.trim_due(1000, 10)] == [
+                (11, 110, 1), (12, 120, 1), (10, 7, 2)]
+            assert await t.trim_count() == 3
 
     run(go())
 

@@ -98,10 +98,15 @@ class FakeStorage:
 
 
 class FakeMeta(MetaClient):
-    """A flat in-memory namespace implementing the MetaClient calls the core uses."""
+    """A flat in-memory namespace implementing the MetaClient calls the core uses.
 
-    def __init__(self, layout: Layout | None = None) -> None:
+    Like meta, it cuts the chunks of a shrunk file itself (when given the storage) and keeps
+    a truncate epoch per inode: a stale length report does not grow the length."""
+
+    def __init__(self, layout: Layout | None = None, storage: FakeStorage | None = None) -> None:
         super().__init__(None, None)
+        self.storage = storage
+        self.epochs: dict[int, int] = {}
         self.layout = layout or Layout(chunk_size=CHUNK, chains=list(CHAINS))
         self.nodes: dict[str, Attr] = {"/": Attr(inode=1, type=FileType.DIRECTORY, mode=0o755, nlink=2)}
         self.next_inode = 2
@@ -156,30 +161,45 @@ class FakeMeta(MetaClient):
             raise IsADirectory(path=path)
         if flags & os.O_TRUNC and attr.size:
             truncated_from = attr.size
+            await self._cut(attr, 0)
             attr = self.nodes[path] = replace(attr, size=0)
         session = 0
         if flags & (os.O_WRONLY | os.O_RDWR):
             session = 100 + len(self.sessions)
             self.sessions[session] = attr.inode
-        return wm.OpenRsp(attr=attr, session_id=session, truncated_from=truncated_from)
+        return wm.OpenRsp(attr=attr, session_id=session, truncated_from=truncated_from,
+                          trunc_epoch=self.epochs.get(attr.inode, 0))
+
+    async def _cut(self, attr: Attr, size: int) -> None:
+        """A shrink of ``attr`` to ``size``: a new epoch; the chunks past ``size`` are cut."""
+        self.epochs[attr.inode] = self.epochs.get(attr.inode, 0) + 1
+        if self.storage is None or attr.layout is None:
+            return
+        cs = attr.layout.chunk_size
+        if size % cs:
+            await self.storage.truncate_chunk(attr.layout, attr.inode, size // cs, size % cs)
+        await self.storage.remove_chunks(attr.layout, attr.inode, -(-size // cs))
 
     def _by_inode(self, inode: int) -> str:
         return next(p for p, a in self.nodes.items() if a.inode == inode)
 
-    async def close(self, inode: int, session_id: int, length: int, mtime_ns: int = 0) -> Attr | None:
+    async def close(
+        self, inode: int, session_id: int, length: int, mtime_ns: int = 0, *, trunc_epoch: int = 0
+    ) -> Attr | None:
         self.closes.append((inode, session_id, length))
         self.sessions.pop(session_id)
         path = self._by_inode(inode)
-        if length >= 0:
+        if length >= 0 and trunc_epoch >= self.epochs.get(inode, 0):
             self.nodes[path] = replace(self.nodes[path], size=length)
         return self.nodes[path]
 
-    async def sync(self, inode: int, length: int, mtime_ns: int = 0) -> Attr | None:
+    async def sync(self, inode: int, length: int, mtime_ns: int = 0, *, trunc_epoch: int = 0) -> wm.AttrRsp:
         self.syncs.append((inode, length))
         path = self._by_inode(inode)
-        if length >= 0:
+        epoch = self.epochs.get(inode, 0)
+        if length >= 0 and trunc_epoch >= epoch:
             self.nodes[path] = replace(self.nodes[path], size=max(length, self.nodes[path].size))
-        return self.nodes[path]
+        return wm.AttrRsp(attr=self.nodes[path], trunc_epoch=epoch)
 
     async def readdir(self, path: str, after: str, limit: int, with_attrs: bool) -> wm.ReaddirRsp:
         d = self._get(path)
@@ -221,14 +241,18 @@ class FakeMeta(MetaClient):
         changes: dict[str, int] = {}
         if req.size >= 0:
             changes["size"] = req.size
+            if req.size < old:
+                await self._cut(a, req.size)
         if req.mode >= 0:
             changes["mode"] = req.mode
         a = self.nodes[req.path] = replace(a, **changes)  # type: ignore[arg-type]
-        return wm.SetattrRsp(attr=a, truncated_from=old if req.size >= 0 else -1)
+        return wm.SetattrRsp(attr=a, truncated_from=old if req.size >= 0 else -1,
+                             trunc_epoch=self.epochs.get(a.inode, 0))
 
 
 def make_client(**config: object) -> tuple[AsyncClient, FakeMeta, FakeStorage]:
-    meta, storage = FakeMeta(), FakeStorage()
+    storage = FakeStorage()
+    meta = FakeMeta(storage=storage)
     cfg = ClientConfig(**config)  # type: ignore[arg-type]
     return AsyncClient(meta, storage, config=cfg, client_id=7, pool=BufferPool()), meta, storage
 

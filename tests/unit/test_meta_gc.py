@@ -170,7 +170,7 @@ def test_retried_open_after_lost_reply_gets_the_same_inode(env: Env) -> None:
     lost = env.run(env.ns.open("/f", CREAT | os.O_TRUNC, client_id=42))
     o = env.run(env.ns.open("/f", CREAT | os.O_TRUNC, client_id=42))
     assert o.attr.inode == lost.attr.inode and o.session_id != lost.session_id
-    env.run(env.ns.close(o.attr.inode, o.session_id, 100))
+    env.run(env.ns.close(o.attr.inode, o.session_id, 100, trunc_epoch=o.trunc_epoch))
     env.run(env.ns.unlink("/f"))
     env.clock.advance(20)
     assert env.run(env.ns.renew_sessions(42, [o.session_id])) == 0  # the client holds nothing open

@@ -228,8 +228,8 @@ def test_retried_open_is_applied_once(env: Env) -> None:
     assert not env.run(has_session())  # there was one session, closed
     # O_TRUNC: the replay does not truncate again (here: data written in between survives)
     t = env.run(env.ns.open("/f", W | os.O_TRUNC, client_id=9, session_id=sid + 1))
-    assert t.truncated_from == 1000 and t.attr.size == 0
-    env.run(env.ns.sync(o.attr.inode, 300))
+    assert t.truncated_from == 1000 and t.attr.size == 0 and t.trunc_epoch == 1
+    env.run(env.ns.sync(o.attr.inode, 300, trunc_epoch=t.trunc_epoch))
     t2 = env.run(env.ns.open("/f", W | os.O_TRUNC, client_id=9, session_id=sid + 1))
     assert t2.replayed and t2.truncated_from == 0 and env.run(env.ns.stat("/f")).size == 300
     # another client's session id is not a replay: that client gets an id of meta's

@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from loomfs.client import paths
-from loomfs.client.file import AsyncFile, parse_mode, trim_chunks
+from loomfs.client.file import AsyncFile, parse_mode
 from loomfs.client.meta_client import MetaClient
 from loomfs.client.storage_client import ChunkStore, StorageClient
 from loomfs.client.writeback import ByteBudget
@@ -303,12 +303,9 @@ class AsyncClient:
         return (await self.meta.setattr(req)).attr
 
     async def truncate(self, path: str, size: int) -> None:
-        """Set a file's length; data beyond it is removed from storage."""
-        p = paths.normalize(path)
-        rsp = await self.meta.setattr(SetattrReq(path=p, size=size))
-        attr = rsp.attr
-        if attr is not None and attr.layout is not None and rsp.truncated_from > size:
-            await trim_chunks(self.storage, attr.layout, attr.inode, size, rsp.truncated_from)
+        """Set a file's length; meta cuts the data beyond it from storage before it answers
+        (crash-safe: a durable trim entry, see ``loomfs.meta.trim``)."""
+        await self.meta.setattr(SetattrReq(path=paths.normalize(path), size=size))
 
     async def set_layout(self, path: str, layout: Layout) -> Attr | None:
         return await self.meta.set_layout(paths.normalize(path), layout)
@@ -332,10 +329,7 @@ class AsyncClient:
             raise NotFound("open returned no attributes", path=p)
         if attr.type == FileType.DIRECTORY:
             raise IsADirectory(path=p)
-        # O_TRUNC: the old chunks go; a replayed open truncated in its first attempt, whose
-        # reply (and the old length) was lost, so remove whatever is there
-        if (rsp.truncated_from > 0 or (rsp.replayed and flags & os.O_TRUNC)) and attr.layout is not None:
-            await self.storage.remove_file_chunks(attr.inode, attr.layout, rsp.truncated_from)
+        # O_TRUNC: meta cut the old chunks before it answered (a replayed open too)
         f = AsyncFile(
             background=self._background,
             path=p,
@@ -347,6 +341,7 @@ class AsyncClient:
             config=self.config,
             pool=self.pool,
             budget=self.budget,
+            trunc_epoch=rsp.trunc_epoch,
         )
         self._open_files.add(f)
         if rsp.session_id:

@@ -6,6 +6,11 @@ its own writes); holes and short chunks read as zeros; reads see this file's own
 writes (pending data is flushed first). ``flush``/``fsync``/``close`` wait for every
 in-flight chunk write and raise the first error one of them hit. ``close`` reports the
 highest written offset to meta, which sets the exact length.
+
+Truncates go to meta, which cuts the chunks before it answers. A length report carries the
+file's truncate epoch this object knows; if another client truncated the file since, meta
+does not grow the length from it (and cuts what this object wrote past the end), and the
+reply's newer epoch makes this object count only what it writes from then on.
 """
 
 from __future__ import annotations
@@ -52,16 +57,6 @@ def parse_mode(mode: str) -> tuple[int, bool]:
     return flags, "b" in mode
 
 
-async def trim_chunks(storage: ChunkStore, layout: Layout, inode: int, new_size: int, old_size: int) -> None:
-    """After a shrink to ``new_size``: cut the chunk holding the new EOF, drop those beyond."""
-    if old_size <= new_size or not layout.chains:
-        return
-    tail = new_size % layout.chunk_size
-    if tail:
-        await storage.truncate_chunk(layout, inode, new_size // layout.chunk_size, tail)
-    await storage.remove_chunks(layout, inode, chunk_count(layout, new_size))
-
-
 class AsyncFile:
     def __init__(
         self,
@@ -76,6 +71,7 @@ class AsyncFile:
         pool: BufferPool,
         budget: ByteBudget,
         background: set[asyncio.Task[Any]] | None = None,
+        trunc_epoch: int = 0,
     ):
         if attr.layout is None or not attr.layout.chains:
             raise LoomError(f"{path}: file has no layout", path=path)
@@ -96,7 +92,8 @@ class AsyncFile:
         self._chunk_size = self.layout.chunk_size
         self._length = attr.size
         self._pos = 0
-        self._written_end = -1  # highest byte written + 1, reported at close
+        self._written_end = -1  # highest byte written + 1 (since the last epoch change), reported
+        self._trunc_epoch = trunc_epoch  # the file's truncate epoch as this object knows it
         self._cur: ChunkBuffer | None = None
         self._flushes: set[asyncio.Task[None]] = set()
         self._last_flush: dict[int, asyncio.Task[None]] = {}  # per chunk: keeps same-chunk order
@@ -223,7 +220,15 @@ class AsyncFile:
         self._check()
         await self.flush()
         if self.writable:
-            await self._meta.sync(self.inode, self._written_end)
+            rsp = await self._meta.sync(self.inode, self._written_end, trunc_epoch=self._trunc_epoch)
+            if rsp.trunc_epoch > self._trunc_epoch:
+                # truncated by someone else since we last heard: what we wrote before this
+                # reply was not counted; the length is meta's, and only new writes count
+                self._trunc_epoch = rsp.trunc_epoch
+                self._written_end = -1
+                self._cache.clear()
+                if rsp.attr is not None:
+                    self._length = rsp.attr.size
 
     async def truncate(self, size: int | None = None) -> int:
         self._check(write=True)
@@ -231,9 +236,8 @@ class AsyncFile:
         if size < 0:
             raise InvalidArgument("negative size", path=self.path)
         await self.flush()
-        rsp = await self._meta.setattr(SetattrReq(path=self.path, size=size))
-        old = max(rsp.truncated_from, self._length)
-        await trim_chunks(self._storage, self.layout, self.inode, size, old)
+        rsp = await self._meta.setattr(SetattrReq(path=self.path, size=size))  # meta cuts the chunks
+        self._trunc_epoch = max(self._trunc_epoch, rsp.trunc_epoch)
         self._cache.clear()
         self._length = size
         if self._written_end >= 0:
@@ -393,13 +397,14 @@ class AsyncFile:
                 self._background.add(task)
                 task.add_done_callback(self._background.discard)
             else:
-                await self._meta.close(self.inode, self.session_id, self._written_end)
+                await self._meta.close(self.inode, self.session_id, self._written_end,
+                                       trunc_epoch=self._trunc_epoch)
         if err is not None:
             raise err
 
     async def _close_session(self) -> None:
         try:
-            await self._meta.close(self.inode, self.session_id, -1)
+            await self._meta.close(self.inode, self.session_id, -1, trunc_epoch=self._trunc_epoch)
         except (LoomError, OSError) as exc:
             logger.warning("%s: closing the write session failed: %s", self.path, exc)
 

@@ -113,8 +113,13 @@ class MetaClient:
         rsp: wm.OpenRsp = await self.call(wm.OPEN, req, resend_safe=bool(session_id) or not changes)
         return rsp
 
-    async def close(self, inode: int, session_id: int, length: int, mtime_ns: int = 0) -> Attr | None:
-        req = wm.CloseReq(inode=inode, session_id=session_id, length=length, mtime_ns=mtime_ns)
+    async def close(
+        self, inode: int, session_id: int, length: int, mtime_ns: int = 0, *, trunc_epoch: int = 0
+    ) -> Attr | None:
+        """End a write session with its length report; ``trunc_epoch``: the file's truncate
+        epoch as the writer knows it (a stale one does not grow the length)."""
+        req = wm.CloseReq(inode=inode, session_id=session_id, length=length, mtime_ns=mtime_ns,
+                          trunc_epoch=trunc_epoch)
         rsp: wm.AttrRsp = await self.call(wm.CLOSE, req)
         return rsp.attr
 
@@ -127,9 +132,11 @@ class MetaClient:
             renewed += rsp.renewed
         return renewed
 
-    async def sync(self, inode: int, length: int, mtime_ns: int = 0) -> Attr | None:
-        rsp: wm.AttrRsp = await self.call(wm.SYNC, wm.SyncReq(inode=inode, length=length, mtime_ns=mtime_ns))
-        return rsp.attr
+    async def sync(self, inode: int, length: int, mtime_ns: int = 0, *, trunc_epoch: int = 0) -> wm.AttrRsp:
+        """An open writer's length report (as ``close``); the reply has the current epoch."""
+        req = wm.SyncReq(inode=inode, length=length, mtime_ns=mtime_ns, trunc_epoch=trunc_epoch)
+        rsp: wm.AttrRsp = await self.call(wm.SYNC, req)
+        return rsp
 
     async def readdir(self, path: str, after: str, limit: int, with_attrs: bool) -> wm.ReaddirRsp:
         req = wm.ReaddirReq(path=path, after=after, limit=limit, with_attrs=with_attrs)

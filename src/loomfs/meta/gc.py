@@ -1,4 +1,5 @@
-"""The GC worker: removes the chunks of unlinked files after a delay (one periodic loop).
+"""The GC worker: removes the chunks of unlinked files after a delay, and cuts the chunks of
+truncated files whose trim nobody finished (one periodic loop).
 
 An entry is due when it has waited ``delay_s`` (injected clock) and its inode has no open
 write session; files still open for write are kept until closed. The remover is injected
@@ -9,6 +10,11 @@ the worker drops sessions not renewed for a lease, so a writer that is gone (an 
 reply was lost in a meta crash, a CLOSE that never arrived, a crashed client) cannot keep an
 unlinked file's chunks forever. For one lease after the worker starts nothing expires: the
 clients of a meta that was down longer than a lease get the time to renew.
+
+Trims (``loomfs.meta.trim``) are due at once, unless claimed by a performer that may still
+be cutting (a crashed meta's claim runs out); idle ones once no write session is open. An
+unlinked file's chunks are removed only once it has no trim left, so a late cut cannot leave
+a chunk behind.
 """
 
 from __future__ import annotations
@@ -20,7 +26,9 @@ import random
 from typing import Protocol
 
 from loomfs.common.clock import SYSTEM_CLOCK, Clock
+from loomfs.errors import LoomError
 from loomfs.meta.store.base import MetaStore
+from loomfs.meta.trim import Trimmer
 from loomfs.wire.types import Layout
 
 logger = logging.getLogger(__name__)
@@ -57,8 +65,10 @@ class GcWorker:
         batch_max: int = 64,
         session_lease_s: float = 0.0,  # 0 = write sessions never expire
         clock: Clock = SYSTEM_CLOCK,
+        trimmer: Trimmer | None = None,
     ):
         self.store = store
+        self.trimmer = trimmer
         self.remover = remover
         self.delay_s = delay_s
         self.interval_s = interval_s
@@ -91,15 +101,39 @@ class GcWorker:
         self.sessions_expired_total += len(gone)
         return len(gone)
 
+    async def trim_once(self) -> int:
+        """Cut one bounded batch of due trims; returns how many were settled."""
+        if self.trimmer is None:
+            return 0
+        async with self.store.read() as txn:
+            entries = await txn.trim_due(self.clock.now_ns(), self.batch_max)
+        done = 0
+        for e in entries:
+            try:
+                await self.trimmer.settle(e.inode)
+            except asyncio.CancelledError:
+                raise
+            except (LoomError, OSError) as exc:  # the trimmer backed it off: next round
+                self.failures_total += 1
+                logger.warning("gc: trim of inode %d failed: %s", e.inode, exc)
+                continue
+            done += 1
+        return done
+
     async def run_once(self) -> int:
-        """Expire stale sessions, then process one bounded batch of due entries; returns how
-        many entries were removed."""
+        """Expire stale sessions, cut due trims, then remove one bounded batch of due
+        entries; returns how many trims and removals were done."""
         await self.expire_sessions()
+        trimmed = await self.trim_once()
         due_before_ns = self.clock.now_ns() - int(self.delay_s * 1e9)
         async with self.store.read() as txn:
             entries = await txn.gc_due(due_before_ns, self.batch_max)
+            held = {e.inode for e in entries if await txn.trim_get(e.inode) is not None}
         removed = 0
         for e in entries:
+            if e.inode in held:
+                continue  # a cut may still be on its way: remove after it
+
             try:
                 await self.remover.remove_file_chunks(e.inode, e.layout, e.length)
             except asyncio.CancelledError:
@@ -120,7 +154,7 @@ class GcWorker:
             removed += 1
             logger.debug("gc: removed inode %d (%d bytes)", e.inode, e.length)
         self.removed_total += removed
-        return removed
+        return removed + trimmed
 
     async def run(self) -> None:
         """Forever: a batch, then sleep ``interval_s`` (immediately again if the batch was full)."""
@@ -138,5 +172,6 @@ class GcWorker:
                 await asyncio.sleep(0)
 
     def __repr__(self) -> str:
-        return (f"GcWorker(delay={self.delay_s}s removed={self.removed_total} failures={self.failures_total} "
-                f"sessions_expired={self.sessions_expired_total})")
+        trims = self.trimmer.trims_total if self.trimmer is not None else 0
+        return (f"GcWorker(delay={self.delay_s}s removed={self.removed_total} trims={trims} "
+                f"failures={self.failures_total} sessions_expired={self.sessions_expired_total})")

@@ -18,6 +18,7 @@ from loomfs.meta.gc import ChunkRemover, GcWorker, remover_client_id
 from loomfs.meta.ops.namespace import Namespace
 from loomfs.meta.service import MetaService
 from loomfs.meta.store.base import MetaStore
+from loomfs.meta.trim import TRIM_CALL_TIMEOUT_S, ChunkCutter, Trimmer
 from loomfs.net.rpc import RpcClient, RpcServer
 from loomfs.net.tcp import default_transport
 from loomfs.net.transport import Address
@@ -73,6 +74,17 @@ def _make_remover(rpc: RpcClient, routing: RoutingClient, node_id: int) -> Chunk
     return StorageClient(rpc, routing, client_id=remover_client_id(node_id))
 
 
+def _make_cutter(rpc: RpcClient, routing: RoutingClient, node_id: int) -> ChunkCutter | None:
+    """The storage client that cuts truncated files: its own request ids, and a deadline on
+    every call that a trim's claim outlasts (``loomfs.meta.trim``)."""
+    try:
+        from loomfs.client.storage_client import StorageClient
+    except ImportError as exc:
+        logger.warning("trims left queued: no storage client (%s)", exc)
+        return None
+    return StorageClient(rpc, routing, client_id=remover_client_id(node_id), call_timeout_s=TRIM_CALL_TIMEOUT_S)
+
+
 async def serve(config: MetaConfig, *, ready: asyncio.Event | None = None) -> None:
     store = MetaStore.open(
         resolve_under(config.data_dir, config.store_url), synchronous=config.sqlite_synchronous
@@ -87,9 +99,11 @@ async def serve(config: MetaConfig, *, ready: asyncio.Event | None = None) -> No
     default_layout = Layout(
         chunk_size=config.default_chunk_size_bytes, stripe=config.default_stripe, table_id=1
     )
+    cutter = _make_cutter(rpc, routing, config.node_id)
+    trimmer = Trimmer(store, cutter, clock=SYSTEM_CLOCK) if cutter is not None else None
     ns = Namespace(
         store, routing=routing, clock=SYSTEM_CLOCK,
-        rng=random.Random(config.node_id or None), default_layout=default_layout,
+        rng=random.Random(config.node_id or None), default_layout=default_layout, trimmer=trimmer,
     )
     await ns.init()
     server = RpcServer("meta", default_transport(max_payload_bytes=config.rpc.max_payload_bytes))
@@ -126,7 +140,7 @@ async def serve(config: MetaConfig, *, ready: asyncio.Event | None = None) -> No
         if remover is not None:
             gc = GcWorker(
                 store, remover, delay_s=config.gc_delay_s, interval_s=config.gc_interval_s,
-                session_lease_s=ns.session_lease_s, clock=SYSTEM_CLOCK,
+                session_lease_s=ns.session_lease_s, clock=SYSTEM_CLOCK, trimmer=trimmer,
             )
             tasks.append(loop.create_task(gc.run(), name="meta-gc"))
         logger.info("meta up on %s: %r", addr, ns)

@@ -30,12 +30,14 @@ class MetaService:
             session_id=req.session_id,
         )
         return w.OpenRsp(attr=o.attr, session_id=o.session_id, truncated_from=o.truncated_from,
-                         session_lease_s=self.ns.session_lease_s if o.session_id else 0.0, replayed=o.replayed)
+                         session_lease_s=self.ns.session_lease_s if o.session_id else 0.0, replayed=o.replayed,
+                         trunc_epoch=o.trunc_epoch)
 
     @handles(w.CLOSE)
     async def close(self, req: w.CloseReq, ctx: CallContext) -> w.AttrRsp:
-        attr = await self.ns.close(req.inode, req.session_id, req.length, req.mtime_ns)
-        return w.AttrRsp(attr=attr)
+        r = await self.ns.report(req.inode, req.session_id, req.length, req.mtime_ns,
+                                 trunc_epoch=req.trunc_epoch, end=True)
+        return w.AttrRsp(attr=r.attr, trunc_epoch=r.trunc_epoch)
 
     @handles(w.RENEW_SESSIONS)
     async def renew_sessions(self, req: w.RenewSessionsReq, ctx: CallContext) -> w.RenewSessionsRsp:
@@ -43,7 +45,8 @@ class MetaService:
 
     @handles(w.SYNC)
     async def sync(self, req: w.SyncReq, ctx: CallContext) -> w.AttrRsp:
-        return w.AttrRsp(attr=await self.ns.sync(req.inode, req.length, req.mtime_ns))
+        r = await self.ns.report(req.inode, 0, req.length, req.mtime_ns, trunc_epoch=req.trunc_epoch)
+        return w.AttrRsp(attr=r.attr, trunc_epoch=r.trunc_epoch)
 
     @handles(w.READDIR)
     async def readdir(self, req: w.ReaddirReq, ctx: CallContext) -> w.ReaddirRsp:
@@ -86,13 +89,14 @@ class MetaService:
             req.path, follow_symlinks=req.follow_symlinks, mode=req.mode, uid=req.uid, gid=req.gid,
             atime_ns=req.atime_ns, mtime_ns=req.mtime_ns, size=req.size,
         )
-        return w.SetattrRsp(attr=r.attr, truncated_from=r.truncated_from)
+        return w.SetattrRsp(attr=r.attr, truncated_from=r.truncated_from, trunc_epoch=r.trunc_epoch)
 
     @handles(w.STATFS)
     async def statfs(self, req: Empty, ctx: CallContext) -> w.StatfsRsp:
         s = await self.ns.statfs()
         return w.StatfsRsp(
-            files=s.files, directories=s.directories, bytes_used=s.bytes_used, gc_pending=s.gc_pending
+            files=s.files, directories=s.directories, bytes_used=s.bytes_used, gc_pending=s.gc_pending,
+            trims_pending=s.trims_pending,
         )
 
     @handles(w.SET_LAYOUT)

@@ -1,5 +1,10 @@
 """meta service (id 2): the namespace. Path-based calls, one round trip each.
 
+Truncates: meta cuts the chunks itself (``loomfs.meta.trim``) before it answers a call that
+shrinks a file; clients never trim. Every shrink starts a new *truncate epoch* of the file:
+write opens, SETATTR and length reports answer the current one, and a writer sends the
+epoch it knows with its length reports (SYNC, CLOSE), so meta can tell a stale report.
+
 Paths are absolute, '/'-separated, already normalised by the client (``..`` resolved
 lexically, never above the root); the server validates them again (NUL bytes, components
 longer than 255 bytes, empty components) and answers EINVAL / ENAMETOOLONG.
@@ -20,6 +25,7 @@ class PathReq(Message):
 @message
 class AttrRsp(Message):
     attr: Attr | None = None
+    trunc_epoch: int = 0  # SYNC/CLOSE: the file's truncate epoch now (other calls: 0)
 
 
 @message
@@ -49,9 +55,10 @@ class OpenReq(Message):
 class OpenRsp(Message):
     attr: Attr | None = None
     session_id: int = 0  # nonzero for write opens
-    truncated_from: int = 0  # O_TRUNC: the length before truncation (client removes those chunks)
+    truncated_from: int = 0  # O_TRUNC: the length before truncation (meta cut those chunks)
     session_lease_s: float = 0.0  # renew write sessions (RENEW_SESSIONS) well within this; 0 = never expire
     replayed: bool = False  # the open had been applied (a retry): nothing created or truncated now
+    trunc_epoch: int = 0  # write opens: the file's truncate epoch (sent back with SYNC/CLOSE)
 
 
 @message
@@ -60,6 +67,9 @@ class CloseReq(Message):
     session_id: int = 0
     length: int = -1  # highest byte written + 1 by this session; -1 = wrote nothing
     mtime_ns: int = 0  # 0 = now if length >= 0
+    # the truncate epoch the writer knows (from OPEN, SETATTR or its last SYNC): older than
+    # the file's means a truncate came after, and the report does not grow the length
+    trunc_epoch: int = 0
 
 
 @message
@@ -67,8 +77,9 @@ class SyncReq(Message):
     """fsync / periodic length report from an open writer."""
 
     inode: int = 0
-    length: int = -1
+    length: int = -1  # highest byte written + 1 since the writer last learned a new epoch
     mtime_ns: int = 0
+    trunc_epoch: int = 0  # as CloseReq
 
 
 @message
@@ -138,13 +149,14 @@ class SetattrReq(Message):
     gid: int = -1
     atime_ns: int = -1
     mtime_ns: int = -1
-    size: int = -1  # truncate/extend; the reply's truncated_from says the old length
+    size: int = -1  # truncate/extend (meta cuts the chunks); the reply's truncated_from says the old length
 
 
 @message
 class SetattrRsp(Message):
     attr: Attr | None = None
     truncated_from: int = -1
+    trunc_epoch: int = 0  # the file's truncate epoch after the call
 
 
 @message
@@ -153,6 +165,7 @@ class StatfsRsp(Message):
     directories: int = 0
     bytes_used: int = 0  # sum of file lengths (logical)
     gc_pending: int = 0
+    trims_pending: int = 0  # truncated files whose chunks are still to be cut
 
 
 @message

@@ -12,7 +12,8 @@ from loomfs.common.routing import Routing
 from loomfs.errors import LoomError, StatusError
 from loomfs.meta.gc import SESSION_LEASE_S
 from loomfs.meta.layout import ChainAllocator
-from loomfs.meta.store.base import GcEntry, MetaStore, MetaTxn
+from loomfs.meta.store.base import GcEntry, MetaStore, MetaTxn, TrimEntry
+from loomfs.meta.trim import Trimmer, must_settle, queue_trim
 from loomfs.wire.status import Status
 from loomfs.wire.types import ROOT_INODE, Attr, FileType, Layout
 
@@ -48,6 +49,7 @@ class NamespaceBase:
         rng: random.Random | None = None,
         default_layout: Layout | None = None,
         session_lease_s: float = SESSION_LEASE_S,
+        trimmer: Trimmer | None = None,
     ):
         self.store = store
         self.routing = routing
@@ -55,6 +57,9 @@ class NamespaceBase:
         self.chains = ChainAllocator(rng or random.Random())
         self.default_layout = default_layout or Layout()
         self.session_lease_s = session_lease_s  # told to writers, who renew (GcWorker expires)
+        # cuts the chunks of shrunk files before a call that lets writes land past the new end
+        # answers (``loomfs.meta.trim``); without one (tests, offline tools) trims stay queued
+        self.trimmer = trimmer
 
     async def init(self) -> None:
         """Create the root directory on a fresh store (idempotent)."""
@@ -132,29 +137,75 @@ class NamespaceBase:
         await txn.delete_inode(attr.inode)
         if attr.type != FILE:
             return False
+        await txn.set_trunc_epoch(attr.inode, 0)
+        trim = await txn.trim_get(attr.inode)
+        if trim is not None and trim.claim_until_ns <= now:
+            await txn.trim_delete(attr.inode)  # a claimed one is its performer's to drop (GC waits)
         await txn.add_counter(C_FILES, -1)
         if attr.size:
             await txn.add_counter(C_BYTES, -attr.size)
         await txn.gc_put(GcEntry(attr.inode, attr.layout or self.default_layout, attr.size, now))
         return True
 
-    async def _report_length(self, txn: MetaTxn, inode: int, length: int, mtime_ns: int) -> Attr | None:
-        """A writer's length report: new length = max(current, reported)."""
+    async def _report_length(
+        self, txn: MetaTxn, inode: int, length: int, mtime_ns: int, trunc_epoch: int
+    ) -> tuple[Attr | None, int]:
+        """A writer's length report; returns the attributes and the file's truncate epoch.
+
+        At the file's truncate epoch (or a newer one): length = max(current, reported). At an
+        older one the writer has not seen the last truncate: the length does not grow, and
+        what it wrote past the current length is queued to be cut (an idle trim, see
+        ``loomfs.meta.trim``)."""
         attr = await txn.get_inode(inode)
         if attr is None:
             gc = await txn.gc_get(inode)  # unlinked while open: GC must cover what was written
             if gc is not None and length > gc.length:
                 await txn.gc_put(dataclasses.replace(gc, length=length))
-            return None
-        if length < 0 or attr.type != FILE:
-            return attr
+            return None, 0
+        if attr.type != FILE:
+            return attr, 0
+        epoch = await txn.trunc_epoch(inode)
+        if length < 0:
+            return attr, epoch
         now = self.clock.now_ns()
         size = max(attr.size, length)
+        if trunc_epoch < epoch and length > attr.size:
+            size = attr.size
+            await queue_trim(txn, TrimEntry(
+                inode=inode, layout=attr.layout or self.default_layout, length=attr.size,
+                old_length=length, idle=True, generation=0, enqueued_ns=now,
+            ), now)
+            logger.info("meta: stale length report for inode %d (epoch %d < %d): %d kept, bytes to %d cut",
+                        inode, trunc_epoch, epoch, attr.size, length)
         attr2 = dataclasses.replace(attr, size=size, mtime_ns=mtime_ns or now, ctime_ns=now)
         await txn.put_inode(attr2)
         if size != attr.size:
             await txn.add_counter(C_BYTES, size - attr.size)
-        return attr2
+        return attr2, epoch
+
+    async def _shrink(self, txn: MetaTxn, attr: Attr, size: int, now: int) -> int:
+        """``attr`` (a file) is cut to ``size`` (below its length, or anywhere while writers
+        are open): a new truncate epoch and a trim of the chunks past ``size``, queued in the
+        caller's transaction and claimed for the settle that follows its commit. Returns the
+        new epoch."""
+        epoch = await txn.trunc_epoch(attr.inode) + 1
+        await txn.set_trunc_epoch(attr.inode, epoch)
+        owner, until = self.trimmer.claim(now) if self.trimmer is not None else (0, 0)
+        await queue_trim(txn, TrimEntry(
+            inode=attr.inode, layout=attr.layout or self.default_layout, length=size,
+            old_length=attr.size, idle=False, generation=0, enqueued_ns=now, claim_owner=owner,
+            claim_until_ns=until,
+        ), now)
+        return epoch
+
+    async def _must_settle(self, txn: MetaTxn, inode: int) -> bool:
+        """Whether ``inode`` has a trim to cut before the caller's reply (``must_settle``)."""
+        entry = await txn.trim_get(inode)
+        return entry is not None and must_settle(entry, await txn.session_count(inode))
+
+    async def _settle(self, inode: int) -> None:
+        if self.trimmer is not None:
+            await self.trimmer.settle(inode)
 
     async def _attr(self, txn: MetaTxn, inode: int) -> Attr:
         attr = await txn.get_inode(inode)

@@ -23,6 +23,7 @@ class Statfs:
     directories: int
     bytes_used: int
     gc_pending: int
+    trims_pending: int = 0
 
 
 class DirOps(NamespaceBase):
@@ -38,7 +39,8 @@ class DirOps(NamespaceBase):
         async with self.store.read() as txn:
             c = await txn.counters()
             gc = await txn.gc_count()
-        return Statfs(c.get(C_FILES, 0), c.get(C_DIRS, 0), c.get(C_BYTES, 0), gc)
+            trims = await txn.trim_count()
+        return Statfs(c.get(C_FILES, 0), c.get(C_DIRS, 0), c.get(C_BYTES, 0), gc, trims)
 
     async def mkdir(
         self, path: str, *, mode: int = 0o755, parents: bool = False, exist_ok: bool = False,

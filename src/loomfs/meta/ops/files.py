@@ -1,8 +1,15 @@
-"""File operations: open/create (os.O_* flags), close, sync, setattr (truncate, chmod, utimes)."""
+"""File operations: open/create (os.O_* flags), close, sync, setattr (truncate, chmod, utimes).
+
+Shrinks (SETATTR, O_TRUNC) queue a trim in their transaction and cut the chunks before they
+answer; every call that hands a writer the file's truncate epoch (write OPEN, SETATTR of the
+size, SYNC, CLOSE) first settles the file's pending trim. ``loomfs.meta.trim`` has the rules
+and why they are safe.
+"""
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 from collections.abc import Sequence
 
@@ -15,6 +22,8 @@ from loomfs.wire.meta import RENEW_SESSIONS_MAX
 from loomfs.wire.status import Status
 from loomfs.wire.types import Attr
 
+logger = logging.getLogger(__name__)
+
 O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0o400000)
 O_DIRECTORY = getattr(os, "O_DIRECTORY", 0o200000)
 
@@ -26,12 +35,26 @@ class Opened:
     truncated_from: int = 0
     created: bool = False
     replayed: bool = False  # a retried OPEN that had been applied: nothing done this time
+    trunc_epoch: int = 0  # write opens: the file's truncate epoch
+    settle: bool = False  # a trim must be cut before the reply
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class SetattrResult:
     attr: Attr
     truncated_from: int = -1
+    trunc_epoch: int = 0
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Reported:
+    """A length report's outcome: the attributes (None: the inode is gone) and the epoch."""
+
+    attr: Attr | None
+    trunc_epoch: int = 0
+
+
+SETATTR_SETTLE_ROUNDS = 3  # an extend settles the file's trim, then tries again at most this often
 
 
 class FileOps(NamespaceBase):
@@ -70,15 +93,25 @@ class FileOps(NamespaceBase):
                 return Opened(await self._attr(txn, r.inode))
         routing = await self._routing_for_create() if creat else None
         try:
-            return await self._open_write(path, parts, flags, mode, uid, gid, client_id, session_id, routing,
-                                          follow)
+            o = await self._open_write(path, parts, flags, mode, uid, gid, client_id, session_id, routing,
+                                       follow)
         except StatusError as exc:
             if exc.status is not Status.NO_CHAIN_TABLE or self.routing is None:
                 raise
             # a chain table may have been created since our last routing refresh
             routing = await self.routing.refresh()
-            return await self._open_write(path, parts, flags, mode, uid, gid, client_id, session_id, routing,
-                                          follow)
+            o = await self._open_write(path, parts, flags, mode, uid, gid, client_id, session_id, routing,
+                                       follow)
+        if o.settle:  # O_TRUNC's own trim, or one a crash left: cut before anyone writes
+            try:
+                await self._settle(o.attr.inode)
+            except StatusError:
+                if o.session_id:  # the open failed: its session would only wait to expire
+                    async with self.store.write() as txn:
+                        await txn.remove_session(o.attr.inode, o.session_id)
+                raise
+            o = dataclasses.replace(o, settle=False)
+        return o
 
     async def _open_write(
         self, path: str, parts: list[str], flags: int, mode: int, uid: int, gid: int, client_id: int,
@@ -95,7 +128,9 @@ class FileOps(NamespaceBase):
                 if write and session_id and r.type == FILE:
                     owner = await txn.session_client(r.inode, session_id)
                     if owner == client_id:
-                        return Opened(await self._attr(txn, r.inode), session_id, replayed=True)
+                        return Opened(await self._attr(txn, r.inode), session_id, replayed=True,
+                                      trunc_epoch=await txn.trunc_epoch(r.inode),
+                                      settle=await self._must_settle(txn, r.inode))
                     if owner is not None:
                         session_id = 0  # another client's id: take one of ours
                 if creat and flags & os.O_EXCL:
@@ -111,7 +146,9 @@ class FileOps(NamespaceBase):
                 attr = await self._attr(txn, r.inode)
                 if flags & os.O_TRUNC and attr.type == FILE:
                     truncated_from = attr.size
-                    if attr.size:
+                    # other writers may have written past the length they reported
+                    if attr.size or await txn.has_session(attr.inode):
+                        await self._shrink(txn, attr, 0, now)
                         attr = dataclasses.replace(attr, size=0, mtime_ns=now, ctime_ns=now)
                         await txn.put_inode(attr)
                         await txn.add_counter(C_BYTES, -truncated_from)
@@ -132,14 +169,43 @@ class FileOps(NamespaceBase):
                 session_id = await txn.next_id(C_SESSION)
             if session_id:
                 await txn.add_session(attr.inode, session_id, client_id, now)
-            return Opened(attr, session_id, truncated_from, created)
+            if created or not (write or truncated_from):
+                return Opened(attr, session_id, truncated_from, created)
+            return Opened(attr, session_id, truncated_from, created, trunc_epoch=await txn.trunc_epoch(attr.inode),
+                          settle=await self._must_settle(txn, attr.inode))
 
-    async def close(self, inode: int, session_id: int = 0, length: int = -1, mtime_ns: int = 0) -> Attr | None:
+    async def close(
+        self, inode: int, session_id: int = 0, length: int = -1, mtime_ns: int = 0, *, trunc_epoch: int = 0
+    ) -> Attr | None:
         """End a write session and apply its length report. None if the inode is gone."""
+        return (await self.report(inode, session_id, length, mtime_ns, trunc_epoch=trunc_epoch, end=True)).attr
+
+    async def sync(self, inode: int, length: int = -1, mtime_ns: int = 0, *, trunc_epoch: int = 0) -> Attr | None:
+        """An open writer's length report (fsync). None if the inode is gone."""
+        return (await self.report(inode, 0, length, mtime_ns, trunc_epoch=trunc_epoch)).attr
+
+    async def report(
+        self, inode: int, session_id: int = 0, length: int = -1, mtime_ns: int = 0, *, trunc_epoch: int = 0,
+        end: bool = False,
+    ) -> Reported:
+        """A writer's length report (SYNC; CLOSE with ``end``: its session ends too).
+
+        ``trunc_epoch``: the epoch the writer knows; an older one than the file's does not
+        grow the length (``_report_length``). The file's pending trim is settled before the
+        reply, which hands the writer the current epoch."""
         async with self.store.write() as txn:
-            if session_id:
+            if end and session_id:
                 await txn.remove_session(inode, session_id)
-            return await self._report_length(txn, inode, length, mtime_ns)
+            attr, epoch = await self._report_length(txn, inode, length, mtime_ns, trunc_epoch)
+            settle = attr is not None and await self._must_settle(txn, inode)
+        if settle:
+            try:
+                await self._settle(inode)
+            except StatusError as exc:
+                if not end:
+                    raise  # the writer goes on: it may write only once the trim is cut
+                logger.info("meta: close of inode %d leaves its trim to GC: %s", inode, exc)
+        return Reported(attr, epoch)
 
     async def renew_sessions(self, client_id: int, session_ids: Sequence[int]) -> int:
         """A writer's lease renewal of the write sessions it holds. Returns how many of them
@@ -151,10 +217,6 @@ class FileOps(NamespaceBase):
         async with self.store.write() as txn:
             return await txn.renew_sessions(client_id, session_ids, self.clock.now_ns())
 
-    async def sync(self, inode: int, length: int = -1, mtime_ns: int = 0) -> Attr | None:
-        async with self.store.write() as txn:
-            return await self._report_length(txn, inode, length, mtime_ns)
-
     async def getattr_inode(self, inode: int) -> Attr | None:
         async with self.store.read() as txn:
             return await txn.get_inode(inode)
@@ -163,9 +225,28 @@ class FileOps(NamespaceBase):
         self, path: str, *, follow_symlinks: bool = True, mode: int = -1, uid: int = -1, gid: int = -1,
         atime_ns: int = -1, mtime_ns: int = -1, size: int = -1,
     ) -> SetattrResult:
+        """chmod/chown/utimes/truncate. A size change settles the file's trim: an extend
+        before it commits (the bytes it exposes must read zeros), a shrink after (its own)."""
         parts = split_path(path)
         if size < -1:
             raise StatusError(Status.EINVAL, f"negative size {size}")
+        for _ in range(SETATTR_SETTLE_ROUNDS):
+            r = await self._setattr(parts, path, follow_symlinks, mode, uid, gid, atime_ns, mtime_ns, size)
+            if isinstance(r, int):
+                await self._settle(r)  # an extend waits for the file's pending trim
+                continue
+            result, settle = r
+            if settle:
+                await self._settle(result.attr.inode)
+            return result
+        raise StatusError(Status.EAGAIN, f"{path}: truncated again and again while extending")
+
+    async def _setattr(
+        self, parts: list[str], path: str, follow_symlinks: bool, mode: int, uid: int, gid: int,
+        atime_ns: int, mtime_ns: int, size: int,
+    ) -> tuple[SetattrResult, bool] | int:
+        """One try: the result and whether to settle the file's trim before replying; or an
+        inode number: settle that file's trim first and try again."""
         async with self.store.write() as txn:
             r = await walk(txn, parts, follow_last=follow_symlinks or size >= 0)
             if r.inode is None:
@@ -189,15 +270,25 @@ class FileOps(NamespaceBase):
             if mtime_ns >= 0:
                 changes["mtime_ns"] = mtime_ns
             truncated_from = -1
+            epoch = 0
             if size >= 0:
+                if size > attr.size and self.trimmer is not None and await self._must_settle(txn, attr.inode):
+                    return attr.inode
                 truncated_from = attr.size
                 changes["size"] = size
                 if mtime_ns < 0:
                     changes["mtime_ns"] = now
                 if size != attr.size:
                     await txn.add_counter(C_BYTES, size - attr.size)
+                # open writers may have written past the length they reported: for them any
+                # size set is a shrink (their bytes past it are cut, their reports stale)
+                if size < attr.size or await txn.has_session(attr.inode):
+                    epoch = await self._shrink(txn, attr, size, now)
+                else:
+                    epoch = await txn.trunc_epoch(attr.inode)
             if changes:
                 changes["ctime_ns"] = now
                 attr = dataclasses.replace(attr, **changes)  # type: ignore[arg-type]
                 await txn.put_inode(attr)
-            return SetattrResult(attr, truncated_from)
+            settle = size >= 0 and await self._must_settle(txn, attr.inode)
+            return SetattrResult(attr, truncated_from, epoch), settle

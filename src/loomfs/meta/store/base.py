@@ -1,7 +1,7 @@
 """The MetaStore seam: a narrow transactional engine under the namespace.
 
-An engine stores inodes, directory entries, write sessions, the GC queue and counters, and
-runs reads and writes inside transactions. It knows nothing about POSIX: every namespace
+An engine stores inodes, directory entries, write sessions, the GC queue, the trim queue,
+truncate epochs and counters, and runs reads and writes inside transactions. It knows nothing about POSIX: every namespace
 rule (errno choice, nlink accounting, layouts, symlinks) lives once in ``loomfs.meta.ops``.
 
 Engines are chosen by URL and registered by scheme::
@@ -44,6 +44,28 @@ class GcEntry:
     layout: Layout
     length: int
     enqueued_ns: int
+
+
+@dataclass(frozen=True, slots=True)
+class TrimEntry:
+    """A file whose chunks past ``length`` still have to be cut (see ``loomfs.meta.trim``).
+
+    ``idle``: a stale writer's tail, cut at the file's length once no write session is open;
+    otherwise a truncate's trim, cut at ``length`` before any later write may land.
+    ``generation`` grows with every merge, so a performer can tell whether the entry it cut
+    is still the one queued. ``claim_owner``/``claim_until_ns``: the performer that holds it
+    (0 = none) and until when; a claim that ran out may be taken over.
+    """
+
+    inode: int
+    layout: Layout
+    length: int
+    old_length: int
+    idle: bool
+    generation: int
+    enqueued_ns: int
+    claim_owner: int = 0
+    claim_until_ns: int = 0
 
 
 class MetaTxn(ABC):
@@ -123,6 +145,10 @@ class MetaTxn(ABC):
     async def has_session(self, inode: int) -> bool: ...
 
     @abstractmethod
+    async def session_count(self, inode: int) -> int:
+        """How many write sessions ``inode`` has."""
+
+    @abstractmethod
     async def remove_client_sessions(self, client_id: int) -> int: ...
 
     # GC queue -------------------------------------------------------------------------
@@ -141,6 +167,34 @@ class MetaTxn(ABC):
 
     @abstractmethod
     async def gc_count(self) -> int: ...
+
+    # truncate epochs ------------------------------------------------------------------
+    # Per inode, how many times the file was shrunk (0 = never; no row is kept for 0).
+    @abstractmethod
+    async def trunc_epoch(self, inode: int) -> int: ...
+
+    @abstractmethod
+    async def set_trunc_epoch(self, inode: int, epoch: int) -> None:
+        """Set the epoch; 0 forgets the inode."""
+
+    # trim queue (at most one entry per inode) -----------------------------------------
+    @abstractmethod
+    async def trim_put(self, entry: TrimEntry) -> None:
+        """Insert or replace the inode's entry."""
+
+    @abstractmethod
+    async def trim_get(self, inode: int) -> TrimEntry | None: ...
+
+    @abstractmethod
+    async def trim_due(self, now_ns: int, limit: int) -> list[TrimEntry]:
+        """Oldest entries whose claim ran out by ``now_ns`` (``claim_until_ns <= now_ns``),
+        idle ones only when their inode has no write session; at most ``limit``."""
+
+    @abstractmethod
+    async def trim_delete(self, inode: int) -> None: ...
+
+    @abstractmethod
+    async def trim_count(self) -> int: ...
 
 
 class MetaStore(ABC):

@@ -21,6 +21,7 @@ from loomfs.meta.store.base import (
     GcEntry,
     MetaStore,
     MetaTxn,
+    TrimEntry,
     decode_layout,
     encode_layout,
 )
@@ -48,6 +49,13 @@ CREATE TABLE IF NOT EXISTS gc_queue (
 );
 CREATE INDEX IF NOT EXISTS gc_by_time ON gc_queue (enqueued_ns);
 CREATE TABLE IF NOT EXISTS counters (name TEXT PRIMARY KEY, value INTEGER NOT NULL) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS trunc_epochs (inode INTEGER PRIMARY KEY, epoch INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS trim_queue (
+    inode INTEGER PRIMARY KEY, layout BLOB, length INTEGER NOT NULL, old_length INTEGER NOT NULL,
+    idle INTEGER NOT NULL, generation INTEGER NOT NULL, enqueued_ns INTEGER NOT NULL,
+    claim_owner INTEGER NOT NULL, claim_until_ns INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS trim_by_time ON trim_queue (enqueued_ns);
 """
 
 _INODE_COLS = "id, type, mode, nlink, uid, gid, size, atime_ns, mtime_ns, ctime_ns, layout, symlink"
@@ -68,6 +76,12 @@ _ADD_COUNTER = (
 _GC_DUE = (
     "SELECT inode, layout, length, enqueued_ns FROM gc_queue g WHERE enqueued_ns <= ? "
     "AND NOT EXISTS (SELECT 1 FROM sessions s WHERE s.inode = g.inode) "
+    "ORDER BY enqueued_ns LIMIT ?"
+)
+_TRIM_COLS = "inode, layout, length, old_length, idle, generation, enqueued_ns, claim_owner, claim_until_ns"
+_TRIM_DUE = (
+    f"SELECT {_TRIM_COLS} FROM trim_queue t WHERE claim_until_ns <= ? "
+    "AND (idle = 0 OR NOT EXISTS (SELECT 1 FROM sessions s WHERE s.inode = t.inode)) "
     "ORDER BY enqueued_ns LIMIT ?"
 )
 
@@ -202,6 +216,9 @@ class SqliteTxn(MetaTxn):
         row = self._c.execute("SELECT 1 FROM sessions WHERE inode = ? LIMIT 1", (inode,)).fetchone()
         return row is not None
 
+    async def session_count(self, inode: int) -> int:
+        return int(self._c.execute("SELECT COUNT(*) FROM sessions WHERE inode = ?", (inode,)).fetchone()[0])
+
     async def remove_client_sessions(self, client_id: int) -> int:
         return self._w().execute("DELETE FROM sessions WHERE client_id = ?", (client_id,)).rowcount
 
@@ -225,6 +242,43 @@ class SqliteTxn(MetaTxn):
 
     async def gc_count(self) -> int:
         return int(self._c.execute("SELECT COUNT(*) FROM gc_queue").fetchone()[0])
+
+    async def trunc_epoch(self, inode: int) -> int:
+        row = self._c.execute("SELECT epoch FROM trunc_epochs WHERE inode = ?", (inode,)).fetchone()
+        return 0 if row is None else int(row[0])
+
+    async def set_trunc_epoch(self, inode: int, epoch: int) -> None:
+        c = self._w()
+        if epoch:
+            c.execute("INSERT OR REPLACE INTO trunc_epochs (inode, epoch) VALUES (?,?)", (inode, epoch))
+        else:
+            c.execute("DELETE FROM trunc_epochs WHERE inode = ?", (inode,))
+
+    async def trim_put(self, entry: TrimEntry) -> None:
+        self._w().execute(
+            f"INSERT OR REPLACE INTO trim_queue ({_TRIM_COLS}) VALUES (?,?,?,?,?,?,?,?,?)",
+            (entry.inode, encode_layout(entry.layout), entry.length, entry.old_length, int(entry.idle),
+             entry.generation, entry.enqueued_ns, entry.claim_owner, entry.claim_until_ns),
+        )
+
+    async def trim_get(self, inode: int) -> TrimEntry | None:
+        row = self._c.execute(f"SELECT {_TRIM_COLS} FROM trim_queue WHERE inode = ?", (inode,)).fetchone()
+        return None if row is None else _trim(row)
+
+    async def trim_due(self, now_ns: int, limit: int) -> list[TrimEntry]:
+        return [_trim(r) for r in self._c.execute(_TRIM_DUE, (now_ns, limit))]
+
+    async def trim_delete(self, inode: int) -> None:
+        self._w().execute("DELETE FROM trim_queue WHERE inode = ?", (inode,))
+
+    async def trim_count(self) -> int:
+        return int(self._c.execute("SELECT COUNT(*) FROM trim_queue").fetchone()[0])
+
+
+def _trim(row: tuple[Any, ...]) -> TrimEntry:
+    layout = decode_layout(row[1])
+    assert layout is not None
+    return TrimEntry(row[0], layout, row[2], row[3], bool(row[4]), row[5], row[6], row[7], row[8])
 
 
 def _gc(row: tuple[Any, ...]) -> GcEntry:
