@@ -219,3 +219,111 @@ def test_trace_id_follows_a_request_across_servers() -> None:
 
     run(go())
     assert seen == {"front": 0xABC, "back": 0xABC}
+
+
+# ---- network faults (the simulator's) ------------------------------------------------------------
+def test_one_way_cut_holds_frames_until_heal() -> None:
+    """TCP semantics: a cut delays frames (retransmission), it does not lose them; a request
+    sent during the cut reaches the server after the heal even though its caller gave up."""
+
+    async def go() -> None:
+        net, server, svc, addr, client = await _setup()
+        await client.call(addr, WRITE, WriteReq(length=1), payload=b"a")
+        net.cut("10.0.0.2", "10.0.0.1")  # client -> server only
+        assert net.is_cut("10.0.0.2", "10.0.0.1") and not net.is_cut("10.0.0.1", "10.0.0.2")
+        with pytest.raises(TimedOut):
+            await client.call(addr, WRITE, WriteReq(length=1), payload=b"b", timeout_s=0.5, retry=False)
+        assert svc.seen == [b"a"]
+        net.heal()
+        await asyncio.sleep(0.01)
+        assert svc.seen == [b"a", b"b"]  # the stale request arrives late
+        await client.call(addr, WRITE, WriteReq(length=1), payload=b"c")
+        assert svc.seen == [b"a", b"b", b"c"]
+
+    run(go())
+
+
+def test_connect_across_a_cut_times_out_and_a_dead_host_refuses() -> None:
+    from loomfs.errors import ConnectRefused
+
+    async def go() -> None:
+        net, server, svc, addr, client = await _setup()
+        net.cut("10.0.0.1", "10.0.0.2")  # replies cannot come back: the handshake fails too
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        with pytest.raises(TimedOut):
+            await client.call(addr, STAT, PathReq(path="/a"), timeout_s=0.4, retry=False)
+        assert loop.time() - t0 >= 0.4
+        net.heal()
+        net.crash_host("10.0.0.1")
+        with pytest.raises(ConnectRefused):
+            await client.call(addr, STAT, PathReq(path="/a"), timeout_s=0.4, retry=False)
+
+    run(go())
+
+
+def test_crash_host_resets_connections() -> None:
+    async def go() -> None:
+        net, server, svc, addr, client = await _setup()
+        await client.call(addr, STAT, PathReq(path="/a"))
+        call = asyncio.ensure_future(client.call(addr, STAT, PathReq(path="/slow"), retry=False))
+        await asyncio.sleep(0.1)
+        net.crash_host("10.0.0.1")
+        with pytest.raises(ConnectionFailed):
+            await call
+
+    run(go())
+
+
+def test_pause_holds_traffic_both_ways() -> None:
+    async def go() -> None:
+        net, server, svc, addr, client = await _setup()
+        await client.call(addr, STAT, PathReq(path="/a"))
+        net.pause("10.0.0.1")
+        call = asyncio.ensure_future(client.call(addr, WRITE, WriteReq(length=1), payload=b"p", timeout_s=5.0))
+        await asyncio.sleep(2.0)
+        assert svc.seen == [] and not call.done()
+        net.resume("10.0.0.1")
+        await call
+        assert svc.seen == [b"p"]
+
+    run(go())
+
+
+def test_duplicated_requests_arrive_again_on_a_new_connection() -> None:
+    from loomfs.net.sim import LinkState
+
+    async def go() -> None:
+        net, server, svc, addr, client = await _setup()
+        net.set_link("10.0.0.2", "10.0.0.1", LinkState(dup_rate=1.0, dup_delay_s=0.05))
+        await client.call(addr, WRITE, WriteReq(length=1), payload=b"d")
+        await asyncio.sleep(0.2)
+        assert svc.seen == [b"d", b"d"] and net.frames_duplicated == 1
+        net.set_link("10.0.0.2", "10.0.0.1", LinkState())
+        await client.call(addr, WRITE, WriteReq(length=1), payload=b"e")
+        await asyncio.sleep(0.2)
+        assert svc.seen == [b"d", b"d", b"e"]
+
+    run(go())
+
+
+def test_resets_and_reordering() -> None:
+    from loomfs.net.sim import LinkState
+
+    async def go() -> None:
+        net, server, svc, addr, client = await _setup(seed=4)
+        net.set_link("10.0.0.2", "10.0.0.1", LinkState(reset_rate=1.0))
+        with pytest.raises(ConnectionFailed):
+            await client.call(addr, STAT, PathReq(path="/a"), retry=False)
+        assert net.connections_reset == 1
+        net.set_link("10.0.0.2", "10.0.0.1", LinkState(reorder_s=0.05))
+        for i in range(20):
+            await client.call(addr, WRITE, WriteReq(length=1), payload=bytes([i]))  # reconnects
+        payloads = [bytes([i]) for i in range(20)]
+        assert svc.seen == payloads  # one at a time: order kept by the caller
+        sends = [client.call(addr, WRITE, WriteReq(length=1), payload=bytes([100 + i])) for i in range(20)]
+        await asyncio.gather(*sends)
+        late = svc.seen[20:]
+        assert sorted(late) == [bytes([100 + i]) for i in range(20)] and late != sorted(late)
+
+    run(go())

@@ -34,6 +34,7 @@ class SimConfig:
     fault_gap_s_mean: float = 0.6
     fault_len_s_max: float = 3.0
     restart_delay_s_max: float = 2.5
+    disk_fault_s_max: float = 1.0  # every write through the sick disk fails meanwhile
     wall_limit_s: float = 120.0  # a run using more real time than this fails
 
     def with_(self, **changes: object) -> SimConfig:

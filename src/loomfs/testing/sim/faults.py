@@ -241,7 +241,7 @@ class FaultInjector:
         eio_rate = 0.0 if enospc else self.rng.uniform(0.05, 0.5)
         for e in sh.engines:
             e.enospc, e.eio_rate = enospc, eio_rate
-        duration_s = self._duration()
+        duration_s = self.rng.uniform(0.05, self.cfg.disk_fault_s_max)
 
         async def undo() -> None:
             for e in sh.engines:

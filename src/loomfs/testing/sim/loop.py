@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import collections.abc
+import contextlib
 import contextvars
 import threading
 import time
@@ -209,19 +210,26 @@ class SimLoop(asyncio.BaseEventLoop):
             raise exc
         self.errors.append(f"{context.get('message')}: {exc!r}")
 
+    def shutdown(self) -> None:
+        """Kill every host, cancel every task, let them unwind, close."""
+        try:
+            for name in list(self._hosts):
+                self.kill_host(name)
+            for t in asyncio.all_tasks(self):
+                t.cancel()
+            with contextlib.suppress(SimError, RuntimeError):
+                self.run_until_complete(asyncio.sleep(1.0))
+        finally:
+            self.close()
+
     def __repr__(self) -> str:
         return f"SimLoop(t={self._now_s:.6f} steps={self.steps} hosts={len(self._hosts)})"
 
 
 def run(coro: Coroutine[Any, Any, T], *, wall_limit_s: float | None = None) -> T:
-    """Run ``coro`` to completion on a fresh SimLoop and close it."""
+    """Run ``coro`` to completion on a fresh SimLoop, then shut the loop down."""
     loop = SimLoop(wall_limit_s=wall_limit_s)
     try:
         return loop.run_until_complete(coro)
     finally:
-        try:
-            for t in asyncio.all_tasks(loop):
-                t.cancel()
-            loop.run_until_complete(asyncio.sleep(0))
-        finally:
-            loop.close()
+        loop.shutdown()

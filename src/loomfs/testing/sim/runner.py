@@ -48,6 +48,7 @@ class SimResult:
     stats: dict[str, float] = field(default_factory=dict)
     trace: list[str] = field(default_factory=list)
     wall_s: float = 0.0
+    cpu_s: float = 0.0
 
     @property
     def ok(self) -> bool:
@@ -162,6 +163,7 @@ def run_seed(seed: int, profile: str = "ci", *, cfg: SimConfig | None = None, ec
     """Simulate one seed; never raises for a failure of the system under test."""
     cfg = cfg or PROFILES[profile]
     started = time.perf_counter()
+    cpu_started = time.process_time()
     log = EventLog(echo=echo)
     record = VersionRecord()
     random.seed(f"{seed}/global")
@@ -176,26 +178,15 @@ def run_seed(seed: int, profile: str = "ci", *, cfg: SimConfig | None = None, ec
             result = SimResult(seed, profile, [*record.violations, Violation("harness", f"{type(exc).__name__}: {exc}")],
                                "")
         finally:
-            _shutdown(loop)
+            loop.shutdown()
     result.profile = profile
     result.digest = log.digest()
     result.notes += loop.errors[:10]
     if keep_trace or not result.ok:
         result.trace = list(log.lines)
     result.wall_s = time.perf_counter() - started
+    result.cpu_s = time.process_time() - cpu_started
     return result
-
-
-def _shutdown(loop: SimLoop) -> None:
-    try:
-        for host in list(loop._hosts):  # noqa: SLF001 - our own loop
-            loop.kill_host(host)
-        for t in asyncio.all_tasks(loop):
-            t.cancel()
-        with contextlib.suppress(SimError, RuntimeError):
-            loop.run_until_complete(asyncio.sleep(0.5))
-    finally:
-        loop.close()
 
 
 # ---- many seeds ----------------------------------------------------------------------------

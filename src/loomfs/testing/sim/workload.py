@@ -45,10 +45,13 @@ class Workload:
         rng = random.Random(f"{self.cluster.seed}/workload/{client.index}")
         loop = asyncio.get_running_loop()
         while loop.time() < until_s:
-            await self.one_op(client, rng)
-            await asyncio.sleep(rng.uniform(0.0, self.cfg.think_s_max))
+            ok = await self.one_op(client, rng)
+            # an application backs off after an error instead of hammering a sick chain
+            pause_s = rng.uniform(0.0, self.cfg.think_s_max) if ok else rng.uniform(0.1, 0.4)
+            await asyncio.sleep(pause_s)
 
-    async def one_op(self, client: SimClient, rng: random.Random) -> None:
+    async def one_op(self, client: SimClient, rng: random.Random) -> bool:
+        """One random op; False when it failed."""
         cfg = self.cfg
         index = rng.randrange(cfg.chunks)
         size = cfg.chunk_size_bytes
@@ -58,20 +61,22 @@ class Workload:
             if rng.random() < 0.1:
                 length = size
             offset = rng.randrange(size - length + 1)
-            await self.write(client, index, offset, length)
+            op = await self.write(client, index, offset, length)
         elif r < 0.5:  # append at the end this client last saw
             length = 1 + rng.randrange(cfg.write_bytes_max)
             offset = min(client.lengths.get(index, 0), size - length)
-            await self.write(client, index, offset, length)
+            op = await self.write(client, index, offset, length)
         elif r < 0.6:
             cut = rng.random()
             length = 0 if cut < 0.1 else rng.randrange(size + 1) if cut < 0.5 else rng.randrange(size // 4 + 1)
-            await self.truncate(client, index, length)
+            op = await self.truncate(client, index, length)
         elif r < 0.8:
-            await self.read(client, index, 0, size)
+            op = await self.read(client, index, 0, size)
         else:
             offset = rng.randrange(size)
-            await self.read(client, index, offset, 1 + rng.randrange(min(size - offset, 4 * cfg.write_bytes_max)))
+            op = await self.read(client, index, offset,
+                                 1 + rng.randrange(min(size - offset, 4 * cfg.write_bytes_max)))
+        return op.ok is True
 
     async def write(self, client: SimClient, index: int, offset: int, length: int) -> Op:
         op_id = self._op_id()
