@@ -12,6 +12,7 @@ import os
 import sys
 import time
 
+from loomfs.testing.sim.config import FAULT_KINDS
 from loomfs.testing.sim.runner import PROFILES, SimResult, run_many, run_seed
 
 
@@ -22,16 +23,22 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--start", type=int, default=0, help="first seed of --seeds")
     p.add_argument("--jobs", type=int, default=1, help="processes for --seeds (0: one per CPU)")
     p.add_argument("--profile", choices=sorted(PROFILES), default="ci")
+    p.add_argument("--skip", default="", help=f"fault kinds to leave out, comma-separated ({','.join(FAULT_KINDS)})")
+    p.add_argument("--plant", default="", help="planted bugs to turn on, comma-separated (storage/planted.py)")
     p.add_argument("--trace", action="store_true", help="print the event trace (with --seed)")
     p.add_argument("--verbose", action="store_true", help="service logs on stderr (with --seed)")
     p.add_argument("--max-failures", type=int, default=20, help="stop printing failures after this many")
     args = p.parse_args(argv)
+    skip = tuple(k for k in args.skip.split(",") if k)
+    plant = tuple(k for k in args.plant.split(",") if k)
+    if set(skip) - set(FAULT_KINDS):
+        p.error(f"unknown fault kinds: {sorted(set(skip) - set(FAULT_KINDS))}")
     if args.seed is not None:
         if args.verbose:
             import logging
 
             logging.basicConfig(level=logging.INFO, format="%(name)s %(levelname)s %(message)s")
-        r = run_seed(args.seed, args.profile, keep_trace=True, verbose=args.verbose)
+        r = run_seed(args.seed, args.profile, skip=skip, plant=plant, keep_trace=True, verbose=args.verbose)
         if args.trace:
             print("\n".join(r.trace))
         print(r.summary())
@@ -58,7 +65,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{done}/{args.seeds} seeds, {len(failures)} failed, {rate:.1f} seeds/s", file=sys.stderr,
                   flush=True)
 
-    run_many(range(args.start, args.start + args.seeds), args.profile, jobs=jobs, on_result=progress)
+    run_many(range(args.start, args.start + args.seeds), args.profile, jobs=jobs, skip=skip, plant=plant,
+             on_result=progress)
     elapsed = time.perf_counter() - started
     print(f"{args.seeds} seeds in {elapsed:.1f}s ({args.seeds / elapsed:.2f} seeds/s, {jobs} jobs): "
           f"{len(failures)} failed")

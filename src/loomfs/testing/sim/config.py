@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+FAULT_KINDS = ("crash", "pause", "partition", "link", "disk", "flip", "mgmtd")
+FAULT_WEIGHTS = (3, 2, 3, 3, 2, 1, 1)
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SimConfig:
@@ -31,6 +34,7 @@ class SimConfig:
     converge_s: float = 40.0  # after faults stop, chains must converge within this
     # faults
     faults: bool = True
+    fault_kinds: tuple[str, ...] = FAULT_KINDS  # a subset turns the others off
     fault_gap_s_mean: float = 0.6
     fault_len_s_max: float = 3.0
     restart_delay_s_max: float = 2.5

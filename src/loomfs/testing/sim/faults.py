@@ -22,12 +22,10 @@ from dataclasses import dataclass
 
 from loomfs.net.sim import LinkState
 from loomfs.testing.sim.cluster import MGMTD_HOST, SimCluster
-from loomfs.testing.sim.config import SimConfig
+from loomfs.testing.sim.config import FAULT_KINDS, FAULT_WEIGHTS, SimConfig
 from loomfs.testing.sim.events import EventLog
+from loomfs.testing.sim.invariants import Flip
 from loomfs.wire.types import TargetState
-
-KINDS = ("crash", "pause", "partition", "link", "disk", "flip", "mgmtd")
-WEIGHTS = (3, 2, 3, 3, 2, 1, 1)
 
 
 @dataclass
@@ -51,6 +49,7 @@ class FaultInjector:
         self.grace_s = 2 * cfg.lease_s
         self.injected = 0
         self.refused = 0
+        self.flips: list[Flip] = []  # bytes flipped or torn, for failure hints
 
     # ---- budget -------------------------------------------------------------------------
     def _now(self) -> float:
@@ -81,11 +80,15 @@ class FaultInjector:
     # ---- the loop -----------------------------------------------------------------------
     async def run(self, until_s: float) -> None:
         rng = self.rng
+        enabled = set(self.cfg.fault_kinds)
+        weights = [w if k in enabled else 0 for k, w in zip(FAULT_KINDS, FAULT_WEIGHTS, strict=True)]
+        if not any(weights):
+            return
         while True:
             await asyncio.sleep(rng.expovariate(1.0 / self.cfg.fault_gap_s_mean))
             if self._now() >= until_s:
                 return
-            kind = rng.choices(KINDS, WEIGHTS)[0]
+            kind = rng.choices(FAULT_KINDS, weights)[0]
             await getattr(self, f"_{kind}")()
 
     def _start(self, fault: Fault, duration_s: float) -> None:
@@ -263,6 +266,7 @@ class FaultInjector:
             return
         self.injected += 1
         self.released_s[n] = self._now()
+        self.flips.append(Flip(self._now(), engine.target_id, hit[0].index, hit[1]))
         self.log.add(f"fault: flip t{engine.target_id} chunk {hit[0]} offset {hit[1]}")
 
     async def _mgmtd(self) -> None:

@@ -19,6 +19,8 @@ in the bytes the replicas hold, so no acknowledged write was lost.
 from __future__ import annotations
 
 import asyncio
+import copy
+import re
 from dataclasses import dataclass
 
 from loomfs.storage.engine.base import ChunkKey, ChunkState
@@ -150,8 +152,45 @@ def final_contents(cluster: SimCluster, chunk_index: int) -> bytes:
     return _committed_bytes(cluster, tail, ChunkKey(INODE, chunk_index))
 
 
+@dataclass(frozen=True, slots=True)
+class Flip:
+    """A byte the simulator flipped (bit rot) or tore, for hints."""
+
+    at_s: float
+    target_id: int
+    chunk_index: int
+    offset: int
+
+
+DUPLICATE_CANDIDATES_MAX = 120
+
+
+def explain(index: int, ops: list[Op], explanation: str, flips: list[Flip]) -> list[str]:
+    """Likely causes of a non-linearizable history, found by trying them: an update that took
+    effect twice (a retry applied again), or a read that returned a byte the simulator flipped."""
+    hints = []
+    updates = sorted((o for o in ops if o.kind != "read"), key=lambda o: -o.invoke_s)
+    twice = []
+    for o in updates[:DUPLICATE_CANDIDATES_MAX]:
+        dup = copy.copy(o)
+        dup.op_id, dup.ok, dup.complete_s = -o.op_id, None, None
+        if check_chunk_history([*ops, dup], max_states=20_000).ok:
+            twice.append(o)
+    for o in twice[:3]:
+        hints.append(f"explained if op {o.op_id} (client {o.client} {o.kind}, invoked t={o.invoke_s:.6f}, "
+                     f"ok={o.ok}) took effect twice: a retry applied again")
+    m = re.search(r"chunk offset (\d+)", explanation)
+    if m:
+        at = int(m.group(1))
+        for f in flips:
+            if f.chunk_index == index and f.offset == at:
+                hints.append(f"the read differs at offset {at}, the byte flipped on target {f.target_id} at "
+                             f"t={f.at_s:.6f}: bit rot served as data")
+    return hints
+
+
 def check_histories(history: dict[int, list[Op]], finals: dict[int, bytes] | None,
-                    *, max_states: int) -> tuple[list[Violation], list[str]]:
+                    *, max_states: int, flips: list[Flip] | None = None) -> tuple[list[Violation], list[str]]:
     """(violations, notes): per chunk, linearizability and (with ``finals``) the final state."""
     violations: list[Violation] = []
     notes: list[str] = []
@@ -162,7 +201,9 @@ def check_histories(history: dict[int, list[Op]], finals: dict[int, bytes] | Non
             if "search limit" in v.explanation:
                 notes.append(f"chunk {index}: linearizability unknown ({v.explanation})")
             else:
-                violations.append(Violation("linearizable", f"chunk {index}: {v.explanation}"))
+                hints = explain(index, ops, v.explanation, flips or [])
+                text = "".join(f"\n  hint: {h}" for h in hints)
+                violations.append(Violation("linearizable", f"chunk {index}: {v.explanation}{text}"))
             continue
         if finals is None:
             continue

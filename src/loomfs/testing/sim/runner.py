@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from loomfs.common import trace as trace_ids
+from loomfs.storage import planted
 from loomfs.testing.sim.cluster import SimCluster
 from loomfs.testing.sim.config import CI, SOAK, SimConfig
 from loomfs.testing.sim.events import EventLog
@@ -49,13 +50,20 @@ class SimResult:
     trace: list[str] = field(default_factory=list)
     wall_s: float = 0.0
     cpu_s: float = 0.0
+    skip: tuple[str, ...] = ()  # fault kinds turned off
+    plant: tuple[str, ...] = ()  # planted bugs (storage.planted) that were on
 
     @property
     def ok(self) -> bool:
         return not self.violations
 
     def replay_command(self) -> str:
-        return f"python -m loomfs.testing.sim --seed {self.seed} --profile {self.profile} --trace"
+        cmd = f"python -m loomfs.testing.sim --seed {self.seed} --profile {self.profile}"
+        if self.skip:
+            cmd += f" --skip {','.join(self.skip)}"
+        if self.plant:
+            cmd += f" --plant {','.join(self.plant)}"
+        return cmd + " --trace"
 
     def summary(self) -> str:
         if self.ok:
@@ -142,7 +150,7 @@ async def _life(seed: int, cfg: SimConfig, log: EventLog, record: VersionRecord)
         await workload.read(reader, index, 0, cfg.chunk_size_bytes)
     finals = None if problems else {i: final_contents(cluster, i) for i in range(cfg.chunks)}
     watcher.cancel()
-    found, notes = check_histories(workload.history, finals, max_states=CHECK_STATES_MAX)
+    found, notes = check_histories(workload.history, finals, max_states=CHECK_STATES_MAX, flips=injector.flips)
     violations = record.violations + violations + found
     violations += [Violation("client-exception", u) for u in workload.unexpected]
     violations += [Violation("harness", e) for e in cluster.errors]
@@ -158,10 +166,26 @@ async def _life(seed: int, cfg: SimConfig, log: EventLog, record: VersionRecord)
     return SimResult(seed, "", violations, "", notes, stats)
 
 
-def run_seed(seed: int, profile: str = "ci", *, cfg: SimConfig | None = None, echo: bool = False,
-             keep_trace: bool = False, verbose: bool = False) -> SimResult:
-    """Simulate one seed; never raises for a failure of the system under test."""
+@contextlib.contextmanager
+def _planted(names: tuple[str, ...]) -> Iterator[tuple[str, ...]]:
+    """Turn on exactly ``names`` (plus any from $LOOMFS_PLANTED_BUGS) for one run."""
+    saved = set(planted.PLANTED)
+    planted.plant(*names)
+    try:
+        yield tuple(sorted(planted.PLANTED))
+    finally:
+        planted.clear()
+        planted.PLANTED.update(saved)
+
+
+def run_seed(seed: int, profile: str = "ci", *, cfg: SimConfig | None = None, skip: tuple[str, ...] = (),
+             plant: tuple[str, ...] = (), echo: bool = False, keep_trace: bool = False,
+             verbose: bool = False) -> SimResult:
+    """Simulate one seed; never raises for a failure of the system under test. ``skip``: fault
+    kinds to leave out; ``plant``: planted bugs (``storage.planted``) to turn on."""
     cfg = cfg or PROFILES[profile]
+    if skip:
+        cfg = cfg.with_(fault_kinds=tuple(k for k in cfg.fault_kinds if k not in skip))
     started = time.perf_counter()
     cpu_started = time.process_time()
     log = EventLog(echo=echo)
@@ -170,7 +194,7 @@ def run_seed(seed: int, profile: str = "ci", *, cfg: SimConfig | None = None, ec
     trace_ids._rng.seed(f"{seed}/trace")
     loop = SimLoop(wall_limit_s=cfg.wall_limit_s)
     result: SimResult
-    with _no_real_clock(), _quiet_logs(verbose):
+    with _no_real_clock(), _quiet_logs(verbose), _planted(plant) as active:
         try:
             result = loop.run_until_complete(_life(seed, cfg, log, record))
         except SimError as exc:
@@ -180,6 +204,8 @@ def run_seed(seed: int, profile: str = "ci", *, cfg: SimConfig | None = None, ec
         finally:
             loop.shutdown()
     result.profile = profile
+    result.skip = tuple(skip)
+    result.plant = active
     result.digest = log.digest()
     result.notes += loop.errors[:10]
     if keep_trace or not result.ok:
@@ -190,17 +216,17 @@ def run_seed(seed: int, profile: str = "ci", *, cfg: SimConfig | None = None, ec
 
 
 # ---- many seeds ----------------------------------------------------------------------------
-def _one(args: tuple[int, str]) -> SimResult:
-    seed, profile = args
-    r = run_seed(seed, profile)
+def _one(args: tuple[int, str, tuple[str, ...], tuple[str, ...]]) -> SimResult:
+    seed, profile, skip, plant = args
+    r = run_seed(seed, profile, skip=skip, plant=plant)
     r.trace = r.trace[-60:]  # enough to diagnose from the summary; replay gives all
     return r
 
 
-def run_many(seeds: range | list[int], profile: str = "ci", *, jobs: int = 1,
-             on_result: Callable[[SimResult], None] | None = None) -> list[SimResult]:
+def run_many(seeds: range | list[int], profile: str = "ci", *, jobs: int = 1, skip: tuple[str, ...] = (),
+             plant: tuple[str, ...] = (), on_result: Callable[[SimResult], None] | None = None) -> list[SimResult]:
     """Run ``seeds`` (in ``jobs`` processes); results in seed order."""
-    work = [(s, profile) for s in seeds]
+    work = [(s, profile, skip, plant) for s in seeds]
     results: list[SimResult] = []
     if jobs <= 1:
         for w in work:
