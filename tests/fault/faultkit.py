@@ -501,7 +501,10 @@ def replica_problems(c: LocalCluster, fs: loomfs.LoomFS, model: FileModel) -> li
         held.setdefault(meta.chunk.index, {})[tid] = meta
     count = chunk_count(layout, want.length)
     for index in sorted(i for i in held if i >= count):
-        problems.append(f"{model.path}: chunk {index} past EOF ({want.length} bytes) on targets {sorted(held[index])}")
+        # a trimmed chunk stays as an empty version (its version numbers go on if it grows back)
+        full = sorted(t for t, m in held[index].items() if m.length or m.update_ver > m.commit_ver)
+        if full:
+            problems.append(f"{model.path}: chunk {index} past EOF ({want.length} bytes) holds bytes on targets {full}")
 
     async def read_all() -> dict[tuple[int, int], bytes | str]:
         rpc = RpcClient(TcpTransport(), connect_timeout_s=1.0)

@@ -31,25 +31,15 @@ def _offline(node_id: int) -> Callable[[RoutingInfo], bool]:
     return ok
 
 
-# A shrink across a chunk boundary removes whole chunks (REMOVE_CHUNKS); the chunk, written
-# again, starts over at version 1, so one (chunk, version) names different bytes over time.
-# A replica that missed the removal (offline, fenced, or given the old chunk back by a resync
-# copy racing the removal) keeps the dead chunk at a higher version. Seen here at 57c0f94:
-# newer writes acknowledged without being applied (``update_ver <= commit_ver`` was taken for
-# a duplicate), stale reads, a replica left with other bytes and a chunk past EOF. At b145ea2
-# (never-go-backwards fences): writes and resync copies refused with VERSION_MISMATCH ("update
-# v1 is older than committed v5"), surfacing to clients, until a CRC-mismatch repair.
-VERSION_REUSE = ("issue 8 (new): chunk versions restart at v1 after REMOVE_CHUNKS (truncate/shrink), so a "
-                 "replica that missed the removal holds a dead chunk at a higher version (silently acked "
-                 "writes and stale reads before b145ea2; VERSION_MISMATCH write errors since)")
+# A shrink across a chunk boundary trims whole chunks. That used to remove them, so a chunk
+# written again started over at version 1 and one (chunk, version) named different bytes
+# over time; a replica that missed the removal kept the dead chunk at a higher version
+# (acked-but-unapplied writes, stale reads, divergent replicas at 57c0f94; VERSION_MISMATCH
+# errors with the never-go-backwards fences). Trims now make each chunk an empty new version.
 
 
 @pytest.mark.timeout(180)
-@pytest.mark.parametrize("removals", [
-    pytest.param(False, id="shrink-within-chunk"),
-    pytest.param(True, id="shrink-removes-chunks", marks=pytest.mark.xfail(strict=False, reason=VERSION_REUSE)),
-])
-def test_rewrite_truncate_through_faults(make_cluster: list[LocalCluster], seed: int, removals: bool) -> None:
+def test_rewrite_truncate_through_faults(make_cluster: list[LocalCluster], seed: int) -> None:
     # a target fenced for the cut stays out 1 s (not 2 leases, doubled on a second fence): the
     # cut phase is not about the hold, and the test has a CI budget
     c = start_cluster("rewrite", fault_injection=True, storage_config={"suspect_after_s": 1.0},
@@ -62,7 +52,7 @@ def test_rewrite_truncate_through_faults(make_cluster: list[LocalCluster], seed:
         fs.makedirs("/rw", exist_ok=True)
         fs.set_layout("/rw", chunk_size=CHUNK_BYTES, stripe=MAX_CHUNKS)
         w = RewriteWorkload(fs, [f"/rw/f{i}" for i in range(FILES)], CHUNK_BYTES, seed,
-                            max_chunks=MAX_CHUNKS, remove_chunks=removals).create().start()
+                            max_chunks=MAX_CHUNKS, remove_chunks=True).create().start()
         w.wait_progress(10, 30, "warming up")
 
         # 1. kill -9 a storage node; the files keep changing on two replicas; restart: resync

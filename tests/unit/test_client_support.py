@@ -79,7 +79,8 @@ class FakeStorage:
         del chunk[length:]
         chunk.extend(bytes(length - len(chunk)))
 
-    async def remove_chunks(self, layout: Layout, inode: int, index_begin: int, index_end: int = INDEX_END_ALL) -> None:
+    async def remove_chunks(self, layout: Layout, inode: int, index_begin: int, index_end: int = INDEX_END_ALL, *,
+                            keep_versions: bool = False) -> None:
         self.removes.append((inode, index_begin, index_end, tuple(layout.chains)))
         for key in [k for k in self.chunks if k[0] == inode and index_begin <= k[1] < index_end]:
             del self.chunks[key]

@@ -43,7 +43,8 @@ class Chunks:
         del chunk[length:]
         chunk.extend(bytes(length - len(chunk)))
 
-    async def remove_chunks(self, layout: Layout, inode: int, index_begin: int, index_end: int = 1 << 62) -> None:
+    async def remove_chunks(self, layout: Layout, inode: int, index_begin: int, index_end: int = 1 << 62, *,
+                            keep_versions: bool = False) -> None:
         await self._enter()
         self.calls.append(("remove", inode, index_begin, -1))
         for key in [k for k in self.data if k[0] == inode and index_begin <= k[1] < index_end]:

@@ -338,3 +338,32 @@ def test_remove_chunks_checks_writable_and_takes_chunk_locks() -> None:
         assert [c.content(n) for n in (1, 2, 3)] == [b""] * 3
 
     run(body)
+
+
+def test_trimmed_chunk_keeps_its_version_numbers() -> None:
+    """Found by the rewrite/truncate fault workload: REMOVE_CHUNKS dropped a trimmed chunk's
+    state, so the chunk came back at v1 when the file grew again while a replica that missed
+    the trim still held other bytes at a higher version (acked as a "duplicate", or refused
+    forever as "older"). A trim now makes each chunk an empty new version."""
+
+    async def body(c: Chain3) -> None:
+        for i in range(3):
+            await c.write(1, 0, bytes([65 + i]) * 100)  # v3 everywhere
+        c.set_chain([1, 2], version=2)  # node 3 misses the trim
+        rm = RemoveChunksReq(chain_id=1, chain_version=2, inode=KEY.inode, index_begin=0, keep_versions=True)
+        rsp = await c.client.call(c.nodes[0].address, REMOVE_CHUNKS, rm)
+        assert rsp.body.removed == 1
+        assert [(c.engine(n).get(KEY).commit_ver, c.content(n)) for n in (1, 2)] == [(4, b"")] * 2  # type: ignore[union-attr]
+        assert c.engine(3).get(KEY).commit_ver == 3  # type: ignore[union-attr]
+        await c.write(1, 10, b"new")  # the file grows back: v5, not v1
+        assert c.engine(1).get(KEY).commit_ver == 5  # type: ignore[union-attr]
+        c.set_chain([1, 2, 3], version=3)  # the stale replica is back in the write path
+        await c.write(1, 0, b"z")
+        want = b"z" + bytes(9) + b"new"
+        assert [c.content(n) for n in (1, 2, 3)] == [want] * 3
+        assert {c.engine(n).get(KEY).commit_ver for n in (1, 2, 3)} == {6}  # type: ignore[union-attr]
+        # a trim again: idempotent for empty chunks, and only the head takes it
+        rm = RemoveChunksReq(chain_id=1, chain_version=3, inode=KEY.inode, index_begin=1, keep_versions=True)
+        assert (await c.client.call(c.nodes[0].address, REMOVE_CHUNKS, rm)).body.removed == 0
+
+    run(body)

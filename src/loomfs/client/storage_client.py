@@ -95,7 +95,8 @@ class ChunkStore(Protocol):
     async def truncate_chunk(self, layout: Layout, inode: int, index: int, length: int) -> None: ...
 
     async def remove_chunks(
-        self, layout: Layout, inode: int, index_begin: int, index_end: int = INDEX_END_ALL
+        self, layout: Layout, inode: int, index_begin: int, index_end: int = INDEX_END_ALL, *,
+        keep_versions: bool = False,
     ) -> None: ...
 
     async def remove_file_chunks(self, inode: int, layout: Layout, length: int) -> None: ...
@@ -311,9 +312,11 @@ class StorageClient:
         await self._call_chain(chain_id, "head", TRUNCATE, make)
 
     async def remove_chunks(
-        self, layout: Layout, inode: int, index_begin: int, index_end: int = INDEX_END_ALL
+        self, layout: Layout, inode: int, index_begin: int, index_end: int = INDEX_END_ALL, *,
+        keep_versions: bool = False,
     ) -> None:
-        """Remove chunks [index_begin, index_end) of ``inode`` on every chain of the layout."""
+        """Remove chunks [index_begin, index_end) of ``inode`` on every chain of the layout
+        (``keep_versions``: a trim of a live file — chunks become empty new versions)."""
         if index_end <= index_begin:
             return
 
@@ -323,7 +326,7 @@ class StorageClient:
             def make(version: int, target: int) -> Message:
                 return RemoveChunksReq(
                     chain_id=chain_id, chain_version=version, inode=inode,
-                    index_begin=index_begin, index_end=index_end, tag=tag,
+                    index_begin=index_begin, index_end=index_end, tag=tag, keep_versions=keep_versions,
                 )
 
             await self._call_chain(chain_id, "head", REMOVE_CHUNKS, make)

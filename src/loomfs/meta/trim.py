@@ -81,7 +81,8 @@ class ChunkCutter(Protocol):
 
     async def truncate_chunk(self, layout: Layout, inode: int, index: int, length: int) -> None: ...
 
-    async def remove_chunks(self, layout: Layout, inode: int, index_begin: int) -> None: ...
+    async def remove_chunks(self, layout: Layout, inode: int, index_begin: int, *,
+                            keep_versions: bool = False) -> None: ...
 
 
 def merge(cur: TrimEntry | None, new: TrimEntry, now_ns: int) -> TrimEntry:
@@ -242,7 +243,9 @@ class Trimmer:
         if not layout.chains:
             return
         cs = layout.chunk_size
-        calls = [self.cutter.remove_chunks(layout, inode, -(-length // cs))]
+        # keep_versions: the file lives on, and a chunk that grows again must continue its
+        # version numbers (a replica that missed the trim then gets the whole chunk)
+        calls = [self.cutter.remove_chunks(layout, inode, -(-length // cs), keep_versions=True)]
         if length % cs:
             calls.append(self.cutter.truncate_chunk(layout, inode, length // cs, length % cs))
         # wait for every call (each bounded by the storage client's deadline) before raising,

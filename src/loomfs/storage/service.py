@@ -486,6 +486,8 @@ class StorageService(ChainForwarder):
         if req.index_begin < 0 or req.index_end < req.index_begin:
             raise InvalidArgument(f"bad index range [{req.index_begin}, {req.index_end})")
         self.check_writable()
+        if req.keep_versions:
+            return await self._trim(req)
         target, pos, routing = await self._locate(req.chain_id, req.chain_version, for_update=True)
         if req.sync:
             self._check_sync_sender(target, pos, routing, req.chain_version, req.from_target)
@@ -509,6 +511,32 @@ class StorageService(ChainForwarder):
                         left.discard(st.key)
             if len(page) < REMOVE_PAGE:
                 return RemoveChunksRsp(removed=removed)
+            after = page[-1].key
+
+    async def _trim(self, req: RemoveChunksReq) -> RemoveChunksRsp:
+        """A trim of a live file at the head: every chunk of the range that still holds bytes
+        (or a pending version) becomes an empty new version, a truncate to 0 run through the
+        chain like any update. Chunks are not removed: after a remove their version numbers
+        would start again at 1 when the file grows back, and a replica that missed the remove
+        (offline, fenced, being resynced) would hold other bytes under the same numbers."""
+        if req.forwarded:
+            raise InvalidArgument("a trim (keep_versions) is only sent to the head")
+        target, pos, _ = await self._locate(req.chain_id, req.chain_version, for_update=True)
+        action = chain.on_remove(pos, chain.UpdateIn(req.chain_version))[0]
+        if isinstance(action, chain.Refuse):
+            raise StatusError(action.status, action.reason)
+        trimmed, after = 0, None
+        while True:
+            page = target.engine.list_chunks(req.inode, req.index_begin, req.index_end, REMOVE_PAGE, after=after)
+            for st in page:
+                if st.length or st.has_pending:
+                    cut = TruncateReq(chain_id=req.chain_id, chain_version=req.chain_version,
+                                      chunk=ChunkId(inode=st.key.inode, index=st.key.index), length=0,
+                                      chunk_size=CHUNK_SIZE_ANY)
+                    await self._update(cut, _EMPTY)
+                    trimmed += 1
+            if len(page) < REMOVE_PAGE:
+                return RemoveChunksRsp(removed=trimmed)
             after = page[-1].key
 
     # ---- reads ------------------------------------------------------------------------

@@ -105,6 +105,11 @@ class RemoveChunksReq(Message):
     forwarded: bool = False
     sync: bool = False  # a resync worker removing what the chain no longer has
     from_target: int = 0
+    # a trim of a live file: every chunk of the range becomes an empty *new version* (a truncate
+    # to 0 through the chain) instead of disappearing, so a chunk that grows again continues its
+    # version numbers and a replica that missed the trim is repaired, never confused by a
+    # version number that names other bytes; at the head only (deleted files are removed)
+    keep_versions: bool = False
 
 
 @message
