@@ -65,11 +65,14 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{done}/{args.seeds} seeds, {len(failures)} failed, {rate:.1f} seeds/s", file=sys.stderr,
                   flush=True)
 
-    run_many(range(args.start, args.start + args.seeds), args.profile, jobs=jobs, skip=skip, plant=plant,
-             on_result=progress)
+    results = run_many(range(args.start, args.start + args.seeds), args.profile, jobs=jobs, skip=skip,
+                       plant=plant, on_result=progress)
     elapsed = time.perf_counter() - started
-    print(f"{args.seeds} seeds in {elapsed:.1f}s ({args.seeds / elapsed:.2f} seeds/s, {jobs} jobs): "
-          f"{len(failures)} failed")
+    cpu_s = sum(r.cpu_s for r in results)
+    slowest = max(results, key=lambda r: r.stats.get("converge_s", 0.0))
+    print(f"{args.seeds} seeds in {elapsed:.1f}s ({args.seeds / elapsed:.2f} seeds/s, {jobs} jobs, "
+          f"{cpu_s / max(1, len(results)):.2f} CPU-s per seed): {len(failures)} failed; slowest convergence "
+          f"{slowest.stats.get('converge_s', 0.0):.2f}s (seed {slowest.seed})")
     if failures:
         print("failing seeds: " + " ".join(str(f.seed) for f in failures[:200]))
     return 1 if failures else 0

@@ -180,7 +180,9 @@ class SimCluster:
         await self._reap(MGMTD_HOST)
 
     async def _reap(self, host: str) -> None:
-        tasks = self.loop.kill_host(host)
+        await self._await_dead(host, self.loop.kill_host(host))
+
+    async def _await_dead(self, host: str, tasks: list[asyncio.Task[Any]]) -> None:
         if tasks:
             await asyncio.wait(tasks, timeout=5.0)
         stuck = [t for t in tasks if not t.done()]
@@ -216,16 +218,26 @@ class SimCluster:
         await node.register()
         await asyncio.gather(node.heartbeat_loop(), node.scrubber.run())
 
-    async def crash_storage(self, node_id: int, *, tear: bool = False) -> list[str]:
-        """Kill storage node ``node_id``'s process; returns torn chunks (as text)."""
+    def kill_storage_now(self, node_id: int) -> list[asyncio.Task[Any]]:
+        """The instant of a crash (synchronous, so it can happen inside a commit): engines
+        down, connections reset, every task of the node cancelled. Returns those tasks."""
         sh = self.storage[node_id]
-        if not sh.up:
-            return []
         sh.up = False
         for e in sh.engines:
             e.down = True
         self.net.crash_host(sh.host)
-        await self._reap(sh.host)
+        return self.loop.kill_host(sh.host)
+
+    async def crash_storage(self, node_id: int, *, tear: bool = False,
+                            killed: list[asyncio.Task[Any]] | None = None) -> list[str]:
+        """Kill storage node ``node_id``'s process (or finish a ``kill_storage_now``): its
+        pending updates are lost. Returns torn chunks (as text)."""
+        sh = self.storage[node_id]
+        if killed is None:
+            if not sh.up:
+                return []
+            killed = self.kill_storage_now(node_id)
+        await self._await_dead(sh.host, killed)
         sh.node = None
         torn = []
         for e in sh.engines:

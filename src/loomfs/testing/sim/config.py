@@ -31,7 +31,7 @@ class SimConfig:
     client_op_timeout_s: float = 4.0
     # phases (virtual seconds)
     duration_s: float = 8.0  # clients work and faults happen
-    converge_s: float = 40.0  # after faults stop, chains must converge within this
+    converge_s: float = 30.0  # after faults stop, chains must converge within this
     # faults
     faults: bool = True
     fault_kinds: tuple[str, ...] = FAULT_KINDS  # a subset turns the others off

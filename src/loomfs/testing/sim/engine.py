@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import errno
 import random
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from loomfs.storage.engine.base import ChunkKey, ChunkState
@@ -48,6 +49,7 @@ class FaultyEngine(MemoryEngine):
         self.flips = 0
         self.tears = 0
         self.last_torn: ChunkKey | None = None
+        self.after_commit: Callable[[ChunkKey], None] | None = None  # called once, after the next commit
         self._last_commit: tuple[ChunkKey, int] | None = None  # (chunk, bytes its update wrote)
 
     def _alive(self) -> None:
@@ -95,6 +97,9 @@ class FaultyEngine(MemoryEngine):
         self._last_commit = (key, max(1, st.length - old_len) if st.length > old_len else st.length)
         if self.observer is not None:
             self.observer.on_commit(self.target_id, st)
+        hook, self.after_commit = self.after_commit, None
+        if hook is not None:
+            hook(key)  # e.g. the process dies right after this commit reached the disk
         return st
 
     def list_chunks(self, *args: Any, **kwargs: Any) -> list[ChunkState]:

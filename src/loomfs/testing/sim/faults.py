@@ -19,6 +19,7 @@ import asyncio
 import random
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Any
 
 from loomfs.net.sim import LinkState
 from loomfs.testing.sim.cluster import MGMTD_HOST, SimCluster
@@ -26,6 +27,8 @@ from loomfs.testing.sim.config import FAULT_KINDS, FAULT_WEIGHTS, SimConfig
 from loomfs.testing.sim.events import EventLog
 from loomfs.testing.sim.invariants import Flip
 from loomfs.wire.types import TargetState
+
+AT_COMMIT_WAIT_S = 1.0
 
 
 @dataclass
@@ -137,6 +140,33 @@ class FaultInjector:
         return self.rng.choice(sorted(self.cluster.storage))
 
     # ---- kinds --------------------------------------------------------------------------
+    async def _at_commit(self, n: int, act: Callable[[], None]) -> bool:
+        """Wait (up to ``AT_COMMIT_WAIT_S``) for node ``n`` to commit something and run ``act``
+        right after the commit, inside it: the moment a process dies or freezes is then one
+        where it matters (the commit is on disk, the ack not yet sent). False: nothing was
+        committed in time (or the budget no longer allows it), ``act`` did not run."""
+        engines = self.cluster.storage[n].engines
+        fired: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+
+        def hook(key: object) -> None:
+            for e in engines:
+                e.after_commit = None
+            if fired.done():
+                return
+            ok = self.cluster.storage[n].up and self.allowed({n})
+            if ok:
+                act()
+            fired.set_result(ok)
+
+        for e in engines:
+            e.after_commit = hook
+        try:
+            return await asyncio.wait_for(asyncio.shield(fired), AT_COMMIT_WAIT_S)
+        except TimeoutError:
+            for e in engines:
+                e.after_commit = None
+            return False
+
     async def _crash(self) -> None:
         c = self.cluster
         n = self._storage_node()
@@ -144,6 +174,16 @@ class FaultInjector:
             return self._refuse("crash")
         tear = self.rng.random() < 0.3
         delay_s = self.rng.uniform(0.05, self.cfg.restart_delay_s_max)
+        at_commit = self.rng.random() < 0.5
+        killed: list[asyncio.Task[Any]] | None = None
+        if at_commit:
+
+            def kill() -> None:
+                nonlocal killed
+                killed = c.kill_storage_now(n)
+
+            if not await self._at_commit(n, kill):
+                return self._refuse("crash")
 
         async def undo() -> None:
             if not c.storage[n].up:
@@ -151,8 +191,9 @@ class FaultInjector:
 
         fault = Fault(f"crash s{n}", frozenset({n}), frozenset({c.storage[n].host}), undo)
         self._start(fault, delay_s)
-        torn = await c.crash_storage(n, tear=tear)
-        self.log.add(f"fault: crash s{n} for {delay_s:.3f}s" + (f" torn {' '.join(torn)}" if torn else ""))
+        torn = await c.crash_storage(n, tear=tear, killed=killed)
+        when = " right after a commit" if at_commit else ""
+        self.log.add(f"fault: crash s{n}{when} for {delay_s:.3f}s" + (f" torn {' '.join(torn)}" if torn else ""))
 
     async def _pause(self) -> None:
         c = self.cluster
@@ -165,14 +206,23 @@ class FaultInjector:
             return self._refuse("pause")
         duration_s = self._duration()
 
+        def freeze() -> None:
+            c.net.pause(host)
+            c.loop.pause_host(host)
+
         async def undo() -> None:
             c.net.resume(host)
             c.loop.resume_host(host)
 
-        c.net.pause(host)
-        c.loop.pause_host(host)
+        at_commit = bool(nodes) and self.rng.random() < 0.5
+        if at_commit:
+            if not await self._at_commit(next(iter(nodes)), freeze):
+                return self._refuse("pause")
+        else:
+            freeze()
         self._start(Fault(f"pause {host}", nodes, frozenset({host}), undo), duration_s)
-        self.log.add(f"fault: pause {host} for {duration_s:.3f}s")
+        when = " right after a commit" if at_commit else ""
+        self.log.add(f"fault: pause {host}{when} for {duration_s:.3f}s")
 
     def _hosts(self) -> list[str]:
         c = self.cluster

@@ -208,7 +208,13 @@ class SimLoop(asyncio.BaseEventLoop):
         exc = context.get("exception")
         if isinstance(exc, SimError):
             raise exc
-        self.errors.append(f"{context.get('message')}: {exc!r}")
+        fut = context.get("future") or context.get("task")
+        where = ""
+        if isinstance(fut, asyncio.Task):
+            coro = fut.get_coro()
+            inner = getattr(coro, "_coro", coro)  # a host task's coroutine is wrapped
+            where = f" in {getattr(inner, '__qualname__', type(inner).__name__)}"
+        self.errors.append(f"{context.get('message')}{where}: {exc!r}")
 
     def shutdown(self) -> None:
         """Kill every host, cancel every task, let them unwind, close."""
