@@ -19,6 +19,7 @@ from loomfs.net.rpc import RetryPolicy, RpcClient, RpcServer
 from loomfs.net.sim import SimNetwork
 from loomfs.net.transport import Address
 from loomfs.storage import planted
+from loomfs.storage.dedupe import TagCache
 from loomfs.storage.engine.base import ChunkKey
 from loomfs.storage.engine.memory import MemoryEngine
 from loomfs.storage.service import StaticRouting, StorageService
@@ -365,5 +366,27 @@ def test_trimmed_chunk_keeps_its_version_numbers() -> None:
         # a trim again: idempotent for empty chunks, and only the head takes it
         rm = RemoveChunksReq(chain_id=1, chain_version=3, inode=KEY.inode, index_begin=1, keep_versions=True)
         assert (await c.client.call(c.nodes[0].address, REMOVE_CHUNKS, rm)).body.removed == 0
+
+    run(body)
+
+
+def test_late_duplicate_after_many_updates_is_not_applied() -> None:
+    """Found by the simulator (seed 24 before the fix): a write retried (or duplicated by the
+    network) arrived after more than TAGS_MAX other updates had pushed its tag out of the
+    chunk's list, and was applied a second time. The chunk now keeps the last request per
+    client; a client updates a chunk one request at a time, so an id at or below it is old."""
+
+    async def body(c: Chain3) -> None:
+        await c.write(1, 0, b"a" * 10, tag=(5, 1))
+        for i in range(20):  # another client overwrites it, and more
+            await c.write(1, i, b"b", tag=(6, i + 1))
+        before = c.content(1)
+        c.nodes[0].service.tags = TagCache()  # as at a new head: only the chunk's tags know
+        await c.write(1, 0, b"a" * 10, tag=(5, 1))  # the late duplicate: acked, not applied
+        assert [c.content(n) for n in (1, 2, 3)] == [before] * 3
+        await c.write(1, 0, b"c", tag=(5, 2))  # the client's next request is applied
+        assert c.content(3)[:1] == b"c"
+        await c.truncate(1, 3, tag=(5, 1))  # an even older id of it: not applied either
+        assert len(c.content(3)) == 20
 
     run(body)

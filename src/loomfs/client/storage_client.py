@@ -24,6 +24,7 @@ from typing import Any, Protocol
 import crc32c
 
 from loomfs.common.clock import LOOP_CLOCK, Clock
+from loomfs.common.keylocks import KeyLocks
 from loomfs.common.routing import Routing, RoutingClient
 from loomfs.errors import ConnectionFailed, LoomError, ProtocolError, TimedOut
 from loomfs.net.rpc import Response, RpcClient
@@ -128,6 +129,10 @@ class StorageClient:
         self.backoff_max_s = backoff_max_s
         self._rng = rng or random.Random()
         self._request_ids = itertools.count(1)
+        # one update of a chunk in flight at a time (retries included): a chunk then sees this
+        # client's request ids in increasing order, so replicas recognise a late duplicate of an
+        # older request by its id alone (loomfs.storage.dedupe)
+        self._chunk_updates: KeyLocks[tuple[int, int]] = KeyLocks()
         self.retries_total = 0
         self.failovers_total = 0  # calls abandoned because their chain changed under them
         self.watch_after_s = watch_after_s
@@ -287,29 +292,31 @@ class StorageClient:
         """Write ``data`` at ``offset`` of chunk ``index`` through the chain head."""
         chain_id = layout.chains[index % len(layout.chains)]
         crc = crc32c.crc32c(data)
-        tag = self._tag()
         chunk = ChunkId(inode=inode, index=index)
+        async with self._chunk_updates.hold((inode, index)):
+            tag = self._tag()
 
-        def make(version: int, target: int) -> Message:
-            return WriteReq(
-                chain_id=chain_id, chain_version=version, chunk=chunk, offset=offset,
-                length=len(data), chunk_size=layout.chunk_size, data_crc=crc, tag=tag,
-            )
+            def make(version: int, target: int) -> Message:
+                return WriteReq(
+                    chain_id=chain_id, chain_version=version, chunk=chunk, offset=offset,
+                    length=len(data), chunk_size=layout.chunk_size, data_crc=crc, tag=tag,
+                )
 
-        await self._call_chain(chain_id, "head", WRITE, make, payload=data, payload_crc=crc)
+            await self._call_chain(chain_id, "head", WRITE, make, payload=data, payload_crc=crc)
 
     async def truncate_chunk(self, layout: Layout, inode: int, index: int, length: int) -> None:
         chain_id = layout.chains[index % len(layout.chains)]
-        tag = self._tag()
         chunk = ChunkId(inode=inode, index=index)
+        async with self._chunk_updates.hold((inode, index)):
+            tag = self._tag()
 
-        def make(version: int, target: int) -> Message:
-            return TruncateReq(
-                chain_id=chain_id, chain_version=version, chunk=chunk, length=length,
-                chunk_size=layout.chunk_size, tag=tag,
-            )
+            def make(version: int, target: int) -> Message:
+                return TruncateReq(
+                    chain_id=chain_id, chain_version=version, chunk=chunk, length=length,
+                    chunk_size=layout.chunk_size, tag=tag,
+                )
 
-        await self._call_chain(chain_id, "head", TRUNCATE, make)
+            await self._call_chain(chain_id, "head", TRUNCATE, make)
 
     async def remove_chunks(
         self, layout: Layout, inode: int, index_begin: int, index_end: int = INDEX_END_ALL, *,

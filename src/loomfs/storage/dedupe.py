@@ -2,10 +2,12 @@
 cache.
 
 A client write or truncate carries a tag (client id, request id) that stays the same across
-its retries. Each chunk version keeps the tags of the last ``TAGS_MAX`` requests that made it
-(the engine persists them with the version), so a retry that reaches a new head after
-failover is recognised there too: a tag on the committed version is answered at once, a tag
-on the pending version pushes that version down the chain. ``TagCache`` joins a retry to the
+its retries. Each chunk version keeps, for each of the last ``TAGS_MAX`` clients that changed
+it, that client's last request (the engine persists the tags with the version), so a retry
+that reaches a new head after failover is recognised there too: a tag on the committed version
+(or an older request id of the same client: the client updates a chunk one request at a time,
+in id order) is answered at once, a tag on the pending version pushes that version down the
+chain. ``TagCache`` joins a retry to the
 same request still running at the head.
 """
 
@@ -69,23 +71,32 @@ class TagCache:
 
 
 def tag_seen(st: ChunkState | None, tag: RequestTag | None) -> chain.TagSeen:
-    """Whether a client request's tag is already on the chunk (persisted on every replica)."""
+    """Whether a client request was already applied to the chunk (the tags are persisted with
+    every version on every replica). A chunk keeps, per client, the last request that changed
+    it; a client has one update of a chunk in flight at a time and numbers its requests in
+    order, so a request id at or below the one on the chunk was applied or superseded — a
+    retry or a late duplicate, never applied again."""
     if st is None or tag is None or (tag.client_id == 0 and tag.request_id == 0) or planted.on("no_chunk_tags"):
         return chain.TagSeen.NO
-    pair = (tag.client_id, tag.request_id)
-    if st.has_pending and any((t.client_id, t.request_id) == pair and t.version == st.pending_ver
-                              for t in st.pending_tags):
-        return chain.TagSeen.PENDING
-    if any((t.client_id, t.request_id) == pair for t in st.tags):
+    cid, rid = tag.client_id, tag.request_id
+    if st.has_pending:
+        p = next((t for t in st.pending_tags if t.client_id == cid), None)
+        if p is not None and p.version == st.pending_ver and p.request_id == rid:
+            return chain.TagSeen.PENDING
+        if p is not None and p.request_id > rid:
+            return chain.TagSeen.COMMITTED  # older than what the pending version carries
+    c = next((t for t in st.tags if t.client_id == cid), None)
+    if c is not None and c.request_id >= rid:
         return chain.TagSeen.COMMITTED
     return chain.TagSeen.NO
 
 
 def next_tags(st: ChunkState | None, tag: RequestTag | None, version: int) -> tuple[ChunkTag, ...] | None:
-    """The tags version ``version`` carries: the committed ones plus this request's."""
+    """The tags version ``version`` carries: the committed ones with this client's replaced by
+    this request (the last ``TAGS_MAX`` clients that changed the chunk)."""
     if tag is None or (tag.client_id == 0 and tag.request_id == 0):
         return None
-    old = st.tags if st is not None else ()
+    old = tuple(t for t in st.tags if t.client_id != tag.client_id) if st is not None else ()
     return (*old, ChunkTag(tag.client_id, tag.request_id, version))[-TAGS_MAX:]
 
 
