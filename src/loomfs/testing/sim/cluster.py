@@ -252,7 +252,10 @@ class SimCluster:
         host = client_host(index)
         rpc = RpcClient(self.net.transport(host), connect_timeout_s=cfg.rpc_connect_timeout_s,
                         call_timeout_s=cfg.client_op_timeout_s, rng=self.rng(f"client/{index}/rpc"))
-        routing = RoutingClient(rpc, [Address(MGMTD_HOST, MGMTD_PORT)], refresh_s=1.0)
+        # how often a client refreshes routing on its own (the default is 2 s): a client with old
+        # routing is what reads from a replica that has left its chain
+        refresh_s = self.rng(f"client/{index}/refresh").uniform(0.5, 4.0)
+        routing = RoutingClient(rpc, [Address(MGMTD_HOST, MGMTD_PORT)], refresh_s=refresh_s)
         client_id = self.rng(f"client/{index}/id").getrandbits(62) | 1
         storage = StorageClient(rpc, routing, client_id, call_timeout_s=cfg.client_op_timeout_s,
                                 rng=self.rng(f"client/{index}/storage"), clock=LOOP_CLOCK, watch_after_s=0.5)

@@ -49,7 +49,8 @@ class FaultyEngine(MemoryEngine):
         self.flips = 0
         self.tears = 0
         self.last_torn: ChunkKey | None = None
-        self.after_commit: Callable[[ChunkKey], None] | None = None  # called once, after the next commit
+        # called once, right after the next commit or committed read (op is "commit" or "read")
+        self.after_io: Callable[[str, ChunkKey], None] | None = None
         self._last_commit: tuple[ChunkKey, int] | None = None  # (chunk, bytes its update wrote)
 
     def _alive(self) -> None:
@@ -72,7 +73,10 @@ class FaultyEngine(MemoryEngine):
 
     def read(self, key: ChunkKey, offset: int, into: memoryview, *, pending: bool = False) -> int:
         self._alive()
-        return super().read(key, offset, into, pending=pending)
+        n = super().read(key, offset, into, pending=pending)
+        if not pending:
+            self._after("read", key)  # e.g. frozen between reading a chunk and sending it (resync)
+        return n
 
     async def aread(self, key: ChunkKey, offset: int, into: memoryview) -> int:
         self._alive()
@@ -97,10 +101,13 @@ class FaultyEngine(MemoryEngine):
         self._last_commit = (key, max(1, st.length - old_len) if st.length > old_len else st.length)
         if self.observer is not None:
             self.observer.on_commit(self.target_id, st)
-        hook, self.after_commit = self.after_commit, None
-        if hook is not None:
-            hook(key)  # e.g. the process dies right after this commit reached the disk
+        self._after("commit", key)  # e.g. the process dies right after this commit reached the disk
         return st
+
+    def _after(self, op: str, key: ChunkKey) -> None:
+        hook, self.after_io = self.after_io, None
+        if hook is not None:
+            hook(op, key)
 
     def list_chunks(self, *args: Any, **kwargs: Any) -> list[ChunkState]:
         self._alive()

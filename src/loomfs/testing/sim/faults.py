@@ -28,14 +28,14 @@ from loomfs.testing.sim.events import EventLog
 from loomfs.testing.sim.invariants import Flip
 from loomfs.wire.types import TargetState
 
-AT_COMMIT_WAIT_S = 1.0
+AT_IO_WAIT_S = 1.0
 
 
 @dataclass
 class Fault:
     name: str
     nodes: frozenset[int]  # storage nodes it touches
-    hosts: frozenset[str]  # hosts whose links or process it holds
+    slots: frozenset[str]  # what it holds ("proc:s1", "links:s1", "cut:c1|s2", "disk:s1"): one fault each
     undo: Callable[[], Awaitable[None]]
     task: asyncio.Task[None] | None = None
     done: bool = False
@@ -77,8 +77,10 @@ class FaultInjector:
                 return False
         return True
 
-    def _busy_hosts(self) -> set[str]:
-        return {h for f in self.active for h in f.hosts}
+    def _busy(self, *slots: str) -> bool:
+        """Is any of ``slots`` held by an active fault? (A host may be cut off and crash, but
+        not be paused and crashed, or carry two link faults, at once.)"""
+        return any(s in f.slots for f in self.active for s in slots)
 
     # ---- the loop -----------------------------------------------------------------------
     async def run(self, until_s: float) -> None:
@@ -140,59 +142,68 @@ class FaultInjector:
         return self.rng.choice(sorted(self.cluster.storage))
 
     # ---- kinds --------------------------------------------------------------------------
-    async def _at_commit(self, n: int, act: Callable[[], None]) -> bool:
-        """Wait (up to ``AT_COMMIT_WAIT_S``) for node ``n`` to commit something and run ``act``
-        right after the commit, inside it: the moment a process dies or freezes is then one
-        where it matters (the commit is on disk, the ack not yet sent). False: nothing was
-        committed in time (or the budget no longer allows it), ``act`` did not run."""
+    async def _at_io(self, n: int, act: Callable[[], None]) -> str:
+        """Wait (up to ``AT_IO_WAIT_S``) for node ``n`` to commit (or, by the seed, read)
+        something and run ``act`` right after, inside that call: the moment a process dies or
+        freezes is then one where it matters (the commit is on disk and its ack not sent; a
+        chunk read for a resync copy or a client and not yet sent). Returns what it followed
+        ("commit" or "read"), or "" when nothing came in time or the budget no longer allows
+        it (``act`` did not run)."""
         engines = self.cluster.storage[n].engines
-        fired: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        wanted = self.rng.choice(("commit", "commit", "read"))
+        fired: asyncio.Future[str] = asyncio.get_running_loop().create_future()
 
-        def hook(key: object) -> None:
+        def hook(op: str, key: object) -> None:
+            if op != wanted:
+                for e in engines:
+                    e.after_io = hook  # not the moment we wait for: stay armed
+                return
             for e in engines:
-                e.after_commit = None
+                e.after_io = None
             if fired.done():
                 return
             ok = self.cluster.storage[n].up and self.allowed({n})
             if ok:
                 act()
-            fired.set_result(ok)
+            fired.set_result(op if ok else "")
 
         for e in engines:
-            e.after_commit = hook
+            e.after_io = hook
         try:
-            return await asyncio.wait_for(asyncio.shield(fired), AT_COMMIT_WAIT_S)
+            return await asyncio.wait_for(asyncio.shield(fired), AT_IO_WAIT_S)
         except TimeoutError:
             for e in engines:
-                e.after_commit = None
-            return False
+                e.after_io = None
+            return ""
 
     async def _crash(self) -> None:
         c = self.cluster
         n = self._storage_node()
-        if not c.storage[n].up or c.storage[n].host in self._busy_hosts() or not self.allowed({n}):
+        host = c.storage[n].host
+        if not c.storage[n].up or self._busy(f"proc:{host}") or not self.allowed({n}):
             return self._refuse("crash")
         tear = self.rng.random() < 0.3
         delay_s = self.rng.uniform(0.05, self.cfg.restart_delay_s_max)
-        at_commit = self.rng.random() < 0.5
+        at_io = ""
         killed: list[asyncio.Task[Any]] | None = None
-        if at_commit:
+        if self.rng.random() < 0.5:
 
             def kill() -> None:
                 nonlocal killed
                 killed = c.kill_storage_now(n)
 
-            if not await self._at_commit(n, kill):
+            at_io = await self._at_io(n, kill)
+            if not at_io:
                 return self._refuse("crash")
 
         async def undo() -> None:
             if not c.storage[n].up:
                 c.start_storage(n)
 
-        fault = Fault(f"crash s{n}", frozenset({n}), frozenset({c.storage[n].host}), undo)
+        fault = Fault(f"crash s{n}", frozenset({n}), frozenset({f"proc:{host}"}), undo)
         self._start(fault, delay_s)
         torn = await c.crash_storage(n, tear=tear, killed=killed)
-        when = " right after a commit" if at_commit else ""
+        when = f" right after a {at_io}" if at_io else ""
         self.log.add(f"fault: crash s{n}{when} for {delay_s:.3f}s" + (f" torn {' '.join(torn)}" if torn else ""))
 
     async def _pause(self) -> None:
@@ -200,7 +211,7 @@ class FaultInjector:
         hosts = [c.storage[n].host for n in sorted(c.storage)] + [MGMTD_HOST]
         host = self.rng.choice(hosts)
         nodes = frozenset(n for n, sh in c.storage.items() if sh.host == host)
-        if host in self._busy_hosts() or (host == MGMTD_HOST and c.mgmtd is None) or not self.allowed(set(nodes)):
+        if self._busy(f"proc:{host}") or (host == MGMTD_HOST and c.mgmtd is None) or not self.allowed(set(nodes)):
             return self._refuse("pause")
         if nodes and not c.storage[next(iter(nodes))].up:
             return self._refuse("pause")
@@ -214,14 +225,15 @@ class FaultInjector:
             c.net.resume(host)
             c.loop.resume_host(host)
 
-        at_commit = bool(nodes) and self.rng.random() < 0.5
-        if at_commit:
-            if not await self._at_commit(next(iter(nodes)), freeze):
+        at_io = ""
+        if nodes and self.rng.random() < 0.5:
+            at_io = await self._at_io(next(iter(nodes)), freeze)
+            if not at_io:
                 return self._refuse("pause")
         else:
             freeze()
-        self._start(Fault(f"pause {host}", nodes, frozenset({host}), undo), duration_s)
-        when = " right after a commit" if at_commit else ""
+        self._start(Fault(f"pause {host}", nodes, frozenset({f"proc:{host}"}), undo), duration_s)
+        when = f" right after a {at_io}" if at_io else ""
         self.log.add(f"fault: pause {host}{when} for {duration_s:.3f}s")
 
     def _hosts(self) -> list[str]:
@@ -237,7 +249,8 @@ class FaultInjector:
         if a.startswith("c") and b.startswith("c"):
             return self._refuse("partition")
         nodes = self._nodes_of(a, b)
-        if {a, b} & self._busy_hosts() or not self.allowed(set(nodes)):
+        pair = f"cut:{min(a, b)}|{max(a, b)}"
+        if self._busy(pair) or not self.allowed(set(nodes)):
             return self._refuse("partition")
         one_way = self.rng.random() < 0.5
         duration_s = self._duration()
@@ -250,14 +263,15 @@ class FaultInjector:
         else:
             c.net.partition(a, b)
         name = f"cut {a}->{b}" if one_way else f"partition {a}<->{b}"
-        self._start(Fault(name, nodes, frozenset({a, b}), undo), duration_s)
+        self._start(Fault(name, nodes, frozenset({pair}), undo), duration_s)
         self.log.add(f"fault: {name} for {duration_s:.3f}s")
 
     async def _link(self) -> None:
         c = self.cluster
         host = self.rng.choice(self._hosts())
         nodes = self._nodes_of(host)
-        if host in self._busy_hosts() or not self.allowed(set(nodes)):
+        others = [h for h in self._hosts() if h != host]
+        if self._busy(f"links:{host}", *(f"links:{o}" for o in others)) or not self.allowed(set(nodes)):
             return self._refuse("link")
         rng = self.rng
         what = rng.choice(("delay", "reorder", "dup", "reset"))
@@ -269,7 +283,6 @@ class FaultInjector:
             state = LinkState(dup_rate=rng.uniform(0.1, 0.6), dup_delay_s=rng.uniform(0.001, 0.5))
         else:
             state = LinkState(reset_rate=rng.uniform(0.02, 0.25))
-        others = [h for h in self._hosts() if h != host]
         for o in others:
             c.net.set_link(host, o, state)
             c.net.set_link(o, host, state)
@@ -281,14 +294,14 @@ class FaultInjector:
                 c.net.set_link(o, host, LinkState())
 
         name = f"link {what} {host} {_fmt(state)}"
-        self._start(Fault(name, nodes, frozenset({host}), undo), duration_s)
+        self._start(Fault(name, nodes, frozenset({f"links:{host}"}), undo), duration_s)
         self.log.add(f"fault: {name} for {duration_s:.3f}s")
 
     async def _disk(self) -> None:
         c = self.cluster
         n = self._storage_node()
         sh = c.storage[n]
-        if not sh.up or sh.host in self._busy_hosts() or not self.allowed({n}):
+        if not sh.up or self._busy(f"disk:{sh.host}") or not self.allowed({n}):
             return self._refuse("disk")
         enospc = self.rng.random() < 0.4
         eio_rate = 0.0 if enospc else self.rng.uniform(0.05, 0.5)
@@ -301,7 +314,7 @@ class FaultInjector:
                 e.enospc, e.eio_rate = False, 0.0
 
         name = f"disk s{n} " + ("enospc" if enospc else f"eio={eio_rate:.2f}")
-        self._start(Fault(name, frozenset({n}), frozenset({sh.host}), undo), duration_s)
+        self._start(Fault(name, frozenset({n}), frozenset({f"disk:{sh.host}"}), undo), duration_s)
         self.log.add(f"fault: {name} for {duration_s:.3f}s")
 
     async def _flip(self) -> None:
@@ -321,7 +334,7 @@ class FaultInjector:
 
     async def _mgmtd(self) -> None:
         c = self.cluster
-        if c.mgmtd is None or MGMTD_HOST in self._busy_hosts():
+        if c.mgmtd is None or self._busy(f"proc:{MGMTD_HOST}"):
             return self._refuse("mgmtd")
         delay_s = self.rng.uniform(0.05, self.cfg.restart_delay_s_max)
 
@@ -329,7 +342,7 @@ class FaultInjector:
             if c.mgmtd is None:
                 await c.start_mgmtd()
 
-        self._start(Fault("mgmtd restart", frozenset(), frozenset({MGMTD_HOST}), undo), delay_s)
+        self._start(Fault("mgmtd restart", frozenset(), frozenset({f"proc:{MGMTD_HOST}"}), undo), delay_s)
         await c.crash_mgmtd()
         self.log.add(f"fault: mgmtd crash for {delay_s:.3f}s")
 
