@@ -24,6 +24,7 @@ from typing import Any
 from loomfs.net.sim import LinkState
 from loomfs.testing.sim.cluster import MGMTD_HOST, SimCluster
 from loomfs.testing.sim.config import FAULT_KINDS, FAULT_WEIGHTS, SimConfig
+from loomfs.testing.sim.engine import FaultyEngine
 from loomfs.testing.sim.events import EventLog
 from loomfs.testing.sim.invariants import Flip
 from loomfs.wire.types import TargetState
@@ -104,7 +105,9 @@ class FaultInjector:
             await asyncio.sleep(duration_s)
             await self._end(fault)
 
-        fault.task = asyncio.ensure_future(hold())
+        # the driver's task, even when started from inside a host's call (an at-commit fault):
+        # a fault must not die or freeze with the host it hits
+        fault.task = self.cluster.loop.create_task(hold(), context=self.cluster.net.context_of("").copy())
 
     async def _end(self, fault: Fault) -> None:
         if fault.done:
@@ -142,33 +145,33 @@ class FaultInjector:
         return self.rng.choice(sorted(self.cluster.storage))
 
     # ---- kinds --------------------------------------------------------------------------
-    async def _at_io(self, n: int, act: Callable[[], None]) -> str:
-        """Wait (up to ``AT_IO_WAIT_S``) for node ``n`` to commit (or, by the seed, read)
-        something and run ``act`` right after, inside that call: the moment a process dies or
-        freezes is then one where it matters (the commit is on disk and its ack not sent; a
-        chunk read for a resync copy or a client and not yet sent). Returns what it followed
-        ("commit" or "read"), or "" when nothing came in time or the budget no longer allows
-        it (``act`` did not run)."""
+    async def _at_io(self, n: int, act: Callable[[int], bool], wanted: str = "") -> str:
+        """Wait (up to ``AT_IO_WAIT_S``) for node ``n`` to commit (or read) something and run
+        ``act(target_id)`` right after, inside that call: the moment a process dies, freezes or
+        loses a link is then one where it matters (the commit is on disk and its ack not sent;
+        a chunk read for a resync copy or a client and not yet sent). Returns what it followed
+        ("commit" or "read"), or "" when nothing came in time, the budget no longer allows it
+        or ``act`` declined."""
         engines = self.cluster.storage[n].engines
-        wanted = self.rng.choice(("commit", "commit", "read"))
+        wanted = wanted or self.rng.choice(("commit", "commit", "read"))
         fired: asyncio.Future[str] = asyncio.get_running_loop().create_future()
 
-        def hook(op: str, key: object) -> None:
-            if op != wanted:
+        def arm(engine: FaultyEngine) -> None:
+            def hook(op: str, key: object) -> None:
+                if op != wanted:
+                    engine.after_io = hook  # not the moment we wait for: stay armed
+                    return
                 for e in engines:
-                    e.after_io = hook  # not the moment we wait for: stay armed
-                return
-            for e in engines:
-                e.after_io = None
-            if fired.done():
-                return
-            ok = self.cluster.storage[n].up and self.allowed({n})
-            if ok:
-                act()
-            fired.set_result(op if ok else "")
+                    e.after_io = None
+                if fired.done():
+                    return
+                ok = self.cluster.storage[n].up and self.allowed({n}) and act(engine.target_id)
+                fired.set_result(op if ok else "")
+
+            engine.after_io = hook
 
         for e in engines:
-            e.after_io = hook
+            arm(e)
         try:
             return await asyncio.wait_for(asyncio.shield(fired), AT_IO_WAIT_S)
         except TimeoutError:
@@ -176,9 +179,29 @@ class FaultInjector:
                 e.after_io = None
             return ""
 
+    def _resync_source(self) -> int | None:
+        """A storage node that is copying to a syncing target right now, if any."""
+        st = self.cluster.state
+        for cid in sorted(st.chains):
+            members = st.chains[cid].targets
+            states = [st.targets[t].state for t in members]
+            if TargetState.SYNCING in states:
+                serving = [t for t, s in zip(members, states, strict=True) if s == TargetState.SERVING]
+                if serving:
+                    return self.cluster.node_of_target(serving[-1])
+        return None
+
+    def _victim(self) -> int:
+        """A storage node: often the one running a resync (the window where stale copies and
+        rollbacks happen), else any."""
+        source = self._resync_source()
+        if source is not None and self.rng.random() < 0.5:
+            return source
+        return self._storage_node()
+
     async def _crash(self) -> None:
         c = self.cluster
-        n = self._storage_node()
+        n = self._victim()
         host = c.storage[n].host
         if not c.storage[n].up or self._busy(f"proc:{host}") or not self.allowed({n}):
             return self._refuse("crash")
@@ -188,9 +211,10 @@ class FaultInjector:
         killed: list[asyncio.Task[Any]] | None = None
         if self.rng.random() < 0.5:
 
-            def kill() -> None:
+            def kill(target_id: int) -> bool:
                 nonlocal killed
                 killed = c.kill_storage_now(n)
+                return True
 
             at_io = await self._at_io(n, kill)
             if not at_io:
@@ -208,8 +232,7 @@ class FaultInjector:
 
     async def _pause(self) -> None:
         c = self.cluster
-        hosts = [c.storage[n].host for n in sorted(c.storage)] + [MGMTD_HOST]
-        host = self.rng.choice(hosts)
+        host = MGMTD_HOST if self.rng.random() < 0.2 else c.storage[self._victim()].host
         nodes = frozenset(n for n, sh in c.storage.items() if sh.host == host)
         if self._busy(f"proc:{host}") or (host == MGMTD_HOST and c.mgmtd is None) or not self.allowed(set(nodes)):
             return self._refuse("pause")
@@ -217,9 +240,10 @@ class FaultInjector:
             return self._refuse("pause")
         duration_s = self._duration()
 
-        def freeze() -> None:
+        def freeze(target_id: int = 0) -> bool:
             c.net.pause(host)
             c.loop.pause_host(host)
+            return True
 
         async def undo() -> None:
             c.net.resume(host)
@@ -243,16 +267,27 @@ class FaultInjector:
     def _nodes_of(self, *hosts: str) -> frozenset[int]:
         return frozenset(n for n, sh in self.cluster.storage.items() if sh.host in hosts)
 
-    async def _partition(self) -> None:
+    def _pair(self) -> tuple[str, str]:
+        """Two hosts to cut apart: mostly storage-mgmtd and storage-storage (where chains and
+        leases live), sometimes a client and a server."""
         c = self.cluster
-        a, b = self.rng.sample(self._hosts(), 2)
-        if a.startswith("c") and b.startswith("c"):
-            return self._refuse("partition")
+        storage = [c.storage[n].host for n in sorted(c.storage)]
+        r = self.rng.random()
+        if r < 0.4:
+            pair = [self.rng.choice(storage), MGMTD_HOST]
+        elif r < 0.8:
+            pair = self.rng.sample(storage, 2)
+        else:
+            pair = [self.rng.choice([cl.host for cl in c.clients]), self.rng.choice([*storage, MGMTD_HOST])]
+        self.rng.shuffle(pair)
+        return pair[0], pair[1]
+
+    def _cut(self, a: str, b: str, one_way: bool, at: str = "") -> bool:
+        c = self.cluster
         nodes = self._nodes_of(a, b)
         pair = f"cut:{min(a, b)}|{max(a, b)}"
         if self._busy(pair) or not self.allowed(set(nodes)):
-            return self._refuse("partition")
-        one_way = self.rng.random() < 0.5
+            return False
         duration_s = self._duration()
 
         async def undo() -> None:
@@ -264,7 +299,40 @@ class FaultInjector:
             c.net.partition(a, b)
         name = f"cut {a}->{b}" if one_way else f"partition {a}<->{b}"
         self._start(Fault(name, nodes, frozenset({pair}), undo), duration_s)
-        self.log.add(f"fault: {name} for {duration_s:.3f}s")
+        self.log.add(f"fault: {name}{at} for {duration_s:.3f}s")
+        return True
+
+    def _predecessor_host(self, target_id: int) -> str | None:
+        """The host of ``target_id``'s predecessor in its write chain (per mgmtd)."""
+        st = self.cluster.state
+        t = st.targets.get(target_id)
+        chain = st.chains.get(t.chain_id) if t is not None else None
+        if chain is None:
+            return None
+        members = [m for m in chain.targets if st.targets[m].state in (TargetState.SERVING, TargetState.SYNCING)]
+        if target_id not in members or members.index(target_id) == 0:
+            return None
+        return self.cluster.storage[self.cluster.node_of_target(members[members.index(target_id) - 1])].host
+
+    async def _partition(self) -> None:
+        if self.rng.random() < 0.25:
+            # a replica loses the link back to its predecessor right after committing: it keeps
+            # serving what it committed while the chain behind it never hears of it
+            n = self._victim()
+            host = self.cluster.storage[n].host
+            if not self.cluster.storage[n].up:
+                return self._refuse("partition")
+
+            def cut_back(target_id: int) -> bool:
+                pred = self._predecessor_host(target_id)
+                return pred is not None and self._cut(host, pred, True, " right after a commit")
+
+            if not await self._at_io(n, cut_back, "commit"):
+                self._refuse("partition")
+            return
+        a, b = self._pair()
+        if not self._cut(a, b, self.rng.random() < 0.5):
+            self._refuse("partition")
 
     async def _link(self) -> None:
         c = self.cluster
