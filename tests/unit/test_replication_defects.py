@@ -390,3 +390,22 @@ def test_late_duplicate_after_many_updates_is_not_applied() -> None:
         assert len(c.content(3)) == 20
 
     run(body)
+
+
+def test_target_back_as_syncing_drops_its_old_pending_version() -> None:
+    """Found by the simulator (seeds 40, 50, 132, 164, 173 before the fix): a head paused past
+    its lease came back as the syncing write tail and committed the pending version it had
+    staged before, "as the tail" — a number the chain had meanwhile given to other bytes."""
+
+    async def body(c: Chain3) -> None:
+        await c.write(1, 0, b"one")
+        c.engine(1).stage_write(KEY, 2, 0, b"stale")  # staged as head, then paused past the lease
+        c.nodes[0].service._leftovers.setdefault(c.tid(1), set()).add(KEY)
+        c.set_chain([2, 3], version=2)
+        await c.write(2, 0, b"TWO")  # the chain gives v2 to other bytes
+        c.set_chain([2, 3], version=3, syncing=(1,))
+        assert await c.nodes[0].service.settle_leftovers() == 0
+        st = c.engine(1).get(KEY)
+        assert st is not None and (st.commit_ver, st.pending_ver) == (1, 0) and c.content(1) == b"one"
+
+    run(body)

@@ -13,6 +13,8 @@ it takes). Nothing sets them in production: the set is empty unless a test (or
   rolling a chunk back (defect 2);
 * ``tail_ignores_leftover`` — a new tail serves the committed version past a leftover pending
   one (defect 3);
+* ``syncing_commits_leftover`` — a target back in its chain as syncing commits a pending
+  version from before it left (found by the simulator);
 * ``no_chunk_tags`` — retries are deduplicated only by the head's memory (defect 4);
 * ``reads_ignore_lease`` — a replica serves reads after its lease lapsed and before it
   registered (defect 5).
@@ -24,7 +26,7 @@ import os
 
 KNOWN = frozenset({
     "forward_before_stage", "stage_fails", "no_content_check", "unfenced_resync", "tail_ignores_leftover",
-    "no_chunk_tags", "reads_ignore_lease",
+    "no_chunk_tags", "reads_ignore_lease", "syncing_commits_leftover",
 })
 
 PLANTED: set[str] = {b for b in os.environ.get("LOOMFS_PLANTED_BUGS", "").split(",") if b}

@@ -426,8 +426,17 @@ class StorageService(ChainForwarder):
             if chain_id is None:
                 return 0
             info = routing.chain(chain_id)
+            me = routing.targets.get(target.target_id)
+            if me is not None and me.state == TargetState.SYNCING and not planted.on("syncing_commits_leftover"):
+                # left the chain and came back: the pending version is from before, and the
+                # chain may have given its number to other bytes since; resync makes it right
+                logger.info("chunk %s on target %d: dropping pending v%d from before the resync", key,
+                            target.target_id, st.pending_ver)
+                target.engine.abort(key)
+                self._leftovers.get(target.target_id, set()).discard(key)
+                return 0
             pos = chain.position_of(chain_id, info.version, write_chain(routing, chain_id), target.target_id)
-            if pos is None:
+            if pos is None or me is None or me.state != TargetState.SERVING:
                 return 0  # not a member now: resync will make this copy right
             await self._reforward(target, pos, key, chain.Reforward(st.pending_ver, pos.successor), CHUNK_SIZE_ANY)
             return 1
