@@ -409,3 +409,24 @@ def test_target_back_as_syncing_drops_its_old_pending_version() -> None:
         assert st is not None and (st.commit_ver, st.pending_ver) == (1, 0) and c.content(1) == b"one"
 
     run(body)
+
+
+def test_head_that_left_the_chain_while_forwarding_commits_nothing() -> None:
+    """Found by the simulator (seeds 313, 321): a head paused mid-forward came back to a chain
+    that had moved on with it as the syncing write tail; its forward loop took that for
+    "became the tail" and committed its version — a number the chain had given to other bytes."""
+
+    async def body(c: Chain3) -> None:
+        await c.write(1, 0, b"one")
+        c.net.partition("n1", "n2")  # the forward hangs
+        task = asyncio.ensure_future(c.write(1, 0, b"two"))
+        await asyncio.sleep(0.3)
+        assert c.engine(1).get(KEY).pending_ver == 2  # type: ignore[union-attr]
+        c.set_chain([2, 3], version=2, syncing=(1,))  # the chain moved on; the head comes back last
+        with pytest.raises(LoomError):
+            await task
+        st = c.engine(1).get(KEY)
+        assert st is not None and st.commit_ver == 1 and c.content(1) == b"one"
+        c.net.heal()
+
+    run(body)

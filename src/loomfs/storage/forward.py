@@ -12,11 +12,12 @@ from loomfs.common.clock import Clock
 from loomfs.common.routing import Routing
 from loomfs.errors import LoomError
 from loomfs.net.rpc import RpcClient
-from loomfs.storage import chain
+from loomfs.storage import chain, planted
 from loomfs.storage.routing import RoutingSource, write_chain
 from loomfs.wire.message import Message, Method
 from loomfs.wire.status import Status
 from loomfs.wire.storage import RemoveChunksReq, TruncateReq, WriteReq
+from loomfs.wire.types import TargetState
 
 logger = logging.getLogger(__name__)
 
@@ -24,6 +25,16 @@ logger = logging.getLogger(__name__)
 def _log_failure(task: asyncio.Future[None]) -> None:
     if not task.cancelled() and task.exception() is not None:
         logger.warning("unreachability report failed: %s", task.exception())
+
+
+class Left:
+    """A chain change took this target out of the serving members."""
+
+    def __repr__(self) -> str:
+        return "LEFT"
+
+
+LEFT = Left()
 
 
 class ChainForwarder:
@@ -64,16 +75,22 @@ class ChainForwarder:
             return exc.status, exc.status in (Status.DEADLINE_EXCEEDED, Status.SHUTTING_DOWN)
         return Status.OK, False
 
-    async def _changed_position(self, pos: chain.Position, wait_s: float) -> chain.Position | None:
+    async def _changed_position(self, pos: chain.Position, wait_s: float) -> chain.Position | Left | None:
         """Wait up to ``wait_s`` for routing with a newer version of ``pos``'s chain; return
-        this target's new write position (None: it is no longer a member, or nothing changed)."""
+        this target's new write position, ``LEFT`` when it is no longer a serving member (it
+        must not commit or push on what it was forwarding: its chain has moved on without it),
+        or None when nothing changed."""
         end = self.clock.monotonic() + wait_s
         while True:
             routing = await self.routing.get()
             info = routing.chains.get(pos.chain_id)
             if info is not None and info.version > pos.chain_version:
-                return chain.position_of(pos.chain_id, info.version, write_chain(routing, pos.chain_id),
-                                         pos.target_id)
+                me = routing.targets.get(pos.target_id)
+                new = chain.position_of(pos.chain_id, info.version, write_chain(routing, pos.chain_id), pos.target_id)
+                if new is None or me is None or (me.state != TargetState.SERVING
+                                                 and not planted.on("syncing_commits_leftover")):
+                    return LEFT
+                return new
             if self.clock.monotonic() >= end:
                 return None
             await asyncio.sleep(0.05)
@@ -96,7 +113,7 @@ class ChainForwarder:
             routing = await self.routing.get()
             fwd = dataclasses.replace(req, forwarded=True, chain_version=pos.chain_version)
             call = asyncio.ensure_future(self._forward2(routing, succ, m, fwd, payload, crc))
-            new_pos: chain.Position | None = None
+            new_pos: chain.Position | Left | None = None
             started_s = self.clock.monotonic()
             done, _ = await asyncio.wait({call}, timeout=self.reconfig_wait_s)
             while not done:  # slow successor (hung? cut off?): watch for a chain change meanwhile
@@ -120,6 +137,10 @@ class ChainForwarder:
                 new_pos = await self._changed_position(pos, max(0.0, min(left, self.reconfig_wait_s * 5)))
             if new_pos is None:
                 return status, pos
+            if isinstance(new_pos, Left):
+                logger.info("chain %d v%d: target %d left the serving chain while forwarding: giving the update up",
+                            pos.chain_id, pos.chain_version, pos.target_id)
+                return (status if status is not Status.OK else Status.TARGET_NOT_SERVING), pos
             logger.info("chain %d v%d -> v%d while forwarding to target %d (%s): forwarding again",
                         pos.chain_id, pos.chain_version, new_pos.chain_version, succ, status.name)
             self.reforwards_total += 1
