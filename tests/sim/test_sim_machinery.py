@@ -210,3 +210,15 @@ def test_convergence_check_compares_bytes_not_only_versions() -> None:
     assert clean == []
     assert any("different bytes" in p for p in corrupt) and any("fail their CRC" in p for p in corrupt)
     assert any("replicas differ" in p for p in diverged)
+
+
+def test_loop_clock_is_virtual_under_the_simulator() -> None:
+    from loomfs.common.clock import LOOP_CLOCK
+
+    async def go() -> tuple[float, int]:
+        await asyncio.sleep(42)
+        return LOOP_CLOCK.monotonic(), LOOP_CLOCK.now_ns()
+
+    mono, ns = run(go())
+    assert mono == 42 and ns == LOOP_CLOCK.wall_origin_ns + 42 * 10**9
+    assert LOOP_CLOCK.monotonic() > 0  # outside a loop: the system clock
