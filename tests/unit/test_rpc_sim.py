@@ -327,3 +327,24 @@ def test_resets_and_reordering() -> None:
         assert sorted(late) == [bytes([100 + i]) for i in range(20)] and late != sorted(late)
 
     run(go())
+
+
+def test_cancelled_connector_does_not_cancel_the_callers_waiting_on_it() -> None:
+    """Found by the simulator (seeds 239, 555): a request handler cancelled while it was
+    connecting handed its CancelledError to every call waiting on the same connect — one of
+    them the storage node's heartbeat loop, which died, and the node dropped out for good."""
+
+    async def main() -> None:
+        net, server, svc, addr, client = await _setup()
+        first = asyncio.ensure_future(client.call(addr, STAT, PathReq(path="/a")))
+        await asyncio.sleep(0)  # the first call is connecting
+        second = asyncio.ensure_future(client.call(addr, STAT, PathReq(path="/bb")))
+        await asyncio.sleep(0)  # the second waits on the same connect
+        first.cancel()
+        rsp = await second
+        assert rsp.body.attr.inode == 3
+        assert first.cancelled()
+        await client.close()
+        await server.close()
+
+    run(main())

@@ -325,8 +325,14 @@ class ClientConnection:
         header = fr.Header(m.service, m.method, rid, max(1, int(timeout_s * 1000)), 0, "", req.to_wire(),
                            0, trace.outgoing())
         try:
-            await self.channel.send(fr.encode(fr.KIND_REQUEST, header, payload, payload_crc), payload)
+            # the send is inside the deadline too: a peer that stopped reading (a cut link, a
+            # hung process) fills the socket buffer and the send waits for room
             async with asyncio.timeout(timeout_s):
+                try:
+                    await self.channel.send(fr.encode(fr.KIND_REQUEST, header, payload, payload_crc), payload)
+                except asyncio.CancelledError:
+                    self.abort()  # stopped mid-frame: the stream cannot be used any more
+                    raise
                 rh, rpayload, crc_ok = await fut
         except TimeoutError as exc:
             self._pending.pop(rid, None)
@@ -398,12 +404,23 @@ class RpcClient:
         self.observers: list[RpcObserver] = []
 
     async def connection(self, address: Address) -> ClientConnection:
-        conn = self._conns.get(address)
-        if conn is not None and not conn.closed:
-            return conn
-        waiting = self._connecting.get(address)
-        if waiting is not None:
-            return await asyncio.shield(waiting)
+        while True:
+            conn = self._conns.get(address)
+            if conn is not None and not conn.closed:
+                return conn
+            waiting = self._connecting.get(address)
+            if waiting is None:
+                return await self._connect(address)
+            try:
+                return await asyncio.shield(waiting)
+            except asyncio.CancelledError:
+                # the caller that was connecting was cancelled (its request abandoned): that
+                # is no reason to give up ours — connect again, unless we are cancelled too
+                task = asyncio.current_task()
+                if not waiting.cancelled() or (task is not None and task.cancelling()):
+                    raise
+
+    async def _connect(self, address: Address) -> ClientConnection:
         fut: asyncio.Future[ClientConnection] = asyncio.get_running_loop().create_future()
         self._connecting[address] = fut
         try:
@@ -414,6 +431,9 @@ class RpcClient:
             self._conns[address] = conn
             fut.set_result(conn)
             return conn
+        except asyncio.CancelledError:
+            fut.cancel()
+            raise
         except BaseException as exc:
             fut.set_exception(exc)
             fut.exception()  # mark retrieved
