@@ -246,9 +246,19 @@ class StorageNode:
         self._settling = asyncio.ensure_future(settle())
 
     async def heartbeat_loop(self) -> None:
+        """Heartbeat until cancelled. Nothing else ends it: a node whose heartbeats stop drops
+        out of its chains for good, so an unexpected error is logged and the loop goes on."""
         while True:
             await asyncio.sleep(self.heartbeat_interval_s)
-            await self._heartbeat_once()
+            try:
+                await self._heartbeat_once()
+            except asyncio.CancelledError:
+                task = asyncio.current_task()
+                if task is not None and task.cancelling():
+                    raise
+                logger.error("heartbeat: a call it waited on was cancelled; going on")
+            except Exception:
+                logger.exception("heartbeat failed unexpectedly; going on")
 
     async def close(self) -> None:
         if self._settling is not None:
