@@ -4,6 +4,7 @@ and an index from before block CRCs (schema 0) still opens and reads."""
 
 from __future__ import annotations
 
+import functools
 import mmap
 import os
 import random
@@ -21,7 +22,10 @@ from loomfs.storage.engine.base import (
     ChunkEngine,
     ChunkKey,
     ChunkMap,
+    block_count,
     block_crcs_of,
+    crc_of_blocks,
+    kept_blocks,
     unpack_blocks,
 )
 from loomfs.storage.engine.file import FileEngine
@@ -272,25 +276,210 @@ def test_flipped_byte_fails_only_its_block(h: Harness) -> None:
     _expect_mismatch(lambda: read(e, len(BASE) - 1, 1), 5)
 
 
+def _whole_read_refused(e: ChunkEngine, good: bytes, key: ChunkKey = K) -> None:
+    """The chunk's stored whole-chunk CRC is the good content's, so the reader's CRC check
+    refuses the rotten bytes a whole-chunk read returns."""
+    st = e.get(key)
+    assert st is not None and st.length == len(good) and st.crc == crc32c.crc32c(good)
+    whole = read(e, 0, len(good), key)
+    assert whole != good and crc32c.crc32c(whole) != st.crc
+
+
+def _chunk_files(h: Harness, key: ChunkKey = K) -> list[Path]:
+    return sorted(h.path.rglob(f"{key.inode:x}.{key.index:x}.*")) if h.kind != "memory" else []
+
+
 def test_corruption_survives_unrelated_updates(h: Harness) -> None:
-    """Updates keep the stored CRCs of blocks they do not touch, so bit rot stays visible."""
+    """Appends and zero-extending truncates read no old byte: they succeed on a chunk with bit
+    rot and keep the stored CRCs (block and whole-chunk) of the good content, so the rot stays
+    visible. (An overwrite elsewhere is refused instead: see the tests below.)"""
     e = h.engine
     _write(0, BASE)(e, 1)
     commit(e)
     h.corrupt(K, B + 3)
-    _write(4 * B, b"x" * 10)(e, 2)  # copy-on-write of another block
+    good = BASE
+    _write(len(good), b"appended")(e, 2)  # in place, into the short last block
+    assert e.get(K).pending_crc == crc32c.crc32c(good + b"appended")  # type: ignore[union-attr]
     commit(e)
-    _write(len(BASE), b"appended")(e, 3)  # in place
+    good += b"appended"
+    e.stage_truncate(K, 3, len(good) + 3 * B)  # zero-extend
     commit(e)
-    e.stage_truncate(K, 4, len(BASE) + 3 * B)
+    good += bytes(3 * B)
+    _write(len(good) + 10, b"past a gap")(e, 4)
     commit(e)
+    good += bytes(10) + b"past a gap"
     _expect_mismatch(lambda: read(e, B, 10), 1)
     assert e.verify(K) == [1]
-    assert read(e, 4 * B, 10) == b"x" * 10
+    assert e.block_crcs(K) == unpack_blocks(block_crcs_of(good))
+    assert read(e, 4 * B, 10) == good[4 * B : 4 * B + 10]
+    assert read(e, 5 * B, 3 * B) == good[5 * B : 8 * B]
+    _whole_read_refused(e, good)
     # a whole rewrite (a repair) makes it good again
     _write(0, BASE, full_replace=True)(e, 5)
     commit(e)
     check_content(e, BASE)
+
+
+# Updates that keep bytes of a rotten block (flipped byte in block 2 of BASE, or in its short
+# last block 5): refused with CHECKSUM_MISMATCH naming the block, whether the update touches that
+# block in part or leaves it alone (its bytes would be copied into the new version).
+ROT2, ROT5 = 2 * B + 100, 5 * B + 7
+REFUSED: dict[str, tuple[int, Callable[[ChunkEngine, int], object]]] = {
+    "write inside the rotten block": (ROT2, _write(2 * B + 50, b"w" * 100)),
+    "write over the rotten byte": (ROT2, _write(ROT2 - 2, b"w" * 5)),
+    "write across a boundary into it": (ROT2, _write(2 * B - 10, b"w" * 20)),
+    "write across a boundary out of it": (ROT2, _write(3 * B - 10, b"w" * 20)),
+    "write of whole other blocks": (ROT2, _write(3 * B, b"w" * 2 * B)),
+    "write inside another block": (ROT2, _write(4 * B + 5, b"w" * 10)),
+    "write from 0, short of it": (ROT2, _write(0, b"w" * (2 * B))),
+    "write from 0, into it": (ROT2, _write(0, b"w" * (2 * B + 101))),
+    "write growing the chunk": (ROT2, _write(4 * B + 1, b"w" * 3 * B)),
+    "empty write": (ROT2, _write(300, b"")),
+    "write into the rotten last block, growing": (ROT5, _write(5 * B + 1000, b"w" * B)),
+    "write elsewhere, rotten last block": (ROT5, _write(100, b"w")),
+    "async write elsewhere": (ROT2, lambda e, v: run(e.astage_write(K, v, 5 * B, b"w" * 1000))),
+    "truncate into the rotten block": (ROT2, lambda e, v: e.stage_truncate(K, v, 2 * B + 50)),
+    "truncate keeping it whole": (ROT2, lambda e, v: e.stage_truncate(K, v, 3 * B + 7)),
+    "truncate at its end": (ROT2, lambda e, v: e.stage_truncate(K, v, 3 * B)),
+    "truncate into the rotten last block": (ROT5, lambda e, v: e.stage_truncate(K, v, 5 * B + 1000)),
+}
+
+
+@pytest.mark.parametrize("pending_before", [False, True])
+@pytest.mark.parametrize("case", list(REFUSED))
+def test_update_keeping_rotten_bytes_is_refused(h: Harness, case: str, pending_before: bool) -> None:
+    rot, stage_it = REFUSED[case]
+    e = h.engine
+    _write(0, BASE)(e, 1)
+    commit(e)
+    h.corrupt(K, rot)
+    bad = rot // B
+    files = _chunk_files(h)
+    if pending_before:  # an append staged first (it reads no old byte, so it is accepted)
+        _write(len(BASE), b"pending")(e, 2)
+    _expect_mismatch(lambda: stage_it(e, 3), bad)
+    # nothing staged, a pending update before it dropped too, no file left behind
+    st = e.get(K)
+    assert st is not None and (st.commit_ver, st.pending_ver, st.pending_tags) == (1, 0, ())
+    assert _chunk_files(h) == files and all(f.stat().st_size == len(BASE) for f in files)
+    # the committed version is unchanged: its good blocks read, the rot is still reported
+    assert e.block_crcs(K) == unpack_blocks(block_crcs_of(BASE))
+    for b in range(6):
+        if b != bad:
+            assert read(e, b * B + 1, B - 1) == BASE[b * B + 1 : (b + 1) * B]
+    _expect_mismatch(lambda: read(e, rot, 1), bad)
+    assert e.verify(K) == [bad]
+    _whole_read_refused(e, BASE)
+    _expect_mismatch(lambda: stage_it(e, 3), bad)  # refused again: still rotten
+    # a full replace repairs it, and the same update then goes through
+    _write(0, BASE, full_replace=True)(e, 3)
+    commit(e)
+    check_content(e, BASE)
+    stage_it(e, 4)
+    commit(e)
+    assert e.verify(K) == []
+
+
+REPAIRS: dict[str, tuple[Callable[[ChunkEngine, int], object], bytes]] = {
+    "write covering it whole": (_write(2 * B, b"r" * B), _patched(BASE, 2 * B, b"r" * B)),
+    "write covering it and edges of others": (_write(2 * B - 5, b"r" * (B + 10)), _patched(BASE, 2 * B - 5, b"r" * (B + 10))),
+    "write from it to the end": (_write(B, b"r" * (4 * B + 1234)), _patched(BASE, B, b"r" * (4 * B + 1234))),
+    "truncate cutting it away": (lambda e, v: e.stage_truncate(K, v, 2 * B), BASE[: 2 * B]),
+    "truncate cutting it away, short": (lambda e, v: e.stage_truncate(K, v, B + 5), BASE[: B + 5]),
+    "write covering everything": (_write(0, b"r" * len(BASE)), b"r" * len(BASE)),
+    "full replace": (_write(0, b"r" * 10, full_replace=True), b"r" * 10),
+}
+
+
+@pytest.mark.parametrize("case", list(REPAIRS))
+def test_update_dropping_rotten_bytes_repairs(h: Harness, case: str) -> None:
+    """An update that keeps no byte of the rotten block (covers it whole, cuts it away) succeeds:
+    the new version is good."""
+    stage_it, expect = REPAIRS[case]
+    e = h.engine
+    _write(0, BASE)(e, 1)
+    commit(e)
+    h.corrupt(K, 2 * B + 100)
+    stage_it(e, 2)
+    assert e.block_crcs(K, pending=True) == unpack_blocks(block_crcs_of(expect))
+    assert e.get(K).pending_crc == crc32c.crc32c(expect)  # type: ignore[union-attr]
+    commit(e)
+    check_content(e, expect)
+
+
+def test_random_updates_never_bless_rot(h: Harness) -> None:
+    """Random rot, writes, truncates and repairs against a model (good content + rotten
+    offsets): an update is refused exactly when it would keep a rotten block's bytes, and after
+    every step the chunk reports exactly the rotten blocks, reads its good blocks, and its
+    whole-chunk CRC is the good content's."""
+    seed = random.randrange(1 << 30)
+    print(f"seed {seed}")
+    rng = random.Random(seed)
+    e = h.engine
+    good = rng.randbytes(rng.randrange(1, 6 * B))
+    _write(0, good)(e, 1)
+    commit(e)
+    rot: set[int] = set()
+    for step in range(150):
+        v = next_ver(e)
+        old_len = len(good)
+        r = rng.random()
+        if r < 0.2 and len(rot) < 3 and old_len:
+            off = rng.randrange(old_len)
+            if off not in rot:
+                h.corrupt(K, off)
+                rot.add(off)
+            continue
+        if r < 0.65:
+            off = rng.choice([0, old_len, rng.randrange(max(1, old_len)), old_len + rng.randrange(1, B),
+                              rng.randrange(old_len // B + 1) * B])
+            size = rng.choice([0, rng.randrange(1, 300), rng.randrange(1, 3 * B), B, 2 * B])
+            data = rng.randbytes(size)
+            full = rng.random() < 0.05
+            new = data if full else _patched(good, off, data)
+            lo, hi = (0, old_len) if full or (off == 0 and size >= old_len) else (off, off + size)
+            stage_it: Callable[[], object] = functools.partial(e.stage_write, K, v, off, data, full_replace=full)
+        else:
+            n = rng.choice([rng.randrange(0, old_len + 1), rng.randrange(old_len // B + 1) * B,
+                            old_len + rng.randrange(0, 2 * B)])
+            new = good[:n] + bytes(max(0, n - old_len))
+            lo, hi = n, max(n, old_len)
+            stage_it = functools.partial(e.stage_truncate, K, v, n)
+        grows_only = lo >= old_len
+        # refused iff a rotten byte lies in an old block the update does not replace whole
+        keeps_rot = sorted({
+            o // B for o in rot
+            if not grows_only and not (lo <= o // B * B and min(o // B * B + B, old_len) <= hi and lo < hi)
+        })
+        if keeps_rot:
+            with pytest.raises(StatusError) as ei:
+                stage_it()
+            assert ei.value.status is Status.CHECKSUM_MISMATCH, seed
+            assert any(f"block {b} at offset {b * B}" in str(ei.value) for b in keeps_rot), (seed, step, str(ei.value))
+            assert e.get(K).pending_ver == 0, (seed, step)  # type: ignore[union-attr]
+        else:
+            stage_it()
+            assert e.block_crcs(K, pending=True) == unpack_blocks(block_crcs_of(new)), (seed, step)
+            assert e.get(K).pending_crc == crc32c.crc32c(new), (seed, step)  # type: ignore[union-attr]
+            commit(e)
+            if not grows_only:  # rot it replaced or cut away is gone; appends carry the rest
+                rot = {o for o in rot if o < len(new) and not lo <= o < hi}
+            good = new
+        bad = sorted({o // B for o in rot})
+        assert e.verify(K) == bad, (seed, step)
+        st = e.get(K)
+        assert st is not None and st.length == len(good) and st.crc == crc32c.crc32c(good), (seed, step)
+        whole = read(e, 0, len(good) + 1)
+        assert (whole == good) == (not rot) and (crc32c.crc32c(whole) == st.crc) == (not rot), (seed, step)
+        for b in range(block_count(len(good))):
+            off = b * B + rng.randrange(B)
+            n = min(rng.randrange(1, 100), (b + 1) * B - off)  # inside block b
+            if off >= len(good) or (off == 0 and n >= len(good)):
+                continue
+            if b in bad:
+                _expect_mismatch(functools.partial(read, e, off, n), b)
+            else:
+                assert read(e, off, n) == good[off : off + n], (seed, step, sorted(rot))
 
 
 def test_async_partial_read_detects_corruption(h: Harness) -> None:
@@ -336,6 +525,28 @@ def test_blocks_survive_reopen(h: Harness) -> None:
     h.corrupt(keys[0], 3)
     e = h.reopen()
     _expect_mismatch(lambda: read(e, 0, 10, keys[0]), 0)
+
+
+def test_kept_blocks_and_crc_of_blocks() -> None:
+    """The base helpers the rot checks stand on, against slow references."""
+    seed = random.randrange(1 << 30)
+    rng = random.Random(seed)
+    for _ in range(3000):
+        old_len = rng.choice([0, 1, B - 1, B, B + 1, 3 * B, 3 * B + 7, rng.randrange(6 * B)])
+        lo = rng.choice([0, rng.randrange(old_len + 2), rng.randrange(old_len // B + 2) * B, old_len])
+        hi = lo + rng.choice([0, 1, B, rng.randrange(4 * B), max(0, rng.randrange(old_len // B + 3) * B - lo)])
+        whole, part = [], []
+        for i in range(block_count(old_len)):
+            start, end = i * B, min((i + 1) * B, old_len)
+            if hi <= lo or end <= lo or start >= hi:
+                whole.append(i)
+            elif start < lo or end > hi:
+                part.append(i)
+        (before, after), got_part = kept_blocks(old_len, lo, hi)
+        assert ([*before, *after], sorted(got_part)) == (whole, part), (seed, old_len, lo, hi)
+    for n in [0, 1, 100, B - 1, B, B + 1, 3 * B, 3 * B + 77, 64 * B - 5, 64 * B]:
+        data = rng.randbytes(n)
+        assert crc_of_blocks(block_crcs_of(data), n) == crc32c.crc32c(data), (seed, n)
 
 
 # ---- an index from before block CRCs ------------------------------------------------------

@@ -18,7 +18,8 @@ chunk is written directly; a partial overwrite first copies the committed file w
 the new version. Appends and zero-extensions go in place, past the committed length, where no
 reader looks: the committed bytes are never touched. CRC32C is carried forward for full
 writes (the client's CRC) and appends (CRC continuation); only a mid-chunk overwrite or a
-shrinking truncate re-reads the new content.
+shrinking truncate re-reads the new content (one pass, which also checks the bytes it kept, see
+below).
 
 Block CRCs (one CRC32C per 64 KiB block, ``blocks`` BLOB of little-endian uint32s in the index
 row, kept in memory with the rest of the row: 4 bytes per 64 KiB, 1/16384 of the data). Each
@@ -26,7 +27,14 @@ update recomputes only the blocks it changed: a whole write hashes its data (for
 helper thread while this thread is in the kernel writing), an append continues the old last
 block's CRC over the new bytes, an overwrite hashes the blocks its data covers and reads back
 only the (at most two) edge blocks from the new file, a shrinking truncate re-reads only the new
-last block. A partial read of committed data reads the blocks it touches whole (the inner ones
+last block; every other block keeps its stored CRC. An overwrite or a shrinking truncate keeps
+committed bytes, so it must not bless bit rot in them (see ``base``): before copying it reads
+and checks the old content of the (at most two) blocks it changes only in part, and the one
+pass that reads the new file back for its whole-chunk CRC compares that CRC with the one its
+block CRCs add up to (``crc_of_blocks``: joined, no byte read again), so a block copied with rot
+in it fails the stage (CHECKSUM_MISMATCH naming the block, found by a second pass on this
+failure path; the new file is dropped). A partial read of committed data reads the blocks it
+touches whole (the inner ones
 straight into the caller's buffer, the edge ones through a reused scratch buffer) and checks
 them; whole-chunk reads are not hashed here (the client checks the whole-chunk CRC).
 
@@ -79,14 +87,20 @@ from loomfs.storage.engine.base import (
     Usage,
     bad_blocks,
     block_count,
+    block_crc,
     block_crcs_of,
+    block_mismatch,
     check_blocks,
     check_range,
     check_stage_version,
+    crc_of_blocks,
     crc_zeros,
     decode_tags,
     encode_tags,
     extend_blocks,
+    first_changed,
+    kept_blocks,
+    kept_why,
     missing_chunk,
     no_pending,
     restage_blocks,
@@ -134,6 +148,15 @@ def _pread(fd: int, view: memoryview, pos: int) -> None:
         step = min(len(view) - got, SCRATCH_BYTES)
         view[got : got + step] = _ZERO_MV[:step]
         got += step
+
+
+def _pwrite_at(fd: int, data: memoryview | bytes, offset: int) -> None:
+    """pwrite ``data`` at ``offset`` (at or past the end); an empty write still makes the file
+    reach ``offset``, so a gap is in the file as the index says, not past its end."""
+    if len(data):
+        os.pwrite(fd, data, offset)
+    else:
+        os.ftruncate(fd, max(offset, os.fstat(fd).st_size))
 
 
 _ZERO_MV = memoryview(bytes(SCRATCH_BYTES))
@@ -321,16 +344,48 @@ class FileEngine(ChunkEngine):
         return crc32c.crc32c(view)
 
     def _scan_blocks(self, fd: int, length: int, *, whole: bool) -> tuple[bytes, int]:
-        """(block CRCs, whole-chunk CRC if ``whole`` else 0) of the file's first ``length`` bytes."""
-        out, value, mv = bytearray(4 * block_count(length)), 0, memoryview(self._scratch)
+        """(block CRCs, whole-chunk CRC if ``whole`` else 0) of the file's first ``length`` bytes
+        (every byte hashed once: the whole-chunk CRC is joined from the block CRCs)."""
+        crcs: list[int] = []
+        mv = memoryview(self._scratch)
         for pos in range(0, length, SCRATCH_BYTES):
             piece = mv[: min(SCRATCH_BYTES, length - pos)]
             _pread(fd, piece, pos)
-            for off in range(0, len(piece), BLOCK_BYTES):
-                struct.pack_into("<I", out, 4 * ((pos + off) // BLOCK_BYTES), crc32c.crc32c(piece[off : off + BLOCK_BYTES]))
-            if whole:
-                value = crc32c.crc32c(piece, value)
-        return bytes(out), value
+            crcs += [crc32c.crc32c(piece[off : off + BLOCK_BYTES]) for off in range(0, len(piece), BLOCK_BYTES)]
+        blocks = struct.pack(f"<{len(crcs)}I", *crcs)
+        return blocks, crc_of_blocks(blocks, length) if whole else 0
+
+    def _check_old_blocks(self, key: ChunkKey, m: _Meta, old_blocks: bytes, indexes: list[int], version: int) -> None:
+        """Read the committed content of blocks ``indexes`` (those an update keeps only in part,
+        at most two) and refuse the update if one no longer matches its stored CRC."""
+        fd = self._fd(key, m.file_ver)
+        for i in indexes:
+            start = i * BLOCK_BYTES
+            view = memoryview(self._scratch)[: min(BLOCK_BYTES, m.length - start)]
+            _pread(fd, view, start)
+            check_blocks(key, old_blocks, i, view, kept_why(version))
+
+    def _check_copy(
+        self, key: ChunkKey, fd: int, length: int, old_blocks: bytes, blocks: bytes, kept: tuple[range, range],
+        version: int,
+    ) -> int:
+        """The whole-chunk CRC of a copy-on-write file just written, read back in one pass and
+        checked against the CRC its new block CRCs (``blocks``: the stored ones of the blocks
+        ``kept`` as they were) add up to. A difference means copied bytes were rotten: the block
+        is found (a second pass, on this failure path only) and the stage refused."""
+        crc = self._crc_of(fd, length)
+        expect = crc_of_blocks(blocks, length)
+        if crc == expect:
+            return crc
+        computed, _ = self._scan_blocks(fd, length, whole=False)
+        i = first_changed(old_blocks, computed, kept)
+        if i >= 0:
+            raise block_mismatch(key, i, block_crc(old_blocks, i), block_crc(computed, i), kept_why(version))
+        raise StatusError(
+            Status.CHECKSUM_MISMATCH,
+            f"chunk {key}: the new file of update v{version} does not match its block CRCs "
+            f"(CRC {crc:08x}, expected {expect:08x}): refused",
+        )
 
     def _known_blocks(self, key: ChunkKey, m: _Meta) -> bytes:
         """``m``'s block CRCs; for a row from before block CRCs, computed from the file now
@@ -542,7 +597,7 @@ class FileEngine(ChunkEngine):
             try:
                 if offset > committed_len:
                     os.ftruncate(fd, committed_len)  # the gap must read as zeros
-                os.pwrite(fd, data, offset)
+                _pwrite_at(fd, data, offset)
             except BaseException:
                 os.close(fd)
                 raise
@@ -550,26 +605,29 @@ class FileEngine(ChunkEngine):
             blocks = extend_blocks(old_blocks, committed_len, offset + n, data, offset)
             return self._stage(key, _Pending(version, offset + n, crc, m.file_ver, fd, True, blocks, packed))
         old_blocks = self._known_blocks(key, m) if m is not None else b""
+        kept, part = kept_blocks(committed_len, offset, offset + n)
+        if m is not None:  # the old bytes of the blocks it changes in part: checked before copying
+            self._check_old_blocks(key, m, old_blocks, part, version)
         fd = self._create(key, version)
         try:
             if m is None:  # a new chunk written past offset 0: zeros before
-                os.pwrite(fd, data, offset)
+                _pwrite_at(fd, data, offset)
                 length = offset + n
                 crc = crc32c.crc32c(data, crc_zeros(offset))
                 blocks = extend_blocks(b"", 0, length, data, offset)
-            else:  # overwrite inside the committed bytes: copy-on-write
+            else:  # overwrite inside the committed bytes: copy-on-write, then one checking pass
                 self._copy(self._fd(key, m.file_ver), fd, committed_len)
                 os.pwrite(fd, data, offset)
                 length = max(committed_len, offset + n)
-                crc = self._crc_of(fd, length)
                 view = memoryview(data)
 
                 def crc_of(i: int, start: int, end: int) -> int:
                     if offset <= start and end <= offset + n:
                         return crc32c.crc32c(view[start - offset : end - offset])
-                    return self._crc_range(fd, start, end)  # an edge block: read it back
+                    return self._crc_range(fd, start, end)  # an edge block (its old bytes checked)
 
                 blocks = restage_blocks(old_blocks, committed_len, length, offset, offset + n, crc_of)
+                crc = self._check_copy(key, fd, length, old_blocks, blocks, kept, version)
         except BaseException:
             self._drop_new(key, version, fd)
             raise
@@ -594,6 +652,10 @@ class FileEngine(ChunkEngine):
             blocks = extend_blocks(old_blocks, m.length, length, b"", length)
             return self._stage(key, _Pending(version, length, crc, m.file_ver, fd, True, blocks, packed))
         old_blocks = self._known_blocks(key, m) if m is not None else b""
+        old_len = m.length if m is not None else 0
+        kept, part = kept_blocks(old_len, length, old_len)
+        if m is not None:  # the old block that becomes the new last one: checked before copying
+            self._check_old_blocks(key, m, old_blocks, part, version)
         fd = self._create(key, version)
         try:
             if m is None:
@@ -603,9 +665,9 @@ class FileEngine(ChunkEngine):
             else:
                 self._copy(self._fd(key, m.file_ver), fd, length)
                 os.ftruncate(fd, length)
-                crc = self._crc_of(fd, length)
                 blocks = restage_blocks(old_blocks, m.length, length, length, length,
                                         lambda i, start, end: self._crc_range(fd, start, end))
+                crc = self._check_copy(key, fd, length, old_blocks, blocks, kept, version)
         except BaseException:
             self._drop_new(key, version, fd)
             raise

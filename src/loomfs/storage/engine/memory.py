@@ -1,9 +1,11 @@
 """In-memory ChunkEngine with the file engine's contract and crash semantics (simulator).
 
 Block CRCs follow the file engine's rules exactly (the same helpers from ``base``): a whole
-write hashes every block, an append continues the old last block's CRC, an overwrite or a
-shrinking truncate recomputes only the blocks it touches from the new bytes. So ``corrupt`` (bit
-rot for tests) is caught by partial reads and ``verify`` just as a flipped byte on disk is.
+write hashes every block, an append continues the old last block's CRC (and the whole-chunk CRC),
+an overwrite or a shrinking truncate first checks every block whose old bytes it keeps (refusing
+a rotten one, see ``base``) and recomputes only the blocks it touches from the new bytes. So
+``corrupt`` (bit rot for tests) is caught by partial reads, ``verify`` and later updates just as
+a flipped byte on disk is.
 Request tags are kept packed, as the file engine keeps them, and follow their version.
 """
 
@@ -25,13 +27,18 @@ from loomfs.storage.engine.base import (
     ChunkTag,
     Usage,
     bad_blocks,
+    block_crc,
     block_crcs_of,
+    block_mismatch,
     check_blocks,
     check_range,
     check_stage_version,
+    crc_zeros,
     decode_tags,
     encode_tags,
     extend_blocks,
+    kept_blocks,
+    kept_why,
     missing_chunk,
     no_pending,
     restage_blocks,
@@ -108,9 +115,8 @@ class MemoryEngine(ChunkEngine):
 
     # ---- updates ----------------------------------------------------------------------
     def _stage(
-        self, key: ChunkKey, version: int, data: bytearray, blocks: bytes, tags: tuple[ChunkTag, ...] | None
+        self, key: ChunkKey, version: int, data: bytearray, crc: int, blocks: bytes, tags: tuple[ChunkTag, ...] | None
     ) -> ChunkState:
-        check_stage_version(self.get(key), key, version)
         slot = self._slots.get(key.inode, key.index)
         if tags is not None:
             packed = encode_tags(tags)
@@ -124,13 +130,26 @@ class MemoryEngine(ChunkEngine):
             if slot.committed is None and slot.pending is None:
                 self._slots.pop(key.inode, key.index)
             raise NoSpace(f"memory engine full ({self.capacity_bytes} bytes)")
-        slot.pending = _Version(version, data, crc32c.crc32c(data), blocks, packed)
+        slot.pending = _Version(version, data, crc, blocks, packed)
         return self._state(key, slot)
 
-    def _committed_of(self, key: ChunkKey) -> tuple[bytearray, bytes]:
+    def _committed_of(self, key: ChunkKey, version: int) -> _Version | None:
+        """The committed version an update ``version`` starts from (checked to be older)."""
+        check_stage_version(self.get(key), key, version)
         slot = self._slots.get(key.inode, key.index)
-        c = slot.committed if slot else None
-        return (bytearray(c.data), c.blocks) if c else (bytearray(), b"")
+        return slot.committed if slot else None
+
+    def _check_kept(self, key: ChunkKey, version: int, c: _Version, lo: int, hi: int) -> None:
+        """Refuse (CHECKSUM_MISMATCH, dropping any pending update) an update that changes bytes
+        [lo, hi) of ``c`` when a block whose old bytes it keeps no longer matches its CRC."""
+        (before, after), part = kept_blocks(len(c.data), lo, hi)
+        view = memoryview(c.data)
+        for i in sorted([*before, *part, *after]):
+            start = i * BLOCK_BYTES
+            computed, stored = crc32c.crc32c(view[start : start + BLOCK_BYTES]), block_crc(c.blocks, i)
+            if computed != stored:
+                self.abort(key)
+                raise block_mismatch(key, i, stored, computed, kept_why(version))
 
     def stage_write(
         self,
@@ -144,35 +163,43 @@ class MemoryEngine(ChunkEngine):
         tags: tuple[ChunkTag, ...] | None = None,
     ) -> ChunkState:
         check_range(offset, len(data))
-        base, old_blocks = self._committed_of(key)
-        old_len, n = len(base), len(data)
-        if full_replace or (offset == 0 and n >= old_len):
-            new = bytearray(data)
-            return self._stage(key, version, new, block_crcs_of(new), tags)
-        if offset >= old_len:  # append / write past the end: the old last block's CRC continues
-            base.extend(bytes(offset - old_len))
+        c = self._committed_of(key, version)
+        old_len, n = (len(c.data) if c else 0), len(data)
+        if c is None or full_replace or (offset == 0 and n >= old_len):
+            new = bytearray(offset) + data if c is None else bytearray(data)
+            return self._stage(key, version, new, crc32c.crc32c(new), block_crcs_of(new), tags)
+        if offset >= old_len:  # append / write past the end: the stored CRCs continue
+            base = bytearray(c.data) + bytes(offset - old_len)
             base += data
-            return self._stage(key, version, base, extend_blocks(old_blocks, old_len, offset + n, data, offset), tags)
+            crc = crc32c.crc32c(data, crc_zeros(offset - old_len, c.crc))
+            return self._stage(key, version, base, crc, extend_blocks(c.blocks, old_len, offset + n, data, offset), tags)
+        self._check_kept(key, version, c, offset, offset + n)
+        base = bytearray(c.data)
         base[offset : offset + n] = data
         view = memoryview(base)
-        blocks = restage_blocks(old_blocks, old_len, len(base), offset, offset + n,
+        blocks = restage_blocks(c.blocks, old_len, len(base), offset, offset + n,
                                 lambda i, s, e: crc32c.crc32c(view[s:e]))
-        return self._stage(key, version, base, blocks, tags)
+        return self._stage(key, version, base, crc32c.crc32c(base), blocks, tags)
 
     def stage_truncate(
         self, key: ChunkKey, version: int, length: int, *, tags: tuple[ChunkTag, ...] | None = None
     ) -> ChunkState:
         check_range(0, length)
-        base, old_blocks = self._committed_of(key)
-        old_len = len(base)
-        if length >= old_len:
-            base.extend(bytes(length - old_len))
-            return self._stage(key, version, base, extend_blocks(old_blocks, old_len, length, b"", length), tags)
-        del base[length:]
+        c = self._committed_of(key, version)
+        if c is None:
+            new = bytearray(length)
+            return self._stage(key, version, new, crc_zeros(length), block_crcs_of(new), tags)
+        old_len = len(c.data)
+        if length >= old_len:  # zero-extend: the stored CRCs continue
+            base = bytearray(c.data) + bytes(length - old_len)
+            crc = crc_zeros(length - old_len, c.crc)
+            return self._stage(key, version, base, crc, extend_blocks(c.blocks, old_len, length, b"", length), tags)
+        self._check_kept(key, version, c, length, old_len)
+        base = bytearray(memoryview(c.data)[:length])
         view = memoryview(base)
-        blocks = restage_blocks(old_blocks, old_len, length, length, length,
+        blocks = restage_blocks(c.blocks, old_len, length, length, length,
                                 lambda i, s, e: crc32c.crc32c(view[s:e]))
-        return self._stage(key, version, base, blocks, tags)
+        return self._stage(key, version, base, crc32c.crc32c(base), blocks, tags)
 
     async def commit(self, key: ChunkKey, version: int) -> ChunkState:
         slot = self._slots.get(key.inode, key.index)
