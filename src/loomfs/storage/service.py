@@ -262,6 +262,14 @@ class StorageService(ChainForwarder):
                 return engine.stage_write(key, ver, req.offset, payload, data_crc=req.data_crc,
                                           full_replace=req.full_replace, tags=tags)
             return engine.stage_truncate(key, ver, req.length, tags=tags)
+        except StatusError as exc:
+            engine.abort(key)
+            if exc.status is Status.CHECKSUM_MISMATCH:  # the update would keep rotten bytes
+                self.corrupt_reads_total += 1
+                logger.error("update of chunk %s on target %d refused: %s", key, target.target_id, exc)
+                if self.on_corrupt is not None:
+                    self.on_corrupt(target, key)  # repaired from another replica; the client retries
+            raise
         except OSError as exc:
             engine.abort(key)
             if exc.errno == errno.ENOSPC and not isinstance(exc, NoSpace):
