@@ -430,3 +430,18 @@ def test_head_that_left_the_chain_while_forwarding_commits_nothing() -> None:
         c.net.heal()
 
     run(body)
+
+
+def test_leftover_committed_for_a_read_reaches_the_syncing_target_too() -> None:
+    """Found by the simulator (seed 991): the only serving member committed its leftover
+    version for a read, but a syncing target followed it on the write path and the resync had
+    already passed the chunk: the replicas differed for good."""
+
+    async def body(c: Chain3) -> None:
+        await c.write(1, 0, b"one")
+        c.engine(1).stage_write(KEY, 2, 0, b"two")  # a leftover of a failed forward
+        c.set_chain([1], version=2, syncing=(2,))  # node 2 resyncs (chunk already copied at v1)
+        assert await c.read(1) == b"two"
+        assert [(c.engine(n).get(KEY).commit_ver, c.content(n)) for n in (1, 2)] == [(2, b"two")] * 2  # type: ignore[union-attr]
+
+    run(body)

@@ -606,7 +606,14 @@ class StorageService(ChainForwarder):
                     return st, chain.Serve()
                 logger.info("chunk %s on target %d: committing leftover v%d before a read at the tail", key,
                             target.target_id, action.pending_ver)
-                st = await self._commit(target, key, action.pending_ver)
+                # a syncing target may follow us on the write path: it gets the version first
+                # (the resync may have passed this chunk already)
+                _, wpos, _ = await self._locate(req.chain_id, req.chain_version, req.target_id, for_update=True)
+                if wpos is None:
+                    raise StatusError(Status.TARGET_NOT_SERVING, f"target {target.target_id} left the chain")
+                await self._reforward(target, wpos, key, chain.Reforward(action.pending_ver, wpos.successor),
+                                      CHUNK_SIZE_ANY)
+                st = target.engine.get(key)
                 action = chain.Serve()
             return st, action
 
