@@ -97,3 +97,20 @@ def test_a_restarted_node_is_not_revoked() -> None:
                 targets=[TargetInfo(target_id=3001, path="/t")], now_s=0.5)
     assert st.chains[1].version == v + 1 and st.targets[3001].state == S.SYNCING
     assert st.revoked_targets(3) == []
+
+
+def test_a_stalled_mgmtd_does_not_judge_nodes_on_its_own_silence() -> None:
+    """Found by the simulator (seed 620): mgmtd paused past a lease marked every node dead at
+    its next tick, before reading the heartbeats that had waited for it."""
+    st = _cluster()
+    for n in (1, 2, 3):
+        st.heartbeat(n, [], 0.4)
+    st.tick(0.5)
+    v = st.chains[1].version
+    st.tick(3.0)  # no tick for 2.5 s: mgmtd itself was stalled
+    assert st.chains[1].version == v and all(st.targets[t].state == S.SERVING for t in st.chains[1].targets)
+    for n in (1, 2):
+        st.heartbeat(n, [], 3.1)
+    st.tick(3.2)
+    st.tick(3.6)  # node 3 stays silent past the grace (half a lease): now it is dead
+    assert st.targets[3001].state == S.OFFLINE

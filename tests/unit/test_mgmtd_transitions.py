@@ -25,9 +25,15 @@ def test_dead_middle_goes_offline_and_moves_to_the_end() -> None:
     assert _states(p.members) == [(1, S.SERVING), (3, S.SERVING), (2, S.OFFLINE)]
 
 
-def test_last_serving_becomes_lastsrv_only_first() -> None:
+def test_serving_tail_becomes_lastsrv_when_all_are_lost_at_once() -> None:
+    """Found by the simulator (seed 620): the head was kept as the last serving member, but
+    commits happen at the tail first — the head may lack the newest acknowledged (and served)
+    versions, and resyncing the tail from it was refused forever (never go backwards)."""
     p = plan_chain([_m(1, S.SERVING, alive=False), _m(2, S.SERVING, alive=False), _m(3, S.OFFLINE, alive=False)])
-    assert dict(_states(p.members)) == {1: S.LASTSRV, 2: S.OFFLINE, 3: S.OFFLINE}
+    assert dict(_states(p.members)) == {1: S.OFFLINE, 2: S.LASTSRV, 3: S.OFFLINE}
+    # one at a time, the last one standing is the lastsrv, wherever it sits
+    p = plan_chain([_m(1, S.SERVING, alive=False), _m(2, S.OFFLINE, alive=False)])
+    assert dict(_states(p.members)) == {1: S.LASTSRV, 2: S.OFFLINE}
 
 
 def test_returning_target_syncs_at_tail_then_serves() -> None:

@@ -120,6 +120,7 @@ class ClusterState:
         # chain id -> reporter target -> its undecided report (not persisted)
         self.suspicions: dict[int, dict[int, Suspicion]] = {}
         self._now_s = 0.0  # the time of the event being handled (fences are judged against it)
+        self._last_tick_s = 0.0
         self.version = 1
         self.nodes: dict[int, NodeRecord] = {}
         self.targets: dict[int, TargetRecord] = {}
@@ -246,6 +247,16 @@ class ClusterState:
     def tick(self, now_s: float) -> bool:
         """Mark nodes silent for longer than the lease dead, decide unreachability reports whose
         settle window is over, reconcile chains. True if routing changed."""
+        stalled_s = now_s - self._last_tick_s if self._last_tick_s else 0.0
+        self._last_tick_s = now_s
+        if stalled_s > self.lease_s / 2:
+            # mgmtd itself did not run (a pause, an overloaded host): heartbeats may be waiting
+            # to be read, so nobody is judged on a silence that was ours (a node's own lease
+            # still stops it from serving; judging later is only slower, never unsafe)
+            logger.warning("mgmtd did not tick for %.2fs: nodes get %.2fs to heartbeat", stalled_s, self.lease_s / 2)
+            for n in self.nodes.values():
+                if n.state == NodeState.ALIVE:
+                    n.last_heartbeat_s = max(n.last_heartbeat_s, now_s - self.lease_s / 2)
         dead = [
             n for n in self.nodes.values()
             if n.state == NodeState.ALIVE and now_s - n.last_heartbeat_s > self.lease_s

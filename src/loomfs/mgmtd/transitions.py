@@ -86,7 +86,10 @@ def _step_states(ms: list[Member], reasons: list[str]) -> None:
     dying = [i for i, m in enumerate(ms) if m.state == S.SERVING and not m.alive]
     has_lastsrv = S.LASTSRV in _states(ms)
     for k, i in enumerate(dying):
-        last = not serving_alive and not has_lastsrv and k == 0
+        # all serving members lost at once: the one furthest down the chain is the last
+        # serving member (commits happen at the tail first, so it holds every acknowledged
+        # version; upstream members may lack the newest ones)
+        last = not serving_alive and not has_lastsrv and k == len(dying) - 1
         _set(ms, i, S.LASTSRV if last else S.OFFLINE, reasons, "last serving member lost" if last else _why_gone(ms[i]))
     for i, m in enumerate(ms):
         if not m.alive and m.state in (S.SYNCING, S.WAITING):
