@@ -222,3 +222,13 @@ def test_loop_clock_is_virtual_under_the_simulator() -> None:
     mono, ns = run(go())
     assert mono == 42 and ns == LOOP_CLOCK.wall_origin_ns + 42 * 10**9
     assert LOOP_CLOCK.monotonic() > 0  # outside a loop: the system clock
+
+
+def test_parallel_runs_match_serial_runs() -> None:
+    """Workers must not inherit state from a parent that already simulated (seeds are
+    independent of where and after what they run)."""
+    from loomfs.testing.sim.runner import run_many
+
+    serial = {s: run_seed(s).digest for s in (1, 4)}
+    parallel = {r.seed: r.digest for r in run_many([1, 4], jobs=2)}
+    assert parallel == serial

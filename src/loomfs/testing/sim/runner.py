@@ -235,7 +235,9 @@ def run_many(seeds: range | list[int], profile: str = "ci", *, jobs: int = 1, sk
             if on_result is not None:
                 on_result(r)
     else:
-        ctx = multiprocessing.get_context("fork")
+        # spawn, not fork: a forked worker would share whatever the parent holds, e.g. the
+        # buffer pool's anonymous mmaps (MAP_SHARED), which two workers would then both write
+        ctx = multiprocessing.get_context("spawn")
         with ctx.Pool(jobs) as pool:
             for r in pool.imap_unordered(_one, work, chunksize=4):
                 results.append(r)
