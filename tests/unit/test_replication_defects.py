@@ -445,3 +445,24 @@ def test_leftover_committed_for_a_read_reaches_the_syncing_target_too() -> None:
         assert [(c.engine(n).get(KEY).commit_ver, c.content(n)) for n in (1, 2)] == [(2, b"two")] * 2  # type: ignore[union-attr]
 
     run(body)
+
+
+def test_scrub_repair_survives_a_failing_disk() -> None:
+    """Found by the simulator (seed 2090): the scrubber removed a rotten chunk to install the
+    good copy, the install failed on a disk error, and the head was left without the chunk:
+    its next write started again at v1 and was refused by its successors forever."""
+    from loomfs.storage.scrub import Scrubber
+
+    async def body(c: Chain3) -> None:
+        await c.write(1, 0, b"x" * 200)
+        await c.write(1, 0, b"y" * 10)  # v2 everywhere
+        head = c.engine(1)
+        head.corrupt(KEY, 50)
+        head.fail_stages = 2  # the disk fails the first two installs
+        scrub = Scrubber(c.nodes[0].service, bytes_per_s=0, interval_s=3600)
+        good, _ = await scrub.check_chunk(c.nodes[0].target, KEY)
+        assert not good and scrub.repaired == 1
+        assert head.get(KEY).commit_ver == 2 and c.content(1) == c.content(3)  # type: ignore[union-attr]
+        assert head.verify(KEY) == []
+
+    run(body)

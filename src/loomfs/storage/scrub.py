@@ -149,12 +149,31 @@ class Scrubber:
                 logger.warning("scrub: target %d has chunk %s v%d (want v%d): retry next pass", other, key,
                                rsp.body.commit_ver, ver)
                 continue
-            await target.engine.remove_range(key.inode, key.index, key.index + 1)
-            target.engine.stage_write(key, ver, 0, data, data_crc=crc, full_replace=True, tags=st.tags)
-            await target.engine.commit(key, ver)
+            await self._install(target, key, st, data)
             logger.info("scrub: target %d chunk %s v%d repaired from target %d", target.target_id, key, ver, other)
             return True
         return False
+
+    async def _install(self, target: StorageTarget, key: ChunkKey, st: ChunkState, data: memoryview) -> None:
+        """Replace the rotten committed version by the good copy (same version). The engine
+        stages only versions newer than the committed one, so the rotten one is removed
+        first; a failed stage (a disk error) would then leave the chunk missing here, which
+        the chain would take for a chunk this replica never had. So it is retried until it
+        holds (the good bytes are in memory), under the chunk lock the caller holds."""
+        await target.engine.remove_range(key.inode, key.index, key.index + 1)
+        delay_s = 0.05
+        while True:
+            try:
+                target.engine.stage_write(key, st.commit_ver, 0, data, data_crc=st.crc, full_replace=True,
+                                          tags=st.tags)
+                await target.engine.commit(key, st.commit_ver)
+                return
+            except OSError as exc:
+                target.engine.abort(key)
+                logger.error("scrub: target %d chunk %s: installing the good copy failed (%s): retrying",
+                             target.target_id, key, exc)
+                await asyncio.sleep(delay_s)
+                delay_s = min(delay_s * 2, 2.0)
 
     async def close(self) -> None:
         if self._task is not None and not self._task.done():
