@@ -123,8 +123,15 @@ class StorageNode:
             instrument_engines(self.targets, self.metrics.registry)
         return address
 
-    def _lease_granted(self, sent_s: float, lease_s: float) -> None:
+    def _lease_granted(self, sent_s: float, lease_s: float, routing_version: int) -> None:
+        """mgmtd answered a registration or heartbeat sent at ``sent_s``. The lease counts only
+        once this node serves by the routing of that answer (fetched before this is called):
+        with a fresh lease and old routing, a replica mgmtd has taken out of its chain (after a
+        pause, a cut) would still serve reads as the tail while the new tail commits."""
         self.lease_s = lease_s or self.lease_s
+        if not (self.routing.has_routing and self.routing.current.version >= routing_version):
+            logger.warning("routing v%d not fetched yet: lease not extended", routing_version)
+            return
         self.service.lease_granted(sent_s, self.lease_s)
 
     async def _call_mgmtd(self, m: Method, req: Message) -> Any:
@@ -169,8 +176,8 @@ class StorageNode:
                     continue
                 logger.info("registered node %d with mgmtd %s (%d targets)", self.config.node_id, addr, len(self.targets))
                 self.heartbeat_interval_s = rsp.heartbeat_interval_s or self.heartbeat_interval_s
-                self._lease_granted(sent_s, rsp.lease_s)
                 await self._refresh_routing(rsp.routing_version)
+                self._lease_granted(sent_s, rsp.lease_s, rsp.routing_version)
                 # serve only with the routing this registration produced (mgmtd has moved a
                 # restarted target to the tail of its chain, to be resynced)
                 self._ready_at_version = rsp.routing_version
@@ -219,8 +226,8 @@ class StorageNode:
             if set(rsp.revoked_targets) != self.service.revoked:
                 logger.info("mgmtd revoked targets %s", rsp.revoked_targets)
             self.service.revoked = set(rsp.revoked_targets)  # before the lease is extended
-            self._lease_granted(sent_s, rsp.lease_s)
             await self._refresh_routing(rsp.routing_version)
+            self._lease_granted(sent_s, rsp.lease_s, rsp.routing_version)
             if self.routing.has_routing:
                 self.resyncer.update(self.routing.current)  # restarts failed resyncs
             if self.service.has_leftovers:
