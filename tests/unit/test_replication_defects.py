@@ -466,3 +466,28 @@ def test_scrub_repair_survives_a_failing_disk() -> None:
         assert head.verify(KEY) == []
 
     run(body)
+
+
+def test_scrub_brings_a_rotten_head_that_is_behind_to_the_tails_version() -> None:
+    """Found by the simulator (seed 108): a head's committed version rotted, an append carried
+    the rot into its pending version (good CRCs, bad bytes), so pushing that version down was
+    refused (CRC mismatch) forever, while the scrubber only accepted a copy of the same
+    version and the tail had already committed the next one."""
+    from loomfs.storage.scrub import Scrubber
+
+    async def body(c: Chain3) -> None:
+        await c.write(1, 0, b"x" * 100)
+        head = c.engine(1)
+        head.corrupt(KEY, 5)
+        head.stage_write(KEY, 2, 100, b"tail")  # v2 pending at the head, rot carried along
+        for n in (2, 3):  # the successors committed v2
+            c.engine(n).stage_write(KEY, 2, 100, b"tail")
+            await c.engine(n).commit(KEY, 2)
+        scrub = Scrubber(c.nodes[0].service, bytes_per_s=0, interval_s=3600)
+        good, _ = await scrub.check_chunk(c.nodes[0].target, KEY)
+        assert not good and scrub.repaired == 1
+        st = head.get(KEY)
+        assert st is not None and (st.commit_ver, st.pending_ver) == (2, 0)
+        assert c.content(1) == c.content(3) == b"x" * 100 + b"tail" and head.verify(KEY) == []
+
+    run(body)

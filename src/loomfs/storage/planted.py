@@ -10,14 +10,15 @@ it takes). Nothing sets them in production: the set is empty unless a test (or
 * ``no_content_check`` — successors accept a "duplicate" or a diverged result without
   comparing content (defect 1);
 * ``unfenced_resync`` — resync copies are accepted from anyone, for any chain version, even
-  rolling a chunk back (defect 2);
+  rolling a chunk back, and the source checks neither its lease nor its routing (defect 2);
 * ``tail_ignores_leftover`` — a new tail serves the committed version past a leftover pending
-  one (defect 3);
+  one, and nothing pushes leftovers down after a chain change (defect 3);
 * ``syncing_commits_leftover`` — a target back in its chain as syncing commits a pending
   version from before it left (found by the simulator);
 * ``no_chunk_tags`` — retries are deduplicated only by the head's memory (defect 4);
-* ``reads_ignore_lease`` — a replica serves reads after its lease lapsed and before it
-  registered (defect 5).
+* ``reads_ignore_lease`` — a replica serves reads after its lease lapsed, before it
+  registered, after mgmtd revoked it, and with a lease granted before it fetched the routing of
+  that grant (defect 5).
 """
 
 from __future__ import annotations

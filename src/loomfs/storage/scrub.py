@@ -14,10 +14,12 @@ import logging
 
 import crc32c
 
+from loomfs.common.routing import Routing
 from loomfs.errors import LoomError
-from loomfs.storage.engine.base import ChunkKey, ChunkState
+from loomfs.storage.dedupe import unpack_tags
+from loomfs.storage.engine.base import ChunkKey, ChunkState, ChunkTag
 from loomfs.storage.target import StorageTarget
-from loomfs.wire.storage import READ, ChunkId, ReadReq
+from loomfs.wire.storage import QUERY_CHUNKS, READ, ChunkId, QueryChunksReq, ReadReq
 from loomfs.wire.types import TargetState
 
 logger = logging.getLogger(__name__)
@@ -117,15 +119,19 @@ class Scrubber:
                 del self.bad[:-BAD_KEPT_MAX]
                 logger.error("scrub: target %d chunk %s v%d is corrupt (crc %08x, recorded %08x): repairing",
                              target.target_id, key, st.commit_ver, crc & 0xFFFFFFFF, st.crc)
-                if await self._repair(target, key, st, mv):
+                if await self._repair(target, key, st):
                     self.repaired += 1
                 return False, n
             finally:
                 svc.pool.release(buf)
 
-    async def _repair(self, target: StorageTarget, key: ChunkKey, st: ChunkState, into: memoryview) -> bool:
+    async def _repair(self, target: StorageTarget, key: ChunkKey, st: ChunkState) -> bool:
+        """Install a good copy from another serving replica, the tail first (commits happen
+        there first). The same version, or a newer one when this replica is behind (a head
+        whose rotten bytes were carried into its pending version cannot push that version,
+        while the tail committed the good one): never an older one, and never one that would
+        drop a newer pending version of ours."""
         svc = self.service
-        ver, length, crc = st.commit_ver, st.length, st.crc
         try:
             routing = await svc.routing.get()
             chain_id = routing.targets[target.target_id].chain_id
@@ -133,40 +139,63 @@ class Scrubber:
         except (KeyError, LoomError) as exc:
             logger.warning("scrub: no chain for target %d: %s", target.target_id, exc)
             return False
-        for other in info.targets:
+        for other in reversed(info.targets):
             ti = routing.targets.get(other)
             if other == target.target_id or ti is None or ti.state != TargetState.SERVING:
                 continue
-            req = ReadReq(chain_id=chain_id, chain_version=info.version, chunk=ChunkId(inode=key.inode, index=key.index),
-                          offset=0, length=length, target_id=other)
-            try:
-                rsp = await svc.rpc.call(routing.address_of(other), READ, req, recv_into=into, timeout_s=30.0)
-            except (LoomError, OSError) as exc:
-                logger.warning("scrub: reading chunk %s from target %d failed: %s", key, other, exc)
+            got = await self._fetch(routing, chain_id, info.version, other, key, st)
+            if got is None:
                 continue
-            data = rsp.payload
-            if rsp.body.commit_ver != ver or len(data) != length or crc32c.crc32c(data) != crc:
-                logger.warning("scrub: target %d has chunk %s v%d (want v%d): retry next pass", other, key,
-                               rsp.body.commit_ver, ver)
-                continue
-            await self._install(target, key, st, data)
-            logger.info("scrub: target %d chunk %s v%d repaired from target %d", target.target_id, key, ver, other)
+            ver, data, tags = got
+            await self._install(target, key, ver, data, tags)
+            logger.info("scrub: target %d chunk %s v%d repaired from target %d (v%d)", target.target_id, key,
+                        st.commit_ver, other, ver)
             return True
         return False
 
-    async def _install(self, target: StorageTarget, key: ChunkKey, st: ChunkState, data: memoryview) -> None:
-        """Replace the rotten committed version by the good copy (same version). The engine
-        stages only versions newer than the committed one, so the rotten one is removed
-        first; a failed stage (a disk error) would then leave the chunk missing here, which
-        the chain would take for a chunk this replica never had. So it is retried until it
-        holds (the good bytes are in memory), under the chunk lock the caller holds."""
+    async def _fetch(self, routing: Routing, chain_id: int, chain_version: int, other: int, key: ChunkKey,
+                     st: ChunkState) -> tuple[int, memoryview, tuple[ChunkTag, ...]] | None:
+        """(version, bytes, request tags) of ``other``'s committed copy, if it may replace ours."""
+        svc = self.service
+        address = routing.address_of(other)
+        req = ReadReq(chain_id=chain_id, chain_version=chain_version, chunk=ChunkId(inode=key.inode, index=key.index),
+                      offset=0, length=svc.max_chunk_size_bytes, target_id=other)
+        try:
+            rsp = await svc.rpc.call(address, READ, req, timeout_s=30.0)  # whole chunk: CRC-checked
+        except (LoomError, OSError) as exc:
+            logger.warning("scrub: reading chunk %s from target %d failed: %s", key, other, exc)
+            return None
+        ver, data = rsp.body.commit_ver, rsp.payload
+        if ver == st.commit_ver and len(data) == st.length and crc32c.crc32c(data) == st.crc:
+            return ver, data, st.tags
+        if ver <= st.commit_ver or (st.has_pending and st.pending_ver > ver):
+            logger.warning("scrub: target %d has chunk %s v%d (ours v%d, pending v%d): retry next pass", other, key,
+                           ver, st.commit_ver, st.pending_ver)
+            return None
+        q = QueryChunksReq(target_id=other, inode=key.inode, index_begin=key.index, index_end=key.index + 1, limit=1)
+        try:
+            metas = (await svc.rpc.call(address, QUERY_CHUNKS, q, timeout_s=30.0)).body.chunks
+        except (LoomError, OSError) as exc:
+            logger.warning("scrub: chunk %s metadata from target %d failed: %s", key, other, exc)
+            return None
+        if not metas or metas[0].commit_ver != ver or metas[0].crc != crc32c.crc32c(data):
+            return None  # it changed meanwhile: next pass
+        return ver, data, unpack_tags(metas[0].tags)
+
+    async def _install(self, target: StorageTarget, key: ChunkKey, ver: int, data: memoryview,
+                       tags: tuple[ChunkTag, ...]) -> None:
+        """Replace our committed version by the good copy ``ver`` (the same or newer). The
+        engine stages only versions newer than the committed one, so ours is removed first; a
+        failed stage (a disk error) would then leave the chunk missing here, which the chain
+        would take for a chunk this replica never had. So it is retried until it holds (the
+        good bytes are in memory), under the chunk lock the caller holds."""
         await target.engine.remove_range(key.inode, key.index, key.index + 1)
         delay_s = 0.05
         while True:
             try:
-                target.engine.stage_write(key, st.commit_ver, 0, data, data_crc=st.crc, full_replace=True,
-                                          tags=st.tags)
-                await target.engine.commit(key, st.commit_ver)
+                target.engine.stage_write(key, ver, 0, data, data_crc=crc32c.crc32c(data), full_replace=True,
+                                          tags=tags)
+                await target.engine.commit(key, ver)
                 return
             except OSError as exc:
                 target.engine.abort(key)
