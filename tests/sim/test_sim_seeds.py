@@ -38,14 +38,6 @@ def test_every_seed_runs_to_its_checks(results: list[SimResult]) -> None:
 
 
 @pytest.mark.timeout(1800)
-@pytest.mark.xfail(
-    strict=False,
-    reason="known defect the simulator finds (lead to fix, then drop this mark): bit rot in a head's committed "
-    "version under a leftover pending one (an append staged from it) leaves the leftover's bytes disagreeing "
-    "with its CRC; every re-forward fails CRC32C at successors that already committed that version, and the "
-    "scrubber will not repair from replicas at the newer version, so the chain never converges "
-    "(python -m loomfs.testing.sim --seed 108 --trace)",
-)
 def test_every_invariant_holds(results: list[SimResult]) -> None:
     failed = [r for r in results if not r.ok]
     assert not failed, f"{len(failed)} of {len(results)} seeds failed:\n" + "\n".join(

@@ -46,7 +46,9 @@ class BufferPool:
                 self._cached_bytes -= size
                 return free.pop()
             self.misses += 1
-        return mmap.mmap(-1, size)
+        # private, not the default MAP_SHARED: after a fork (DataLoader workers) parent and
+        # child must not write into each other's pooled buffers
+        return mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
 
     def release(self, buf: Buffer) -> None:
         size = len(buf)

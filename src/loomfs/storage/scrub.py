@@ -56,7 +56,10 @@ class Scrubber:
         while True:
             started = self.service.clock.monotonic()
             for target in list(self.service.targets.values()):
-                await self.scrub_target(target)
+                try:
+                    await self.scrub_target(target)
+                except (LoomError, OSError) as exc:  # a failing disk must not end scrubbing
+                    logger.error("scrub of target %d failed (next pass retries): %s", target.target_id, exc)
             self.passes += 1
             logger.info("scrub pass %d: %d chunks checked, %d bad, %d repaired in %.1fs", self.passes,
                         self.chunks_checked, self.bad_found, self.repaired, self.service.clock.monotonic() - started)
