@@ -13,7 +13,7 @@ import dataclasses
 import errno
 import logging
 import math
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 
 from loomfs.common.clock import SYSTEM_CLOCK, Clock
 from loomfs.common.routing import Routing
@@ -75,6 +75,18 @@ def versions_of(st: ChunkState | None) -> chain.Versions:
     if st is None:
         return chain.Versions()
     return chain.Versions(st.commit_ver, st.pending_ver, st.length, st.crc)
+
+
+def _chunks_of(target: StorageTarget, req: RemoveChunksReq) -> Iterator[ChunkState]:
+    """The target's chunks in the request's range, listed a page at a time (a huge file is
+    never listed whole; each page is listed after the previous one was handled)."""
+    after: ChunkKey | None = None
+    while True:
+        page = target.engine.list_chunks(req.inode, req.index_begin, req.index_end, REMOVE_PAGE, after=after)
+        yield from page
+        if len(page) < REMOVE_PAGE:
+            return
+        after = page[-1].key
 
 
 class StorageService(ChainForwarder):
@@ -520,18 +532,14 @@ class StorageService(ChainForwarder):
             outcome = chain.on_successor_result(0, status)
             if isinstance(outcome, chain.Refuse):
                 raise StatusError(outcome.status, outcome.reason)
-        removed, after = 0, None
-        while True:
-            page = target.engine.list_chunks(req.inode, req.index_begin, req.index_end, REMOVE_PAGE, after=after)
-            for st in page:
-                async with target.locks.hold(st.key):
-                    removed += await target.engine.remove_range(st.key.inode, st.key.index, st.key.index + 1)
-                    left = self._leftovers.get(target.target_id)
-                    if left is not None:
-                        left.discard(st.key)
-            if len(page) < REMOVE_PAGE:
-                return RemoveChunksRsp(removed=removed)
-            after = page[-1].key
+        removed = 0
+        for st in _chunks_of(target, req):
+            async with target.locks.hold(st.key):
+                removed += await target.engine.remove_range(st.key.inode, st.key.index, st.key.index + 1)
+                left = self._leftovers.get(target.target_id)
+                if left is not None:
+                    left.discard(st.key)
+        return RemoveChunksRsp(removed=removed)
 
     async def _trim(self, req: RemoveChunksReq) -> RemoveChunksRsp:
         """A trim of a live file at the head: every chunk of the range that still holds bytes
@@ -545,19 +553,15 @@ class StorageService(ChainForwarder):
         action = chain.on_remove(pos, chain.UpdateIn(req.chain_version))[0]
         if isinstance(action, chain.Refuse):
             raise StatusError(action.status, action.reason)
-        trimmed, after = 0, None
-        while True:
-            page = target.engine.list_chunks(req.inode, req.index_begin, req.index_end, REMOVE_PAGE, after=after)
-            for st in page:
-                if st.length or st.has_pending:
-                    cut = TruncateReq(chain_id=req.chain_id, chain_version=req.chain_version,
-                                      chunk=ChunkId(inode=st.key.inode, index=st.key.index), length=0,
-                                      chunk_size=CHUNK_SIZE_ANY)
-                    await self._update(cut, _EMPTY)
-                    trimmed += 1
-            if len(page) < REMOVE_PAGE:
-                return RemoveChunksRsp(removed=trimmed)
-            after = page[-1].key
+        trimmed = 0
+        for st in _chunks_of(target, req):
+            if st.length or st.has_pending:
+                cut = TruncateReq(chain_id=req.chain_id, chain_version=req.chain_version,
+                                  chunk=ChunkId(inode=st.key.inode, index=st.key.index), length=0,
+                                  chunk_size=CHUNK_SIZE_ANY)
+                await self._update(cut, _EMPTY)
+                trimmed += 1
+        return RemoveChunksRsp(removed=trimmed)
 
     # ---- reads ------------------------------------------------------------------------
     @handles(READ)
