@@ -491,3 +491,26 @@ def test_scrub_brings_a_rotten_head_that_is_behind_to_the_tails_version() -> Non
         assert c.content(1) == c.content(3) == b"x" * 100 + b"tail" and head.verify(KEY) == []
 
     run(body)
+
+
+def test_chunk_being_replaced_is_not_served_as_missing() -> None:
+    """Found by the simulator (seed 3763): while the scrubber retried installing the good copy
+    (the rotten one already removed, the disk full for a while), a read at that replica found
+    no chunk and returned no bytes."""
+    from loomfs.storage.scrub import Scrubber
+
+    async def body(c: Chain3) -> None:
+        await c.write(1, 0, b"x" * 100)
+        head = c.engine(1)
+        head.corrupt(KEY, 50)
+        head.fail_stages = 3
+        scrub = Scrubber(c.nodes[0].service, bytes_per_s=0, interval_s=3600)
+        task = asyncio.ensure_future(scrub.check_chunk(c.nodes[0].target, KEY))
+        await asyncio.sleep(0.06)  # the install is between retries: no chunk on the disk
+        assert head.get(KEY) is None
+        with pytest.raises(LoomError):
+            await c.read(1)
+        await task
+        assert await c.read(1) == b"x" * 100
+
+    run(body)

@@ -192,6 +192,7 @@ class Scrubber:
         failed stage (a disk error) would then leave the chunk missing here, which the chain
         would take for a chunk this replica never had. So it is retried until it holds (the
         good bytes are in memory), under the chunk lock the caller holds."""
+        self.service.replacing.add((target.target_id, key))  # reads refuse it meanwhile
         await target.engine.remove_range(key.inode, key.index, key.index + 1)
         delay_s = 0.05
         while True:
@@ -199,6 +200,7 @@ class Scrubber:
                 target.engine.stage_write(key, ver, 0, data, data_crc=crc32c.crc32c(data), full_replace=True,
                                           tags=tags)
                 await target.engine.commit(key, ver)
+                self.service.replacing.discard((target.target_id, key))
                 return
             except OSError as exc:
                 target.engine.abort(key)

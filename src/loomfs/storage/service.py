@@ -121,6 +121,7 @@ class StorageService(ChunkUpdates):
         # target id -> chunks with a pending version whose forward failed (pushed down again on
         # the next update or chain change)
         self._leftovers: dict[int, set[ChunkKey]] = {}
+        self.replacing: set[tuple[int, ChunkKey]] = set()
 
     # ---- routing ----------------------------------------------------------------------
     async def _locate(
@@ -209,10 +210,11 @@ class StorageService(ChunkUpdates):
                                   f"resync copy of {key} v{req.update_ver} is older than committed v{st.commit_ver}")
             self._check_space(target, req.length - (st.length if st else 0))
             if st is not None:
+                self.replacing.add((target.target_id, key))
                 await engine.remove_range(key.inode, key.index, key.index + 1)
             engine.stage_write(key, req.update_ver, 0, payload, data_crc=req.data_crc, full_replace=True,
                                tags=unpack_tags(req.tags))
-            return write_rsp(await engine.commit(key, req.update_ver))
+            return write_rsp(await self._commit(target, key, req.update_ver))
 
     def _check_sync_sender(self, target: StorageTarget, pos: chain.Position | None, routing: Routing,
                            chain_version: int, sender: int) -> None:
@@ -294,6 +296,8 @@ class StorageService(ChunkUpdates):
             raise InvalidArgument(f"bad read range offset={req.offset} length={req.length}")
         self.check_readable()
         target, pos, _ = await self._locate(req.chain_id, req.chain_version, req.target_id)
+        if (target.target_id, key) in self.replacing:
+            raise StatusError(Status.CHECKSUM_MISMATCH, f"chunk {key} on target {target.target_id} is being replaced")
         engine = target.engine
         st = engine.get(key)
         action = chain.on_read(pos, versions_of(st), chain.ReadIn(req.chain_version))

@@ -64,6 +64,9 @@ class ChunkUpdates(ChainForwarder):
     corrupt_reads_total: int
     on_corrupt: Callable[[StorageTarget, ChunkKey], None] | None
     _leftovers: dict[int, set[ChunkKey]]
+    # (target, chunk) whose committed copy was dropped to be replaced (a repair, a resync copy):
+    # reads refuse it until the replacement is committed, rather than find no chunk
+    replacing: set[tuple[int, ChunkKey]]
 
     async def _locate(self, chain_id: int, chain_version: int, target_id: int = 0, *,
                       for_update: bool = False) -> tuple[StorageTarget, chain.Position | None, Routing]:
@@ -166,6 +169,7 @@ class ChunkUpdates(ChainForwarder):
             logger.error("chunk %s on target %d: committed v%d differs from the predecessor's: replacing it",
                          key, target.target_id, ver)
             self.repairs_total += 1
+            self.replacing.add((target.target_id, key))  # not served until the new copy commits
             await engine.remove_range(key.inode, key.index, key.index + 1)
         if planted.on("forward_before_stage") and pos.successor is not None and not req.forwarded:
             return await self._apply_forward_first(target, pos, key, req, payload, action)
@@ -217,6 +221,7 @@ class ChunkUpdates(ChainForwarder):
 
     async def _commit(self, target: StorageTarget, key: ChunkKey, ver: int) -> ChunkState:
         st = await target.engine.commit(key, ver)
+        self.replacing.discard((target.target_id, key))
         left = self._leftovers.get(target.target_id)
         if left is not None:
             left.discard(key)
