@@ -114,3 +114,21 @@ def test_a_stalled_mgmtd_does_not_judge_nodes_on_its_own_silence() -> None:
     st.tick(3.2)
     st.tick(3.6)  # node 3 stays silent past the grace (half a lease): now it is dead
     assert st.targets[3001].state == S.OFFLINE
+
+
+def test_a_restart_held_behind_a_revocation_is_not_served() -> None:
+    """Found by the simulator (seed 5146): the head's process restarted (losing a pending
+    version the tail had committed) while a revocation held its chain's change; its routing
+    still named it the serving head, and it gave the lost version number to other bytes."""
+    st = _cluster()
+    for n in (1, 2, 3):
+        st.heartbeat(n, [], 0.4)
+    t = _fence_tail(st, 0.5)
+    v = st.chains[1].version
+    st.register(node_id=1, kind=NodeKind.STORAGE, host="127.0.0.1", port=9001,
+                targets=[TargetInfo(target_id=1001, path="/t")], now_s=0.6)
+    assert st.chains[1].version == v  # still held by the revocation of the tail
+    assert st.revoked_targets(1) == [1001]  # the restarted head serves nothing meanwhile
+    st.heartbeat(3, [], 0.7, revoked_acked=[t])
+    assert st.chains[1].version > v and st.targets[1001].state != S.SERVING
+    assert st.revoked_targets(1) == []

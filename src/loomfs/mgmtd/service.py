@@ -48,6 +48,7 @@ class MgmtdService:
         return w.RegisterNodeRsp(
             node_id=node_id, lease_s=self.state.lease_s,
             heartbeat_interval_s=self.heartbeat_interval_s, routing_version=self.state.version,
+            revoked_targets=self.state.revoked_targets(node_id),
         )
 
     @handles(w.HEARTBEAT)

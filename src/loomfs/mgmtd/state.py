@@ -211,7 +211,12 @@ class ClusterState:
         return self.revoked_targets(node_id)
 
     def revoked_targets(self, node_id: int) -> list[int]:
-        return sorted(t.target_id for t in self.targets.values() if t.node_id == node_id and t.revoke_deadline_s)
+        """Targets of ``node_id`` it must not serve now: leaving their chain (revoked), or of a
+        restarted process whose chain change is not published yet (another member's revocation
+        holds it): serving them from the old routing would reuse version numbers the process
+        lost with its pending updates."""
+        return sorted(t.target_id for t in self.targets.values()
+                      if t.node_id == node_id and (t.revoke_deadline_s or (t.restarted and t.chain_id)))
 
     def _revocation_holds(self, chain: ChainRecord, plan: ChainPlan, now_s: float) -> bool:
         """Whether ``plan`` must wait: it takes a SERVING target of a live node out of service,

@@ -178,6 +178,7 @@ class StorageNode:
                     continue
                 logger.info("registered node %d with mgmtd %s (%d targets)", self.config.node_id, addr, len(self.targets))
                 self.heartbeat_interval_s = rsp.heartbeat_interval_s or self.heartbeat_interval_s
+                self.service.revoked = set(rsp.revoked_targets)
                 await self._refresh_routing(rsp.routing_version)
                 self._lease_granted(sent_s, rsp.lease_s, rsp.routing_version)
                 # serve only with the routing this registration produced (mgmtd has moved a

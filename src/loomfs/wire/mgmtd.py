@@ -22,6 +22,7 @@ class RegisterNodeRsp(Message):
     lease_s: float = 5.0
     heartbeat_interval_s: float = 1.0
     routing_version: int = 0
+    revoked_targets: list[int] = many()  # not to be served yet (as HeartbeatRsp.revoked_targets)
 
 
 @message
