@@ -132,3 +132,18 @@ def test_a_restart_held_behind_a_revocation_is_not_served() -> None:
     st.heartbeat(3, [], 0.7, revoked_acked=[t])
     assert st.chains[1].version > v and st.targets[1001].state != S.SERVING
     assert st.revoked_targets(1) == []
+
+
+def test_reports_of_a_restarted_process_are_dropped() -> None:
+    """A pending unreachability report from a process that has since restarted says nothing
+    about the suspect any more (its forwards died with it)."""
+    st = _cluster()
+    h, m, t = st.chains[1].targets
+    assert st.report_unreachable(reporter_node=h // 1000, reporter_target=h, suspect_target=m, chain_id=1,
+                                 chain_version=st.chains[1].version, suspect_reachable=True, now_s=0.5) == 0
+    assert h in st.suspicions[1]
+    st.register(node_id=h // 1000, kind=NodeKind.STORAGE, host="127.0.0.1", port=9000 + h // 1000,
+                targets=[TargetInfo(target_id=h, path="/t")], now_s=0.6)
+    assert h not in st.suspicions.get(1, {})
+    st.tick(1.5)
+    assert st.targets[m].fence_count == 0

@@ -148,6 +148,10 @@ class ClusterState:
             logger.info("node %d (%s) registered at %s:%d", node_id, NodeKind(kind).name, host, port)
         elif rec.kind != kind:
             raise StatusError(Status.EEXIST, f"node id {node_id} belongs to a {NodeKind(rec.kind).name} node")
+        else:  # a new process of a known node: what its last process reported is stale
+            for reports in self.suspicions.values():
+                for reporter in [r for r, x in reports.items() if x.reporter_node == node_id]:
+                    del reports[reporter]
         if (rec.host, rec.port, rec.metrics_port) != (host, port, metrics_port):
             rec.host, rec.port, rec.metrics_port = host, port, metrics_port
             changed = True
