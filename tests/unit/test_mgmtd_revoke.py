@@ -147,3 +147,26 @@ def test_reports_of_a_restarted_process_are_dropped() -> None:
     assert h not in st.suspicions.get(1, {})
     st.tick(1.5)
     assert st.targets[m].fence_count == 0
+
+
+def test_an_echo_report_is_not_acted_on_while_the_fence_waits_for_its_revocation() -> None:
+    """Found in review (simulator seed 20292): the tail's fence waited for its revocation, so
+    the chain version did not move and the head's echo report about the healthy middle stayed
+    current and got the middle fenced too half a lease later."""
+    st = _cluster()
+    for n in (1, 2, 3):
+        st.heartbeat(n, [], 0.4)
+    h, m, t = st.chains[1].targets
+    v = st.chains[1].version
+    assert _fence_tail(st, 0.5) == t  # decided; its revocation holds the change
+    assert st.report_unreachable(reporter_node=h // 1000, reporter_target=h, suspect_target=m, chain_id=1,
+                                 chain_version=v, suspect_reachable=True, now_s=0.55) == 0
+    for now in (0.8, 1.2):
+        st.heartbeat(1, [], now)
+        st.heartbeat(2, [], now)
+        st.tick(now)
+    assert st.targets[m].fence_count == 0 and st.targets[m].state == S.SERVING
+    st.heartbeat(3, [], 1.3, revoked_acked=[t])
+    assert st.targets[t].state == S.OFFLINE and st.chains[1].version > v
+    st.tick(2.0)
+    assert st.targets[m].fence_count == 0 and st.targets[m].state == S.SERVING

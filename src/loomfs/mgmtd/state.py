@@ -388,12 +388,19 @@ class ClusterState:
             write_path = [t for t in chain.targets
                           if self.targets[t].state in (TargetState.SERVING, TargetState.SYNCING)]
             pick = pick_suspicion(write_path, reports.values(), now_s=now_s, settle_s=self.unreachable_settle_s)
+        revoking = chain is not None and any(
+            self.targets[t].revoke_deadline_s and not self.targets[t].revoke_version for t in chain.targets)
+        if pick is not None and revoking and pick.suspect_reachable is not False:
+            # a fence of this chain waits for its revocation, so the chain version has not moved
+            # and upstream echoes of that fault still look current: wait for the bump
+            return 0
         if pick is not None:
             del reports[pick.reporter_target]
             upstream = sorted(r.reporter_target for r in reports.values())
             if upstream:
                 logger.info("chain %d v%d: reports by targets %s are upstream of target %d's report: not blaming "
                             "their successors", chain_id, pick.chain_version, upstream, pick.reporter_target)
+            reports.clear()  # echoes of the same fault: their reporters report again if it persists
         if not reports:
             self.suspicions.pop(chain_id, None)
         return self._fence(pick, now_s) if pick is not None else 0

@@ -58,7 +58,7 @@ class Scrubber:
             for target in list(self.service.targets.values()):
                 try:
                     await self.scrub_target(target)
-                except (LoomError, OSError) as exc:  # a failing disk must not end scrubbing
+                except Exception as exc:  # a failing disk (or a bug) must not end scrubbing
                     logger.error("scrub of target %d failed (next pass retries): %s", target.target_id, exc)
             self.passes += 1
             logger.info("scrub pass %d: %d chunks checked, %d bad, %d repaired in %.1fs", self.passes,
@@ -169,9 +169,13 @@ class Scrubber:
             logger.warning("scrub: reading chunk %s from target %d failed: %s", key, other, exc)
             return None
         ver, data = rsp.body.commit_ver, rsp.payload
+        if st.has_pending and st.pending_ver > ver:
+            logger.warning("scrub: target %d has chunk %s v%d, ours holds pending v%d: retry next pass", other, key,
+                           ver, st.pending_ver)
+            return None  # installing would drop our newer pending version (it may be all that is left)
         if ver == st.commit_ver and len(data) == st.length and crc32c.crc32c(data) == st.crc:
             return ver, data, st.tags
-        if ver <= st.commit_ver or (st.has_pending and st.pending_ver > ver):
+        if ver <= st.commit_ver:
             logger.warning("scrub: target %d has chunk %s v%d (ours v%d, pending v%d): retry next pass", other, key,
                            ver, st.commit_ver, st.pending_ver)
             return None
@@ -202,7 +206,7 @@ class Scrubber:
                 await target.engine.commit(key, ver)
                 self.service.replacing.discard((target.target_id, key))
                 return
-            except OSError as exc:
+            except OSError as exc:  # LoomError included
                 target.engine.abort(key)
                 logger.error("scrub: target %d chunk %s: installing the good copy failed (%s): retrying",
                              target.target_id, key, exc)

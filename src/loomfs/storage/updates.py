@@ -173,7 +173,12 @@ class ChunkUpdates(ChainForwarder):
             await engine.remove_range(key.inode, key.index, key.index + 1)
         if planted.on("forward_before_stage") and pos.successor is not None and not req.forwarded:
             return await self._apply_forward_first(target, pos, key, req, payload, action)
-        staged = self._stage(target, key, req, payload, action)
+        cur = engine.get(key)
+        if req.forwarded and cur is not None and cur.has_pending and cur.pending_ver == ver and \
+                req.expect_length >= 0 and (cur.pending_length, cur.pending_crc) == (req.expect_length, req.expect_crc):
+            staged = cur  # the same version pushed again (a leftover): keep it, never risk losing it to a restage
+        else:
+            staged = self._stage(target, key, req, payload, action)
         if req.forwarded and req.expect_length >= 0 and (staged.pending_length, staged.pending_crc) != (
                 req.expect_length, req.expect_crc) and not planted.on("no_content_check"):
             engine.abort(key)
@@ -220,12 +225,26 @@ class ChunkUpdates(ChainForwarder):
         return write_rsp(await self._commit(target, key, ver))
 
     async def _commit(self, target: StorageTarget, key: ChunkKey, ver: int) -> ChunkState:
-        st = await target.engine.commit(key, ver)
+        """Commit ``ver``; a commit once started runs to its end even if the request is
+        cancelled meanwhile (its deadline passed): the file engine writes the index row on a
+        helper thread, and memory and disk must not disagree. The chunk lock stays held until
+        it has."""
+        task = asyncio.ensure_future(target.engine.commit(key, ver))
+        try:
+            st = await asyncio.shield(task)
+        except asyncio.CancelledError:
+            await asyncio.wait({task})
+            if not task.cancelled() and task.exception() is None:
+                self._committed(target, key)
+            raise
+        self._committed(target, key)
+        return st
+
+    def _committed(self, target: StorageTarget, key: ChunkKey) -> None:
         self.replacing.discard((target.target_id, key))
         left = self._leftovers.get(target.target_id)
         if left is not None:
             left.discard(key)
-        return st
 
     def _whole_req(self, pos: chain.Position, key: ChunkKey, st: ChunkState, ver: int, chunk_size: int) -> WriteReq:
         return WriteReq(
