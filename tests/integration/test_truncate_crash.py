@@ -49,10 +49,12 @@ def _poll(ok: Callable[[], Any], timeout_s: float, what: str) -> Any:
 
 
 def _chunks(cluster: LocalCluster, inode: int) -> dict[int, set[int]]:
-    """chunk index -> the lengths its replicas have."""
+    """chunk index -> the lengths its replicas have, for chunks holding bytes (a trimmed chunk
+    stays as an empty version, so its version numbers go on if it grows back)."""
     out: dict[int, set[int]] = {}
     for _target, c in cluster.chunks_of(inode):
-        out.setdefault(c.chunk.index, set()).add(c.length)
+        if c.length or c.update_ver > c.commit_ver:
+            out.setdefault(c.chunk.index, set()).add(c.length)
     return out
 
 
