@@ -532,3 +532,22 @@ def test_a_leftover_pushed_again_is_not_lost_to_a_failing_restage() -> None:
         assert [(c.engine(n).get(KEY).commit_ver, c.content(n)) for n in (1, 2)] == [(2, b"two")] * 2  # type: ignore[union-attr]
 
     run(body)
+
+
+def test_scrub_drops_a_pending_version_that_carries_the_rot() -> None:
+    """Found by the simulator (seed 895): a rotten head's leftover append carried the rot, could
+    never be pushed down intact, and the scrubber would not install the good copy over it."""
+    from loomfs.storage.scrub import Scrubber
+
+    async def body(c: Chain3) -> None:
+        await c.write(1, 0, b"x" * 100)
+        head = c.engine(1)
+        head.corrupt(KEY, 5)
+        head.stage_write(KEY, 2, 100, b"more")  # the leftover: nobody else has v2
+        scrub = Scrubber(c.nodes[0].service, bytes_per_s=0, interval_s=3600)
+        good, _ = await scrub.check_chunk(c.nodes[0].target, KEY)
+        assert not good and scrub.repaired == 1
+        st = head.get(KEY)
+        assert st is not None and (st.commit_ver, st.pending_ver) == (1, 0) and c.content(1) == b"x" * 100
+
+    run(body)

@@ -146,7 +146,7 @@ class Scrubber:
             ti = routing.targets.get(other)
             if other == target.target_id or ti is None or ti.state != TargetState.SERVING:
                 continue
-            got = await self._fetch(routing, chain_id, info.version, other, key, st)
+            got = await self._fetch(routing, chain_id, info.version, other, target, key, st)
             if got is None:
                 continue
             ver, data, tags = got
@@ -156,8 +156,8 @@ class Scrubber:
             return True
         return False
 
-    async def _fetch(self, routing: Routing, chain_id: int, chain_version: int, other: int, key: ChunkKey,
-                     st: ChunkState) -> tuple[int, memoryview, tuple[ChunkTag, ...]] | None:
+    async def _fetch(self, routing: Routing, chain_id: int, chain_version: int, other: int,
+                     target: StorageTarget, key: ChunkKey, st: ChunkState) -> tuple[int, memoryview, tuple[ChunkTag, ...]] | None:
         """(version, bytes, request tags) of ``other``'s committed copy, if it may replace ours."""
         svc = self.service
         address = routing.address_of(other)
@@ -170,9 +170,14 @@ class Scrubber:
             return None
         ver, data = rsp.body.commit_ver, rsp.payload
         if st.has_pending and st.pending_ver > ver:
-            logger.warning("scrub: target %d has chunk %s v%d, ours holds pending v%d: retry next pass", other, key,
-                           ver, st.pending_ver)
-            return None  # installing would drop our newer pending version (it may be all that is left)
+            if self._pending_intact(target, key, st):
+                logger.warning("scrub: target %d has chunk %s v%d, ours holds pending v%d: retry next pass", other,
+                               key, ver, st.pending_ver)
+                return None  # installing would drop a newer pending version (it may be all that is left)
+            # staged from the rotten bytes (an append carries them along): it can never be pushed
+            # down intact, and nobody committed it (the tail, asked first, does not have it)
+            logger.error("scrub: target %d chunk %s: pending v%d carries the rot too: dropping it",
+                         target.target_id, key, st.pending_ver)
         if ver == st.commit_ver and len(data) == st.length and crc32c.crc32c(data) == st.crc:
             return ver, data, st.tags
         if ver <= st.commit_ver:
@@ -188,6 +193,18 @@ class Scrubber:
         if not metas or metas[0].commit_ver != ver or metas[0].crc != crc32c.crc32c(data):
             return None  # it changed meanwhile: next pass
         return ver, data, unpack_tags(metas[0].tags)
+
+    def _pending_intact(self, target: StorageTarget, key: ChunkKey, st: ChunkState) -> bool:
+        svc = self.service
+        buf = svc.pool.acquire(max(1, st.pending_length))
+        try:
+            mv = memoryview(buf)[: st.pending_length]
+            n = target.engine.read(key, 0, mv, pending=True)
+            return n == st.pending_length and crc32c.crc32c(mv[:n]) == st.pending_crc
+        except OSError:
+            return False
+        finally:
+            svc.pool.release(buf)
 
     async def _install(self, target: StorageTarget, key: ChunkKey, ver: int, data: memoryview,
                        tags: tuple[ChunkTag, ...]) -> None:
