@@ -124,28 +124,6 @@ class StorageService(ChunkUpdates):
         self.replacing: set[tuple[int, ChunkKey]] = set()
 
     # ---- routing ----------------------------------------------------------------------
-    async def _locate(
-        self, chain_id: int, chain_version: int, target_id: int = 0, *, for_update: bool = False
-    ) -> tuple[StorageTarget, chain.Position | None, Routing]:
-        routing = await self.routing.get()
-        known = routing.chains.get(chain_id)
-        if known is None or chain_version > known.version:
-            routing = await self.routing.refresh(routing.version)  # the caller knows newer routing
-        info = routing.chain(chain_id)
-        if target_id:
-            target = self.targets.get(target_id)
-            if target is None:
-                raise StatusError(Status.UNKNOWN_TARGET, f"target {target_id} is not on this node")
-        else:
-            found = next((self.targets[t] for t in info.targets if t in self.targets), None)
-            if found is None:
-                raise StatusError(Status.UNKNOWN_TARGET, f"no target of chain {chain_id} on this node")
-            target = found
-        if target.target_id in self.revoked and not planted.on("reads_ignore_lease"):
-            raise StatusError(Status.TARGET_NOT_SERVING, f"target {target.target_id} is leaving its chain (mgmtd)")
-        members = write_chain(routing, chain_id) if for_update else routing.serving_targets(chain_id)
-        return target, chain.position_of(chain_id, info.version, members, target.target_id), routing
-
     def check_writable(self) -> None:
         self.check_ready()
         if self.clock.monotonic() > self.writable_until_s:

@@ -67,10 +67,31 @@ class ChunkUpdates(ChainForwarder):
     # (target, chunk) whose committed copy was dropped to be replaced (a repair, a resync copy):
     # reads refuse it until the replacement is committed, rather than find no chunk
     replacing: set[tuple[int, ChunkKey]]
+    revoked: set[int]  # targets mgmtd is taking out of their chains: nothing is served from them
 
-    async def _locate(self, chain_id: int, chain_version: int, target_id: int = 0, *,
-                      for_update: bool = False) -> tuple[StorageTarget, chain.Position | None, Routing]:
-        raise NotImplementedError  # StorageService: the target and its position in the chain
+    async def _locate(
+        self, chain_id: int, chain_version: int, target_id: int = 0, *, for_update: bool = False
+    ) -> tuple[StorageTarget, chain.Position | None, Routing]:
+        """This node's target of the chain (``target_id``, or the chain's member here) and its
+        position in the write chain (``for_update``) or among the serving members."""
+        routing = await self.routing.get()
+        known = routing.chains.get(chain_id)
+        if known is None or chain_version > known.version:
+            routing = await self.routing.refresh(routing.version)  # the caller knows newer routing
+        info = routing.chain(chain_id)
+        if target_id:
+            target = self.targets.get(target_id)
+            if target is None:
+                raise StatusError(Status.UNKNOWN_TARGET, f"target {target_id} is not on this node")
+        else:
+            found = next((self.targets[t] for t in info.targets if t in self.targets), None)
+            if found is None:
+                raise StatusError(Status.UNKNOWN_TARGET, f"no target of chain {chain_id} on this node")
+            target = found
+        if target.target_id in self.revoked and not planted.on("reads_ignore_lease"):
+            raise StatusError(Status.TARGET_NOT_SERVING, f"target {target.target_id} is leaving its chain (mgmtd)")
+        members = write_chain(routing, chain_id) if for_update else routing.serving_targets(chain_id)
+        return target, chain.position_of(chain_id, info.version, members, target.target_id), routing
 
     def _check_bounds(self, end: int, chunk_size: int) -> None:
         if not 0 <= end <= chunk_size <= self.max_chunk_size_bytes:
