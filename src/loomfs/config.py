@@ -52,6 +52,9 @@ class MetaConfig:
     gc_interval_s: float = 1.0
     default_chunk_size_bytes: int = 4 << 20
     default_stripe: int = 16
+    # files up to this size keep their bytes in meta (a directory's layout may say otherwise;
+    # 0 = off). Capped at the chunk size and 1 MiB.
+    default_inline_max_bytes: int = 0
     sqlite_synchronous: str = "NORMAL"  # FULL to fsync every commit
     metrics_port: int = 0  # Prometheus /metrics: 0 = any free port (advertised to mgmtd), -1 = off
     rpc: RpcConfig = field(default_factory=RpcConfig)

@@ -39,14 +39,17 @@ class FakeRouting:
 
 
 class Env:
-    def __init__(self, chains: int = 8) -> None:
+    def __init__(self, chains: int = 8, *, inline_max_bytes: int = 0, chunk_writer: Any = None) -> None:
+        """``inline_max_bytes`` 0: files live in chunks (the bookkeeping most tests here check);
+        the inline tests ask for a limit."""
         self.loop = asyncio.new_event_loop()
         self.clock = ManualClock()
         self.routing = FakeRouting(chains)
         self.store = SqliteStore(":memory:")
         self.ns = Namespace(
             self.store, routing=self.routing, clock=self.clock, rng=random.Random(7),
-            default_layout=Layout(chunk_size=1 << 20, stripe=4, table_id=1),
+            default_layout=Layout(chunk_size=1 << 20, stripe=4, table_id=1, inline_max_bytes=inline_max_bytes),
+            chunk_writer=chunk_writer,
         )
         self.run(self.ns.init())
 
@@ -119,7 +122,7 @@ def test_name_of_255_bytes_is_fine(env: Env) -> None:
 def test_root(env: Env) -> None:
     a = env.run(env.ns.stat("/"))
     assert a.inode == ROOT_INODE and a.type == FileType.DIRECTORY and a.nlink == 2
-    assert a.layout == Layout(chunk_size=1 << 20, stripe=4, table_id=1)
+    assert a.layout == Layout(chunk_size=1 << 20, stripe=4, table_id=1, inline_max_bytes=0)
 
 
 def test_mkdir_errors(env: Env) -> None:

@@ -38,7 +38,7 @@ def test_all_methods_over_rpc() -> None:
             return (await c.call(addr, m, req)).body
 
         assert (await call(w.MKDIR, w.MkdirReq(path="/d"))).attr.type == FileType.DIRECTORY
-        o = await call(w.OPEN, w.OpenReq(path="/d/f", flags=os.O_WRONLY | os.O_CREAT, client_id=4))
+        o = await call(w.OPEN, w.OpenReq(path="/d/f", flags=os.O_WRONLY | os.O_CREAT, client_id=4, chunked=True))
         assert o.session_id and o.attr.layout.chains and o.session_lease_s == ns.session_lease_s > 0
         renew = w.RenewSessionsReq(client_id=4, session_ids=[o.session_id, o.session_id + 1000])
         assert (await call(w.RENEW_SESSIONS, renew)).renewed == 1

@@ -10,6 +10,7 @@ from loomfs.wire.types import ChainTable, Layout
 
 CHUNK_SIZE_MIN_BYTES = 64 << 10
 CHUNK_SIZE_MAX_BYTES = 64 << 20
+INLINE_MAX_BYTES_CAP = 1 << 20  # no directory may ask for more (replies stay small)
 
 
 def validate_dir_layout(layout: Layout | None) -> Layout:
@@ -25,8 +26,13 @@ def validate_dir_layout(layout: Layout | None) -> Layout:
         raise StatusError(Status.EINVAL, f"stripe must be >= 1, got {layout.stripe}")
     if layout.table_id < 0 or layout.replicas < 0:
         raise StatusError(Status.EINVAL, "table_id and replicas must be >= 0")
+    if not -1 <= layout.inline_max_bytes <= INLINE_MAX_BYTES_CAP:
+        raise StatusError(
+            Status.EINVAL, f"inline_max_bytes must be -1 (default), 0 (off) or up to {INLINE_MAX_BYTES_CAP}"
+        )
     return Layout(
-        chunk_size=cs, stripe=layout.stripe, table_id=layout.table_id, replicas=layout.replicas
+        chunk_size=cs, stripe=layout.stripe, table_id=layout.table_id, replicas=layout.replicas,
+        inline_max_bytes=layout.inline_max_bytes,
     )
 
 

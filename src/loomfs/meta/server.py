@@ -7,7 +7,7 @@ import contextlib
 import logging
 import random
 import signal
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from loomfs.common.clock import SYSTEM_CLOCK
 from loomfs.common.routing import RoutingClient, parse_addresses
@@ -18,7 +18,7 @@ from loomfs.meta.gc import ChunkRemover, GcWorker, remover_client_id
 from loomfs.meta.ops.namespace import Namespace
 from loomfs.meta.service import MetaService
 from loomfs.meta.store.base import MetaStore
-from loomfs.meta.trim import TRIM_CALL_TIMEOUT_S, ChunkCutter, Trimmer
+from loomfs.meta.trim import TRIM_CALL_TIMEOUT_S, Trimmer
 from loomfs.net.rpc import RpcClient, RpcServer
 from loomfs.net.tcp import default_transport
 from loomfs.net.transport import Address
@@ -30,6 +30,9 @@ from loomfs.wire.mgmtd import (
     RegisterNodeRsp,
 )
 from loomfs.wire.types import Layout, NodeKind
+
+if TYPE_CHECKING:
+    from loomfs.client.storage_client import StorageClient
 
 logger = logging.getLogger(__name__)
 
@@ -74,7 +77,7 @@ def _make_remover(rpc: RpcClient, routing: RoutingClient, node_id: int) -> Chunk
     return StorageClient(rpc, routing, client_id=remover_client_id(node_id))
 
 
-def _make_cutter(rpc: RpcClient, routing: RoutingClient, node_id: int) -> ChunkCutter | None:
+def _make_cutter(rpc: RpcClient, routing: RoutingClient, node_id: int) -> StorageClient | None:
     """The storage client that cuts truncated files: its own request ids, and a deadline on
     every call that a trim's claim outlasts (``loomfs.meta.trim``)."""
     try:
@@ -97,13 +100,15 @@ async def serve(config: MetaConfig, *, ready: asyncio.Event | None = None) -> No
     mgmtd = parse_addresses(config.mgmtd)
     routing = RoutingClient(rpc, mgmtd)
     default_layout = Layout(
-        chunk_size=config.default_chunk_size_bytes, stripe=config.default_stripe, table_id=1
+        chunk_size=config.default_chunk_size_bytes, stripe=config.default_stripe, table_id=1,
+        inline_max_bytes=config.default_inline_max_bytes,
     )
     cutter = _make_cutter(rpc, routing, config.node_id)
     trimmer = Trimmer(store, cutter, clock=SYSTEM_CLOCK) if cutter is not None else None
     ns = Namespace(
         store, routing=routing, clock=SYSTEM_CLOCK,
         rng=random.Random(config.node_id or None), default_layout=default_layout, trimmer=trimmer,
+        chunk_writer=cutter,
     )
     await ns.init()
     server = RpcServer("meta", default_transport(max_payload_bytes=config.rpc.max_payload_bytes))

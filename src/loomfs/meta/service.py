@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import crc32c
+
+from loomfs.errors import StatusError
+from loomfs.meta.ops.inline import Patch
 from loomfs.meta.ops.namespace import Namespace
 from loomfs.net.rpc import CallContext, handles
 from loomfs.wire import meta as w
 from loomfs.wire.message import Empty
+from loomfs.wire.status import Status
 
 
 class MetaService:
@@ -27,11 +32,34 @@ class MetaService:
     async def open(self, req: w.OpenReq, ctx: CallContext) -> w.OpenRsp:
         o = await self.ns.open(
             req.path, req.flags, mode=req.mode, uid=req.uid, gid=req.gid, client_id=req.client_id,
-            session_id=req.session_id,
+            session_id=req.session_id, data=req.data, data_crc=req.data_crc if req.data is not None else None,
+            chunked=req.chunked,
         )
         return w.OpenRsp(attr=o.attr, session_id=o.session_id, truncated_from=o.truncated_from,
                          session_lease_s=self.ns.session_lease_s if o.session_id else 0.0, replayed=o.replayed,
-                         trunc_epoch=o.trunc_epoch)
+                         trunc_epoch=o.trunc_epoch, data=o.data,
+                         data_crc=crc32c.crc32c(o.data) if o.data is not None else 0)
+
+    @handles(w.READ)
+    async def read(self, req: w.PathReq, ctx: CallContext) -> w.ReadRsp:
+        attr, data = await self.ns.read(req.path, follow_symlinks=req.follow_symlinks)
+        return w.ReadRsp(attr=attr, data=data, data_crc=crc32c.crc32c(data) if data is not None else 0)
+
+    @handles(w.WRITE_INLINE)
+    async def write_inline(self, req: w.InlineWriteReq, ctx: CallContext) -> w.InlineWriteRsp:
+        crc = 0
+        for p in req.patches:
+            crc = crc32c.crc32c(p.data, crc)
+        if crc != req.crc:
+            raise StatusError(Status.CHECKSUM_MISMATCH, f"inode {req.inode}: inline writes fail their CRC32C")
+        r = await self.ns.write_inline(req.inode, req.session_id, [Patch(p.offset, p.data) for p in req.patches],
+                                       mtime_ns=req.mtime_ns, close=req.close)
+        return w.InlineWriteRsp(attr=r.attr, applied=r.applied, trunc_epoch=r.trunc_epoch)
+
+    @handles(w.MIGRATE)
+    async def migrate(self, req: w.InodeReq, ctx: CallContext) -> w.AttrRsp:
+        attr, epoch = await self.ns.migrate(req.inode)
+        return w.AttrRsp(attr=attr, trunc_epoch=epoch)
 
     @handles(w.CLOSE)
     async def close(self, req: w.CloseReq, ctx: CallContext) -> w.AttrRsp:

@@ -49,6 +49,15 @@ class OpenReq(Message):
     # write opens: the session id the client chose (0 = meta picks). A retry after a lost
     # reply sends the same id and meta answers from that session: the open applies once.
     session_id: int = 0
+    # a whole small file in one round trip: with O_CREAT|O_WRONLY, ``data`` (CRC32C
+    # ``data_crc``) becomes the file's content, kept inline in meta, and no write session is
+    # opened. If it does not fit the directory's inline limit the call is an ordinary write
+    # open (with ``session_id``) and the client writes the bytes to chunks.
+    data: bytes | None = None
+    data_crc: int = 0
+    # create (or O_TRUNC) the file with its data in chunks, not inline: the writer knows it
+    # is going to be big
+    chunked: bool = False
 
 
 @message
@@ -59,6 +68,51 @@ class OpenRsp(Message):
     session_lease_s: float = 0.0  # renew write sessions (RENEW_SESSIONS) well within this; 0 = never expire
     replayed: bool = False  # the open had been applied (a retry): nothing created or truncated now
     trunc_epoch: int = 0  # write opens: the file's truncate epoch (sent back with SYNC/CLOSE)
+    # inline files (attr.inline): their content, and its CRC32C (None for chunked files)
+    data: bytes | None = None
+    data_crc: int = 0
+
+
+@message
+class ReadRsp(Message):
+    """READ: a file's attributes, and its content when it is inline (one round trip for a
+    small file); a chunked file's bytes are read from storage with ``attr.layout``."""
+
+    attr: Attr | None = None
+    data: bytes | None = None
+    data_crc: int = 0
+
+
+@message
+class InlinePatch(Message):
+    offset: int = 0
+    data: bytes = b""
+
+
+@message
+class InlineWriteReq(Message):
+    """An inline file's writer sends its writes (applied in order, in one transaction; gaps
+    read as zeros). ``close``: its write session ends too."""
+
+    inode: int = 0
+    session_id: int = 0
+    patches: list[InlinePatch] = many()
+    crc: int = 0  # CRC32C over the patches' data, concatenated
+    mtime_ns: int = 0  # 0 = now
+    close: bool = False
+
+
+@message
+class InlineWriteRsp(Message):
+    attr: Attr | None = None  # None: the inode is gone
+    # False: nothing applied, the file is in chunks now (``attr``): write there
+    applied: bool = True
+    trunc_epoch: int = 0
+
+
+@message
+class InodeReq(Message):
+    inode: int = 0
 
 
 @message
@@ -199,3 +253,7 @@ STATFS = method(SERVICE_META, 14, "statfs", Empty, StatfsRsp, idempotent=True)
 SET_LAYOUT = method(SERVICE_META, 15, "set_layout", SetLayoutReq, AttrRsp, idempotent=True)
 META_PING = method(SERVICE_META, 16, "ping", Empty, Empty, idempotent=True)
 RENEW_SESSIONS = method(SERVICE_META, 17, "renew_sessions", RenewSessionsReq, RenewSessionsRsp, idempotent=True)
+READ = method(SERVICE_META, 18, "read", PathReq, ReadRsp, idempotent=True)
+WRITE_INLINE = method(SERVICE_META, 19, "write_inline", InlineWriteReq, InlineWriteRsp)
+# an inline file's data moves to chunks (a writer is about to grow it past the limit)
+MIGRATE = method(SERVICE_META, 20, "migrate", InodeReq, AttrRsp, idempotent=True)

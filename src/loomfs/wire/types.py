@@ -102,6 +102,9 @@ class Layout(Message):
     table_id: int = 1
     replicas: int = 0  # 0 = whatever table_id has; else pick a table with that many replicas
     chains: list[int] = many()  # filled in for files; empty on directories
+    # files up to this many bytes keep their data in meta (inline). Directories: -1 = the
+    # meta server's default, 0 = never; files: the limit fixed when they were created
+    inline_max_bytes: int = -1
 
 
 @message
@@ -118,6 +121,7 @@ class Attr(Message):
     ctime_ns: int = 0
     layout: Layout | None = None  # files: their layout; directories: the layout children inherit
     symlink_target: str = ""
+    inline: bool = False  # files: the bytes live in meta (``loomfs.meta.ops.inline``), not in chunks
 
 
 @message

@@ -8,11 +8,12 @@ import random
 from typing import Protocol
 
 from loomfs.common.clock import SYSTEM_CLOCK, Clock
+from loomfs.common.keylocks import KeyLocks
 from loomfs.common.routing import Routing
 from loomfs.errors import LoomError, StatusError
 from loomfs.meta.gc import SESSION_LEASE_S
 from loomfs.meta.layout import ChainAllocator
-from loomfs.meta.store.base import GcEntry, MetaStore, MetaTxn, TrimEntry
+from loomfs.meta.store.base import GcEntry, InlineData, MetaStore, MetaTxn, TrimEntry
 from loomfs.meta.trim import Trimmer, must_settle, queue_trim
 from loomfs.wire.status import Status
 from loomfs.wire.types import ROOT_INODE, Attr, FileType, Layout
@@ -39,6 +40,12 @@ class RoutingSource(Protocol):
     async def refresh(self, min_version: int = 0) -> Routing: ...
 
 
+class ChunkWriter(Protocol):
+    """What moving an inline file to chunks needs from storage (``StorageClient`` fits)."""
+
+    async def write_chunk(self, layout: Layout, inode: int, index: int, offset: int, data: memoryview) -> None: ...
+
+
 class NamespaceBase:
     def __init__(
         self,
@@ -50,6 +57,7 @@ class NamespaceBase:
         default_layout: Layout | None = None,
         session_lease_s: float = SESSION_LEASE_S,
         trimmer: Trimmer | None = None,
+        chunk_writer: ChunkWriter | None = None,
     ):
         self.store = store
         self.routing = routing
@@ -60,6 +68,11 @@ class NamespaceBase:
         # cuts the chunks of shrunk files before a call that lets writes land past the new end
         # answers (``loomfs.meta.trim``); without one (tests, offline tools) trims stay queued
         self.trimmer = trimmer
+        # writes an inline file's content to chunks when it outgrows its limit
+        # (``loomfs.meta.ops.inline``); without one only empty inline files can migrate
+        self.chunk_writer = chunk_writer
+        self._migrations: KeyLocks[int] = KeyLocks()
+        self.migrations_total = 0
 
     async def init(self) -> None:
         """Create the root directory on a fresh store (idempotent)."""
@@ -109,14 +122,17 @@ class NamespaceBase:
         layout: Layout | None,
         symlink_target: str = "",
         now: int,
+        inline: bool = False,
     ) -> Attr:
         ino = await txn.next_id(C_INODE)
         attr = Attr(
             inode=ino, type=type, mode=mode & 0o7777, nlink=2 if type == DIR else 1, uid=uid,
             gid=gid, size=len(symlink_target.encode("utf-8", "surrogatepass")), atime_ns=now,
-            mtime_ns=now, ctime_ns=now, layout=layout, symlink_target=symlink_target,
+            mtime_ns=now, ctime_ns=now, layout=layout, symlink_target=symlink_target, inline=inline,
         )
         await txn.put_inode(attr)
+        if inline:
+            await txn.put_inline(ino, InlineData(b"", 0))
         await txn.put_dentry(parent, name, ino, type)
         await txn.touch_inode(parent, mtime_ns=now, ctime_ns=now, nlink_delta=1 if type == DIR else 0)
         if type == DIR:
@@ -144,6 +160,14 @@ class NamespaceBase:
         await txn.add_counter(C_FILES, -1)
         if attr.size:
             await txn.add_counter(C_BYTES, -attr.size)
+        if attr.inline:
+            row = await txn.get_inline(attr.inode)
+            await txn.delete_inline(attr.inode)
+            if (row is None or not row.chunks_dirty) and trim is None and not await txn.has_session(attr.inode):
+                return False  # storage holds nothing of it
+            # chunks a migration or an earlier life in chunks left: GC removes every chunk
+            await txn.gc_put(GcEntry(attr.inode, attr.layout or self.default_layout, 0, now))
+            return True
         await txn.gc_put(GcEntry(attr.inode, attr.layout or self.default_layout, attr.size, now))
         return True
 
@@ -166,6 +190,13 @@ class NamespaceBase:
             return attr, 0
         epoch = await txn.trunc_epoch(inode)
         if length < 0:
+            return attr, epoch
+        if attr.inline:
+            # a writer in chunks of a file that became inline since (an O_TRUNC put): its
+            # bytes are not the file's; GC or the next migration removes them
+            row = await txn.get_inline(inode)
+            if row is not None and length > 0 and not row.chunks_dirty:
+                await txn.put_inline(inode, dataclasses.replace(row, chunks_dirty=True))
             return attr, epoch
         now = self.clock.now_ns()
         size = max(attr.size, length)

@@ -13,11 +13,15 @@ import logging
 import os
 from collections.abc import Sequence
 
+import crc32c
+
 from loomfs.common.routing import Routing
 from loomfs.errors import StatusError
-from loomfs.meta.ops.base import C_BYTES, C_SESSION, DIR, FILE, LINK, NamespaceBase
+from loomfs.meta.ops.base import C_BYTES, C_SESSION, DIR, FILE, LINK
+from loomfs.meta.ops.inline import InlineOps
 from loomfs.meta.ops.walk import walk
 from loomfs.meta.paths import split_path
+from loomfs.meta.store.base import MetaTxn
 from loomfs.wire.meta import RENEW_SESSIONS_MAX
 from loomfs.wire.status import Status
 from loomfs.wire.types import Attr
@@ -37,6 +41,7 @@ class Opened:
     replayed: bool = False  # a retried OPEN that had been applied: nothing done this time
     trunc_epoch: int = 0  # write opens: the file's truncate epoch
     settle: bool = False  # a trim must be cut before the reply
+    data: bytes | None = None  # an inline file's content (not for a put: the caller has it)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -57,10 +62,16 @@ class Reported:
 SETATTR_SETTLE_ROUNDS = 3  # an extend settles the file's trim, then tries again at most this often
 
 
-class FileOps(NamespaceBase):
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Migrate:
+    inode: int
+
+
+class FileOps(InlineOps):
     async def open(
         self, path: str, flags: int = os.O_RDONLY, *, mode: int = 0o644, uid: int = 0, gid: int = 0,
-        client_id: int = 0, session_id: int = 0,
+        client_id: int = 0, session_id: int = 0, data: bytes | None = None, data_crc: int | None = None,
+        chunked: bool = False,
     ) -> Opened:
         """Open ``path`` with ``os.O_*`` flags; a write open starts a write session.
 
@@ -69,6 +80,12 @@ class FileOps(NamespaceBase):
         connection cut) carries the same id and is answered from that session, so it is
         applied once: no second session, no EEXIST for its own O_EXCL create, no second
         truncation.
+
+        ``data`` (a *put*, with O_CREAT|O_WRONLY and O_TRUNC or O_EXCL): the file's whole new
+        content. If it fits the file's inline limit it is stored inline in this transaction
+        and no write session is opened (``session_id`` 0 in the result); otherwise this is an
+        ordinary write open and the caller writes the bytes to chunks. ``chunked``: create
+        (or O_TRUNC) the file in chunks, not inline (the caller is writing a big file).
         """
         parts = split_path(path)
         acc = flags & os.O_ACCMODE
@@ -81,6 +98,11 @@ class FileOps(NamespaceBase):
         excl = creat and bool(flags & os.O_EXCL)
         trunc = bool(flags & os.O_TRUNC)
         follow = not excl and not flags & O_NOFOLLOW
+        if data is not None:
+            if not (creat and acc == os.O_WRONLY and (trunc or excl)):
+                raise StatusError(Status.EINVAL, "a put needs O_CREAT|O_WRONLY and O_TRUNC or O_EXCL")
+            if data_crc is not None and crc32c.crc32c(data) != data_crc:
+                raise StatusError(Status.CHECKSUM_MISMATCH, f"{path}: data fails its CRC32C")
         if not (creat or trunc or write):
             async with self.store.read() as txn:
                 r = await walk(txn, parts, follow_last=follow)
@@ -90,22 +112,28 @@ class FileOps(NamespaceBase):
                     raise StatusError(Status.ELOOP, f"{path!r} is a symbolic link (O_NOFOLLOW)")
                 if flags & O_DIRECTORY and not r.is_dir:
                     raise StatusError(Status.ENOTDIR, path)
-                return Opened(await self._attr(txn, r.inode))
+                attr = await self._attr(txn, r.inode)
+                return Opened(attr, data=await self._inline_content(txn, attr))
         routing = await self._routing_for_create() if creat else None
         try:
             o = await self._open_write(path, parts, flags, mode, uid, gid, client_id, session_id, routing,
-                                       follow)
+                                       follow, data, chunked)
         except StatusError as exc:
             if exc.status is not Status.NO_CHAIN_TABLE or self.routing is None:
                 raise
             # a chain table may have been created since our last routing refresh
             routing = await self.routing.refresh()
             o = await self._open_write(path, parts, flags, mode, uid, gid, client_id, session_id, routing,
-                                       follow)
+                                       follow, data, chunked)
         if o.settle:  # O_TRUNC's own trim, or one a crash left: cut before anyone writes
             try:
                 await self._settle(o.attr.inode)
-            except StatusError:
+            except StatusError as exc:
+                if o.attr.inline and not o.session_id:
+                    # a put made the file inline: its old chunks are never read, and the next
+                    # migration cuts them first; GC retries the trim
+                    logger.info("meta: put of inode %d leaves its trim to GC: %s", o.attr.inode, exc)
+                    return dataclasses.replace(o, settle=False)
                 if o.session_id:  # the open failed: its session would only wait to expire
                     async with self.store.write() as txn:
                         await txn.remove_session(o.attr.inode, o.session_id)
@@ -115,7 +143,8 @@ class FileOps(NamespaceBase):
 
     async def _open_write(
         self, path: str, parts: list[str], flags: int, mode: int, uid: int, gid: int, client_id: int,
-        session_id: int, routing: Routing | None, follow: bool,
+        session_id: int, routing: Routing | None, follow: bool, data: bytes | None = None,
+        chunked: bool = False,
     ) -> Opened:
         write = flags & os.O_ACCMODE != os.O_RDONLY
         creat = bool(flags & os.O_CREAT)
@@ -128,9 +157,11 @@ class FileOps(NamespaceBase):
                 if write and session_id and r.type == FILE:
                     owner = await txn.session_client(r.inode, session_id)
                     if owner == client_id:
-                        return Opened(await self._attr(txn, r.inode), session_id, replayed=True,
+                        attr = await self._attr(txn, r.inode)
+                        return Opened(attr, session_id, replayed=True,
                                       trunc_epoch=await txn.trunc_epoch(r.inode),
-                                      settle=await self._must_settle(txn, r.inode))
+                                      settle=await self._must_settle(txn, r.inode),
+                                      data=await self._inline_content(txn, attr))
                     if owner is not None:
                         session_id = 0  # another client's id: take one of ours
                 if creat and flags & os.O_EXCL:
@@ -146,33 +177,65 @@ class FileOps(NamespaceBase):
                 attr = await self._attr(txn, r.inode)
                 if flags & os.O_TRUNC and attr.type == FILE:
                     truncated_from = attr.size
-                    # other writers may have written past the length they reported
-                    if attr.size or await txn.has_session(attr.inode):
-                        await self._shrink(txn, attr, 0, now)
-                        attr = dataclasses.replace(attr, size=0, mtime_ns=now, ctime_ns=now)
-                        await txn.put_inode(attr)
-                        await txn.add_counter(C_BYTES, -truncated_from)
+                    attr = await self._truncate_at_open(txn, attr, data, chunked, now)
+                    if data is not None and attr.inline:
+                        return Opened(attr, 0, truncated_from, settle=await self._must_settle(txn, attr.inode))
             else:
                 if not creat:
                     raise StatusError(Status.ENOENT, path)
                 if r.must_be_dir or r.parent is None or r.name is None:
                     raise StatusError(Status.EISDIR, path)
                 parent = await self._attr(txn, r.parent)
-                layout = self._file_layout(routing, parent)
+                limit = self.inline_limit(parent)
+                layout = dataclasses.replace(self._file_layout(routing, parent), inline_max_bytes=limit)
+                inline = limit > 0 and not chunked and (data is None or len(data) <= limit)
                 attr = await self._new_inode(
-                    txn, r.parent, r.name, type=FILE, mode=mode, uid=uid, gid=gid, layout=layout, now=now
+                    txn, r.parent, r.name, type=FILE, mode=mode, uid=uid, gid=gid, layout=layout, now=now,
+                    inline=inline,
                 )
                 created = True
+                if data is not None and inline:
+                    return Opened(await self._set_inline(txn, attr, data, now), 0, created=True)
             if not write:
                 session_id = 0
             elif not session_id:
                 session_id = await txn.next_id(C_SESSION)
             if session_id:
                 await txn.add_session(attr.inode, session_id, client_id, now)
+            content = await self._inline_content(txn, attr)
             if created or not (write or truncated_from):
-                return Opened(attr, session_id, truncated_from, created)
+                return Opened(attr, session_id, truncated_from, created, data=content)
             return Opened(attr, session_id, truncated_from, created, trunc_epoch=await txn.trunc_epoch(attr.inode),
-                          settle=await self._must_settle(txn, attr.inode))
+                          settle=await self._must_settle(txn, attr.inode), data=content)
+
+    async def _truncate_at_open(self, txn: MetaTxn, attr: Attr, data: bytes | None, chunked: bool, now: int) -> Attr:
+        """O_TRUNC of file ``attr``: its new state, inline with ``data`` (a put that fits),
+        inline and empty, or in chunks and empty (``chunked``, or a put too big to inline)."""
+        limit = attr.layout.inline_max_bytes if attr.layout is not None else 0
+        if data is None:  # a plain O_TRUNC keeps the file where it is
+            to_chunks = chunked or not attr.inline
+        else:
+            to_chunks = chunked or limit <= 0 or len(data) > limit
+        if attr.inline:
+            if not to_chunks:
+                return await self._set_inline(txn, attr, data or b"", now)
+            row = await txn.get_inline(attr.inode)
+            cut = row is None or row.chunks_dirty  # a migration may have left chunks
+            await txn.delete_inline(attr.inode)
+            attr = dataclasses.replace(attr, inline=False)
+        else:
+            # other writers may have written past the length they reported; a file that
+            # becomes inline (a put) has chunks from before
+            cut = bool(attr.size) or await txn.has_session(attr.inode) or not to_chunks
+        if cut:  # the trim is settled before the reply
+            await self._shrink(txn, attr, 0, now)
+        if attr.size:
+            await txn.add_counter(C_BYTES, -attr.size)
+        attr = dataclasses.replace(attr, size=0, mtime_ns=now, ctime_ns=now)
+        await txn.put_inode(attr)
+        if not to_chunks:  # a put over a file in chunks: inline from now on
+            attr = await self._set_inline(txn, attr, data or b"", now, chunks_dirty=True)
+        return attr
 
     async def close(
         self, inode: int, session_id: int = 0, length: int = -1, mtime_ns: int = 0, *, trunc_epoch: int = 0
@@ -232,6 +295,9 @@ class FileOps(NamespaceBase):
             raise StatusError(Status.EINVAL, f"negative size {size}")
         for _ in range(SETATTR_SETTLE_ROUNDS):
             r = await self._setattr(parts, path, follow_symlinks, mode, uid, gid, atime_ns, mtime_ns, size)
+            if isinstance(r, _Migrate):
+                await self.migrate(r.inode)  # an extend past the inline limit
+                continue
             if isinstance(r, int):
                 await self._settle(r)  # an extend waits for the file's pending trim
                 continue
@@ -244,9 +310,10 @@ class FileOps(NamespaceBase):
     async def _setattr(
         self, parts: list[str], path: str, follow_symlinks: bool, mode: int, uid: int, gid: int,
         atime_ns: int, mtime_ns: int, size: int,
-    ) -> tuple[SetattrResult, bool] | int:
+    ) -> tuple[SetattrResult, bool] | int | _Migrate:
         """One try: the result and whether to settle the file's trim before replying; or an
-        inode number: settle that file's trim first and try again."""
+        inode number: settle that file's trim first and try again; or ``_Migrate``: move the
+        inline file to chunks first and try again."""
         async with self.store.write() as txn:
             r = await walk(txn, parts, follow_last=follow_symlinks or size >= 0)
             if r.inode is None:
@@ -271,6 +338,14 @@ class FileOps(NamespaceBase):
                 changes["mtime_ns"] = mtime_ns
             truncated_from = -1
             epoch = 0
+            if size >= 0 and attr.inline:
+                if size > (attr.layout.inline_max_bytes if attr.layout is not None else 0):
+                    return _Migrate(attr.inode)
+                truncated_from = attr.size
+                attr = await self._resize_inline(txn, attr, size, now, mtime_ns if mtime_ns >= 0 else now)
+                changes.pop("mtime_ns", None)
+                size = -1
+                epoch = await txn.trunc_epoch(attr.inode)
             if size >= 0:
                 if size > attr.size and self.trimmer is not None and await self._must_settle(txn, attr.inode):
                     return attr.inode

@@ -16,4 +16,5 @@ __all__ = ["Namespace", "Opened", "SetattrResult", "Statfs"]
 
 
 class Namespace(DirOps, FileOps):
-    """All namespace operations (directory shape in DirOps, file data bookkeeping in FileOps)."""
+    """All namespace operations (directory shape in DirOps, file data bookkeeping in FileOps,
+    small files' bytes in InlineOps)."""

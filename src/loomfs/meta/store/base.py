@@ -68,6 +68,21 @@ class TrimEntry:
     claim_until_ns: int = 0
 
 
+@dataclass(frozen=True, slots=True)
+class InlineData:
+    """An inline file's content (``loomfs.meta.ops.inline``).
+
+    ``version`` grows with every change (a migration to chunks checks it did not move);
+    ``chunks_dirty``: storage may hold chunks of this inode (a migration that did not
+    finish, a file that was in chunks before): they are cut before the next migration
+    writes, and removed by GC when the file goes."""
+
+    data: bytes
+    crc: int
+    version: int = 1
+    chunks_dirty: bool = False
+
+
 class MetaTxn(ABC):
     """One transaction. Methods of a read transaction that write raise."""
 
@@ -88,6 +103,17 @@ class MetaTxn(ABC):
 
     @abstractmethod
     async def delete_inode(self, inode: int) -> None: ...
+
+    # inline data (at most one row per inode) ------------------------------------------
+    @abstractmethod
+    async def get_inline(self, inode: int) -> InlineData | None: ...
+
+    @abstractmethod
+    async def put_inline(self, inode: int, inline: InlineData) -> None:
+        """Insert or replace the inode's inline content."""
+
+    @abstractmethod
+    async def delete_inline(self, inode: int) -> None: ...
 
     # directory entries ------------------------------------------------------------------
     @abstractmethod
@@ -250,7 +276,8 @@ def encode_layout(layout: Layout | None) -> bytes | None:
     if layout is None:
         return None
     return msgpack.packb(
-        [layout.chunk_size, layout.stripe, layout.table_id, layout.replicas, list(layout.chains)]
+        [layout.chunk_size, layout.stripe, layout.table_id, layout.replicas, list(layout.chains),
+         layout.inline_max_bytes]
     )
 
 
@@ -259,8 +286,11 @@ def decode_layout(blob: bytes | None) -> Layout | None:
         return None
     layout = _layout_cache.get(blob)
     if layout is None:
-        cs, stripe, tid, rep, chains = msgpack.unpackb(blob)
-        layout = Layout(chunk_size=cs, stripe=stripe, table_id=tid, replicas=rep, chains=list(chains))
+        fields = msgpack.unpackb(blob)
+        cs, stripe, tid, rep, chains = fields[:5]
+        inline_max = fields[5] if len(fields) > 5 else -1  # written before inline data: the default
+        layout = Layout(chunk_size=cs, stripe=stripe, table_id=tid, replicas=rep, chains=list(chains),
+                        inline_max_bytes=inline_max)
         if len(_layout_cache) >= _LAYOUT_CACHE_MAX:
             _layout_cache.clear()
         _layout_cache[bytes(blob)] = layout

@@ -19,6 +19,7 @@ from typing import Any
 from loomfs.meta.store.base import (
     DentryRow,
     GcEntry,
+    InlineData,
     MetaStore,
     MetaTxn,
     TrimEntry,
@@ -33,7 +34,12 @@ SCHEMA = """
 CREATE TABLE IF NOT EXISTS inodes (
     id INTEGER PRIMARY KEY, type INTEGER NOT NULL, mode INTEGER NOT NULL, nlink INTEGER NOT NULL,
     uid INTEGER NOT NULL, gid INTEGER NOT NULL, size INTEGER NOT NULL, atime_ns INTEGER NOT NULL,
-    mtime_ns INTEGER NOT NULL, ctime_ns INTEGER NOT NULL, layout BLOB, symlink TEXT NOT NULL
+    mtime_ns INTEGER NOT NULL, ctime_ns INTEGER NOT NULL, layout BLOB, symlink TEXT NOT NULL,
+    inline INTEGER NOT NULL DEFAULT 0
+);
+CREATE TABLE IF NOT EXISTS inline_data (
+    inode INTEGER PRIMARY KEY, data BLOB NOT NULL, crc INTEGER NOT NULL, version INTEGER NOT NULL,
+    chunks_dirty INTEGER NOT NULL
 );
 CREATE TABLE IF NOT EXISTS dentries (
     parent INTEGER NOT NULL, name TEXT NOT NULL, inode INTEGER NOT NULL, type INTEGER NOT NULL,
@@ -58,9 +64,9 @@ CREATE TABLE IF NOT EXISTS trim_queue (
 CREATE INDEX IF NOT EXISTS trim_by_time ON trim_queue (enqueued_ns);
 """
 
-_INODE_COLS = "id, type, mode, nlink, uid, gid, size, atime_ns, mtime_ns, ctime_ns, layout, symlink"
+_INODE_COLS = "id, type, mode, nlink, uid, gid, size, atime_ns, mtime_ns, ctime_ns, layout, symlink, inline"
 _GET_INODE = f"SELECT {_INODE_COLS} FROM inodes WHERE id = ?"
-_PUT_INODE = f"INSERT OR REPLACE INTO inodes ({_INODE_COLS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)"
+_PUT_INODE = f"INSERT OR REPLACE INTO inodes ({_INODE_COLS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)"
 _TOUCH = "UPDATE inodes SET mtime_ns = ?, ctime_ns = ?, nlink = nlink + ? WHERE id = ?"
 _DEL_INODE = "DELETE FROM inodes WHERE id = ?"
 _LOOKUP = "SELECT inode, type FROM dentries WHERE parent = ? AND name = ?"
@@ -90,7 +96,7 @@ def _attr(row: tuple[Any, ...]) -> Attr:
     return Attr(
         inode=row[0], type=row[1], mode=row[2], nlink=row[3], uid=row[4], gid=row[5], size=row[6],
         atime_ns=row[7], mtime_ns=row[8], ctime_ns=row[9], layout=decode_layout(row[10]),
-        symlink_target=row[11],
+        symlink_target=row[11], inline=bool(row[12]),
     )
 
 
@@ -134,9 +140,24 @@ class SqliteTxn(MetaTxn):
             (
                 attr.inode, attr.type, attr.mode, attr.nlink, attr.uid, attr.gid, attr.size,
                 attr.atime_ns, attr.mtime_ns, attr.ctime_ns, encode_layout(attr.layout),
-                attr.symlink_target,
+                attr.symlink_target, int(attr.inline),
             ),
         )
+
+    async def get_inline(self, inode: int) -> InlineData | None:
+        row = self._c.execute(
+            "SELECT data, crc, version, chunks_dirty FROM inline_data WHERE inode = ?", (inode,)
+        ).fetchone()
+        return None if row is None else InlineData(bytes(row[0]), row[1], row[2], bool(row[3]))
+
+    async def put_inline(self, inode: int, inline: InlineData) -> None:
+        self._w().execute(
+            "INSERT OR REPLACE INTO inline_data (inode, data, crc, version, chunks_dirty) VALUES (?,?,?,?,?)",
+            (inode, inline.data, inline.crc, inline.version, int(inline.chunks_dirty)),
+        )
+
+    async def delete_inline(self, inode: int) -> None:
+        self._w().execute("DELETE FROM inline_data WHERE inode = ?", (inode,))
 
     async def touch_inode(self, inode: int, *, mtime_ns: int, ctime_ns: int, nlink_delta: int = 0) -> None:
         self._w().execute(_TOUCH, (mtime_ns, ctime_ns, nlink_delta, inode))
@@ -290,6 +311,14 @@ def _gc(row: tuple[Any, ...]) -> GcEntry:
 _SYNC_MODES = ("OFF", "NORMAL", "FULL", "EXTRA")
 
 
+def _migrate(conn: sqlite3.Connection) -> None:
+    """Bring a store written by an older LoomFS up to this schema."""
+    cols = {row[1] for row in conn.execute("PRAGMA table_info(inodes)")}
+    if "inline" not in cols:
+        conn.execute("ALTER TABLE inodes ADD COLUMN inline INTEGER NOT NULL DEFAULT 0")
+        logger.info("metastore: added the inodes.inline column")
+
+
 @MetaStore.register("sqlite")
 class SqliteStore(MetaStore):
     def __init__(self, path: str, *, synchronous: str = "NORMAL", busy_timeout_s: float = 5.0):
@@ -313,6 +342,7 @@ class SqliteStore(MetaStore):
         self._conn.execute(f"PRAGMA cache_size = -{CACHE_KIB}")
         self._conn.execute(f"PRAGMA mmap_size = {MMAP_BYTES}")
         self._conn.executescript(SCHEMA)
+        _migrate(self._conn)
         self._lock = asyncio.Lock()
         self._closed = False
         self.commits = 0
