@@ -1,0 +1,310 @@
+"""Client caches in memory and the consistency policy (no sockets, virtual time)."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from loomfs.client.cache import ABSENT, AttrCache, DataCache, DataKey, ListingCache
+from loomfs.client.consistency import ClientCaches, ConsistencyPolicy, Mode
+from loomfs.client.diskcache import DiskCache
+from loomfs.common.clock import ManualClock
+from loomfs.wire.types import Attr, DirEntry, FileType
+
+
+def attr(inode: int = 7, size: int = 3, mtime_ns: int = 100, ctime_ns: int = 100,
+         type: int = FileType.FILE) -> Attr:
+    return Attr(inode=inode, size=size, mtime_ns=mtime_ns, ctime_ns=ctime_ns, type=type)
+
+
+# --- AttrCache --------------------------------------------------------------------------
+
+def test_attr_cache_ttl_and_counters() -> None:
+    clock = ManualClock()
+    c = AttrCache(clock=clock)
+    assert c.lookup("/a", True) is None
+    c.put("/a", True, attr(), ttl_s=2.0)
+    assert c.lookup("/a", True) == attr()
+    clock.advance(1.999)
+    assert c.lookup("/a", True) == attr()
+    clock.advance(0.001)
+    assert c.lookup("/a", True) is None  # expired exactly at the deadline
+    assert (c.hits, c.misses, c.expirations) == (2, 2, 1)
+    assert len(c) == 0
+    assert "hits=2" in repr(c)
+
+
+def test_attr_cache_zero_ttl_stores_nothing() -> None:
+    c = AttrCache(clock=ManualClock())
+    c.put("/a", True, attr(), ttl_s=0)
+    c.put_absent("/b", True, ttl_s=0)
+    assert len(c) == 0
+
+
+def test_attr_cache_negative_entries() -> None:
+    clock = ManualClock()
+    c = AttrCache(clock=clock)
+    c.put_absent("/gone", False, ttl_s=1.0)
+    assert c.lookup("/gone", False) is ABSENT
+    assert c.lookup("/gone", True) is ABSENT  # lstat ENOENT => stat ENOENT
+    assert c.negative_hits == 2 and c.hits == 0
+    clock.advance(1.0)
+    assert c.lookup("/gone", False) is None
+
+
+def test_attr_cache_lstat_answers_stat_unless_symlink() -> None:
+    c = AttrCache(clock=ManualClock())
+    c.put("/f", False, attr(), ttl_s=5)
+    assert c.lookup("/f", True) == attr()
+    c.put("/l", False, attr(inode=9, type=FileType.SYMLINK), ttl_s=5)
+    assert c.lookup("/l", True) is None  # the link's target is another file
+    c.put("/s", True, attr(inode=10), ttl_s=5)
+    assert c.lookup("/s", False) is None  # stat says nothing about the link itself
+
+
+def test_attr_cache_bounded_lru() -> None:
+    c = AttrCache(entries_max=3, clock=ManualClock())
+    for i in range(3):
+        c.put(f"/{i}", True, attr(inode=i), ttl_s=5)
+    assert c.lookup("/0", True) is not None  # /0 is now the most recent
+    c.put("/3", True, attr(inode=3), ttl_s=5)
+    assert len(c) == 3 and c.evictions == 1
+    assert c.lookup("/1", True) is None  # the least recently used went
+    assert c.lookup("/0", True) is not None
+
+
+def test_attr_cache_invalidation() -> None:
+    c = AttrCache(clock=ManualClock())
+    for p in ("/d", "/d/x", "/d/x/y", "/dx", "/e"):
+        c.put(p, True, attr(), ttl_s=5)
+        c.put(p, False, attr(), ttl_s=5)
+    assert c.invalidate("/e") == 2
+    assert c.invalidate_tree("/d") == 6
+    assert c.lookup("/dx", True) is not None  # a sibling with the same prefix stays
+    assert c.invalidations == 8
+    c.put("/h1", True, attr(inode=42), ttl_s=5)
+    c.put("/h2", False, attr(inode=42), ttl_s=5)
+    assert c.invalidate_inode(42) == 2
+    assert c.invalidate_tree("/") == 2  # /dx, both variants
+
+
+# --- ListingCache -------------------------------------------------------------------------
+
+def test_listing_cache() -> None:
+    clock = ManualClock()
+    c = ListingCache(clock=clock)
+    entries = [DirEntry(name="a", inode=2), DirEntry(name="b", inode=3)]
+    c.put("/d", entries, with_attrs=False, ttl_s=1.0)
+    assert c.lookup("/d", False) == entries
+    assert c.lookup("/d", True) is None  # wants attributes it does not have
+    c.put("/d", entries, with_attrs=True, ttl_s=1.0)
+    assert c.lookup("/d", False) == entries
+    got = c.lookup("/d", True)
+    assert got == entries
+    got.clear()  # a copy: the cached listing is not changed by its user
+    assert c.lookup("/d", True) == entries
+    clock.advance(1.0)
+    assert c.lookup("/d", False) is None
+    c.put("/d/e", entries, False, 5)
+    c.put("/d", entries, False, 5)
+    assert c.invalidate_tree("/d") == 2
+
+
+# --- DataCache ------------------------------------------------------------------------------
+
+def test_data_key_names_the_version() -> None:
+    a = attr()
+    assert DataKey.of(a) == DataKey(7, 3, 100, 100, 0)
+    assert DataKey.of(a) != DataKey.of(attr(mtime_ns=101))
+    assert DataKey.of(a) != DataKey.of(attr(size=4))
+    assert DataKey.of(a) != DataKey.of(attr(ctime_ns=101))  # e.g. a utime back to the old mtime
+    assert DataKey.of(a) != DataKey.of(a, block=1)
+
+
+def test_data_cache_bounded_by_bytes() -> None:
+    c = DataCache(bytes_max=10, entries_max=100, entry_bytes_max=10)
+    for i in range(3):
+        assert c.put(DataKey(i, 4, 0, 0), b"%04d" % i)
+    assert c.bytes == 8 and len(c) == 2 and c.evictions == 1 and c.evicted_bytes == 4
+    assert c.get(DataKey(0, 4, 0, 0)) is None
+    assert c.get(DataKey(2, 4, 0, 0)) == b"0002"
+    assert (c.hits, c.misses, c.hit_bytes) == (1, 1, 4)
+    assert not c.put(DataKey(9, 11, 0, 0), b"x" * 11)  # larger than an entry may be
+    assert c.rejected == 1 and c.bytes == 8
+
+
+def test_data_cache_bounded_by_entries_lru() -> None:
+    c = DataCache(bytes_max=1000, entries_max=2)
+    k = [DataKey(i, 1, 0, 0) for i in range(3)]
+    c.put(k[0], b"a")
+    c.put(k[1], b"b")
+    c.get(k[0])
+    c.put(k[2], b"c")
+    assert k[1] not in c and k[0] in c and k[2] in c
+    c.put(k[2], b"C")  # replacing keeps the byte count right
+    assert c.bytes == 2 and c.get(k[2]) == b"C"
+
+
+def test_data_cache_discard_inode() -> None:
+    c = DataCache()
+    c.put(DataKey(5, 1, 1, 1), b"a")
+    c.put(DataKey(5, 2, 2, 2), b"bb")
+    c.put(DataKey(6, 1, 1, 1), b"c")
+    assert c.discard_inode(5) == 2
+    assert c.bytes == 1 and len(c) == 1 and c.invalidations == 2
+    assert c.discard_inode(5) == 0
+    c.clear()
+    assert c.bytes == 0 and len(c) == 0
+
+
+def test_data_cache_threads() -> None:
+    """Many threads putting and getting keep the byte count exact and the bound held."""
+    c = DataCache(bytes_max=4096, entries_max=64, entry_bytes_max=256)
+
+    def work(t: int) -> None:
+        for i in range(2000):
+            k = DataKey((t * 7 + i) % 97, 100, 0, 0)
+            if c.get(k) is None:
+                c.put(k, bytes([t]) * 100)
+
+    threads = [threading.Thread(target=work, args=(t,)) for t in range(8)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert c.bytes == 100 * len(c) <= 4096
+    assert c.hits + c.misses == 8 * 2000
+
+
+# --- ConsistencyPolicy ----------------------------------------------------------------------
+
+def test_policy_longest_prefix_wins() -> None:
+    p = ConsistencyPolicy.of("strict", relaxed=["/data", "/ckpt/frozen"], strict=["/data/live"])
+    assert p.mode_for("/") is Mode.STRICT
+    assert p.mode_for("/data") is Mode.RELAXED
+    assert p.mode_for("/data/train/x.jpg") is Mode.RELAXED
+    assert p.mode_for("/data/live") is Mode.STRICT
+    assert p.mode_for("/data/live/now") is Mode.STRICT
+    assert p.mode_for("/data/lively") is Mode.RELAXED  # component boundaries, not string prefixes
+    assert p.mode_for("/database") is Mode.STRICT
+    assert p.mode_for("/ckpt/frozen/a") is Mode.RELAXED
+    assert p.mode_for("/ckpt/step10") is Mode.STRICT
+    assert p.any_relaxed
+    assert "/data=relaxed" in repr(p)
+
+
+def test_policy_default_relaxed_and_root_prefix() -> None:
+    p = ConsistencyPolicy("relaxed", {"/ckpt/": "strict"})  # prefixes are normalised
+    assert p.mode_for("/x") is Mode.RELAXED and p.mode_for("/ckpt/a") is Mode.STRICT
+    q = ConsistencyPolicy("strict", {"/": "relaxed"})
+    assert q.mode_for("/any/thing") is Mode.RELAXED
+    assert not ConsistencyPolicy().any_relaxed
+
+
+def test_policy_rejects_bad_input() -> None:
+    with pytest.raises(ValueError, match="unknown consistency mode"):
+        ConsistencyPolicy("eventual")
+    with pytest.raises(ValueError, match="both strict and relaxed"):
+        ConsistencyPolicy.of(relaxed=["/a"], strict=["/a/"])
+    assert Mode.parse(" Relaxed ") is Mode.RELAXED
+
+
+# --- ClientCaches: what each mode answers ----------------------------------------------------
+
+def caches(clock: ManualClock, **kw: object) -> ClientCaches:
+    policy = ConsistencyPolicy.of("strict", relaxed=["/data"])
+    return ClientCaches(policy, attr_ttl_s=2.0, clock=clock, data=DataCache(), **kw)  # type: ignore[arg-type]
+
+
+def test_strict_paths_never_answer_from_the_attr_cache() -> None:
+    cc = caches(ManualClock())
+    cc.learn_attr("/ckpt/a", True, attr())
+    cc.learn_absent("/ckpt/b")
+    cc.learn_listing("/ckpt", [DirEntry(name="a")], False)
+    assert cc.attr("/ckpt/a") is None and cc.attr("/ckpt/b") is None
+    assert cc.listing("/ckpt") is None
+    assert len(cc.attrs) == 0 and len(cc.listings) == 0  # nothing stored either
+
+
+def test_relaxed_paths_answer_until_the_ttl() -> None:
+    clock = ManualClock()
+    cc = caches(clock, negative_ttl_s=0.5)
+    cc.learn_attr("/data/a", True, attr())
+    cc.learn_absent("/data/missing")
+    assert cc.attr("/data/a") == attr()
+    assert cc.attr("/data/missing") is ABSENT
+    clock.advance(0.5)
+    assert cc.attr("/data/missing") is None  # negative entries have their own TTL
+    assert cc.attr("/data/a") == attr()
+    clock.advance(1.5)
+    assert cc.attr("/data/a") is None
+
+
+def test_listing_with_attrs_fills_the_attr_cache() -> None:
+    cc = caches(ManualClock())
+    entries = [DirEntry(name="x", inode=3, attr=attr(inode=3)), DirEntry(name="y", inode=4)]
+    cc.learn_listing("/data/d", entries, with_attrs=True)
+    assert cc.listing("/data/d", with_attrs=True) == entries
+    assert cc.attr("/data/d/x", follow_symlinks=False) == attr(inode=3)
+    assert cc.attr("/data/d/x") == attr(inode=3)  # not a symlink: answers stat too
+    assert cc.attr("/data/d/y") is None
+
+
+def test_data_is_served_only_for_the_version_it_belongs_to() -> None:
+    cc = caches(ManualClock())
+    v1 = attr(size=3, mtime_ns=1, ctime_ns=1)
+    v2 = attr(size=3, mtime_ns=2, ctime_ns=2)
+    cc.learn_data(v1, b"old")
+    assert cc.data_for(v1) == b"old"
+    assert cc.data_for(v2) is None  # a rewrite of the same size: not the old bytes
+    cc.learn_data(v2, b"new")
+    assert cc.data_for(v1) == b"old" and cc.data_for(v2, revalidated=True) == b"new"
+    assert cc.revalidated_hits == 1
+    cc.learn_data(attr(size=5), b"abc")  # length does not match: never stored
+    assert cc.data_for(attr(size=5)) is None
+    cc.learn_data(attr(type=FileType.DIRECTORY), b"abc")
+    assert cc.data_for(attr(type=FileType.DIRECTORY)) is None
+
+
+def test_own_changes_invalidate() -> None:
+    cc = caches(ManualClock())
+    for p in ("/data/d", "/data/d/f", "/data/d/sub/g", "/data/e"):
+        cc.learn_attr(p, True, attr())
+    cc.learn_listing("/data/d", [DirEntry(name="f")], False)
+    cc.learn_listing("/data", [DirEntry(name="d")], False)
+    cc.learn_data(attr(inode=7), b"abc")
+    cc.changed("/data/d/f", inode=7)
+    assert cc.attr("/data/d/f") is None
+    assert cc.listing("/data/d") is None  # its entry in the parent
+    assert cc.data_for(attr(inode=7)) is None
+    assert cc.attr("/data/d/sub/g") is not None
+    cc.renamed("/data/d", "/data/e")
+    assert cc.attr("/data/d/sub/g") is None and cc.attr("/data/e") is None
+    assert cc.listing("/data") is None
+    cc.learn_absent("/data/n")
+    cc.learn_absent("/data/n/m")
+    cc.created("/data/n/m/k", parents=True)
+    assert cc.attr("/data/n") is None and cc.attr("/data/n/m") is None
+
+
+def test_disk_layer_under_memory(tmp_path: object) -> None:
+    clock = ManualClock()
+    disk = DiskCache(str(tmp_path), 1 << 20, background_evict=False)
+    cc = caches(clock, disk=disk)
+    a = attr(size=5)
+    assert cc.wants_data(5) and not cc.wants_data(1 << 30)
+    cc.learn_data(a, b"hello")
+    assert disk.writes == 1
+    assert cc.data is not None
+    cc.data.clear()
+    assert cc.data_for(a) == b"hello"  # from disk, promoted to memory
+    assert disk.hits == 1 and DataKey.of(a) in cc.data
+    assert cc.data_for(a) == b"hello" and disk.hits == 1
+    assert "ClientCaches(" in repr(cc)
+
+
+def test_no_data_caches() -> None:
+    cc = ClientCaches(ConsistencyPolicy("relaxed"))
+    cc.learn_data(attr(), b"abc")
+    assert cc.data_for(attr()) is None and not cc.caches_data and not cc.wants_data(1)
