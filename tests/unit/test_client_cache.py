@@ -35,6 +35,22 @@ def test_attr_cache_ttl_and_counters() -> None:
     assert "hits=2" in repr(c)
 
 
+def test_attr_cache_ttl_counts_from_the_question() -> None:
+    """An answer that was in flight while the path changed lives at most the TTL past the
+    moment it was asked for, not past its arrival."""
+    clock = ManualClock()
+    c = AttrCache(clock=clock)
+    asked = clock.monotonic()
+    clock.advance(0.5)  # the reply took this long
+    c.put("/a", True, attr(), ttl_s=2.0, since=asked)
+    clock.advance(1.499)
+    assert c.lookup("/a", True) is not None
+    clock.advance(0.001)
+    assert c.lookup("/a", True) is None
+    c.put("/b", True, attr(), ttl_s=1.0, since=asked)  # already older than its TTL
+    assert len(c) == 0
+
+
 def test_attr_cache_zero_ttl_stores_nothing() -> None:
     c = AttrCache(clock=ManualClock())
     c.put("/a", True, attr(), ttl_s=0)

@@ -73,10 +73,15 @@ class _TTLMap(Generic[K, V]):
             self._map.move_to_end(key)
             return True, item[1]
 
-    def _put(self, key: K, value: V, ttl_s: float) -> None:
+    def _put(self, key: K, value: V, ttl_s: float, since: float | None = None) -> None:
+        """``since``: when the answer was asked for (the TTL counts from then, so an answer
+        that was in flight while the path changed expires within the TTL of the change);
+        default now."""
         if ttl_s <= 0 or self.entries_max == 0:
             return
-        deadline = self.clock.monotonic() + ttl_s
+        deadline = (self.clock.monotonic() if since is None else since) + ttl_s
+        if deadline <= self.clock.monotonic():
+            return
         with self._lock:
             self._map[key] = (deadline, value)
             self._map.move_to_end(key)
@@ -142,11 +147,12 @@ class AttrCache(_TTLMap[tuple[str, bool], Attr | Absent]):
             self.hits += 1
         return value
 
-    def put(self, path: str, follow_symlinks: bool, attr: Attr, ttl_s: float) -> None:
-        self._put((path, follow_symlinks), attr, ttl_s)
+    def put(self, path: str, follow_symlinks: bool, attr: Attr, ttl_s: float,
+            since: float | None = None) -> None:
+        self._put((path, follow_symlinks), attr, ttl_s, since)
 
-    def put_absent(self, path: str, follow_symlinks: bool, ttl_s: float) -> None:
-        self._put((path, follow_symlinks), ABSENT, ttl_s)
+    def put_absent(self, path: str, follow_symlinks: bool, ttl_s: float, since: float | None = None) -> None:
+        self._put((path, follow_symlinks), ABSENT, ttl_s, since)
 
     def invalidate(self, path: str) -> int:
         """Forget ``path`` (both variants)."""
@@ -194,8 +200,9 @@ class ListingCache(_TTLMap[str, Listing]):
         self.hits += 1
         return list(value.entries)
 
-    def put(self, path: str, entries: Iterable[DirEntry], with_attrs: bool, ttl_s: float) -> None:
-        self._put(path, Listing(tuple(entries), with_attrs), ttl_s)
+    def put(self, path: str, entries: Iterable[DirEntry], with_attrs: bool, ttl_s: float,
+            since: float | None = None) -> None:
+        self._put(path, Listing(tuple(entries), with_attrs), ttl_s, since)
 
     def invalidate(self, path: str) -> int:
         return self._discard((path,))

@@ -128,10 +128,16 @@ class ClientCaches:
         self.listings = listings if listings is not None else ListingCache(clock=clock)
         self.data = data  # None: no memory data cache
         self.disk = disk  # None: no disk data cache
+        self.clock = clock
         self.revalidated_hits = 0  # data hits whose attributes came fresh from meta (strict)
 
     def relaxed(self, path: str) -> bool:
         return self.policy.mode_for(path) is Mode.RELAXED
+
+    def now(self) -> float:
+        """Take this before asking meta and pass it as ``asked_at`` to ``learn_*``: an entry
+        then lives at most the TTL past the moment meta could have answered it."""
+        return self.clock.monotonic()
 
     # --- attributes -------------------------------------------------------------------
 
@@ -141,15 +147,15 @@ class ClientCaches:
             return None
         return self.attrs.lookup(path, follow_symlinks)
 
-    def learn_attr(self, path: str, follow_symlinks: bool, attr: Attr) -> None:
-        """Meta just answered ``attr`` for ``path``."""
+    def learn_attr(self, path: str, follow_symlinks: bool, attr: Attr, *, asked_at: float | None = None) -> None:
+        """Meta answered ``attr`` for ``path`` (to a request sent at ``asked_at``)."""
         if self.relaxed(path):
-            self.attrs.put(path, follow_symlinks, attr, self.attr_ttl_s)
+            self.attrs.put(path, follow_symlinks, attr, self.attr_ttl_s, asked_at)
 
-    def learn_absent(self, path: str, follow_symlinks: bool = True) -> None:
-        """Meta just answered ENOENT for ``path``."""
+    def learn_absent(self, path: str, follow_symlinks: bool = True, *, asked_at: float | None = None) -> None:
+        """Meta answered ENOENT for ``path``."""
         if self.relaxed(path):
-            self.attrs.put_absent(path, follow_symlinks, self.negative_ttl_s)
+            self.attrs.put_absent(path, follow_symlinks, self.negative_ttl_s, asked_at)
 
     # --- directory entries ------------------------------------------------------------
 
@@ -158,15 +164,16 @@ class ClientCaches:
             return None
         return self.listings.lookup(path, with_attrs)
 
-    def learn_listing(self, path: str, entries: list[DirEntry], with_attrs: bool) -> None:
+    def learn_listing(self, path: str, entries: list[DirEntry], with_attrs: bool, *,
+                      asked_at: float | None = None) -> None:
         """A complete listing of ``path``; with attributes, each child's ``lstat`` too."""
         if not self.relaxed(path):
             return
-        self.listings.put(path, entries, with_attrs, self.entry_ttl_s)
+        self.listings.put(path, entries, with_attrs, self.entry_ttl_s, asked_at)
         if with_attrs:
             for e in entries:
                 if e.attr is not None:
-                    self.learn_attr(paths.join(path, e.name), False, e.attr)
+                    self.learn_attr(paths.join(path, e.name), False, e.attr, asked_at=asked_at)
 
     # --- data -------------------------------------------------------------------------
 
