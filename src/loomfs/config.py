@@ -54,7 +54,7 @@ class MetaConfig:
     default_stripe: int = 16
     # files up to this size keep their bytes in meta (a directory's layout may say otherwise;
     # 0 = off). Capped at the chunk size and 1 MiB.
-    default_inline_max_bytes: int = 0
+    default_inline_max_bytes: int = 64 << 10
     sqlite_synchronous: str = "NORMAL"  # FULL to fsync every commit
     metrics_port: int = 0  # Prometheus /metrics: 0 = any free port (advertised to mgmtd), -1 = off
     rpc: RpcConfig = field(default_factory=RpcConfig)
@@ -87,6 +87,9 @@ class ClientConfig:
     readahead_chunks: int = 8
     parallel_chunks_max: int = 32  # chunk RPCs in flight per file operation
     attr_cache_ttl_s: float = 0.0  # 0 = strict (revalidate every open)
+    # a file opened with "w" buffers up to this much and is created at close with its bytes
+    # (one round trip; inline in meta when it fits the directory's limit); 0 = create at open
+    inline_put_max_bytes: int = 64 << 10
     rpc: RpcConfig = field(default_factory=RpcConfig)
 
 

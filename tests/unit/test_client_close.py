@@ -52,8 +52,9 @@ class LeasedMeta(FakeMeta):
         self.renewals: list[tuple[int, list[int]]] = []
         self.expired: set[int] = set()
 
-    async def open(self, path: str, flags: int, mode: int, client_id: int, session_id: int = 0) -> wm.OpenRsp:
-        rsp = await super().open(path, flags, mode, client_id, session_id)
+    async def open(self, path: str, flags: int, mode: int, client_id: int, session_id: int = 0,
+                   **kw: object) -> wm.OpenRsp:
+        rsp = await super().open(path, flags, mode, client_id, session_id, **kw)  # type: ignore[arg-type]
         return dataclasses.replace(rsp, session_lease_s=60.0 if rsp.session_id else 0.0)
 
     async def renew_sessions(self, client_id: int, session_ids: list[int]) -> int:
@@ -68,8 +69,8 @@ def test_write_sessions_are_renewed_while_open() -> None:
         assert await client.renew_sessions() == 0 and meta.renewals == []  # nothing open: no call
         r = await client.open("/r", "wb")
         await r.close()
-        f = await client.open("/f", "wb")
-        g = await client.open("/g", "wb")
+        f = await client.open("/f", "xb")  # "x": created at open ("w" waits for its bytes)
+        g = await client.open("/g", "xb")
         await client.open("/f", "rb")  # read opens hold no session
         task = client._renew_task
         assert task is not None and not task.done()  # started by the first write open
@@ -93,15 +94,17 @@ def test_write_opens_name_their_session_and_leave_truncation_to_meta() -> None:
         sent: list[int] = []
         real_open = meta.open
 
-        async def replaying_open(path: str, flags: int, mode: int, client_id: int, session_id: int = 0) -> wm.OpenRsp:
+        async def replaying_open(path: str, flags: int, mode: int, client_id: int, session_id: int = 0,
+                                 **kw: object) -> wm.OpenRsp:
             sent.append(session_id)
-            rsp = await real_open(path, flags, mode, client_id, session_id)
+            rsp = await real_open(path, flags, mode, client_id, session_id, **kw)  # type: ignore[arg-type]
             return dataclasses.replace(rsp, replayed=path == "/again")  # the first reply was lost
 
         meta.open = replaying_open  # type: ignore[method-assign]
         await client.pipe("/again", b"x" * 2500)
-        await client.cat("/again")
-        assert sent[0] >> 62 == 1 and sent[1] == 0  # write opens name a session, reads do not
+        assert await client.cat("/again") == b"x" * 2500  # a READ: no OPEN
+        await (await client.open("/again", "rb")).close()
+        assert sent[0] >> 62 == 1 and sent[1] == 0 and len(sent) == 2  # write opens name a session, reads do not
         f = await client.open("/again", "wb")  # O_TRUNC, replayed
         await f.write(b"new")
         await f.close()

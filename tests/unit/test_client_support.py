@@ -149,7 +149,10 @@ class FakeMeta(MetaClient):
                 await self.mkdir(parent, mode, True, True)
         return self._new(path, FileType.DIRECTORY, mode, layout=self.layout)
 
-    async def open(self, path: str, flags: int, mode: int, client_id: int, session_id: int = 0) -> wm.OpenRsp:
+    async def open(self, path: str, flags: int, mode: int, client_id: int, session_id: int = 0, *,
+                   data: bytes | None = None, chunked: bool = False) -> wm.OpenRsp:
+        """Files live in chunks here (no inline data): a put (``data``) is answered like a
+        directory whose inline limit is 0, an ordinary write open."""
         attr = self.nodes.get(path)
         truncated_from = 0
         if attr is None:
@@ -170,6 +173,9 @@ class FakeMeta(MetaClient):
             self.sessions[session] = attr.inode
         return wm.OpenRsp(attr=attr, session_id=session, truncated_from=truncated_from,
                           trunc_epoch=self.epochs.get(attr.inode, 0))
+
+    async def read(self, path: str, follow_symlinks: bool = True) -> wm.ReadRsp:
+        return wm.ReadRsp(attr=self._get(path))
 
     async def _cut(self, attr: Attr, size: int) -> None:
         """A shrink of ``attr`` to ``size``: a new epoch; the chunks past ``size`` are cut."""
@@ -252,8 +258,11 @@ class FakeMeta(MetaClient):
 
 
 def make_client(**config: object) -> tuple[AsyncClient, FakeMeta, FakeStorage]:
+    """A client over the fakes. "w" opens create at open here (``inline_put_max_bytes=0``)
+    unless a test asks for the lazy create: these tests check the chunk write path."""
     storage = FakeStorage()
     meta = FakeMeta(storage=storage)
+    config.setdefault("inline_put_max_bytes", 0)
     cfg = ClientConfig(**config)  # type: ignore[arg-type]
     return AsyncClient(meta, storage, config=cfg, client_id=7, pool=BufferPool()), meta, storage
 

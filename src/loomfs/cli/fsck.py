@@ -9,7 +9,10 @@ chunk of a file created meanwhile is never taken for an orphan). Reports:
   second walk ``--grace-s`` later confirms the inode is still gone (an unlinked file still
   open for write loses its data: repair with the GC queue drained, ``statfs().gc_pending``);
 * missing replicas: a chunk held by fewer serving members of its chain than others hold;
-* bad lengths: a chunk longer than the file's chunk size.
+* bad lengths: a chunk longer than the file's chunk size;
+* bad inline files: a file whose bytes live in meta (``Attr.inline``) and do not match their
+  CRC32C or length (read back with READ; meta checks the CRC). Chunks of an inline file are
+  never read: a migration that did not finish leaves some, and GC removes them with the file.
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ import argparse
 import time
 from dataclasses import dataclass, field
 from typing import Any
+
+import crc32c
 
 import loomfs
 from loomfs.client import paths as _paths
@@ -31,24 +36,46 @@ class FsckReport:
     orphans: dict[int, set[tuple[int, int]]] = field(default_factory=dict)  # inode -> {(chain, index)}
     missing: list[str] = field(default_factory=list)
     bad_lengths: list[str] = field(default_factory=list)
+    inline_files: int = 0
+    bad_inline: list[str] = field(default_factory=list)
     removed: int = 0
 
     @property
     def clean(self) -> bool:
-        return not (self.orphans or self.missing or self.bad_lengths)
+        return not (self.orphans or self.missing or self.bad_lengths or self.bad_inline)
 
 
-def _namespace(fs: loomfs.LoomFS) -> dict[int, Layout | None]:
+def _namespace(fs: loomfs.LoomFS, rep: FsckReport | None = None) -> dict[int, Layout | None]:
+    """inode -> layout of every file; with ``rep``, inline files are read back and checked."""
     out: dict[int, Layout | None] = {}
     for top, _dirs, files in fs.walk("/"):
         for name in files:
+            path = _paths.join(top, name)
             try:
-                a = fs.attr(_paths.join(top, name), follow_symlinks=False)
+                a = fs.attr(path, follow_symlinks=False)
             except FileNotFoundError:
                 continue
-            if a.type == FileType.FILE:
-                out[a.inode] = a.layout
+            if a.type != FileType.FILE:
+                continue
+            out[a.inode] = a.layout
+            if rep is not None and a.inline:
+                rep.inline_files += 1
+                _check_inline(fs, path, a.size, rep)
     return out
+
+
+def _check_inline(fs: loomfs.LoomFS, path: str, size: int, rep: FsckReport) -> None:
+    try:
+        rsp = fs.run(fs.client.meta.read(path, False))
+    except FileNotFoundError:
+        return
+    except OSError as exc:  # EIO: meta found the bytes do not match their CRC32C
+        rep.bad_inline.append(f"{path}: {exc}")
+        return
+    if rsp.attr is None or not rsp.attr.inline:
+        return  # moved to chunks meanwhile
+    if rsp.data is None or len(rsp.data) != rsp.attr.size or crc32c.crc32c(rsp.data) != rsp.data_crc:
+        rep.bad_inline.append(f"{path}: inline bytes do not match the length {size} or their CRC32C")
 
 
 def fsck(fs: loomfs.LoomFS, cluster_chunks: Any, routing: Any, *, repair: bool = False,
@@ -57,7 +84,7 @@ def fsck(fs: loomfs.LoomFS, cluster_chunks: Any, routing: Any, *, repair: bool =
     rep = FsckReport()
     states = {t.target_id: t for t in routing.targets}
     chunks = cluster_chunks()
-    names = _namespace(fs)
+    names = _namespace(fs, rep)
     rep.files = len(names)
     holders: dict[tuple[int, int, int], set[int]] = {}  # (chain, inode, index) -> serving targets
     for tid, m in chunks:
@@ -104,7 +131,8 @@ def cmd_fsck(args: argparse.Namespace) -> int:
         fs.close()
     print(f"fsck: {rep.files} files, {rep.chunks} chunk replicas; {sum(map(len, rep.orphans.values()))} orphan "
           f"chunks of {len(rep.orphans)} inodes, {len(rep.missing)} missing replicas, {len(rep.bad_lengths)} bad lengths")
-    for line in rep.missing[:20] + rep.bad_lengths[:20]:
+    print(f"fsck: {rep.inline_files} inline files, {len(rep.bad_inline)} bad")
+    for line in rep.missing[:20] + rep.bad_lengths[:20] + rep.bad_inline[:20]:
         print("  " + line)
     if args.repair:
         print(f"fsck: removed {rep.removed} orphan chunks")

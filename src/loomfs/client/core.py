@@ -19,6 +19,7 @@ from typing import Any
 
 from loomfs.client import paths
 from loomfs.client.file import AsyncFile, parse_mode
+from loomfs.client.inline import check_crc
 from loomfs.client.meta_client import MetaClient
 from loomfs.client.storage_client import ChunkStore, StorageClient
 from loomfs.client.writeback import ByteBudget
@@ -29,12 +30,14 @@ from loomfs.net.buffers import DEFAULT_POOL, BufferPool
 from loomfs.net.rpc import RetryPolicy, RpcClient
 from loomfs.net.tcp import default_transport
 from loomfs.net.transport import Address
-from loomfs.wire.meta import SetattrReq, StatfsRsp
+from loomfs.wire.meta import OpenRsp, ReadRsp, SetattrReq, StatfsRsp
 from loomfs.wire.types import Attr, DirEntry, FileType, Layout
 
 logger = logging.getLogger(__name__)
 
 READDIR_PAGE = 1024
+LAZY_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_TRUNC  # mode "w"/"wb": the create waits for the bytes
+INLINE_PUT_CAP_BYTES = 1 << 20  # meta's cap on any inline limit
 RMTREE_PARALLEL = 32
 _TYPE_NAMES = {FileType.FILE: "file", FileType.DIRECTORY: "directory", FileType.SYMLINK: "link"}
 
@@ -180,14 +183,23 @@ class AsyncClient:
 
     async def scandir(self, path: str, *, with_attrs: bool = False) -> list[DirEntry]:
         """All entries of a directory (pages through READDIR)."""
-        p = paths.normalize(path)
         out: list[DirEntry] = []
-        after = ""
+        async for page in self.readdir_pages(path, with_attrs=with_attrs):
+            out.extend(page)
+        return out
+
+    async def readdir_pages(
+        self, path: str, *, with_attrs: bool = False, page_size: int = READDIR_PAGE, after: str = "",
+    ) -> AsyncIterator[list[DirEntry]]:
+        """A directory's entries a page at a time, in name order (a huge directory streams:
+        one READDIR per page, entries with their attributes when ``with_attrs``)."""
+        p = paths.normalize(path)
         while True:
-            rsp = await self.meta.readdir(p, after, READDIR_PAGE, with_attrs)
-            out.extend(rsp.entries)
+            rsp = await self.meta.readdir(p, after, page_size, with_attrs)
+            if rsp.entries:
+                yield rsp.entries
             if not rsp.more or not rsp.entries:
-                return out
+                return
             after = rsp.entries[-1].name
 
     async def listdir(self, path: str) -> list[str]:
@@ -323,30 +335,45 @@ class AsyncClient:
         p = paths.normalize(path)
         # write opens name their session, so a re-sent OPEN (reply lost) is applied once
         session_id = (1 << 62) | random.getrandbits(62) if flags & (os.O_WRONLY | os.O_RDWR) else 0
+        common: dict[str, Any] = dict(
+            background=self._background, path=p, flags=flags, storage=self.storage, meta=self.meta,
+            config=self.config, pool=self.pool, budget=self.budget,
+        )
+        if flags == LAZY_FLAGS and self.config.inline_put_max_bytes > 0:
+            # "w": created at close with its bytes (one round trip for a small file)
+            async def opener(data: bytes | None, chunked: bool) -> OpenRsp:
+                rsp = await self.meta.open(p, flags, perm, self.client_id, session_id, data=data, chunked=chunked)
+                self._check_opened(p, rsp)
+                if rsp.session_id:
+                    self._keep_sessions(rsp.session_lease_s)
+                return rsp
+
+            f = AsyncFile(attr=None, session_id=0, opener=opener,
+                          lazy_max_bytes=min(self.config.inline_put_max_bytes, INLINE_PUT_CAP_BYTES), **common)
+            self._open_files.add(f)
+            return f
         rsp = await self.meta.open(p, flags, perm, self.client_id, session_id)
+        attr = self._check_opened(p, rsp)
+        # O_TRUNC: meta cut the old chunks before it answered (a replayed open too)
+        f = AsyncFile(attr=attr, session_id=rsp.session_id, trunc_epoch=rsp.trunc_epoch,
+                      inline_data=self._inline_bytes(p, rsp.data, rsp.data_crc), **common)
+        self._open_files.add(f)
+        if rsp.session_id:
+            self._keep_sessions(rsp.session_lease_s)
+        return f
+
+    @staticmethod
+    def _check_opened(p: str, rsp: OpenRsp) -> Attr:
         attr = rsp.attr
         if attr is None:
             raise NotFound("open returned no attributes", path=p)
         if attr.type == FileType.DIRECTORY:
             raise IsADirectory(path=p)
-        # O_TRUNC: meta cut the old chunks before it answered (a replayed open too)
-        f = AsyncFile(
-            background=self._background,
-            path=p,
-            attr=attr,
-            flags=flags,
-            session_id=rsp.session_id,
-            storage=self.storage,
-            meta=self.meta,
-            config=self.config,
-            pool=self.pool,
-            budget=self.budget,
-            trunc_epoch=rsp.trunc_epoch,
-        )
-        self._open_files.add(f)
-        if rsp.session_id:
-            self._keep_sessions(rsp.session_lease_s)
-        return f
+        return attr
+
+    @staticmethod
+    def _inline_bytes(p: str, data: bytes | None, crc: int) -> bytes | None:
+        return None if data is None else check_crc(p, data, crc)
 
     # --- write-session leases ---------------------------------------------------------
 
@@ -388,7 +415,26 @@ class AsyncClient:
                 logger.warning("client %#x: renewing write sessions failed: %s", self.client_id, exc)
 
     async def cat(self, path: str) -> bytes:
-        f = await self.open(path, "rb")
+        """A whole file: one meta round trip (READ) for an inline file; a file in chunks is
+        then read from storage without an OPEN."""
+        p = paths.normalize(path)
+        rsp = await self.meta.read(p)
+        return await self.cat_from(p, rsp)
+
+    async def cat_from(self, p: str, rsp: ReadRsp) -> bytes:
+        """The bytes of a file given its READ reply."""
+        attr = rsp.attr
+        if attr is None:
+            raise NotFound("read returned no attributes", path=p)
+        if attr.type == FileType.DIRECTORY:
+            raise IsADirectory(path=p)
+        if rsp.data is not None:
+            return check_crc(p, rsp.data, rsp.data_crc)
+        if attr.size == 0:
+            return b""
+        f = AsyncFile(background=self._background, path=p, attr=attr, flags=os.O_RDONLY, session_id=0,
+                      storage=self.storage, meta=self.meta, config=self.config, pool=self.pool,
+                      budget=self.budget)
         try:
             return await f.read()
         finally:
@@ -401,6 +447,31 @@ class AsyncClient:
             await f.write(data)
         finally:
             await f.close()
+
+    # --- batches: one meta round trip for many paths (``loomfs.client.batch``) ----------
+
+    async def read_many(self, paths_: Sequence[str]) -> list[bytes | OSError]:
+        """The contents of many files; a failed item is its ``OSError`` (the batch goes on)."""
+        from loomfs.client import batch
+
+        return await batch.read_many(self, paths_)
+
+    async def stat_many(self, paths_: Sequence[str], *, follow_symlinks: bool = True) -> list[Attr | OSError]:
+        from loomfs.client import batch
+
+        return await batch.stat_many(self, paths_, follow_symlinks=follow_symlinks)
+
+    async def put_many(self, items: dict[str, bytes] | Sequence[tuple[str, bytes]]) -> list[OSError | None]:
+        """Write many whole files (like ``pipe`` each); per item None or its ``OSError``."""
+        from loomfs.client import batch
+
+        return await batch.put_many(self, items)
+
+    async def rm_many(self, paths_: Sequence[str]) -> list[OSError | None]:
+        """Unlink many files (not directories); per item None or its ``OSError``."""
+        from loomfs.client import batch
+
+        return await batch.rm_many(self, paths_)
 
     def __repr__(self) -> str:
         return f"AsyncClient(id={self.client_id:#x} open={len(self._open_files)} {self.budget!r})"

@@ -11,6 +11,14 @@ Truncates go to meta, which cuts the chunks before it answers. A length report c
 file's truncate epoch this object knows; if another client truncated the file since, meta
 does not grow the length from it (and cuts what this object wrote past the end), and the
 reply's newer epoch makes this object count only what it writes from then on.
+
+Inline files (``Attr.inline``: the bytes live in meta) are read from the copy the open
+reply carried and written through meta (``loomfs.client.inline``); a write past the file's
+inline limit moves it to chunks first (MIGRATE). A new file opened with "w" (no "+") is
+created *lazily*: its bytes are buffered and the create carries them at close, one round
+trip for a small file (a put). Until then other clients do not see the file, and an error
+of the create (ENOENT parent, EISDIR, ...) is raised by ``close``, ``fsync`` or the write
+that outgrows the buffer; a write past ``lazy_max_bytes`` creates the file in chunks.
 """
 
 from __future__ import annotations
@@ -18,8 +26,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
+from loomfs.client.inline import InlineContent
 from loomfs.client.layout import chunk_count, chunk_range, split_range
 from loomfs.client.readahead import CachedChunk, ReadAheadCache
 from loomfs.client.storage_client import ChunkStore
@@ -27,7 +37,7 @@ from loomfs.client.writeback import ByteBudget, ChunkBuffer
 from loomfs.config import ClientConfig
 from loomfs.errors import InvalidArgument, LoomError
 from loomfs.net.buffers import BufferPool
-from loomfs.wire.meta import SetattrReq
+from loomfs.wire.meta import OpenRsp, SetattrReq
 from loomfs.wire.types import Attr, Layout
 
 if TYPE_CHECKING:
@@ -42,6 +52,8 @@ _MODES = {
     "x": os.O_WRONLY | os.O_CREAT | os.O_EXCL,
 }
 READLINE_BLOCK_BYTES = 64 << 10
+# a file opened with "w" but not created yet: OPEN with (data, chunked) -> the reply
+Opener = Callable[[bytes | None, bool], Awaitable[OpenRsp]]
 
 
 def parse_mode(mode: str) -> tuple[int, bool]:
@@ -62,7 +74,7 @@ class AsyncFile:
         self,
         *,
         path: str,
-        attr: Attr,
+        attr: Attr | None,
         flags: int,
         session_id: int,
         storage: ChunkStore,
@@ -72,12 +84,13 @@ class AsyncFile:
         budget: ByteBudget,
         background: set[asyncio.Task[Any]] | None = None,
         trunc_epoch: int = 0,
+        inline_data: bytes | None = None,
+        opener: Opener | None = None,
+        lazy_max_bytes: int = 0,
     ):
-        if attr.layout is None or not attr.layout.chains:
-            raise LoomError(f"{path}: file has no layout", path=path)
         self.path = path
-        self.inode = attr.inode
-        self.layout: Layout = attr.layout
+        self.inode = 0
+        self.layout = Layout()
         self.session_id = session_id
         acc = flags & (os.O_RDONLY | os.O_WRONLY | os.O_RDWR)
         self.readable = acc in (os.O_RDONLY, os.O_RDWR)
@@ -90,10 +103,18 @@ class AsyncFile:
         self._budget = budget
         self._background = background  # where an untouched file's CLOSE may finish
         self._chunk_size = self.layout.chunk_size
-        self._length = attr.size
+        self._length = 0
         self._pos = 0
         self._written_end = -1  # highest byte written + 1 (since the last epoch change), reported
         self._trunc_epoch = trunc_epoch  # the file's truncate epoch as this object knows it
+        self._inline: InlineContent | None = None  # the bytes, while the file is inline
+        self._opener = opener  # set while a "w" file waits to be created (lazy)
+        if attr is not None:
+            self._adopt(attr, inline_data)
+        elif opener is not None:
+            self._inline = InlineContent(b"", lazy_max_bytes)
+        else:
+            raise LoomError(f"{path}: no attributes", path=path)
         self._cur: ChunkBuffer | None = None
         self._flushes: set[asyncio.Task[None]] = set()
         self._last_flush: dict[int, asyncio.Task[None]] = {}  # per chunk: keeps same-chunk order
@@ -104,6 +125,24 @@ class AsyncFile:
         self.closed = False
         self.bytes_read = 0
         self.bytes_written = 0
+
+    def _adopt(self, attr: Attr, inline_data: bytes | None) -> None:
+        if attr.layout is None or not attr.layout.chains:
+            raise LoomError(f"{self.path}: file has no layout", path=self.path)
+        self.inode = attr.inode
+        self.layout = attr.layout
+        self._chunk_size = attr.layout.chunk_size
+        self._length = attr.size
+        self._inline = None
+        if attr.inline:
+            limit = max(attr.layout.inline_max_bytes, 0)
+            self._inline = InlineContent(inline_data if inline_data is not None else b"", limit)
+            self._length = len(self._inline)
+
+    @property
+    def inline(self) -> bool:
+        """Whether this object reads and writes the file through meta (or a "w" buffer)."""
+        return self._inline is not None
 
     @property
     def length(self) -> int:
@@ -139,6 +178,22 @@ class AsyncFile:
             return 0
         if self.append:
             self._pos = self._length
+        if self._inline is not None:
+            end = self._pos + total
+            if self._inline.fits(end):
+                self._inline.write(self._pos, data)
+                self._pos = end
+                self._length = max(self._length, end)
+                self.bytes_written += total
+                return total
+            await self._leave_inline()
+        await self._write_chunks(data)
+        self.bytes_written += total
+        return total
+
+    async def _write_chunks(self, data: memoryview) -> None:
+        """Buffer ``data`` at the position into chunk buffers, sending full ones."""
+        total = len(data)
         cs = self._chunk_size
         self._cache.drop_range(chunk_range(self.layout, self._pos, total))
         done = 0
@@ -161,8 +216,84 @@ class AsyncFile:
                 self._written_end = self._pos
             if cur.end == cs:
                 await self._dispatch()
-        self.bytes_written += total
-        return total
+
+    # --- inline files and lazy creates -----------------------------------------------------
+
+    async def _create(self, data: bytes | None, chunked: bool) -> OpenRsp:
+        """Create the lazily opened file now (``data``: as a put)."""
+        assert self._opener is not None
+        rsp = await self._opener(data, chunked)
+        self._opener = None
+        if rsp.attr is None:
+            raise LoomError("open returned no attributes", path=self.path)
+        self.session_id = rsp.session_id
+        self._trunc_epoch = rsp.trunc_epoch
+        return rsp
+
+    async def _to_chunks(self, content: InlineContent) -> None:
+        """This object now writes chunks: send its writes there that meta does not have
+        (a lazy file's are all of them; holes stay holes)."""
+        self._inline = None
+        saved = self._pos
+        try:
+            for off, piece in content.patches:
+                self._pos = off
+                await self._write_chunks(memoryview(piece))
+        finally:
+            self._pos = saved
+
+    async def _leave_inline(self) -> None:
+        """A write goes past the inline limit: continue in chunks."""
+        content = self._inline
+        assert content is not None
+        if self._opener is not None:  # lazy: create it in chunks, then write the buffer
+            rsp = await self._create(None, True)
+            assert rsp.attr is not None
+            self._adopt(rsp.attr, rsp.data)
+            self._length = max(self._length, len(content))
+            if self._inline is not None:  # meta kept it inline after all: let the writes migrate it
+                self._inline.buf, self._inline.patches = content.buf, content.patches
+                return await self._leave_inline()
+            await self._to_chunks(content)
+            return
+        moved = await self._meta.migrate(self.inode)  # meta copies its content to chunks
+        self._trunc_epoch = max(self._trunc_epoch, moved.trunc_epoch)
+        await self._to_chunks(content)
+
+    async def _send_inline(self, *, close: bool = False) -> bool:
+        """Send this object's unsent writes of an inline file. Returns False when the file
+        turned out to be in chunks (the writes were sent there instead, session open)."""
+        content = self._inline
+        assert content is not None and self._opener is None
+        if not content.patches and not close:
+            return True
+        unsent = list(content.patches)
+        patches, crc = content.take_patches()
+        try:
+            rsp = await self._meta.write_inline(self.inode, self.session_id, patches, crc, close=close)
+        except BaseException:
+            content.patches = unsent + content.patches
+            raise
+        if rsp.applied or rsp.attr is None:  # applied, or the file is gone (unlinked)
+            return True
+        self._trunc_epoch = max(self._trunc_epoch, rsp.trunc_epoch)
+        content.patches = unsent
+        await self._to_chunks(content)
+        return False
+
+    async def _materialize(self) -> None:
+        """fsync of a lazy file: create it now (with a session) and send its bytes."""
+        content = self._inline
+        assert content is not None
+        rsp = await self._create(None, False)
+        assert rsp.attr is not None
+        self._adopt(rsp.attr, rsp.data)
+        if self._inline is None:
+            await self._to_chunks(content)
+            return
+        self._inline.buf = content.buf
+        self._inline.patches = content.patches
+        self._length = len(content)
 
     async def _dispatch(self) -> None:
         """Send the pending chunk buffer in the background (waits for budget first)."""
@@ -204,9 +335,13 @@ class AsyncFile:
             del self._last_flush[index]
 
     async def flush(self) -> None:
-        """Send buffered data and wait for every in-flight chunk write."""
+        """Send buffered data and wait for every in-flight chunk write (a lazy "w" file's
+        bytes wait for its close or fsync)."""
         if self.closed:
             return
+        if self._inline is not None:
+            if self._opener is not None or await self._send_inline():
+                return
         await self._dispatch()
         while pending := [t for t in self._flushes if not t.done()]:
             await asyncio.wait(pending)
@@ -214,11 +349,17 @@ class AsyncFile:
 
     @property
     def dirty(self) -> bool:
+        if self._inline is not None:
+            return bool(self._inline.patches) or self._opener is not None
         return self._cur is not None or any(not t.done() for t in self._flushes)
 
     async def fsync(self) -> None:
         self._check()
+        if self._opener is not None:
+            await self._materialize()
         await self.flush()
+        if self._inline is not None:
+            return  # WRITE_INLINE committed the bytes and the length together
         if self.writable:
             rsp = await self._meta.sync(self.inode, self._written_end, trunc_epoch=self._trunc_epoch)
             if rsp.trunc_epoch > self._trunc_epoch:
@@ -235,9 +376,21 @@ class AsyncFile:
         size = self._pos if size is None else size
         if size < 0:
             raise InvalidArgument("negative size", path=self.path)
+        if self._opener is not None and self._inline is not None and self._inline.fits(size):
+            self._inline.truncate(size)  # not created yet: the put carries it
+            self._length = size
+            return size
+        if self._opener is not None:
+            await self._materialize()
         await self.flush()
         rsp = await self._meta.setattr(SetattrReq(path=self.path, size=size))  # meta cuts the chunks
         self._trunc_epoch = max(self._trunc_epoch, rsp.trunc_epoch)
+        if self._inline is not None:
+            if rsp.attr is not None and rsp.attr.inline:
+                self._inline.truncate(size)
+                self._length = size
+                return size
+            self._inline = None  # an extend past the limit moved it to chunks
         self._cache.clear()
         self._length = size
         if self._written_end >= 0:
@@ -303,6 +456,10 @@ class AsyncFile:
         return await self._storage.read_chunk(self.layout, self.inode, index, 0, len(into), into)
 
     async def _pread_into(self, pos: int, view: memoryview) -> int:
+        if self._inline is not None:
+            n = self._inline.read_into(pos, view) if pos < self._length else 0
+            self.bytes_read += n
+            return n
         if self.dirty:
             await self.flush()  # reads see this file's own writes
         n = min(len(view), self._length - pos)
@@ -384,6 +541,8 @@ class AsyncFile:
             return
         err: BaseException | None = None
         try:
+            if await self._close_inline():
+                return
             await self.flush()
         except Exception as exc:
             err = exc
@@ -401,6 +560,34 @@ class AsyncFile:
                                        trunc_epoch=self._trunc_epoch)
         if err is not None:
             raise err
+
+    async def _close_inline(self) -> bool:
+        """Close an inline file in one round trip: a lazy file's put, or the last writes with
+        the session's end. Returns True when closed; False: the file is in chunks, close on."""
+        content = self._inline
+        if content is None:
+            return False
+        if self._opener is not None:
+            rsp = await self._create(bytes(content.buf), False)
+            assert rsp.attr is not None
+            if rsp.attr.inline and not rsp.session_id:
+                self._finish_close()
+                return True
+            self._adopt(rsp.attr, rsp.data)  # too big for the directory's limit: chunks
+            self._inline = None
+            await self._to_chunks(content)
+            return False
+        if not self.session_id or not content.patches:
+            return False  # nothing to send: the session ends in the background
+        if await self._send_inline(close=True):
+            self._finish_close()
+            return True
+        return False
+
+    def _finish_close(self) -> None:
+        self.closed = True
+        self._cache.clear()
+        self._inline = None
 
     async def _close_session(self) -> None:
         try:

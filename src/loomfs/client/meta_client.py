@@ -17,6 +17,8 @@ import os
 import random
 from typing import Any
 
+import crc32c
+
 from loomfs.common.routing import RoutingClient
 from loomfs.errors import ConnectionFailed, LoomError, TimedOut
 from loomfs.net.rpc import RpcClient
@@ -105,10 +107,16 @@ class MetaClient:
         assert rsp.attr is not None
         return rsp.attr
 
-    async def open(self, path: str, flags: int, mode: int, client_id: int, session_id: int = 0) -> wm.OpenRsp:
+    async def open(
+        self, path: str, flags: int, mode: int, client_id: int, session_id: int = 0, *,
+        data: bytes | None = None, chunked: bool = False,
+    ) -> wm.OpenRsp:
         """``session_id``: the write session's id, chosen by the caller so that the re-send of
-        an OPEN whose reply was lost is applied once (see ``call``)."""
-        req = wm.OpenReq(path=path, flags=flags, mode=mode, client_id=client_id, session_id=session_id)
+        an OPEN whose reply was lost is applied once (see ``call``). ``data``: a put (the
+        whole content of a small file, stored inline when it fits); ``chunked``: create the
+        file in chunks (a big file)."""
+        req = wm.OpenReq(path=path, flags=flags, mode=mode, client_id=client_id, session_id=session_id,
+                         data=data, data_crc=crc32c.crc32c(data) if data is not None else 0, chunked=chunked)
         changes = flags & (os.O_CREAT | os.O_TRUNC | os.O_WRONLY | os.O_RDWR)
         rsp: wm.OpenRsp = await self.call(wm.OPEN, req, resend_safe=bool(session_id) or not changes)
         return rsp
@@ -122,6 +130,23 @@ class MetaClient:
                           trunc_epoch=trunc_epoch)
         rsp: wm.AttrRsp = await self.call(wm.CLOSE, req)
         return rsp.attr
+
+    async def read(self, path: str, follow_symlinks: bool = True) -> wm.ReadRsp:
+        """A file's attributes and, when inline, its bytes (CRC not checked here)."""
+        rsp: wm.ReadRsp = await self.call(wm.READ, wm.PathReq(path=path, follow_symlinks=follow_symlinks))
+        return rsp
+
+    async def write_inline(
+        self, inode: int, session_id: int, patches: list[wm.InlinePatch], crc: int, *, close: bool = False,
+    ) -> wm.InlineWriteRsp:
+        req = wm.InlineWriteReq(inode=inode, session_id=session_id, patches=patches, crc=crc, close=close)
+        rsp: wm.InlineWriteRsp = await self.call(wm.WRITE_INLINE, req)
+        return rsp
+
+    async def migrate(self, inode: int) -> wm.AttrRsp:
+        """Move an inline file to chunks; the reply has its attributes and truncate epoch."""
+        rsp: wm.AttrRsp = await self.call(wm.MIGRATE, wm.InodeReq(inode=inode))
+        return rsp
 
     async def renew_sessions(self, client_id: int, session_ids: list[int]) -> int:
         """Renew the write sessions this client holds; returns how many meta still had."""

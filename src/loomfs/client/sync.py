@@ -21,13 +21,14 @@ import shutil
 import stat as stat_mod
 import threading
 import weakref
-from collections.abc import Awaitable, Callable, Coroutine, Iterator
+from collections.abc import Awaitable, Callable, Coroutine, Iterator, Sequence
 from typing import Any, TypeVar
 
 from loomfs.client import paths
-from loomfs.client.core import AsyncClient
+from loomfs.client.core import READDIR_PAGE, AsyncClient, info_of
 from loomfs.client.fastpath import SyncMetaPath, Unavailable
 from loomfs.client.file import AsyncFile, parse_mode
+from loomfs.client.inline import check_crc
 from loomfs.client.meta_client import MetaClient
 from loomfs.client.syncfile import LoomFile
 from loomfs.common import trace
@@ -335,6 +336,20 @@ class LoomFS:
     def ls(self, path: str = "/", detail: bool = False) -> list[Any]:
         return self._run(lambda c: c.ls(path, detail))
 
+    def iterdir(self, path: str = "/", detail: bool = False) -> Iterator[Any]:
+        """Stream a directory's entries (full paths, or info dicts with ``detail``), one
+        READDIR page at a time: a directory of millions is never held in memory at once."""
+        top = paths.normalize(path)
+        after = ""
+        while True:
+            entries, more = self._run(lambda c, a=after: _page(c, top, a, detail))  # type: ignore[misc]
+            for e in entries:
+                child = paths.join(top, e.name)
+                yield info_of(child, e.attr) if detail and e.attr is not None else child
+            if not more or not entries:
+                return
+            after = entries[-1].name
+
     def mkdir(self, path: str, mode: int = 0o755, *, parents: bool = False, exist_ok: bool = False) -> Attr:
         return self._run(lambda c: c.mkdir(path, mode, parents=parents, exist_ok=exist_ok))
 
@@ -403,15 +418,19 @@ class LoomFS:
         stripe: int | None = None,
         replicas: int | None = None,
         table_id: int | None = None,
+        inline_max_bytes: int | None = None,
     ) -> Layout | None:
-        """Set a directory's layout; keyword arguments change only those fields."""
+        """Set a directory's layout; keyword arguments change only those fields
+        (``inline_max_bytes``: files up to this size keep their bytes in meta; 0 = never,
+        -1 = the meta server's default)."""
         if layout is None:
             cur = self.get_layout(path) or Layout()
             layout = dataclasses.replace(
                 cur,
                 chains=[],
                 **{k: v for k, v in (("chunk_size", chunk_size), ("stripe", stripe),
-                                     ("replicas", replicas), ("table_id", table_id)) if v is not None},
+                                     ("replicas", replicas), ("table_id", table_id),
+                                     ("inline_max_bytes", inline_max_bytes)) if v is not None},
             )
         self._run(lambda c: c.set_layout(path, layout))
         return self.get_layout(path)
@@ -443,7 +462,21 @@ class LoomFS:
         return io.TextIOWrapper(f, encoding=encoding or "utf-8", errors=errors, newline=newline)
 
     def cat(self, path: str) -> bytes:
-        return self._run(lambda c: c.cat(path))
+        """A whole file. An inline one is one READ from this thread (no hop to the loop)."""
+        self._check_thread()
+        client = self._ensure()
+        fast = self._fast
+        if fast is not None:
+            p = paths.normalize(path)
+            try:
+                rsp = fast.call(wmeta.READ, wmeta.PathReq(path=p))
+            except Unavailable:
+                rsp = None
+            if rsp is not None:
+                if rsp.data is not None and rsp.attr is not None and rsp.attr.type == FileType.FILE:
+                    return check_crc(p, rsp.data, rsp.data_crc)
+                return self._submit(client.cat_from(p, rsp))
+        return self._submit(client.cat(path))
 
     def pipe(self, path: str, data: bytes | bytearray | memoryview) -> None:
         self._run(lambda c: c.pipe(path, data))
@@ -458,6 +491,31 @@ class LoomFS:
         with self.open(remote_path, "rb") as src, open(local_path, "wb") as dst:
             shutil.copyfileobj(src, dst, COPY_BLOCK_BYTES)
 
+    # --- batches (one meta round trip for many paths) ------------------------------------
+
+    def read_many(self, paths_: Sequence[str]) -> list[bytes | OSError]:
+        """Contents of many files at once; a failed item is its ``OSError``."""
+        return self._run(lambda c: c.read_many(list(paths_)))
+
+    def cat_many(self, paths_: Sequence[str]) -> dict[str, bytes]:
+        """fsspec-style: path -> bytes; raises the first item's error."""
+        out: dict[str, bytes] = {}
+        for p, r in zip(paths_, self.read_many(paths_), strict=True):
+            if isinstance(r, OSError):
+                raise r
+            out[p] = r
+        return out
+
+    def stat_many(self, paths_: Sequence[str], *, follow_symlinks: bool = True) -> list[os.stat_result | OSError]:
+        rs = self._run(lambda c: c.stat_many(list(paths_), follow_symlinks=follow_symlinks))
+        return [r if isinstance(r, OSError) else stat_result(r) for r in rs]
+
+    def put_many(self, items: dict[str, bytes] | Sequence[tuple[str, bytes]]) -> list[OSError | None]:
+        return self._run(lambda c: c.put_many(items))
+
+    def rm_many(self, paths_: Sequence[str]) -> list[OSError | None]:
+        return self._run(lambda c: c.rm_many(list(paths_)))
+
     def __repr__(self) -> str:
         state = "closed" if self.closed else f"pid={self._pid} gen={self._generation}"
         return f"LoomFS({self.address!r} {state})"
@@ -465,6 +523,11 @@ class LoomFS:
 
 _TYPE_BITS = {FileType.FILE: stat_mod.S_IFREG, FileType.DIRECTORY: stat_mod.S_IFDIR,
               FileType.SYMLINK: stat_mod.S_IFLNK}
+
+
+async def _page(c: AsyncClient, top: str, after: str, detail: bool) -> tuple[list[Any], bool]:
+    rsp = await c.meta.readdir(top, after, READDIR_PAGE, detail)
+    return rsp.entries, rsp.more
 
 
 def stat_result(a: Attr) -> os.stat_result:

@@ -1,0 +1,148 @@
+"""Inline small files on a real cluster: one meta round trip to create and to read, writes
+through meta, growth into chunks, directory limits, GC and fsck."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+import loomfs
+from loomfs.cli.fsck import fsck
+
+pytestmark = pytest.mark.integration
+
+LIMIT = 64 << 10  # the meta server's default inline limit
+
+
+class Calls:
+    """Every meta and storage RPC the async core sends (an RpcObserver; the background
+    routing refresh to mgmtd is left out)."""
+
+    def __init__(self) -> None:
+        self.methods: list[str] = []
+
+    def on_call(self, side: str, method: str, status: int, seconds: float, bytes_in: int, bytes_out: int) -> None:
+        if method != "get_routing":
+            self.methods.append(method)
+
+
+@pytest.fixture()
+def calls(fs: loomfs.LoomFS) -> Iterator[Calls]:
+    c = Calls()
+    rpc = fs.client.rpc
+    assert rpc is not None
+    rpc.observers.append(c)
+    yield c
+    rpc.observers.remove(c)
+
+
+def test_small_file_create_and_read_are_one_round_trip(fs: loomfs.LoomFS, base: str, calls: Calls) -> None:
+    client = fs.client
+    data = os.urandom(4096)
+    p = f"{base}/one"
+    fs.run(client.pipe(p, data))
+    assert calls.methods == ["open"]  # the create carries the bytes; no storage, no CLOSE
+    calls.methods.clear()
+    assert fs.run(client.cat(p)) == data
+    assert calls.methods == ["read"]
+    calls.methods.clear()
+
+    async def lazy() -> None:
+        f = await client.open(f"{base}/lazy", "wb")
+        for i in range(16):
+            await f.write(bytes([i]) * 100)
+        await f.flush()  # visible at close, like any LoomFS write: nothing to send yet
+        await f.close()
+
+    fs.run(lazy())
+    assert calls.methods == ["open"]
+    a = fs.attr(p)
+    assert a.inline and a.size == 4096 and fs.cat(f"{base}/lazy") == b"".join(bytes([i]) * 100 for i in range(16))
+
+
+def test_writes_to_inline_files_and_growth_into_chunks(fs: loomfs.LoomFS, base: str) -> None:
+    p = f"{base}/grow"
+    model = bytearray(os.urandom(1000))
+    fs.pipe(p, bytes(model))
+    with fs.open(p, "r+b") as f:
+        assert f.read(10) == model[:10]
+        f.seek(500)
+        f.write(b"PATCH")
+        model[500:505] = b"PATCH"
+        f.seek(0)
+        assert f.read() == model  # reads see this file's own writes
+    assert fs.cat(p) == model and fs.attr(p).inline
+    with fs.open(p, "ab") as f:
+        f.write(b"tail")
+        model += b"tail"
+    assert fs.cat(p) == model
+    fs.truncate(p, 300)
+    del model[300:]
+    assert fs.cat(p) == model and fs.attr(p).inline
+    with fs.open(p, "r+b") as f:  # grows past the limit: meta moves it to chunks, then writes land there
+        f.seek(100)
+        f.write(b"x" * 10)
+        model[100:110] = b"x" * 10
+        f.seek(LIMIT + 7)
+        f.write(b"far")
+        model += bytes(LIMIT + 7 - len(model)) + b"far"
+    a = fs.attr(p)
+    assert not a.inline and a.size == len(model)
+    assert fs.cat(p) == model
+    with fs.open(p, "rb") as f:
+        f.seek(95)
+        assert f.read(20) == model[95:115]
+
+
+def test_lazy_files_big_writes_fsync_and_errors(fs: loomfs.LoomFS, base: str) -> None:
+    big = os.urandom(3 << 20)
+    with fs.open(f"{base}/big", "wb") as f:
+        f.write(big[:1000])
+        f.write(big[1000:])  # past the buffer: created in chunks
+    assert not fs.attr(f"{base}/big").inline and fs.cat(f"{base}/big") == big
+    with fs.open(f"{base}/synced", "wb") as f:
+        f.write(b"durable")
+        f.fsync()  # created now (a reader sees it before the close)
+        assert fs.cat(f"{base}/synced") == b"durable"
+        f.write(b"+more")
+    assert fs.cat(f"{base}/synced") == b"durable+more" and fs.attr(f"{base}/synced").inline
+    f = fs.open(f"{base}/no/such/dir/x", "wb")
+    f.write(b"lost?")
+    with pytest.raises(FileNotFoundError):
+        f.close()  # the create's error comes with the close that carries it
+    with fs.open(f"{base}/sparse", "wb") as f:
+        f.seek(5000)
+        f.write(b"end")
+    assert fs.cat(f"{base}/sparse") == bytes(5000) + b"end"
+
+
+def test_directory_limit_and_rewrites(fs: loomfs.LoomFS, base: str) -> None:
+    fs.makedirs(f"{base}/off")
+    fs.set_layout(f"{base}/off", inline_max_bytes=0)
+    fs.pipe(f"{base}/off/f", b"small but chunked")
+    a = fs.attr(f"{base}/off/f")
+    assert not a.inline and fs.cat(f"{base}/off/f") == b"small but chunked"
+    fs.makedirs(f"{base}/tiny")
+    fs.set_layout(f"{base}/tiny", inline_max_bytes=16)
+    fs.pipe(f"{base}/tiny/a", b"0123456789")
+    fs.pipe(f"{base}/tiny/b", b"0123456789abcdefXYZ")
+    assert fs.attr(f"{base}/tiny/a").inline and not fs.attr(f"{base}/tiny/b").inline
+    fs.pipe(f"{base}/tiny/b", b"short")  # a put over a file in chunks: inline again
+    assert fs.attr(f"{base}/tiny/b").inline and fs.cat(f"{base}/tiny/b") == b"short"
+
+
+def test_gc_and_fsck_with_inline_files(cluster: Any, fs: loomfs.LoomFS, base: str) -> None:
+    before = fs.statfs().gc_pending
+    for i in range(20):
+        fs.pipe(f"{base}/g{i}", b"%d" % i)
+    fs.link(f"{base}/g0", f"{base}/g0-link")
+    fs.rename(f"{base}/g1", f"{base}/g1-moved")
+    for i in range(2, 20):
+        fs.unlink(f"{base}/g{i}")
+    assert fs.statfs().gc_pending == before  # clean inline files leave nothing to collect
+    assert fs.cat(f"{base}/g0-link") == b"0" and fs.cat(f"{base}/g1-moved") == b"1"
+    rep = fsck(fs, lambda: cluster.chunks_of(0), cluster.routing())
+    assert rep.inline_files >= 2 and not rep.bad_inline, rep

@@ -1,0 +1,265 @@
+"""Inline files (``loomfs.meta.ops.inline``): put, read, patches, truncates, links, GC, and
+the crash-safe migration to chunks. A model of the chunks stands in for storage (no sockets)."""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import os
+from collections.abc import Iterator
+
+import crc32c
+import pytest
+from test_meta_namespace import CREAT, Env
+from test_meta_trim import Chunks, _trimmer
+
+from loomfs.meta.ops.inline import Patch
+from loomfs.meta.store.base import InlineData
+from loomfs.meta.store.sqlite import SqliteStore
+from loomfs.wire.types import Layout
+
+LIMIT = 4096
+PUT = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
+
+
+class WritingChunks(Chunks):
+    """The chunk model plus the chunk writes a migration makes (``fail_writes``: storage down)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fail_writes = False
+        self.before_write: list[object] = []  # coroutines run just before the next write lands
+
+    async def write_chunk(self, layout: Layout, inode: int, index: int, offset: int, data: memoryview) -> None:
+        while self.before_write:
+            await self.before_write.pop(0)  # type: ignore[misc]
+        if self.fail_writes:
+            raise OSError(errno.EIO, "storage down")
+        self.calls.append(("write", inode, index, len(data)))
+        self.write(inode, index * (1 << 20) + offset, bytes(data))
+
+
+@pytest.fixture
+def chunks() -> WritingChunks:
+    return WritingChunks()
+
+
+@pytest.fixture
+def env(chunks: WritingChunks) -> Iterator[Env]:
+    e = Env(inline_max_bytes=LIMIT, chunk_writer=chunks)
+    e.ns.trimmer = _trimmer(e, chunks)
+    yield e
+    e.close()
+
+
+def put(env: Env, path: str, data: bytes, flags: int = PUT) -> object:
+    return env.run(env.ns.open(path, flags, data=data, data_crc=crc32c.crc32c(data)))
+
+
+def read(env: Env, path: str) -> bytes | None:
+    return env.run(env.ns.read(path))[1]
+
+
+def row(env: Env, inode: int) -> InlineData | None:
+    async def go() -> InlineData | None:
+        async with env.store.read() as t:
+            return await t.get_inline(inode)
+
+    return env.run(go())
+
+
+def test_put_is_one_transaction_without_a_session(env: Env) -> None:
+    commits = env.store.commits
+    o = put(env, "/a", b"hello")
+    assert env.store.commits == commits + 1
+    assert o.session_id == 0 and o.created and o.attr.inline and o.attr.size == 5  # type: ignore[attr-defined]
+    attr, data = env.run(env.ns.read("/a"))
+    assert data == b"hello" and attr.inline and attr.layout.inline_max_bytes == LIMIT
+    assert env.run(env.ns.stat("/a")).size == 5
+    r = env.run(env.ns.open("/a", os.O_RDONLY))
+    assert r.data == b"hello" and r.session_id == 0
+    put(env, "/a", b"bye")  # O_TRUNC put over an inline file
+    assert read(env, "/a") == b"bye" and env.run(env.ns.statfs()).bytes_used == 3
+    assert env.err(env.ns.open("/a", os.O_WRONLY | os.O_CREAT | os.O_EXCL, data=b"x")) == errno.EEXIST
+
+
+def test_put_checks_flags_and_crc(env: Env) -> None:
+    assert env.err(env.ns.open("/a", os.O_WRONLY | os.O_CREAT, data=b"x")) == errno.EINVAL  # no O_TRUNC
+    assert env.err(env.ns.open("/a", os.O_RDWR | os.O_CREAT | os.O_TRUNC, data=b"x")) == errno.EINVAL
+    with pytest.raises(OSError):
+        env.run(env.ns.open("/a", PUT, data=b"x", data_crc=crc32c.crc32c(b"y")))
+    assert env.err(env.ns.stat("/a")) == errno.ENOENT  # nothing was created
+
+
+def test_put_too_big_is_an_ordinary_write_open(env: Env) -> None:
+    o = put(env, "/big", b"x" * (LIMIT + 1))
+    assert o.session_id and not o.attr.inline and o.attr.size == 0  # type: ignore[attr-defined]
+    env.run(env.ns.close(o.attr.inode, o.session_id, LIMIT + 1))  # type: ignore[attr-defined]
+    assert env.run(env.ns.stat("/big")).size == LIMIT + 1 and read(env, "/big") is None
+
+
+def test_directory_limit_zero_and_chunked_opens_keep_files_in_chunks(env: Env) -> None:
+    env.run(env.ns.mkdir("/off"))
+    env.run(env.ns.set_layout("/off", Layout(chunk_size=1 << 20, stripe=4, table_id=1, inline_max_bytes=0)))
+    o = put(env, "/off/f", b"tiny")
+    assert o.session_id and not o.attr.inline  # type: ignore[attr-defined]
+    c = env.run(env.ns.open("/c", CREAT, chunked=True))
+    assert c.session_id and not c.attr.inline
+    e = env.run(env.ns.open("/e", CREAT))  # a plain create of a small-file directory: inline
+    assert e.attr.inline and e.data == b""
+    assert env.err(env.ns.set_layout("/off", Layout(chunk_size=1 << 20, inline_max_bytes=2 << 20))) == errno.EINVAL
+
+
+def test_patches_apply_in_one_transaction_and_close_the_session(env: Env) -> None:
+    o = env.run(env.ns.open("/p", CREAT))
+    w = env.run(env.ns.write_inline(o.attr.inode, o.session_id, [Patch(0, b"abc"), Patch(6, b"xy"), Patch(1, b"Z")],
+                                    close=True))
+    assert w.applied and w.attr is not None and w.attr.size == 8
+    assert read(env, "/p") == b"aZc\0\0\0xy"
+
+    async def sessions() -> int:
+        async with env.store.read() as t:
+            return await t.session_count(o.attr.inode)
+
+    assert env.run(sessions()) == 0  # close=True ended the write session in the same transaction
+    assert env.err(env.ns.write_inline(o.attr.inode, 0, [Patch(-1, b"x")])) == errno.EINVAL
+
+
+def test_patches_past_the_limit_migrate_first(env: Env, chunks: WritingChunks) -> None:
+    inode = put(env, "/g", b"0123").attr.inode  # type: ignore[attr-defined]
+    w = env.run(env.ns.write_inline(inode, 0, [Patch(LIMIT, b"!")]))
+    assert not w.applied and w.attr is not None and not w.attr.inline and w.attr.size == 4
+    assert chunks.read(inode, 0, 4) == b"0123" and row(env, inode) is None
+    assert read(env, "/g") is None  # readers go to the chunks now
+    w2 = env.run(env.ns.write_inline(inode, 0, [Patch(0, b"x")]))
+    assert not w2.applied  # a file in chunks is left alone
+
+
+def test_migration_that_fails_leaves_the_file_inline_and_cuts_first_next_time(env: Env, chunks: WritingChunks) -> None:
+    inode = put(env, "/m", b"A" * 100).attr.inode  # type: ignore[attr-defined]
+    chunks.fail_writes = True
+    with pytest.raises(OSError):
+        env.run(env.ns.migrate(inode))
+    assert read(env, "/m") == b"A" * 100  # still the truth
+    r = row(env, inode)
+    assert r is not None and r.chunks_dirty
+    chunks.fail_writes = False
+    chunks.write(inode, 0, b"S" * 3000)  # what the failed attempt might have left, and more
+    put(env, "/m", b"B" * 10)
+    attr, _ = env.run(env.ns.migrate(inode))
+    assert not attr.inline and attr.size == 10
+    assert ("remove", inode, 0, -1) in chunks.calls  # cut before the write
+    assert chunks.read(inode, 0, 3000) == b"B" * 10 + bytes(2990)
+
+
+def test_migration_retries_when_the_content_moves_under_it(env: Env, chunks: WritingChunks) -> None:
+    inode = put(env, "/r", b"old").attr.inode  # type: ignore[attr-defined]
+    chunks.before_write.append(env.ns.write_inline(inode, 0, [Patch(0, b"NEW")]))
+    attr, _ = env.run(env.ns.migrate(inode))
+    assert not attr.inline and chunks.read(inode, 0, 3) == b"NEW"
+    assert [c[0] for c in chunks.calls].count("write") == 2  # the first copy was stale
+    assert env.ns.migrations_total == 1
+
+
+def test_empty_clean_file_migrates_without_storage() -> None:
+    env = Env(inline_max_bytes=LIMIT)  # no chunk writer, no trimmer
+    o = env.run(env.ns.open("/e", CREAT))
+    attr, _ = env.run(env.ns.migrate(o.attr.inode))
+    assert not attr.inline
+    env.run(env.ns.close(o.attr.inode, o.session_id, 5))
+    assert env.run(env.ns.stat("/e")).size == 5
+    o2 = put(env, "/x", b"data")
+    assert env.err(env.ns.migrate(o2.attr.inode)) == errno.EIO  # type: ignore[attr-defined]
+    assert read(env, "/x") == b"data"
+    env.close()
+
+
+def test_truncates_edit_the_content_and_extend_past_the_limit_migrates(env: Env, chunks: WritingChunks) -> None:
+    inode = put(env, "/t", b"abcdef").attr.inode  # type: ignore[attr-defined]
+    r = env.run(env.ns.setattr("/t", size=2))
+    assert r.attr.inline and r.truncated_from == 6 and read(env, "/t") == b"ab"
+    env.run(env.ns.setattr("/t", size=5))
+    assert read(env, "/t") == b"ab\0\0\0"
+    r = env.run(env.ns.setattr("/t", size=LIMIT * 2))
+    assert not r.attr.inline and r.attr.size == LIMIT * 2 and chunks.read(inode, 0, 5) == b"ab\0\0\0"
+    env.run(env.ns.open("/t2", CREAT))
+    o = env.run(env.ns.open("/t2", os.O_WRONLY | os.O_TRUNC))
+    assert o.attr.inline and o.data == b""  # a plain O_TRUNC keeps an inline file inline
+
+
+def test_put_over_a_file_in_chunks_makes_it_inline_and_cuts_the_old_chunks(env: Env, chunks: WritingChunks) -> None:
+    o = env.run(env.ns.open("/c", CREAT, chunked=True))
+    chunks.write(o.attr.inode, 0, b"C" * 5000)
+    env.run(env.ns.close(o.attr.inode, o.session_id, 5000))
+    p = put(env, "/c", b"small")
+    assert p.attr.inline and p.truncated_from == 5000 and p.session_id == 0  # type: ignore[attr-defined]
+    assert chunks.read(o.attr.inode, 0, 5000) == bytes(5000)  # cut before the reply
+    r = row(env, o.attr.inode)
+    assert r is not None and r.chunks_dirty and read(env, "/c") == b"small"
+    env.run(env.ns.unlink("/c"))
+    assert env.run(env.ns.statfs()).gc_pending == 1  # GC removes whatever storage may still hold
+
+
+def test_links_renames_and_unlinks_of_inline_files(env: Env) -> None:
+    inode = put(env, "/a", b"shared").attr.inode  # type: ignore[attr-defined]
+    env.run(env.ns.link("/a", "/b"))
+    env.run(env.ns.rename("/a", "/c"))
+    assert read(env, "/b") == read(env, "/c") == b"shared"
+    _, queued = env.run(env.ns.unlink("/c"))
+    assert not queued and read(env, "/b") == b"shared"
+    put(env, "/d", b"other")
+    env.run(env.ns.rename("/d", "/b"))  # replaces the last name of the linked file
+    assert read(env, "/b") == b"other" and row(env, inode) is None
+    s = env.run(env.ns.statfs())
+    assert s.gc_pending == 0 and s.files == 1 and s.bytes_used == 5  # a clean inline file costs storage nothing
+
+
+def test_rotten_inline_bytes_read_as_eio(env: Env) -> None:
+    inode = put(env, "/rot", b"good bytes").attr.inode  # type: ignore[attr-defined]
+
+    async def rot() -> None:
+        async with env.store.write() as t:
+            r = await t.get_inline(inode)
+            assert r is not None
+            await t.put_inline(inode, InlineData(b"evil bytes", r.crc, r.version, r.chunks_dirty))
+
+    env.run(rot())
+    assert env.err(env.ns.read("/rot")) == errno.EIO
+    assert env.err(env.ns.open("/rot", os.O_RDONLY)) == errno.EIO
+
+
+def test_migration_survives_a_meta_restart(tmp_path: object, chunks: WritingChunks) -> None:
+    """A meta that died mid-migration (chunks written, not committed) restarts on the same
+    store: the file is inline and whole; its next migration cuts the leftovers first."""
+    path = os.path.join(str(tmp_path), "meta.db")
+    env = Env(inline_max_bytes=LIMIT, chunk_writer=chunks)
+    env.store = SqliteStore(path)
+    env.ns.store = env.store
+    env.run(env.ns.init())
+    env.ns.trimmer = _trimmer(env, chunks)
+    inode = put(env, "/x", b"Q" * 1000).attr.inode  # type: ignore[attr-defined]
+
+    async def die_after_the_write() -> None:
+        raise asyncio.CancelledError  # the process is killed right after the chunk write
+
+    chunks.before_write.append(asyncio.sleep(0))
+    real = chunks.write_chunk
+
+    async def write_then_die(*a: object, **k: object) -> None:
+        await real(*a, **k)  # type: ignore[arg-type]
+        await die_after_the_write()
+
+    chunks.write_chunk = write_then_die  # type: ignore[method-assign]
+    with pytest.raises(asyncio.CancelledError):
+        env.run(env.ns.migrate(inode))
+    chunks.write_chunk = real  # type: ignore[method-assign]
+    env.run(env.store.close())
+    env2 = Env(inline_max_bytes=LIMIT, chunk_writer=chunks)
+    env2.store = SqliteStore(path)
+    env2.ns.store = env2.store
+    env2.ns.trimmer = _trimmer(env2, chunks)
+    assert read(env2, "/x") == b"Q" * 1000
+    put(env2, "/x", b"R" * 10)
+    attr, _ = env2.run(env2.ns.migrate(inode))
+    assert not attr.inline and chunks.read(inode, 0, 1000) == b"R" * 10 + bytes(990)
+    env2.run(env2.store.close())
