@@ -7,6 +7,8 @@ import logging
 import random
 from typing import Protocol
 
+import crc32c
+
 from loomfs.common.clock import SYSTEM_CLOCK, Clock
 from loomfs.common.keylocks import KeyLocks
 from loomfs.common.routing import Routing
@@ -122,17 +124,21 @@ class NamespaceBase:
         layout: Layout | None,
         symlink_target: str = "",
         now: int,
-        inline: bool = False,
+        inline: bytes | None = None,
     ) -> Attr:
+        """``inline``: a file whose bytes live in meta, with this content."""
         ino = await txn.next_id(C_INODE)
+        size = len(inline) if inline is not None else len(symlink_target.encode("utf-8", "surrogatepass"))
         attr = Attr(
             inode=ino, type=type, mode=mode & 0o7777, nlink=2 if type == DIR else 1, uid=uid,
-            gid=gid, size=len(symlink_target.encode("utf-8", "surrogatepass")), atime_ns=now,
-            mtime_ns=now, ctime_ns=now, layout=layout, symlink_target=symlink_target, inline=inline,
+            gid=gid, size=size, atime_ns=now, mtime_ns=now, ctime_ns=now, layout=layout,
+            symlink_target=symlink_target, inline=inline is not None,
         )
         await txn.put_inode(attr)
-        if inline:
-            await txn.put_inline(ino, InlineData(b"", 0))
+        if inline is not None:
+            await txn.put_inline(ino, InlineData(inline, crc32c.crc32c(inline) if inline else 0))
+            if inline:
+                await txn.add_counter(C_BYTES, len(inline))
         await txn.put_dentry(parent, name, ino, type)
         await txn.touch_inode(parent, mtime_ns=now, ctime_ns=now, nlink_delta=1 if type == DIR else 0)
         if type == DIR:

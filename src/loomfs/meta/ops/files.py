@@ -191,11 +191,11 @@ class FileOps(InlineOps):
                 inline = limit > 0 and not chunked and (data is None or len(data) <= limit)
                 attr = await self._new_inode(
                     txn, r.parent, r.name, type=FILE, mode=mode, uid=uid, gid=gid, layout=layout, now=now,
-                    inline=inline,
+                    inline=(data or b"") if inline else None,
                 )
                 created = True
                 if data is not None and inline:
-                    return Opened(await self._set_inline(txn, attr, data, now), 0, created=True)
+                    return Opened(attr, 0, created=True)  # a put: no session
             if not write:
                 session_id = 0
             elif not session_id:
