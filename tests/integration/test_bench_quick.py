@@ -20,8 +20,14 @@ EXPECTED = {
     *(f"small_{s}_{ph}" for s in ("4k", "128k") for ph in ("create", "stat", "read")),
     "lookup_100", "lookup_1000", "lookup_3000",
 }
+SMALLFILES = {
+    *(f"sf_{ph}_{k}t" for ph in ("create", "stat", "read_cold", "unlink") for k in (1, 4)),
+    "sf_read_many", "sf_stat_many",
+}
+EXPECTED |= SMALLFILES
 LIMIT_KEYS = {"loopback_tcp_Bps", "loopback_tcp_2streams_Bps", "round_trips_per_s", "round_trips_2pairs_per_s",
-              "disk_write_Bps", "disk_read_Bps", "disk_fsync_write_Bps", "disk_fsync_read_Bps", "memcpy_Bps"}
+              "round_trips_pinned_per_s", "disk_write_Bps", "disk_read_Bps", "disk_fsync_write_Bps",
+              "disk_fsync_read_Bps", "memcpy_Bps"}
 
 
 def test_bench_quick_json_plot_and_compare(cluster, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
@@ -52,3 +58,30 @@ def test_bench_quick_json_plot_and_compare(cluster, tmp_path: Path) -> None:  # 
     assert "vs disk" in proc.stdout and "x compare" in proc.stdout and "seq_read_2p" in proc.stdout
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 20_000
     assert not list(cmp_dir.joinpath(".bench").iterdir())  # the compare run cleaned up after itself
+
+
+def test_bench_only_smallfiles(cluster, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """``--only smallfiles``: only the round-trip limits, only the sf_ rows, each held against
+    the pinned limit (both targets), and the table of issue 16 targets printed."""
+    out, cmp_dir = tmp_path / "sf.json", tmp_path / "compare"
+    proc = subprocess.run(
+        [sys.executable, "-m", "loomfs.cli.main", "--dir", str(cluster.root), "bench", "--quick",
+         "--only", "smallfiles", "--files-small", "150", "--json", str(out), "--compare", str(cmp_dir),
+         "--no-progress"],
+        capture_output=True, text=True, timeout=200,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    doc = json.loads(out.read_text())
+    assert set(doc["limits"]) == {"round_trips_per_s", "round_trips_pinned_per_s"}
+    assert doc["plan"]["groups"] == ["smallfiles"] and doc["plan"]["sf_files"] == 150
+    pinned = doc["limits"]["round_trips_pinned_per_s"]
+    for tgt in doc["targets"]:
+        rows = {r["name"]: r for r in doc["results"] if r["target"] == tgt}
+        assert set(rows) == SMALLFILES, set(rows) ^ SMALLFILES
+        for r in rows.values():
+            assert r["value"] > 0 and math.isfinite(r["value"]) and r["unit"] == "files/s", r
+            assert r["limit_value"] == pinned and r["ratio"] == pytest.approx(r["value"] / pinned), r
+            assert r["extra"]["files"] == 150, r
+    assert "issue 16 targets" in proc.stdout and ">= 0.08 of limit" in proc.stdout
+    assert "x 1t (now" in proc.stdout
+    assert not list(cmp_dir.joinpath(".bench").iterdir())

@@ -7,8 +7,10 @@ import os
 import socket
 import tempfile
 import time
+from typing import Any
 
 BLOCK_BYTES = 4 << 20
+PINNED_ACCEPT_S = 60.0  # spawning the two pinned processes (a loaded machine is slow)
 
 
 def _sender(port: int, total_bytes: int) -> None:
@@ -99,6 +101,97 @@ def loopback_round_trips_per_s(count: int = 20000, pairs: int = 1, message_bytes
     for p in procs:
         p.join(10)
     return count * pairs / (max(e for _, e in spans) - min(s for s, _ in spans))
+
+
+def _pin(cpu: int | None) -> None:
+    if cpu is not None and hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, {cpu})
+
+
+def _pinned_echo(port: int, cpu: int | None) -> None:
+    _pin(cpu)
+    _echo(port)
+
+
+def _pinned_pinger(cpu: int | None, count: int, warmup: int, message_bytes: int, out: Any) -> None:
+    """Listen, accept the echo process, do ``warmup`` then ``count`` timed round trips and
+    send the rate (or the error text) back through ``out``."""
+    try:
+        _pin(cpu)
+        srv = socket.socket()
+        srv.bind(("127.0.0.1", 0))
+        srv.listen(1)
+        out.send(srv.getsockname()[1])
+        srv.settimeout(PINNED_ACCEPT_S)
+        conn = srv.accept()[0]
+        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        msg = os.urandom(message_bytes)
+        buf = bytearray(message_bytes)
+        view = memoryview(buf)
+
+        def rounds(n: int) -> None:
+            for _ in range(n):
+                conn.sendall(msg)
+                got = 0
+                while got < message_bytes:
+                    k = conn.recv_into(view[got:])
+                    if not k:
+                        raise ConnectionError("echo process closed the connection")
+                    got += k
+
+        rounds(warmup)
+        t0 = time.perf_counter()
+        rounds(count)
+        rate = count / (time.perf_counter() - t0)
+        conn.close()
+        srv.close()
+        out.send(rate)
+    except BaseException as exc:
+        out.send(f"{type(exc).__name__}: {exc}")
+
+
+def loopback_round_trips_pinned_per_s(count: int = 20000, message_bytes: int = 64,
+                                      cpu: int | None = None) -> float:
+    """64-byte request/reply round trips, one at a time, between two fresh processes that are
+    both pinned to the same CPU (the last one this process may use, unless ``cpu``).
+
+    The small-file limit: on a VM, cross-CPU wake-ups make the unpinned figure swing by 3x
+    from run to run; on one CPU each round trip is two context switches and it holds steady.
+    Unpinned where ``os.sched_setaffinity`` does not exist."""
+    if cpu is None and hasattr(os, "sched_getaffinity"):
+        cpu = max(os.sched_getaffinity(0))
+    ctx = mp.get_context("spawn")
+    here, there = ctx.Pipe(duplex=False)
+    pinger = ctx.Process(target=_pinned_pinger, args=(cpu, count, max(200, count // 10), message_bytes, there),
+                         daemon=True)
+    pinger.start()
+    there.close()  # the child holds its own end
+    echo = None
+
+    def answer(wait_s: float, what: str) -> Any:
+        if not here.poll(wait_s):
+            raise TimeoutError(f"pinned round trips: {what} (no answer in {wait_s:.0f} s)")
+        try:
+            got = here.recv()
+        except EOFError:
+            pinger.join(5)
+            raise OSError(f"pinned round trips: the pinger exited ({pinger.exitcode}) before {what}") from None
+        if isinstance(got, str):
+            raise OSError(f"pinned round trips: {got}")
+        return got
+
+    try:
+        port = answer(PINNED_ACCEPT_S, "listening")
+        echo = ctx.Process(target=_pinned_echo, args=(port, cpu), daemon=True)
+        echo.start()
+        return float(answer(PINNED_ACCEPT_S + count / 1000, "finishing"))
+    finally:
+        for p in (pinger, echo):
+            if p is not None:
+                p.join(10)
+                if p.is_alive():
+                    p.kill()
+        here.close()
 
 
 def disk_fsync_write_read_bytes_per_s(directory: str, size_bytes: int = 256 << 20) -> tuple[float, float]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from loomfs.bench.smallfiles import target_check
 from loomfs.cli.common import human_bytes
 
 
@@ -16,42 +17,84 @@ def fmt_value(value: float, unit: str) -> str:
     return f"{value:,.0f} {unit}"
 
 
-def table_lines(doc: dict[str, Any]) -> list[str]:
-    """The results table: value, limit, ratio to it, vs disk, and the --compare target."""
+def fmt_ratio(ratio: float | None) -> str:
+    if ratio is None:
+        return "-"
+    return f"{ratio:.3f}" if ratio < 0.1 else f"{ratio:.2f}"
+
+
+def _legend(ax: Any) -> None:
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=8)
+
+
+def limit_lines(lim: dict[str, float]) -> list[str]:
+    """The raw limits measured (a run of only some groups measures only what they need)."""
     lines = []
-    lim = doc["limits"]
-    lines.append(f"raw loopback TCP: {human_bytes(lim['loopback_tcp_Bps'])}/s one stream, "
-                 f"{human_bytes(lim['loopback_tcp_2streams_Bps'])}/s two streams; round trips "
-                 f"{lim['round_trips_per_s']:,.0f}/s one pair, {lim['round_trips_2pairs_per_s']:,.0f}/s two")
-    lines.append(f"local disk: O_DIRECT 4 MiB files write {human_bytes(lim['disk_write_Bps'])}/s, read "
-                 f"{human_bytes(lim['disk_read_Bps'])}/s; fsync'd file write "
-                 f"{human_bytes(lim['disk_fsync_write_Bps'])}/s, read {human_bytes(lim['disk_fsync_read_Bps'])}/s; "
-                 f"memcpy {human_bytes(lim['memcpy_Bps'])}/s")
+    if "loopback_tcp_Bps" in lim:
+        lines.append(f"raw loopback TCP: {human_bytes(lim['loopback_tcp_Bps'])}/s one stream, "
+                     f"{human_bytes(lim['loopback_tcp_2streams_Bps'])}/s two streams")
+    rtt = [f"{lim['round_trips_per_s']:,.0f}/s one pair"]
+    if "round_trips_2pairs_per_s" in lim:
+        rtt.append(f"{lim['round_trips_2pairs_per_s']:,.0f}/s two pairs")
+    if "round_trips_pinned_per_s" in lim:
+        rtt.append(f"{lim['round_trips_pinned_per_s']:,.0f}/s one pair pinned to one CPU (64 B)")
+    lines.append("raw loopback round trips: " + ", ".join(rtt))
+    if "disk_write_Bps" in lim:
+        lines.append(f"local disk: O_DIRECT 4 MiB files write {human_bytes(lim['disk_write_Bps'])}/s, read "
+                     f"{human_bytes(lim['disk_read_Bps'])}/s; fsync'd file write "
+                     f"{human_bytes(lim['disk_fsync_write_Bps'])}/s, read {human_bytes(lim['disk_fsync_read_Bps'])}/s; "
+                     f"memcpy {human_bytes(lim['memcpy_Bps'])}/s")
+    return lines
+
+
+def smallfile_lines(doc: dict[str, Any]) -> list[str]:
+    """The small-file rows of each target next to issue 16's targets (information only)."""
+    lines: list[str] = []
+    for tgt in doc["targets"]:
+        rows = {r["name"]: r for r in doc["results"] if r["target"] == tgt and r["name"].startswith("sf_")}
+        if not rows:
+            continue
+        lines += ["", f"small files vs the issue 16 targets ({tgt}; ratio to the pinned round-trip limit)",
+                  f"{'workload':<20} {'files/s':>10} {'ratio':>7}  {'target':<28} {'met':>4}"]
+        for name, r in rows.items():
+            check = target_check(name, rows)
+            text, met = check if check is not None else ("", None)
+            ratio = f"{r['ratio']:.3f}" if r["ratio"] is not None else "-"
+            flag = "" if met is None else ("yes" if met else "no")
+            lines.append(f"{name:<20} {r['value']:>10,.0f} {ratio:>7}  {text:<28} {flag:>4}")
+    return lines
+
+
+def table_lines(doc: dict[str, Any]) -> list[str]:
+    """The results table: value, limit, ratio to it, vs disk, and the --compare target; then
+    the small-file rows against their targets."""
+    lines = limit_lines(doc["limits"])
     main = [r for r in doc["results"] if r["target"] == "loomfs"]
     other = {r["name"]: r for r in doc["results"] if r["target"] != "loomfs"}
     cmp = bool(other)
-    head = f"{'workload':<26} {'median':>14} {'limit':>40} {'ratio':>7} {'vs disk':>8}"
+    head = f"{'workload':<26} {'median':>16} {'limit':>40} {'ratio':>7} {'vs disk':>8}"
     if cmp:
-        head += f" {'compare':>14} {'x compare':>9}"
+        head += f" {'compare':>16} {'x compare':>9}"
     lines += ["", head]
     for r in main or list(other.values()):
         lim_text = ""
         if r["limit_value"]:
             lim_text = f"{r['limit_name']} {fmt_value(r['limit_value'], r['unit'])}"
-        ratio = f"{r['ratio']:.2f}" if r["ratio"] is not None else "-"
+        ratio = fmt_ratio(r["ratio"])
         disk = r["extra"].get("disk_bound_Bps")
         vs_disk = f"{r['value'] / disk:.2f}" if disk else ""
-        line = f"{r['name']:<26} {fmt_value(r['value'], r['unit']):>14} {lim_text:>40} {ratio:>7} {vs_disk:>8}"
+        line = f"{r['name']:<26} {fmt_value(r['value'], r['unit']):>16} {lim_text:>40} {ratio:>7} {vs_disk:>8}"
         o = other.get(r["name"])
         if cmp and o is not None and main:
             lower_better = r["unit"] == "us/op"
             x = (o["value"] / r["value"] if lower_better else r["value"] / o["value"]) if o["value"] and r["value"] else math.nan
-            line += f" {fmt_value(o['value'], o['unit']):>14} {x:>9.2f}"
+            line += f" {fmt_value(o['value'], o['unit']):>16} {x:>9.2f}"
         lines.append(line)
         if r["name"].startswith("rand_read"):
             e = r["extra"]
             lines.append(f"{'':<26} p50 {e['p50_ms']:.2f} ms, p95 {e['p95_ms']:.2f} ms, p99 {e['p99_ms']:.2f} ms")
-    return lines
+    return lines + smallfile_lines(doc)
 
 
 def plot(doc: dict[str, Any], path: str) -> None:
@@ -84,7 +127,7 @@ def plot(doc: dict[str, Any], path: str) -> None:
     ax.set_xticks([x + width * len(targets) / 2 for x in range(len(names))], names, rotation=20)
     ax.set_ylabel("MiB/s")
     ax.set_title("sequential throughput vs raw limits")
-    ax.legend(fontsize=8)
+    _legend(ax)
 
     ax = axes[0][1]
     for t in targets:
@@ -98,7 +141,7 @@ def plot(doc: dict[str, Any], path: str) -> None:
     ax.set_ylabel("fraction of reads")
     ax.set_title("random read latency CDF")
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
+    _legend(ax)
 
     ax = axes[1][0]
     for t in targets:
@@ -115,18 +158,21 @@ def plot(doc: dict[str, Any], path: str) -> None:
     ax.set_xlabel("entries in the directory")
     ax.set_ylabel("us per lookup")
     ax.set_title("metadata cost vs directory size")
-    ax.legend(fontsize=8)
+    _legend(ax)
 
     ax = axes[1][1]
-    md = [r["name"] for r in doc["results"] if r["name"].startswith(("md_", "small_")) and r["target"] == targets[0]]
+    md = [r["name"] for r in doc["results"] if r["name"].startswith(("md_", "small_", "sf_")) and r["target"] == targets[0]]
     for i, t in enumerate(targets):
         vals = [by[(t, n)]["value"] if (t, n) in by else 0 for n in md]
         ax.barh([y + i * 0.8 / len(targets) for y in range(len(md))], vals, 0.8 / len(targets), label=t[:40])
     ax.set_yticks(range(len(md)), md, fontsize=7)
+    pinned = doc["limits"].get("round_trips_pinned_per_s")
+    if pinned and any(n.startswith("sf_") for n in md):
+        ax.axvline(pinned, color="gray", linestyle=":", label="raw round trips, 1 CPU")
     ax.set_xscale("log")
     ax.set_xlabel("ops/s (log)")
     ax.set_title("metadata and small files")
-    ax.legend(fontsize=8)
+    _legend(ax)
 
     fig.tight_layout()
     fig.savefig(path, dpi=90)

@@ -14,7 +14,7 @@ from typing import Any
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from loomfs.bench import limits
+from loomfs.bench import limits, smallfiles
 from loomfs.bench.parallel import parallel_bigfile, parallel_mdtest
 from loomfs.bench.targets import BenchTarget
 from loomfs.bench.workloads import (
@@ -28,6 +28,10 @@ from loomfs.bench.workloads import (
 
 SCHEMA_VERSION = 2
 READDIR_ENTRY_BYTES = 256  # readdir's bound: entries with attributes over raw TCP
+# Workload groups ``--only`` picks from: big files (sequential, random, N processes), mdtest,
+# the older small-file pass, lookup cost vs directory size, the issue-16 small-file benchmark.
+GROUPS = ("bigfile", "mdtest", "small", "lookup", "smallfiles")
+PINNED_LIMIT_NAME = "raw round trips, 1 CPU"
 
 
 @dataclass
@@ -46,22 +50,38 @@ class Plan:
     rtt_count: int = 20_000
     disk_bytes: int = 512 << 20
     rounds: int = 1
+    groups: list[str] = field(default_factory=lambda: list(GROUPS))
+    sf_files: int = 20_000
+    sf_dirs: int = 100
+    sf_size_bytes: int = 4096
+    sf_threads: tuple[int, ...] = (1, 4)
+    sf_batch_files: int = 1000
 
     @classmethod
     def quick(cls) -> Plan:
         return cls(big_bytes=32 << 20, procs=2, big_each_bytes=8 << 20, rand_4k_count=200,
                    rand_64k_count=100, md_files=100, lookup_sizes=[100, 1000, 3000], lookup_samples=200,
                    small=[(200, 4096), (40, 128 << 10)], tcp_bytes=64 << 20, rtt_count=2000,
-                   disk_bytes=32 << 20)
+                   disk_bytes=32 << 20, sf_files=400, sf_dirs=20, sf_batch_files=100)
+
+    def network_and_disk(self) -> bool:
+        """Whether the chosen groups need the bandwidth, disk and memcpy limits (the
+        small-file benchmark alone needs only round trips)."""
+        return bool(set(self.groups) - {"smallfiles"})
 
 
 def measure_limits(plan: Plan, disk_dir: str, step: Callable[[str], None]) -> dict[str, float]:
+    if not plan.network_and_disk():
+        step("raw loopback round trips: a pinned pair, a free pair")
+        return {"round_trips_pinned_per_s": limits.loopback_round_trips_pinned_per_s(plan.rtt_count),
+                "round_trips_per_s": limits.loopback_round_trips_per_s(plan.rtt_count)}
     step("raw loopback TCP, 1 and 2 streams")
     tcp1 = limits.loopback_tcp_bytes_per_s(plan.tcp_bytes)
     tcp2 = limits.loopback_tcp_bytes_per_s(plan.tcp_bytes // 2, streams=2)
-    step("raw loopback round trips, 1 and 2 pairs")
+    step("raw loopback round trips, 1 and 2 pairs, a pinned pair")
     rtt1 = limits.loopback_round_trips_per_s(plan.rtt_count)
     rtt2 = limits.loopback_round_trips_per_s(plan.rtt_count, pairs=2)
+    rttp = limits.loopback_round_trips_pinned_per_s(plan.rtt_count)
     step("local disk: O_DIRECT chunk files, fsync'd file")
     dw, dr = limits.disk_write_read_bytes_per_s(disk_dir, plan.disk_bytes)
     fw, fr = limits.disk_fsync_write_read_bytes_per_s(disk_dir, plan.disk_bytes)
@@ -69,7 +89,7 @@ def measure_limits(plan: Plan, disk_dir: str, step: Callable[[str], None]) -> di
     mem = limits.memcpy_bytes_per_s()
     return {
         "loopback_tcp_Bps": tcp1, "loopback_tcp_2streams_Bps": tcp2,
-        "round_trips_per_s": rtt1, "round_trips_2pairs_per_s": rtt2,
+        "round_trips_per_s": rtt1, "round_trips_2pairs_per_s": rtt2, "round_trips_pinned_per_s": rttp,
         "disk_write_Bps": dw, "disk_read_Bps": dr,
         "disk_fsync_write_Bps": fw, "disk_fsync_read_Bps": fr,
         "memcpy_Bps": mem,
@@ -116,7 +136,27 @@ def run_target(t: BenchTarget, plan: Plan, lim: dict[str, float], replicas: int,
     t.makedirs(base)
     out: list[Result] = []
     tag = "" if not local else " (compare)"
+    groups = set(plan.groups)
+    if "bigfile" in groups:
+        out += _bigfile(t, plan, L, base, tag, step)
+    if "mdtest" in groups:
+        out += _mdtest(t, plan, lim, L, base, tag, step)
+    if "small" in groups:
+        out += _small(t, plan, L, base, tag, step)
+    if "smallfiles" in groups:
+        out += smallfiles.run_smallfiles(
+            t, f"{base}/sf", files=plan.sf_files, dirs=plan.sf_dirs, size_bytes=plan.sf_size_bytes,
+            threads=tuple(plan.sf_threads), batch_files=plan.sf_batch_files,
+            limit=(PINNED_LIMIT_NAME, lim["round_trips_pinned_per_s"]), step=step, tag=tag)
+    if "lookup" in groups:
+        out += _lookup(t, plan, lim, local, base, tag, step)
+    t.rmtree(base)
+    return out
 
+
+def _bigfile(t: BenchTarget, plan: Plan, L: _Limits, base: str, tag: str,
+             step: Callable[[str], None]) -> list[Result]:
+    out: list[Result] = []
     step(f"big file write/read, 1 process{tag}")
     w, _ = seq_write(t, f"{base}/big", plan.big_bytes)
     n, v, ex = L.write(1)
@@ -141,7 +181,12 @@ def run_target(t: BenchTarget, plan: Plan, lim: dict[str, float], replicas: int,
     out.append(Result(f"seq_read_{plan.procs}p", par["read"], "B/s", n, v, {"procs": plan.procs, **ex}))
     t.rmtree(f"{base}/par")
     t.rmtree(f"{base}/big")
+    return out
 
+
+def _mdtest(t: BenchTarget, plan: Plan, lim: dict[str, float], L: _Limits, base: str, tag: str,
+            step: Callable[[str], None]) -> list[Result]:
+    out: list[Result] = []
     for procs in plan.md_procs:
         for shared in (True, False):
             mode = "shared" if shared else "perproc"
@@ -151,7 +196,7 @@ def run_target(t: BenchTarget, plan: Plan, lim: dict[str, float], replicas: int,
             md = parallel_mdtest(t.spec, d, procs, plan.md_files, shared=shared)
             for phase in ("create", "stat", "readdir", "unlink"):
                 if phase == "readdir":
-                    n, v = ("", 0.0) if local else (f"raw TCP / {READDIR_ENTRY_BYTES} B", lim["loopback_tcp_Bps"] / READDIR_ENTRY_BYTES)
+                    n, v = ("", 0.0) if L.local else (f"raw TCP / {READDIR_ENTRY_BYTES} B", lim["loopback_tcp_Bps"] / READDIR_ENTRY_BYTES)
                     unit = "entries/s"
                 else:
                     n, v = L.ops(procs)
@@ -159,7 +204,12 @@ def run_target(t: BenchTarget, plan: Plan, lim: dict[str, float], replicas: int,
                 out.append(Result(f"md_{phase}_{procs}p_{mode}", md[phase], unit, n, v,
                                   {"procs": procs, "files_per_proc": plan.md_files}))
             t.rmtree(d)
+    return out
 
+
+def _small(t: BenchTarget, plan: Plan, L: _Limits, base: str, tag: str,
+           step: Callable[[str], None]) -> list[Result]:
+    out: list[Result] = []
     for count, size in plan.small:
         label = f"{size >> 10}k"
         step(f"small files {count} x {label}{tag}")
@@ -168,7 +218,12 @@ def run_target(t: BenchTarget, plan: Plan, lim: dict[str, float], replicas: int,
             n, v = L.ops(1, size if phase != "stat" else 0)
             out.append(Result(f"small_{label}_{phase}", sf[phase], "files/s", n, v, {"files": count, "size_bytes": size}))
         t.rmtree(f"{base}/small{label}")
+    return out
 
+
+def _lookup(t: BenchTarget, plan: Plan, lim: dict[str, float], local: bool, base: str, tag: str,
+            step: Callable[[str], None]) -> list[Result]:
+    out: list[Result] = []
     step(f"lookup cost vs directory size {plan.lookup_sizes}{tag}")
     scaling = lookup_scaling(t, f"{base}/huge", plan.lookup_sizes, plan.lookup_samples)
     rtt_us = 1e6 / lim["round_trips_per_s"]
@@ -177,7 +232,6 @@ def run_target(t: BenchTarget, plan: Plan, lim: dict[str, float], replicas: int,
         out.append(Result(f"lookup_{n_ent}", row["stat_us"], "us/op", "" if local else "raw round trip (us)",
                           0.0 if local else rtt_us, {"entries": n_ent, "miss_us": row["miss_us"]}))
     t.rmtree(f"{base}/huge")
-    t.rmtree(base)
     return out
 
 
@@ -191,8 +245,10 @@ def merge_rounds(rounds: list[list[Result]]) -> list[Result]:
 
 
 def steps_total(plan: Plan, targets: int) -> int:
-    per_target = 1 + 2 + 1 + 2 * len(plan.md_procs) + len(plan.small) + 1
-    return 4 + per_target * targets * plan.rounds
+    per_group = {"bigfile": 1 + 2 + 1, "mdtest": 2 * len(plan.md_procs), "small": len(plan.small),
+                 "lookup": 1, "smallfiles": smallfiles.steps(tuple(plan.sf_threads))}
+    per_target = sum(per_group[g] for g in set(plan.groups))
+    return (4 if plan.network_and_disk() else 1) + per_target * targets * plan.rounds
 
 
 def run_bench(targets: list[BenchTarget], plan: Plan, replicas: int, disk_dir: str | None = None,

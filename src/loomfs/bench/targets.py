@@ -28,7 +28,10 @@ class BenchTarget(Protocol):
     def write_file(self, path: str, data: bytes | memoryview) -> None: ...
     def read_file(self, path: str) -> bytes: ...
     def create_many(self, paths: Iterable[str]) -> None: ...
+    def read_many(self, paths: list[str]) -> list[bytes | OSError]: ...
+    def stat_many(self, paths: list[str]) -> list[os.stat_result | OSError]: ...
     def drop_cache(self, path: str) -> None: ...
+    def cold(self, paths: list[str]) -> BenchTarget: ...
     def close(self) -> None: ...
 
 
@@ -92,8 +95,20 @@ class LoomTarget:
 
         self.fs.run(run())
 
+    def read_many(self, paths: list[str]) -> list[bytes | OSError]:
+        """One batch call: per-item bytes, or the OSError for that item."""
+        return list(self.fs.read_many(paths))
+
+    def stat_many(self, paths: list[str]) -> list[os.stat_result | OSError]:
+        return list(self.fs.stat_many(paths))
+
     def drop_cache(self, path: str) -> None:
-        pass  # the client keeps no data cache across opens
+        pass  # a fresh client (``cold``) is how caches are emptied here
+
+    def cold(self, paths: list[str]) -> BenchTarget:
+        """A fresh client on the same cluster: its attribute, entry and data caches are empty.
+        The caller closes it."""
+        return LoomTarget(self.spec[1])
 
     def close(self) -> None:
         if self._own:
@@ -151,6 +166,35 @@ class LocalTarget:
     def create_many(self, paths: Iterable[str]) -> None:
         for p in paths:
             os.close(os.open(self._p(p), os.O_WRONLY | os.O_CREAT, 0o644))
+
+    def read_many(self, paths: list[str]) -> list[bytes | OSError]:
+        out: list[bytes | OSError] = []
+        for p in paths:
+            try:
+                out.append(self.read_file(p))
+            except OSError as exc:
+                out.append(exc)
+        return out
+
+    def stat_many(self, paths: list[str]) -> list[os.stat_result | OSError]:
+        out: list[os.stat_result | OSError] = []
+        for p in paths:
+            try:
+                out.append(os.stat(self._p(p)))
+            except OSError as exc:
+                out.append(exc)
+        return out
+
+    def cold(self, paths: list[str]) -> BenchTarget:
+        """This directory with ``paths`` flushed and dropped from the page cache (best effort:
+        the kernel's dentry and inode caches stay warm; a file system that refuses fsync or
+        fadvise keeps its cache). Closing it is a no-op."""
+        for p in paths:
+            try:
+                self.drop_cache(p)
+            except OSError:
+                pass
+        return self
 
     def drop_cache(self, path: str) -> None:
         """Flush and drop ``path`` from the page cache so a read-back measures the device."""

@@ -19,6 +19,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--files", type=int, default=None, help="mdtest files per process (default 2000)")
     p.add_argument("--lookup-sizes", default=None,
                    help="directory sizes for the lookup-cost curve, comma list (default 1000,100000,1000000)")
+    p.add_argument("--files-small", type=int, default=None,
+                   help="files in the small-file benchmark, 4 KiB each in 100 directories (default 20000, --quick 400)")
+    p.add_argument("--only", default=None,
+                   help="run only these workload groups, comma list of bigfile, mdtest, small, lookup, "
+                        "smallfiles (default all); limits not needed by them are skipped")
     p.add_argument("--rounds", type=int, default=1, help="repeat and report medians")
     p.add_argument("--json", dest="json_path", default=None, help="write results as JSON here")
     p.add_argument("--plot", dest="plot_path", default=None, help="draw the results into this PNG")
@@ -62,8 +67,23 @@ def plan_from_args(args: argparse.Namespace) -> Any:
         plan.md_files = args.files
     if args.lookup_sizes:
         plan.lookup_sizes = [int(x) for x in args.lookup_sizes.split(",") if x.strip()]
+    if args.files_small is not None:
+        plan.sf_files = max(1, args.files_small)
+    if args.only:
+        plan.groups = parse_groups(args.only)
     plan.rounds = max(1, args.rounds)
     return plan
+
+
+def parse_groups(text: str) -> list[str]:
+    from loomfs.bench.suite import GROUPS
+
+    groups = [g.strip() for g in text.split(",") if g.strip()]
+    bad = [g for g in groups if g not in GROUPS]
+    if bad or not groups:
+        raise SystemExit(f"loomfs bench --only: unknown group(s) {', '.join(bad) or '(none)'}; "
+                         f"choose from {', '.join(GROUPS)}")
+    return [g for g in GROUPS if g in groups]
 
 
 def _replicas(args: argparse.Namespace, fs: Any) -> int:
