@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import threading
 from pathlib import Path
 
 import pytest
@@ -199,3 +200,34 @@ def test_several_processes_share_one_directory(tmp_path: Path) -> None:
 def test_bad_bound() -> None:
     with pytest.raises(ValueError):
         DiskCache("/nonexistent-never-created", 0)
+
+
+def test_put_later_writes_on_the_writer_thread(tmp_path: Path) -> None:
+    c = DiskCache(tmp_path, 1 << 20, background_evict=False)
+    for i in range(50):
+        assert c.put_later(key(i, 10), bytes([i]) * 10)
+    assert c.flush(10)
+    assert c.writes == 50 and c._queued_bytes == 0
+    assert all(c.get(key(i, 10)) == bytes([i]) * 10 for i in range(50))
+    assert c.flush(0)  # nothing queued: at once
+
+
+def test_put_later_drops_when_the_queue_is_full(tmp_path: Path) -> None:
+    c = DiskCache(tmp_path, 1 << 20, queue_bytes_max=100, background_evict=False)
+    gate = threading.Event()
+    real_put = c.put
+
+    def held_put(k: DataKey, data: bytes | bytearray | memoryview) -> bool:
+        gate.wait(10)
+        return real_put(k, data)
+
+    c.put = held_put  # type: ignore[method-assign]
+    assert c.put_later(key(1, 60), b"a" * 60)
+    assert not c.put_later(key(2, 60), b"b" * 60)  # 60 queued or being written + 60 > 100
+    assert c.dropped == 1
+    assert not c.flush(0)
+    gate.set()
+    assert c.flush(10)
+    assert c.get(key(1, 60)) == b"a" * 60 and c.get(key(2, 60)) is None
+    assert not c.put_later(key(3, 1 << 21), b"c" * (1 << 21))  # larger than an entry may be
+    assert c.rejected == 1

@@ -26,8 +26,11 @@ Layout under ``root`` (``root/<namespace>/`` when a namespace, e.g. the cluster,
   pass the bound by at most about P/16 of it before a scan brings it back.
 - Nothing here is fsync'd: it is a cache, and the checksum catches what a crash tears.
 
-All calls are blocking (small local file I/O); an eviction scan runs on a short-lived
-background thread unless ``background_evict=False`` (tests).
+``get`` and ``put`` are blocking (small local file I/O). Creating a file costs from tens of
+microseconds to a millisecond on a busy disk, so an event loop hands its writes to
+``put_later``: a bounded queue (``queue_bytes_max``; a full queue drops the write and counts
+it) drained by one writer thread. An eviction scan runs on a short-lived background thread
+unless ``background_evict=False`` (tests).
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ import secrets
 import struct
 import threading
 import time
+from collections import deque
 from typing import NamedTuple
 
 import crc32c
@@ -57,6 +61,7 @@ HEADER_BYTES = _HEADER.size
 LOW_WATER = 0.9  # an eviction brings the total down to this share of bytes_max
 SCAN_SHARE = 16  # rescan after writing bytes_max / SCAN_SHARE
 TMP_STALE_S = 3600.0  # temp files older than this are a dead writer's: removed by scans
+WRITER_IDLE_S = 5.0  # the writer thread ends after this long without work
 _U64 = (1 << 64) - 1
 
 
@@ -83,6 +88,7 @@ class DiskCache:
         entry_bytes_max: int = 64 << 20,
         touch_interval_s: float = 60.0,
         background_evict: bool = True,
+        queue_bytes_max: int = 64 << 20,
     ):
         if bytes_max <= 0:
             raise ValueError("bytes_max must be > 0")
@@ -101,6 +107,12 @@ class DiskCache:
         self._evicting = False
         self._evict_thread: threading.Thread | None = None
         self._since_scan = 0
+        self.queue_bytes_max = queue_bytes_max
+        self._queue: deque[tuple[DataKey, bytes]] = deque()
+        self._queued_bytes = 0  # queued or being written
+        self._queue_cond = threading.Condition(threading.Lock())
+        self._writer: threading.Thread | None = None
+        self.dropped = 0  # put_later calls refused by a full queue
         self.hits = 0
         self.misses = 0
         self.hit_bytes = 0
@@ -211,6 +223,54 @@ class DiskCache:
         if due:
             self._evict_soon()
         return True
+
+    def put_later(self, key: DataKey, data: bytes) -> bool:
+        """Queue ``data`` for the writer thread; False if the queue is full or it is too large."""
+        n = len(data)
+        if n > self.entry_bytes_max:
+            self._count(rejected=1)
+            return False
+        with self._queue_cond:
+            if self._pid != os.getpid():  # forked: the parent's writer and queue are not ours
+                self._pid, self._evicting, self._writer = os.getpid(), False, None
+                self._queue.clear()
+                self._queued_bytes = 0
+            if self._queued_bytes + n > self.queue_bytes_max:
+                self.dropped += 1
+                return False
+            self._queue.append((key, data))
+            self._queued_bytes += n
+            if self._writer is None:
+                self._writer = threading.Thread(target=self._write_loop, name="loomfs-diskcache-write",
+                                                daemon=True)
+                self._writer.start()
+            else:
+                self._queue_cond.notify()
+        return True
+
+    def _write_loop(self) -> None:
+        me = threading.current_thread()
+        while True:
+            with self._queue_cond:
+                if not self._queue:
+                    self._queue_cond.wait(WRITER_IDLE_S)
+                if not self._queue or self._writer is not me:
+                    if self._writer is me:
+                        self._writer = None
+                    self._queue_cond.notify_all()
+                    return
+                key, data = self._queue.popleft()
+            try:
+                self.put(key, data)
+            finally:
+                with self._queue_cond:
+                    self._queued_bytes -= len(data)
+                    self._queue_cond.notify_all()
+
+    def flush(self, timeout_s: float | None = None) -> bool:
+        """Wait until every ``put_later`` so far is written; False on timeout."""
+        with self._queue_cond:
+            return self._queue_cond.wait_for(lambda: self._queued_bytes == 0, timeout_s)
 
     def discard(self, key: DataKey) -> None:
         self._remove(self._path(key))
