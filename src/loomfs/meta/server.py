@@ -14,6 +14,7 @@ from loomfs.common.routing import RoutingClient, parse_addresses
 from loomfs.common.service_main import run_service
 from loomfs.config import MetaConfig, resolve_under
 from loomfs.errors import LoomError
+from loomfs.meta.batch_service import BatchService
 from loomfs.meta.gc import ChunkRemover, GcWorker, remover_client_id
 from loomfs.meta.ops.namespace import Namespace
 from loomfs.meta.service import MetaService
@@ -113,6 +114,7 @@ async def serve(config: MetaConfig, *, ready: asyncio.Event | None = None) -> No
     await ns.init()
     server = RpcServer("meta", default_transport(max_payload_bytes=config.rpc.max_payload_bytes))
     server.add_service(MetaService(ns))
+    server.add_service(BatchService(ns))
     tasks: list[asyncio.Task[object]] = []
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

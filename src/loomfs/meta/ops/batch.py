@@ -1,0 +1,266 @@
+"""Batch operations: many paths per call, a result per path (one failure fails only its item).
+
+Every rule is the namespace's own: reads resolve each path with ``walk`` and answer what
+``stat``/``read`` answer (``_attr``, ``_inline_content``, CRC-checked); writes call
+``Namespace.open`` (a put) and ``Namespace.unlink`` item by item.
+
+Transactions. A read batch runs in one read transaction per ``READ_TXN_ITEMS`` paths (a
+transaction sees one snapshot; the groups keep one batch from holding the store for long):
+the walks first, a repeated directory lookup (files of one directory) answered from memory
+(within a snapshot it cannot change), then the inodes in one query. A write batch runs each
+item in its own write transaction, in order. Sharing one would make a put about 2x cheaper
+at ``synchronous=NORMAL`` and 4x at ``FULL`` (measured), but needs the namespace to run an
+open or unlink inside a caller's transaction and to undo one failed item without the others
+(a savepoint); until then an item is exactly the single call.
+
+Puts first look, in one read transaction, at the limit each file would get
+(``Layout.inline_max_bytes``: the file's own, or the one ``inline_limit`` gives a new file in
+its directory): an item too big for it is left untouched and answered ``FALLBACK`` (the
+client writes it in chunks) instead of being opened for writing here. If the limit changed
+in between and the open still went to chunks, its write session is closed at once and the
+item is a fallback too (the file was created or truncated, empty; the client's write fills it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import enum
+import logging
+import os
+from collections.abc import Sequence
+from typing import Any, cast
+
+from loomfs.errors import LoomError, StatusError, status_for_exception
+from loomfs.meta.ops.base import DIR, FILE
+from loomfs.meta.ops.namespace import Namespace
+from loomfs.meta.ops.walk import walk
+from loomfs.meta.paths import split_path
+from loomfs.meta.store.base import DentryRow, MetaTxn
+from loomfs.wire import meta_batch as wb
+from loomfs.wire.status import Status
+from loomfs.wire.types import Attr
+
+logger = logging.getLogger(__name__)
+
+READ_TXN_ITEMS = 512
+PUT_FLAGS = os.O_CREAT | os.O_WRONLY | os.O_TRUNC
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Failed:
+    """An item's error: a wire status and a short message."""
+
+    status: int
+    message: str
+
+    @classmethod
+    def of(cls, exc: LoomError) -> Failed:
+        return cls(int(status_for_exception(exc)), wb.short_message(exc.strerror or str(exc)))
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Content:
+    """A file read: its attributes, and its bytes when it is inline (None: in chunks)."""
+
+    attr: Attr
+    data: bytes | None
+
+
+class Put(enum.Enum):
+    DONE = 1  # stored inline
+    FALLBACK = 2  # untouched (or created/truncated empty): too big for the file's inline limit
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PutItem:
+    path: str
+    data: bytes
+    crc: int
+
+
+class _Memo:
+    """A read transaction whose repeated lookups come from memory (one snapshot: a lookup
+    cannot change within it). Lives for one transaction."""
+
+    __slots__ = ("_txn", "_rows")
+
+    def __init__(self, txn: MetaTxn):
+        self._txn = txn
+        self._rows: dict[tuple[int, str], DentryRow | None] = {}
+
+    async def lookup(self, parent: int, name: str) -> DentryRow | None:
+        key = (parent, name)
+        try:
+            return self._rows[key]
+        except KeyError:
+            row = self._rows[key] = await self._txn.lookup(parent, name)
+            return row
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._txn, name)
+
+    def __repr__(self) -> str:
+        return f"_Memo({len(self._rows)} lookups over {self._txn!r})"
+
+
+class BatchOps:
+    """Batches over one ``Namespace``; results are per item, in request order."""
+
+    def __init__(self, ns: Namespace):
+        self.ns = ns
+
+    async def stat_many(
+        self, paths: Sequence[str], *, follow_symlinks: bool = True, body_bytes_max: int = wb.REPLY_BODY_BYTES_MAX
+    ) -> list[Attr | Failed]:
+        """What STAT answers, for a prefix of ``paths`` (at least one) whose reply fits
+        ``body_bytes_max``."""
+        out: list[Attr | Failed] = []
+        used = 0
+        for start in range(0, len(paths), READ_TXN_ITEMS):
+            if start:
+                await asyncio.sleep(0)  # let other calls at the store between groups
+            async with self.ns.store.read() as txn:
+                for item in await self._attrs(txn, paths[start : start + READ_TXN_ITEMS], follow_symlinks):
+                    cost = wb.ITEM_ERROR_BYTES_MAX if isinstance(item, Failed) else wb.attr_bytes_max(item)
+                    if out and used + cost > body_bytes_max:
+                        return out
+                    used += cost
+                    out.append(item)
+        return out
+
+    async def read_many(
+        self, paths: Sequence[str], *, follow_symlinks: bool = True, body_bytes_max: int = wb.REPLY_BODY_BYTES_MAX,
+        data_bytes_max: int = wb.READ_MANY_DATA_BYTES_MAX,
+    ) -> list[Content | Failed]:
+        """What READ answers, for a prefix of ``paths`` (at least one) whose reply fits the
+        bounds; a directory is EISDIR, a symlink not followed ELOOP."""
+        out: list[Content | Failed] = []
+        used = data = 0
+        for start in range(0, len(paths), READ_TXN_ITEMS):
+            if start:
+                await asyncio.sleep(0)
+            async with self.ns.store.read() as txn:
+                group = paths[start : start + READ_TXN_ITEMS]
+                for path, found in zip(group, await self._attrs(txn, group, follow_symlinks), strict=True):
+                    item = found if isinstance(found, Failed) else await self._content(txn, path, found)
+                    cost = 2 * wb.INDEX_BYTES_MAX  # its length and CRC
+                    size = 0
+                    if isinstance(item, Failed):
+                        cost += wb.ITEM_ERROR_BYTES_MAX
+                    elif item.data is None:
+                        cost += wb.INDEXED_ATTR_OVERHEAD_BYTES + wb.attr_bytes_max(item.attr)
+                    else:
+                        size = len(item.data)
+                    if out and (used + cost > body_bytes_max or data + size > data_bytes_max):
+                        return out
+                    used += cost
+                    data += size
+                    out.append(item)
+        return out
+
+    async def _content(self, txn: MetaTxn, path: str, attr: Attr) -> Content | Failed:
+        try:
+            if attr.type != FILE:
+                raise StatusError(Status.EISDIR if attr.type == DIR else Status.ELOOP, path)
+            return Content(attr, await self.ns._inline_content(txn, attr))
+        except LoomError as exc:
+            return Failed.of(exc)
+
+    async def _attrs(self, txn: MetaTxn, paths: Sequence[str], follow_symlinks: bool) -> list[Attr | Failed]:
+        """The attributes each path resolves to, in one transaction: the walks, then the
+        inodes in one query."""
+        memo = cast(MetaTxn, _Memo(txn))
+        found: list[int | Failed] = []
+        for path in paths:
+            try:
+                r = await walk(memo, split_path(path), follow_last=follow_symlinks)
+                if r.inode is None:
+                    raise StatusError(Status.ENOENT, path)
+                found.append(r.inode)
+            except LoomError as exc:
+                found.append(Failed.of(exc))
+        attrs = await txn.get_inodes([f for f in found if not isinstance(f, Failed)])
+        out: list[Attr | Failed] = []
+        for f in found:
+            if isinstance(f, Failed):
+                out.append(f)
+                continue
+            attr = attrs.get(f)
+            if attr is None:
+                try:
+                    attr = await self.ns._attr(txn, f)  # the namespace's answer to a dangling entry
+                except LoomError as exc:
+                    out.append(Failed.of(exc))
+                    continue
+            out.append(attr)
+        return out
+
+    async def put_many(
+        self, items: Sequence[PutItem], *, mode: int = 0o644, uid: int = 0, gid: int = 0, client_id: int = 0,
+    ) -> list[Put | Failed]:
+        """Store each item as the whole content of its file, in order (see the module
+        docstring for fallbacks)."""
+        plan = await self._put_plan(items)
+        out: list[Put | Failed] = []
+        for item, planned in zip(items, plan, strict=True):
+            if planned is not None:
+                out.append(planned)
+                continue
+            try:
+                o = await self.ns.open(item.path, PUT_FLAGS, mode=mode, uid=uid, gid=gid, client_id=client_id,
+                                       data=item.data, data_crc=item.crc)
+            except LoomError as exc:
+                out.append(Failed.of(exc))
+                continue
+            if o.session_id:  # the limit changed since the look: a write open in chunks
+                try:
+                    await self.ns.report(o.attr.inode, o.session_id, -1, end=True)
+                except LoomError as exc:  # the session expires by itself
+                    logger.warning("meta: put_many of %s: closing its write session failed: %s", item.path, exc)
+            out.append(Put.FALLBACK if o.session_id else Put.DONE)
+        return out
+
+    async def _put_plan(self, items: Sequence[PutItem]) -> list[Put | Failed | None]:
+        """Per item: FALLBACK (too big to be inline), the error its path's walk gives, or
+        None (put it)."""
+        plan: list[Put | Failed | None] = []
+        for start in range(0, len(items), READ_TXN_ITEMS):
+            if start:
+                await asyncio.sleep(0)
+            async with self.ns.store.read() as txn:
+                memo = cast(MetaTxn, _Memo(txn))
+                for item in items[start : start + READ_TXN_ITEMS]:
+                    try:
+                        limit = await self._put_limit(memo, item.path)
+                    except LoomError as exc:
+                        plan.append(Failed.of(exc))
+                        continue
+                    too_big = limit is not None and (limit <= 0 or len(item.data) > limit)
+                    plan.append(Put.FALLBACK if too_big else None)
+        return plan
+
+    async def _put_limit(self, txn: MetaTxn, path: str) -> int | None:
+        """The inline limit a put of ``path`` meets (None: let the open answer, an error)."""
+        r = await walk(txn, split_path(path), follow_last=True)  # O_CREAT without O_EXCL follows
+        if r.inode is not None:
+            attr = await self.ns._attr(txn, r.inode)
+            if attr.type != FILE:
+                return None
+            return attr.layout.inline_max_bytes if attr.layout is not None else 0
+        if r.parent is None or r.name is None or r.must_be_dir:
+            return None
+        return self.ns.inline_limit(await self.ns._attr(txn, r.parent))
+
+    async def unlink_many(self, paths: Sequence[str]) -> list[tuple[int, bool] | Failed]:
+        """``Namespace.unlink`` of each path, in order: (inode, its data went to GC) or the error."""
+        out: list[tuple[int, bool] | Failed] = []
+        for path in paths:
+            try:
+                out.append(await self.ns.unlink(path))
+            except LoomError as exc:
+                out.append(Failed.of(exc))
+        return out
+
+    def __repr__(self) -> str:
+        return f"BatchOps({self.ns!r})"
