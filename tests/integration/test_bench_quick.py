@@ -19,6 +19,7 @@ EXPECTED = {
       for mode in ("shared", "perproc")),
     *(f"small_{s}_{ph}" for s in ("4k", "128k") for ph in ("create", "stat", "read")),
     "lookup_100", "lookup_1000", "lookup_3000",
+    *(f"dir_{ph}_{n}" for ph in ("create", "list") for n in (100, 1000, 3000)),
 }
 SMALLFILES = {
     *(f"sf_{ph}_{k}t" for ph in ("create", "stat", "read_cold", "unlink") for k in (1, 4)),

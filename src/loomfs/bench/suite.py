@@ -231,6 +231,12 @@ def _lookup(t: BenchTarget, plan: Plan, lim: dict[str, float], local: bool, base
         n_ent = int(row["entries"])
         out.append(Result(f"lookup_{n_ent}", row["stat_us"], "us/op", "" if local else "raw round trip (us)",
                           0.0 if local else rtt_us, {"entries": n_ent, "miss_us": row["miss_us"]}))
+        out.append(Result(f"dir_create_{n_ent}", row["create_per_s"], "files/s",
+                          "" if local else "raw round trips", 0.0 if local else lim["round_trips_per_s"],
+                          {"entries": n_ent}))
+        out.append(Result(f"dir_list_{n_ent}", row["list_per_s"], "entries/s",
+                          "" if local else f"readdir bound ({READDIR_ENTRY_BYTES} B/entry over TCP)",
+                          0.0 if local else lim["loopback_tcp_Bps"] / READDIR_ENTRY_BYTES, {"entries": n_ent}))
     t.rmtree(f"{base}/huge")
     return out
 

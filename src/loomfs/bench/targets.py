@@ -6,6 +6,7 @@ processes can open their own (a LoomFS client is per process).
 
 from __future__ import annotations
 
+import itertools
 import os
 import shutil
 from collections.abc import Iterable
@@ -22,6 +23,7 @@ class BenchTarget(Protocol):
     def makedirs(self, path: str) -> None: ...
     def stat(self, path: str) -> Any: ...
     def listdir(self, path: str) -> list[str]: ...
+    def list_first(self, path: str, n: int) -> int: ...
     def unlink(self, path: str) -> None: ...
     def rmtree(self, path: str) -> None: ...
     def exists(self, path: str) -> bool: ...
@@ -57,6 +59,10 @@ class LoomTarget:
 
     def listdir(self, path: str) -> list[str]:
         return list(self.fs.listdir(path))
+
+    def list_first(self, path: str, n: int) -> int:
+        """Stream the first ``n`` entries (READDIR pages); returns how many came."""
+        return sum(1 for _ in itertools.islice(self.fs.iterdir(path), n))
 
     def unlink(self, path: str) -> None:
         self.fs.unlink(path)
@@ -141,6 +147,10 @@ class LocalTarget:
 
     def listdir(self, path: str) -> list[str]:
         return os.listdir(self._p(path))
+
+    def list_first(self, path: str, n: int) -> int:
+        with os.scandir(self._p(path)) as it:
+            return sum(1 for _ in itertools.islice(it, n))
 
     def unlink(self, path: str) -> None:
         os.unlink(self._p(path))

@@ -146,17 +146,27 @@ def small_files(t: Any, dir_path: str, count: int, size_bytes: int, seed: int = 
     return {"create": create, "stat": stat, "read": read}
 
 
+LIST_ENTRIES = 20_000
+
+
 def lookup_scaling(t: Any, dir_path: str, sizes: list[int], samples: int, seed: int = 5,
                    tick: Any = None) -> list[dict[str, float]]:
-    """Grow one directory through ``sizes`` entries; at each size time ``samples`` stats of
-    random existing names and one miss each. Returns [{entries, stat_us, miss_us}]."""
+    """Grow one directory through ``sizes`` entries; at each size time the creates that grew
+    it, ``samples`` stats of random existing names and one miss each, and a streamed listing
+    of its first entries (up to ``LIST_ENTRIES``). Returns [{entries, stat_us, miss_us,
+    create_per_s, list_per_s}]: the huge-directory curve (flat is the goal)."""
     rng = random.Random(seed)
     t.makedirs(dir_path)
     have = 0
     out: list[dict[str, float]] = []
     for n in sizes:
+        t0 = time.perf_counter()
         t.create_many(f"{dir_path}/e{i:08d}" for i in range(have, n))
+        create_per_s = (n - have) / max(1e-9, time.perf_counter() - t0)
         have = n
+        t0 = time.perf_counter()
+        listed = t.list_first(dir_path, LIST_ENTRIES)
+        list_per_s = listed / max(1e-9, time.perf_counter() - t0)
         names = [f"{dir_path}/e{rng.randrange(n):08d}" for _ in range(samples)]
         t0 = time.perf_counter()
         for p in names:
@@ -170,7 +180,8 @@ def lookup_scaling(t: Any, dir_path: str, sizes: list[int], samples: int, seed: 
             except FileNotFoundError:
                 pass
         miss_us = (time.perf_counter() - t0) / misses * 1e6
-        out.append({"entries": float(n), "stat_us": hit_us, "miss_us": miss_us})
+        out.append({"entries": float(n), "stat_us": hit_us, "miss_us": miss_us, "create_per_s": create_per_s,
+                    "list_per_s": list_per_s})
         if tick is not None:
             tick()
     return out
