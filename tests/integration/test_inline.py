@@ -15,6 +15,7 @@ from loomfs.cli.fsck import fsck
 pytestmark = pytest.mark.integration
 
 LIMIT = 64 << 10  # the meta server's default inline limit
+CAP = 512 << 10  # the most a directory may ask for (inline bytes travel in a frame header)
 
 
 class Calls:
@@ -146,3 +147,117 @@ def test_gc_and_fsck_with_inline_files(cluster: Any, fs: loomfs.LoomFS, base: st
     assert fs.cat(f"{base}/g0-link") == b"0" and fs.cat(f"{base}/g1-moved") == b"1"
     rep = fsck(fs, lambda: cluster.chunks_of(0), cluster.routing())
     assert rep.inline_files >= 2 and not rep.bad_inline, rep
+
+
+
+
+def test_lazy_w_truncate_extend_then_close_in_chunked_dir_keeps_length(fs: loomfs.LoomFS, base: str) -> None:
+    """A lazy "w" file extended by truncate() and put where inline is off: the put falls back
+    to chunks and only the write patches go there; the zero tail of the truncate is lost."""
+    fs.makedirs(f"{base}/off")
+    fs.set_layout(f"{base}/off", inline_max_bytes=0)
+    p = f"{base}/off/f"
+    with fs.open(p, "wb") as f:
+        f.write(b"abc")
+        assert f.truncate(10) == 10
+    assert fs.attr(p).size == 10
+    assert fs.cat(p) == b"abc" + bytes(7)
+
+
+def test_lazy_w_truncate_extend_then_fsync_keeps_length(fs: loomfs.LoomFS, base: str) -> None:
+    """Same in an inline directory: fsync materialises the lazy file and sends only the
+    patches, so the extension by truncate() never reaches meta."""
+    p = f"{base}/f"
+    with fs.open(p, "wb") as f:
+        f.write(b"abc")
+        f.truncate(10)
+        f.fsync()
+        assert fs.attr(p).size == 10  # fsync: meta has the length this file object shows
+    assert fs.cat(p) == b"abc" + bytes(7)
+
+
+def test_inline_file_at_the_cap_stays_readable(fs: loomfs.LoomFS, base: str) -> None:
+    """A directory may ask for the 1 MiB cap; a file of that size is kept inline and its
+    bytes then travel in the frame *header* (max 1 MiB) of the READ/OPEN reply, which no
+    longer fits: the file cannot be read."""
+    d = f"{base}/big"
+    fs.makedirs(d)
+    fs.set_layout(d, inline_max_bytes=CAP)
+    p = f"{d}/f"
+    fs.pipe(p, b"seed")
+    fs.truncate(p, CAP)  # within the limit: stays inline
+    assert fs.attr(p).size == CAP and fs.attr(p).inline
+    assert fs.cat(p) == b"seed" + bytes(CAP - 4)
+    with fs.open(p, "rb") as f:
+        assert len(f.read()) == CAP
+
+
+def test_inline_put_at_the_cap_through_writes(fs: loomfs.LoomFS, base: str) -> None:
+    """Growing an inline file to the 1 MiB cap with writes through meta (WRITE_INLINE) in
+    two halves, then reading it back."""
+    d = f"{base}/big"
+    fs.makedirs(d)
+    fs.set_layout(d, inline_max_bytes=CAP)
+    p = f"{d}/f"
+    fs.pipe(p, b"")
+    half = CAP // 2
+    with fs.open(p, "r+b") as f:
+        f.write(b"a" * half)
+        f.flush()
+        f.write(b"b" * half)
+    assert fs.attr(p).size == CAP and fs.attr(p).inline
+    assert fs.cat(p) == b"a" * half + b"b" * half
+
+
+def test_unlinked_while_open_inline_file_can_still_grow(fs: loomfs.LoomFS, base: str) -> None:
+    """POSIX (and LoomFS files in chunks): a file unlinked while open stays writable through
+    the open file object. An inline one raises ENOENT as soon as a write crosses the inline
+    limit (MIGRATE of an inode that is gone), although small writes were accepted."""
+    chunked = f"{base}/c"
+    with fs.open(chunked, "xb") as f:  # sanity: the same on a file in chunks works
+        f.write(b"x" * (100 << 10))  # in chunks from here
+        fs.unlink(chunked)
+        f.write(b"y" * (100 << 10))
+    p = f"{base}/i"
+    fs.pipe(p, b"small")
+    assert fs.attr(p).inline
+    with fs.open(p, "r+b") as f:
+        fs.unlink(p)
+        f.write(b"still fine")  # accepted (applied nowhere)
+        f.flush()
+        f.seek(100 << 10)
+        f.write(b"past the limit")  # ENOENT here
+        f.seek(0)
+        assert f.read(10) == b"still fine"
+
+
+def test_writer_in_chunks_after_file_became_inline_keeps_later_writes(fs: loomfs.LoomFS, base: str) -> None:
+    """A writer in chunks learns at fsync that someone else rewrote the file (a small put:
+    inline now, new truncate epoch). Per loomfs.meta.trim rule 2 its writes after that reply
+    count. But the file object stays in chunk mode: its later writes go to chunks of an
+    inline file, which meta ignores, and close succeeds: an acknowledged write is lost."""
+    p = f"{base}/f"
+    fs.pipe(p, b"x" * (100 << 10))
+    assert not fs.attr(p).inline
+    with fs.open(p, "r+b") as f:
+        f.write(b"A" * 10)
+        f.flush()  # on storage before the put (buffered bytes would land after it)
+        fs.pipe(p, b"small")  # another client (this writer keeps it in chunks)
+        f.fsync()  # the reply: new epoch, length 5
+        f.seek(0)
+        f.write(b"W")
+    assert fs.cat(p) == b"Wmall"
+
+
+def test_reader_in_chunks_after_file_became_inline_reads_the_files_bytes(fs: loomfs.LoomFS, base: str) -> None:
+    """Same writer: after the fsync that told it the new length (5), reading through it
+    returns bytes of the old chunks (cut: zeros), not the file's content."""
+    p = f"{base}/f"
+    fs.pipe(p, b"x" * (100 << 10))
+    with fs.open(p, "r+b") as f:
+        fs.pipe(p, b"small")
+        f.write(b"")
+        f.fsync()
+        assert f.length == 5
+        f.seek(0)
+        assert f.read() == b"small"

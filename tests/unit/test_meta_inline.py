@@ -7,11 +7,12 @@ import asyncio
 import errno
 import os
 from collections.abc import Iterator
+from typing import Any
 
 import crc32c
 import pytest
 from test_meta_namespace import CREAT, Env
-from test_meta_trim import Chunks, _trimmer
+from test_meta_trim import Chunks, _gc, _trimmer
 
 from loomfs.meta.ops.inline import Patch
 from loomfs.meta.store.base import InlineData
@@ -263,3 +264,138 @@ def test_migration_survives_a_meta_restart(tmp_path: object, chunks: WritingChun
     attr, _ = env2.run(env2.ns.migrate(inode))
     assert not attr.inline and chunks.read(inode, 0, 1000) == b"R" * 10 + bytes(990)
     env2.run(env2.store.close())
+
+
+def _gc_pending(env: Env) -> int:
+    return env.run(env.ns.statfs()).gc_pending
+
+
+# -- migration racing with truncates, unlinks and GC ---------------------------------------
+
+
+def test_migration_copy_landing_after_an_o_trunc_to_chunks_is_not_resurrected(env: Env, chunks: WritingChunks) -> None:
+    """An O_TRUNC open in chunks (a big "w" rewrite) that arrives while a migration's copy
+    of the old content is in flight waits for it (else its cut could come before the copy
+    lands, leaving old bytes past the new end for an extend to expose)."""
+    old = b"S" * 100
+    inode = put(env, "/f", old).attr.inode  # type: ignore[attr-defined]
+    tasks: list[asyncio.Task[Any]] = []
+
+    async def rewrite_in_chunks() -> None:  # arrives while the copy is in flight
+        tasks.append(asyncio.ensure_future(
+            env.ns.open("/f", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, chunked=True, client_id=3)))
+        await asyncio.sleep(0)
+
+    chunks.before_write.append(rewrite_in_chunks())
+    attr, _ = env.run(env.ns.migrate(inode))
+    assert not attr.inline
+    o = env.run(tasks[0])  # it waited for the migration's copy, then cut it
+    env.run(env.ns.close(inode, o.session_id, 0, trunc_epoch=o.trunc_epoch))  # type: ignore[attr-defined]
+    env.run(env.ns.setattr("/f", size=100))  # extend: must read zeros
+    assert chunks.read(inode, 0, 100) == bytes(100)
+
+
+def test_migration_copy_landing_after_a_big_put_does_not_corrupt_it(env: Env, chunks: WritingChunks) -> None:
+    """Same race with a put too big to be inline (an ordinary write open in chunks): the
+    migration's copy of the old content must not land over its writer's bytes."""
+    inode = put(env, "/f", b"S" * 100).attr.inode  # type: ignore[attr-defined]
+    big = b"B" * (LIMIT + 10)
+    tasks: list[asyncio.Task[Any]] = []
+
+    async def big_put_then_write() -> Any:
+        o = await env.ns.open("/f", PUT, data=big, data_crc=crc32c.crc32c(big), client_id=3, session_id=11)
+        assert o.session_id and not o.attr.inline
+        chunks.write(inode, 0, big)  # its writer's chunk writes land
+        return o
+
+    async def start() -> None:  # the put arrives while the copy is in flight
+        tasks.append(asyncio.ensure_future(big_put_then_write()))
+        await asyncio.sleep(0)
+
+    chunks.before_write.append(start())
+    env.run(env.ns.migrate(inode))
+    o = env.run(tasks[0])
+    env.run(env.ns.close(inode, o.session_id, len(big), trunc_epoch=o.trunc_epoch))  # type: ignore[attr-defined]
+    assert env.run(env.ns.stat("/f")).size == len(big)
+    assert chunks.read(inode, 0, len(big)) == big
+
+
+def test_unlink_and_gc_during_a_migration_leave_no_orphan_chunk(env: Env, chunks: WritingChunks) -> None:
+    """The migration's copy is in flight when the file is unlinked and GC removes its
+    chunks (the row was dirty: GC queued with length 0, no trim holds it). The copy then
+    lands on storage for an inode that no longer exists and has no GC entry: an orphan."""
+    trimmer = env.ns.trimmer
+    assert trimmer is not None
+    gc = _gc(env, chunks, trimmer)
+    gc.delay_s = 0.0
+    inode = put(env, "/f", b"D" * 200).attr.inode  # type: ignore[attr-defined]
+
+    async def unlink_and_collect() -> None:
+        await env.ns.unlink("/f")
+        env.clock.advance(1)
+        await gc.run_once()
+
+    chunks.before_write.append(unlink_and_collect())
+    with pytest.raises(OSError) as ei:
+        env.run(env.ns.migrate(inode))
+    assert ei.value.errno == errno.ENOENT
+    orphan = [k for k in chunks.data if k[0] == inode]
+    assert not orphan or _gc_pending(env) > 0, f"orphan chunks {orphan} of unlinked inode {inode}, nothing queued"
+
+
+# -- hostile or odd patch lists -----------------------------------------------------------
+
+
+def test_patches_with_negative_offset_are_refused_even_when_another_patch_grows(env: Env, chunks: WritingChunks) -> None:
+    """A patch list with a negative offset is EINVAL when it fits the limit; the same list
+    plus one far patch migrates the file to chunks instead (the bad patch is never looked
+    at): a malformed request changes the file's state instead of failing."""
+    inode = put(env, "/h", b"keep").attr.inode  # type: ignore[attr-defined]
+    assert env.err(env.ns.write_inline(inode, 0, [Patch(-3, b"x")])) == errno.EINVAL
+    assert env.err(env.ns.write_inline(inode, 0, [Patch(-3, b"x"), Patch(1 << 40, b"y")])) == errno.EINVAL
+    assert read(env, "/h") == b"keep"  # still inline, untouched
+
+
+def test_stale_chunk_writer_reporting_during_a_migration_leaves_no_bytes_past_the_end(
+    env: Env, chunks: WritingChunks
+) -> None:
+    """A writer in chunks whose session expired has not heard of a put (the file is inline
+    now); it lands bytes after a migration's cut and reports while the copy is in flight:
+    the report bumps the content's version, so the migration starts again and cuts first
+    (no stale bytes past the end for an extend to expose)."""
+    w = env.run(env.ns.open("/f", CREAT, chunked=True, client_id=1))
+    inode = w.attr.inode
+    chunks.write(inode, 0, b"o" * 5000)
+    env.run(env.ns.sync(inode, 5000, trunc_epoch=w.trunc_epoch))
+
+    async def expire() -> None:  # the writer lost touch with meta for a lease (a put over a
+        async with env.store.write() as t:  # file with live writers keeps it in chunks)
+            await t.remove_session(inode, w.session_id)
+
+    env.run(expire())
+    assert put(env, "/f", b"abc").attr.inline  # type: ignore[attr-defined]  # old chunks cut
+
+    async def stale_writer_lands_and_closes() -> None:
+        chunks.write(inode, 3000, b"STALE")
+        await env.ns.close(inode, w.session_id, 3005, trunc_epoch=w.trunc_epoch)
+
+    chunks.before_write.append(stale_writer_lands_and_closes())
+    attr, _ = env.run(env.ns.migrate(inode))
+    assert not attr.inline and attr.size == 3
+    env.run(env.ns.setattr("/f", size=4000))  # extend: the new bytes must read zeros
+    assert chunks.read(inode, 0, 4000) == b"abc" + bytes(3997)
+
+
+def test_write_open_of_an_inline_file_does_not_need_storage(env: Env, chunks: WritingChunks) -> None:
+    """A put over a file in chunks while storage is down succeeds (its trim is left to GC:
+    the old chunks are never read). A later write open of that inline file settles the
+    pending trim first and fails with EIO, although its writes go to meta, not storage."""
+    o = env.run(env.ns.open("/f", CREAT, chunked=True))
+    chunks.write(o.attr.inode, 0, b"C" * 5000)
+    env.run(env.ns.close(o.attr.inode, o.session_id, 5000))
+    chunks.fail = True  # storage down: cuts fail
+    p = put(env, "/f", b"small")
+    assert p.attr.inline  # type: ignore[attr-defined]
+    env.clock.advance(120)  # past the trim's claim and back-off
+    w = env.run(env.ns.open("/f", os.O_WRONLY, client_id=2))
+    assert w.attr.inline and w.data == b"small"

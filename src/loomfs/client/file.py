@@ -29,13 +29,13 @@ import os
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
-from loomfs.client.inline import InlineContent
+from loomfs.client.inline import INLINE_CAP_BYTES, PATCHES_MAX, InlineContent
 from loomfs.client.layout import chunk_count, chunk_range, split_range
 from loomfs.client.readahead import CachedChunk, ReadAheadCache
 from loomfs.client.storage_client import ChunkStore
 from loomfs.client.writeback import ByteBudget, ChunkBuffer
 from loomfs.config import ClientConfig
-from loomfs.errors import InvalidArgument, LoomError
+from loomfs.errors import InvalidArgument, LoomError, NotFound
 from loomfs.net.buffers import BufferPool
 from loomfs.wire.meta import OpenRsp, SetattrReq
 from loomfs.wire.types import Attr, Layout
@@ -112,7 +112,7 @@ class AsyncFile:
         if attr is not None:
             self._adopt(attr, inline_data)
         elif opener is not None:
-            self._inline = InlineContent(b"", lazy_max_bytes)
+            self._inline = InlineContent(b"", min(lazy_max_bytes, INLINE_CAP_BYTES))
         else:
             raise LoomError(f"{path}: no attributes", path=path)
         self._cur: ChunkBuffer | None = None
@@ -181,12 +181,16 @@ class AsyncFile:
         if self._inline is not None:
             end = self._pos + total
             if self._inline.fits(end):
-                self._inline.write(self._pos, data)
-                self._pos = end
-                self._length = max(self._length, end)
-                self.bytes_written += total
-                return total
-            await self._leave_inline()
+                if len(self._inline.patches) >= PATCHES_MAX and self._opener is None:
+                    await self.flush()  # many scattered writes: send them before more pile up
+                if self._inline is not None:
+                    self._inline.write(self._pos, data)
+                    self._pos = end
+                    self._length = max(self._length, end)
+                    self.bytes_written += total
+                    return total
+            if self._inline is not None:
+                await self._leave_inline()
         await self._write_chunks(data)
         self.bytes_written += total
         return total
@@ -237,6 +241,10 @@ class AsyncFile:
         saved = self._pos
         try:
             for off, piece in content.patches:
+                if not piece:  # a lazy file's extending truncate: only the length grows
+                    self._length = max(self._length, off)
+                    self._written_end = max(self._written_end, off)
+                    continue
                 self._pos = off
                 await self._write_chunks(memoryview(piece))
         finally:
@@ -256,8 +264,13 @@ class AsyncFile:
                 return await self._leave_inline()
             await self._to_chunks(content)
             return
-        moved = await self._meta.migrate(self.inode)  # meta copies its content to chunks
-        self._trunc_epoch = max(self._trunc_epoch, moved.trunc_epoch)
+        try:
+            moved = await self._meta.migrate(self.inode)  # meta copies its content to chunks
+            self._trunc_epoch = max(self._trunc_epoch, moved.trunc_epoch)
+        except NotFound:
+            # unlinked while open: this object goes on in chunks alone (GC removes them once
+            # it closes), starting from everything it has seen and written
+            content.patches = [(0, bytearray(content.buf))] if content.buf else []
         await self._to_chunks(content)
 
     async def _send_inline(self, *, close: bool = False) -> bool:
@@ -292,7 +305,8 @@ class AsyncFile:
             await self._to_chunks(content)
             return
         self._inline.buf = content.buf
-        self._inline.patches = content.patches
+        # the file was emptied by the open: its whole buffer (holes are zeros) is the content
+        self._inline.patches = [(0, bytearray(content.buf))] if content.buf else []
         self._length = len(content)
 
     async def _dispatch(self) -> None:
@@ -377,7 +391,7 @@ class AsyncFile:
         if size < 0:
             raise InvalidArgument("negative size", path=self.path)
         if self._opener is not None and self._inline is not None and self._inline.fits(size):
-            self._inline.truncate(size)  # not created yet: the put carries it
+            self._inline.truncate(size, record=True)  # not created yet: the put carries it
             self._length = size
             return size
         if self._opener is not None:

@@ -22,6 +22,11 @@ def check_crc(path: str, data: bytes, crc: int) -> bytes:
     return data
 
 
+PATCHES_MAX = 256  # unsent writes kept before they go to meta (bounds a WRITE_INLINE request)
+# meta's cap on any inline limit: inline bytes travel in a frame header (1 MiB at most)
+INLINE_CAP_BYTES = 512 << 10
+
+
 class InlineContent:
     """Content plus the writes not yet sent; ``limit``: the most bytes it may hold."""
 
@@ -54,14 +59,16 @@ class InlineContent:
         view[:n] = self.buf[pos : pos + n]
         return n
 
-    def truncate(self, size: int) -> None:
-        """The content after a truncate that meta applied (or, for a file not created yet,
-        that the put will carry)."""
+    def truncate(self, size: int, *, record: bool = False) -> None:
+        """The content after a truncate that meta applied; ``record``: a file not created
+        yet, whose writes must carry the new length too (an empty patch at ``size`` extends)."""
         if size < len(self.buf):
             del self.buf[size:]
             self.patches = [(o, d[: size - o]) for o, d in self.patches if o < size]
         else:
             self.buf.extend(bytes(size - len(self.buf)))
+            if record:
+                self.patches.append((size, bytearray()))
 
     def take_patches(self) -> tuple[list[InlinePatch], int]:
         """The writes to send, and the CRC32C over their data; forgets them."""

@@ -37,6 +37,10 @@ class KeyLocks(Generic[K]):
             if entry.users == 0:
                 del self._locks[key]
 
+    def busy(self, key: K) -> bool:
+        """Whether someone holds (or waits for) ``key``'s lock."""
+        return key in self._locks
+
     def __len__(self) -> int:
         return len(self._locks)
 

@@ -10,7 +10,8 @@ from loomfs.wire.types import ChainTable, Layout
 
 CHUNK_SIZE_MIN_BYTES = 64 << 10
 CHUNK_SIZE_MAX_BYTES = 64 << 20
-INLINE_MAX_BYTES_CAP = 1 << 20  # no directory may ask for more (replies stay small)
+# no directory may ask for more: inline bytes travel in the frame header (1 MiB at most)
+INLINE_MAX_BYTES_CAP = 512 << 10
 
 
 def validate_dir_layout(layout: Layout | None) -> Layout:

@@ -201,8 +201,9 @@ class NamespaceBase:
             # a writer in chunks of a file that became inline since (an O_TRUNC put): its
             # bytes are not the file's; GC or the next migration removes them
             row = await txn.get_inline(inode)
-            if row is not None and length > 0 and not row.chunks_dirty:
-                await txn.put_inline(inode, dataclasses.replace(row, chunks_dirty=True))
+            if row is not None and length > 0:
+                # dirty, and a new version: a migration copying now starts again and cuts first
+                await txn.put_inline(inode, dataclasses.replace(row, chunks_dirty=True, version=row.version + 1))
             return attr, epoch
         now = self.clock.now_ns()
         size = max(attr.size, length)

@@ -18,7 +18,7 @@ import crc32c
 from loomfs.common.routing import Routing
 from loomfs.errors import StatusError
 from loomfs.meta.ops.base import C_BYTES, C_SESSION, DIR, FILE, LINK
-from loomfs.meta.ops.inline import InlineOps
+from loomfs.meta.ops.inline import InlineOps, MigrationBusy
 from loomfs.meta.ops.walk import walk
 from loomfs.meta.paths import split_path
 from loomfs.meta.store.base import MetaTxn
@@ -59,6 +59,7 @@ class Reported:
     trunc_epoch: int = 0
 
 
+MIGRATION_WAITS = 4  # an open that moves an inline file to chunks waits for its migration
 SETATTR_SETTLE_ROUNDS = 3  # an extend settles the file's trim, then tries again at most this often
 
 
@@ -115,16 +116,26 @@ class FileOps(InlineOps):
                 attr = await self._attr(txn, r.inode)
                 return Opened(attr, data=await self._inline_content(txn, attr))
         routing = await self._routing_for_create() if creat else None
-        try:
-            o = await self._open_write(path, parts, flags, mode, uid, gid, client_id, session_id, routing,
-                                       follow, data, chunked)
-        except StatusError as exc:
-            if exc.status is not Status.NO_CHAIN_TABLE or self.routing is None:
-                raise
-            # a chain table may have been created since our last routing refresh
-            routing = await self.routing.refresh()
-            o = await self._open_write(path, parts, flags, mode, uid, gid, client_id, session_id, routing,
-                                       follow, data, chunked)
+        refreshed = False
+        for _ in range(MIGRATION_WAITS):
+            try:
+                o = await self._open_write(path, parts, flags, mode, uid, gid, client_id, session_id, routing,
+                                           follow, data, chunked)
+                break
+            except MigrationBusy as busy:  # the O_TRUNC moves it to chunks: after the migration's copy
+                await self.wait_migration(busy.inode)
+            except StatusError as exc:
+                if exc.status is not Status.NO_CHAIN_TABLE or self.routing is None or refreshed:
+                    raise
+                # a chain table may have been created since our last routing refresh
+                routing = await self.routing.refresh()
+                refreshed = True
+        else:
+            raise StatusError(Status.EAGAIN, f"{path}: migrated again and again while opening")
+        if o.settle and o.attr.inline and o.session_id:
+            # a write open of an inline file: its writes go to meta; the pending trim of
+            # chunks it had before is cut by the next migration or by GC
+            o = dataclasses.replace(o, settle=False)
         if o.settle:  # O_TRUNC's own trim, or one a crash left: cut before anyone writes
             try:
                 await self._settle(o.attr.inode)
@@ -216,9 +227,12 @@ class FileOps(InlineOps):
             to_chunks = chunked or not attr.inline
         else:
             to_chunks = chunked or limit <= 0 or len(data) > limit
+            if not attr.inline and await txn.has_session(attr.inode):
+                to_chunks = True  # its writers write chunks: a put over it stays there too
         if attr.inline:
             if not to_chunks:
                 return await self._set_inline(txn, attr, data or b"", now)
+            self._check_not_migrating(attr.inode)
             row = await txn.get_inline(attr.inode)
             cut = row is None or row.chunks_dirty  # a migration may have left chunks
             await txn.delete_inline(attr.inode)

@@ -45,7 +45,7 @@ from loomfs.meta.layout import INLINE_MAX_BYTES_CAP
 from loomfs.meta.ops.base import C_BYTES, FILE, NamespaceBase
 from loomfs.meta.ops.walk import walk
 from loomfs.meta.paths import split_path
-from loomfs.meta.store.base import InlineData, MetaTxn, TrimEntry
+from loomfs.meta.store.base import GcEntry, InlineData, MetaTxn, TrimEntry
 from loomfs.meta.trim import queue_trim
 from loomfs.wire.status import Status
 from loomfs.wire.types import Attr
@@ -89,7 +89,23 @@ def apply_patches(data: bytes, patches: Sequence[Patch]) -> bytearray:
 
 
 def patched_length(length: int, patches: Sequence[Patch]) -> int:
-    return max([length, *(p.offset + len(p.data) for p in patches)])
+    """The length after the patches; EINVAL for a bad one (checked before anything is done)."""
+    end = length
+    for p in patches:
+        if p.offset < 0:
+            raise StatusError(Status.EINVAL, f"negative offset {p.offset}")
+        end = max(end, p.offset + len(p.data))
+    return end
+
+
+class MigrationBusy(Exception):
+    """Raised inside a transaction that would move an inline file to chunks while this
+    process is migrating it: the caller waits for the migration (``wait_migration``) and
+    tries again, so the migration's copy can never land after the file's new chunks."""
+
+    def __init__(self, inode: int):
+        super().__init__(inode)
+        self.inode = inode
 
 
 class InlineOps(NamespaceBase):
@@ -200,6 +216,15 @@ class InlineOps(NamespaceBase):
                 async with self.store.write() as txn:
                     attr = await txn.get_inode(inode)
                     if attr is None:
+                        # unlinked meanwhile: GC may have removed the chunks before our copy
+                        # landed; have it remove them (again)
+                        if layout is not None and await txn.gc_get(inode) is None:
+                            await txn.gc_put(GcEntry(inode, layout, 0, self.clock.now_ns()))
+                if attr is None:
+                    raise StatusError(Status.ENOENT, f"inode {inode}")
+                async with self.store.write() as txn:
+                    attr = await txn.get_inode(inode)
+                    if attr is None:
                         raise StatusError(Status.ENOENT, f"inode {inode}")
                     if not attr.inline:
                         return attr, await txn.trunc_epoch(inode)
@@ -209,6 +234,14 @@ class InlineOps(NamespaceBase):
                         self.migrations_total += 1
                         return await self._finish_migration(txn, attr), await txn.trunc_epoch(inode)
             raise StatusError(Status.EAGAIN, f"inode {inode}: changed during every migration attempt")
+
+    async def wait_migration(self, inode: int) -> None:
+        async with self._migrations.hold(inode):
+            pass
+
+    def _check_not_migrating(self, inode: int) -> None:
+        if self._migrations.busy(inode):
+            raise MigrationBusy(inode)
 
     async def _finish_migration(self, txn: MetaTxn, attr: Attr) -> Attr:
         await txn.delete_inline(attr.inode)
