@@ -86,7 +86,25 @@ class ClientConfig:
     write_buffer_bytes_max: int = 256 << 20  # dirty data held per client before writers wait
     readahead_chunks: int = 8
     parallel_chunks_max: int = 32  # chunk RPCs in flight per file operation
-    attr_cache_ttl_s: float = 0.0  # 0 = strict (revalidate every open)
+    # consistency (docs/consistency.md): "strict" (close-to-open: every stat/open asks meta)
+    # or "relaxed" (attributes, entries and data cached for a TTL) for the connection, and
+    # per path prefix (the longest matching prefix wins)
+    consistency: str = "strict"
+    relaxed_prefixes: list[str] = field(default_factory=list)
+    strict_prefixes: list[str] = field(default_factory=list)
+    attr_cache_ttl_s: float = 1.0  # relaxed: how long an attribute answer is reused
+    negative_cache_ttl_s: float = -1.0  # relaxed: ENOENT answers (-1 = attr_cache_ttl_s)
+    entry_cache_ttl_s: float = -1.0  # relaxed: directory listings (-1 = attr_cache_ttl_s)
+    attr_cache_entries_max: int = 65536
+    listing_cache_entries_max: int = 1024  # listings of up to listing_cache_names_max names each
+    listing_cache_names_max: int = 16384
+    # whole-file data keyed by (inode, size, mtime, ctime), in both modes (strict: only for a
+    # version meta just confirmed); 0 bytes = off
+    data_cache_bytes_max: int = 64 << 20
+    data_cache_entries_max: int = 16384
+    data_cache_entry_bytes_max: int = 4 << 20  # bigger files are not cached
+    disk_cache_dir: str = ""  # a local directory for a checksummed data cache ("" = off)
+    disk_cache_bytes_max: int = 10 << 30
     # a file opened with "w" buffers up to this much and is created at close with its bytes
     # (one round trip; inline in meta when it fits the directory's limit); 0 = create at open
     inline_put_max_bytes: int = 64 << 10

@@ -2,15 +2,27 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
+from collections import Counter
+from collections.abc import Coroutine
+from dataclasses import replace
+from typing import Any, TypeVar
 
 import pytest
+from test_client_support import FakeMeta, FakeStorage
 
 from loomfs.client.cache import ABSENT, AttrCache, DataCache, DataKey, ListingCache
 from loomfs.client.consistency import ClientCaches, ConsistencyPolicy, Mode
+from loomfs.client.core import AsyncClient
 from loomfs.client.diskcache import DiskCache
 from loomfs.common.clock import ManualClock
+from loomfs.config import ClientConfig
+from loomfs.net.buffers import BufferPool
+from loomfs.wire import meta as wm
 from loomfs.wire.types import Attr, DirEntry, FileType
+
+T = TypeVar("T")
 
 
 def attr(inode: int = 7, size: int = 3, mtime_ns: int = 100, ctime_ns: int = 100,
@@ -311,7 +323,7 @@ def test_disk_layer_under_memory(tmp_path: object) -> None:
     a = attr(size=5)
     assert cc.wants_data(5) and not cc.wants_data(1 << 30)
     cc.learn_data(a, b"hello")
-    assert disk.writes == 1
+    assert disk.flush(10) and disk.writes == 1  # written by the disk cache's writer thread
     assert cc.data is not None
     cc.data.clear()
     assert cc.data_for(a) == b"hello"  # from disk, promoted to memory
@@ -324,3 +336,274 @@ def test_no_data_caches() -> None:
     cc = ClientCaches(ConsistencyPolicy("relaxed"))
     cc.learn_data(attr(), b"abc")
     assert cc.data_for(attr()) is None and not cc.caches_data and not cc.wants_data(1)
+
+
+# --- the async core with its caches (in-memory fakes of meta and storage) -----------------------
+
+class VersionedMeta(FakeMeta):
+    """FakeMeta that counts the calls the caches should save and, like meta, gives a file a
+    new mtime and ctime whenever a writer reports a length or attributes change."""
+
+    def __init__(self) -> None:
+        super().__init__(storage=FakeStorage())
+        self.calls: Counter[str] = Counter()
+        self.tick = 1_000
+
+    def _bump(self, path: str) -> None:
+        self.tick += 1
+        self.nodes[path] = replace(self.nodes[path], mtime_ns=self.tick, ctime_ns=self.tick)
+
+    async def stat(self, path: str, follow_symlinks: bool = True) -> Attr:
+        self.calls["stat"] += 1
+        return await super().stat(path, follow_symlinks)
+
+    async def read(self, path: str, follow_symlinks: bool = True) -> wm.ReadRsp:
+        self.calls["read"] += 1
+        return await super().read(path, follow_symlinks)
+
+    async def open(self, path: str, flags: int, mode: int, client_id: int, session_id: int = 0, *,
+                   data: bytes | None = None, chunked: bool = False) -> wm.OpenRsp:
+        self.calls["open"] += 1
+        return await super().open(path, flags, mode, client_id, session_id, data=data, chunked=chunked)
+
+    async def readdir(self, path: str, after: str, limit: int, with_attrs: bool) -> wm.ReaddirRsp:
+        self.calls["readdir"] += 1
+        return await super().readdir(path, after, limit, with_attrs)
+
+    async def close(self, inode: int, session_id: int, length: int, mtime_ns: int = 0, *,
+                    trunc_epoch: int = 0) -> Attr | None:
+        await super().close(inode, session_id, length, mtime_ns, trunc_epoch=trunc_epoch)
+        path = self._by_inode(inode)
+        if length >= 0:
+            self._bump(path)
+        return self.nodes[path]
+
+    async def setattr(self, req: wm.SetattrReq) -> wm.SetattrRsp:
+        await super().setattr(req)
+        self._bump(req.path)
+        return wm.SetattrRsp(attr=self.nodes[req.path])
+
+
+def two_clients(**config: object) -> tuple[AsyncClient, AsyncClient, VersionedMeta, ManualClock]:
+    """Client A (strict, the writer) and client B (configured by ``config``) over one
+    namespace; B's caches run on a manual clock."""
+    meta = VersionedMeta()
+    assert meta.storage is not None
+    config.setdefault("inline_put_max_bytes", 0)
+    clock = ManualClock()
+    cfg_b = ClientConfig(**config)  # type: ignore[arg-type]
+    cfg_a = ClientConfig(inline_put_max_bytes=0)
+    a = AsyncClient(meta, meta.storage, config=cfg_a, client_id=1, pool=BufferPool())
+    b = AsyncClient(meta, meta.storage, config=cfg_b, client_id=2, pool=BufferPool(),
+                    caches=ClientCaches.from_config(cfg_b, clock=clock))
+    return a, b, meta, clock
+
+
+def run(coro: Coroutine[Any, Any, T]) -> T:
+    return asyncio.run(coro)
+
+
+def test_strict_asks_meta_every_time_and_sees_the_closed_write() -> None:
+    async def main() -> None:
+        a, b, meta, _clock = two_clients()
+        await a.pipe("/f", b"one")
+        assert (await b.stat("/f")).size == 3
+        assert (await b.stat("/f")).size == 3
+        assert meta.calls["stat"] == 2
+        assert await b.cat("/f") == b"one"
+        await a.pipe("/f", b"two!")  # closed: B's next call sees it
+        assert (await b.stat("/f")).size == 4
+        assert await b.cat("/f") == b"two!"
+        await a.unlink("/f")
+        assert not await b.exists("/f")
+        assert len(b.caches.attrs) == 0
+
+    run(main())
+
+
+def test_strict_data_cache_serves_only_revalidated_versions() -> None:
+    async def main() -> None:
+        a, b, meta, _clock = two_clients()
+        assert meta.storage is not None
+        await a.pipe("/f", b"x" * 2500)  # three chunks of the fake's 1000
+        assert await b.cat("/f") == b"x" * 2500
+        reads = len(meta.storage.reads)
+        assert await b.cat("/f") == b"x" * 2500  # READ says the same version: no storage read
+        assert len(meta.storage.reads) == reads and meta.calls["read"] == 2
+        assert b.caches.revalidated_hits == 1
+        f = await b.open("/f")  # a read-only open: the same
+        assert await f.read() == b"x" * 2500 and len(meta.storage.reads) == reads
+        await f.close()
+        await a.pipe("/f", b"y" * 2500)  # same size, new version
+        assert await b.cat("/f") == b"y" * 2500
+        assert len(meta.storage.reads) > reads
+
+    run(main())
+
+
+def test_relaxed_reuses_answers_until_the_ttl() -> None:
+    async def main() -> None:
+        a, b, meta, clock = two_clients(consistency="relaxed", attr_cache_ttl_s=5.0)
+        await a.pipe("/f", b"old")
+        assert (await b.info("/f"))["size"] == 3  # an lstat of a file answers stat too
+        assert (await b.stat("/f")).size == 3
+        assert await b.exists("/f") and await b.isfile("/f") and not await b.isdir("/f")
+        assert meta.calls["stat"] == 1
+        with pytest.raises(FileNotFoundError):
+            await b.stat("/missing")
+        assert not await b.exists("/missing")
+        assert meta.calls["stat"] == 2  # the negative answer was reused
+        await a.pipe("/missing", b"now here")
+        assert not await b.exists("/missing")  # the limit: another client's create, within the TTL
+        clock.advance(5.0)
+        assert await b.exists("/missing")
+
+    run(main())
+
+
+def test_relaxed_reads_one_whole_version() -> None:
+    async def main() -> None:
+        a, b, meta, clock = two_clients(consistency="relaxed", attr_cache_ttl_s=5.0)
+        await a.pipe("/f", b"A" * 2500)
+        assert await b.cat("/f") == b"A" * 2500
+        reads = meta.calls["read"]
+        await a.pipe("/f", b"B" * 2500)  # another client rewrites it, same size
+        calls = sum(meta.calls.values())
+        for _ in range(3):  # within the TTL: the old version, whole, no round trip at all
+            assert await b.cat("/f") == b"A" * 2500
+            f = await b.open("/f", "rb")
+            assert await f.read() == b"A" * 2500
+            await f.close()
+        assert sum(meta.calls.values()) == calls
+        clock.advance(5.0)
+        assert await b.cat("/f") == b"B" * 2500  # after it: the new version
+        assert meta.calls["read"] == reads + 1
+
+    run(main())
+
+
+def test_relaxed_data_miss_never_mixes_cached_attrs_with_new_bytes() -> None:
+    async def main() -> None:
+        a, b, meta, clock = two_clients(consistency="relaxed", attr_cache_ttl_s=5.0,
+                                        data_cache_bytes_max=0)
+        await a.pipe("/f", b"A" * 2500)
+        assert (await b.stat("/f")).size == 2500  # attributes cached, no data cache
+        await a.pipe("/f", b"B" * 1500)
+        assert (await b.stat("/f")).size == 2500  # stale attributes, as allowed
+        assert await b.cat("/f") == b"B" * 1500  # but bytes come with the version meta names
+        f = await b.open("/f")
+        assert f.length == 1500 and await f.read() == b"B" * 1500
+        await f.close()
+
+    run(main())
+
+
+def test_relaxed_sees_its_own_changes_at_once() -> None:
+    async def main() -> None:
+        _a, b, meta, _clock = two_clients(consistency="relaxed", attr_cache_ttl_s=60.0)
+        assert not await b.exists("/d")
+        await b.mkdir("/d")
+        assert await b.isdir("/d")
+        assert await b.listdir("/d") == []
+        await b.pipe("/d/f", b"one")
+        assert await b.listdir("/d") == ["f"]
+        assert await b.cat("/d/f") == b"one"
+        await b.pipe("/d/f", b"three")
+        assert (await b.stat("/d/f")).size == 5 and await b.cat("/d/f") == b"three"
+        f = await b.open("/d/f", "ab")
+        await f.write(b"!")
+        await f.close()
+        assert await b.cat("/d/f") == b"three!"
+        await b.truncate("/d/f", 2)
+        assert await b.cat("/d/f") == b"th"
+        await b.chmod("/d/f", 0o600)
+        assert (await b.stat("/d/f")).mode == 0o600
+        await b.rename("/d/f", "/d/g")  # (the fake renames no subtrees)
+        assert not await b.exists("/d/f") and await b.cat("/d/g") == b"th"
+        assert await b.listdir("/d") == ["g"]
+        await b.unlink("/d/g")
+        assert not await b.exists("/d/g") and await b.ls("/d") == []
+        await b.rmdir("/d")
+        assert not await b.exists("/d")
+        assert meta.calls["readdir"] >= 3
+
+    run(main())
+
+
+def test_relaxed_listings_are_cached() -> None:
+    async def main() -> None:
+        a, b, meta, clock = two_clients(consistency="relaxed", attr_cache_ttl_s=5.0)
+        await a.mkdir("/d")
+        for name in "abc":
+            await a.pipe(f"/d/{name}", name.encode())
+        assert await b.listdir("/d") == ["a", "b", "c"]
+        n = meta.calls["readdir"]
+        assert await b.listdir("/d") == ["a", "b", "c"]
+        infos = await b.ls("/d", detail=True)  # needs attributes: listed again, with them
+        assert [i["size"] for i in infos] == [1, 1, 1]
+        stats = meta.calls["stat"]
+        assert (await b.stat("/d/b")).size == 1  # learned from the listing
+        assert meta.calls["stat"] == stats
+        assert meta.calls["readdir"] > n
+        n = meta.calls["readdir"]
+        await a.pipe("/d/z", b"z")
+        assert await b.listdir("/d") == ["a", "b", "c"]  # within the TTL
+        assert meta.calls["readdir"] == n
+        clock.advance(5.0)
+        assert await b.listdir("/d") == ["a", "b", "c", "z"]
+
+    run(main())
+
+
+def test_prefix_modes_in_one_client() -> None:
+    async def main() -> None:
+        a, b, meta, _clock = two_clients(relaxed_prefixes=["/data"], strict_prefixes=["/data/live"],
+                                         attr_cache_ttl_s=5.0)
+        await a.mkdir("/data")
+        await a.mkdir("/data/live")
+        for p in ("/data/x", "/data/live/y", "/z"):
+            await a.pipe(p, b"1")
+            await b.stat(p)
+            n = meta.calls["stat"]
+            await b.stat(p)
+            assert meta.calls["stat"] == (n if p == "/data/x" else n + 1), p
+
+    run(main())
+
+
+def test_own_write_reopened_before_close_is_seen_after_it() -> None:
+    """A stat while this client's write is open learns the attributes of then; the close
+    drops them, so the next stat sees the new length (relaxed, own writes)."""
+    async def main() -> None:
+        _a, b, _meta, _clock = two_clients(consistency="relaxed", attr_cache_ttl_s=60.0)
+        f = await b.open("/f", "wb")
+        await f.write(b"12345")
+        assert (await b.stat("/f")).size == 0  # not closed yet: meta has the old length
+        await f.close()
+        assert (await b.stat("/f")).size == 5
+
+    run(main())
+
+
+def test_metrics_export_the_cache_counters(tmp_path: Any) -> None:
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from loomfs.metrics import ClientCollector
+
+    async def main() -> str:
+        a, b, _meta, _clock = two_clients(consistency="relaxed", disk_cache_dir=str(tmp_path))
+        await a.pipe("/f", b"abc")
+        await b.stat("/f")
+        await b.stat("/f")
+        assert await b.cat("/f") == b"abc"
+        reg = CollectorRegistry()
+        reg.register(ClientCollector(b, BufferPool()))
+        return generate_latest(reg).decode()
+
+    text = run(main())
+    assert 'loomfs_client_cache_hits_total{cache="attr"} 2.0' in text
+    assert 'loomfs_client_cache_misses_total{cache="attr"} 1.0' in text
+    assert 'loomfs_client_cache_entries{cache="data"} 1.0' in text
+    assert 'loomfs_client_cache_bytes{cache="data"} 3.0' in text
+    assert 'loomfs_client_cache_hits_total{cache="disk"}' in text
+    assert "loomfs_client_disk_cache_corrupt_total 0.0" in text

@@ -21,13 +21,20 @@ store what meta answered, and ``changed``/``created`` for this client's own chan
 from __future__ import annotations
 
 import enum
+import logging
 from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING
 
 from loomfs.client import paths
 from loomfs.client.cache import ABSENT, Absent, AttrCache, DataCache, DataKey, ListingCache
 from loomfs.client.diskcache import DiskCache
 from loomfs.common.clock import SYSTEM_CLOCK, Clock
 from loomfs.wire.types import Attr, DirEntry, FileType
+
+if TYPE_CHECKING:
+    from loomfs.config import ClientConfig
+
+logger = logging.getLogger(__name__)
 
 
 class Mode(enum.Enum):
@@ -118,6 +125,7 @@ class ClientCaches:
         listings: ListingCache | None = None,
         data: DataCache | None = None,
         disk: DiskCache | None = None,
+        listing_names_max: int = 16384,
         clock: Clock = SYSTEM_CLOCK,
     ):
         self.policy = policy or ConsistencyPolicy()
@@ -128,8 +136,40 @@ class ClientCaches:
         self.listings = listings if listings is not None else ListingCache(clock=clock)
         self.data = data  # None: no memory data cache
         self.disk = disk  # None: no disk data cache
+        self.listing_names_max = listing_names_max  # bigger listings are not cached
         self.clock = clock
         self.revalidated_hits = 0  # data hits whose attributes came fresh from meta (strict)
+
+    @classmethod
+    def from_config(cls, config: ClientConfig, *, namespace: str = "", clock: Clock = SYSTEM_CLOCK) -> ClientCaches:
+        """The caches a ``ClientConfig`` asks for; ``namespace`` keeps clusters apart in a
+        shared disk cache directory (e.g. the mgmtd address)."""
+        policy = ConsistencyPolicy.of(config.consistency, relaxed=config.relaxed_prefixes,
+                                      strict=config.strict_prefixes)
+        ttl = config.attr_cache_ttl_s
+        data = None
+        if config.data_cache_bytes_max > 0 and config.data_cache_entries_max > 0:
+            data = DataCache(config.data_cache_bytes_max, config.data_cache_entries_max,
+                             entry_bytes_max=config.data_cache_entry_bytes_max)
+        disk = None
+        if config.disk_cache_dir:
+            try:
+                disk = DiskCache(config.disk_cache_dir, config.disk_cache_bytes_max, namespace=namespace,
+                                 entry_bytes_max=config.data_cache_entry_bytes_max)
+            except (OSError, ValueError) as exc:  # a cache must not stop the client
+                logger.warning("disk cache %s is off: %s", config.disk_cache_dir, exc)
+        return cls(
+            policy,
+            attr_ttl_s=ttl,
+            negative_ttl_s=ttl if config.negative_cache_ttl_s < 0 else config.negative_cache_ttl_s,
+            entry_ttl_s=ttl if config.entry_cache_ttl_s < 0 else config.entry_cache_ttl_s,
+            attrs=AttrCache(config.attr_cache_entries_max, clock=clock),
+            listings=ListingCache(config.listing_cache_entries_max, clock=clock),
+            data=data,
+            disk=disk,
+            listing_names_max=config.listing_cache_names_max,
+            clock=clock,
+        )
 
     def relaxed(self, path: str) -> bool:
         return self.policy.mode_for(path) is Mode.RELAXED
@@ -167,7 +207,7 @@ class ClientCaches:
     def learn_listing(self, path: str, entries: list[DirEntry], with_attrs: bool, *,
                       asked_at: float | None = None) -> None:
         """A complete listing of ``path``; with attributes, each child's ``lstat`` too."""
-        if not self.relaxed(path):
+        if not self.relaxed(path) or len(entries) > self.listing_names_max:
             return
         self.listings.put(path, entries, with_attrs, self.entry_ttl_s, asked_at)
         if with_attrs:
@@ -206,7 +246,7 @@ class ClientCaches:
         if self.data is not None:
             self.data.put(key, data)
         if self.disk is not None:
-            self.disk.put(key, data)
+            self.disk.put_later(key, data)  # never waits on file creation
 
     def wants_data(self, size: int) -> bool:
         """Whether a file of ``size`` bytes would be cached whole."""

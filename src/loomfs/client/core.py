@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 import random
@@ -18,6 +19,8 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from loomfs.client import paths
+from loomfs.client.cache import Absent
+from loomfs.client.consistency import ClientCaches
 from loomfs.client.file import AsyncFile, parse_mode
 from loomfs.client.inline import check_crc
 from loomfs.client.meta_client import MetaClient
@@ -62,6 +65,42 @@ def info_of(path: str, attr: Attr) -> dict[str, Any]:
     return d
 
 
+class _WriteFile(AsyncFile):
+    """A file this client opened for writing: each flush, fsync, truncate and close drops
+    what the caches hold for its path and inode (relaxed mode reads this client's own writes)."""
+
+    def __init__(self, *, caches: ClientCaches, **kw: Any):
+        super().__init__(**kw)
+        self._caches = caches
+
+    def _changed(self) -> None:
+        self._caches.changed(self.path, inode=self.inode)
+
+    async def flush(self) -> None:
+        try:
+            await super().flush()
+        finally:
+            self._changed()
+
+    async def fsync(self) -> None:
+        try:
+            await super().fsync()
+        finally:
+            self._changed()
+
+    async def truncate(self, size: int | None = None) -> int:
+        try:
+            return await super().truncate(size)
+        finally:
+            self._changed()
+
+    async def close(self) -> None:
+        try:
+            await super().close()
+        finally:
+            self._changed()
+
+
 class AsyncClient:
     def __init__(
         self,
@@ -73,8 +112,11 @@ class AsyncClient:
         pool: BufferPool = DEFAULT_POOL,
         rpc: RpcClient | None = None,
         routing: RoutingClient | None = None,
+        caches: ClientCaches | None = None,
     ):
         self.config = config or ClientConfig()
+        # attribute, entry and data caches, used as each path's consistency mode allows
+        self.caches = caches if caches is not None else ClientCaches.from_config(self.config)
         self.meta = meta
         self.storage = storage
         self.client_id = client_id or random.getrandbits(63) or 1
@@ -115,7 +157,9 @@ class AsyncClient:
             raise
         client_id = random.getrandbits(63) or 1
         storage = StorageClient(rpc, routing, client_id, call_timeout_s=rc.call_timeout_s)
-        self = cls(MetaClient(rpc, routing), storage, config=config, client_id=client_id, rpc=rpc, routing=routing)
+        caches = ClientCaches.from_config(config, namespace=",".join(map(str, addrs)))
+        self = cls(MetaClient(rpc, routing), storage, config=config, client_id=client_id, rpc=rpc,
+                   routing=routing, caches=caches)
         self._routing_task = asyncio.get_running_loop().create_task(routing.run())
         logger.info("client %#x connected to %s (%r)", client_id, ",".join(map(str, addrs)), routing.current)
         return self
@@ -151,21 +195,46 @@ class AsyncClient:
     # --- attributes -------------------------------------------------------------------
 
     async def stat(self, path: str) -> Attr:
-        return await self.meta.stat(paths.normalize(path), True)
+        return await self._stat(paths.normalize(path), True)
 
     async def lstat(self, path: str) -> Attr:
-        return await self.meta.stat(paths.normalize(path), False)
+        return await self._stat(paths.normalize(path), False)
 
     async def info(self, path: str) -> dict[str, Any]:
         p = paths.normalize(path)
-        return info_of(p, await self.meta.stat(p, False))
+        return info_of(p, await self._stat(p, False))
 
     async def exists(self, path: str) -> bool:
         try:
-            await self.meta.stat(paths.normalize(path), True)
+            await self._stat(paths.normalize(path), True)
         except NotFound:
             return False
         return True
+
+    def cached_attr(self, p: str, follow_symlinks: bool = True) -> Attr | None:
+        """Attributes of normalised ``p`` from the caches, where its mode allows (relaxed);
+        raises ENOENT for a cached negative answer; None: ask meta."""
+        hit = self.caches.attr(p, follow_symlinks)
+        if isinstance(hit, Absent):
+            raise NotFound(path=p)
+        return hit
+
+    async def _stat(self, p: str, follow_symlinks: bool) -> Attr:
+        hit = self.cached_attr(p, follow_symlinks)
+        if hit is not None:
+            return hit
+        return await self.stat_meta(p, follow_symlinks)
+
+    async def stat_meta(self, p: str, follow_symlinks: bool) -> Attr:
+        """Ask meta (whatever the mode) and let the caches learn the answer."""
+        asked = self.caches.now()
+        try:
+            attr = await self.meta.stat(p, follow_symlinks)
+        except NotFound:
+            self.caches.learn_absent(p, follow_symlinks, asked_at=asked)
+            raise
+        self.caches.learn_attr(p, follow_symlinks, attr, asked_at=asked)
+        return attr
 
     async def isdir(self, path: str) -> bool:
         try:
@@ -182,9 +251,19 @@ class AsyncClient:
     # --- directories ------------------------------------------------------------------
 
     async def scandir(self, path: str, *, with_attrs: bool = False) -> list[DirEntry]:
-        """All entries of a directory (pages through READDIR)."""
+        """All entries of a directory (pages through READDIR; relaxed: a cached listing)."""
+        p = paths.normalize(path)
+        hit = self.caches.listing(p, with_attrs)
+        if hit is not None:
+            return hit
+        asked = self.caches.now()
+        out = await self._scandir_meta(p, with_attrs)
+        self.caches.learn_listing(p, out, with_attrs, asked_at=asked)
+        return out
+
+    async def _scandir_meta(self, p: str, with_attrs: bool = False) -> list[DirEntry]:
         out: list[DirEntry] = []
-        async for page in self.readdir_pages(path, with_attrs=with_attrs):
+        async for page in self.readdir_pages(p, with_attrs=with_attrs):
             out.extend(page)
         return out
 
@@ -212,42 +291,60 @@ class AsyncClient:
         try:
             entries = await self.scandir(p, with_attrs=detail)
         except NotADirectory:
-            attr = await self.meta.stat(p, False)
+            attr = await self._stat(p, False)
             return [info_of(p, attr)] if detail else [p]
         if not detail:
             return [paths.join(p, e.name) for e in entries]
         out = []
         for e in entries:
             child = paths.join(p, e.name)
-            attr = e.attr if e.attr is not None else await self.meta.stat(child, False)
+            attr = e.attr if e.attr is not None else await self._stat(child, False)
             out.append(info_of(child, attr))
         return out
 
     async def mkdir(self, path: str, mode: int = 0o755, *, parents: bool = False, exist_ok: bool = False) -> Attr:
-        return await self.meta.mkdir(paths.normalize(path), mode, parents, exist_ok)
+        p = paths.normalize(path)
+        try:
+            return await self.meta.mkdir(p, mode, parents, exist_ok)
+        finally:
+            self.caches.created(p, parents=parents)
 
     async def makedirs(self, path: str, exist_ok: bool = False, mode: int = 0o755) -> Attr:
-        return await self.meta.mkdir(paths.normalize(path), mode, True, exist_ok)
+        return await self.mkdir(path, mode, parents=True, exist_ok=exist_ok)
 
     async def rmdir(self, path: str) -> None:
-        await self.meta.rmdir(paths.normalize(path))
+        p = paths.normalize(path)
+        try:
+            await self.meta.rmdir(p)
+        finally:
+            self.caches.changed(p, tree=True)
 
     async def rm(self, path: str, recursive: bool = False) -> None:
         """Remove a file or symlink (like ``os.remove``); a directory needs ``recursive``."""
         p = paths.normalize(path)
         try:
-            await self.meta.unlink(p)  # one round trip for the common case
+            await self.unlink(p)  # one round trip for the common case
         except IsADirectory:
             if not recursive:
                 raise
             await self.rmtree(p)
 
     async def unlink(self, path: str) -> None:
-        await self.meta.unlink(paths.normalize(path))
+        p = paths.normalize(path)
+        try:
+            await self.meta.unlink(p)
+        finally:
+            self.caches.changed(p)
 
     async def rmtree(self, path: str) -> None:
         top = paths.normalize(path)
-        entries = await self.scandir(top)
+        try:
+            await self._rmtree(top)
+        finally:
+            self.caches.changed(top, tree=True)
+
+    async def _rmtree(self, top: str) -> None:
+        entries = await self._scandir_meta(top)  # what is there now, not a cached listing
         sem = asyncio.Semaphore(RMTREE_PARALLEL)
 
         async def unlink(child: str) -> None:
@@ -258,7 +355,7 @@ class AsyncClient:
         await asyncio.gather(*(unlink(c) for c in files))
         for e in entries:
             if e.type == FileType.DIRECTORY:
-                await self.rmtree(paths.join(top, e.name))
+                await self._rmtree(paths.join(top, e.name))
         if top != "/":
             await self.meta.rmdir(top)
 
@@ -277,28 +374,50 @@ class AsyncClient:
             yield top, dirs, files
 
     async def rename(self, src: str, dst: str, *, no_replace: bool = False) -> None:
-        await self.meta.rename(paths.normalize(src), paths.normalize(dst), no_replace)
+        s, d = paths.normalize(src), paths.normalize(dst)
+        try:
+            await self.meta.rename(s, d, no_replace)
+        finally:
+            self.caches.renamed(s, d)
 
     mv = rename
 
     async def symlink(self, target: str, path: str) -> None:
         """Create ``path`` pointing at ``target`` (stored as given)."""
-        await self.meta.symlink(target, paths.normalize(path))
+        p = paths.normalize(path)
+        try:
+            await self.meta.symlink(target, p)
+        finally:
+            self.caches.created(p)
 
     async def readlink(self, path: str) -> str:
         return await self.meta.readlink(paths.normalize(path))
 
     async def link(self, src: str, dst: str) -> None:
-        await self.meta.link(paths.normalize(src), paths.normalize(dst))
+        s, d = paths.normalize(src), paths.normalize(dst)
+        try:
+            await self.meta.link(s, d)
+        finally:
+            self.caches.changed(s)  # its link count and ctime
+            self.caches.created(d)
 
     # --- attributes that change -------------------------------------------------------
 
+    async def _setattr(self, req: SetattrReq) -> Any:
+        try:
+            rsp = await self.meta.setattr(req)
+        except BaseException:
+            self.caches.changed(req.path)
+            raise
+        self.caches.changed(req.path, inode=rsp.attr.inode if rsp.attr is not None else 0)
+        return rsp
+
     async def chmod(self, path: str, mode: int) -> Attr | None:
-        rsp = await self.meta.setattr(SetattrReq(path=paths.normalize(path), mode=mode & 0o7777))
+        rsp = await self._setattr(SetattrReq(path=paths.normalize(path), mode=mode & 0o7777))
         return rsp.attr
 
     async def chown(self, path: str, uid: int = -1, gid: int = -1) -> Attr | None:
-        rsp = await self.meta.setattr(SetattrReq(path=paths.normalize(path), uid=uid, gid=gid))
+        rsp = await self._setattr(SetattrReq(path=paths.normalize(path), uid=uid, gid=gid))
         return rsp.attr
 
     async def utime(
@@ -312,15 +431,19 @@ class AsyncClient:
         else:
             atime_ns = mtime_ns = time.time_ns()
         req = SetattrReq(path=paths.normalize(path), atime_ns=atime_ns, mtime_ns=mtime_ns)
-        return (await self.meta.setattr(req)).attr
+        return (await self._setattr(req)).attr
 
     async def truncate(self, path: str, size: int) -> None:
         """Set a file's length; meta cuts the data beyond it from storage before it answers
         (crash-safe: a durable trim entry, see ``loomfs.meta.trim``)."""
-        await self.meta.setattr(SetattrReq(path=paths.normalize(path), size=size))
+        await self._setattr(SetattrReq(path=paths.normalize(path), size=size))
 
     async def set_layout(self, path: str, layout: Layout) -> Attr | None:
-        return await self.meta.set_layout(paths.normalize(path), layout)
+        p = paths.normalize(path)
+        try:
+            return await self.meta.set_layout(p, layout)
+        finally:
+            self.caches.changed(p)
 
     async def get_layout(self, path: str) -> Layout | None:
         return (await self.stat(path)).layout
@@ -333,12 +456,15 @@ class AsyncClient:
     async def open(self, path: str, mode: str = "rb", *, perm: int = 0o644) -> AsyncFile:
         flags, _binary = parse_mode(mode)
         p = paths.normalize(path)
+        if flags == os.O_RDONLY:
+            return await self._open_read(p)
         # write opens name their session, so a re-sent OPEN (reply lost) is applied once
-        session_id = (1 << 62) | random.getrandbits(62) if flags & (os.O_WRONLY | os.O_RDWR) else 0
+        session_id = (1 << 62) | random.getrandbits(62)
         common: dict[str, Any] = dict(
             background=self._background, path=p, flags=flags, storage=self.storage, meta=self.meta,
-            config=self.config, pool=self.pool, budget=self.budget,
+            config=self.config, pool=self.pool, budget=self.budget, caches=self.caches,
         )
+        self.caches.changed(p)  # whatever it was, this client is changing it
         if flags == LAZY_FLAGS and self.config.inline_put_max_bytes > 0:
             # "w": created at close with its bytes (one round trip for a small file)
             async def opener(data: bytes | None, chunked: bool) -> OpenRsp:
@@ -348,18 +474,77 @@ class AsyncClient:
                     self._keep_sessions(rsp.session_lease_s)
                 return rsp
 
-            f = AsyncFile(attr=None, session_id=0, opener=opener,
-                          lazy_max_bytes=min(self.config.inline_put_max_bytes, INLINE_PUT_CAP_BYTES), **common)
+            f: AsyncFile = _WriteFile(attr=None, session_id=0, opener=opener,
+                                      lazy_max_bytes=min(self.config.inline_put_max_bytes, INLINE_PUT_CAP_BYTES),
+                                      **common)
             self._open_files.add(f)
             return f
-        rsp = await self.meta.open(p, flags, perm, self.client_id, session_id)
+        try:
+            rsp = await self.meta.open(p, flags, perm, self.client_id, session_id)
+        except BaseException:
+            self.caches.changed(p)  # it may have been applied: forget what was learned meanwhile
+            raise
         attr = self._check_opened(p, rsp)
+        self.caches.changed(p, inode=attr.inode)
         # O_TRUNC: meta cut the old chunks before it answered (a replayed open too)
-        f = AsyncFile(attr=attr, session_id=rsp.session_id, trunc_epoch=rsp.trunc_epoch,
-                      inline_data=self._inline_bytes(p, rsp.data, rsp.data_crc), **common)
+        f = _WriteFile(attr=attr, session_id=rsp.session_id, trunc_epoch=rsp.trunc_epoch,
+                       inline_data=self._inline_bytes(p, rsp.data, rsp.data_crc), **common)
         self._open_files.add(f)
         if rsp.session_id:
             self._keep_sessions(rsp.session_lease_s)
+        return f
+
+    async def _open_read(self, p: str) -> AsyncFile:
+        """A read-only open: no write session, so nothing to close at meta. Relaxed: served
+        from the caches when they hold the file's attributes and its whole content. Strict:
+        an OPEN, whose reply may name a version the data cache holds (a revalidated hit)."""
+        attr = self.cached_attr(p, True)
+        if attr is not None:
+            if attr.type == FileType.DIRECTORY:
+                raise IsADirectory(path=p)
+            data = self.cached_data(attr)
+            if data is not None:
+                f = self._file_of(p, attr, data)
+                if f is not None:
+                    return f
+        asked = self.caches.now()
+        try:
+            rsp = await self.meta.open(p, os.O_RDONLY, 0, self.client_id, 0)
+        except NotFound:
+            self.caches.learn_absent(p, True, asked_at=asked)
+            raise
+        attr = self._check_opened(p, rsp)
+        self.caches.learn_attr(p, True, attr, asked_at=asked)
+        if rsp.data is not None:
+            data = check_crc(p, rsp.data, rsp.data_crc)
+            if self.caches.relaxed(p):  # strict reads get inline bytes with every OPEN/READ
+                self.caches.learn_data(attr, data)
+        else:
+            data = self.cached_data(attr, revalidated=True)
+            f = self._file_of(p, attr, data) if data is not None else None
+            if f is not None:
+                return f
+        f = AsyncFile(attr=attr, session_id=0, inline_data=data, background=self._background, path=p,
+                      flags=os.O_RDONLY, storage=self.storage, meta=self.meta, config=self.config,
+                      pool=self.pool, budget=self.budget)
+        self._open_files.add(f)
+        return f
+
+    def cached_data(self, attr: Attr, *, revalidated: bool = False) -> bytes | None:
+        """The whole content of the version ``attr`` names, if cached (an empty file always)."""
+        if attr.type == FileType.FILE and attr.size == 0:
+            return b""
+        return self.caches.data_for(attr, revalidated=revalidated)
+
+    def _file_of(self, p: str, attr: Attr, data: bytes) -> AsyncFile | None:
+        """A read-only file object over a cached copy of one whole version (read as an
+        inline file is: from memory, no storage round trip)."""
+        if attr.type != FileType.FILE or attr.layout is None or not attr.layout.chains:
+            return None
+        f = AsyncFile(attr=dataclasses.replace(attr, inline=True), session_id=0, inline_data=data,
+                      background=self._background, path=p, flags=os.O_RDONLY, storage=self.storage,
+                      meta=self.meta, config=self.config, pool=self.pool, budget=self.budget)
+        self._open_files.add(f)
         return f
 
     @staticmethod
@@ -416,29 +601,74 @@ class AsyncClient:
 
     async def cat(self, path: str) -> bytes:
         """A whole file: one meta round trip (READ) for an inline file; a file in chunks is
-        then read from storage without an OPEN."""
+        then read from storage without an OPEN. Relaxed: no round trip when the caches hold
+        the file's attributes and content."""
         p = paths.normalize(path)
-        rsp = await self.meta.read(p)
+        data = self.cached_content(p)
+        if data is not None:
+            return data
+        rsp = await self.read_meta(p)
         return await self.cat_from(p, rsp)
 
-    async def cat_from(self, p: str, rsp: ReadRsp) -> bytes:
-        """The bytes of a file given its READ reply."""
+    def cached_content(self, p: str) -> bytes | None:
+        """Relaxed: the whole content of normalised ``p`` when the caches hold both its
+        attributes and that version's bytes (ENOENT/EISDIR from cached attributes); else None."""
+        attr = self.cached_attr(p, True)
+        if attr is None:
+            return None
+        if attr.type == FileType.DIRECTORY:
+            raise IsADirectory(path=p)
+        return self.cached_data(attr)
+
+    async def read_meta(self, p: str) -> ReadRsp:
+        """READ ``p`` from meta; the caches learn its attributes (and ENOENT)."""
+        asked = self.caches.now()
+        try:
+            rsp = await self.meta.read(p)
+        except NotFound:
+            self.caches.learn_absent(p, True, asked_at=asked)
+            raise
+        self.learn_read(p, rsp, asked)
+        return rsp
+
+    def learn_read(self, p: str, rsp: ReadRsp, asked_at: float) -> None:
+        """Let the caches learn a READ reply for ``p`` (sent at ``asked_at``)."""
+        if rsp.attr is not None:
+            self.caches.learn_attr(p, True, rsp.attr, asked_at=asked_at)
+
+    def content_of_read(self, p: str, rsp: ReadRsp) -> bytes | None:
+        """What a READ reply gives without storage: an inline file's bytes (checked), or the
+        data cache's copy of the version the reply names; None: read the chunks."""
         attr = rsp.attr
         if attr is None:
             raise NotFound("read returned no attributes", path=p)
         if attr.type == FileType.DIRECTORY:
             raise IsADirectory(path=p)
         if rsp.data is not None:
-            return check_crc(p, rsp.data, rsp.data_crc)
-        if attr.size == 0:
-            return b""
+            data = check_crc(p, rsp.data, rsp.data_crc)
+            if self.caches.relaxed(p):  # strict reads get inline bytes with every READ
+                self.caches.learn_data(attr, data)
+            return data
+        return self.cached_data(attr, revalidated=True)
+
+    async def cat_from(self, p: str, rsp: ReadRsp) -> bytes:
+        """The bytes of a file given its READ reply (a file in chunks: from the data cache
+        when it holds the version the reply names)."""
+        data = self.content_of_read(p, rsp)
+        if data is not None:
+            return data
+        attr = rsp.attr
+        assert attr is not None
         f = AsyncFile(background=self._background, path=p, attr=attr, flags=os.O_RDONLY, session_id=0,
                       storage=self.storage, meta=self.meta, config=self.config, pool=self.pool,
                       budget=self.budget)
         try:
-            return await f.read()
+            data = await f.read()
         finally:
             await f.close()
+        if len(data) == attr.size and self.caches.wants_data(attr.size):
+            self.caches.learn_data(attr, data)
+        return data
 
     async def pipe(self, path: str, data: bytes | bytearray | memoryview) -> None:
         """Write ``data`` as the whole content of ``path``."""
@@ -451,27 +681,85 @@ class AsyncClient:
     # --- batches: one meta round trip for many paths (``loomfs.client.batch``) ----------
 
     async def read_many(self, paths_: Sequence[str]) -> list[bytes | OSError]:
-        """The contents of many files; a failed item is its ``OSError`` (the batch goes on)."""
+        """The contents of many files; a failed item is its ``OSError`` (the batch goes on).
+        Relaxed paths whose attributes and content are cached are answered from the caches."""
         from loomfs.client import batch
 
-        return await batch.read_many(self, paths_)
+        if not self.caches.policy.any_relaxed:
+            return await batch.read_many(self, paths_)
+        out, todo = self._from_caches(paths_, self.cached_content)
+        if todo:
+            rest = await batch.read_many(self, [paths_[i] for i in todo])
+            for i, r in zip(todo, rest, strict=True):
+                out[i] = r
+        return out
 
     async def stat_many(self, paths_: Sequence[str], *, follow_symlinks: bool = True) -> list[Attr | OSError]:
+        """Attributes of many paths; relaxed paths are answered from (and teach) the caches."""
         from loomfs.client import batch
 
-        return await batch.stat_many(self, paths_, follow_symlinks=follow_symlinks)
+        if not self.caches.policy.any_relaxed:
+            return await batch.stat_many(self, paths_, follow_symlinks=follow_symlinks)
+        out, todo = self._from_caches(paths_, lambda p: self.cached_attr(p, follow_symlinks))
+        if todo:
+            asked = self.caches.now()
+            rest = await batch.stat_many(self, [paths_[i] for i in todo], follow_symlinks=follow_symlinks)
+            for i, r in zip(todo, rest, strict=True):
+                out[i] = r
+                p = paths.normalize(paths_[i])
+                if isinstance(r, Attr):
+                    self.caches.learn_attr(p, follow_symlinks, r, asked_at=asked)
+                elif isinstance(r, FileNotFoundError):
+                    self.caches.learn_absent(p, follow_symlinks, asked_at=asked)
+        return out
+
+    @staticmethod
+    def _from_caches(paths_: Sequence[str], lookup: Any) -> tuple[list[Any], list[int]]:
+        """Per path the cached answer (a value, or the ``OSError`` a cached answer means);
+        the indexes left for meta (not cached, or not a valid path: the batch reports it)."""
+        out: list[Any] = [None] * len(paths_)
+        todo: list[int] = []
+        for i, raw in enumerate(paths_):
+            try:
+                p = paths.normalize(raw)
+            except (LoomError, OSError):
+                todo.append(i)
+                continue
+            try:
+                hit = lookup(p)
+            except OSError as exc:  # ENOENT / EISDIR from cached attributes
+                hit = exc
+            if hit is None:
+                todo.append(i)
+            else:
+                out[i] = hit
+        return out, todo
 
     async def put_many(self, items: dict[str, bytes] | Sequence[tuple[str, bytes]]) -> list[OSError | None]:
         """Write many whole files (like ``pipe`` each); per item None or its ``OSError``."""
         from loomfs.client import batch
 
-        return await batch.put_many(self, items)
+        names = list(items.keys() if isinstance(items, dict) else (p for p, _ in items))
+        try:
+            return await batch.put_many(self, items)
+        finally:
+            self._changed_many(names)
 
     async def rm_many(self, paths_: Sequence[str]) -> list[OSError | None]:
         """Unlink many files (not directories); per item None or its ``OSError``."""
         from loomfs.client import batch
 
-        return await batch.rm_many(self, paths_)
+        try:
+            return await batch.rm_many(self, paths_)
+        finally:
+            self._changed_many(paths_)
+
+    def _changed_many(self, names: Sequence[str]) -> None:
+        for name in names:
+            try:
+                self.caches.changed(paths.normalize(name))
+            except (LoomError, OSError):
+                pass  # not a valid path: nothing of it is cached
 
     def __repr__(self) -> str:
         return f"AsyncClient(id={self.client_id:#x} open={len(self._open_files)} {self.budget!r})"

@@ -28,7 +28,6 @@ from loomfs.client import paths
 from loomfs.client.core import READDIR_PAGE, AsyncClient, info_of
 from loomfs.client.fastpath import SyncMetaPath, Unavailable
 from loomfs.client.file import AsyncFile, parse_mode
-from loomfs.client.inline import check_crc
 from loomfs.client.meta_client import MetaClient
 from loomfs.client.syncfile import LoomFile
 from loomfs.common import trace
@@ -283,19 +282,30 @@ class LoomFS:
     # --- namespace ----------------------------------------------------------------------
 
     def _fast_stat(self, path: str, follow_symlinks: bool) -> Attr:
-        """stat via the caller-thread fast path (no thread hops), else the async core."""
+        """stat on the caller's thread: a relaxed cache hit (no round trip, no thread hop),
+        else the caller-thread fast path to meta, else the async core."""
         self._check_thread()
         client = self._ensure()
+        p = paths.normalize(path)
+        hit = client.cached_attr(p, follow_symlinks)
+        if hit is not None:
+            return hit
         fast = self._fast
         if fast is not None:
+            caches = client.caches
+            asked = caches.now()
             try:
-                rsp = fast.call(wmeta.STAT, wmeta.PathReq(path=paths.normalize(path),
-                                                          follow_symlinks=follow_symlinks))
-                if rsp.attr is not None:
-                    return rsp.attr
+                rsp = fast.call(wmeta.STAT, wmeta.PathReq(path=p, follow_symlinks=follow_symlinks))
             except Unavailable:
                 pass
-        return self._submit(client.stat(path) if follow_symlinks else client.lstat(path))
+            except FileNotFoundError:
+                caches.learn_absent(p, follow_symlinks, asked_at=asked)
+                raise
+            else:
+                if rsp.attr is not None:
+                    caches.learn_attr(p, follow_symlinks, rsp.attr, asked_at=asked)
+                    return rsp.attr
+        return self._submit(client.stat_meta(p, follow_symlinks))
 
     def stat(self, path: str) -> os.stat_result:
         """Like ``os.stat``: follows symlinks; ``st_mode`` carries the file type bits."""
@@ -315,7 +325,7 @@ class LoomFS:
         return self._submit(coro)
 
     def info(self, path: str) -> dict[str, Any]:
-        return self._run(lambda c: c.info(path))
+        return info_of(paths.normalize(path), self._fast_stat(path, False))
 
     def exists(self, path: str) -> bool:
         try:
@@ -325,10 +335,16 @@ class LoomFS:
         return True
 
     def isdir(self, path: str) -> bool:
-        return self._run(lambda c: c.isdir(path))
+        try:
+            return self._fast_stat(path, True).type == FileType.DIRECTORY
+        except FileNotFoundError:
+            return False
 
     def isfile(self, path: str) -> bool:
-        return self._run(lambda c: c.isfile(path))
+        try:
+            return self._fast_stat(path, True).type == FileType.FILE
+        except FileNotFoundError:
+            return False
 
     def listdir(self, path: str = "/") -> list[str]:
         return self._run(lambda c: c.listdir(path))
@@ -462,21 +478,32 @@ class LoomFS:
         return io.TextIOWrapper(f, encoding=encoding or "utf-8", errors=errors, newline=newline)
 
     def cat(self, path: str) -> bytes:
-        """A whole file. An inline one is one READ from this thread (no hop to the loop)."""
+        """A whole file, on the caller's thread when it can: a relaxed cache hit (no round
+        trip), or one READ (an inline file, or a chunked one whose version the data cache
+        holds); otherwise the chunks are read on the loop."""
         self._check_thread()
         client = self._ensure()
+        p = paths.normalize(path)
+        data = client.cached_content(p)
+        if data is not None:
+            return data
         fast = self._fast
         if fast is not None:
-            p = paths.normalize(path)
+            asked = client.caches.now()
             try:
                 rsp = fast.call(wmeta.READ, wmeta.PathReq(path=p))
             except Unavailable:
                 rsp = None
+            except FileNotFoundError:
+                client.caches.learn_absent(p, True, asked_at=asked)
+                raise
             if rsp is not None:
-                if rsp.data is not None and rsp.attr is not None and rsp.attr.type == FileType.FILE:
-                    return check_crc(p, rsp.data, rsp.data_crc)
+                client.learn_read(p, rsp, asked)
+                data = client.content_of_read(p, rsp)
+                if data is not None:
+                    return data
                 return self._submit(client.cat_from(p, rsp))
-        return self._submit(client.cat(path))
+        return self._submit(client.cat(p))
 
     def pipe(self, path: str, data: bytes | bytearray | memoryview) -> None:
         self._run(lambda c: c.pipe(path, data))
@@ -541,7 +568,13 @@ def stat_result(a: Attr) -> os.stat_result:
     ))
 
 
-def connect(address: str | None = None, *, config: ClientConfig | None = None) -> LoomFS:
+def connect(
+    address: str | None = None, *, config: ClientConfig | None = None, consistency: str | None = None,
+) -> LoomFS:
     """Connect to a LoomFS cluster: 'host:port' of a mgmtd (comma list allowed), a local
-    cluster directory (``loomfs local up``), or None for ``$LOOMFS_CLUSTER``."""
+    cluster directory (``loomfs local up``), or None for ``$LOOMFS_CLUSTER``.
+    ``consistency``: "strict" or "relaxed" for this connection (overrides ``config``'s;
+    per-prefix modes are in ``ClientConfig``, see docs/consistency.md)."""
+    if consistency is not None:
+        config = dataclasses.replace(config or ClientConfig(), consistency=consistency)
     return LoomFS(address, config=config)

@@ -175,6 +175,51 @@ class ClientCollector(Collector):
                        getattr(meta, "failovers", 0))
         yield GaugeMetricFamily("loomfs_client_open_files", "files open in this client",
                                 value=len(getattr(self.client, "_open_files", ())))
+        caches = getattr(self.client, "caches", None)
+        if caches is not None:
+            yield from self._caches(caches)
+
+    @staticmethod
+    def _caches(caches: Any) -> Iterator[Metric]:
+        """The client caches (``loomfs.client.consistency.ClientCaches``), labelled by cache:
+        attr (attributes and negative entries), listing, data (memory), disk."""
+        named = [("attr", caches.attrs), ("listing", caches.listings), ("data", caches.data),
+                 ("disk", caches.disk)]
+        present = [(n, c) for n, c in named if c is not None]
+        fams = {
+            "hits": CounterMetricFamily("loomfs_client_cache_hits", "answers served from a client cache",
+                                        labels=["cache"]),
+            "misses": CounterMetricFamily("loomfs_client_cache_misses", "look-ups a client cache could not answer",
+                                          labels=["cache"]),
+            "evictions": CounterMetricFamily("loomfs_client_cache_evictions", "entries pushed out by a bound",
+                                             labels=["cache"]),
+            "hit_bytes": CounterMetricFamily("loomfs_client_cache_hit_bytes", "file bytes served from a data cache",
+                                             labels=["cache"]),
+        }
+        for name, c in present:
+            for attr, fam in fams.items():
+                if hasattr(c, attr):
+                    fam.add_metric([name], getattr(c, attr))
+        yield from fams.values()
+        entries = GaugeMetricFamily("loomfs_client_cache_entries", "entries held", labels=["cache"])
+        held = GaugeMetricFamily("loomfs_client_cache_bytes", "bytes held (disk: this process's estimate)",
+                                 labels=["cache"])
+        for name, c in present:
+            if name != "disk":
+                entries.add_metric([name], len(c))
+            if hasattr(c, "bytes"):
+                held.add_metric([name], c.bytes)
+        yield from (entries, held)
+        yield _counter("loomfs_client_cache_negative_hits", "ENOENT answers served from the attribute cache",
+                       caches.attrs.negative_hits)
+        yield _counter("loomfs_client_cache_revalidated_hits",
+                       "data cache hits for a version meta had just confirmed (strict)", caches.revalidated_hits)
+        if caches.disk is not None:
+            d = caches.disk
+            yield _counter("loomfs_client_disk_cache_corrupt", "disk cache entries that failed their checks",
+                           d.corrupt)
+            yield _counter("loomfs_client_disk_cache_write_bytes", "bytes written to the disk cache", d.write_bytes)
+            yield _counter("loomfs_client_disk_cache_dropped", "disk cache writes dropped (queue full)", d.dropped)
 
 
 def _enum_name(enum: Any, value: int) -> str:
