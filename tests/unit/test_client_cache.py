@@ -108,13 +108,63 @@ def test_attr_cache_invalidation() -> None:
         c.put(p, True, attr(), ttl_s=5)
         c.put(p, False, attr(), ttl_s=5)
     assert c.invalidate("/e") == 2
-    assert c.invalidate_tree("/d") == 6
+    c.invalidate_tree("/d")
+    for p in ("/d", "/d/x", "/d/x/y"):
+        assert c.lookup(p, True) is None and c.lookup(p, False) is None
     assert c.lookup("/dx", True) is not None  # a sibling with the same prefix stays
     assert c.invalidations == 8
+    c.put("/d/x", True, attr(inode=5), ttl_s=5)  # stored after the subtree was forgotten
+    assert c.lookup("/d/x", True) == attr(inode=5)
     c.put("/h1", True, attr(inode=42), ttl_s=5)
     c.put("/h2", False, attr(inode=42), ttl_s=5)
     assert c.invalidate_inode(42) == 2
-    assert c.invalidate_tree("/") == 2  # /dx, both variants
+    c.invalidate_tree("/")
+    assert len(c) == 0
+
+
+def test_an_answer_in_flight_across_an_own_change_is_not_kept() -> None:
+    """stat asked, then this client changes the path (or its directory), then the old answer
+    arrives: it must not be served as if it were newer than the change."""
+    clock = ManualClock()
+    c = AttrCache(clock=clock)
+    c.put("/seed", True, attr(), ttl_s=5.0)
+    asked = clock.monotonic()
+    clock.advance(0.1)
+    c.invalidate("/f")  # e.g. this client's write of /f closed
+    c.invalidate_tree("/d")  # and it renamed /d away
+    clock.advance(0.1)
+    c.put("/f", True, attr(), ttl_s=5.0, since=asked)
+    c.put("/d/x", True, attr(), ttl_s=5.0, since=asked)
+    assert c.lookup("/f", True) is None and c.lookup("/d/x", True) is None
+    c.put("/f", True, attr(inode=2), ttl_s=5.0)  # asked after the change: kept
+    assert c.lookup("/f", True) == attr(inode=2)
+
+
+def test_strict_only_use_leaves_no_tombstones() -> None:
+    c = AttrCache(clock=ManualClock())
+    for i in range(10000):
+        c.invalidate(f"/f{i}")
+        c.invalidate_tree(f"/d{i}")
+    assert len(c._tombs) == 0
+
+
+def test_subtree_tombstones_are_bounded_in_time_and_number() -> None:
+    clock = ManualClock()
+    c = AttrCache(clock=clock)
+    c.put("/a/b", True, attr(), ttl_s=2.0)
+    c.put_absent("/a/c", True, ttl_s=5.0)  # the longest TTL decides how long a tombstone lives
+    c.invalidate_tree("/a")
+    assert len(c._tombs) == 1
+    clock.advance(5.0)
+    c.put("/x/y", True, attr(), ttl_s=5.0)
+    c.invalidate_tree("/x")  # meanwhile the first tombstone outlived everything it covered
+    assert list(c._tombs) == ["/x"]
+    for i in range(5000):  # past the bound: everything is forgotten instead
+        c.put(f"/t{i}/f", True, attr(), ttl_s=5.0)
+        c.invalidate_tree(f"/t{i}")
+    c.put("/keep", True, attr(), ttl_s=5.0)
+    assert len(c._tombs) <= 4096 and c.lookup("/keep", True) is not None
+    assert c.lookup("/t4999/f", True) is None
 
 
 # --- ListingCache -------------------------------------------------------------------------
@@ -136,7 +186,10 @@ def test_listing_cache() -> None:
     assert c.lookup("/d", False) is None
     c.put("/d/e", entries, False, 5)
     c.put("/d", entries, False, 5)
-    assert c.invalidate_tree("/d") == 2
+    c.put("/f", entries, False, 5)
+    c.invalidate_tree("/d")
+    assert c.lookup("/d/e", False) is None and c.lookup("/d", False) is None
+    assert c.lookup("/f", False) == entries
 
 
 # --- DataCache ------------------------------------------------------------------------------

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Hashable, Iterable
+from collections.abc import Hashable, Iterable
 from typing import Generic, NamedTuple, TypeVar
 
 from loomfs.common.clock import SYSTEM_CLOCK, Clock
@@ -39,9 +39,23 @@ class Absent:
 ABSENT = Absent()
 
 
+TOMBSTONES_MAX = 4096  # forgotten paths remembered at once (see ``_TTLMap``)
+
+Stamp = tuple[float, int]  # (when the answer was asked for, a sequence number for ties)
+
+
 class _TTLMap(Generic[K, V]):
-    """key -> (deadline, value), LRU-bounded by ``entries_max``; expired entries are dropped
-    when met (and pushed out by the bound)."""
+    """key -> (deadline, stamp, value), LRU-bounded by ``entries_max``; expired entries are
+    dropped when met (and pushed out by the bound).
+
+    Forgetting is by *tombstone*: ``_forget(path, tree)`` drops the path's entries and leaves
+    a stamp on the path (``tree``: on the whole subtree below it too, which costs O(1), not a
+    walk of the cache). An entry whose answer was *asked for* before a tombstone on its path
+    or above it is dead when met, even if it was stored after: an answer that was in flight
+    while this client changed the path never revives what the change made stale. A
+    tombstone lives as long as the longest TTL any entry was stored with (by then everything
+    it covers has expired); at most ``TOMBSTONES_MAX`` live at once: past that the oldest
+    single-path one is dropped, and if the oldest is a subtree's the cache is cleared."""
 
     def __init__(self, entries_max: int, clock: Clock):
         if entries_max < 0:
@@ -49,7 +63,10 @@ class _TTLMap(Generic[K, V]):
         self.entries_max = entries_max
         self.clock = clock
         self._lock = threading.Lock()
-        self._map: OrderedDict[K, tuple[float, V]] = OrderedDict()
+        self._map: OrderedDict[K, tuple[float, Stamp, V]] = OrderedDict()
+        self._seq = 0
+        self._tombs: OrderedDict[str, tuple[Stamp, float, bool]] = OrderedDict()  # stamp, kept until, tree
+        self._ttl_max_s = 0.0
         self.hits = 0
         self.misses = 0
         self.expirations = 0
@@ -58,6 +75,28 @@ class _TTLMap(Generic[K, V]):
 
     def __len__(self) -> int:
         return len(self._map)
+
+    @staticmethod
+    def _path_of(key: K) -> str:
+        raise NotImplementedError
+
+    @staticmethod
+    def _keys_of(path: str) -> tuple[K, ...]:
+        raise NotImplementedError
+
+    def _buried(self, path: str, stamp: Stamp) -> bool:
+        """A tombstone newer than ``stamp`` lies on ``path``, or on a subtree above it."""
+        tombs = self._tombs
+        t = tombs.get(path)
+        if t is not None and stamp < t[0]:
+            return True
+        p = path
+        while p != "/":
+            p = p.rpartition("/")[0] or "/"
+            t = tombs.get(p)
+            if t is not None and t[2] and stamp < t[0]:
+                return True
+        return False
 
     def _get(self, key: K) -> tuple[bool, V | None]:
         """(found, value); counts nothing (callers count what the lookup meant)."""
@@ -70,8 +109,12 @@ class _TTLMap(Generic[K, V]):
                 del self._map[key]
                 self.expirations += 1
                 return False, None
+            if self._tombs and self._buried(self._path_of(key), item[1]):
+                del self._map[key]
+                self.invalidations += 1
+                return False, None
             self._map.move_to_end(key)
-            return True, item[1]
+            return True, item[2]
 
     def _put(self, key: K, value: V, ttl_s: float, since: float | None = None) -> None:
         """``since``: when the answer was asked for (the TTL counts from then, so an answer
@@ -79,44 +122,59 @@ class _TTLMap(Generic[K, V]):
         default now."""
         if ttl_s <= 0 or self.entries_max == 0:
             return
-        deadline = (self.clock.monotonic() if since is None else since) + ttl_s
-        if deadline <= self.clock.monotonic():
+        now = self.clock.monotonic()
+        asked = now if since is None else since
+        deadline = asked + ttl_s
+        if deadline <= now:
             return
         with self._lock:
-            self._map[key] = (deadline, value)
+            self._seq += 1
+            if ttl_s > self._ttl_max_s:
+                self._ttl_max_s = ttl_s
+            self._map[key] = (deadline, (asked, self._seq), value)
             self._map.move_to_end(key)
             while len(self._map) > self.entries_max:
                 self._map.popitem(last=False)
                 self.evictions += 1
 
-    def _discard(self, keys: Iterable[K]) -> int:
+    def _forget(self, path: str, tree: bool) -> int:
+        """Drop ``path``'s entries (``tree``: and everything below it, lazily); returns how
+        many entries were dropped now."""
+        if tree and path == "/":
+            n = len(self._map)
+            self.clear()
+            return n
+        now = self.clock.monotonic()
         n = 0
         with self._lock:
-            for k in keys:
+            for k in self._keys_of(path):
                 if self._map.pop(k, None) is not None:
                     n += 1
             self.invalidations += n
+            if not self._ttl_max_s:  # nothing was ever stored (e.g. every path is strict)
+                return n
+            tombs = self._tombs
+            while tombs:  # tombstones that outlived everything they covered
+                first = next(iter(tombs.values()))
+                if first[1] > now:
+                    break
+                tombs.popitem(last=False)
+            self._seq += 1
+            old = tombs.pop(path, None)
+            tombs[path] = ((now, self._seq), now + self._ttl_max_s, tree or (old is not None and old[2]))
+            while len(tombs) > TOMBSTONES_MAX:
+                _p, (_stamp, _until, was_tree) = tombs.popitem(last=False)
+                if was_tree:  # entries below it may still be alive: forget everything
+                    self.invalidations += len(self._map)
+                    self._map.clear()
+                    tombs.clear()
         return n
-
-    def _discard_where(self, pred: Callable[[K], bool]) -> int:
-        with self._lock:
-            dead = [k for k in self._map if pred(k)]
-            for k in dead:
-                del self._map[k]
-            self.invalidations += len(dead)
-        return len(dead)
 
     def clear(self) -> None:
         with self._lock:
             self.invalidations += len(self._map)
             self._map.clear()
-
-
-def _under(path: str, top: str) -> bool:
-    """``path`` is ``top`` or inside it (both normalised)."""
-    if top == "/":
-        return True
-    return path == top or (path.startswith(top) and path[len(top)] == "/")
+            self._tombs.clear()
 
 
 class AttrCache(_TTLMap[tuple[str, bool], Attr | Absent]):
@@ -130,6 +188,14 @@ class AttrCache(_TTLMap[tuple[str, bool], Attr | Absent]):
     def __init__(self, entries_max: int = 65536, *, clock: Clock = SYSTEM_CLOCK):
         super().__init__(entries_max, clock)
         self.negative_hits = 0
+
+    @staticmethod
+    def _path_of(key: tuple[str, bool]) -> str:
+        return key[0]
+
+    @staticmethod
+    def _keys_of(path: str) -> tuple[tuple[str, bool], ...]:
+        return ((path, False), (path, True))
 
     def lookup(self, path: str, follow_symlinks: bool) -> Attr | Absent | None:
         """The cached answer (``ABSENT`` for a negative entry), or None (not cached/expired)."""
@@ -155,16 +221,12 @@ class AttrCache(_TTLMap[tuple[str, bool], Attr | Absent]):
         self._put((path, follow_symlinks), ABSENT, ttl_s, since)
 
     def invalidate(self, path: str) -> int:
-        """Forget ``path`` (both variants)."""
-        return self._discard(((path, False), (path, True)))
+        """Forget ``path`` (both variants); returns how many entries were dropped."""
+        return self._forget(path, False)
 
-    def invalidate_tree(self, top: str) -> int:
-        """Forget ``top`` and every path below it (a renamed or removed directory).
-
-        Walks the cache (bounded by ``entries_max``)."""
-        if not self._map:
-            return 0
-        return self._discard_where(lambda k: _under(k[0], top))
+    def invalidate_tree(self, top: str) -> None:
+        """Forget ``top`` and every path below it (a renamed or removed directory); O(1)."""
+        self._forget(top, True)
 
     def invalidate_inode(self, inode: int) -> int:
         """Forget every path whose cached attributes name ``inode`` (hard links, and paths
@@ -172,8 +234,8 @@ class AttrCache(_TTLMap[tuple[str, bool], Attr | Absent]):
         if not self._map:
             return 0
         with self._lock:
-            dead = [k for k, (_, v) in self._map.items() if isinstance(v, Attr) and v.inode == inode]
-        return self._discard(dead)
+            dead = {k[0] for k, (_, _, v) in self._map.items() if isinstance(v, Attr) and v.inode == inode}
+        return sum(self._forget(p, False) for p in dead)
 
     def __repr__(self) -> str:
         return (f"AttrCache({len(self)}/{self.entries_max} hits={self.hits} "
@@ -192,6 +254,14 @@ class ListingCache(_TTLMap[str, Listing]):
     def __init__(self, entries_max: int = 1024, *, clock: Clock = SYSTEM_CLOCK):
         super().__init__(entries_max, clock)
 
+    @staticmethod
+    def _path_of(key: str) -> str:
+        return key
+
+    @staticmethod
+    def _keys_of(path: str) -> tuple[str, ...]:
+        return (path,)
+
     def lookup(self, path: str, with_attrs: bool) -> list[DirEntry] | None:
         found, value = self._get(path)
         if not found or value is None or (with_attrs and not value.with_attrs):
@@ -205,12 +275,10 @@ class ListingCache(_TTLMap[str, Listing]):
         self._put(path, Listing(tuple(entries), with_attrs), ttl_s, since)
 
     def invalidate(self, path: str) -> int:
-        return self._discard((path,))
+        return self._forget(path, False)
 
-    def invalidate_tree(self, top: str) -> int:
-        if not self._map:
-            return 0
-        return self._discard_where(lambda k: _under(k, top))
+    def invalidate_tree(self, top: str) -> None:
+        self._forget(top, True)
 
     def __repr__(self) -> str:
         return (f"ListingCache({len(self)}/{self.entries_max} hits={self.hits} "
