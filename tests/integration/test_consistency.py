@@ -175,6 +175,13 @@ def test_relaxed_hits_stay_on_the_callers_thread(clients: Any, base: str) -> Non
         assert not c.isdir(path) and c.info(path)["size"] == 5
         assert not c.exists(f"{base}/missing")
         assert c.cat(path) == b"hello"
+        with c.open(path, "rb") as f:  # a cached whole version, read in memory
+            assert f.read(2) == b"he" and f.seek(1) == 1 and f.read() == b"ello"
+            assert f.readable() and not f.writable() and f.name == path
+            with pytest.raises(OSError):
+                f.write(b"x")
+        with c.open(path, "r") as t:
+            assert t.read() == "hello"
     finally:
         del c._submit
     assert (fast.calls if fast is not None else 0) == calls  # no meta round trip either

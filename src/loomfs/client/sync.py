@@ -469,10 +469,18 @@ class LoomFS:
         newline: str | None = None,
     ) -> Any:
         """A binary ``io.BufferedIOBase`` file; text modes ('r', 'wt', ...) wrap it in TextIOWrapper."""
-        _flags, binary = parse_mode(mode)
+        flags, binary = parse_mode(mode)
         bmode = mode.replace("t", "") + ("" if binary else "b")
-        afile = self._run(lambda c: c.open(path, bmode))
-        f = LoomFile(self, afile, bmode, self._generation)
+        f: io.BufferedIOBase | None = None
+        if flags == os.O_RDONLY:  # relaxed: a cached whole version, on the caller's thread
+            self._check_thread()
+            p = paths.normalize(path)
+            data = self._ensure().cached_content(p)
+            if data is not None:
+                f = CachedFile(p, data)
+        if f is None:
+            afile = self._run(lambda c: c.open(path, bmode))
+            f = LoomFile(self, afile, bmode, self._generation)
         if binary:
             return f
         return io.TextIOWrapper(f, encoding=encoding or "utf-8", errors=errors, newline=newline)
@@ -546,6 +554,33 @@ class LoomFS:
     def __repr__(self) -> str:
         state = "closed" if self.closed else f"pid={self._pid} gen={self._generation}"
         return f"LoomFS({self.address!r} {state})"
+
+
+class CachedFile(io.BytesIO):
+    """A read-only binary file over one whole cached version of a file: what a relaxed
+    ``open(path, "rb")`` returns when the caches hold the file's attributes and content
+    (reads are memory copies on the caller's thread, no round trip)."""
+
+    def __init__(self, name: str, data: bytes):
+        super().__init__(data)  # shares ``data`` until written, and it is never written
+        self.name = name
+        self.mode = "rb"  # type: ignore[misc]
+        self._size = len(data)
+
+    def writable(self) -> bool:
+        return False
+
+    def write(self, b: Any) -> int:
+        raise io.UnsupportedOperation("file not open for writing")
+
+    def writelines(self, lines: Any) -> None:
+        raise io.UnsupportedOperation("file not open for writing")
+
+    def truncate(self, size: int | None = None) -> int:
+        raise io.UnsupportedOperation("file not open for writing")
+
+    def __repr__(self) -> str:
+        return f"CachedFile({self.name} {self._size} bytes)"
 
 
 _TYPE_BITS = {FileType.FILE: stat_mod.S_IFREG, FileType.DIRECTORY: stat_mod.S_IFDIR,
