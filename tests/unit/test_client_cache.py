@@ -167,6 +167,25 @@ def test_subtree_tombstones_are_bounded_in_time_and_number() -> None:
     assert c.lookup("/t4999/f", True) is None
 
 
+def test_attr_cache_threads_count_every_lookup() -> None:
+    c = AttrCache(entries_max=50, clock=ManualClock())
+
+    def work(t: int) -> None:
+        for i in range(3000):
+            p = f"/d/{(t + i) % 80}"
+            if c.lookup(p, True) is None:
+                c.put(p, True, attr(inode=i), ttl_s=10)
+            if i % 97 == 0:
+                c.invalidate_tree("/d")
+
+    threads = [threading.Thread(target=work, args=(t,)) for t in range(8)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert c.hits + c.misses == 8 * 3000 and len(c) <= 50
+
+
 # --- ListingCache -------------------------------------------------------------------------
 
 def test_listing_cache() -> None:

@@ -204,13 +204,14 @@ class AttrCache(_TTLMap[tuple[str, bool], Attr | Absent]):
             found, value = self._get((path, False))
             if found and isinstance(value, Attr) and value.type == FileType.SYMLINK:
                 found, value = False, None
-        if not found or value is None:
-            self.misses += 1
-            return None
-        if isinstance(value, Absent):
-            self.negative_hits += 1
-        else:
-            self.hits += 1
+        with self._lock:  # counters are shared by the caller threads and the loop thread
+            if not found or value is None:
+                self.misses += 1
+                return None
+            if isinstance(value, Absent):
+                self.negative_hits += 1
+            else:
+                self.hits += 1
         return value
 
     def put(self, path: str, follow_symlinks: bool, attr: Attr, ttl_s: float,
@@ -264,10 +265,11 @@ class ListingCache(_TTLMap[str, Listing]):
 
     def lookup(self, path: str, with_attrs: bool) -> list[DirEntry] | None:
         found, value = self._get(path)
-        if not found or value is None or (with_attrs and not value.with_attrs):
-            self.misses += 1
-            return None
-        self.hits += 1
+        with self._lock:
+            if not found or value is None or (with_attrs and not value.with_attrs):
+                self.misses += 1
+                return None
+            self.hits += 1
         return list(value.entries)
 
     def put(self, path: str, entries: Iterable[DirEntry], with_attrs: bool, ttl_s: float,

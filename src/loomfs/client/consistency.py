@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import enum
 import logging
+import threading
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING
 
@@ -138,6 +139,7 @@ class ClientCaches:
         self.disk = disk  # None: no disk data cache
         self.listing_names_max = listing_names_max  # bigger listings are not cached
         self.clock = clock
+        self._lock = threading.Lock()
         self.revalidated_hits = 0  # data hits whose attributes came fresh from meta (strict)
 
     @classmethod
@@ -235,7 +237,8 @@ class ClientCaches:
         if data is not None and len(data) != attr.size:  # cannot happen; never serve it
             return None
         if data is not None and revalidated:
-            self.revalidated_hits += 1
+            with self._lock:
+                self.revalidated_hits += 1
         return data
 
     def learn_data(self, attr: Attr, data: bytes) -> None:
