@@ -1,0 +1,232 @@
+"""File objects of the fsspec layer.
+
+``LoomBufferedFile`` is what ``fs.open()`` returns: the blocking client's own file object
+(``loomfs.client.syncfile.LoomFile``: one OPEN, then chunk reads straight from storage with
+the client's read-ahead, or write-back of whole chunks), with the attributes fsspec users
+expect (``fs``, ``path``, ``size``, ``details``, ``loc``) and transactions: opened with
+``autocommit=False`` it writes to a temporary name that ``commit()`` renames into place in
+one step (readers never see half a file) and ``discard()`` removes.
+
+``AsyncLoomFile`` is what ``await fs.open_async()`` returns: the async core's file, usable
+from any event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import os
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from loomfs.client.file import AsyncFile
+
+if TYPE_CHECKING:
+    from loomfs.fsspec._filesystem import LoomFileSystem
+
+T = TypeVar("T")
+
+
+class LoomBufferedFile(io.BufferedIOBase):
+    """A binary LoomFS file opened through fsspec (see the module docstring)."""
+
+    def __init__(self, fs: LoomFileSystem, path: str, mode: str, raw: Any, *,
+                 autocommit: bool = True, temp_path: str | None = None):
+        super().__init__()
+        self.fs = fs
+        self.path = path
+        self.mode = mode
+        self.autocommit = autocommit
+        self.blocksize = fs.blocksize
+        self._raw = raw  # loomfs.client.syncfile.LoomFile
+        self._temp_path = temp_path  # written here until commit() (autocommit=False)
+        self._details: dict[str, Any] | None = None
+
+    # what fsspec's AbstractBufferedFile offers
+    @property
+    def name(self) -> str:
+        return self.path
+
+    @property
+    def size(self) -> int:
+        """The file's length as this object knows it (at open, grown by its writes)."""
+        return int(self._raw.length)
+
+    @property
+    def details(self) -> dict[str, Any]:
+        if self._details is None:
+            self._details = self.fs.info(self.path if self._temp_path is None else self._temp_path)
+        return self._details
+
+    @property
+    def loc(self) -> int:
+        return self.tell()
+
+    @property
+    def full_name(self) -> str:
+        return str(self.fs.unstrip_protocol(self.path))
+
+    def info(self) -> dict[str, Any]:
+        return self.details
+
+    # io capabilities
+    def readable(self) -> bool:
+        return bool(self._raw.readable())
+
+    def writable(self) -> bool:
+        return bool(self._raw.writable())
+
+    def seekable(self) -> bool:
+        return True
+
+    def fileno(self) -> int:
+        raise io.UnsupportedOperation("LoomFS files have no OS file descriptor")
+
+    def isatty(self) -> bool:
+        return False
+
+    # reading
+    def read(self, size: int | None = -1) -> bytes:
+        return bytes(self._raw.read(size))
+
+    def read1(self, size: int = -1) -> bytes:
+        return bytes(self._raw.read(size))
+
+    def readinto(self, b: Any) -> int:
+        return int(self._raw.readinto(b))
+
+    def readinto1(self, b: Any) -> int:
+        return int(self._raw.readinto(b))
+
+    def readline(self, size: int | None = -1) -> bytes:
+        return bytes(self._raw.readline(size))
+
+    def readuntil(self, char: bytes = b"\n", blocks: int | None = None) -> bytes:
+        """Read up to and including ``char`` (fsspec's AbstractBufferedFile has it)."""
+        out = bytearray()
+        step = blocks or self.blocksize
+        while True:
+            start = self.tell()
+            part = self.read(step)
+            if not part:
+                return bytes(out)
+            i = part.find(char)
+            if i >= 0:
+                out += part[: i + len(char)]
+                self.seek(start + i + len(char))
+                return bytes(out)
+            out += part
+
+    # writing
+    def write(self, b: Any) -> int:
+        return int(self._raw.write(b))
+
+    def truncate(self, size: int | None = None) -> int:
+        return int(self._raw.truncate(size))
+
+    def flush(self) -> None:
+        if not self.closed:
+            self._raw.flush()
+
+    def fsync(self) -> None:
+        self._raw.fsync()
+
+    # position
+    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
+        return int(self._raw.seek(offset, whence))
+
+    def tell(self) -> int:
+        return int(self._raw.tell())
+
+    # lifetime
+    def close(self) -> None:
+        if self.closed:
+            return
+        try:
+            self._raw.close()
+        finally:
+            super().close()
+
+    def commit(self) -> None:
+        """Move a transaction's file into place (one rename)."""
+        if self._temp_path is None:
+            return
+        self.close()
+        self.fs.loom.rename(self._temp_path, self.path)
+        self._temp_path = None
+        self._details = None
+
+    def discard(self) -> None:
+        """Drop a transaction's file."""
+        if self._temp_path is None:
+            return
+        try:
+            self.close()
+        finally:
+            try:
+                self.fs.loom.unlink(self._temp_path)
+            except FileNotFoundError:
+                pass
+            self._temp_path = None
+
+    def __repr__(self) -> str:
+        return f"<LoomBufferedFile {self.fs.unstrip_protocol(self.path)} mode={self.mode!r} closed={self.closed}>"
+
+
+class AsyncLoomFile:
+    """``open_async``: the async core's file object, awaited from any event loop (calls hop
+    to the client's loop when the caller runs on another one)."""
+
+    def __init__(self, fs: LoomFileSystem, path: str, mode: str, afile: AsyncFile):
+        self.fs = fs
+        self.path = path
+        self.mode = mode
+        self._af = afile
+        self._loop = fs.loop
+
+    async def _call(self, make: Callable[[], Awaitable[T]]) -> T:
+        if asyncio.get_running_loop() is self._loop:
+            return await make()
+
+        async def run() -> T:
+            return await make()
+
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(run(), self._loop))
+
+    @property
+    def size(self) -> int:
+        return self._af.length
+
+    @property
+    def closed(self) -> bool:
+        return self._af.closed
+
+    async def read(self, length: int = -1) -> bytes:
+        return await self._call(lambda: self._af.read(length))
+
+    async def readinto(self, b: Any) -> int:
+        return await self._call(lambda: self._af.readinto(b))
+
+    async def write(self, data: bytes | bytearray | memoryview) -> int:
+        return await self._call(lambda: self._af.write(data))
+
+    async def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
+        return await self._call(lambda: self._af.seek(offset, whence))
+
+    def tell(self) -> int:
+        return self._af.tell()
+
+    async def flush(self) -> None:
+        await self._call(self._af.flush)
+
+    async def close(self) -> None:
+        await self._call(self._af.close)
+
+    async def __aenter__(self) -> AsyncLoomFile:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    def __repr__(self) -> str:
+        return f"<AsyncLoomFile {self.path} mode={self.mode!r} closed={self.closed}>"
