@@ -50,7 +50,11 @@ class LoomBufferedFile(io.BufferedIOBase):
     @property
     def size(self) -> int:
         """The file's length as this object knows it (at open, grown by its writes)."""
-        return int(self._raw.length)
+        length = getattr(self._raw, "length", None)
+        if length is None:  # a relaxed read served from the caches (an in-memory file)
+            with self._raw.getbuffer() as view:
+                return int(view.nbytes)
+        return int(length)
 
     @property
     def details(self) -> dict[str, Any]:
