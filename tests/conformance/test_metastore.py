@@ -273,3 +273,46 @@ def test_concurrent_transactions_serialise(store: MetaStore) -> None:
             assert (await t.counters())["n"] == 100
 
     run(go())
+
+
+def test_concurrent_writes_commit_and_are_read_back(store: MetaStore) -> None:
+    """Writes issued together (an engine may commit them as one group) each get a distinct
+    id, each is readable as soon as its ``write()`` returns, and all of them stay."""
+
+    async def go() -> None:
+        async def create(ino: int) -> int:
+            async with store.write() as t:
+                n = await t.next_id("n")
+                await t.put_inode(_attr(ino, size=n))
+                await t.put_dentry(1, f"c{ino}", ino, FileType.FILE)
+            async with store.read() as t:
+                got = await t.get_inode(ino)
+                assert got is not None and got.size == n
+            return n
+
+        ids = await asyncio.gather(*(create(300 + i) for i in range(40)))
+        assert sorted(ids) == list(range(1, 41))
+        async with store.read() as t:
+            assert len(await t.get_inodes(range(300, 340))) == 40
+            assert [d.name for d in await t.list_dentries(1, "", 100)] == sorted(f"c{i}" for i in range(300, 340))
+
+    run(go())
+
+
+def test_failing_write_among_concurrent_ones_undoes_only_itself(store: MetaStore) -> None:
+    async def go() -> None:
+        async def create(ino: int) -> None:
+            async with store.write() as t:
+                await t.put_inode(_attr(ino))
+                await t.add_counter("files", 1)
+                if ino == 403:
+                    raise KeyError("this one fails")
+
+        results = await asyncio.gather(*(create(400 + i) for i in range(8)), return_exceptions=True)
+        assert isinstance(results[3], KeyError)  # the body's own error, as raised
+        assert [r for i, r in enumerate(results) if i != 3] == [None] * 7
+        async with store.read() as t:
+            assert set(await t.get_inodes(range(400, 408))) == set(range(400, 408)) - {403}
+            assert (await t.counters())["files"] == 7
+
+    run(go())

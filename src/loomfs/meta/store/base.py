@@ -12,6 +12,17 @@ Engines are chosen by URL and registered by scheme::
 
 Rule for callers: inside a transaction await only the transaction's own methods (never the
 network), so a transaction is short and an embedded engine can run it inline.
+
+What callers may rely on (``tests/conformance/test_metastore.py`` checks it per engine):
+
+* ``write()`` returns only once its transaction is committed (durable as far as the engine's
+  sync setting goes); after that every later ``read()`` sees it. An engine may commit several
+  concurrent writes together (group commit): then a write's body may see the work of earlier
+  writes of its group, and if the group's commit fails every write in it raises
+  ``CommitFailed`` (EIO). A body that raises undoes only its own work; its error is raised
+  once the work it may have read is committed.
+* ``read()`` sees committed data only: never a write that could still fail, never one that a
+  failed commit rolled back. Concurrent reads do not wait for each other or for a commit.
 """
 
 from __future__ import annotations
@@ -24,9 +35,14 @@ from typing import Any, ClassVar, TypeVar
 
 import msgpack
 
+from loomfs.errors import LoomError
 from loomfs.wire.types import Attr, Layout
 
 S = TypeVar("S", bound="type[MetaStore]")
+
+
+class CommitFailed(LoomError):
+    """The commit covering a write transaction failed: none of its work is stored (EIO)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,9 +1,25 @@
-"""SQLite engine: WAL, parameterised statements, calls inline on the event loop thread.
+"""SQLite engine: WAL, parameterised statements, group commit.
 
-One connection per store. Transactions are serialised by an asyncio lock (never contended in
-practice: sqlite calls do not suspend, and callers await nothing else inside a transaction);
-writes use ``BEGIN IMMEDIATE`` so another process sharing the file cannot interleave, reads a
-deferred ``BEGIN`` so a path walk sees one snapshot.
+Writes share transactions (group commit). All write transactions run on one connection, on
+the event loop thread, one after another (their bodies await nothing else: the seam's rule).
+The first writer of a *group* opens an outer ``BEGIN IMMEDIATE`` transaction and every writer
+runs inside a ``SAVEPOINT`` of it; a writer whose body raises rolls back to its savepoint
+only. The group's one ``COMMIT`` is issued once the loop has no more writers ready (a
+callback queued behind them; at most ``group_commit_max`` writers), and every writer's
+``write()`` returns, or raises, only once that COMMIT settled: a failed COMMIT fails every
+writer of the group with ``CommitFailed`` (EIO); a writer whose body raised reports its own
+error only if the group committed (its decision may have read a group-mate's work). With
+slow COMMITs (``synchronous=FULL`` on a disk whose fsync takes a millisecond or more) the
+COMMIT runs on a commit thread, so the loop goes on serving meanwhile; a fast one runs inline
+(a thread hop would cost more than it frees). Either way the writers that arrive during a
+COMMIT queue up as the next group: N concurrent creates cost about one fsync per group, not N.
+
+Reads see committed data only: a read transaction runs on a read-only connection of its own
+(deferred ``BEGIN``, one snapshot for a path walk), so it never sees a group's uncommitted
+work, never waits for a COMMIT in flight, and never sees what a failed COMMIT rolled back
+(WAL makes a commit visible to other connections only after its frames are written and, with
+FULL, synced). ``:memory:`` stores (tests), and files where WAL is refused, keep one
+connection instead: every write commits on its own, and reads wait behind the writer.
 """
 
 from __future__ import annotations
@@ -12,11 +28,14 @@ import asyncio
 import logging
 import os
 import sqlite3
+import time
 from collections.abc import AsyncIterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from typing import Any
 
 from loomfs.meta.store.base import (
+    CommitFailed,
     DentryRow,
     GcEntry,
     InlineData,
@@ -103,6 +122,11 @@ def _attr(row: tuple[Any, ...]) -> Attr:
 
 CACHE_KIB = 256 << 10  # 256 MiB page cache per connection (a budget, allocated as used)
 MMAP_BYTES = 1 << 30
+GROUP_COMMIT_MAX = 512  # writers sharing one COMMIT at most
+# COMMITs that take this long (an EWMA) go to the commit thread: two thread wake-ups (about
+# 0.1 ms here) are then cheap next to a loop that would stand still for the whole fsync
+COMMIT_THREAD_MIN_S = 0.001
+READ_CONNECTIONS_MAX = 4  # read transactions open at once (more wait)
 
 class ReadOnlyTxn(sqlite3.Error):
     pass
@@ -118,6 +142,8 @@ class SqliteTxn(MetaTxn):
     def _w(self) -> sqlite3.Connection:
         if not self._writable:
             raise ReadOnlyTxn("write inside a read transaction")
+        if not self._c.in_transaction:  # SQLite dropped it (SQLITE_FULL...): never autocommit
+            raise sqlite3.OperationalError("the write transaction was rolled back by an earlier error")
         return self._c
 
     async def get_inode(self, inode: int) -> Attr | None:
@@ -319,33 +345,92 @@ def _migrate(conn: sqlite3.Connection) -> None:
         logger.info("metastore: added the inodes.inline column")
 
 
+class _Group:
+    """Writers that share one outer transaction and its COMMIT."""
+
+    __slots__ = ("waiters", "writers", "ok", "settled", "flush_after_body")
+
+    def __init__(self) -> None:
+        # one future per writer (a cancelled writer cancels only its own): the COMMIT's outcome
+        self.waiters: list[asyncio.Future[None]] = []
+        self.writers = 0  # bodies run in it
+        self.ok = 0  # bodies that succeeded
+        self.settled = False
+        self.flush_after_body = False  # its flush came while a body was suspended
+
+    def __repr__(self) -> str:
+        return f"_Group(writers={self.writers} ok={self.ok} settled={self.settled})"
+
+
+def _connect(path: str, busy_timeout_s: float) -> sqlite3.Connection:
+    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False, cached_statements=256)
+    conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_s * 1000)}")
+    # huge directories: keep the hot B-tree pages in memory (the default cache is 2 MiB,
+    # so random lookups in a 100k-entry directory went to the OS for most pages)
+    conn.execute(f"PRAGMA cache_size = -{CACHE_KIB}")
+    conn.execute(f"PRAGMA mmap_size = {MMAP_BYTES}")
+    return conn
+
+
 @MetaStore.register("sqlite")
 class SqliteStore(MetaStore):
-    def __init__(self, path: str, *, synchronous: str = "NORMAL", busy_timeout_s: float = 5.0):
+    """``commits``: write transactions committed; ``groups``: COMMITs that covered them."""
+
+    def __init__(
+        self,
+        path: str,
+        *,
+        synchronous: str = "NORMAL",
+        busy_timeout_s: float = 5.0,
+        group_commit_max: int = GROUP_COMMIT_MAX,
+        commit_in_thread: bool | None = None,
+        read_connections_max: int = READ_CONNECTIONS_MAX,
+    ):
+        """``commit_in_thread``: run each COMMIT on a commit thread (True), on the loop (False),
+        or (None) on the thread while COMMITs take ``COMMIT_THREAD_MIN_S`` or more on average
+        (a slow disk under ``synchronous`` FULL); ``group_commit_max``: writers per COMMIT."""
         synchronous = synchronous.upper()
         if synchronous not in _SYNC_MODES:
             raise ValueError(f"sqlite synchronous must be one of {_SYNC_MODES}, got {synchronous!r}")
+        if group_commit_max < 1 or read_connections_max < 1:
+            raise ValueError("group_commit_max and read_connections_max must be at least 1")
         self.path = path
         self.url = f"sqlite:///{path}"
+        self.synchronous = synchronous
+        self._busy_timeout_s = busy_timeout_s
         if path != ":memory:":
             os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-        self._conn = sqlite3.connect(
-            path, isolation_level=None, check_same_thread=False, cached_statements=256
-        )
-        self._conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_s * 1000)}")
+        self._conn = _connect(path, busy_timeout_s)  # every write runs here
+        wal = False
         if path != ":memory:":
-            self._conn.execute("PRAGMA journal_mode = WAL")
+            wal = self._conn.execute("PRAGMA journal_mode = WAL").fetchone()[0].lower() == "wal"
+            if not wal:
+                logger.warning("metastore %s: no WAL here; one connection, no group commit", path)
+        # without WAL a reader cannot read beside a writer: one connection, a commit per write
+        self._single = not wal
         self._conn.execute(f"PRAGMA synchronous = {synchronous}")
         self._conn.execute("PRAGMA foreign_keys = OFF")
-        # huge directories: keep the hot B-tree pages in memory (the default cache is 2 MiB,
-        # so random lookups in a 100k-entry directory went to the OS for most pages)
-        self._conn.execute(f"PRAGMA cache_size = -{CACHE_KIB}")
-        self._conn.execute(f"PRAGMA mmap_size = {MMAP_BYTES}")
         self._conn.executescript(SCHEMA)
         _migrate(self._conn)
-        self._lock = asyncio.Lock()
+        self.group_commit_max = group_commit_max
+        self.commit_in_thread = commit_in_thread
+        self.commit_s_avg = 0.0  # EWMA of COMMIT seconds
+        self._executor: ThreadPoolExecutor | None = None
+        # writers
+        self._lock = asyncio.Lock()  # single-connection mode only: writes and reads
+        self._group: _Group | None = None  # the open group: BEGIN IMMEDIATE ran, COMMIT due
+        self._committing: asyncio.Future[None] | None = None  # a COMMIT on the commit thread
+        self._in_body = False  # a writer's body is running (suspended, if a caller broke the rule)
+        self._conn_reading = False  # a read transaction is open on the write connection
+        self._gate: asyncio.Future[None] | None = None  # writers waiting for the connection
+        self._waiting = 0
+        # readers: idle read-only connections, and a bound on read transactions open at once
+        self._readers: list[sqlite3.Connection] = []
+        self._read_slots = asyncio.Semaphore(read_connections_max)
         self._closed = False
         self.commits = 0
+        self.groups = 0
+        self.groups_failed = 0
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> SqliteStore:
@@ -357,33 +442,279 @@ class SqliteStore(MetaStore):
             raise ValueError(f"sqlite URL must be sqlite:///path, got {url!r}")
         return cls(rest[1:], **options)
 
+    # --- reads ----------------------------------------------------------------------------
+
     @asynccontextmanager
     async def read(self) -> AsyncIterator[MetaTxn]:
-        async with self._lock:
+        if self._single:
+            async with self._lock:
+                c = self._conn
+                c.execute("BEGIN")
+                try:
+                    yield SqliteTxn(c, False)
+                finally:
+                    c.execute("COMMIT")
+            return
+        if not (self._conn_reading or self._in_body or self._group or self._committing):
+            # the write connection holds nothing uncommitted now, and its page cache is
+            # the warm one (another connection's cache is dropped at every COMMIT)
+            self._check_open()
+            self._conn_reading = True
             c = self._conn
-            c.execute("BEGIN")
             try:
+                c.execute("BEGIN")
                 yield SqliteTxn(c, False)
             finally:
-                c.execute("COMMIT")
+                try:
+                    if c.in_transaction:
+                        c.execute("COMMIT")
+                finally:
+                    self._conn_reading = False
+                    if self._waiting:
+                        self._open_gate()
+            return
+        async with self._read_slots:  # a group is open or committing: read beside it
+            self._check_open()
+            c = self._readers.pop() if self._readers else self._open_reader()
+            reuse = False
+            try:
+                c.execute("BEGIN")
+                yield SqliteTxn(c, False)
+            finally:
+                try:
+                    if c.in_transaction:
+                        c.execute("COMMIT")  # read-only: ends the snapshot
+                    reuse = not self._closed
+                finally:
+                    if reuse:
+                        self._readers.append(c)
+                    else:
+                        c.close()
+
+    def _open_reader(self) -> sqlite3.Connection:
+        c = _connect(self.path, self._busy_timeout_s)
+        c.execute("PRAGMA query_only = ON")
+        return c
+
+    # --- writes ---------------------------------------------------------------------------
 
     @asynccontextmanager
     async def write(self) -> AsyncIterator[MetaTxn]:
-        async with self._lock:
-            c = self._conn
-            c.execute("BEGIN IMMEDIATE")
-            try:
-                yield SqliteTxn(c, True)
-            except BaseException:
-                c.execute("ROLLBACK")
+        if self._single:
+            async with self._lock:
+                c = self._conn
+                c.execute("BEGIN IMMEDIATE")
+                try:
+                    yield SqliteTxn(c, True)
+                except BaseException:
+                    c.execute("ROLLBACK")
+                    raise
+                c.execute("COMMIT")
+                self.commits += 1
+                self.groups += 1
+            return
+        while self._in_body or self._committing is not None or self._conn_reading:
+            await self._wait_for_connection()
+        self._check_open()
+        group = self._join_group()
+        c = self._conn
+        c.execute("SAVEPOINT w")
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        group.waiters.append(done)
+        group.writers += 1
+        self._in_body = True
+        body_error: BaseException | None = None
+        try:
+            yield SqliteTxn(c, True)
+        except BaseException as exc:
+            body_error = exc
+            self._undo(group, exc)
+            if not isinstance(exc, Exception):  # cancelled, interrupted: no waiting
                 raise
-            c.execute("COMMIT")
-            self.commits += 1
+        else:
+            self._release(group)
+        finally:
+            self._body_done(group)
+        await self._settled(done)
+        if body_error is not None:
+            raise body_error
+
+    async def _wait_for_connection(self) -> None:
+        if self._gate is None:
+            self._gate = asyncio.get_running_loop().create_future()
+        gate = self._gate
+        self._waiting += 1
+        try:
+            await asyncio.shield(gate)
+        finally:
+            self._waiting -= 1
+
+    def _open_gate(self) -> None:
+        gate, self._gate = self._gate, None
+        if gate is not None and not gate.done():
+            gate.set_result(None)
+
+    def _join_group(self) -> _Group:
+        group = self._group
+        if group is None:
+            self._conn.execute("BEGIN IMMEDIATE")  # a busy lock raises to this writer only
+            group = self._group = _Group()
+            asyncio.get_running_loop().call_soon(self._flush, group)  # behind the writers ready now
+        return group
+
+    def _undo(self, group: _Group, exc: BaseException) -> None:
+        """A body raised: roll back to its savepoint; if the outer transaction is gone (SQLite
+        drops it on SQLITE_FULL, IOERR...), the whole group fails."""
+        c = self._conn
+        if c.in_transaction:
+            try:
+                c.execute("ROLLBACK TO w")
+                c.execute("RELEASE w")
+                return
+            except sqlite3.Error as undo_exc:
+                exc = undo_exc
+        self._lose(group, exc)
+
+    def _release(self, group: _Group) -> None:
+        c = self._conn
+        try:
+            if not c.in_transaction:
+                raise sqlite3.OperationalError("the write transaction was rolled back under a writer")
+            c.execute("RELEASE w")
+        except sqlite3.Error as exc:
+            self._lose(group, exc)
+            return
+        group.ok += 1
+
+    def _body_done(self, group: _Group) -> None:
+        self._in_body = False
+        if self._waiting:
+            self._open_gate()
+        if self._group is group and (group.flush_after_body or group.writers >= self.group_commit_max):
+            self._flush(group)
+
+    def _lose(self, group: _Group, exc: BaseException) -> None:
+        """The group's transaction cannot commit: roll it back and fail its writers now."""
+        if self._conn.in_transaction:
+            try:
+                self._conn.execute("ROLLBACK")
+            except sqlite3.Error as rb_exc:
+                logger.error("metastore: ROLLBACK failed: %s", rb_exc)
+        if self._group is group:
+            self._group = None
+        self._settle(group, exc)
+
+    def _flush(self, group: _Group) -> None:
+        """COMMIT the group once no writer is ready to join it."""
+        if self._group is not group:
+            return  # committed already, or lost
+        if self._in_body:  # a body awaited something foreign: commit when it ends
+            group.flush_after_body = True
+            return
+        if self._waiting and group.writers < self.group_commit_max:
+            asyncio.get_running_loop().call_soon(self._flush, group)  # let them join first
+            return
+        self._group = None
+        threaded = self.commit_in_thread
+        if threaded is None:
+            threaded = self.commit_s_avg >= COMMIT_THREAD_MIN_S
+        if threaded:
+            if self._executor is None:
+                self._executor = ThreadPoolExecutor(1, thread_name_prefix="loomfs-meta-commit")
+            loop = asyncio.get_running_loop()
+            fut = loop.run_in_executor(self._executor, self._commit_sync)
+            self._committing = fut
+            fut.add_done_callback(lambda f: self._committed(group, f))
+            return
+        try:
+            self._commit_sync()
+        except Exception as exc:
+            self._settle(group, exc)
+        else:
+            self._settle(group, None)
+
+    def _committed(self, group: _Group, fut: asyncio.Future[None]) -> None:
+        self._committing = None
+        exc: BaseException | None = (
+            sqlite3.OperationalError("the COMMIT was abandoned") if fut.cancelled() else fut.exception()
+        )
+        self._settle(group, exc)
+        self._open_gate()
+
+    def _commit_sync(self) -> None:
+        """COMMIT (on the loop or the commit thread); a failure leaves no transaction open."""
+        c = self._conn
+        started = time.perf_counter()
+        try:
+            self._commit_now()
+            self.commit_s_avg += (time.perf_counter() - started - self.commit_s_avg) * 0.2
+        except BaseException:
+            if c.in_transaction:
+                try:
+                    c.execute("ROLLBACK")
+                except sqlite3.Error as exc:
+                    logger.error("metastore: ROLLBACK after a failed COMMIT failed: %s", exc)
+            raise
+
+    def _commit_now(self) -> None:
+        """The COMMIT statement itself (tests replace it to inject failures)."""
+        self._conn.execute("COMMIT")
+
+    def _settle(self, group: _Group, exc: BaseException | None) -> None:
+        if group.settled:
+            return
+        group.settled = True
+        if exc is None:
+            self.commits += group.ok
+            self.groups += 1
+        else:
+            self.groups_failed += 1
+            logger.error("metastore: a group of %d writes failed to commit: %s", group.writers, exc)
+        for fut in group.waiters:
+            if fut.done():  # its writer was cancelled
+                continue
+            if exc is None:
+                fut.set_result(None)
+            else:
+                fut.set_exception(exc)
+
+    async def _settled(self, done: asyncio.Future[None]) -> None:
+        try:
+            await done
+        except asyncio.CancelledError:
+            raise  # this writer was cancelled: its work commits (or not) with the group
+        except Exception as exc:
+            raise CommitFailed(f"metastore commit failed: {exc}") from exc
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise sqlite3.ProgrammingError("the metastore is closed")
 
     async def close(self) -> None:
-        if not self._closed:
-            self._closed = True
+        if self._closed:
+            return
+        self._closed = True
+        if self._single:
             self._conn.close()
+            return
+        if self._committing is not None:
+            await asyncio.wait([self._committing])  # its writers learn the outcome
+        group = self._group
+        if group is not None:  # writers whose bodies ran: commit them (their callers wait)
+            self._group = None
+            try:
+                self._commit_sync()
+            except Exception as exc:
+                self._settle(group, exc)
+            else:
+                self._settle(group, None)
+        self._open_gate()
+        for c in self._readers:
+            c.close()
+        self._readers.clear()
+        self._conn.close()
+        if self._executor is not None:
+            self._executor.shutdown(wait=True)
 
     def __repr__(self) -> str:
-        return f"SqliteStore({self.path!r} commits={self.commits})"
+        return f"SqliteStore({self.path!r} commits={self.commits} groups={self.groups})"
