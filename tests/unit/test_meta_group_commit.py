@@ -337,3 +337,21 @@ def test_memory_store_commits_each_write() -> None:
         await s.close()
 
     run(go())
+
+
+def test_idle_reads_use_the_write_connection(store: SqliteStore) -> None:
+    """Its page cache stays warm across COMMITs; a read-only connection is opened only for a
+    read that comes while a group is open."""
+
+    async def go() -> None:
+        for i in range(5):
+            await _create(store, 10 + i)
+            assert await _present(store, [10 + i]) == {10 + i}
+        assert store._readers == []
+        w = asyncio.create_task(_create(store, 20))
+        r = asyncio.create_task(_present(store, [20]))  # runs while the group is open
+        assert await r == set()
+        await w
+        assert len(store._readers) == 1
+
+    run(go())

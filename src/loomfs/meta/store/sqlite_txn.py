@@ -1,0 +1,307 @@
+"""SQLite engine, the SQL side: the schema, its migrations, and one transaction's methods.
+
+``loomfs.meta.store.sqlite`` owns the connections and when transactions begin and commit.
+"""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+from collections.abc import Sequence
+from typing import Any
+
+from loomfs.meta.store.base import (
+    DentryRow,
+    GcEntry,
+    InlineData,
+    MetaTxn,
+    TrimEntry,
+    decode_layout,
+    encode_layout,
+)
+from loomfs.wire.types import Attr
+
+logger = logging.getLogger(__name__)
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS inodes (
+    id INTEGER PRIMARY KEY, type INTEGER NOT NULL, mode INTEGER NOT NULL, nlink INTEGER NOT NULL,
+    uid INTEGER NOT NULL, gid INTEGER NOT NULL, size INTEGER NOT NULL, atime_ns INTEGER NOT NULL,
+    mtime_ns INTEGER NOT NULL, ctime_ns INTEGER NOT NULL, layout BLOB, symlink TEXT NOT NULL,
+    inline INTEGER NOT NULL DEFAULT 0
+);
+CREATE TABLE IF NOT EXISTS inline_data (
+    inode INTEGER PRIMARY KEY, data BLOB NOT NULL, crc INTEGER NOT NULL, version INTEGER NOT NULL,
+    chunks_dirty INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS dentries (
+    parent INTEGER NOT NULL, name TEXT NOT NULL, inode INTEGER NOT NULL, type INTEGER NOT NULL,
+    PRIMARY KEY (parent, name)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS sessions (
+    inode INTEGER NOT NULL, session_id INTEGER NOT NULL, client_id INTEGER NOT NULL,
+    opened_ns INTEGER NOT NULL, PRIMARY KEY (inode, session_id)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS sessions_by_client ON sessions (client_id);
+CREATE TABLE IF NOT EXISTS gc_queue (
+    inode INTEGER PRIMARY KEY, layout BLOB, length INTEGER NOT NULL, enqueued_ns INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS gc_by_time ON gc_queue (enqueued_ns);
+CREATE TABLE IF NOT EXISTS counters (name TEXT PRIMARY KEY, value INTEGER NOT NULL) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS trunc_epochs (inode INTEGER PRIMARY KEY, epoch INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS trim_queue (
+    inode INTEGER PRIMARY KEY, layout BLOB, length INTEGER NOT NULL, old_length INTEGER NOT NULL,
+    idle INTEGER NOT NULL, generation INTEGER NOT NULL, enqueued_ns INTEGER NOT NULL,
+    claim_owner INTEGER NOT NULL, claim_until_ns INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS trim_by_time ON trim_queue (enqueued_ns);
+"""
+
+_INODE_COLS = "id, type, mode, nlink, uid, gid, size, atime_ns, mtime_ns, ctime_ns, layout, symlink, inline"
+_GET_INODE = f"SELECT {_INODE_COLS} FROM inodes WHERE id = ?"
+_PUT_INODE = f"INSERT OR REPLACE INTO inodes ({_INODE_COLS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)"
+_TOUCH = "UPDATE inodes SET mtime_ns = ?, ctime_ns = ?, nlink = nlink + ? WHERE id = ?"
+_DEL_INODE = "DELETE FROM inodes WHERE id = ?"
+_LOOKUP = "SELECT inode, type FROM dentries WHERE parent = ? AND name = ?"
+_LIST = "SELECT name, inode, type FROM dentries WHERE parent = ? AND name > ? ORDER BY name LIMIT ?"
+_HAS = "SELECT 1 FROM dentries WHERE parent = ? LIMIT 1"
+_PUT_DENTRY = "INSERT OR REPLACE INTO dentries (parent, name, inode, type) VALUES (?,?,?,?)"
+_DEL_DENTRY = "DELETE FROM dentries WHERE parent = ? AND name = ?"
+_NEXT_ID = "UPDATE counters SET value = value + 1 WHERE name = ? RETURNING value"
+_ADD_COUNTER = (
+    "INSERT INTO counters (name, value) VALUES (?, ?) "
+    "ON CONFLICT(name) DO UPDATE SET value = value + excluded.value"
+)
+_GC_DUE = (
+    "SELECT inode, layout, length, enqueued_ns FROM gc_queue g WHERE enqueued_ns <= ? "
+    "AND NOT EXISTS (SELECT 1 FROM sessions s WHERE s.inode = g.inode) "
+    "ORDER BY enqueued_ns LIMIT ?"
+)
+_TRIM_COLS = "inode, layout, length, old_length, idle, generation, enqueued_ns, claim_owner, claim_until_ns"
+_TRIM_DUE = (
+    f"SELECT {_TRIM_COLS} FROM trim_queue t WHERE claim_until_ns <= ? "
+    "AND (idle = 0 OR NOT EXISTS (SELECT 1 FROM sessions s WHERE s.inode = t.inode)) "
+    "ORDER BY enqueued_ns LIMIT ?"
+)
+
+
+def _attr(row: tuple[Any, ...]) -> Attr:
+    return Attr(
+        inode=row[0], type=row[1], mode=row[2], nlink=row[3], uid=row[4], gid=row[5], size=row[6],
+        atime_ns=row[7], mtime_ns=row[8], ctime_ns=row[9], layout=decode_layout(row[10]),
+        symlink_target=row[11], inline=bool(row[12]),
+    )
+
+
+class ReadOnlyTxn(sqlite3.Error):
+    pass
+
+
+class SqliteTxn(MetaTxn):
+    __slots__ = ("_c", "_writable")
+
+    def __init__(self, conn: sqlite3.Connection, writable: bool):
+        self._c = conn
+        self._writable = writable
+
+    def _w(self) -> sqlite3.Connection:
+        if not self._writable:
+            raise ReadOnlyTxn("write inside a read transaction")
+        if not self._c.in_transaction:  # SQLite dropped it (SQLITE_FULL...): never autocommit
+            raise sqlite3.OperationalError("the write transaction was rolled back by an earlier error")
+        return self._c
+
+    async def get_inode(self, inode: int) -> Attr | None:
+        row = self._c.execute(_GET_INODE, (inode,)).fetchone()
+        return None if row is None else _attr(row)
+
+    async def get_inodes(self, inodes: Sequence[int]) -> dict[int, Attr]:
+        out: dict[int, Attr] = {}
+        ids = list(inodes)
+        for i in range(0, len(ids), 500):
+            part = ids[i : i + 500]
+            sql = f"SELECT {_INODE_COLS} FROM inodes WHERE id IN ({','.join('?' * len(part))})"
+            for row in self._c.execute(sql, part):
+                out[row[0]] = _attr(row)
+        return out
+
+    async def put_inode(self, attr: Attr) -> None:
+        self._w().execute(
+            _PUT_INODE,
+            (
+                attr.inode, attr.type, attr.mode, attr.nlink, attr.uid, attr.gid, attr.size,
+                attr.atime_ns, attr.mtime_ns, attr.ctime_ns, encode_layout(attr.layout),
+                attr.symlink_target, int(attr.inline),
+            ),
+        )
+
+    async def get_inline(self, inode: int) -> InlineData | None:
+        row = self._c.execute(
+            "SELECT data, crc, version, chunks_dirty FROM inline_data WHERE inode = ?", (inode,)
+        ).fetchone()
+        return None if row is None else InlineData(bytes(row[0]), row[1], row[2], bool(row[3]))
+
+    async def put_inline(self, inode: int, inline: InlineData) -> None:
+        self._w().execute(
+            "INSERT OR REPLACE INTO inline_data (inode, data, crc, version, chunks_dirty) VALUES (?,?,?,?,?)",
+            (inode, inline.data, inline.crc, inline.version, int(inline.chunks_dirty)),
+        )
+
+    async def delete_inline(self, inode: int) -> None:
+        self._w().execute("DELETE FROM inline_data WHERE inode = ?", (inode,))
+
+    async def touch_inode(self, inode: int, *, mtime_ns: int, ctime_ns: int, nlink_delta: int = 0) -> None:
+        self._w().execute(_TOUCH, (mtime_ns, ctime_ns, nlink_delta, inode))
+
+    async def delete_inode(self, inode: int) -> None:
+        self._w().execute(_DEL_INODE, (inode,))
+
+    async def lookup(self, parent: int, name: str) -> DentryRow | None:
+        row = self._c.execute(_LOOKUP, (parent, name)).fetchone()
+        return None if row is None else DentryRow(name, row[0], row[1])
+
+    async def list_dentries(self, parent: int, after: str, limit: int) -> list[DentryRow]:
+        return [DentryRow(n, i, t) for n, i, t in self._c.execute(_LIST, (parent, after, limit))]
+
+    async def has_dentries(self, parent: int) -> bool:
+        return self._c.execute(_HAS, (parent,)).fetchone() is not None
+
+    async def put_dentry(self, parent: int, name: str, inode: int, type: int) -> None:
+        self._w().execute(_PUT_DENTRY, (parent, name, inode, type))
+
+    async def delete_dentry(self, parent: int, name: str) -> None:
+        self._w().execute(_DEL_DENTRY, (parent, name))
+
+    async def next_id(self, counter: str) -> int:
+        c = self._w()
+        row = c.execute(_NEXT_ID, (counter,)).fetchone()
+        if row is None:
+            c.execute(_ADD_COUNTER, (counter, 1))
+            return 1
+        return int(row[0])
+
+    async def add_counter(self, name: str, delta: int) -> None:
+        self._w().execute(_ADD_COUNTER, (name, delta))
+
+    async def counters(self) -> dict[str, int]:
+        return {n: v for n, v in self._c.execute("SELECT name, value FROM counters")}
+
+    async def add_session(self, inode: int, session_id: int, client_id: int, opened_ns: int) -> None:
+        self._w().execute(
+            "INSERT OR REPLACE INTO sessions (inode, session_id, client_id, opened_ns) VALUES (?,?,?,?)",
+            (inode, session_id, client_id, opened_ns),
+        )
+
+    async def session_client(self, inode: int, session_id: int) -> int | None:
+        row = self._c.execute(
+            "SELECT client_id FROM sessions WHERE inode = ? AND session_id = ?", (inode, session_id)
+        ).fetchone()
+        return None if row is None else int(row[0])
+
+    async def renew_sessions(self, client_id: int, session_ids: Sequence[int], now_ns: int) -> int:
+        c = self._w()
+        ids = list(session_ids)
+        n = 0
+        for i in range(0, len(ids), 500):
+            part = ids[i : i + 500]
+            sql = (f"UPDATE sessions SET opened_ns = ? WHERE client_id = ? "
+                   f"AND session_id IN ({','.join('?' * len(part))})")
+            n += c.execute(sql, [now_ns, client_id, *part]).rowcount
+        return n
+
+    async def expire_sessions(self, renewed_before_ns: int, limit: int) -> list[tuple[int, int, int]]:
+        rows = self._w().execute(
+            "DELETE FROM sessions WHERE (inode, session_id) IN "
+            "(SELECT inode, session_id FROM sessions WHERE opened_ns < ? LIMIT ?) "
+            "RETURNING inode, session_id, client_id",
+            (renewed_before_ns, limit),
+        ).fetchall()
+        return [(int(a), int(b), int(c)) for a, b, c in rows]
+
+    async def remove_session(self, inode: int, session_id: int) -> bool:
+        cur = self._w().execute(
+            "DELETE FROM sessions WHERE inode = ? AND session_id = ?", (inode, session_id)
+        )
+        return cur.rowcount > 0
+
+    async def has_session(self, inode: int) -> bool:
+        row = self._c.execute("SELECT 1 FROM sessions WHERE inode = ? LIMIT 1", (inode,)).fetchone()
+        return row is not None
+
+    async def session_count(self, inode: int) -> int:
+        return int(self._c.execute("SELECT COUNT(*) FROM sessions WHERE inode = ?", (inode,)).fetchone()[0])
+
+    async def remove_client_sessions(self, client_id: int) -> int:
+        return self._w().execute("DELETE FROM sessions WHERE client_id = ?", (client_id,)).rowcount
+
+    async def gc_put(self, entry: GcEntry) -> None:
+        self._w().execute(
+            "INSERT OR REPLACE INTO gc_queue (inode, layout, length, enqueued_ns) VALUES (?,?,?,?)",
+            (entry.inode, encode_layout(entry.layout), entry.length, entry.enqueued_ns),
+        )
+
+    async def gc_get(self, inode: int) -> GcEntry | None:
+        row = self._c.execute(
+            "SELECT inode, layout, length, enqueued_ns FROM gc_queue WHERE inode = ?", (inode,)
+        ).fetchone()
+        return None if row is None else _gc(row)
+
+    async def gc_due(self, enqueued_before_ns: int, limit: int) -> list[GcEntry]:
+        return [_gc(r) for r in self._c.execute(_GC_DUE, (enqueued_before_ns, limit))]
+
+    async def gc_delete(self, inode: int) -> None:
+        self._w().execute("DELETE FROM gc_queue WHERE inode = ?", (inode,))
+
+    async def gc_count(self) -> int:
+        return int(self._c.execute("SELECT COUNT(*) FROM gc_queue").fetchone()[0])
+
+    async def trunc_epoch(self, inode: int) -> int:
+        row = self._c.execute("SELECT epoch FROM trunc_epochs WHERE inode = ?", (inode,)).fetchone()
+        return 0 if row is None else int(row[0])
+
+    async def set_trunc_epoch(self, inode: int, epoch: int) -> None:
+        c = self._w()
+        if epoch:
+            c.execute("INSERT OR REPLACE INTO trunc_epochs (inode, epoch) VALUES (?,?)", (inode, epoch))
+        else:
+            c.execute("DELETE FROM trunc_epochs WHERE inode = ?", (inode,))
+
+    async def trim_put(self, entry: TrimEntry) -> None:
+        self._w().execute(
+            f"INSERT OR REPLACE INTO trim_queue ({_TRIM_COLS}) VALUES (?,?,?,?,?,?,?,?,?)",
+            (entry.inode, encode_layout(entry.layout), entry.length, entry.old_length, int(entry.idle),
+             entry.generation, entry.enqueued_ns, entry.claim_owner, entry.claim_until_ns),
+        )
+
+    async def trim_get(self, inode: int) -> TrimEntry | None:
+        row = self._c.execute(f"SELECT {_TRIM_COLS} FROM trim_queue WHERE inode = ?", (inode,)).fetchone()
+        return None if row is None else _trim(row)
+
+    async def trim_due(self, now_ns: int, limit: int) -> list[TrimEntry]:
+        return [_trim(r) for r in self._c.execute(_TRIM_DUE, (now_ns, limit))]
+
+    async def trim_delete(self, inode: int) -> None:
+        self._w().execute("DELETE FROM trim_queue WHERE inode = ?", (inode,))
+
+    async def trim_count(self) -> int:
+        return int(self._c.execute("SELECT COUNT(*) FROM trim_queue").fetchone()[0])
+
+
+def _trim(row: tuple[Any, ...]) -> TrimEntry:
+    layout = decode_layout(row[1])
+    assert layout is not None
+    return TrimEntry(row[0], layout, row[2], row[3], bool(row[4]), row[5], row[6], row[7], row[8])
+
+
+def _gc(row: tuple[Any, ...]) -> GcEntry:
+    layout = decode_layout(row[1])
+    assert layout is not None
+    return GcEntry(row[0], layout, row[2], row[3])
+
+
+def migrate_schema(conn: sqlite3.Connection) -> None:
+    """Bring a store written by an older LoomFS up to this schema."""
+    cols = {row[1] for row in conn.execute("PRAGMA table_info(inodes)")}
+    if "inline" not in cols:
+        conn.execute("ALTER TABLE inodes ADD COLUMN inline INTEGER NOT NULL DEFAULT 0")
+        logger.info("metastore: added the inodes.inline column")
