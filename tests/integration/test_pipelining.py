@@ -185,3 +185,29 @@ def test_many_threads_stat_through_their_own_sockets(
         assert fast.calls - before >= 8 * 200  # all of them went the caller-thread way
     finally:
         fs.close()
+
+
+def test_fast_path_gives_up_on_a_silent_meta_within_its_timeout() -> None:
+    """The caller-thread socket keeps its deadline in the kernel (no poll per call): a meta
+    that accepts and never answers makes the call fall back (``Unavailable``), in time."""
+    import socket
+    import time
+
+    from loomfs.client.fastpath import SyncMetaPath, Unavailable
+    from loomfs.net.transport import Address
+    from loomfs.wire import meta as wmeta
+
+    with socket.socket() as srv:
+        srv.bind(("127.0.0.1", 0))
+        srv.listen(1)
+
+        class Meta:
+            _preferred = Address("127.0.0.1", srv.getsockname()[1])
+
+        fast = SyncMetaPath(Meta(), timeout_s=0.3)
+        t0 = time.monotonic()
+        with pytest.raises(Unavailable):
+            fast.call(wmeta.STAT, wmeta.PathReq(path="/x"))
+        assert 0.2 < time.monotonic() - t0 < 5.0
+        assert fast.fallbacks == 1
+        fast.close()

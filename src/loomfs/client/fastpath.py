@@ -15,6 +15,7 @@ from __future__ import annotations
 import itertools
 import logging
 import socket
+import struct
 import threading
 from typing import Any
 
@@ -41,21 +42,41 @@ class _Conn:
         self.address = address
         self.sock = socket.create_connection((address.host, address.port), timeout=timeout_s)
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        # the kernel keeps the deadline (each send/recv gives up after timeout_s): a Python
+        # socket timeout would add a poll() before every send and every receive
+        tv = struct.pack("ll", int(timeout_s), int((timeout_s % 1) * 1_000_000))
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, tv)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, tv)
+        self.sock.settimeout(None)
         self.buf = bytearray(64 << 10)
 
-    def recv_exact(self, n: int) -> memoryview:
-        if n > len(self.buf):
-            if n > MAX_REPLY_BYTES:
-                raise fr.FrameError(f"reply of {n} bytes is over the fast path's bound")
-            self.buf = bytearray(n)
-        view = memoryview(self.buf)[:n]
-        got = 0
-        while got < n:
+    def recv_frame(self) -> tuple[fr.Prefix, memoryview]:
+        """One reply frame: its prefix, and its header and payload bytes. A small reply comes
+        in one ``recv`` (the buffer takes whatever has arrived; one call is in flight per
+        connection, so nothing after the frame can be there)."""
+        got = self._recv_into(memoryview(self.buf), 0, fr.PREFIX_SIZE)
+        prefix = fr.parse_prefix(memoryview(self.buf)[: fr.PREFIX_SIZE], MAX_REPLY_BYTES)
+        end = fr.PREFIX_SIZE + prefix.header_len + prefix.payload_len
+        if got > end:
+            raise fr.FrameError("bytes after the reply")
+        if end > len(self.buf):
+            if end > MAX_REPLY_BYTES + fr.PREFIX_SIZE + fr.MAX_HEADER_BYTES:
+                raise fr.FrameError(f"reply of {end} bytes is over the fast path's bound")
+            grown = bytearray(end)
+            grown[:got] = self.buf[:got]
+            self.buf = grown
+        view = memoryview(self.buf)[:end]
+        self._recv_into(view, got, end)
+        return prefix, view[fr.PREFIX_SIZE:]
+
+    def _recv_into(self, view: memoryview, got: int, need: int) -> int:
+        """Receive into ``view[got:]`` until at least ``need`` bytes are there; returns how many."""
+        while got < need:
             k = self.sock.recv_into(view[got:])
             if k == 0:
                 raise ConnectionResetError("meta closed the connection")
             got += k
-        return view
+        return got
 
     def close(self) -> None:
         try:
@@ -92,8 +113,7 @@ class SyncMetaPath:
             header = fr.Header(m.service, m.method, rid, int(self.timeout_s * 1000), 0, "", req.to_wire(),
                                0, trace.outgoing())
             conn.sock.sendall(fr.encode(fr.KIND_REQUEST, header))
-            prefix = fr.parse_prefix(conn.recv_exact(fr.PREFIX_SIZE), MAX_REPLY_BYTES)
-            rest = conn.recv_exact(prefix.header_len + prefix.payload_len)
+            prefix, rest = conn.recv_frame()
             if prefix.kind != fr.KIND_RESPONSE:
                 raise fr.FrameError("not a response")
             h = fr.decode_header(prefix, rest[: prefix.header_len])
