@@ -14,8 +14,16 @@ import pyarrow.parquet as pq
 import pytest
 from pyarrow.fs import FSSpecHandler, PyFileSystem
 
-from loomfs.fsspec import LoomFileSystem
+from loomfs.fsspec import LoomFileSystem, close_clients
+from loomfs.fsspec import _urls as urls
 from loomfs.testing import LocalCluster
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _close_shared_clients() -> Iterator[None]:
+    """The fsspec layer's shared clients end with this module, before the cluster does."""
+    yield
+    close_clients()
 
 
 @pytest.fixture()
@@ -99,9 +107,14 @@ def hf(tmp_path: Any, monkeypatch: pytest.MonkeyPatch, no_internet: None) -> Any
     return datasets
 
 
-def test_hf_datasets_streaming_offline(url: str, hf: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_hf_datasets_streaming_offline(url: str, hf: Any, cluster: LocalCluster,
+                                      monkeypatch: pytest.MonkeyPatch) -> None:
     """Streaming reads the Parquet files from LoomFS as they are consumed (no local copy);
-    it works with the Hub switched off."""
+    it works with the Hub switched off. HF rebuilds each file's URL as "loom://" + path
+    (no cluster in it): that reaches the one cluster this process uses."""
+    in_use = {k: v for k, v in urls._clients.items() if k[0] == cluster.mgmtd_address}
+    monkeypatch.setattr(urls, "_clients", in_use)  # other test modules' clusters aside
+    monkeypatch.delenv("LOOMFS_CLUSTER", raising=False)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     monkeypatch.setattr(hf.config, "HF_HUB_OFFLINE", True)
@@ -123,6 +136,7 @@ def test_hf_datasets_load_and_cache(url: str, hf: Any, tmp_path: Any, monkeypatc
     df.iloc[1_000:].to_parquet(f"{url}/hf2/test.parquet")
     loaded = hf.load_dataset("parquet", data_files={"train": f"{url}/hf2/train.parquet",
                                                     "test": f"{url}/hf2/test.parquet"},
-                             cache_dir=str(tmp_path / "cache"))
+                             cache_dir=str(tmp_path / "cache"),
+                             storage_options={"cluster": url.split("/")[2]})  # said explicitly
     assert loaded["train"].num_rows == 1_000 and loaded["test"].num_rows == 1_000
     assert sorted(list(loaded["train"]["id"]) + list(loaded["test"]["id"])) == list(range(2_000))

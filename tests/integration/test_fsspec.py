@@ -18,11 +18,18 @@ import fsspec
 import pytest
 
 import loomfs
-from loomfs.fsspec import LoomFileSystem
+from loomfs.fsspec import LoomFileSystem, close_clients
 from loomfs.fsspec import _urls as urls
 from loomfs.testing import LocalCluster
 
 MiB = 1 << 20
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _close_shared_clients() -> Iterator[None]:
+    """The fsspec layer's shared clients end with this module, before the cluster does."""
+    yield
+    close_clients()
 
 
 @pytest.fixture()

@@ -10,10 +10,17 @@ from collections.abc import Iterator
 import fsspec.tests.abstract as abstract
 import pytest
 
-from loomfs.fsspec import LoomFileSystem
+from loomfs.fsspec import LoomFileSystem, close_clients
 from loomfs.testing import LocalCluster
 
 _ids = itertools.count()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _close_shared_clients() -> Iterator[None]:
+    """The fsspec layer's shared clients end with this module, before the cluster does."""
+    yield
+    close_clients()
 
 
 class LoomFixtures(abstract.AbstractFixtures):  # type: ignore[misc]

@@ -7,5 +7,6 @@ Face datasets take ``loom://`` URLs. See docs/fsspec.md.
 
 from loomfs.fsspec._file import AsyncLoomFile, LoomBufferedFile
 from loomfs.fsspec._filesystem import LoomFileSystem
+from loomfs.fsspec._urls import close_clients
 
-__all__ = ["AsyncLoomFile", "LoomBufferedFile", "LoomFileSystem"]
+__all__ = ["AsyncLoomFile", "LoomBufferedFile", "LoomFileSystem", "close_clients"]

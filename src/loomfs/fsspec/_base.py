@@ -76,15 +76,17 @@ class LoomBase(AsyncFileSystem):
         batch_size: int | None = None,
         **kwargs: Any,
     ):
+        self._shared: tuple[str, str | None, ClientConfig | None] | None = None
         if client is None:
             mgmtd = resolve_cluster(cluster)
-            client = shared_client(mgmtd, consistency, config)
+            self._shared = (mgmtd, consistency, config)
+            client = shared_client(*self._shared)
         else:
             try:
                 mgmtd = resolve_mgmtd(client.address)
             except ValueError:
                 mgmtd = ""
-        self.loom: LoomFS = client
+        self._loom: LoomFS = client
         self.mgmtd = mgmtd
         self.auto_mkdir = auto_mkdir
         self._options = {"cluster": mgmtd or cluster, "consistency": consistency, "auto_mkdir": auto_mkdir}
@@ -96,6 +98,15 @@ class LoomBase(AsyncFileSystem):
         """A filesystem over a ``LoomFS`` the caller already has (not cached; pickles as its
         cluster address)."""
         return cls(client=client, skip_instance_cache=True, **kwargs)
+
+    @property
+    def loom(self) -> LoomFS:
+        """The blocking client this filesystem runs on (a shared one that was closed, by
+        ``close_clients``, is replaced by a fresh one)."""
+        fs = self._loom
+        if fs.closed and self._shared is not None:
+            fs = self._loom = shared_client(*self._shared)
+        return fs
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
@@ -226,6 +237,9 @@ class LoomBase(AsyncFileSystem):
     @on_core_loop
     async def _size(self, path: str) -> int:
         return (await self.core.stat(self._strip_protocol(path))).size
+
+    def size(self, path: str) -> int:
+        return self.loom.attr(self._strip_protocol(path)).size  # on the caller's thread when it can
 
     @on_core_loop
     async def _sizes(self, paths: Sequence[str], batch_size: int | None = None) -> list[int]:

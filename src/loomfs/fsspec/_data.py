@@ -18,6 +18,7 @@ from typing import Any
 from fsspec.callbacks import DEFAULT_CALLBACK
 from fsspec.utils import isfilelike
 
+from loomfs.errors import IsADirectory
 from loomfs.fsspec import _transfer as xfer
 from loomfs.fsspec._base import LoomBase, on_core_loop
 from loomfs.fsspec._file import AsyncLoomFile, LoomBufferedFile
@@ -140,7 +141,7 @@ class DataOps(LoomBase):
 
         try:
             await xfer.get_file(self.core, rp, out, progress)
-        except IsADirectoryError:
+        except IsADirectory:  # the remote path (a local EISDIR is the builtin error)
             if isinstance(out, str):  # a directory in a recursive get
                 await asyncio.to_thread(os.makedirs, out, exist_ok=True)
                 return
@@ -206,7 +207,7 @@ class DataOps(LoomBase):
         src, dst = self._strip_protocol(path1), self._strip_protocol(path2)
         try:
             await self._with_parent(dst, lambda: xfer.copy_file(self.core, src, dst))
-        except IsADirectoryError:
+        except IsADirectory:
             if await self._type(src) != FileType.DIRECTORY:
                 raise
             await self.core.makedirs(dst, exist_ok=True)  # a directory in a recursive copy

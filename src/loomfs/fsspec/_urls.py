@@ -98,3 +98,13 @@ def url_options(url: str) -> dict[str, Any]:
     """fsspec storage options a URL carries: its cluster, when it names one."""
     host, _ = split_url(url)
     return {"cluster": host} if host else {}
+
+
+def close_clients() -> None:
+    """Close the clients the fsspec layer shares (at exit they close by themselves); a
+    filesystem used afterwards connects again."""
+    with _clients_lock:
+        clients = list(_clients.values())
+        _clients.clear()
+    for fs in clients:
+        fs.close()
