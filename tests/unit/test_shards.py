@@ -342,6 +342,7 @@ def test_locations() -> None:
     assert location("loom://h:1/a/b") == (LoomStore("h:1"), "/a/b")
     assert location("loom:///a", "/c") == (LoomStore("/c"), "/a")
     assert location("loom:/a") == (LoomStore(None), "/a")
+    assert location("loom://a/b", "h:3") == (LoomStore("h:3"), "/a/b")
     assert location("file:/x/y") == (LocalStore(), "/x/y")
     assert location(Path("/x")) == (LocalStore(), "/x")
     assert location("/x", "h:2") == (LoomStore("h:2"), "/x")

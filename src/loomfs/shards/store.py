@@ -1,8 +1,10 @@
 """Where shards and files live: a local directory or LoomFS, behind one small seam.
 
 ``location("loom://HOST:PORT/path")`` -> ``(LoomStore, "/path")``; ``"loom:///path"`` or
-``"loom:/path"`` use the given address or ``$LOOMFS_CLUSTER``; ``"file:/path"`` and
-``pathlib.Path`` objects are local; a bare string is whatever ``default`` says.
+``"loom:/path"`` use the given address or ``$LOOMFS_CLUSTER`` (so does ``loom://a/b``, an
+authority without a port being the path's first part, as ``loomfs.fsspec`` reads it);
+``"file:/path"`` and ``pathlib.Path`` objects are local; a bare string is whatever ``default``
+says.
 
 A ``LoomStore`` pickles as its address only: the client is looked up per process on first
 use (``LoomFS`` itself starts a fresh loop after a fork), so datasets holding stores can go
@@ -346,6 +348,8 @@ def location(source: str | os.PathLike[str], address: str | None = None, *,
     if text.startswith("loom://"):
         rest = text[len("loom://"):]
         host, slash, path = rest.partition("/")
+        if host and ":" not in host:  # no port: not a cluster but the path's first part (as fsspec reads it)
+            return LoomStore(address), "/" + rest
         return LoomStore(host or address), "/" + path if slash else "/"
     if text.startswith("loom:"):
         return LoomStore(address), "/" + text[len("loom:"):].lstrip("/")

@@ -142,8 +142,12 @@ class LoomShardDataset(IterableDataset[Any]):
     # --- epochs and state ------------------------------------------------------------------
 
     def set_epoch(self, epoch: int) -> None:
+        """The epoch of the next iteration (seeds the shuffles). A state loaded for another
+        epoch is dropped: that epoch starts from its beginning."""
         self.epoch = int(epoch)
         self._epoch_set = True
+        if self._resume is not None and int(self._resume["epoch"]) != self.epoch:
+            self._resume = None
 
     def _take_epoch(self) -> int:
         if self._epoch_set:
