@@ -261,3 +261,39 @@ def test_reader_in_chunks_after_file_became_inline_reads_the_files_bytes(fs: loo
         assert f.length == 5
         f.seek(0)
         assert f.read() == b"small"
+def test_lazy_w_open_truncates_at_open(fs: loomfs.LoomFS, base: str) -> None:
+    """O_TRUNC takes effect at open: after open(p, "wb") other calls see an empty file. A
+    lazy "w" open leaves the old content visible (stat, cat) until its close."""
+    p = f"{base}/f"
+    fs.pipe(p, b"old content")
+    with fs.open(p, "wb") as f:
+        f.write(b"new")
+        assert fs.attr(p).size == 0  # old: 11
+        assert fs.cat(p) == b""
+
+
+def test_lazy_w_unlinked_before_close_is_not_recreated(fs: loomfs.LoomFS, base: str) -> None:
+    """open(p, "wb"); unlink(p); write; close: the file is gone (POSIX, and LoomFS files in
+    chunks). The lazy put at close creates p again."""
+    p = f"{base}/f"
+    fs.pipe(p, b"old")
+    f = fs.open(p, "wb")
+    fs.unlink(p)
+    f.write(b"scratch data")
+    f.close()
+    assert not fs.exists(p)
+
+
+def test_lazy_w_renamed_before_close_keeps_data_under_new_name(fs: loomfs.LoomFS, base: str) -> None:
+    """open(tmp, "wb"); write; rename(tmp, final); close: the bytes are final's. With the lazy
+    create, the rename moves the *old* file (or fails: ENOENT for a new tmp) and the close
+    writes the bytes to tmp again."""
+    tmp, final = f"{base}/tmp", f"{base}/final"
+    fs.pipe(tmp, b"old")
+    f = fs.open(tmp, "wb")
+    f.write(b"new data")
+    f.flush()
+    fs.rename(tmp, final)
+    f.close()
+    assert fs.cat(final) == b"new data"
+    assert not fs.exists(tmp)

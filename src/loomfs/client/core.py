@@ -23,6 +23,7 @@ from loomfs.client.cache import Absent
 from loomfs.client.consistency import ClientCaches
 from loomfs.client.file import AsyncFile, parse_mode
 from loomfs.client.inline import check_crc
+from loomfs.client.lazy import LazyCreates
 from loomfs.client.meta_client import MetaClient
 from loomfs.client.storage_client import ChunkStore, StorageClient
 from loomfs.client.writeback import ByteBudget
@@ -130,6 +131,7 @@ class AsyncClient:
         self._renew_task: asyncio.Task[None] | None = None
         self._session_lease_s = 0.0  # the shortest lease meta gave our write sessions
         self.sessions_lost_total = 0  # write sessions meta no longer held at a renewal
+        self.lazy = LazyCreates()  # "w" files not created yet: made before our calls on their paths
         self.closed = False
 
     @classmethod
@@ -220,6 +222,8 @@ class AsyncClient:
         return hit
 
     async def _stat(self, p: str, follow_symlinks: bool) -> Attr:
+        if self.lazy:
+            await self.lazy.settle(p)
         hit = self.cached_attr(p, follow_symlinks)
         if hit is not None:
             return hit
@@ -253,6 +257,8 @@ class AsyncClient:
     async def scandir(self, path: str, *, with_attrs: bool = False) -> list[DirEntry]:
         """All entries of a directory (pages through READDIR; relaxed: a cached listing)."""
         p = paths.normalize(path)
+        if self.lazy:
+            await self.lazy.settle(p, children=True)
         hit = self.caches.listing(p, with_attrs)
         if hit is not None:
             return hit
@@ -273,6 +279,8 @@ class AsyncClient:
         """A directory's entries a page at a time, in name order (a huge directory streams:
         one READDIR per page, entries with their attributes when ``with_attrs``)."""
         p = paths.normalize(path)
+        if self.lazy:
+            await self.lazy.settle(p, children=True)
         while True:
             rsp = await self.meta.readdir(p, after, page_size, with_attrs)
             if rsp.entries:
@@ -304,6 +312,8 @@ class AsyncClient:
 
     async def mkdir(self, path: str, mode: int = 0o755, *, parents: bool = False, exist_ok: bool = False) -> Attr:
         p = paths.normalize(path)
+        if self.lazy:
+            await self.lazy.settle(p)
         try:
             return await self.meta.mkdir(p, mode, parents, exist_ok)
         finally:
@@ -314,6 +324,8 @@ class AsyncClient:
 
     async def rmdir(self, path: str) -> None:
         p = paths.normalize(path)
+        if self.lazy:
+            await self.lazy.settle(p, subtree=True)
         try:
             await self.meta.rmdir(p)
         finally:
@@ -331,6 +343,8 @@ class AsyncClient:
 
     async def unlink(self, path: str) -> None:
         p = paths.normalize(path)
+        if self.lazy:
+            await self.lazy.settle(p)
         try:
             await self.meta.unlink(p)
         finally:
@@ -338,6 +352,8 @@ class AsyncClient:
 
     async def rmtree(self, path: str) -> None:
         top = paths.normalize(path)
+        if self.lazy:
+            await self.lazy.settle(top, subtree=True)
         try:
             await self._rmtree(top)
         finally:
@@ -375,6 +391,8 @@ class AsyncClient:
 
     async def rename(self, src: str, dst: str, *, no_replace: bool = False) -> None:
         s, d = paths.normalize(src), paths.normalize(dst)
+        if self.lazy:
+            await self.lazy.settle(s, d, subtree=True)
         try:
             await self.meta.rename(s, d, no_replace)
         finally:
@@ -385,6 +403,8 @@ class AsyncClient:
     async def symlink(self, target: str, path: str) -> None:
         """Create ``path`` pointing at ``target`` (stored as given)."""
         p = paths.normalize(path)
+        if self.lazy:
+            await self.lazy.settle(p)
         try:
             await self.meta.symlink(target, p)
         finally:
@@ -395,6 +415,8 @@ class AsyncClient:
 
     async def link(self, src: str, dst: str) -> None:
         s, d = paths.normalize(src), paths.normalize(dst)
+        if self.lazy:
+            await self.lazy.settle(s, d)
         try:
             await self.meta.link(s, d)
         finally:
@@ -404,6 +426,8 @@ class AsyncClient:
     # --- attributes that change -------------------------------------------------------
 
     async def _setattr(self, req: SetattrReq) -> Any:
+        if self.lazy:
+            await self.lazy.settle(req.path)
         try:
             rsp = await self.meta.setattr(req)
         except BaseException:
@@ -456,6 +480,8 @@ class AsyncClient:
     async def open(self, path: str, mode: str = "rb", *, perm: int = 0o644) -> AsyncFile:
         flags, _binary = parse_mode(mode)
         p = paths.normalize(path)
+        if self.lazy:
+            await self.lazy.settle(p)
         if flags == os.O_RDONLY:
             return await self._open_read(p)
         # write opens name their session, so a re-sent OPEN (reply lost) is applied once
@@ -468,6 +494,7 @@ class AsyncClient:
         if flags == LAZY_FLAGS and self.config.inline_put_max_bytes > 0:
             # "w": created at close with its bytes (one round trip for a small file)
             async def opener(data: bytes | None, chunked: bool) -> OpenRsp:
+                self.lazy.discard(p, f)
                 rsp = await self.meta.open(p, flags, perm, self.client_id, session_id, data=data, chunked=chunked)
                 self._check_opened(p, rsp)
                 if rsp.session_id:
@@ -478,6 +505,7 @@ class AsyncClient:
                                       lazy_max_bytes=min(self.config.inline_put_max_bytes, INLINE_PUT_CAP_BYTES),
                                       **common)
             self._open_files.add(f)
+            self.lazy.add(p, f)
             return f
         try:
             rsp = await self.meta.open(p, flags, perm, self.client_id, session_id)
@@ -604,6 +632,8 @@ class AsyncClient:
         then read from storage without an OPEN. Relaxed: no round trip when the caches hold
         the file's attributes and content."""
         p = paths.normalize(path)
+        if self.lazy:
+            await self.lazy.settle(p)
         data = self.cached_content(p)
         if data is not None:
             return data
@@ -685,6 +715,7 @@ class AsyncClient:
         Relaxed paths whose attributes and content are cached are answered from the caches."""
         from loomfs.client import batch
 
+        await self._settle_many(paths_)
         if not self.caches.policy.any_relaxed:
             return await batch.read_many(self, paths_)
         out, todo = self._from_caches(paths_, self.cached_content)
@@ -698,6 +729,7 @@ class AsyncClient:
         """Attributes of many paths; relaxed paths are answered from (and teach) the caches."""
         from loomfs.client import batch
 
+        await self._settle_many(paths_)
         if not self.caches.policy.any_relaxed:
             return await batch.stat_many(self, paths_, follow_symlinks=follow_symlinks)
         out, todo = self._from_caches(paths_, lambda p: self.cached_attr(p, follow_symlinks))
@@ -740,6 +772,7 @@ class AsyncClient:
         from loomfs.client import batch
 
         names = list(items.keys() if isinstance(items, dict) else (p for p, _ in items))
+        await self._settle_many(names)
         try:
             return await batch.put_many(self, items)
         finally:
@@ -749,10 +782,23 @@ class AsyncClient:
         """Unlink many files (not directories); per item None or its ``OSError``."""
         from loomfs.client import batch
 
+        await self._settle_many(paths_)
         try:
             return await batch.rm_many(self, paths_)
         finally:
             self._changed_many(paths_)
+
+    async def _settle_many(self, names: Sequence[str]) -> None:
+        """This client's pending "w" creates at any of ``names`` are made first."""
+        if not self.lazy:
+            return
+        norm = []
+        for name in names:
+            try:
+                norm.append(paths.normalize(name))
+            except (LoomError, OSError):
+                continue  # the batch reports it
+        await self.lazy.settle(*norm)
 
     def _changed_many(self, names: Sequence[str]) -> None:
         for name in names:

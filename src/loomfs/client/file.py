@@ -16,9 +16,12 @@ Inline files (``Attr.inline``: the bytes live in meta) are read from the copy th
 reply carried and written through meta (``loomfs.client.inline``); a write past the file's
 inline limit moves it to chunks first (MIGRATE). A new file opened with "w" (no "+") is
 created *lazily*: its bytes are buffered and the create carries them at close, one round
-trip for a small file (a put). Until then other clients do not see the file, and an error
-of the create (ENOENT parent, EISDIR, ...) is raised by ``close``, ``fsync`` or the write
-that outgrows the buffer; a write past ``lazy_max_bytes`` creates the file in chunks.
+trip for a small file (a put). Until then other clients do not see the file (nor the
+truncation of an old one), and an error of the create (ENOENT parent, EISDIR, ...) is raised
+by ``close``, ``fsync`` or the write that outgrows the buffer; a write past
+``lazy_max_bytes`` creates the file in chunks. This client's own calls on the path (stat,
+open, rename, unlink, a listing of the directory, ...) create it first (``create_now``,
+``loomfs.client.lazy``), so a program sees its own files as POSIX says.
 """
 
 from __future__ import annotations
@@ -109,6 +112,7 @@ class AsyncFile:
         self._trunc_epoch = trunc_epoch  # the file's truncate epoch as this object knows it
         self._inline: InlineContent | None = None  # the bytes, while the file is inline
         self._opener = opener  # set while a "w" file waits to be created (lazy)
+        self._create_lock = asyncio.Lock()  # one creation, whoever asks first
         if attr is not None:
             self._adopt(attr, inline_data)
         elif opener is not None:
@@ -255,15 +259,20 @@ class AsyncFile:
         content = self._inline
         assert content is not None
         if self._opener is not None:  # lazy: create it in chunks, then write the buffer
-            rsp = await self._create(None, True)
-            assert rsp.attr is not None
-            self._adopt(rsp.attr, rsp.data)
-            self._length = max(self._length, len(content))
-            if self._inline is not None:  # meta kept it inline after all: let the writes migrate it
-                self._inline.buf, self._inline.patches = content.buf, content.patches
-                return await self._leave_inline()
-            await self._to_chunks(content)
-            return
+            async with self._create_lock:
+                if self._opener is not None:
+                    rsp = await self._create(None, True)
+                    assert rsp.attr is not None
+                    self._adopt(rsp.attr, rsp.data)
+                    self._length = max(self._length, len(content))
+                    if self._inline is not None:  # meta kept it inline after all: migrate it
+                        self._inline.buf, self._inline.patches = content.buf, content.patches
+                        return await self._leave_inline()
+                    await self._to_chunks(content)
+                    return
+            if self._inline is None:  # created meanwhile (``create_now``), in chunks
+                return
+            content = self._inline  # created meanwhile, inline: move it like any other
         try:
             moved = await self._meta.migrate(self.inode)  # meta copies its content to chunks
             self._trunc_epoch = max(self._trunc_epoch, moved.trunc_epoch)
@@ -294,8 +303,21 @@ class AsyncFile:
         await self._to_chunks(content)
         return False
 
+    async def create_now(self) -> None:
+        """A lazy "w" file is created now (with a write session; its bytes are sent at the
+        next flush or close), so this client's calls on its path see it: another call on
+        the path (stat, rename, unlink, ...) comes first."""
+        if self._opener is not None:
+            await self._materialize()
+
     async def _materialize(self) -> None:
-        """fsync of a lazy file: create it now (with a session) and send its bytes."""
+        """Create a lazy file now (with a session); its bytes go at the next flush."""
+        async with self._create_lock:
+            if self._opener is None:
+                return  # created meanwhile
+            await self._materialize_locked()
+
+    async def _materialize_locked(self) -> None:
         content = self._inline
         assert content is not None
         rsp = await self._create(None, False)
@@ -582,15 +604,20 @@ class AsyncFile:
         if content is None:
             return False
         if self._opener is not None:
-            rsp = await self._create(bytes(content.buf), False)
-            assert rsp.attr is not None
-            if rsp.attr.inline and not rsp.session_id:
-                self._finish_close()
-                return True
-            self._adopt(rsp.attr, rsp.data)  # too big for the directory's limit: chunks
-            self._inline = None
-            await self._to_chunks(content)
-            return False
+            async with self._create_lock:
+                if self._opener is not None:
+                    rsp = await self._create(bytes(content.buf), False)
+                    assert rsp.attr is not None
+                    if rsp.attr.inline and not rsp.session_id:
+                        self._finish_close()
+                        return True
+                    self._adopt(rsp.attr, rsp.data)  # too big for the directory's limit: chunks
+                    self._inline = None
+                    await self._to_chunks(content)
+                    return False
+            content = self._inline  # created meanwhile (``create_now``)
+            if content is None:
+                return False
         if not self.session_id or not content.patches:
             return False  # nothing to send: the session ends in the background
         if await self._send_inline(close=True):

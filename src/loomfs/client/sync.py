@@ -287,6 +287,8 @@ class LoomFS:
         self._check_thread()
         client = self._ensure()
         p = paths.normalize(path)
+        if client.lazy.pending(p):  # this client's "w" file there: created on the loop first
+            return self._submit(client.stat(p) if follow_symlinks else client.lstat(p))
         hit = client.cached_attr(p, follow_symlinks)
         if hit is not None:
             return hit
@@ -492,6 +494,8 @@ class LoomFS:
         self._check_thread()
         client = self._ensure()
         p = paths.normalize(path)
+        if client.lazy.pending(p):  # this client's "w" file there: created on the loop first
+            return self._submit(client.cat(p))
         data = client.cached_content(p)
         if data is not None:
             return data
