@@ -14,6 +14,7 @@ import logging
 import posixpath
 import time
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
@@ -114,9 +115,7 @@ def plan_samples(store: Store, source: str | Sequence[str]) -> list[tuple[str, l
     return out
 
 
-def _read_samples(store: Store, plan: list[tuple[str, list[tuple[str, str]]]]
-                  ) -> Iterator[tuple[str, dict[str, bytes]]]:
-    """Samples' bytes, read a batch of files per call (one ``read_many`` on LoomFS)."""
+def _batches(plan: list[tuple[str, list[tuple[str, str]]]]) -> Iterator[list[tuple[str, list[tuple[str, str]]]]]:
     i = 0
     while i < len(plan):
         batch: list[tuple[str, list[tuple[str, str]]]] = []
@@ -125,18 +124,38 @@ def _read_samples(store: Store, plan: list[tuple[str, list[tuple[str, str]]]]
             batch.append(plan[i])
             files += len(plan[i][1])
             i += 1
+        yield batch
+
+
+def _read_samples(store: Store, plan: list[tuple[str, list[tuple[str, str]]]]
+                  ) -> Iterator[tuple[str, dict[str, bytes]]]:
+    """Samples' bytes, a batch of files per call (one ``read_many`` on LoomFS); the next
+    batch is read on a thread while this one is written."""
+    def read(batch: list[tuple[str, list[tuple[str, str]]]]) -> tuple[list[str], list[bytes | OSError]]:
         paths = [p for _, fields in batch for _, p in fields]
-        datas = iter(zip(paths, store.read_many(paths), strict=True))
-        for key, fields in batch:
-            sample: dict[str, bytes] = {}
-            for field, _ in fields:
-                path, data = next(datas)
-                if isinstance(data, OSError):
-                    if not data.filename:
-                        data.filename = store.url(path)
-                    raise data
-                sample[field] = data
-            yield key, sample
+        return paths, store.read_many(paths)
+
+    with ThreadPoolExecutor(1, thread_name_prefix="loomfs-pack-read") as pool:
+        batches = _batches(plan)
+        first = next(batches, None)
+        pending = pool.submit(read, first) if first is not None else None
+        batch = first
+        while pending is not None and batch is not None:
+            paths, results = pending.result()
+            nxt = next(batches, None)
+            pending = pool.submit(read, nxt) if nxt is not None else None
+            datas = iter(zip(paths, results, strict=True))
+            for key, fields in batch:
+                sample: dict[str, bytes] = {}
+                for field, _ in fields:
+                    path, data = next(datas)
+                    if isinstance(data, OSError):
+                        if not data.filename:
+                            data.filename = store.url(path)
+                        raise data
+                    sample[field] = data
+                yield key, sample
+            batch = nxt
 
 
 def pack(src: Store, source: str | Sequence[str], dst: Store, dest: str, *, fmt: str = "tar",
