@@ -414,3 +414,29 @@ def test_store_glob_prunes_and_matches(tmp_path: Path) -> None:
     assert st.glob(f"{tmp_path}/**/*.tar") == [f"{tmp_path}/a/1.tar", f"{tmp_path}/a/b/3.tar", f"{tmp_path}/c/4.tar"]
     with pytest.raises(FileNotFoundError, match="no files match"):
         st.expand(f"{tmp_path}/*.none")
+
+
+def test_prefetcher_reads_ranges_in_order_with_backpressure_and_stops(tmp_path: Path) -> None:
+    from loomfs.torch.prefetch import Prefetcher, Range
+
+    a, b = tmp_path / "a.bin", tmp_path / "b.bin"
+    a.write_bytes(bytes(range(256)) * 40)
+    b.write_bytes(b"B" * 5000)
+    pf = Prefetcher(LocalStore(), [Range(str(a), 100, 9000), Range(str(b)), Range(str(tmp_path / "gone.rec"))],
+                    max_bytes=2048, block_bytes=1024)
+    try:
+        first = pf.blocks(0)
+        assert next(first) == a.read_bytes()[100:1124]  # the rest of range 0 is dropped
+        assert b"".join(pf.blocks(1)) == b"B" * 5000
+        with pytest.raises(FileNotFoundError) as e:
+            list(pf.blocks(2))
+        assert "gone.rec" in str(e.value.filename)
+        with pytest.raises(RuntimeError, match="in order"):
+            next(pf.blocks(0))
+    finally:
+        pf.close()
+    assert "next=3" in repr(pf)
+    stopped = Prefetcher(LocalStore(), [Range(str(a))] * 50, max_bytes=1024, block_bytes=512)
+    next(stopped.blocks(0))
+    stopped.close()  # the reader is blocked on a full queue: close still ends it
+    assert not stopped._thread.is_alive()
