@@ -299,7 +299,7 @@ def test_close_commits_an_open_group(tmp_path: Path) -> None:
         run(again.close())
 
 
-def test_commit_thread_is_used_only_when_commits_are_slow(tmp_path: Path) -> None:
+def test_commit_thread_is_used_for_slow_commits_of_several_writers(tmp_path: Path) -> None:
     s = SqliteStore(str(tmp_path / "m.db"), synchronous="FULL")
     threads: set[str] = set()
     real = s._commit_now
@@ -315,12 +315,15 @@ def test_commit_thread_is_used_only_when_commits_are_slow(tmp_path: Path) -> Non
 
     async def go() -> None:
         nonlocal slow
+        loop_thread = threading.current_thread().name
         s.commit_s_avg = 0.0
-        await _create(s, 1)
-        assert threads == {threading.current_thread().name}  # fast: inline on the loop
+        await asyncio.gather(_create(s, 1), _create(s, 2))
+        assert threads == {loop_thread}  # fast: inline on the loop
         slow = True
-        await _create(s, 2)  # measured slow
-        await _create(s, 3)  # so this one goes to the commit thread
+        await _create(s, 3)  # measured slow
+        await _create(s, 4)  # but a lone writer has nothing to overlap with: inline still
+        assert threads == {loop_thread}
+        await asyncio.gather(_create(s, 5), _create(s, 6))  # slow, and together: the thread
         assert any(name.startswith("loomfs-meta-commit") for name in threads)
         await s.close()
 

@@ -9,9 +9,10 @@ callback queued behind them; at most ``group_commit_max`` writers), and every wr
 ``write()`` returns, or raises, only once that COMMIT settled: a failed COMMIT fails every
 writer of the group with ``CommitFailed`` (EIO); a writer whose body raised reports its own
 error only if the group committed (its decision may have read a group-mate's work). With
-slow COMMITs (``synchronous=FULL`` on a disk whose fsync takes a millisecond or more) the
-COMMIT runs on a commit thread, so the loop goes on serving meanwhile; a fast one runs inline
-(a thread hop would cost more than it frees). Either way the writers that arrive during a
+slow COMMITs (``synchronous=FULL`` on a disk whose fsync takes a millisecond or more) and
+writers that come together, the COMMIT runs on a commit thread, so the loop goes on serving
+meanwhile; otherwise it runs inline (a thread hop, two cross-CPU wake-ups, would cost more
+than it frees: a lone writer has nothing to overlap with). Either way the writers that arrive during a
 COMMIT queue up as the next group: N concurrent creates cost about one fsync per group, not N.
 
 Reads see committed data only. A read transaction (deferred ``BEGIN``: one snapshot for a path
@@ -96,8 +97,9 @@ class SqliteStore(MetaStore):
         read_connections_max: int = READ_CONNECTIONS_MAX,
     ):
         """``commit_in_thread``: run each COMMIT on a commit thread (True), on the loop (False),
-        or (None) on the thread while COMMITs take ``COMMIT_THREAD_MIN_S`` or more on average
-        (a slow disk under ``synchronous`` FULL); ``group_commit_max``: writers per COMMIT."""
+        or (None) on the thread for a group of several writers while COMMITs take
+        ``COMMIT_THREAD_MIN_S`` or more on average (a slow disk under ``synchronous`` FULL);
+        ``group_commit_max``: writers per COMMIT at most."""
         synchronous = synchronous.upper()
         if synchronous not in _SYNC_MODES:
             raise ValueError(f"sqlite synchronous must be one of {_SYNC_MODES}, got {synchronous!r}")
@@ -225,10 +227,11 @@ class SqliteStore(MetaStore):
         while self._in_body or self._committing is not None or self._conn_reading:
             await self._wait_for_connection()
         self._check_open()
-        group = self._join_group()
+        loop = asyncio.get_running_loop()
+        group = self._join_group(loop)
         c = self._conn
         c.execute("SAVEPOINT w")
-        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        done: asyncio.Future[None] = loop.create_future()
         group.waiters.append(done)
         group.writers += 1
         self._in_body = True
@@ -263,12 +266,12 @@ class SqliteStore(MetaStore):
         if gate is not None and not gate.done():
             gate.set_result(None)
 
-    def _join_group(self) -> _Group:
+    def _join_group(self, loop: asyncio.AbstractEventLoop) -> _Group:
         group = self._group
         if group is None:
             self._conn.execute("BEGIN IMMEDIATE")  # a busy lock raises to this writer only
             group = self._group = _Group()
-            asyncio.get_running_loop().call_soon(self._flush, group)  # behind the writers ready now
+            loop.call_soon(self._flush, group)  # behind the writers ready now
         return group
 
     def _undo(self, group: _Group, exc: BaseException) -> None:
@@ -325,8 +328,8 @@ class SqliteStore(MetaStore):
             return
         self._group = None
         threaded = self.commit_in_thread
-        if threaded is None:
-            threaded = self.commit_s_avg >= COMMIT_THREAD_MIN_S
+        if threaded is None:  # slow COMMITs, and writers coming together: more will come meanwhile
+            threaded = self.commit_s_avg >= COMMIT_THREAD_MIN_S and group.writers > 1
         if threaded:
             if self._executor is None:
                 self._executor = ThreadPoolExecutor(1, thread_name_prefix="loomfs-meta-commit")
@@ -389,9 +392,14 @@ class SqliteStore(MetaStore):
 
     async def _settled(self, done: asyncio.Future[None]) -> None:
         try:
+            if not done.done():
+                # the group's flush was queued before this writer's turn to go on: it usually
+                # settles the group first, so the outcome is there without another loop pass
+                await asyncio.sleep(0)
             await done
         except asyncio.CancelledError:
-            raise  # this writer was cancelled: its work commits (or not) with the group
+            done.cancel()  # this writer was cancelled: its work commits (or not) with the group
+            raise
         except Exception as exc:
             raise CommitFailed(f"metastore commit failed: {exc}") from exc
 
