@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# The test command (README quick start, .ci/run): installs what is missing, then runs pytest.
+#   bash scripts/test.sh [pytest args...]
+# System parts: FUSE (fuse3 for fusermount3 and /etc/fuse.conf; libfuse3-dev and pkg-config to
+# build pyfuse3), apt-installed only when missing and we are root; otherwise say what to install.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+missing=()
+command -v fusermount3 >/dev/null 2>&1 || missing+=(fuse3)
+[ -e /usr/include/fuse3/fuse_lowlevel.h ] || missing+=(libfuse3-dev)
+command -v pkg-config >/dev/null 2>&1 || missing+=(pkg-config)
+if [ ${#missing[@]} -gt 0 ]; then
+  if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+    echo "+ apt-get install ${missing[*]}"
+    apt-get update -qq >/dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+  else
+    echo "missing system packages: ${missing[*]} (sudo apt-get install ${missing[*]})" >&2
+    exit 2
+  fi
+fi
+[ -d .venv ] || python3 -m venv .venv
+. .venv/bin/activate
+pip install -q -e '.[test]'
+exec pytest -q "$@"

@@ -1,0 +1,97 @@
+"""inode -> path table for the kernel's inode-based requests (no I/O).
+
+LoomFS hands out real inode numbers (``Attr.inode``; the root is 1 = FUSE_ROOT_ID) but its
+meta API takes paths. Every inode the kernel knows about (each ``lookup``, ``create``,
+``mkdir``, ``readdirplus`` entry... counted) maps to the names it is reachable by here; a
+``forget`` that brings the count to zero drops it. Renames and unlinks update the names.
+"""
+
+from __future__ import annotations
+
+import errno
+
+ROOT_INODE = 1
+
+
+class InodeTable:
+    def __init__(self) -> None:
+        self._names: dict[int, list[str]] = {ROOT_INODE: ["/"]}
+        self._lookups: dict[int, int] = {ROOT_INODE: 1}
+        self._by_path: dict[str, int] = {"/": ROOT_INODE}
+
+    def __repr__(self) -> str:
+        return f"InodeTable(inodes={len(self._names)}, paths={len(self._by_path)})"
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+    def path(self, inode: int) -> str:
+        """A path the inode is reachable by (ENOENT when forgotten or unlinked)."""
+        names = self._names.get(inode)
+        if not names:
+            raise OSError(errno.ENOENT, "inode no longer has a name", str(inode))
+        return names[0]
+
+    def inode_of(self, path: str) -> int | None:
+        return self._by_path.get(path)
+
+    def lookups(self, inode: int) -> int:
+        return self._lookups.get(inode, 0)
+
+    def remember(self, inode: int, path: str, count: int = 1) -> None:
+        """The kernel learned ``inode`` under ``path`` (``count`` lookups)."""
+        old = self._by_path.get(path)
+        if old is not None and old != inode:
+            self._drop_name(old, path)
+        names = self._names.setdefault(inode, [])
+        if path not in names:
+            names.append(path)
+        self._by_path[path] = inode
+        self._lookups[inode] = self._lookups.get(inode, 0) + count
+
+    def forget(self, inode: int, count: int) -> None:
+        if inode == ROOT_INODE:
+            return
+        left = self._lookups.get(inode, 0) - count
+        if left > 0:
+            self._lookups[inode] = left
+            return
+        self._lookups.pop(inode, None)
+        for name in self._names.pop(inode, []):
+            if self._by_path.get(name) == inode:
+                del self._by_path[name]
+
+    def unlinked(self, path: str) -> None:
+        """``path`` no longer names anything (the inode may live on under other names)."""
+        inode = self._by_path.get(path)
+        if inode is not None:
+            self._drop_name(inode, path)
+
+    def renamed(self, src: str, dst: str, *, exchange: bool = False) -> None:
+        """``src`` (and everything under it) is now ``dst``; what ``dst`` named is gone
+        (or, with ``exchange``, is now ``src``)."""
+        if exchange:
+            tmp = "\0exchange"
+            self._move(src, tmp)
+            self._move(dst, src)
+            self._move(tmp, dst)
+            return
+        self.unlinked(dst)
+        self._move(src, dst)
+
+    def _move(self, src: str, dst: str) -> None:
+        prefix = src.rstrip("/") + "/"
+        moved = [(p, i) for p, i in self._by_path.items() if p == src or p.startswith(prefix)]
+        for p, inode in moved:
+            new = dst + p[len(src):]
+            del self._by_path[p]
+            names = self._names.get(inode, [])
+            names[:] = [new if n == p else n for n in names]
+            self._by_path[new] = inode
+
+    def _drop_name(self, inode: int, path: str) -> None:
+        if self._by_path.get(path) == inode:
+            del self._by_path[path]
+        names = self._names.get(inode)
+        if names and path in names:
+            names.remove(path)

@@ -1,0 +1,406 @@
+# pyfuse3's stubs type inodes, handles and names as NewTypes; the handlers take plain ints
+# mypy: disable-error-code="override"
+"""pyfuse3 ``Operations`` over the async client core: inode requests -> path calls.
+
+Each handler resolves inodes to paths through the :class:`InodeTable`, runs the client call
+(on the client's loop: directly when FUSE shares it, else bridged, see ``call``) and answers
+with kernel attributes. Errors are ``OSError``s with an errno; they become ``FUSEError`` here,
+at the edge, with the cause kept.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import functools
+import logging
+import os
+import stat
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, field
+from typing import Any, ParamSpec, TypeVar
+
+import pyfuse3
+
+from loomfs.client.core import AsyncClient
+from loomfs.client.file import AsyncFile
+from loomfs.mount.inodes import ROOT_INODE, InodeTable
+from loomfs.mount.options import MountOptions
+from loomfs.wire.meta import SetattrReq
+from loomfs.wire.types import Attr, DirEntry, FileType
+
+logger = logging.getLogger(__name__)
+T = TypeVar("T")
+P = ParamSpec("P")
+BLKSIZE_BYTES = 1 << 20  # st_blksize: tools size their buffers by it
+STATFS_FREE_BYTES = 1 << 50  # meta does not know the storage capacity yet
+
+_TYPE_BITS = {FileType.FILE: stat.S_IFREG, FileType.DIRECTORY: stat.S_IFDIR, FileType.SYMLINK: stat.S_IFLNK}
+
+
+def _fuse_errors(fn: Callable[P, Coroutine[Any, Any, T]]) -> Callable[P, Coroutine[Any, Any, T]]:
+    @functools.wraps(fn)
+    async def wrapper(*args: P.args, **kw: P.kwargs) -> T:
+        try:
+            return await fn(*args, **kw)
+        except pyfuse3.FUSEError:
+            raise
+        except OSError as exc:
+            logger.debug("%s%r: %s", fn.__name__, args[1:], exc)
+            raise pyfuse3.FUSEError(exc.errno or errno.EIO) from exc
+        except ValueError as exc:
+            raise pyfuse3.FUSEError(errno.EINVAL) from exc
+    return wrapper
+
+
+def _join(parent: str, name: bytes) -> str:
+    n = os.fsdecode(name)
+    if "/" in n or n in ("", ".", ".."):
+        raise OSError(errno.EINVAL, "bad name", n)
+    return f"/{n}" if parent == "/" else f"{parent}/{n}"
+
+
+@dataclass(eq=False)
+class Handle:
+    """One open file: the client's file object and what the kernel opened it as."""
+
+    inode: int
+    file: AsyncFile
+    writable: bool
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    # utimens while open for writing (cp -a, tar x): meta stamps mtime at sync and close,
+    # so the times are set again after those
+    times_ns: tuple[int, int] | None = None
+
+
+@dataclass(eq=False)
+class DirHandle:
+    path: str
+    entries: list[DirEntry] | None = None
+
+
+class LoomOperations(pyfuse3.Operations):
+    supports_dot_lookup = False
+
+    def __init__(self, client: AsyncClient, client_loop: asyncio.AbstractEventLoop, options: MountOptions):
+        super().__init__()
+        self.client = client
+        self.client_loop = client_loop
+        self.options = options
+        self.inodes = InodeTable()
+        self.handles: dict[int, Handle | DirHandle] = {}
+        self._next_fh = 1
+
+    def __repr__(self) -> str:
+        return f"LoomOperations({self.inodes!r}, handles={len(self.handles)}, loop={self.options.loop})"
+
+    async def call(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Run a client coroutine on the client's loop (a thread hop when FUSE has its own)."""
+        if asyncio.get_running_loop() is self.client_loop:
+            return await coro
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, self.client_loop))
+
+    # --- attributes ---------------------------------------------------------------------
+
+    def _writers(self, inode: int) -> list[Handle]:
+        return [h for h in self.handles.values() if isinstance(h, Handle) and h.inode == inode and h.writable]
+
+    def entry(self, attr: Attr) -> pyfuse3.EntryAttributes:
+        e = pyfuse3.EntryAttributes()
+        e.st_ino = attr.inode
+        e.generation = 0
+        e.st_mode = _TYPE_BITS.get(FileType(attr.type), stat.S_IFREG) | (attr.mode & 0o7777)
+        e.st_nlink = attr.nlink
+        e.st_uid, e.st_gid = attr.uid, attr.gid
+        size = attr.size
+        writers = self._writers(attr.inode) if attr.type == FileType.FILE else []
+        if writers:  # bytes written here and not yet synced to meta
+            size = writers[-1].file.length
+        if attr.type == FileType.SYMLINK:
+            size = len(os.fsencode(attr.symlink_target))
+        e.st_size = size
+        e.st_blksize = BLKSIZE_BYTES
+        e.st_blocks = (size + 511) // 512
+        e.st_atime_ns, e.st_mtime_ns, e.st_ctime_ns = attr.atime_ns, attr.mtime_ns, attr.ctime_ns
+        e.attr_timeout = self.options.attr_timeout_s
+        e.entry_timeout = self.options.entry_timeout_s
+        return e
+
+    async def _attr(self, path: str) -> Attr:
+        return await self.call(self.client.lstat(path))
+
+    def _known(self, attr: Attr, path: str) -> pyfuse3.EntryAttributes:
+        self.inodes.remember(attr.inode, path)
+        return self.entry(attr)
+
+    @_fuse_errors
+    async def lookup(self, parent_inode: int, name: bytes, ctx: Any = None) -> pyfuse3.EntryAttributes:
+        path = _join(self.inodes.path(parent_inode), name)
+        try:
+            attr = await self._attr(path)
+        except FileNotFoundError:
+            if self.options.negative_timeout_s > 0:
+                e = pyfuse3.EntryAttributes()
+                e.st_ino = 0
+                e.entry_timeout = self.options.negative_timeout_s
+                return e
+            raise
+        return self._known(attr, path)
+
+    async def forget(self, inode_list: list[tuple[int, int]]) -> None:
+        for inode, n in inode_list:
+            self.inodes.forget(inode, n)
+
+    @_fuse_errors
+    async def getattr(self, inode: int, ctx: Any = None) -> pyfuse3.EntryAttributes:
+        return self.entry(await self._attr(self.inodes.path(inode)))
+
+    @_fuse_errors
+    async def setattr(self, inode: int, attr: Any, fields: Any, fh: int | None, ctx: Any) -> pyfuse3.EntryAttributes:
+        path = self.inodes.path(inode)
+        c = self.client
+        if fields.update_size:
+            h = self.handles.get(fh) if fh is not None else None
+            writers = [h] if isinstance(h, Handle) and h.writable else self._writers(inode)
+            if writers:  # through the open file, so its own idea of the length follows
+                async with writers[0].lock:
+                    await self.call(writers[0].file.truncate(attr.st_size))
+                    await self.call(writers[0].file.fsync())
+            else:
+                await self.call(c.truncate(path, attr.st_size))
+        req = SetattrReq(
+            path=path, follow_symlinks=False,  # the kernel resolved the path: never follow
+            mode=attr.st_mode & 0o7777 if fields.update_mode else -1,
+            uid=attr.st_uid if fields.update_uid else -1,
+            gid=attr.st_gid if fields.update_gid else -1,
+            atime_ns=attr.st_atime_ns if fields.update_atime else -1,
+            mtime_ns=attr.st_mtime_ns if fields.update_mtime else -1,
+        )
+        if req.atime_ns != -1 or req.mtime_ns != -1:
+            for w in self._writers(inode):
+                async with w.lock:
+                    await self.call(w.file.fsync())
+                    w.times_ns = (req.atime_ns, req.mtime_ns)
+        if (req.mode, req.uid, req.gid, req.atime_ns, req.mtime_ns) != (-1, -1, -1, -1, -1):
+            rsp = await self.call(c._setattr(req))  # one round trip for all of them
+            if rsp.attr is not None:
+                return self.entry(rsp.attr)
+        return self.entry(await self._attr(path))
+
+    # --- names --------------------------------------------------------------------------
+
+    @_fuse_errors
+    async def mkdir(self, parent_inode: int, name: bytes, mode: int, ctx: Any) -> pyfuse3.EntryAttributes:
+        path = _join(self.inodes.path(parent_inode), name)
+        attr = await self.call(self.client.mkdir(path, mode & 0o7777))
+        attr = await self._owned(path, attr, ctx)
+        return self._known(attr, path)
+
+    async def _owned(self, path: str, attr: Attr, ctx: Any) -> Attr:
+        """New objects belong to the caller (meta creates them as this process's user)."""
+        if ctx is not None and (attr.uid, attr.gid) != (ctx.uid, ctx.gid):
+            req = SetattrReq(path=path, follow_symlinks=False, uid=ctx.uid, gid=ctx.gid)
+            rsp = await self.call(self.client._setattr(req))
+            return rsp.attr if rsp.attr is not None else await self._attr(path)
+        return attr
+
+    @_fuse_errors
+    async def rmdir(self, parent_inode: int, name: bytes, ctx: Any) -> None:
+        path = _join(self.inodes.path(parent_inode), name)
+        await self.call(self.client.rmdir(path))
+        self.inodes.unlinked(path)
+
+    @_fuse_errors
+    async def unlink(self, parent_inode: int, name: bytes, ctx: Any) -> None:
+        path = _join(self.inodes.path(parent_inode), name)
+        await self.call(self.client.unlink(path))
+        self.inodes.unlinked(path)
+
+    @_fuse_errors
+    async def rename(self, parent_inode_old: int, name_old: bytes, parent_inode_new: int,
+                     name_new: bytes, flags: int, ctx: Any) -> None:
+        src = _join(self.inodes.path(parent_inode_old), name_old)
+        dst = _join(self.inodes.path(parent_inode_new), name_new)
+        if flags & pyfuse3.RENAME_EXCHANGE:
+            raise pyfuse3.FUSEError(errno.EINVAL)  # not in the meta API yet
+        no_replace = bool(flags & pyfuse3.RENAME_NOREPLACE)
+        await self.call(self.client.rename(src, dst, no_replace=no_replace))
+        self.inodes.renamed(src, dst)
+
+    @_fuse_errors
+    async def symlink(self, parent_inode: int, name: bytes, target: bytes, ctx: Any) -> pyfuse3.EntryAttributes:
+        path = _join(self.inodes.path(parent_inode), name)
+        await self.call(self.client.symlink(os.fsdecode(target), path))
+        return self._known(await self._attr(path), path)
+
+    @_fuse_errors
+    async def readlink(self, inode: int, ctx: Any) -> bytes:
+        return os.fsencode(await self.call(self.client.readlink(self.inodes.path(inode))))
+
+    @_fuse_errors
+    async def link(self, inode: int, new_parent_inode: int, new_name: bytes, ctx: Any) -> pyfuse3.EntryAttributes:
+        src = self.inodes.path(inode)
+        dst = _join(self.inodes.path(new_parent_inode), new_name)
+        await self.call(self.client.link(src, dst))
+        return self._known(await self._attr(dst), dst)
+
+    # --- directories ----------------------------------------------------------------------
+
+    @_fuse_errors
+    async def opendir(self, inode: int, ctx: Any) -> int:
+        return self._new_handle(DirHandle(self.inodes.path(inode)))
+
+    @_fuse_errors
+    async def readdir(self, fh: int, start_id: int, token: Any) -> None:
+        h = self.handles[fh]
+        assert isinstance(h, DirHandle)
+        if h.entries is None or start_id == 0:
+            h.entries = await self.call(self.client.scandir(h.path, with_attrs=True))
+        for i in range(start_id, len(h.entries)):
+            e = h.entries[i]
+            attr = e.attr
+            if attr is None:
+                attr = await self._attr(_join(h.path, os.fsencode(e.name)))
+            if not pyfuse3.readdir_reply(token, os.fsencode(e.name), self.entry(attr), i + 1):
+                return
+            self.inodes.remember(attr.inode, _join(h.path, os.fsencode(e.name)))
+
+    async def releasedir(self, fh: int) -> None:
+        self.handles.pop(fh, None)
+
+    async def fsyncdir(self, fh: int, datasync: bool) -> None:
+        return None  # meta commits every change before it answers
+
+    @_fuse_errors
+    async def statfs(self, ctx: Any) -> pyfuse3.StatvfsData:
+        rsp = await self.call(self.client.statfs())
+        s = pyfuse3.StatvfsData()
+        s.f_bsize = s.f_frsize = 4096
+        s.f_blocks = (rsp.bytes_used + STATFS_FREE_BYTES) // 4096
+        s.f_bfree = s.f_bavail = STATFS_FREE_BYTES // 4096
+        s.f_files = rsp.files + rsp.directories + (1 << 32)
+        s.f_ffree = s.f_favail = 1 << 32
+        s.f_namemax = 255
+        return s
+
+    # --- files ----------------------------------------------------------------------------
+
+    def _new_handle(self, h: Handle | DirHandle) -> int:
+        fh = self._next_fh
+        self._next_fh += 1
+        self.handles[fh] = h
+        return fh
+
+    def _file_info(self, h: Handle) -> pyfuse3.FileInfo:
+        fi = pyfuse3.FileInfo()
+        fi.fh = self._new_handle(h)
+        fi.keep_cache = False  # strict: the page cache is dropped at open (close-to-open)
+        return fi
+
+    async def _sync_writers(self, inode: int) -> None:
+        """A new open sees what this mount's open writers wrote (close-to-open at meta)."""
+        for w in self._writers(inode):
+            async with w.lock:
+                await self.call(w.file.fsync())
+
+    @_fuse_errors
+    async def open(self, inode: int, flags: int, ctx: Any) -> pyfuse3.FileInfo:
+        path = self.inodes.path(inode)
+        acc = flags & os.O_ACCMODE
+        await self._sync_writers(inode)
+        if acc == os.O_RDONLY:
+            f = await self.call(self.client.open(path, "rb"))
+        elif flags & os.O_TRUNC:
+            f = await self.call(self.client.open(path, "w+b"))
+        elif flags & os.O_APPEND:
+            f = await self.call(self.client.open(path, "a+b"))
+        else:
+            f = await self.call(self.client.open(path, "r+b"))
+        return self._file_info(Handle(inode, f, acc != os.O_RDONLY))
+
+    @_fuse_errors
+    async def create(self, parent_inode: int, name: bytes, mode: int, flags: int,
+                     ctx: Any) -> tuple[pyfuse3.FileInfo, pyfuse3.EntryAttributes]:
+        path = _join(self.inodes.path(parent_inode), name)
+        perm = mode & 0o7777
+        c = self.client
+        if flags & os.O_EXCL:
+            f = await self.call(c.open(path, "x+b", perm=perm))
+        else:
+            try:
+                f = await self.call(c.open(path, "x+b", perm=perm))
+            except FileExistsError:
+                f = await self.call(c.open(path, "w+b" if flags & os.O_TRUNC else "r+b", perm=perm))
+        attr = await self._owned(path, await self._attr(path), ctx)
+        h = Handle(attr.inode, f, True)
+        fi = self._file_info(h)
+        return fi, self._known(attr, path)
+
+    @_fuse_errors
+    async def read(self, fh: int, off: int, size: int) -> memoryview:
+        h = self.handles[fh]
+        assert isinstance(h, Handle)
+        buf = bytearray(size)
+        if h.writable:
+            async with h.lock:
+                n = await self.call(h.file.pread(off, memoryview(buf)))
+        else:
+            n = await self.call(h.file.pread(off, memoryview(buf)))
+        return memoryview(buf)[:n]
+
+    @_fuse_errors
+    async def write(self, fh: int, off: int, buf: bytes) -> int:
+        h = self.handles[fh]
+        assert isinstance(h, Handle)
+        async with h.lock:
+            return await self.call(self._write_at(h.file, off, buf))
+
+    @staticmethod
+    async def _write_at(f: AsyncFile, off: int, buf: bytes) -> int:
+        if not f.append:
+            await f.seek(off)
+        return await f.write(buf)
+
+    async def _synced(self, h: Handle, *, close: bool = False) -> None:
+        async with h.lock:
+            await self.call(h.file.close() if close else h.file.fsync())
+            if h.times_ns is not None:
+                path = self.inodes.path(h.inode) if self.inodes.lookups(h.inode) else h.file.path
+                req = SetattrReq(path=path, follow_symlinks=False,
+                                 atime_ns=h.times_ns[0], mtime_ns=h.times_ns[1])
+                await self.call(self.client._setattr(req))
+
+    @_fuse_errors
+    async def flush(self, fh: int) -> None:
+        """close(2) of a descriptor: the bytes and the length reach meta (close-to-open)."""
+        h = self.handles[fh]
+        if isinstance(h, Handle) and h.writable:
+            await self._synced(h)
+
+    @_fuse_errors
+    async def fsync(self, fh: int, datasync: bool) -> None:
+        h = self.handles[fh]
+        if isinstance(h, Handle) and h.writable:
+            await self._synced(h)
+
+    @_fuse_errors
+    async def release(self, fh: int) -> None:
+        h = self.handles.pop(fh, None)
+        if isinstance(h, Handle):
+            if h.writable:
+                await self._synced(h, close=True)
+            else:
+                await self.call(h.file.close())
+
+    async def close_all(self) -> None:
+        """At unmount: close every open file (their bytes reach storage and meta)."""
+        for fh in list(self.handles):
+            h = self.handles.pop(fh)
+            if isinstance(h, Handle):
+                try:
+                    await self.call(h.file.close())
+                except OSError as exc:
+                    logger.warning("closing %s at unmount: %s", h.file.path, exc)
+
+
+assert ROOT_INODE == pyfuse3.ROOT_INODE

@@ -1,0 +1,47 @@
+"""``-o`` mount options: what LoomFS's mount understands and what goes to the kernel."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+# libfuse rejects any max_read=N with pyfuse3 ("init() and fuse_session_new() requested
+# different maximum read size (0 vs N)"): request sizes come from max_pages (1 MiB with
+# libfuse 3.14) and, for reads, the bdi's read_ahead_kb
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MountOptions:
+    attr_timeout_s: float = 1.0  # kernel caches attributes this long (JuiceFS's default)
+    entry_timeout_s: float = 1.0  # and names -> inodes
+    negative_timeout_s: float = 0.0  # and "no such name" (0: not cached)
+    loop: str = "shared"  # "shared": FUSE on the client's loop; "separate": its own, bridged
+    max_tasks: int = 64  # FUSE requests served at once
+    read_ahead_kb: int = 1024  # the mount's bdi read-ahead (1 MiB requests; 0 = leave it)
+    kernel: frozenset[str] = field(default_factory=frozenset)  # passed to FUSE as given
+
+    @classmethod
+    def parse(cls, items: list[str] | None) -> MountOptions:
+        """``['attr_timeout=2,allow_other', 'ro']`` -> options (unknown ones go to FUSE)."""
+        kw: dict[str, object] = {}
+        kernel = {"default_permissions"}
+        for item in items or []:
+            for opt in filter(None, (o.strip() for o in item.split(","))):
+                key, _, value = opt.partition("=")
+                if key in ("attr_timeout", "entry_timeout", "negative_timeout"):
+                    kw[f"{key}_s"] = float(value)
+                elif key == "loop":
+                    if value not in ("shared", "separate"):
+                        raise ValueError(f"loop={value!r}: use shared or separate")
+                    kw["loop"] = value
+                elif key in ("max_tasks", "read_ahead_kb"):
+                    kw[key] = int(value)
+                elif key == "no_default_permissions":
+                    kernel.discard("default_permissions")
+                elif key == "max_read":
+                    raise ValueError("max_read breaks pyfuse3's init; use read_ahead_kb")
+                else:
+                    kernel.add(opt)
+        return cls(kernel=frozenset(kernel), **kw)  # type: ignore[arg-type]
+
+    def fuse_options(self, fsname: str) -> set[str]:
+        return {f"fsname={fsname}", "subtype=loomfs", *self.kernel}

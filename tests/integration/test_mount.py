@@ -1,0 +1,259 @@
+"""A real FUSE mount of the shared cluster: tools and Python's os/shutil/sqlite3 run on it and
+on a local directory, and the two trees must match. Needs /dev/fuse, fusermount3 and pyfuse3
+(scripts/test.sh installs them); nothing here skips."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import hashlib
+import os
+import shutil
+import signal
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import loomfs
+from loomfs.mount import daemon
+from loomfs.testing import LocalCluster
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+LOOMFS = [sys.executable, "-m", "loomfs.cli.main"]
+
+
+def _mount(cluster: LocalCluster, mp: str, *opts: str) -> None:
+    r = subprocess.run([*LOOMFS, "--dir", str(cluster.root), "mount", mp, *opts],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert daemon.is_mounted(mp)
+
+
+def _umount(mp: str) -> None:
+    r = subprocess.run([*LOOMFS, "umount", mp], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert not daemon.is_mounted(mp)
+
+
+@pytest.fixture(scope="module")
+def mnt(cluster: LocalCluster) -> Iterator[str]:
+    mp = tempfile.mkdtemp(prefix="loomfs-mnt-")
+    _mount(cluster, mp)
+    yield mp
+    _umount(mp)
+    os.rmdir(mp)
+
+
+@pytest.fixture()
+def pair(mnt: str, request: pytest.FixtureRequest) -> Iterator[tuple[Path, Path]]:
+    """(a fresh directory in the mount, a fresh local directory)."""
+    name = f"{request.node.name}-{os.getpid()}-{time.monotonic_ns()}"
+    remote = Path(mnt) / name
+    remote.mkdir()
+    local = Path(tempfile.mkdtemp(prefix="loomfs-local-"))
+    yield remote, local
+    shutil.rmtree(local, ignore_errors=True)
+
+
+def snapshot(root: Path) -> dict[str, tuple[object, ...]]:
+    """Everything POSIX tools care about in a tree, minus times and inode numbers."""
+    out: dict[str, tuple[object, ...]] = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames + filenames:
+            p = Path(dirpath) / name
+            st = p.lstat()
+            rel = str(p.relative_to(root))
+            if p.is_symlink():
+                out[rel] = ("l", os.readlink(p))
+            elif p.is_dir():
+                out[rel] = ("d", oct(st.st_mode & 0o7777))
+            else:
+                digest = hashlib.sha256(p.read_bytes()).hexdigest()
+                out[rel] = ("f", oct(st.st_mode & 0o7777), st.st_size, st.st_nlink, digest)
+    return out
+
+
+def both(pair: tuple[Path, Path], fn: object) -> None:
+    remote, local = pair
+    for root in (local, remote):
+        fn(root)  # type: ignore[operator]
+    assert snapshot(remote) == snapshot(local)
+
+
+def make_tree(root: Path) -> None:
+    (root / "src" / "pkg").mkdir(parents=True)
+    for i in range(20):
+        (root / "src" / "pkg" / f"m{i}.py").write_text(f"x = {i}\n" * (i * 50))
+    (root / "src" / "big.bin").write_bytes(bytes(range(256)) * 12_000)  # ~3 MiB, chunked
+    (root / "src" / "empty").write_bytes(b"")
+    os.chmod(root / "src" / "pkg" / "m3.py", 0o600)
+    os.symlink("pkg/m1.py", root / "src" / "link")
+    os.link(root / "src" / "pkg" / "m2.py", root / "src" / "hard")
+
+
+def test_python_os_and_shutil(pair: tuple[Path, Path]) -> None:
+    def ops(root: Path) -> None:
+        make_tree(root)
+        shutil.copytree(root / "src", root / "copy", symlinks=True)
+        os.rename(root / "copy" / "pkg", root / "copy" / "pkg2")
+        (root / "copy" / "pkg2" / "m5.py").unlink()
+        os.rmdir(root / "src" / "pkg" / "__pycache__") if (root / "src" / "pkg" / "__pycache__").exists() else None
+        os.mkdir(root / "gone")
+        os.rmdir(root / "gone")
+        with open(root / "copy" / "log", "a") as f:
+            f.write("one\n")
+        with open(root / "copy" / "log", "a") as f:
+            f.write("two\n")
+        with open(root / "copy" / "rw", "w+b") as f:
+            f.write(b"0123456789" * 1000)
+            f.seek(5)
+            f.write(b"XX")
+            f.truncate(7000)
+            f.seek(0)
+            assert f.read(8) == b"01234XX7"
+        os.truncate(root / "copy" / "big.bin", 1_000_001)
+        os.chmod(root / "copy" / "log", 0o640)
+        os.utime(root / "copy" / "log", ns=(1_000_000_000, 2_000_000_000))
+        assert os.stat(root / "copy" / "log").st_mtime_ns == 2_000_000_000
+        with pytest.raises(FileExistsError):
+            os.open(root / "copy" / "log", os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        fd = os.open(root / "copy" / "log", os.O_WRONLY | os.O_TRUNC)
+        os.write(fd, b"new")
+        os.close(fd)
+        shutil.rmtree(root / "src" / "pkg")
+
+    both(pair, ops)
+    remote, _ = pair
+    st = os.stat(remote / "copy" / "big.bin")
+    assert st.st_blocks == (st.st_size + 511) // 512
+    assert os.stat(remote / "copy").st_ino != os.stat(remote / "src").st_ino
+    assert os.statvfs(remote).f_bavail > 0
+
+
+def test_rename_noreplace(pair: tuple[Path, Path]) -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    remote, _ = pair
+    (remote / "a").write_text("a")
+    (remote / "b").write_text("b")
+    at_fdcwd, noreplace = -100, 1
+    rc = libc.renameat2(at_fdcwd, str(remote / "a").encode(), at_fdcwd, str(remote / "b").encode(), noreplace)
+    assert rc == -1 and ctypes.get_errno() == errno.EEXIST
+    rc = libc.renameat2(at_fdcwd, str(remote / "a").encode(), at_fdcwd, str(remote / "c").encode(), noreplace)
+    assert rc == 0 and (remote / "c").read_text() == "a" and not (remote / "a").exists()
+
+
+def test_shell_tools(pair: tuple[Path, Path]) -> None:
+    src = Path(tempfile.mkdtemp(prefix="loomfs-src-"))
+    make_tree(src)
+    archive = src.parent / f"{src.name}.tar"
+    subprocess.run(["tar", "cf", str(archive), "-C", str(src), "."], check=True)
+    noise = src.parent / f"{src.name}.noise"
+    noise.write_bytes(os.urandom(8192))
+
+    def ops(root: Path) -> None:
+        subprocess.run(["cp", "-a", str(src), str(root / "cpa")], check=True)
+        (root / "x").mkdir()
+        subprocess.run(["tar", "xf", str(archive), "-C", str(root / "x")], check=True)
+        subprocess.run(["tar", "cf", str(root / "again.tar"), "-C", str(root / "x"), "./src/pkg"], check=True)
+        (root / "again.txt").write_text("".join(sorted(subprocess.run(
+            ["tar", "tvf", str(root / "again.tar")], capture_output=True, text=True, check=True,
+        ).stdout.splitlines(keepends=True))))
+        (root / "again.tar").unlink()  # entry order follows readdir order, which differs
+        subprocess.run(["dd", "if=/dev/zero", f"of={root / 'dd.bin'}", "bs=1M", "count=3", "status=none"], check=True)
+        subprocess.run(["dd", f"if={noise}", f"of={root / 'dd.bin'}", "bs=4k", "seek=5", "count=2",
+                        "conv=notrunc", "status=none"], check=True)
+        (root / "find.txt").write_text("\n".join(sorted(subprocess.run(
+            ["find", ".", "-path", "./find.txt", "-prune", "-o", "-type", "f", "-size", "+1k", "-print"],
+            cwd=root, capture_output=True, text=True, check=True).stdout.split())))
+
+    remote, local = pair
+    try:
+        both(pair, ops)
+    finally:
+        shutil.rmtree(src, ignore_errors=True)
+        archive.unlink()
+        noise.unlink()
+    assert "./cpa/src/pkg/m7.py" in (remote / "find.txt").read_text().split()
+    r = subprocess.run(["cmp", str(remote / "cpa" / "src" / "big.bin"), str(local / "cpa" / "src" / "big.bin")])
+    assert r.returncode == 0
+    # cp -a keeps times
+    assert os.stat(remote / "cpa" / "src" / "big.bin").st_mtime_ns == os.stat(local / "cpa" / "src" / "big.bin").st_mtime_ns
+
+
+def test_sqlite(pair: tuple[Path, Path]) -> None:
+    def ops(root: Path) -> None:
+        db = sqlite3.connect(root / "t.db")
+        db.execute("create table t (k integer primary key, v text)")
+        with db:
+            db.executemany("insert into t values (?, ?)", [(i, f"v{i}" * 20) for i in range(3000)])
+        with db:
+            db.execute("delete from t where k % 3 = 0")
+            db.execute("update t set v = 'u' where k % 5 = 0")
+        db.execute("vacuum")
+        db.close()
+        db = sqlite3.connect(root / "t.db")
+        (root / "dump.sql").write_text("\n".join(db.iterdump()))
+        assert db.execute("pragma integrity_check").fetchone() == ("ok",)
+        db.close()
+
+    remote, local = pair
+    for root in (local, remote):
+        ops(root)
+    assert (remote / "dump.sql").read_text() == (local / "dump.sql").read_text()
+
+
+def test_kill9_then_remount(cluster: LocalCluster) -> None:
+    mp = tempfile.mkdtemp(prefix="loomfs-mnt-k9-")
+    _mount(cluster, mp)
+    (Path(mp) / "kept").write_text("still here")
+    pid_file, _ = daemon.state_files(mp)
+    os.kill(int(pid_file.read_text()), signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            os.stat(mp)
+        except OSError as exc:
+            assert exc.errno == errno.ENOTCONN
+            break
+        assert time.monotonic() < deadline, "the killed mount still answers"
+        time.sleep(0.05)
+    _mount(cluster, mp)  # clears the stuck mountpoint first
+    assert (Path(mp) / "kept").read_text() == "still here"
+    (Path(mp) / "kept").unlink()
+    _umount(mp)
+    os.rmdir(mp)
+
+
+def test_foreground_unmounts_on_sigterm(cluster: LocalCluster) -> None:
+    mp = tempfile.mkdtemp(prefix="loomfs-mnt-fg-")
+    proc = subprocess.Popen([*LOOMFS, "--dir", str(cluster.root), "mount", mp, "--foreground",
+                             "-o", "loop=separate,attr_timeout=0"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 30
+        while not daemon.is_mounted(mp):
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.05)
+        name = f"open-at-exit-{os.getpid()}"
+        fd = os.open(Path(mp) / name, os.O_CREAT | os.O_WRONLY)
+        os.write(fd, b"bytes")
+        proc.send_signal(signal.SIGTERM)  # unmounts with the file still open
+        assert proc.wait(timeout=30) == 0, proc.stdout.read() if proc.stdout else ""
+        assert not daemon.is_mounted(mp)
+        with contextlib.suppress(OSError):
+            os.close(fd)  # the mount is gone under it (ENOTCONN)
+        with loomfs.connect(str(cluster.root)) as fs:
+            assert fs.cat(f"/{name}") == b"bytes"  # the daemon closed it on the way out
+            fs.unlink(f"/{name}")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        subprocess.run(["fusermount3", "-u", "-z", mp], capture_output=True)
+    os.rmdir(mp)
