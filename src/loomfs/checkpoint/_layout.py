@@ -1,0 +1,130 @@
+"""A run directory's layout, with no torch import (the CLI uses it):
+
+    RUN/step-000123-20261202T101500Z/   a complete checkpoint (renamed in whole from staging)
+        .metadata                       DCP's pickled Metadata (written last, by rank 0)
+        loomfs-checkpoint.json          manifest: step, time, world size, files and item CRCs
+        __0_0.distcp ...                each rank's data files
+    RUN/.staging-step-000124-...-NONCE/ a save in progress (or abandoned by a crash)
+    RUN/latest                          the newest complete checkpoint's name, updated last
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+import json
+import re
+import uuid
+from typing import Any
+
+METADATA_NAME = ".metadata"
+MANIFEST_NAME = "loomfs-checkpoint.json"
+LATEST_NAME = "latest"
+STAGING_PREFIX = ".staging-"
+_STEP_RE = re.compile(r"^step-(\d+)-(\d{8}T\d{6}Z)$")
+_STAGING_RE = re.compile(r"^\.staging-(step-(\d+)-\d{8}T\d{6}Z)-[0-9a-f]+$")
+
+
+def join(*parts: str) -> str:
+    out = parts[0].rstrip("/") or "/"
+    for p in parts[1:]:
+        out = (out.rstrip("/") + "/" + p.strip("/")) if out != "/" else "/" + p.strip("/")
+    return out
+
+
+def utc_stamp(now: _dt.datetime | None = None) -> str:
+    now = now or _dt.datetime.now(_dt.UTC)
+    return now.strftime("%Y%m%dT%H%M%SZ")
+
+
+def step_name(step: int, stamp: str | None = None) -> str:
+    if step < 0:
+        raise ValueError(f"step must be >= 0, not {step}")
+    return f"step-{step:06d}-{stamp or utc_stamp()}"
+
+
+def staging_name(final: str) -> str:
+    return f"{STAGING_PREFIX}{final}-{uuid.uuid4().hex[:12]}"
+
+
+def parse_step(name: str) -> int | None:
+    m = _STEP_RE.match(name)
+    return int(m.group(1)) if m else None
+
+
+def parse_staging_step(name: str) -> int | None:
+    m = _STAGING_RE.match(name)
+    return int(m.group(2)) if m else None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class CheckpointInfo:
+    name: str
+    step: int
+    stamp: str
+    path: str
+    complete: bool
+
+    def __repr__(self) -> str:
+        return f"CheckpointInfo({self.name!r}, complete={self.complete})"
+
+
+def list_checkpoints(fs: Any, run: str) -> list[CheckpointInfo]:
+    """The run's ``step-*`` directories, oldest first (by step, then time)."""
+    out = []
+    for name in fs.listdir(run):
+        step = parse_step(name)
+        if step is None:
+            continue
+        path = join(run, name)
+        out.append(CheckpointInfo(name, step, name.rsplit("-", 1)[1], path,
+                                  fs.exists(join(path, METADATA_NAME))))
+    out.sort(key=lambda c: (c.step, c.stamp))
+    return out
+
+
+def list_staging(fs: Any, run: str) -> list[str]:
+    return sorted(n for n in fs.listdir(run) if n.startswith(STAGING_PREFIX))
+
+
+def read_latest(fs: Any, run: str) -> str | None:
+    try:
+        name = fs.cat(join(run, LATEST_NAME)).decode().strip()
+    except FileNotFoundError:
+        return None
+    return name if parse_step(name) is not None else None
+
+
+def write_latest(fs: Any, run: str, name: str) -> bool:
+    """Point ``latest`` at ``name`` (atomically: a fsynced temp file renamed over it), unless
+    it already names a newer step. True when it was moved."""
+    cur = read_latest(fs, run)
+    if cur is not None and (parse_step(cur), cur) > (parse_step(name), name):
+        return False
+    tmp = join(run, f".{LATEST_NAME}.tmp-{uuid.uuid4().hex[:12]}")
+    with fs.open(tmp, "wb") as f:
+        f.write(name.encode() + b"\n")
+        f.fsync()
+    fs.rename(tmp, join(run, LATEST_NAME))
+    return True
+
+
+def resolve(fs: Any, path: str) -> str:
+    """A checkpoint directory from ``path``: itself when it holds ``.metadata``; else, as a run
+    directory, what ``latest`` names (when complete), else its newest complete checkpoint."""
+    if fs.exists(join(path, METADATA_NAME)):
+        return path
+    name = read_latest(fs, path) if fs.isdir(path) else None
+    if name is not None and fs.exists(join(path, name, METADATA_NAME)):
+        return join(path, name)
+    done = [c for c in list_checkpoints(fs, path) if c.complete] if fs.isdir(path) else []
+    if not done:
+        raise FileNotFoundError(2, "no complete checkpoint", path)
+    return done[-1].path
+
+
+def read_manifest(fs: Any, ckpt: str) -> dict[str, Any]:
+    data = json.loads(fs.cat(join(ckpt, MANIFEST_NAME)))
+    if not isinstance(data, dict):
+        raise ValueError(f"{ckpt}: bad manifest")
+    return data

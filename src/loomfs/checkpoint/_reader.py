@@ -1,0 +1,162 @@
+"""``LoomStorageReader``: torch.distributed.checkpoint's StorageReader on LoomFS.
+
+Each rank reads only the items of its load plan. They are grouped per file, sorted by
+offset, and split into ``threads`` runs of about equal bytes read concurrently (each run on
+its own file handle, so the client's read-ahead follows it). A tensor that the plan wants
+whole lands with ``readinto`` straight in the destination tensor's memory; a slice of one
+(resharding) is read into a scratch tensor and copied.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import pickle
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import torch
+from torch.distributed._shard._utils import narrow_tensor_by_index
+from torch.distributed.checkpoint.metadata import Metadata
+from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner, ReadItem
+from torch.distributed.checkpoint.storage import StorageReader
+from torch.futures import Future
+
+from loomfs.checkpoint import _layout as L
+from loomfs.checkpoint._format import ItemLoc, crc, dtype_of, tensor_bytes
+from loomfs.checkpoint._writer import _connect
+
+
+class ChecksumError(OSError):
+    pass
+
+
+def read_exact(f: Any, view: memoryview) -> None:
+    got = 0
+    while got < len(view):
+        n = f.readinto(view[got:])
+        if not n:
+            raise EOFError(f"{getattr(f, 'name', f)}: short read ({got} of {len(view)} bytes)")
+        got += n
+
+
+class LoomStorageReader(StorageReader):
+    """Reads a DCP checkpoint from LoomFS. ``path``: a checkpoint directory, or a run
+    directory (its ``latest``, else its newest complete checkpoint)."""
+
+    def __init__(self, path: str | os.PathLike[str], fs: Any = None, *, threads: int = 8,
+                 verify: bool = False):
+        super().__init__()
+        self.path = os.fspath(path)
+        self.fs = _connect(fs)
+        self.threads = threads
+        self.verify = verify
+        self.checkpoint_path: str | None = None
+        self.storage_data: dict[Any, ItemLoc] = {}
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"LoomStorageReader({self.checkpoint_path or self.path!r})"
+
+    def reset(self, checkpoint_id: str | os.PathLike[str] | None = None) -> None:
+        if checkpoint_id is not None:
+            self.path = os.fspath(checkpoint_id)
+        self.checkpoint_path = None
+        self.storage_data = {}
+
+    def _dir(self) -> str:
+        if self.checkpoint_path is None:
+            self.checkpoint_path = L.resolve(self.fs, self.path)
+        return self.checkpoint_path
+
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
+        md = pickle.loads(self.fs.cat(L.join(self._dir(), L.METADATA_NAME)))
+        if not isinstance(md, Metadata):
+            raise ValueError(f"{self._dir()}: .metadata is not a DCP Metadata")
+        return md
+
+    def set_up_storage_reader(self, metadata: Metadata, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
+        if metadata.storage_data is None:
+            raise ValueError("checkpoint metadata has no storage_data")
+        self.storage_data = metadata.storage_data
+
+    def prepare_local_plan(self, plan: LoadPlan) -> LoadPlan:
+        return plan
+
+    def prepare_global_plan(self, plans: list[LoadPlan]) -> list[LoadPlan]:
+        return plans
+
+    def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
+        runs = self._runs(plan.items)
+        if runs:
+            with ThreadPoolExecutor(max_workers=min(self.threads, len(runs)), thread_name_prefix="loomfs-ckpt-r") as pool:
+                for _ in pool.map(lambda r: self._read_run(r[0], r[1], planner), runs):
+                    pass
+        fut: Future[None] = Future()
+        fut.set_result(None)
+        return fut
+
+    def _runs(self, items: list[ReadItem]) -> list[tuple[str, list[ReadItem]]]:
+        per_file: dict[str, list[ReadItem]] = {}
+        for item in items:
+            per_file.setdefault(self.storage_data[item.storage_index].file, []).append(item)
+        total = sum(self.storage_data[i.storage_index].length for i in items)
+        target = max(1, total // max(1, self.threads))
+        runs: list[tuple[str, list[ReadItem]]] = []
+        for name, its in per_file.items():
+            its.sort(key=lambda i: self.storage_data[i.storage_index].offset)
+            cur: list[ReadItem] = []
+            size = 0
+            for it in its:
+                cur.append(it)
+                size += self.storage_data[it.storage_index].length
+                if size >= target:
+                    runs.append((name, cur))
+                    cur, size = [], 0
+            if cur:
+                runs.append((name, cur))
+        return runs
+
+    def _read_run(self, name: str, items: list[ReadItem], planner: LoadPlanner) -> None:
+        with self.fs.open(L.join(self._dir(), name), "rb") as f:
+            for item in items:
+                loc = self.storage_data[item.storage_index]
+                f.seek(loc.offset)
+                if item.type == LoadItemType.BYTE_IO:
+                    buf = bytearray(loc.length)
+                    read_exact(f, memoryview(buf))
+                    self._check(loc, buf)
+                    with self._lock:
+                        planner.load_bytes(item, io.BytesIO(buf))
+                    continue
+                with self._lock:
+                    dest = planner.resolve_tensor(item).detach()
+                shape = torch.Size(loc.shape)
+                dtype = dtype_of(loc.dtype)
+                whole = (all(o == 0 for o in item.storage_offsets) and tuple(item.lengths) == tuple(shape)
+                         and dest.dtype == dtype and dest.device.type == "cpu" and dest.is_contiguous()
+                         and dest.shape == shape)
+                if whole:
+                    view = tensor_bytes(dest)
+                    read_exact(f, view)
+                    self._check(loc, view)
+                else:
+                    scratch = torch.empty(shape, dtype=dtype)
+                    view = tensor_bytes(scratch)
+                    read_exact(f, view)
+                    self._check(loc, view)
+                    part = narrow_tensor_by_index(scratch, item.storage_offsets, item.lengths)
+                    if dest.size() != part.size():
+                        raise ValueError(f"{item.storage_index}: size {tuple(part.size())} != {tuple(dest.size())}")
+                    dest.copy_(part)
+                with self._lock:
+                    planner.commit_tensor(item, dest)
+
+    def _check(self, loc: ItemLoc, data: Any) -> None:
+        if self.verify and crc(data) != loc.crc32c:
+            raise ChecksumError(5, f"checksum mismatch at {loc.file}@{loc.offset}", self._dir())
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike[str]) -> bool:
+        return False

@@ -1,0 +1,278 @@
+"""``LoomStorageWriter``: torch.distributed.checkpoint's StorageWriter on LoomFS.
+
+One save: the coordinator names the checkpoint and creates a staging directory in
+``prepare_global_plan`` (its name reaches every rank in ``SavePlan.storage_data``); every
+rank writes its items into ``files_per_rank`` files on as many threads, tensors as raw bytes
+straight from their memory, and fsyncs each file; the coordinator's ``finish`` writes
+``.metadata`` and the manifest, fsyncs them, renames the staging directory to its final
+name, then moves ``latest``. A crash before the rename leaves only a staging directory
+(removed by the next save of the run, or ``prune``); after it, a complete checkpoint.
+
+With ``local_dir``, ranks write to local disk and return; an ``Uploader`` copies the files
+to LoomFS in the background and the coordinator's upload commits once every rank's
+``.rank-N.done`` marker is there (``wait()`` before exit).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+import logging
+import os
+import pickle
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex
+from torch.distributed.checkpoint.planner import SavePlan, SavePlanner, WriteItem, WriteItemType
+from torch.distributed.checkpoint.storage import StorageWriter, WriteResult
+from torch.futures import Future
+
+from loomfs.checkpoint import _layout as L
+from loomfs.checkpoint._format import (
+    KIND_BYTES,
+    KIND_TENSOR,
+    ItemLoc,
+    PlanInfo,
+    crc,
+    dtype_name,
+    tensor_bytes,
+)
+from loomfs.checkpoint._upload import Uploader, commit_job, done_marker, rank_upload_job
+
+logger = logging.getLogger(__name__)
+
+# Tests set this to kill the process at a named point of a save: "staged", "item" (after each
+# item's write), "written", "metadata", "renamed", "latest".
+fault_point: Callable[[str], None] | None = None
+
+
+def _fault(where: str) -> None:
+    if fault_point is not None:
+        fault_point(where)
+
+
+def _connect(fs: Any) -> Any:
+    if fs is not None:
+        return fs
+    import loomfs
+
+    return loomfs.connect()
+
+
+def _item_bytes(item: WriteItem) -> int:
+    if item.type == WriteItemType.BYTE_IO or item.tensor_data is None:
+        return 0
+    n = 1
+    for d in item.tensor_data.size:
+        n *= d
+    return n * item.tensor_data.properties.dtype.itemsize
+
+
+def split_items(items: list[WriteItem], bins: int) -> list[list[WriteItem]]:
+    """Items into at most ``bins`` groups of about equal bytes (largest first, greedy)."""
+    groups: list[list[WriteItem]] = [[] for _ in range(max(1, bins))]
+    sizes = [0] * len(groups)
+    for item in sorted(items, key=_item_bytes, reverse=True):
+        i = sizes.index(min(sizes))
+        groups[i].append(item)
+        sizes[i] += max(_item_bytes(item), 1)
+    return [g for g in groups if g]
+
+
+class LoomStorageWriter(StorageWriter):
+    """Writes a DCP checkpoint to LoomFS, atomically.
+
+    ``step`` given: ``path`` is a run directory and the checkpoint becomes
+    ``path/step-000123-<UTC>`` with ``path/latest`` pointing at it. ``step`` None: ``path`` is
+    the checkpoint directory itself (a ``checkpoint_id`` passed to ``dcp.save`` replaces it).
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        fs: Any = None,
+        *,
+        step: int | None = None,
+        files_per_rank: int = 4,
+        local_dir: str | os.PathLike[str] | None = None,
+        uploader: Uploader | None = None,
+        commit_timeout_s: float = 3600.0,
+    ):
+        super().__init__()
+        self.path = os.fspath(path)
+        self.fs = _connect(fs)
+        self.step = step
+        self.files_per_rank = files_per_rank
+        self.local_dir = os.fspath(local_dir) if local_dir is not None else None
+        self.uploader = uploader if uploader is not None or local_dir is None else Uploader()
+        self.commit_timeout_s = commit_timeout_s
+        self.is_coordinator = False
+        self.rank = 0
+        self.info: PlanInfo | None = None
+        self.checkpoint_path: str | None = None  # set by finish (or the commit upload)
+
+    def __repr__(self) -> str:
+        return f"LoomStorageWriter({self.path!r}, step={self.step}, rank={self.rank})"
+
+    # --- the StorageWriter protocol -------------------------------------------------------
+
+    def reset(self, checkpoint_id: str | os.PathLike[str] | None = None) -> None:
+        if checkpoint_id is not None:
+            self.path = os.fspath(checkpoint_id)
+        self.info = None
+        self.checkpoint_path = None
+
+    def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
+        self.is_coordinator = is_coordinator
+        rank = kwargs.get("rank")
+        if rank is None:
+            rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+        self.rank = int(rank)
+        self.info = None
+
+    def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
+        return plan
+
+    def prepare_global_plan(self, plans: list[SavePlan]) -> list[SavePlan]:
+        if self.step is not None:
+            run, final_name = self.path, L.step_name(self.step)
+        else:
+            run, final_name = os.path.dirname(self.path.rstrip("/")) or "/", os.path.basename(self.path.rstrip("/"))
+        self.fs.makedirs(run, exist_ok=True)
+        staging = L.join(run, L.staging_name(final_name))
+        self.fs.mkdir(staging)
+        _fault("staged")
+        final = L.join(run, final_name)
+        return [
+            dataclasses.replace(p, storage_data=PlanInfo(rank=i, world_size=len(plans), staging=staging, final=final))
+            for i, p in enumerate(plans)
+        ]
+
+    def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
+        info = plan.storage_data
+        if not isinstance(info, PlanInfo):
+            raise RuntimeError("LoomStorageWriter needs the coordinated save (use_collectives=True)")
+        self.info = info
+        groups = split_items(plan.items, self.files_per_rank)
+        local = L.join(self.local_dir, os.path.basename(info.staging)) if self.local_dir else None
+        if local is not None:
+            os.makedirs(local, exist_ok=True)
+        opener = (lambda name: open(os.path.join(local, name), "wb")) if local else (  # noqa: E731
+            lambda name: self.fs.open(L.join(info.staging, name), "wb"))
+        names = [f"__{info.rank}_{i}.distcp" for i in range(len(groups))]
+        with ThreadPoolExecutor(max_workers=max(1, len(groups)), thread_name_prefix="loomfs-ckpt-w") as pool:
+            parts = list(pool.map(lambda ng: self._write_file(opener, ng[0], ng[1], planner, local is None),
+                                  zip(names, groups, strict=True)))
+        results = [r for part in parts for r in part]
+        _fault("written")
+        if local is not None:
+            assert self.uploader is not None
+            self.uploader.submit(rank_upload_job(self.fs, local, info, names), key=info.final)
+        fut: Future[list[WriteResult]] = Future()
+        fut.set_result(results)
+        return fut
+
+    def _write_file(self, opener: Callable[[str], Any], name: str, items: list[WriteItem],
+                    planner: SavePlanner, sync: bool) -> list[WriteResult]:
+        results = []
+        offset = 0
+        with opener(name) as f:
+            for item in items:
+                data = planner.resolve_data(item)
+                if item.type == WriteItemType.BYTE_IO:
+                    assert isinstance(data, io.BytesIO)
+                    buf = data.getbuffer()
+                    loc = ItemLoc(name, offset, len(buf), crc(buf), KIND_BYTES)
+                else:
+                    assert isinstance(data, torch.Tensor)
+                    t = data.detach()
+                    t = t.cpu() if t.device.type != "cpu" else t
+                    t = t.contiguous()
+                    buf = tensor_bytes(t)
+                    loc = ItemLoc(name, offset, len(buf), crc(buf), KIND_TENSOR, dtype_name(t.dtype), tuple(t.shape))
+                f.write(buf)
+                _fault("item")
+                offset += len(buf)
+                results.append(WriteResult(index=item.index, size_in_bytes=loc.length, storage_data=loc))
+            if sync:
+                f.flush()
+                if hasattr(f, "fsync"):
+                    f.fsync()
+        return results
+
+    def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
+        info = self.info
+        assert info is not None
+        storage: dict[MetadataIndex, ItemLoc] = {}
+        for rank_results in results:
+            storage.update({wr.index: wr.storage_data for wr in rank_results})
+        metadata.storage_data = storage
+        blobs = {L.METADATA_NAME: pickle.dumps(metadata), L.MANIFEST_NAME: manifest(self.step, info, storage)}
+        if self.local_dir is not None:
+            assert self.uploader is not None
+            self.uploader.submit(
+                commit_job(self.fs, info, blobs, self.step is not None, self.commit_timeout_s), key=info.final)
+            return
+        commit(self.fs, info, blobs, self.step is not None)
+        self.checkpoint_path = info.final
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike[str]) -> bool:
+        return False  # never picked automatically; pass it as storage_writer=
+
+    # --- background uploads ----------------------------------------------------------------
+
+    def wait(self, timeout_s: float | None = None) -> None:
+        """Wait until this writer's background uploads are committed; raise their first error."""
+        if self.uploader is not None:
+            self.uploader.wait(timeout_s)
+
+
+def manifest(step: int | None, info: PlanInfo, storage: dict[MetadataIndex, ItemLoc]) -> bytes:
+    files: dict[str, list[list[int]]] = {}
+    for loc in storage.values():
+        files.setdefault(loc.file, []).append([loc.offset, loc.length, loc.crc32c])
+    for items in files.values():
+        items.sort()
+    total = sum(x[1] for items in files.values() for x in items)
+    doc = {"format": 1, "step": step, "name": os.path.basename(info.final), "created_utc": L.utc_stamp(),
+           "world_size": info.world_size, "items": len(storage), "total_bytes": total, "files": files}
+    return json.dumps(doc, sort_keys=True).encode()
+
+
+def commit(fs: Any, info: PlanInfo, blobs: dict[str, bytes], move_latest: bool) -> None:
+    """Metadata in, fsynced; rename staging -> final; move ``latest``; drop older staging dirs."""
+    for name, data in blobs.items():
+        with fs.open(L.join(info.staging, name), "wb") as f:
+            f.write(data)
+            f.fsync()
+    for r in range(info.world_size):  # markers of a tiered save
+        marker = L.join(info.staging, done_marker(r))
+        if fs.exists(marker):
+            fs.unlink(marker)
+    _fault("metadata")
+    fs.rename(info.staging, info.final, no_replace=True)
+    _fault("renamed")
+    run = os.path.dirname(info.final)
+    step = L.parse_step(os.path.basename(info.final))
+    if move_latest and step is not None:
+        L.write_latest(fs, run, os.path.basename(info.final))
+        _fault("latest")
+        gc_staging(fs, run, step)
+    logger.info("checkpoint %s committed", info.final)
+
+
+def gc_staging(fs: Any, run: str, up_to_step: int) -> list[str]:
+    """Remove staging directories of steps <= ``up_to_step`` (abandoned by crashed saves)."""
+    removed = []
+    for name in L.list_staging(fs, run):
+        s = L.parse_staging_step(name)
+        if s is not None and s <= up_to_step:
+            fs.rmtree(L.join(run, name))
+            removed.append(name)
+    return removed
