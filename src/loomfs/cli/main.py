@@ -6,7 +6,20 @@ import argparse
 import os
 import sys
 
-from loomfs.cli import admin, bench, ckpt, dashboard, demo, fs, layout, local, pack, service, top
+from loomfs.cli import (
+    admin,
+    bench,
+    ckpt,
+    dashboard,
+    demo,
+    fs,
+    layout,
+    local,
+    mount,
+    pack,
+    service,
+    top,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -20,7 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--mgmtd", default=None, help="mgmtd address HOST:PORT (instead of --dir)")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for mod in (local, fs, admin, layout, demo, bench, top, dashboard, service, pack, ckpt):
+    for mod in (local, fs, admin, layout, demo, bench, top, dashboard, service, pack, mount, ckpt):
         mod.register(sub)
     return p
 
