@@ -20,9 +20,10 @@ What callers may rely on (``tests/conformance/test_metastore.py`` checks it per 
   concurrent writes together (group commit): then a write's body may see the work of earlier
   writes of its group, and if the group's commit fails every write in it raises
   ``CommitFailed`` (EIO). A body that raises undoes only its own work; its error is raised
-  once the work it may have read is committed.
+  once the work it may have read is committed (``CommitFailed`` instead if that failed).
 * ``read()`` sees committed data only: never a write that could still fail, never one that a
-  failed commit rolled back. Concurrent reads do not wait for each other or for a commit.
+  failed commit rolled back. An engine may answer reads beside writes that are open or
+  committing (SQLite: a read-only connection), so a read need not wait for them.
 """
 
 from __future__ import annotations
