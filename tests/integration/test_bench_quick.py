@@ -3,6 +3,7 @@ positive and carries its limit, the PNG is drawn. No timing assertions."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import subprocess
@@ -26,6 +27,11 @@ SMALLFILES = {
     "sf_read_many", "sf_stat_many",
 }
 EXPECTED |= SMALLFILES
+# The DataLoader group (needs torch): --quick runs 300 x 4 KiB and 100 x 112 KiB with 0 and 2
+# workers; a LoomFS target also has the local copy's rows (dl_local_*), a --compare one not.
+HAVE_TORCH = importlib.util.find_spec("torch") is not None
+DATALOADER = {f"dl_{k}_{s}_{w}w" for k in ("files", "shards") for s in ("4k", "112k") for w in (0, 2)}
+DATALOADER_LOCAL = {n.replace("dl_", "dl_local_", 1) for n in DATALOADER}
 LIMIT_KEYS = {"loopback_tcp_Bps", "loopback_tcp_2streams_Bps", "round_trips_per_s", "round_trips_2pairs_per_s",
               "round_trips_pinned_per_s", "disk_write_Bps", "disk_read_Bps", "disk_fsync_write_Bps",
               "disk_fsync_read_Bps", "memcpy_Bps"}
@@ -45,7 +51,8 @@ def test_bench_quick_json_plot_and_compare(cluster, tmp_path: Path) -> None:  # 
     assert doc["targets"] == ["loomfs", f"compare:{cmp_dir}"]
     for tgt in doc["targets"]:
         rows = {r["name"]: r for r in doc["results"] if r["target"] == tgt}
-        assert set(rows) == EXPECTED, set(rows) ^ EXPECTED
+        want = EXPECTED | (DATALOADER | (DATALOADER_LOCAL if tgt == "loomfs" else set()) if HAVE_TORCH else set())
+        assert set(rows) == want, set(rows) ^ want
         for r in rows.values():
             assert r["value"] > 0 and math.isfinite(r["value"]), r
     for r in (r for r in doc["results"] if r["target"] == "loomfs"):
@@ -86,3 +93,43 @@ def test_bench_only_smallfiles(cluster, tmp_path: Path) -> None:  # type: ignore
     assert "issue 16 targets" in proc.stdout and ">= 0.08 of limit" in proc.stdout
     assert "x 1t (now" in proc.stdout
     assert not list(cmp_dir.joinpath(".bench").iterdir())
+
+
+@pytest.mark.skipif(not HAVE_TORCH, reason="the dataloader group needs torch")
+def test_bench_only_dataloader(cluster, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """``--only dataloader``: LoomFS and local rows in samples/s; file rows held against the
+    local plain Dataset of the same run, shard rows against min(disk read, TCP) per sample;
+    the consumer rate printed; nothing left behind."""
+    out = tmp_path / "dl.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "loomfs.cli.main", "--dir", str(cluster.root), "bench", "--quick",
+         "--only", "dataloader", "--consumer-rate", "500", "--json", str(out), "--no-progress"],
+        capture_output=True, text=True, timeout=200,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    doc = json.loads(out.read_text())
+    assert set(doc["limits"]) == LIMIT_KEYS and doc["plan"]["groups"] == ["dataloader"]
+    lim = doc["limits"]
+    rows = {r["name"]: r for r in doc["results"]}
+    assert set(rows) == DATALOADER | DATALOADER_LOCAL, set(rows) ^ (DATALOADER | DATALOADER_LOCAL)
+    for r in rows.values():
+        e = r["extra"]
+        assert r["unit"] == "samples/s" and r["value"] > 0 and math.isfinite(r["value"]), r
+        assert r["limit_value"] > 0 and r["ratio"] == pytest.approx(r["value"] / r["limit_value"]), r
+        assert e["files"] == (300 if e["size_bytes"] == 4096 else 100) and e["workers"] in (0, 2), r
+        assert e["MBps"] == pytest.approx(r["value"] * e["size_bytes"] / 1e6), r
+        assert e["consumer_rate"] == 500 and e["gpus_fed"] == pytest.approx(r["value"] / 500), r
+    for name in DATALOADER:
+        r = rows[name]
+        if "_files_" in name:
+            assert r["limit_value"] == rows[name.replace("dl_", "dl_local_", 1)]["value"], r
+            assert r["extra"]["target_ratio"] == 0.5
+        else:
+            e = r["extra"]
+            assert e["cold_read_Bps"] == min(e["disk_read_Bps"], e["tcp_Bps"]) == min(
+                lim["disk_read_Bps"], lim["loopback_tcp_Bps" if e["workers"] < 2 else "loopback_tcp_2streams_Bps"])
+            assert r["limit_value"] == pytest.approx(e["cold_read_Bps"] / e["shard_bytes_per_sample"]), r
+            assert e["size_bytes"] < e["shard_bytes_per_sample"] and e["target_ratio"] == 0.8
+    assert "issue 9 targets" in proc.stdout and ">= 0.8 of limit" in proc.stdout
+    assert "x consumer" in proc.stdout and "consumer rate (500 samples/s" in proc.stdout
+    assert not list(Path(cluster.root).glob("bench-dl-*"))  # the local copy is gone

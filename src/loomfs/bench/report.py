@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from loomfs.bench import dataloader
 from loomfs.bench.smallfiles import target_check
 from loomfs.cli.common import human_bytes
 
@@ -66,9 +67,40 @@ def smallfile_lines(doc: dict[str, Any]) -> list[str]:
     return lines
 
 
+def dataloader_lines(doc: dict[str, Any]) -> list[str]:
+    """The DataLoader rows of each target: samples/s, MB/s, the limit and ratio, issue 9's
+    target (information only), and how many consumers of the stated rate the loader feeds."""
+    lines: list[str] = []
+    rate = float(doc.get("plan", {}).get("dl_consumer_rate") or 0.0)
+    for tgt in doc["targets"]:
+        rows = [r for r in doc["results"] if r["target"] == tgt and r["name"].startswith("dl_")]
+        if not rows:
+            continue
+        by_name = {r["name"]: r for r in rows}
+        lines += ["", f"DataLoader vs the issue 9 targets ({tgt}; files: ratio to the local plain Dataset, "
+                      f"shards: to the cold-read limit; consumer {rate:,.0f} samples/s per GPU)",
+                  f"{'workload':<26} {'samples/s':>10} {'MB/s':>8} {'limit':>52} {'ratio':>6}  "
+                  f"{'target':<18} {'met':>4} {'x local':>8} {'x consumer':>11}"]
+        for r in rows:
+            check = dataloader.target_check(r)
+            text, met = check if check is not None else ("", None)
+            flag = "" if met is None else ("yes" if met else "no")
+            lim = f"{r['limit_name']} {r['limit_value']:,.0f}/s" if r["limit_value"] else ""
+            feeds = f"{r['value'] / rate:.1f}x" if rate else "-"
+            loc = by_name.get("dl_local_" + r["name"][len("dl_"):])
+            vs_local = f"{r['value'] / loc['value']:.2f}" if loc is not None and loc["value"] else ""
+            lines.append(f"{r['name']:<26} {r['value']:>10,.0f} {r['extra']['MBps']:>8,.1f} {lim:>52} "
+                         f"{fmt_ratio(r['ratio']):>6}  {text:<18} {flag:>4} {vs_local:>8} {feeds:>11}")
+        if rate:
+            beats = [r["name"] for r in rows if not r["name"].startswith("dl_local_") and r["value"] > rate]
+            lines.append(f"rows beating the consumer rate ({rate:,.0f} samples/s, so no GPU waits): "
+                         f"{len(beats)} of {sum(1 for r in rows if not r['name'].startswith('dl_local_'))}")
+    return lines
+
+
 def table_lines(doc: dict[str, Any]) -> list[str]:
     """The results table: value, limit, ratio to it, vs disk, and the --compare target; then
-    the small-file rows against their targets."""
+    the small-file and DataLoader rows against their targets."""
     lines = limit_lines(doc["limits"])
     main = [r for r in doc["results"] if r["target"] == "loomfs"]
     other = {r["name"]: r for r in doc["results"] if r["target"] != "loomfs"}
@@ -94,7 +126,7 @@ def table_lines(doc: dict[str, Any]) -> list[str]:
         if r["name"].startswith("rand_read"):
             e = r["extra"]
             lines.append(f"{'':<26} p50 {e['p50_ms']:.2f} ms, p95 {e['p95_ms']:.2f} ms, p99 {e['p99_ms']:.2f} ms")
-    return lines + smallfile_lines(doc)
+    return lines + smallfile_lines(doc) + dataloader_lines(doc)
 
 
 def plot(doc: dict[str, Any], path: str) -> None:

@@ -14,7 +14,7 @@ from typing import Any
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from loomfs.bench import limits, smallfiles
+from loomfs.bench import dataloader, limits, smallfiles
 from loomfs.bench.parallel import parallel_bigfile, parallel_mdtest
 from loomfs.bench.targets import BenchTarget
 from loomfs.bench.workloads import (
@@ -29,8 +29,9 @@ from loomfs.bench.workloads import (
 SCHEMA_VERSION = 2
 READDIR_ENTRY_BYTES = 256  # readdir's bound: entries with attributes over raw TCP
 # Workload groups ``--only`` picks from: big files (sequential, random, N processes), mdtest,
-# the older small-file pass, lookup cost vs directory size, the issue-16 small-file benchmark.
-GROUPS = ("bigfile", "mdtest", "small", "lookup", "smallfiles")
+# the older small-file pass, lookup cost vs directory size, the issue-16 small-file benchmark,
+# PyTorch DataLoader samples/s over files and shards, LoomFS vs local (issue 9, needs torch).
+GROUPS = ("bigfile", "mdtest", "small", "lookup", "smallfiles", "dataloader")
 PINNED_LIMIT_NAME = "raw round trips, 1 CPU"
 
 
@@ -56,13 +57,21 @@ class Plan:
     sf_size_bytes: int = 4096
     sf_threads: tuple[int, ...] = (1, 4)
     sf_batch_files: int = 1000
+    dl_sets: list[tuple[int, int]] = field(default_factory=lambda: [(20_000, 4096), (10_000, 112 << 10)])
+    dl_workers: tuple[int, ...] = (4,)
+    dl_batch_size: int = 64
+    dl_shard_bytes: int = 64 << 20
+    dl_dirs: int = 100
+    dl_consumer_rate: float = 2000.0  # samples/s one GPU eats (about a ResNet-50 training step rate)
 
     @classmethod
     def quick(cls) -> Plan:
         return cls(big_bytes=32 << 20, procs=2, big_each_bytes=8 << 20, rand_4k_count=200,
                    rand_64k_count=100, md_files=100, lookup_sizes=[100, 1000, 3000], lookup_samples=200,
                    small=[(200, 4096), (40, 128 << 10)], tcp_bytes=64 << 20, rtt_count=2000,
-                   disk_bytes=32 << 20, sf_files=400, sf_dirs=20, sf_batch_files=100)
+                   disk_bytes=32 << 20, sf_files=400, sf_dirs=20, sf_batch_files=100,
+                   dl_sets=[(300, 4096), (100, 112 << 10)], dl_workers=(0, 2), dl_shard_bytes=1 << 20,
+                   dl_dirs=10)
 
     def network_and_disk(self) -> bool:
         """Whether the chosen groups need the bandwidth, disk and memcpy limits (the
@@ -128,7 +137,7 @@ class _Limits:
 
 
 def run_target(t: BenchTarget, plan: Plan, lim: dict[str, float], replicas: int, rnd: int,
-               step: Callable[[str], None]) -> list[Result]:
+               step: Callable[[str], None], disk_dir: str | None = None) -> list[Result]:
     local = t.spec[0] == "local"
     L = _Limits(lim, 1 if local else replicas, local)
     base = f"/.bench/r{rnd}"
@@ -150,6 +159,11 @@ def run_target(t: BenchTarget, plan: Plan, lim: dict[str, float], replicas: int,
             limit=(PINNED_LIMIT_NAME, lim["round_trips_pinned_per_s"]), step=step, tag=tag)
     if "lookup" in groups:
         out += _lookup(t, plan, lim, local, base, tag, step)
+    if "dataloader" in groups:
+        out += dataloader.run_dataloader(
+            t, f"{base}/dl", sets=plan.dl_sets, workers=plan.dl_workers, batch_size=plan.dl_batch_size,
+            shard_bytes=plan.dl_shard_bytes, dirs=plan.dl_dirs, consumer_rate=plan.dl_consumer_rate, lim=lim,
+            local_dir=disk_dir or tempfile.gettempdir(), step=step, tag=tag)
     t.rmtree(base)
     return out
 
@@ -252,7 +266,8 @@ def merge_rounds(rounds: list[list[Result]]) -> list[Result]:
 
 def steps_total(plan: Plan, targets: int) -> int:
     per_group = {"bigfile": 1 + 2 + 1, "mdtest": 2 * len(plan.md_procs), "small": len(plan.small),
-                 "lookup": 1, "smallfiles": smallfiles.steps(tuple(plan.sf_threads))}
+                 "lookup": 1, "smallfiles": smallfiles.steps(tuple(plan.sf_threads)),
+                 "dataloader": dataloader.steps(len(plan.dl_sets), len(plan.dl_workers))}
     per_target = sum(per_group[g] for g in set(plan.groups))
     return (4 if plan.network_and_disk() else 1) + per_target * targets * plan.rounds
 
@@ -275,7 +290,7 @@ def run_bench(targets: list[BenchTarget], plan: Plan, replicas: int, disk_dir: s
         lim = measure_limits(plan, disk_dir, step)
         results: list[dict[str, Any]] = []
         for t in targets:
-            rounds = [run_target(t, plan, lim, replicas, i, step) for i in range(plan.rounds)]
+            rounds = [run_target(t, plan, lim, replicas, i, step, disk_dir) for i in range(plan.rounds)]
             for r in merge_rounds(rounds):
                 results.append({"name": r.name, "target": t.name, "value": r.value, "unit": r.unit,
                                 "limit_name": r.limit_name, "limit_value": r.limit_value,
