@@ -268,6 +268,31 @@ def test_resume_mid_epoch_from_state_dict(data: Data, kind: str) -> None:
     assert head + tail == full
 
 
+def test_resume_with_torchdata_stateful_dataloader(data: Data) -> None:
+    """torchdata's StatefulDataLoader with 2 workers: its state_dict after some batches, given
+    to a new loader over a new dataset, delivers exactly the rest of the epoch in order."""
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    def loader() -> StatefulDataLoader:
+        ds = shard_ds(data, "wds", shuffle=True, shuffle_buffer=20, seed=3)
+        ds.set_epoch(2)
+        return StatefulDataLoader(ds, batch_size=6, num_workers=2)
+
+    full = ids_of("wds", list(loader()))
+    once_each(full, data.keys)
+    first = loader()
+    head: list[Any] = []
+    state: dict[str, Any] = {}
+    for batch in first:
+        head += batch["__key__"]
+        if len(head) == 42:
+            state = first.state_dict()  # the job checkpoints here, then dies
+            break
+    resumed = loader()
+    resumed.load_state_dict(pickle.loads(pickle.dumps(state)))
+    assert head + ids_of("wds", list(resumed)) == full
+
+
 def test_resume_plain_dataloader_with_workers(data: Data) -> None:
     """A restarted job with a plain DataLoader (2 workers): state_after(samples seen) gives the
     state; the new loader delivers exactly the rest of the epoch, in the same order."""
