@@ -2,13 +2,17 @@
 # The test command (README quick start, .ci/run): installs what is missing, then runs pytest.
 #   bash scripts/test.sh [pytest args...]
 # System parts: FUSE (fuse3 for fusermount3 and /etc/fuse.conf; libfuse3-dev and pkg-config to
-# build pyfuse3), apt-installed only when missing and we are root; otherwise say what to install.
+# build pyfuse3) and chromium + chromium-driver (the dashboard's browser test), apt-installed
+# only when missing and we are root; otherwise say what to install.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 missing=()
 command -v fusermount3 >/dev/null 2>&1 || missing+=(fuse3)
 [ -e /usr/include/fuse3/fuse_lowlevel.h ] || missing+=(libfuse3-dev)
 command -v pkg-config >/dev/null 2>&1 || missing+=(pkg-config)
+# the dashboard's browser test drives Debian's chromium through chromedriver
+command -v chromium >/dev/null 2>&1 || missing+=(chromium)
+command -v chromedriver >/dev/null 2>&1 || missing+=(chromium-driver)
 if [ ${#missing[@]} -gt 0 ]; then
   if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
     echo "+ apt-get install ${missing[*]}"

@@ -94,7 +94,7 @@ def short_lease_cluster() -> Iterator[LocalCluster]:
         shutil.rmtree(root, ignore_errors=True)
 
 
-@pytest.mark.skipif(not (CHROMIUM and DRIVER), reason="needs Debian chromium + chromium-driver (.ci/run installs them)")
+@pytest.mark.skipif(not (CHROMIUM and DRIVER), reason="needs Debian chromium + chromium-driver (scripts/test.sh installs them)")
 def test_dashboard_in_headless_chromium(short_lease_cluster: LocalCluster, tmp_path: Path) -> None:
     c = short_lease_cluster
     dash = subprocess.Popen(
