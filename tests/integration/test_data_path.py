@@ -127,6 +127,7 @@ def test_deleted_data_is_garbage_collected(fs: loomfs.LoomFS, base: str, cluster
     import time
 
     path = f"{base}/gc.bin"
+    before = fs.statfs().gc_pending  # other tests may leave files GC waits on (sessions of killed clients)
     with fs.open(path, "wb") as f:
         f.write(os.urandom(16 << 20))
     inode = fs.stat(path).st_ino
@@ -138,4 +139,4 @@ def test_deleted_data_is_garbage_collected(fs: loomfs.LoomFS, base: str, cluster
     while time.monotonic() < deadline and cluster.chunks_of(inode):
         time.sleep(0.3)
     assert cluster.chunks_of(inode) == [], "chunks of the unlinked file were not removed"
-    assert fs.statfs().gc_pending == 0
+    assert fs.statfs().gc_pending <= before  # its entry is gone too
