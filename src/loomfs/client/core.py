@@ -700,6 +700,22 @@ class AsyncClient:
             self.caches.learn_data(attr, data)
         return data
 
+    async def finish_put(self, p: str, rsp: OpenRsp, data: bytes) -> None:
+        """A put that meta answered as an ordinary write open (too big for the directory's
+        inline limit): write the bytes and close."""
+        attr = self._check_opened(p, rsp)
+        f = _WriteFile(attr=attr, session_id=rsp.session_id, trunc_epoch=rsp.trunc_epoch,
+                       inline_data=self._inline_bytes(p, rsp.data, rsp.data_crc), background=self._background,
+                       path=p, flags=LAZY_FLAGS, storage=self.storage, meta=self.meta, config=self.config,
+                       pool=self.pool, budget=self.budget, caches=self.caches)
+        self._open_files.add(f)
+        if rsp.session_id:
+            self._keep_sessions(rsp.session_lease_s)
+        try:
+            await f.write(data)
+        finally:
+            await f.close()
+
     async def pipe(self, path: str, data: bytes | bytearray | memoryview) -> None:
         """Write ``data`` as the whole content of ``path``."""
         f = await self.open(path, "wb")

@@ -97,8 +97,12 @@ class SyncMetaPath:
         self.calls = 0
         self.fallbacks = 0
 
-    def call(self, m: Method, req: Message) -> Any:
-        if not m.idempotent:
+    def call(self, m: Method, req: Message, *, resend_safe: bool = False) -> Any:
+        """``resend_safe``: the caller accepts that a call whose reply was lost (``Unavailable``
+        after sending) is sent again by the async path, as ``MetaClient`` re-sends a
+        non-idempotent call whose connection broke (a put: the same content again; an unlink:
+        ENOENT for its own work, like NFS)."""
+        if not m.idempotent and not resend_safe:
             raise Unavailable(m.name)
         address: Address | None = getattr(self._meta, "_preferred", None)
         if address is None:

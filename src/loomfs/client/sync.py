@@ -17,6 +17,7 @@ import io
 import json
 import logging
 import os
+import random
 import shutil
 import stat as stat_mod
 import threading
@@ -24,10 +25,13 @@ import weakref
 from collections.abc import Awaitable, Callable, Coroutine, Iterator, Sequence
 from typing import Any, TypeVar
 
+import crc32c
+
 from loomfs.client import paths
-from loomfs.client.core import READDIR_PAGE, AsyncClient, info_of
+from loomfs.client.core import LAZY_FLAGS, READDIR_PAGE, AsyncClient, info_of
 from loomfs.client.fastpath import SyncMetaPath, Unavailable
 from loomfs.client.file import AsyncFile, parse_mode
+from loomfs.client.inline import INLINE_CAP_BYTES
 from loomfs.client.meta_client import MetaClient
 from loomfs.client.syncfile import LoomFile
 from loomfs.common import trace
@@ -49,9 +53,13 @@ ClientFactory = Callable[[], Awaitable[AsyncClient]]
 _lock = threading.Lock()
 
 
+_PID = [os.getpid()]  # this process's pid, kept by the fork hook (no getpid per call)
+
+
 def _reset_lock() -> None:
     global _lock
     _lock = threading.Lock()
+    _PID[0] = os.getpid()
 
 
 os.register_at_fork(after_in_child=_reset_lock)
@@ -130,7 +138,7 @@ class LoomFS:
     # --- the loop thread ----------------------------------------------------------------
 
     def _ensure(self) -> AsyncClient:
-        if self._pid == os.getpid() and self._client is not None:
+        if self._pid == _PID[0] and self._client is not None:
             return self._client
         if self.closed:
             raise ValueError("LoomFS client is closed")
@@ -381,7 +389,27 @@ class LoomFS:
         self._run(lambda c: c.rm(path, recursive))
 
     def unlink(self, path: str) -> None:
-        self._run(lambda c: c.unlink(path))
+        """One UNLINK from the caller's thread when it can (no hop to the loop)."""
+        self._check_thread()
+        client = self._ensure()
+        p = paths.normalize(path)
+        if self._fast_change(wmeta.UNLINK, wmeta.PathReq(path=p, follow_symlinks=False), p) is None:
+            self._submit(client.unlink(p))
+
+    def _fast_change(self, m: Any, req: Any, p: str) -> Any:
+        """A namespace change sent from the caller's thread; None: take the async path (no
+        fast path, a "w" file of this client pending at ``p``, or a lost reply: the async
+        path sends it again). POSIX errors are raised as they are."""
+        client = self._client
+        fast = self._fast
+        if fast is None or client is None or client.lazy.pending(p):
+            return None
+        try:
+            return fast.call(m, req, resend_safe=True)
+        except Unavailable:
+            return None
+        finally:
+            client.caches.changed(p)  # whatever happened, this client changed it
 
     def rmtree(self, path: str) -> None:
         self._run(lambda c: c.rmtree(path))
@@ -518,7 +546,25 @@ class LoomFS:
         return self._submit(client.cat(p))
 
     def pipe(self, path: str, data: bytes | bytearray | memoryview) -> None:
-        self._run(lambda c: c.pipe(path, data))
+        """Write ``data`` as the whole file. A small one is one put (OPEN carrying the bytes)
+        from the caller's thread; meta keeps it inline, or answers with a write session and
+        the bytes go to chunks on the loop."""
+        self._check_thread()
+        client = self._ensure()
+        p = paths.normalize(path)
+        view = memoryview(data)
+        if view.nbytes <= min(client.config.inline_put_max_bytes, INLINE_CAP_BYTES):
+            body = view.tobytes()
+            req = wmeta.OpenReq(path=p, flags=LAZY_FLAGS, mode=0o644, client_id=client.client_id,
+                                session_id=(1 << 62) | random.getrandbits(62), data=body,
+                                data_crc=crc32c.crc32c(body))
+            rsp = self._fast_change(wmeta.OPEN, req, p)
+            if rsp is not None:
+                if rsp.attr is not None and rsp.attr.inline and not rsp.session_id:
+                    return
+                self._submit(client.finish_put(p, rsp, body))
+                return
+        self._submit(client.pipe(p, data))
 
     def put(self, local_path: str | os.PathLike[str], remote_path: str) -> None:
         """Copy a local file into LoomFS."""
