@@ -84,3 +84,26 @@ def base(fs: loomfs.LoomFS, request: pytest.FixtureRequest) -> str:
         fs.rmtree(path)
     fs.makedirs(path, exist_ok=True)
     return path
+
+
+class Calls:
+    """Every meta and storage RPC method a client sends (an RpcObserver; the background
+    routing refresh to mgmtd is left out)."""
+
+    def __init__(self) -> None:
+        self.methods: list[str] = []
+
+    def on_call(self, side: str, method: str, status: int, seconds: float, bytes_in: int, bytes_out: int) -> None:
+        if method != "get_routing":
+            self.methods.append(method)
+
+
+@pytest.fixture()
+def calls(fs: loomfs.LoomFS) -> Iterator[Calls]:
+    """The RPC methods ``fs``'s async core sends during the test."""
+    c = Calls()
+    rpc = fs.client.rpc
+    assert rpc is not None
+    rpc.observers.append(c)
+    yield c
+    rpc.observers.remove(c)

@@ -9,7 +9,7 @@ import errno
 import os
 import random
 import threading
-from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -20,27 +20,6 @@ from loomfs.wire.types import Attr
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
 LIMIT = 64 << 10
-
-
-class Calls:
-    """The RPC methods the client sends (routing refreshes left out)."""
-
-    def __init__(self) -> None:
-        self.methods: list[str] = []
-
-    def on_call(self, side: str, method: str, status: int, seconds: float, bytes_in: int, bytes_out: int) -> None:
-        if method != "get_routing":
-            self.methods.append(method)
-
-
-@pytest.fixture()
-def calls(fs: loomfs.LoomFS) -> Iterator[Calls]:
-    c = Calls()
-    rpc = fs.client.rpc
-    assert rpc is not None
-    rpc.observers.append(c)
-    yield c
-    rpc.observers.remove(c)
 
 
 def inline_dir(fs: loomfs.LoomFS, path: str, limit: int) -> str:
@@ -57,7 +36,7 @@ def errnos(results: list[object]) -> list[int | None]:
     return [r.errno if isinstance(r, OSError) else None for r in results]
 
 
-def test_mixed_batch_of_inline_and_chunked_files(fs: loomfs.LoomFS, base: str, calls: Calls) -> None:
+def test_mixed_batch_of_inline_and_chunked_files(fs: loomfs.LoomFS, base: str, calls: Any) -> None:
     on = inline_dir(fs, f"{base}/on", LIMIT)
     off = inline_dir(fs, f"{base}/off", 0)
     tiny = inline_dir(fs, f"{base}/tiny", 100)
@@ -104,7 +83,7 @@ def test_mixed_batch_of_inline_and_chunked_files(fs: loomfs.LoomFS, base: str, c
     assert set(errnos(fs.read_many(names))) == {errno.ENOENT}
 
 
-def test_thousands_of_files_in_one_round_trip_each(fs: loomfs.LoomFS, base: str, calls: Calls) -> None:
+def test_thousands_of_files_in_one_round_trip_each(fs: loomfs.LoomFS, base: str, calls: Any) -> None:
     d = inline_dir(fs, f"{base}/many", LIMIT)
     n = 1500
     files = {f"{d}/f{i:05d}": os.urandom(1024) for i in range(n)}
@@ -126,7 +105,7 @@ def test_thousands_of_files_in_one_round_trip_each(fs: loomfs.LoomFS, base: str,
     assert fs.listdir(d) == []
 
 
-def test_more_bytes_than_one_reply_holds(fs: loomfs.LoomFS, base: str, calls: Calls) -> None:
+def test_more_bytes_than_one_reply_holds(fs: loomfs.LoomFS, base: str, calls: Any) -> None:
     d = inline_dir(fs, f"{base}/fat", LIMIT)
     n = wb.READ_MANY_DATA_BYTES_MAX // LIMIT + 40
     files = {f"{d}/f{i}": random.Random(i).randbytes(LIMIT) for i in range(n)}

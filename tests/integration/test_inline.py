@@ -4,7 +4,6 @@ through meta, growth into chunks, directory limits, GC and fsck."""
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -18,29 +17,7 @@ LIMIT = 64 << 10  # the meta server's default inline limit
 CAP = 512 << 10  # the most a directory may ask for (inline bytes travel in a frame header)
 
 
-class Calls:
-    """Every meta and storage RPC the async core sends (an RpcObserver; the background
-    routing refresh to mgmtd is left out)."""
-
-    def __init__(self) -> None:
-        self.methods: list[str] = []
-
-    def on_call(self, side: str, method: str, status: int, seconds: float, bytes_in: int, bytes_out: int) -> None:
-        if method != "get_routing":
-            self.methods.append(method)
-
-
-@pytest.fixture()
-def calls(fs: loomfs.LoomFS) -> Iterator[Calls]:
-    c = Calls()
-    rpc = fs.client.rpc
-    assert rpc is not None
-    rpc.observers.append(c)
-    yield c
-    rpc.observers.remove(c)
-
-
-def test_small_file_create_and_read_are_one_round_trip(fs: loomfs.LoomFS, base: str, calls: Calls) -> None:
+def test_small_file_create_and_read_are_one_round_trip(fs: loomfs.LoomFS, base: str, calls: Any) -> None:
     client = fs.client
     data = os.urandom(4096)
     p = f"{base}/one"

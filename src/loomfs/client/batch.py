@@ -40,7 +40,6 @@ from loomfs.errors import (
     ConnectionFailed,
     LoomError,
     ProtocolError,
-    TimedOut,
     from_status,
 )
 from loomfs.net.rpc import Response
@@ -290,25 +289,8 @@ def _finished(paths: Sequence[str], out: list[Any]) -> list[Any]:
 
 
 async def _call(client: AsyncClient, m: Method, req: Message, *, payload: bytes | None = None) -> Response[Any]:
-    """``MetaClient.call`` with a request payload, returning the reply's payload too: the
-    same failover over the meta servers (an unreachable or stopping one: the next)."""
-    meta = client.meta
-    if meta.rpc is None:
+    """``MetaClient.call_full``: the same failover over the meta servers, with a request
+    payload, returning the reply's payload too."""
+    if client.meta.rpc is None:
         raise ConnectionFailed("no RPC client: cannot reach meta")
-    last: BaseException | None = None
-    for round_ in range(2):
-        for addr in await meta._servers(round_ > 0):
-            try:
-                return await meta.rpc.call(addr, m, req, payload=payload)
-            except (ConnectionFailed, TimedOut) as exc:
-                if isinstance(exc, TimedOut) and not m.idempotent:
-                    raise
-                last = exc
-            except LoomError as exc:
-                if exc.status is not Status.SHUTTING_DOWN:
-                    raise
-                last = exc
-            logger.debug("meta %s failed for %s: %s", addr, m.name, last)
-    if last is None:
-        raise ConnectionFailed("no meta server is alive in routing")
-    raise last
+    return await client.meta.call_full(m, req, payload=payload)

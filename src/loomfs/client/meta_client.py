@@ -21,7 +21,7 @@ import crc32c
 
 from loomfs.common.routing import RoutingClient
 from loomfs.errors import ConnectionFailed, LoomError, TimedOut
-from loomfs.net.rpc import RpcClient
+from loomfs.net.rpc import Response, RpcClient
 from loomfs.net.transport import Address
 from loomfs.wire import meta as wm
 from loomfs.wire.message import Empty, Message, Method
@@ -56,7 +56,13 @@ class MetaClient:
         return addrs
 
     async def call(self, m: Method, req: Message, *, resend_safe: bool = False) -> Any:
-        """Send ``req`` to a meta server; returns the decoded reply body.
+        """Send ``req`` to a meta server; returns the decoded reply body (``call_full``)."""
+        return (await self.call_full(m, req, resend_safe=resend_safe)).body
+
+    async def call_full(
+        self, m: Method, req: Message, *, resend_safe: bool = False, payload: bytes | None = None,
+    ) -> Response[Any]:
+        """Send ``req`` (with a request ``payload``) to a meta server; returns the whole reply.
 
         ``resend_safe``: meta applies a re-send of this request once (an OPEN naming its
         session), so a call whose connection broke is re-sent through up to
@@ -71,7 +77,7 @@ class MetaClient:
                 await asyncio.sleep(RESEND_BACKOFF_S * 2 ** (round_ - 2))
             for addr in await self._servers(round_ > 0):
                 try:
-                    rsp = await self.rpc.call(addr, m, req)
+                    rsp = await self.rpc.call(addr, m, req, payload=payload)
                 except (ConnectionFailed, TimedOut) as exc:
                     if isinstance(exc, TimedOut) and not m.idempotent:
                         raise
@@ -86,7 +92,7 @@ class MetaClient:
                             self.failovers += 1
                             logger.info("meta: now using %s", addr)
                         self._preferred = addr
-                    return rsp.body
+                    return rsp
                 logger.debug("meta %s failed for %s: %s", addr, m.name, last)
                 if addr == self._preferred:
                     self._preferred = None

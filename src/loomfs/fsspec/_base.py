@@ -21,7 +21,7 @@ from typing import Any, Self, TypeVar
 from fsspec.asyn import AsyncFileSystem
 from fsspec.utils import stringify_path
 
-from loomfs.client.core import AsyncClient
+from loomfs.client.core import AsyncClient, info_of
 from loomfs.client.sync import LoomFS, resolve_mgmtd
 from loomfs.config import ClientConfig
 from loomfs.fsspec import _bridge
@@ -143,23 +143,9 @@ class LoomBase(AsyncFileSystem):
     # --- attributes ---------------------------------------------------------------------
 
     def _info_of(self, path: str, attr: Attr) -> dict[str, Any]:
-        info: dict[str, Any] = {
-            "name": path,
-            "size": attr.size,
-            "type": TYPE_NAMES.get(FileType(attr.type), "other"),
-            "islink": attr.type == FileType.SYMLINK,
-            "mtime": attr.mtime_ns / 1e9,
-            "inode": attr.inode,
-            "mode": attr.mode,
-            "nlink": attr.nlink,
-            "uid": attr.uid,
-            "gid": attr.gid,
-            "atime_ns": attr.atime_ns,
-            "mtime_ns": attr.mtime_ns,
-            "ctime_ns": attr.ctime_ns,
-        }
-        if attr.type == FileType.SYMLINK:
-            info["destination"] = attr.symlink_target
+        info = info_of(path, attr)  # the client's info dict, plus fsspec's own keys
+        info["islink"] = attr.type == FileType.SYMLINK
+        info["mtime"] = attr.mtime_ns / 1e9
         return info
 
     async def _resolve_links(self, infos: list[dict[str, Any]]) -> list[dict[str, Any]]:
