@@ -16,6 +16,7 @@ caches from caller threads while the event loop thread fills them.
 from __future__ import annotations
 
 import threading
+from abc import ABC, abstractmethod
 from collections import OrderedDict
 from collections.abc import Hashable, Iterable
 from typing import Generic, NamedTuple, TypeVar
@@ -44,7 +45,7 @@ TOMBSTONES_MAX = 4096  # forgotten paths remembered at once (see ``_TTLMap``)
 Stamp = tuple[float, int]  # (when the answer was asked for, a sequence number for ties)
 
 
-class _TTLMap(Generic[K, V]):
+class _TTLMap(ABC, Generic[K, V]):
     """key -> (deadline, stamp, value), LRU-bounded by ``entries_max``; expired entries are
     dropped when met (and pushed out by the bound).
 
@@ -77,12 +78,12 @@ class _TTLMap(Generic[K, V]):
         return len(self._map)
 
     @staticmethod
-    def _path_of(key: K) -> str:
-        raise NotImplementedError
+    @abstractmethod
+    def _path_of(key: K) -> str: ...
 
     @staticmethod
-    def _keys_of(path: str) -> tuple[K, ...]:
-        raise NotImplementedError
+    @abstractmethod
+    def _keys_of(path: str) -> tuple[K, ...]: ...
 
     def _buried(self, path: str, stamp: Stamp) -> bool:
         """A tombstone newer than ``stamp`` lies on ``path``, or on a subtree above it."""

@@ -17,6 +17,7 @@ import os
 import posixpath
 import re
 import threading
+from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
 from pathlib import PurePath
 from typing import TYPE_CHECKING, Any, BinaryIO
@@ -103,17 +104,19 @@ def is_glob(path: str) -> bool:
     return bool(_GLOB_CHARS.search(path))
 
 
-class Store:
+class Store(ABC):
     """The few primitives the shard code needs; listing and globbing are written once here
     above ``walk``."""
 
     kind = "store"
 
+    @abstractmethod
     def open_read(self, path: str) -> BinaryIO:
-        raise NotImplementedError
+        ...
 
+    @abstractmethod
     def open_write(self, path: str) -> BinaryIO:
-        raise NotImplementedError
+        ...
 
     def read_bytes(self, path: str) -> bytes:
         with self.open_read(path) as f:
@@ -133,26 +136,33 @@ class Store:
             with self.open_write(p) as f:
                 f.write(data)
 
+    @abstractmethod
     def walk(self, top: str) -> Iterator[tuple[str, list[str], list[str]]]:
-        raise NotImplementedError
+        ...
 
+    @abstractmethod
     def size(self, path: str) -> int:
-        raise NotImplementedError
+        ...
 
+    @abstractmethod
     def exists(self, path: str) -> bool:
-        raise NotImplementedError
+        ...
 
+    @abstractmethod
     def isdir(self, path: str) -> bool:
-        raise NotImplementedError
+        ...
 
+    @abstractmethod
     def makedirs(self, path: str) -> None:
-        raise NotImplementedError
+        ...
 
+    @abstractmethod
     def rename(self, src: str, dst: str) -> None:
-        raise NotImplementedError
+        ...
 
+    @abstractmethod
     def remove(self, path: str) -> None:
-        raise NotImplementedError
+        ...
 
     def join(self, *parts: str) -> str:
         return posixpath.join(*parts)
