@@ -137,6 +137,23 @@ def test_python_os_and_shutil(pair: tuple[Path, Path]) -> None:
     assert os.statvfs(remote).f_bavail > 0
 
 
+def test_huge_directory_streams(pair: tuple[Path, Path], cluster: LocalCluster) -> None:
+    """A few thousand entries (several READDIR pages) listed through the mount, twice at once."""
+    remote, _ = pair
+    names = {f"e{i:05d}-{'x' * (i % 40)}": bytes([i % 251]) * (i % 7) for i in range(3000)}
+    with loomfs.connect(str(cluster.root)) as fs:
+        fs.mkdir(f"/{remote.name}/huge")
+        assert not any(fs.put_many({f"/{remote.name}/huge/{n}": b for n, b in names.items()}))
+    seen: dict[str, int] = {}
+    with os.scandir(remote / "huge") as one, os.scandir(remote / "huge") as two:
+        for a, b in zip(one, two, strict=False):  # two opendirs interleaved: each has its own cursor
+            seen[a.name] = a.stat(follow_symlinks=False).st_size
+            assert b.name in names
+        assert not list(one) and not list(two)
+    assert seen == {n: len(b) for n, b in names.items()}
+    assert sorted(os.listdir(remote / "huge")) == sorted(names)
+
+
 def test_rename_noreplace(pair: tuple[Path, Path]) -> None:
     libc = ctypes.CDLL(None, use_errno=True)
     remote, _ = pair

@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import AsyncIterator, Coroutine
+from typing import Any
+
 import pytest
 
+from loomfs.mount.dirs import DirStream
 from loomfs.mount.inodes import ROOT_INODE, InodeTable
 from loomfs.mount.options import MountOptions
+from loomfs.wire.types import DirEntry
 
 
 def test_lookups_and_forget() -> None:
@@ -58,3 +64,42 @@ def test_options() -> None:
         MountOptions.parse(["max_read=4194304"])
     with pytest.raises(ValueError):
         MountOptions.parse(["loop=trio"])
+
+
+def test_dir_stream_pages_and_seeks() -> None:
+    """readdir offsets over a paged listing: sequential, past the end, seekdir back, rewinddir."""
+    names = [f"n{i:04d}" for i in range(25)]
+    fetched: list[str] = []
+
+    async def pages_after(after: str) -> AsyncIterator[list[DirEntry]]:
+        fetched.append(after)
+        rest = [n for n in names if n > after]
+        for k in range(0, len(rest), 10):
+            yield [DirEntry(name=n) for n in rest[k:k + 10]]
+
+    async def run(coro: Coroutine[Any, Any, Any]) -> Any:
+        return await coro
+
+    async def listing(s: DirStream, start: int) -> list[str]:
+        out, i = [], start
+        base, page = await s.page_at(i)
+        while page:
+            out += [e.name for e in page[i - base:]]
+            i = base + len(page)
+            base, page = await s.page_at(i)
+        return out
+
+    async def scenario() -> None:
+        s = DirStream("/d", pages_after, run)
+        assert await listing(s, 0) == names and fetched == [""]
+        assert s.pages is None and len(s.starts) == 3  # read to the end; one cursor per page
+        assert await listing(s, 25) == []
+        assert await listing(s, 13) == names[13:] and fetched[-1] == "n0009"  # seekdir: from page 2
+        assert await listing(s, 3) == names[3:] and fetched[-1] == ""
+        names.append("n9999")  # rewinddir sees new entries
+        assert await listing(s, 0) == names
+        base, page = await s.page_at(4)
+        assert base == 0 and page[4].name == "n0004" and "DirStream('/d'" in repr(s)
+        await s.close()
+
+    asyncio.run(scenario())

@@ -24,10 +24,11 @@ import pyfuse3
 
 from loomfs.client.core import AsyncClient
 from loomfs.client.file import AsyncFile
+from loomfs.mount.dirs import DirStream, Pages
 from loomfs.mount.inodes import ROOT_INODE, InodeTable
 from loomfs.mount.options import MountOptions
 from loomfs.wire.meta import SetattrReq
-from loomfs.wire.types import Attr, DirEntry, FileType
+from loomfs.wire.types import Attr, FileType
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -73,12 +74,6 @@ class Handle:
     times_ns: tuple[int, int] | None = None
 
 
-@dataclass(eq=False)
-class DirHandle:
-    path: str
-    entries: list[DirEntry] | None = None
-
-
 class LoomOperations(pyfuse3.Operations):
     supports_dot_lookup = False
 
@@ -88,7 +83,7 @@ class LoomOperations(pyfuse3.Operations):
         self.client_loop = client_loop
         self.options = options
         self.inodes = InodeTable()
-        self.handles: dict[int, Handle | DirHandle] = {}
+        self.handles: dict[int, Handle | DirStream] = {}
         self._next_fh = 1
 
     def __repr__(self) -> str:
@@ -248,25 +243,34 @@ class LoomOperations(pyfuse3.Operations):
 
     @_fuse_errors
     async def opendir(self, inode: int, ctx: Any) -> int:
-        return self._new_handle(DirHandle(self.inodes.path(inode)))
+        path = self.inodes.path(inode)
+
+        def pages_after(after: str) -> Pages:
+            return self.client.readdir_pages(path, with_attrs=True, page_size=self.options.readdir_page,
+                                             after=after)
+        return self._new_handle(DirStream(path, pages_after, self.call))
 
     @_fuse_errors
     async def readdir(self, fh: int, start_id: int, token: Any) -> None:
+        """Entries from offset ``start_id`` (entry i's offset is i + 1), a page at a time."""
         h = self.handles[fh]
-        assert isinstance(h, DirHandle)
-        if h.entries is None or start_id == 0:
-            h.entries = await self.call(self.client.scandir(h.path, with_attrs=True))
-        for i in range(start_id, len(h.entries)):
-            e = h.entries[i]
-            attr = e.attr
-            if attr is None:
-                attr = await self._attr(_join(h.path, os.fsencode(e.name)))
-            if not pyfuse3.readdir_reply(token, os.fsencode(e.name), self.entry(attr), i + 1):
-                return
-            self.inodes.remember(attr.inode, _join(h.path, os.fsencode(e.name)))
+        assert isinstance(h, DirStream)
+        i = start_id
+        base, page = await h.page_at(i)
+        while page:
+            for e in page[i - base:]:
+                path = _join(h.path, os.fsencode(e.name))
+                attr = e.attr if e.attr is not None else await self._attr(path)
+                if not pyfuse3.readdir_reply(token, os.fsencode(e.name), self.entry(attr), i + 1):
+                    return
+                self.inodes.remember(attr.inode, path)
+                i += 1
+            base, page = await h.page_at(i)
 
     async def releasedir(self, fh: int) -> None:
-        self.handles.pop(fh, None)
+        h = self.handles.pop(fh, None)
+        if isinstance(h, DirStream):
+            await h.close()
 
     async def fsyncdir(self, fh: int, datasync: bool) -> None:
         return None  # meta commits every change before it answers
@@ -285,7 +289,7 @@ class LoomOperations(pyfuse3.Operations):
 
     # --- files ----------------------------------------------------------------------------
 
-    def _new_handle(self, h: Handle | DirHandle) -> int:
+    def _new_handle(self, h: Handle | DirStream) -> int:
         fh = self._next_fh
         self._next_fh += 1
         self.handles[fh] = h
@@ -396,7 +400,9 @@ class LoomOperations(pyfuse3.Operations):
         """At unmount: close every open file (their bytes reach storage and meta)."""
         for fh in list(self.handles):
             h = self.handles.pop(fh)
-            if isinstance(h, Handle):
+            if isinstance(h, DirStream):
+                await h.close()
+            elif isinstance(h, Handle):
                 try:
                     await self.call(h.file.close())
                 except OSError as exc:

@@ -17,6 +17,7 @@ class MountOptions:
     loop: str = "shared"  # "shared": FUSE on the client's loop; "separate": its own, bridged
     max_tasks: int = 64  # FUSE requests served at once
     read_ahead_kb: int = 1024  # the mount's bdi read-ahead (1 MiB requests; 0 = leave it)
+    readdir_page: int = 1024  # directory entries read from meta per READDIR (huge directories stream)
     kernel: frozenset[str] = field(default_factory=frozenset)  # passed to FUSE as given
 
     @classmethod
@@ -33,7 +34,7 @@ class MountOptions:
                     if value not in ("shared", "separate"):
                         raise ValueError(f"loop={value!r}: use shared or separate")
                     kw["loop"] = value
-                elif key in ("max_tasks", "read_ahead_kb"):
+                elif key in ("max_tasks", "read_ahead_kb", "readdir_page"):
                     kw[key] = int(value)
                 elif key == "no_default_permissions":
                     kernel.discard("default_permissions")

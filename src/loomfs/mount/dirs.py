@@ -1,0 +1,75 @@
+"""A directory listed through the mount a page at a time (the I/O is passed in).
+
+FUSE's readdir asks for entries from an offset: the offset of entry ``i`` (from 0, in name
+order) is ``i + 1`` and the next call resumes at the last offset the kernel took. One opendir
+holds a ``DirStream``: the page holding the current offset, the iterator that reads the pages
+after it, and the name cursor each page started after (so a ``seekdir`` back, or a
+``rewinddir``, reads from the nearest page start again). A huge directory streams: memory is
+one page plus one name per page.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from dataclasses import dataclass, field
+from typing import Any
+
+from loomfs.wire.types import DirEntry
+
+Pages = AsyncIterator[list[DirEntry]]
+
+
+async def _next_page(pages: Pages) -> list[DirEntry] | None:
+    try:
+        return await pages.__anext__()
+    except StopAsyncIteration:
+        return None
+
+
+async def _close(pages: Pages) -> None:
+    aclose = getattr(pages, "aclose", None)
+    if aclose is not None:
+        await aclose()
+
+
+@dataclass(eq=False)
+class DirStream:
+    path: str
+    pages_after: Callable[[str], Pages]  # name cursor -> the directory's pages after it
+    run: Callable[[Coroutine[Any, Any, Any]], Awaitable[Any]] = field(repr=False)  # on the client's loop
+    base: int = 0  # offset of page[0]
+    page: list[DirEntry] = field(default_factory=list, repr=False)
+    starts: dict[int, str] = field(default_factory=dict, repr=False)  # page offset -> cursor before it
+    pages: Pages | None = field(default=None, repr=False)  # None: not started or read to the end
+
+    def __repr__(self) -> str:
+        return f"DirStream({self.path!r}, base={self.base}, page={len(self.page)}, pages_seen={len(self.starts)})"
+
+    async def page_at(self, offset: int) -> tuple[int, list[DirEntry]]:
+        """``(base, page)`` with ``base <= offset < base + len(page)``; an empty page past the end."""
+        if offset == 0 or not self.starts:
+            await self._restart(0)  # first readdir, or rewinddir: a fresh listing
+        elif not self.base <= offset <= self.base + len(self.page):
+            await self._restart(max(s for s in self.starts if s <= offset))  # seekdir
+        while offset >= self.base + len(self.page):
+            nxt = await self.run(_next_page(self.pages)) if self.pages is not None else None
+            if nxt is None:
+                await self.close()
+                return offset, []
+            before = self.page[-1].name if self.page else self.starts[self.base]
+            self.base += len(self.page)
+            self.page = nxt
+            self.starts.setdefault(self.base, before)
+        return self.base, self.page
+
+    async def _restart(self, base: int) -> None:
+        await self.close()
+        if base == 0:
+            self.starts = {0: ""}
+        self.base, self.page = base, []
+        self.pages = self.pages_after(self.starts[base])
+
+    async def close(self) -> None:
+        pages, self.pages = self.pages, None
+        if pages is not None:
+            await self.run(_close(pages))
