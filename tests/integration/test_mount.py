@@ -9,12 +9,14 @@ import ctypes
 import errno
 import hashlib
 import os
+import random
 import shutil
 import signal
 import sqlite3
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -152,6 +154,85 @@ def test_huge_directory_streams(pair: tuple[Path, Path], cluster: LocalCluster) 
         assert not list(one) and not list(two)
     assert seen == {n: len(b) for n, b in names.items()}
     assert sorted(os.listdir(remote / "huge")) == sorted(names)
+
+
+def test_many_threads_read_one_file(pair: tuple[Path, Path]) -> None:
+    remote, _ = pair
+    data = os.urandom(6 << 20)
+    (remote / "shared.bin").write_bytes(data)
+    errors: list[BaseException] = []
+
+    def reader(k: int) -> None:
+        try:
+            if k % 2:  # a whole-file read, each with its own open
+                assert hashlib.sha256((remote / "shared.bin").read_bytes()).digest() == hashlib.sha256(data).digest()
+            else:  # scattered preads through one descriptor per thread
+                rng = random.Random(k)
+                fd = os.open(remote / "shared.bin", os.O_RDONLY)
+                try:
+                    for _ in range(64):
+                        off, n = rng.randrange(len(data)), rng.choice((1, 4096, 65536, 1 << 20))
+                        assert os.pread(fd, n, off) == data[off:off + n]
+                finally:
+                    os.close(fd)
+        except BaseException as exc:  # noqa: BLE001 - reported by the main thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=reader, args=(k,)) for k in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert not errors, errors
+    assert not any(t.is_alive() for t in threads)
+
+
+WRITER = """
+import os, sys
+path, k, n, block = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+fd = os.open(path, os.O_WRONLY)
+for i in range(k, 64, n):  # interleaved blocks: every writer extends the file now and then
+    os.pwrite(fd, bytes([i]) * block, i * block)
+os.fsync(fd)
+os.close(fd)
+"""
+
+
+@pytest.mark.parametrize("how", ["threads", "processes"])
+def test_disjoint_writes_to_one_file(pair: tuple[Path, Path], how: str) -> None:
+    """Four writers, one file, disjoint interleaved 64 KiB blocks: every byte lands."""
+    remote, _ = pair
+    path = remote / "w.bin"
+    path.write_bytes(b"")
+    block, writers = 64 << 10, 4
+    if how == "processes":
+        procs = [subprocess.Popen([sys.executable, "-c", WRITER, str(path), str(k), str(writers), str(block)])
+                 for k in range(writers)]
+        assert [p.wait(timeout=60) for p in procs] == [0] * writers
+    else:
+        errors: list[BaseException] = []
+
+        def writer(k: int) -> None:
+            try:
+                fd = os.open(path, os.O_WRONLY)
+                try:
+                    for i in range(k, 64, writers):
+                        assert os.pwrite(fd, bytes([i]) * block, i * block) == block
+                finally:
+                    os.close(fd)
+            except BaseException as exc:  # noqa: BLE001 - reported by the main thread
+                errors.append(exc)
+
+        threads = [threading.Thread(target=writer, args=(k,)) for k in range(writers)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=60)
+        assert not errors, errors
+    want = b"".join(bytes([i]) * block for i in range(64))
+    assert path.stat().st_size == len(want)
+    got = path.read_bytes()
+    assert got == want, [i for i in range(64) if got[i * block:(i + 1) * block] != want[i * block:(i + 1) * block]]
 
 
 def test_rename_noreplace(pair: tuple[Path, Path]) -> None:
