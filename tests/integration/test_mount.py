@@ -285,6 +285,60 @@ def test_shell_tools(pair: tuple[Path, Path]) -> None:
     assert os.stat(remote / "cpa" / "src" / "big.bin").st_mtime_ns == os.stat(local / "cpa" / "src" / "big.bin").st_mtime_ns
 
 
+GIT_ENV = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
+           "GIT_COMMITTER_EMAIL": "t@t", "GIT_AUTHOR_DATE": "2026-01-01T00:00:00Z",
+           "GIT_COMMITTER_DATE": "2026-01-01T00:00:00Z", "GIT_CONFIG_NOSYSTEM": "1", "HOME": "/nonexistent"}
+
+
+def _git(*args: str, cwd: Path) -> str:
+    return subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, check=True,
+                          env={**os.environ, **GIT_ENV}, timeout=60).stdout
+
+
+def test_git_clone(pair: tuple[Path, Path]) -> None:
+    """git clone of a small local repo, then a commit in the clone: the same in the mount as locally."""
+    src = Path(tempfile.mkdtemp(prefix="loomfs-git-"))
+    try:
+        _git("init", "-q", "-b", "main", ".", cwd=src)
+        make_tree(src)
+        (src / "run.sh").write_text("#!/bin/sh\necho hi\n")
+        os.chmod(src / "run.sh", 0o755)
+        _git("add", "-A", cwd=src)
+        _git("commit", "-q", "-m", "one", cwd=src)
+        for i in range(3):
+            (src / "src" / "pkg" / f"m{i}.py").write_text(f"y = {i}\n" * 300)
+            _git("commit", "-q", "-am", f"change {i}", cwd=src)
+
+        def ops(root: Path) -> None:
+            _git("clone", "-q", "--no-local", str(src), str(root / "clone"), cwd=root)
+            clone = root / "clone"
+            (clone / "new.txt").write_text("added in the clone\n")
+            os.remove(clone / "src" / "empty")
+            _git("add", "-A", cwd=clone)
+            _git("commit", "-q", "-m", "in the clone", cwd=clone)
+            _git("fsck", "--full", "--strict", cwd=clone)
+            assert _git("status", "--porcelain", cwd=clone) == ""
+
+        remote, local = pair
+        for root in (local, remote):
+            ops(root)
+
+        def tree(root: Path) -> dict[str, tuple[object, ...]]:
+            return {k: v for k, v in snapshot(root / "clone").items() if not k.startswith(".git")}
+
+        def git_names(root: Path) -> dict[str, str]:  # .git's files and modes (contents hold times)
+            top = root / "clone" / ".git"
+            return {str(p.relative_to(top)): oct(p.lstat().st_mode) for p in top.rglob("*")}
+
+        assert tree(remote) == tree(local)
+        assert git_names(remote) == git_names(local)
+        log = ["log", "--format=%H %s", "--name-status"]
+        assert _git(*log, cwd=remote / "clone") == _git(*log, cwd=local / "clone")
+        assert "in the clone" in _git(*log, cwd=remote / "clone")
+    finally:
+        shutil.rmtree(src, ignore_errors=True)
+
+
 def test_sqlite(pair: tuple[Path, Path]) -> None:
     def ops(root: Path) -> None:
         db = sqlite3.connect(root / "t.db")
