@@ -32,6 +32,12 @@ EXPECTED |= SMALLFILES
 HAVE_TORCH = importlib.util.find_spec("torch") is not None
 DATALOADER = {f"dl_{k}_{s}_{w}w" for k in ("files", "shards") for s in ("4k", "112k") for w in (0, 2)}
 DATALOADER_LOCAL = {n.replace("dl_", "dl_local_", 1) for n in DATALOADER}
+# The checkpoint group (needs torch): a LoomFS target only (its local DCP figures beside it).
+CHECKPOINT = {
+    *(f"ckpt_{op}_{r}r" for op in ("save", "load") for r in (1, 2)),
+    "ckpt_local_save", "ckpt_local_load", "ckpt_local_save_2r", "ckpt_local_load_2r",
+    "ckpt_block_sync_s", "ckpt_block_async_s", "ckpt_staging_copy_s",
+}
 LIMIT_KEYS = {"loopback_tcp_Bps", "loopback_tcp_2streams_Bps", "round_trips_per_s", "round_trips_2pairs_per_s",
               "round_trips_pinned_per_s", "disk_write_Bps", "disk_read_Bps", "disk_fsync_write_Bps",
               "disk_fsync_read_Bps", "memcpy_Bps"}
@@ -51,7 +57,8 @@ def test_bench_quick_json_plot_and_compare(cluster, tmp_path: Path) -> None:  # 
     assert doc["targets"] == ["loomfs", f"compare:{cmp_dir}"]
     for tgt in doc["targets"]:
         rows = {r["name"]: r for r in doc["results"] if r["target"] == tgt}
-        want = EXPECTED | (DATALOADER | (DATALOADER_LOCAL if tgt == "loomfs" else set()) if HAVE_TORCH else set())
+        want = EXPECTED | (DATALOADER | (DATALOADER_LOCAL | CHECKPOINT if tgt == "loomfs" else set())
+                           if HAVE_TORCH else set())
         assert set(rows) == want, set(rows) ^ want
         for r in rows.values():
             assert r["value"] > 0 and math.isfinite(r["value"]), r
@@ -133,3 +140,39 @@ def test_bench_only_dataloader(cluster, tmp_path: Path) -> None:  # type: ignore
     assert "issue 9 targets" in proc.stdout and ">= 0.8 of limit" in proc.stdout
     assert "x consumer" in proc.stdout and "consumer rate (500 samples/s" in proc.stdout
     assert not list(Path(cluster.root).glob("bench-dl-*"))  # the local copy is gone
+
+
+@pytest.mark.skipif(not HAVE_TORCH, reason="the checkpoint group needs torch")
+def test_bench_only_checkpoint(cluster, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """``--only checkpoint --ckpt-size 8M``: DCP save/load MB/s with 1 and 2 ranks held against
+    DCP's local FileSystemWriter/Reader of the same run; the blocked time of sync and async
+    saves held against the staging copy; a --compare target gets no rows; nothing left behind."""
+    out, cmp_dir = tmp_path / "ckpt.json", tmp_path / "compare"
+    proc = subprocess.run(
+        [sys.executable, "-m", "loomfs.cli.main", "--dir", str(cluster.root), "bench", "--quick",
+         "--only", "checkpoint", "--ckpt-size", "8M", "--json", str(out), "--compare", str(cmp_dir),
+         "--no-progress"],
+        capture_output=True, text=True, timeout=200,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    doc = json.loads(out.read_text())
+    assert set(doc["limits"]) == LIMIT_KEYS and doc["plan"]["groups"] == ["checkpoint"]
+    assert doc["plan"]["ckpt_bytes"] == 8 << 20
+    rows = {r["name"]: r for r in doc["results"] if r["target"] == "loomfs"}
+    assert set(rows) == CHECKPOINT, set(rows) ^ CHECKPOINT
+    assert not [r for r in doc["results"] if r["target"] != "loomfs"]
+    for r in rows.values():
+        assert r["value"] > 0 and math.isfinite(r["value"]), r
+        assert r["limit_value"] > 0 and r["ratio"] == pytest.approx(r["value"] / r["limit_value"]), r
+    for op in ("save", "load"):
+        assert rows[f"ckpt_{op}_1r"]["limit_value"] == rows[f"ckpt_local_{op}"]["value"]
+        assert rows[f"ckpt_{op}_2r"]["limit_value"] == rows[f"ckpt_local_{op}_2r"]["value"]
+        assert rows[f"ckpt_{op}_1r"]["extra"]["bytes"] == 8 << 20
+        assert rows[f"ckpt_{op}_2r"]["extra"]["ranks"] == 2
+    stage = rows["ckpt_staging_copy_s"]["value"]
+    assert rows["ckpt_block_async_s"]["limit_value"] == rows["ckpt_block_sync_s"]["limit_value"] == stage
+    assert rows["ckpt_block_async_s"]["extra"]["async_total_s"] >= rows["ckpt_block_async_s"]["value"]
+    assert "issue 10 targets" in proc.stdout and ">= 0.8 of local" in proc.stdout
+    assert "<= staging copy" in proc.stdout
+    assert not list(Path(cluster.root).glob("bench-ckpt-*"))  # the local copies are gone
+    assert not list(cmp_dir.joinpath(".bench").iterdir())

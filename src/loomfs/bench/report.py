@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from loomfs.bench import dataloader
+from loomfs.bench import checkpoint, dataloader
 from loomfs.bench.smallfiles import target_check
 from loomfs.cli.common import human_bytes
 
@@ -15,6 +15,8 @@ def fmt_value(value: float, unit: str) -> str:
         return f"{human_bytes(value)}/s"
     if unit == "us/op":
         return f"{value:,.1f} us"
+    if unit == "s":
+        return f"{value:,.3f} s"
     return f"{value:,.0f} {unit}"
 
 
@@ -98,6 +100,32 @@ def dataloader_lines(doc: dict[str, Any]) -> list[str]:
     return lines
 
 
+def checkpoint_lines(doc: dict[str, Any]) -> list[str]:
+    """The checkpoint rows: MB/s and seconds, the ratio to the local DCP figure (or to the
+    staging copy for the blocked time), and issue 10's targets (information only)."""
+    lines: list[str] = []
+    for tgt in doc["targets"]:
+        rows = [r for r in doc["results"] if r["target"] == tgt and r["name"].startswith("ckpt_")]
+        if not rows:
+            continue
+        lines += ["", f"checkpoints vs the issue 10 targets ({tgt}; save/load: ratio to DCP's local "
+                      f"FileSystemWriter/Reader, blocked time: to the in-memory staging copy)",
+                  f"{'workload':<22} {'MB/s':>9} {'seconds':>9} {'limit':>34} {'ratio':>6}  {'target':<18} {'met':>4}"]
+        for r in rows:
+            check = checkpoint.target_check(r)
+            text, met = check if check is not None else ("", None)
+            flag = "" if met is None else ("yes" if met else "no")
+            secs = r["value"] if r["unit"] == "s" else r["extra"]["seconds"]
+            mbps = f"{r['extra']['MBps']:,.1f}" if "MBps" in r["extra"] else ""
+            lim = f"{r['limit_name']} {fmt_value(r['limit_value'], r['unit'])}" if r["limit_value"] else ""
+            lines.append(f"{r['name']:<22} {mbps:>9} {secs:>9.3f} {lim:>34} {fmt_ratio(r['ratio']):>6}  "
+                         f"{text:<18} {flag:>4}")
+        blk = {r["name"]: r for r in rows}.get("ckpt_block_async_s")
+        if blk is not None:
+            lines.append(f"async save: blocked {blk['value']:.3f} s, done after {blk['extra']['async_total_s']:.3f} s")
+    return lines
+
+
 def table_lines(doc: dict[str, Any]) -> list[str]:
     """The results table: value, limit, ratio to it, vs disk, and the --compare target; then
     the small-file and DataLoader rows against their targets."""
@@ -126,7 +154,7 @@ def table_lines(doc: dict[str, Any]) -> list[str]:
         if r["name"].startswith("rand_read"):
             e = r["extra"]
             lines.append(f"{'':<26} p50 {e['p50_ms']:.2f} ms, p95 {e['p95_ms']:.2f} ms, p99 {e['p99_ms']:.2f} ms")
-    return lines + smallfile_lines(doc) + dataloader_lines(doc)
+    return lines + smallfile_lines(doc) + dataloader_lines(doc) + checkpoint_lines(doc)
 
 
 def plot(doc: dict[str, Any], path: str) -> None:

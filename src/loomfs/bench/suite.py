@@ -14,7 +14,7 @@ from typing import Any
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from loomfs.bench import dataloader, limits, smallfiles
+from loomfs.bench import checkpoint, dataloader, limits, smallfiles
 from loomfs.bench.parallel import parallel_bigfile, parallel_mdtest
 from loomfs.bench.targets import BenchTarget
 from loomfs.bench.workloads import (
@@ -30,8 +30,9 @@ SCHEMA_VERSION = 2
 READDIR_ENTRY_BYTES = 256  # readdir's bound: entries with attributes over raw TCP
 # Workload groups ``--only`` picks from: big files (sequential, random, N processes), mdtest,
 # the older small-file pass, lookup cost vs directory size, the issue-16 small-file benchmark,
-# PyTorch DataLoader samples/s over files and shards, LoomFS vs local (issue 9, needs torch).
-GROUPS = ("bigfile", "mdtest", "small", "lookup", "smallfiles", "dataloader")
+# PyTorch DataLoader samples/s over files and shards, LoomFS vs local (issue 9, needs torch),
+# DCP checkpoint save/load and blocked time, LoomFS vs local (issue 10, needs torch).
+GROUPS = ("bigfile", "mdtest", "small", "lookup", "smallfiles", "dataloader", "checkpoint")
 PINNED_LIMIT_NAME = "raw round trips, 1 CPU"
 
 
@@ -63,6 +64,7 @@ class Plan:
     dl_shard_bytes: int = 64 << 20
     dl_dirs: int = 100
     dl_consumer_rate: float = 2000.0  # samples/s one GPU eats (about a ResNet-50 training step rate)
+    ckpt_bytes: int = 2 << 30  # the state_dict saved and loaded (fp32, checkpoint.TENSORS tensors)
 
     @classmethod
     def quick(cls) -> Plan:
@@ -71,7 +73,7 @@ class Plan:
                    small=[(200, 4096), (40, 128 << 10)], tcp_bytes=64 << 20, rtt_count=2000,
                    disk_bytes=32 << 20, sf_files=400, sf_dirs=20, sf_batch_files=100,
                    dl_sets=[(300, 4096), (100, 112 << 10)], dl_workers=(0, 2), dl_shard_bytes=1 << 20,
-                   dl_dirs=10)
+                   dl_dirs=10, ckpt_bytes=32 << 20)
 
     def network_and_disk(self) -> bool:
         """Whether the chosen groups need the bandwidth, disk and memcpy limits (the
@@ -164,6 +166,9 @@ def run_target(t: BenchTarget, plan: Plan, lim: dict[str, float], replicas: int,
             t, f"{base}/dl", sets=plan.dl_sets, workers=plan.dl_workers, batch_size=plan.dl_batch_size,
             shard_bytes=plan.dl_shard_bytes, dirs=plan.dl_dirs, consumer_rate=plan.dl_consumer_rate, lim=lim,
             local_dir=disk_dir or tempfile.gettempdir(), step=step, tag=tag)
+    if "checkpoint" in groups:
+        out += checkpoint.run_checkpoint(t, base, size_bytes=plan.ckpt_bytes, lim=lim,
+                                         local_dir=disk_dir or tempfile.gettempdir(), step=step, tag=tag)
     t.rmtree(base)
     return out
 
@@ -267,7 +272,8 @@ def merge_rounds(rounds: list[list[Result]]) -> list[Result]:
 def steps_total(plan: Plan, targets: int) -> int:
     per_group = {"bigfile": 1 + 2 + 1, "mdtest": 2 * len(plan.md_procs), "small": len(plan.small),
                  "lookup": 1, "smallfiles": smallfiles.steps(tuple(plan.sf_threads)),
-                 "dataloader": dataloader.steps(len(plan.dl_sets), len(plan.dl_workers))}
+                 "dataloader": dataloader.steps(len(plan.dl_sets), len(plan.dl_workers)),
+                 "checkpoint": checkpoint.steps()}
     per_target = sum(per_group[g] for g in set(plan.groups))
     return (4 if plan.network_and_disk() else 1) + per_target * targets * plan.rounds
 

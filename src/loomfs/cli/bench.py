@@ -23,13 +23,16 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="files in the small-file benchmark, 4 KiB each in 100 directories (default 20000, --quick 400)")
     p.add_argument("--only", default=None,
                    help="run only these workload groups, comma list of bigfile, mdtest, small, lookup, "
-                        "smallfiles, dataloader (default all; dataloader only where torch imports); "
+                        "smallfiles, dataloader, checkpoint (default all; dataloader and checkpoint only "
+                        "where torch imports); "
                         "limits not needed by them are skipped")
     p.add_argument("--consumer-rate", type=float, default=None,
                    help="dataloader group: the samples/s one GPU consumes, printed next to the loader "
                         "rates (default 2000, about a ResNet-50 training step rate)")
     p.add_argument("--dl-workers", default=None,
                    help="dataloader group: DataLoader worker counts, comma list (default 4, --quick 0,2)")
+    p.add_argument("--ckpt-size", type=parse_size, default=None,
+                   help="checkpoint group: state_dict size, fp32 tensors (default 2G, --quick 32M)")
     p.add_argument("--rounds", type=int, default=1, help="repeat and report medians")
     p.add_argument("--json", dest="json_path", default=None, help="write results as JSON here")
     p.add_argument("--plot", dest="plot_path", default=None, help="draw the results into this PNG")
@@ -79,17 +82,21 @@ def plan_from_args(args: argparse.Namespace) -> Any:
         plan.dl_consumer_rate = args.consumer_rate
     if args.dl_workers:
         plan.dl_workers = tuple(max(0, int(x)) for x in args.dl_workers.split(",") if x.strip())
+    if args.ckpt_size is not None:
+        plan.ckpt_bytes = args.ckpt_size
     if args.only:
         plan.groups = parse_groups(args.only)
-    if "dataloader" in plan.groups:
+    for group in ("dataloader", "checkpoint"):  # the groups that need torch
+        if group not in plan.groups:
+            continue
         from loomfs.bench.dataloader import check_torch
 
         why = check_torch()
         if why is not None and args.only:
-            raise SystemExit(f"loomfs bench --only dataloader: {why}")
+            raise SystemExit(f"loomfs bench --only {group}: {why}")
         if why is not None:
-            print(f"skipping the dataloader group: {why}")
-            plan.groups = [g for g in plan.groups if g != "dataloader"]
+            print(f"skipping the {group} group: {why}")
+            plan.groups = [g for g in plan.groups if g != group]
     plan.rounds = max(1, args.rounds)
     return plan
 
