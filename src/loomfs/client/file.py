@@ -583,7 +583,10 @@ class AsyncFile:
         except Exception as exc:
             err = exc
         self.closed = True
-        self._cache.clear()
+        for fetch in self._cache.clear():  # read-ahead still in flight: the client waits for it at close
+            if self._background is not None:
+                self._background.add(fetch)
+                fetch.add_done_callback(self._background.discard)
         if self.session_id:
             if self._written_end < 0 and err is None and self._background is not None:
                 # nothing was written: attributes do not change, only the write session

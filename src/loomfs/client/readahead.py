@@ -88,9 +88,13 @@ class ReadAheadCache:
         for i in [i for i in self._entries if i in indexes]:
             self.drop(i)
 
-    def clear(self) -> None:
+    def clear(self) -> list[asyncio.Task[int]]:
+        """Forget every chunk; returns the fetches still in flight (their buffers go back to
+        the pool when they end), for an owner that must not outlive them."""
+        pending = [e.task for e in self._entries.values() if not e.task.done()]
         for i in list(self._entries):
             self.drop(i)
+        return pending
 
     def _release(self, e: CachedChunk) -> None:
         # never hand a buffer back while a reply may still be landing in it
