@@ -235,6 +235,56 @@ def test_disjoint_writes_to_one_file(pair: tuple[Path, Path], how: str) -> None:
     assert got == want, [i for i in range(64) if got[i * block:(i + 1) * block] != want[i * block:(i + 1) * block]]
 
 
+def test_open_file_outlives_its_name(pair: tuple[Path, Path]) -> None:
+    """fstat, read and write through descriptors whose file's last name was unlinked (or
+    renamed over), the same as on a local directory."""
+    remote, _ = pair
+
+    def ops(root: Path) -> None:
+        with contextlib.ExitStack() as fds:
+            def opened(path: Path, flags: int) -> int:
+                fd = os.open(path, flags)
+                fds.callback(os.close, fd)
+                return fd
+
+            p = root / "gone.bin"
+            p.write_bytes(b"a" * 5000)
+            os.chmod(p, 0o640)
+            fd, rfd = opened(p, os.O_RDWR), opened(p, os.O_RDONLY)
+            ino = os.fstat(fd).st_ino
+            os.unlink(p)
+            st = os.fstat(fd)
+            assert (st.st_ino, st.st_size, st.st_nlink, oct(st.st_mode & 0o7777)) == (ino, 5000, 0, "0o640")
+            assert os.fstat(rfd).st_size == 5000 and os.pread(rfd, 100, 4950) == b"a" * 50
+            p.write_bytes(b"new")  # the name again, a different file
+            os.pwrite(fd, b"b" * 3000, 4000)
+            os.fsync(fd)
+            st = os.fstat(fd)
+            assert (st.st_ino, st.st_size, st.st_nlink) == (ino, 7000, 0)
+            assert os.pread(fd, 8000, 0) == b"a" * 4000 + b"b" * 3000
+            if root.is_relative_to(remote):  # meta truncates by path: refused, the new name untouched
+                with pytest.raises(FileNotFoundError):
+                    os.ftruncate(fd, 6000)
+            assert os.stat(p).st_size == 3 and os.stat(p).st_ino != ino
+            assert p.read_bytes() == b"new"
+            # renamed over: the replaced file's descriptor keeps its attributes
+            (root / "old").write_bytes(b"o" * 10)
+            (root / "other").write_bytes(b"x")
+            fd = opened(root / "old", os.O_RDONLY)
+            os.rename(root / "other", root / "old")
+            st = os.fstat(fd)
+            assert (st.st_size, st.st_nlink) == (10, 0) and os.read(fd, 100) == b"o" * 10
+            # renamed, then truncated through a descriptor: the file under its new name
+            (root / "r1").write_bytes(b"r" * 100)
+            fd = opened(root / "r1", os.O_RDWR)
+            os.rename(root / "r1", root / "r2")
+            (root / "r1").write_bytes(b"other")
+            os.ftruncate(fd, 40)
+            assert (root / "r2").stat().st_size == 40 and (root / "r1").read_bytes() == b"other"
+
+    both(pair, ops)
+
+
 def test_rename_noreplace(pair: tuple[Path, Path]) -> None:
     libc = ctypes.CDLL(None, use_errno=True)
     remote, _ = pair

@@ -11,7 +11,7 @@ import pytest
 from loomfs.mount.dirs import DirStream
 from loomfs.mount.inodes import ROOT_INODE, InodeTable
 from loomfs.mount.options import MountOptions
-from loomfs.wire.types import DirEntry
+from loomfs.wire.types import Attr, DirEntry
 
 
 def test_lookups_and_forget() -> None:
@@ -41,7 +41,7 @@ def test_rename_moves_subtrees_and_replaces() -> None:
         t.path(9)  # replaced by the rename
     t.renamed("/e/x", "/e/xy", exchange=True)
     assert (t.path(3), t.path(4)) == ("/e/xy", "/e/x")
-    assert repr(t) == "InodeTable(inodes=5, paths=4)"
+    assert repr(t) == "InodeTable(inodes=5, paths=4, open=0)"
 
 
 def test_hard_links_keep_the_inode_named() -> None:
@@ -103,3 +103,21 @@ def test_dir_stream_pages_and_seeks() -> None:
         await s.close()
 
     asyncio.run(scenario())
+
+
+def test_open_inodes_keep_their_attributes() -> None:
+    t = InodeTable()
+    t.remember(7, "/f")
+    t.seen(Attr(inode=7, nlink=2, size=1))  # not open: not kept
+    assert t.kept(7) is None
+    t.opened(7)
+    t.opened(7)
+    t.seen(Attr(inode=7, nlink=2, size=5))
+    t.unlinked("/f")
+    kept = t.kept(7)
+    assert kept is not None and (kept.nlink, kept.size) == (1, 5) and not t.has_name(7)
+    assert "open=1" in repr(t)
+    t.closed(7)
+    assert t.kept(7) is not None and t.is_open(7)
+    t.closed(7)
+    assert t.kept(7) is None and not t.is_open(7)

@@ -4,11 +4,18 @@ LoomFS hands out real inode numbers (``Attr.inode``; the root is 1 = FUSE_ROOT_I
 meta API takes paths. Every inode the kernel knows about (each ``lookup``, ``create``,
 ``mkdir``, ``readdirplus`` entry... counted) maps to the names it is reachable by here; a
 ``forget`` that brings the count to zero drops it. Renames and unlinks update the names.
+
+An open file may lose its last name (unlink, or a rename over it) and still be read, written
+and ``fstat``-ed; the table keeps the last attributes seen of every open inode, with ``nlink``
+counted down as names go, for ``getattr`` to answer from when no name is left.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import errno
+
+from loomfs.wire.types import Attr
 
 ROOT_INODE = 1
 
@@ -18,9 +25,11 @@ class InodeTable:
         self._names: dict[int, list[str]] = {ROOT_INODE: ["/"]}
         self._lookups: dict[int, int] = {ROOT_INODE: 1}
         self._by_path: dict[str, int] = {"/": ROOT_INODE}
+        self._opens: dict[int, int] = {}  # inode -> open handles
+        self._open_attrs: dict[int, Attr] = {}  # open inode -> its last attributes seen
 
     def __repr__(self) -> str:
-        return f"InodeTable(inodes={len(self._names)}, paths={len(self._by_path)})"
+        return f"InodeTable(inodes={len(self._names)}, paths={len(self._by_path)}, open={len(self._opens)})"
 
     def __len__(self) -> int:
         return len(self._names)
@@ -31,6 +40,9 @@ class InodeTable:
         if not names:
             raise OSError(errno.ENOENT, "inode no longer has a name", str(inode))
         return names[0]
+
+    def has_name(self, inode: int) -> bool:
+        return bool(self._names.get(inode))
 
     def inode_of(self, path: str) -> int | None:
         return self._by_path.get(path)
@@ -62,10 +74,39 @@ class InodeTable:
                 del self._by_path[name]
 
     def unlinked(self, path: str) -> None:
-        """``path`` no longer names anything (the inode may live on under other names)."""
+        """``path`` no longer names anything (the inode may live on under other names, or
+        open)."""
         inode = self._by_path.get(path)
         if inode is not None:
             self._drop_name(inode, path)
+            kept = self._open_attrs.get(inode)
+            if kept is not None:
+                self._open_attrs[inode] = dataclasses.replace(kept, nlink=max(0, kept.nlink - 1))
+
+    # --- open inodes ----------------------------------------------------------------------
+
+    def opened(self, inode: int) -> None:
+        self._opens[inode] = self._opens.get(inode, 0) + 1
+
+    def closed(self, inode: int) -> None:
+        left = self._opens.get(inode, 0) - 1
+        if left > 0:
+            self._opens[inode] = left
+        else:
+            self._opens.pop(inode, None)
+            self._open_attrs.pop(inode, None)
+
+    def is_open(self, inode: int) -> bool:
+        return inode in self._opens
+
+    def seen(self, attr: Attr) -> None:
+        """Fresh attributes from meta: kept while the inode is open."""
+        if attr.inode in self._opens:
+            self._open_attrs[attr.inode] = attr
+
+    def kept(self, inode: int) -> Attr | None:
+        """The last attributes seen of an open inode (None when not open or never seen)."""
+        return self._open_attrs.get(inode)
 
     def renamed(self, src: str, dst: str, *, exchange: bool = False) -> None:
         """``src`` (and everything under it) is now ``dst``; what ``dst`` named is gone

@@ -11,6 +11,7 @@ at the edge, with the cause kept.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import functools
 import logging
@@ -101,6 +102,7 @@ class LoomOperations(pyfuse3.Operations):
         return [h for h in self.handles.values() if isinstance(h, Handle) and h.inode == inode and h.writable]
 
     def entry(self, attr: Attr) -> pyfuse3.EntryAttributes:
+        self.inodes.seen(attr)  # kept while open: answers getattr when the last name is gone
         e = pyfuse3.EntryAttributes()
         e.st_ino = attr.inode
         e.generation = 0
@@ -148,10 +150,17 @@ class LoomOperations(pyfuse3.Operations):
 
     @_fuse_errors
     async def getattr(self, inode: int, ctx: Any = None) -> pyfuse3.EntryAttributes:
-        return self.entry(await self._attr(self.inodes.path(inode)))
+        kept = self.inodes.kept(inode)
+        if not self.inodes.has_name(inode) and kept is not None:
+            return self.entry(kept)  # open, its last name unlinked: what was seen, the writer's length
+        attr = await self._attr(self.inodes.path(inode))
+        if attr.inode != inode and kept is not None:
+            return self.entry(kept)  # the name went to another file meanwhile
+        return self.entry(attr)
 
     @_fuse_errors
     async def setattr(self, inode: int, attr: Any, fields: Any, fh: int | None, ctx: Any) -> pyfuse3.EntryAttributes:
+        # ENOENT once the last name is gone: meta's SETATTR (truncate too) takes a path
         path = self.inodes.path(inode)
         c = self.client
         if fields.update_size:
@@ -159,6 +168,7 @@ class LoomOperations(pyfuse3.Operations):
             writers = [h] if isinstance(h, Handle) and h.writable else self._writers(inode)
             if writers:  # through the open file, so its own idea of the length follows
                 async with writers[0].lock:
+                    writers[0].file.path = path  # the file truncates by path: its name now
                     await self.call(writers[0].file.truncate(attr.st_size))
                     await self.call(writers[0].file.fsync())
             else:
@@ -181,6 +191,13 @@ class LoomOperations(pyfuse3.Operations):
             if rsp.attr is not None:
                 return self.entry(rsp.attr)
         return self.entry(await self._attr(path))
+
+    async def _keep_if_open(self, path: str) -> None:
+        """Before a name goes: the attributes of an open file it names, for getattr after."""
+        inode = self.inodes.inode_of(path)
+        if inode is not None and self.inodes.is_open(inode):
+            with contextlib.suppress(FileNotFoundError):
+                self.inodes.seen(await self._attr(path))
 
     # --- names --------------------------------------------------------------------------
 
@@ -208,6 +225,7 @@ class LoomOperations(pyfuse3.Operations):
     @_fuse_errors
     async def unlink(self, parent_inode: int, name: bytes, ctx: Any) -> None:
         path = _join(self.inodes.path(parent_inode), name)
+        await self._keep_if_open(path)
         await self.call(self.client.unlink(path))
         self.inodes.unlinked(path)
 
@@ -219,8 +237,13 @@ class LoomOperations(pyfuse3.Operations):
         if flags & pyfuse3.RENAME_EXCHANGE:
             raise pyfuse3.FUSEError(errno.EINVAL)  # not in the meta API yet
         no_replace = bool(flags & pyfuse3.RENAME_NOREPLACE)
+        if not no_replace:
+            await self._keep_if_open(dst)
         await self.call(self.client.rename(src, dst, no_replace=no_replace))
         self.inodes.renamed(src, dst)
+        for h in self.handles.values():  # open files under the old name go by the new one
+            if isinstance(h, Handle) and (h.file.path == src or h.file.path.startswith(src + "/")):
+                h.file.path = dst + h.file.path[len(src):]
 
     @_fuse_errors
     async def symlink(self, parent_inode: int, name: bytes, target: bytes, ctx: Any) -> pyfuse3.EntryAttributes:
@@ -320,6 +343,7 @@ class LoomOperations(pyfuse3.Operations):
             f = await self.call(self.client.open(path, "a+b"))
         else:
             f = await self.call(self.client.open(path, "r+b"))
+        self.inodes.opened(inode)
         return self._file_info(Handle(inode, f, acc != os.O_RDONLY))
 
     @_fuse_errors
@@ -336,6 +360,7 @@ class LoomOperations(pyfuse3.Operations):
             except FileExistsError:
                 f = await self.call(c.open(path, "w+b" if flags & os.O_TRUNC else "r+b", perm=perm))
         attr = await self._owned(path, await self._attr(path), ctx)
+        self.inodes.opened(attr.inode)
         h = Handle(attr.inode, f, True)
         fi = self._file_info(h)
         return fi, self._known(attr, path)
@@ -368,11 +393,17 @@ class LoomOperations(pyfuse3.Operations):
     async def _synced(self, h: Handle, *, close: bool = False) -> None:
         async with h.lock:
             await self.call(h.file.close() if close else h.file.fsync())
-            if h.times_ns is not None:
-                path = self.inodes.path(h.inode) if self.inodes.lookups(h.inode) else h.file.path
+            path = self._path_of(h)
+            if h.times_ns is not None and path is not None:
                 req = SetattrReq(path=path, follow_symlinks=False,
                                  atime_ns=h.times_ns[0], mtime_ns=h.times_ns[1])
                 await self.call(self.client._setattr(req))
+
+    def _path_of(self, h: Handle) -> str | None:
+        """An open file's name now (None when the last one was unlinked)."""
+        if self.inodes.has_name(h.inode):
+            return self.inodes.path(h.inode)
+        return None if self.inodes.lookups(h.inode) else h.file.path
 
     @_fuse_errors
     async def flush(self, fh: int) -> None:
@@ -391,10 +422,13 @@ class LoomOperations(pyfuse3.Operations):
     async def release(self, fh: int) -> None:
         h = self.handles.pop(fh, None)
         if isinstance(h, Handle):
-            if h.writable:
-                await self._synced(h, close=True)
-            else:
-                await self.call(h.file.close())
+            try:
+                if h.writable:
+                    await self._synced(h, close=True)
+                else:
+                    await self.call(h.file.close())
+            finally:
+                self.inodes.closed(h.inode)
 
     async def close_all(self) -> None:
         """At unmount: close every open file (their bytes reach storage and meta)."""
