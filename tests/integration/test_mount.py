@@ -446,6 +446,7 @@ def test_foreground_unmounts_on_sigterm(cluster: LocalCluster) -> None:
         name = f"open-at-exit-{os.getpid()}"
         fd = os.open(Path(mp) / name, os.O_CREAT | os.O_WRONLY)
         os.write(fd, b"bytes")
+        assert name in os.listdir(mp)  # readdir's pages bridged to the client's loop
         proc.send_signal(signal.SIGTERM)  # unmounts with the file still open
         assert proc.wait(timeout=30) == 0, proc.stdout.read() if proc.stdout else ""
         assert not daemon.is_mounted(mp)
