@@ -3,7 +3,6 @@ positive and carries its limit, the PNG is drawn. No timing assertions."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import subprocess
@@ -29,7 +28,6 @@ SMALLFILES = {
 EXPECTED |= SMALLFILES
 # The DataLoader group (needs torch): --quick runs 300 x 4 KiB and 100 x 112 KiB with 0 and 2
 # workers; a LoomFS target also has the local copy's rows (dl_local_*), a --compare one not.
-HAVE_TORCH = importlib.util.find_spec("torch") is not None
 DATALOADER = {f"dl_{k}_{s}_{w}w" for k in ("files", "shards") for s in ("4k", "112k") for w in (0, 2)}
 DATALOADER_LOCAL = {n.replace("dl_", "dl_local_", 1) for n in DATALOADER}
 # The checkpoint group (needs torch): a LoomFS target only (its local DCP figures beside it).
@@ -57,8 +55,7 @@ def test_bench_quick_json_plot_and_compare(cluster, tmp_path: Path) -> None:  # 
     assert doc["targets"] == ["loomfs", f"compare:{cmp_dir}"]
     for tgt in doc["targets"]:
         rows = {r["name"]: r for r in doc["results"] if r["target"] == tgt}
-        want = EXPECTED | (DATALOADER | (DATALOADER_LOCAL | CHECKPOINT if tgt == "loomfs" else set())
-                           if HAVE_TORCH else set())
+        want = EXPECTED | DATALOADER | (DATALOADER_LOCAL | CHECKPOINT if tgt == "loomfs" else set())
         assert set(rows) == want, set(rows) ^ want
         for r in rows.values():
             assert r["value"] > 0 and math.isfinite(r["value"]), r
@@ -102,7 +99,6 @@ def test_bench_only_smallfiles(cluster, tmp_path: Path) -> None:  # type: ignore
     assert not list(cmp_dir.joinpath(".bench").iterdir())
 
 
-@pytest.mark.skipif(not HAVE_TORCH, reason="the dataloader group needs torch")
 def test_bench_only_dataloader(cluster, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     """``--only dataloader``: LoomFS and local rows in samples/s; file rows held against the
     local plain Dataset of the same run, shard rows against min(disk read, TCP) per sample;
@@ -142,7 +138,6 @@ def test_bench_only_dataloader(cluster, tmp_path: Path) -> None:  # type: ignore
     assert not list(Path(cluster.root).glob("bench-dl-*"))  # the local copy is gone
 
 
-@pytest.mark.skipif(not HAVE_TORCH, reason="the checkpoint group needs torch")
 def test_bench_only_checkpoint(cluster, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     """``--only checkpoint --ckpt-size 8M``: DCP save/load MB/s with 1 and 2 ranks held against
     DCP's local FileSystemWriter/Reader of the same run; the blocked time of sync and async
