@@ -274,3 +274,18 @@ def test_lazy_w_renamed_before_close_keeps_data_under_new_name(fs: loomfs.LoomFS
     f.close()
     assert fs.cat(final) == b"new data"
     assert not fs.exists(tmp)
+
+
+def test_truncate_of_an_open_file_follows_it_across_a_rename(fs: loomfs.LoomFS, base: str) -> None:
+    """ftruncate goes by inode: another client renaming the file (and writing a new one at the
+    old name) does not make it cut the wrong file."""
+    p, moved = f"{base}/t", f"{base}/t-moved"
+    fs.pipe(p, b"x" * 5000)
+    other = loomfs.connect(fs.address) if fs.address else fs
+    with fs.open(p, "r+b") as f:
+        other.rename(p, moved)
+        other.pipe(p, b"newcomer")
+        f.truncate(100)
+    assert fs.cat(moved) == b"x" * 100 and fs.cat(p) == b"newcomer"
+    if other is not fs:
+        other.close()

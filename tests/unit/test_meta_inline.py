@@ -399,3 +399,16 @@ def test_write_open_of_an_inline_file_does_not_need_storage(env: Env, chunks: Wr
     env.clock.advance(120)  # past the trim's claim and back-off
     w = env.run(env.ns.open("/f", os.O_WRONLY, client_id=2))
     assert w.attr.inline and w.data == b"small"
+
+
+def test_setattr_by_inode_changes_that_file_whatever_its_name(env: Env) -> None:
+    o = env.run(env.ns.open("/a", CREAT, chunked=True))
+    env.run(env.ns.close(o.attr.inode, o.session_id, 100))
+    env.run(env.ns.rename("/a", "/b"))
+    put(env, "/a", b"a new file at the old name")
+    r = env.run(env.ns.setattr("/a", inode=o.attr.inode, size=10))
+    assert r.attr.inode == o.attr.inode and r.truncated_from == 100
+    assert env.run(env.ns.stat("/b")).size == 10 and read(env, "/a") == b"a new file at the old name"
+    env.run(env.ns.unlink("/b"))
+    assert env.err(env.ns.setattr("/b", inode=o.attr.inode, size=0)) == errno.ENOENT
+    assert env.err(env.ns.setattr("/a", inode=-1, size=0)) == errno.EINVAL

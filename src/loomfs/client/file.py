@@ -419,7 +419,8 @@ class AsyncFile:
         if self._opener is not None:
             await self._materialize()
         await self.flush()
-        rsp = await self._meta.setattr(SetattrReq(path=self.path, size=size))  # meta cuts the chunks
+        # by inode: this file, whatever its name is now (meta cuts the chunks)
+        rsp = await self._meta.setattr(SetattrReq(path=self.path, inode=self.inode, size=size))
         self._trunc_epoch = max(self._trunc_epoch, rsp.trunc_epoch)
         if self._inline is not None:
             if rsp.attr is not None and rsp.attr.inline:

@@ -115,7 +115,7 @@ class MetaService:
     async def setattr(self, req: w.SetattrReq, ctx: CallContext) -> w.SetattrRsp:
         r = await self.ns.setattr(
             req.path, follow_symlinks=req.follow_symlinks, mode=req.mode, uid=req.uid, gid=req.gid,
-            atime_ns=req.atime_ns, mtime_ns=req.mtime_ns, size=req.size,
+            atime_ns=req.atime_ns, mtime_ns=req.mtime_ns, size=req.size, inode=req.inode,
         )
         return w.SetattrRsp(attr=r.attr, truncated_from=r.truncated_from, trunc_epoch=r.trunc_epoch)
 

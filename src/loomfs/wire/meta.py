@@ -204,6 +204,9 @@ class SetattrReq(Message):
     atime_ns: int = -1
     mtime_ns: int = -1
     size: int = -1  # truncate/extend (meta cuts the chunks); the reply's truncated_from says the old length
+    # nonzero: change this inode (an open file, whatever its names are now; ``path`` only
+    # names it in errors): ftruncate/fchmod/futimens, also after a rename or the last unlink
+    inode: int = 0
 
 
 @message

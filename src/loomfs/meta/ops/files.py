@@ -300,15 +300,19 @@ class FileOps(InlineOps):
 
     async def setattr(
         self, path: str, *, follow_symlinks: bool = True, mode: int = -1, uid: int = -1, gid: int = -1,
-        atime_ns: int = -1, mtime_ns: int = -1, size: int = -1,
+        atime_ns: int = -1, mtime_ns: int = -1, size: int = -1, inode: int = 0,
     ) -> SetattrResult:
         """chmod/chown/utimes/truncate. A size change settles the file's trim: an extend
-        before it commits (the bytes it exposes must read zeros), a shrink after (its own)."""
-        parts = split_path(path)
+        before it commits (the bytes it exposes must read zeros), a shrink after (its own).
+        ``inode``: change that inode (an open file's), not what ``path`` names now."""
+        parts = split_path(path) if not inode else []
+        if inode < 0:
+            raise StatusError(Status.EINVAL, f"bad inode {inode}")
         if size < -1:
             raise StatusError(Status.EINVAL, f"negative size {size}")
         for _ in range(SETATTR_SETTLE_ROUNDS):
-            r = await self._setattr(parts, path, follow_symlinks, mode, uid, gid, atime_ns, mtime_ns, size)
+            r = await self._setattr(parts, path, follow_symlinks, mode, uid, gid, atime_ns, mtime_ns, size,
+                                    inode)
             if isinstance(r, _Migrate):
                 await self.migrate(r.inode)  # an extend past the inline limit
                 continue
@@ -323,16 +327,24 @@ class FileOps(InlineOps):
 
     async def _setattr(
         self, parts: list[str], path: str, follow_symlinks: bool, mode: int, uid: int, gid: int,
-        atime_ns: int, mtime_ns: int, size: int,
+        atime_ns: int, mtime_ns: int, size: int, inode: int = 0,
     ) -> tuple[SetattrResult, bool] | int | _Migrate:
         """One try: the result and whether to settle the file's trim before replying; or an
         inode number: settle that file's trim first and try again; or ``_Migrate``: move the
         inline file to chunks first and try again."""
         async with self.store.write() as txn:
-            r = await walk(txn, parts, follow_last=follow_symlinks or size >= 0)
-            if r.inode is None:
-                raise StatusError(Status.ENOENT, path)
-            attr = await self._attr(txn, r.inode)
+            if inode:
+                found = await txn.get_inode(inode)
+                if found is None:
+                    gc = await txn.gc_get(inode)
+                    raise StatusError(Status.ENOENT, f"{path}: inode {inode} is gone"
+                                      + (" (unlinked; its data waits for GC)" if gc is not None else ""))
+                attr = found
+            else:
+                r = await walk(txn, parts, follow_last=follow_symlinks or size >= 0)
+                if r.inode is None:
+                    raise StatusError(Status.ENOENT, path)
+                attr = await self._attr(txn, r.inode)
             if size >= 0:
                 if attr.type == DIR:
                     raise StatusError(Status.EISDIR, path)
