@@ -43,7 +43,7 @@ READDIR_PAGE = 1024
 LAZY_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_TRUNC  # mode "w"/"wb": the create waits for the bytes
 INLINE_PUT_CAP_BYTES = 1 << 20  # meta's cap on any inline limit
 RMTREE_PARALLEL = 32
-_TYPE_NAMES = {FileType.FILE: "file", FileType.DIRECTORY: "directory", FileType.SYMLINK: "link"}
+TYPE_NAMES = {FileType.FILE: "file", FileType.DIRECTORY: "directory", FileType.SYMLINK: "link"}
 
 
 def info_of(path: str, attr: Attr) -> dict[str, Any]:
@@ -51,7 +51,7 @@ def info_of(path: str, attr: Attr) -> dict[str, Any]:
     d: dict[str, Any] = {
         "name": path,
         "size": attr.size,
-        "type": _TYPE_NAMES.get(FileType(attr.type), "other"),
+        "type": TYPE_NAMES.get(FileType(attr.type), "other"),
         "inode": attr.inode,
         "mode": attr.mode,
         "nlink": attr.nlink,
@@ -477,6 +477,11 @@ class AsyncClient:
 
     # --- data -------------------------------------------------------------------------
 
+    def _file_args(self, p: str, flags: int) -> dict[str, Any]:
+        """What every file object of this client is built with."""
+        return dict(background=self._background, path=p, flags=flags, storage=self.storage, meta=self.meta,
+                    config=self.config, pool=self.pool, budget=self.budget)
+
     async def open(self, path: str, mode: str = "rb", *, perm: int = 0o644) -> AsyncFile:
         flags, _binary = parse_mode(mode)
         p = paths.normalize(path)
@@ -486,10 +491,7 @@ class AsyncClient:
             return await self._open_read(p)
         # write opens name their session, so a re-sent OPEN (reply lost) is applied once
         session_id = (1 << 62) | random.getrandbits(62)
-        common: dict[str, Any] = dict(
-            background=self._background, path=p, flags=flags, storage=self.storage, meta=self.meta,
-            config=self.config, pool=self.pool, budget=self.budget, caches=self.caches,
-        )
+        common = {**self._file_args(p, flags), "caches": self.caches}
         self.caches.changed(p)  # whatever it was, this client is changing it
         if flags == LAZY_FLAGS and self.config.inline_put_max_bytes > 0:
             # "w": created at close with its bytes (one round trip for a small file)
@@ -552,9 +554,7 @@ class AsyncClient:
             f = self._file_of(p, attr, data) if data is not None else None
             if f is not None:
                 return f
-        f = AsyncFile(attr=attr, session_id=0, inline_data=data, background=self._background, path=p,
-                      flags=os.O_RDONLY, storage=self.storage, meta=self.meta, config=self.config,
-                      pool=self.pool, budget=self.budget)
+        f = AsyncFile(attr=attr, session_id=0, inline_data=data, **self._file_args(p, os.O_RDONLY))
         self._open_files.add(f)
         return f
 
@@ -570,8 +570,7 @@ class AsyncClient:
         if attr.type != FileType.FILE or attr.layout is None or not attr.layout.chains:
             return None
         f = AsyncFile(attr=dataclasses.replace(attr, inline=True), session_id=0, inline_data=data,
-                      background=self._background, path=p, flags=os.O_RDONLY, storage=self.storage,
-                      meta=self.meta, config=self.config, pool=self.pool, budget=self.budget)
+                      **self._file_args(p, os.O_RDONLY))
         self._open_files.add(f)
         return f
 
@@ -689,9 +688,7 @@ class AsyncClient:
             return data
         attr = rsp.attr
         assert attr is not None
-        f = AsyncFile(background=self._background, path=p, attr=attr, flags=os.O_RDONLY, session_id=0,
-                      storage=self.storage, meta=self.meta, config=self.config, pool=self.pool,
-                      budget=self.budget)
+        f = AsyncFile(attr=attr, session_id=0, **self._file_args(p, os.O_RDONLY))
         try:
             data = await f.read()
         finally:
@@ -705,9 +702,8 @@ class AsyncClient:
         inline limit): write the bytes and close."""
         attr = self._check_opened(p, rsp)
         f = _WriteFile(attr=attr, session_id=rsp.session_id, trunc_epoch=rsp.trunc_epoch,
-                       inline_data=self._inline_bytes(p, rsp.data, rsp.data_crc), background=self._background,
-                       path=p, flags=LAZY_FLAGS, storage=self.storage, meta=self.meta, config=self.config,
-                       pool=self.pool, budget=self.budget, caches=self.caches)
+                       inline_data=self._inline_bytes(p, rsp.data, rsp.data_crc), caches=self.caches,
+                       **self._file_args(p, LAZY_FLAGS))
         self._open_files.add(f)
         if rsp.session_id:
             self._keep_sessions(rsp.session_lease_s)

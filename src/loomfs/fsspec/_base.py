@@ -21,7 +21,7 @@ from typing import Any, Self, TypeVar
 from fsspec.asyn import AsyncFileSystem
 from fsspec.utils import stringify_path
 
-from loomfs.client.core import AsyncClient, info_of
+from loomfs.client.core import TYPE_NAMES, AsyncClient, info_of
 from loomfs.client.sync import LoomFS, resolve_mgmtd
 from loomfs.config import ClientConfig
 from loomfs.fsspec import _bridge
@@ -38,7 +38,6 @@ from loomfs.wire.types import Attr, FileType
 
 F = TypeVar("F", bound=Callable[..., Coroutine[Any, Any, Any]])
 
-TYPE_NAMES = {FileType.FILE: "file", FileType.DIRECTORY: "directory", FileType.SYMLINK: "link"}
 
 
 def on_core_loop(fn: F) -> F:
