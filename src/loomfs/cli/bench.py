@@ -8,7 +8,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from loomfs.cli.common import connect, parse_size, target
+from loomfs.cli.common import START_HINT, connect, parse_size, target
+
+BENCH_HINT = START_HINT + ", or pass --start (a throwaway local cluster)"
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -129,11 +131,12 @@ def _bench(args: argparse.Namespace) -> int:
     from loomfs.bench.suite import run_bench
     from loomfs.bench.targets import BenchTarget, LocalTarget, LoomTarget
 
+    where = target(args, BENCH_HINT)  # no cluster: a one-line hint, before any measuring
     plan = plan_from_args(args)
     disk_dir = args.cluster_dir if args.cluster_dir and Path(args.cluster_dir).is_dir() else tempfile.gettempdir()
-    with connect(args) as fs:
+    with connect(args, BENCH_HINT) as fs:
         replicas = _replicas(args, fs)
-        targets: list[BenchTarget] = [LoomTarget(target(args), fs)]
+        targets: list[BenchTarget] = [LoomTarget(where, fs)]
         if args.compare_dir:
             targets.append(LocalTarget(args.compare_dir))
         doc = run_bench(targets, plan, replicas, disk_dir, quick=args.quick, show_progress=not args.no_progress)

@@ -17,22 +17,47 @@ def cluster_dir(args: argparse.Namespace) -> Path:
     return Path(d or DEFAULT_DIR).resolve()
 
 
-def target(args: argparse.Namespace) -> str:
-    """What loomfs.connect() should get: a mgmtd address or a cluster directory."""
-    if args.mgmtd:
+START_HINT = "start one with `loomfs local up`, or pass --dir DIR / --mgmtd HOST:PORT"
+
+
+class NoCluster(SystemExit):
+    """No cluster where the command looked: a one-line hint, exit status 1 (no traceback)."""
+
+    def __init__(self, where: str, hint: str = START_HINT):
+        self.where, self.hint = where, hint
+        super().__init__(f"loomfs: no LoomFS cluster at {where}: {hint}")
+
+
+def target(args: argparse.Namespace, hint: str = START_HINT) -> str:
+    """What loomfs.connect() should get: a mgmtd address or a cluster directory. A directory
+    that holds no ``cluster.json`` (and is not an address) ends the command with a one-line
+    hint (``NoCluster``) instead of a traceback from deeper down."""
+    if getattr(args, "mgmtd", None):
         return str(args.mgmtd)
     env = os.environ.get("LOOMFS_CLUSTER")
-    if args.cluster_dir:
-        return str(Path(args.cluster_dir).resolve())
-    if env:
-        return env
-    return str(Path(DEFAULT_DIR).resolve())
+    if getattr(args, "cluster_dir", None):
+        where = str(Path(args.cluster_dir).resolve())
+    elif env:
+        where = env
+    else:
+        where = str(Path(DEFAULT_DIR).resolve())
+    if looks_like_address(where) and not Path(where).exists():
+        return where
+    if not (Path(where) / "cluster.json").is_file():
+        raise NoCluster(where, hint)
+    return where
 
 
-def connect(args: argparse.Namespace) -> Any:
+def looks_like_address(text: str) -> bool:
+    """``HOST:PORT[,HOST:PORT...]``: every part ends in ``:digits``."""
+    parts = [x.strip() for x in text.split(",") if x.strip()]
+    return bool(parts) and all(x.rpartition(":")[2].isdigit() and ":" in x for x in parts)
+
+
+def connect(args: argparse.Namespace, hint: str = START_HINT) -> Any:
     import loomfs
 
-    return loomfs.connect(target(args))
+    return loomfs.connect(target(args, hint))
 
 
 def human_bytes(n: float) -> str:

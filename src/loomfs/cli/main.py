@@ -35,7 +35,27 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for mod in (local, fs, admin, layout, demo, bench, top, dashboard, service, pack, mount, ckpt):
         mod.register(sub)
+    _cluster_options_everywhere(p)
     return p
+
+
+def _cluster_options_everywhere(parser: argparse.ArgumentParser) -> None:
+    """``--dir``/``-C`` and ``--mgmtd`` also after the subcommand (``loomfs top --dir D``,
+    ``loomfs admin targets --dir D``), as before it. A subcommand that has its own ``--dir``
+    (``local up``) or ``--mgmtd`` (``mount``) keeps it. The copies default to SUPPRESS, so
+    an option given before the subcommand is not overwritten by an absent one after it."""
+    for action in parser._actions:
+        if not isinstance(action, argparse._SubParsersAction):
+            continue
+        for child in set(action.choices.values()):
+            have = set(child._option_string_actions)
+            if "--dir" not in have and "-C" not in have:
+                child.add_argument("--dir", "-C", dest="cluster_dir", default=argparse.SUPPRESS,
+                                   help="local cluster directory (as before the command)")
+            if "--mgmtd" not in have:
+                child.add_argument("--mgmtd", dest="mgmtd", default=argparse.SUPPRESS,
+                                   help="mgmtd address HOST:PORT (as before the command)")
+            _cluster_options_everywhere(child)
 
 
 def describe(exc: OSError) -> str:
@@ -50,13 +70,29 @@ def describe(exc: OSError) -> str:
     return ": ".join(parts)
 
 
+def _quiet_stdout() -> None:
+    """The reader of our stdout went away (``loomfs ... --json | head``): point stdout at
+    /dev/null so the interpreter's final flush does not print 'Broken pipe' either."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+    finally:
+        os.close(devnull)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
         rc = args.func(args)
+        sys.stdout.flush()
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        _quiet_stdout()
+        return 0
     except OSError as exc:
         print(f"loomfs {args.command}: {describe(exc)}", file=sys.stderr)
         return 1
