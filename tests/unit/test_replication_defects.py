@@ -91,7 +91,8 @@ class Chain3:
     def tid(self, node_id: int) -> int:
         return target_id_for(node_id, 0)
 
-    def set_chain(self, members: list[int], version: int, syncing: tuple[int, ...] = ()) -> None:
+    def set_chain(self, members: list[int], version: int, syncing: tuple[int, ...] = (),
+                  waiting: tuple[int, ...] = ()) -> None:
         self.version = version
         self.routing.set(RoutingInfo(
             version=version,
@@ -99,9 +100,11 @@ class Chain3:
                    for n in self.nodes],
             targets=[TargetInfo(target_id=n.target.target_id, node_id=n.node_id, chain_id=1,
                                 state=TargetState.SYNCING if n.node_id in syncing else
+                                TargetState.WAITING if n.node_id in waiting else
                                 TargetState.SERVING if n.node_id in members else TargetState.OFFLINE)
                      for n in self.nodes],
-            chains=[ChainInfo(chain_id=1, version=version, targets=[self.tid(m) for m in (*members, *syncing)])],
+            chains=[ChainInfo(chain_id=1, version=version,
+                              targets=[self.tid(m) for m in (*members, *syncing, *waiting)])],
         ))
 
     def engine(self, node_id: int) -> FlakyEngine:

@@ -19,6 +19,8 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 
+import crc32c
+
 from loomfs.common.routing import Routing
 from loomfs.errors import LoomError, StatusError
 from loomfs.storage import chain, planted
@@ -247,7 +249,7 @@ class Resyncer:
         address = routing.address_of(job.dest)
         async with target.locks.hold(key):
             await self._check_source(job)
-            st = target.engine.get(key)
+            st = None if svc.being_removed(job.source, key) else target.engine.get(key)
             if st is None or st.commit_ver == 0:
                 if remote is not None:
                     rm = RemoveChunksReq(chain_id=job.chain_id, chain_version=job.chain_version, inode=key.inode,
@@ -267,6 +269,14 @@ class Resyncer:
                 st2 = target.engine.get(key)
                 if st2 is None or (st2.commit_ver, st2.crc) != (st.commit_ver, st.crc):
                     raise StatusError(Status.VERSION_MISMATCH, f"chunk {key} changed while it was read for resync")
+                if n != st.length or crc32c.crc32c(mv[:n]) != st.crc:
+                    # our copy rotted: the scrubber repairs it (from any member holding this
+                    # version, the syncing one included) once we let go of the lock; the
+                    # worker retries on the next routing check
+                    if svc.on_corrupt is not None:
+                        svc.on_corrupt(target, key)
+                    raise StatusError(Status.CHECKSUM_MISMATCH, f"chunk {key} v{st.commit_ver} on target "
+                                      f"{job.source} is corrupt: repairing before it is copied")
                 req = WriteReq(chain_id=job.chain_id, chain_version=job.chain_version,
                                chunk=ChunkId(inode=key.inode, index=key.index), offset=0, length=n,
                                chunk_size=max(n, 1), data_crc=st.crc, forwarded=True, update_ver=st.commit_ver,

@@ -47,6 +47,9 @@ class Scrubber:
         self.bad: list[tuple[int, ChunkKey]] = []  # (target, chunk) found bad, newest last (bounded)
         self._task: asyncio.Task[None] | None = None
         self._urgent: set[tuple[int, ChunkKey]] = set()  # chunks a read found corrupt, being repaired
+        # a repair read of a whole chunk: long enough for a big chunk, short enough that a hung
+        # peer does not hold the repair up (the next candidate is tried)
+        self.fetch_timeout_s = max(5.0, 4 * service.forward_timeout_s)
 
     async def run(self) -> None:
         if self.bytes_per_s <= 0:
@@ -99,7 +102,10 @@ class Scrubber:
         asyncio.ensure_future(go())
 
     async def check_chunk(self, target: StorageTarget, key: ChunkKey) -> tuple[bool, int]:
-        """(good, bytes read). A bad chunk is repaired from another replica when possible."""
+        """(good, bytes read). A bad chunk is repaired from another replica when possible.
+
+        The chunk lock is held to read and check the chunk and again to install a good copy,
+        not while the copy is fetched: a hung peer must not hold up writes to the chunk."""
         svc = self.service
         async with target.locks.hold(key):
             st = target.engine.get(key)
@@ -114,26 +120,29 @@ class Scrubber:
                 except OSError as exc:
                     logger.error("scrub: target %d chunk %s unreadable: %s", target.target_id, key, exc)
                     n, crc = 0, -1
-                self.chunks_checked += 1
-                if n == st.length and crc == st.crc:
-                    return True, n
-                self.bad_found += 1
-                self.bad.append((target.target_id, key))
-                del self.bad[:-BAD_KEPT_MAX]
-                logger.error("scrub: target %d chunk %s v%d is corrupt (crc %08x, recorded %08x): repairing",
-                             target.target_id, key, st.commit_ver, crc & 0xFFFFFFFF, st.crc)
-                if await self._repair(target, key, st):
-                    self.repaired += 1
-                return False, n
             finally:
                 svc.pool.release(buf)
+            self.chunks_checked += 1
+            if n == st.length and crc == st.crc:
+                return True, n
+            self.bad_found += 1
+            self.bad.append((target.target_id, key))
+            del self.bad[:-BAD_KEPT_MAX]
+            logger.error("scrub: target %d chunk %s v%d is corrupt (crc %08x, recorded %08x): repairing",
+                         target.target_id, key, st.commit_ver, crc & 0xFFFFFFFF, st.crc)
+        if await self._repair(target, key, st):
+            self.repaired += 1
+        return False, n
 
     async def _repair(self, target: StorageTarget, key: ChunkKey, st: ChunkState) -> bool:
-        """Install a good copy from another serving replica, the tail first (commits happen
-        there first). The same version, or a newer one when this replica is behind (a head
-        whose rotten bytes were carried into its pending version cannot push that version,
-        while the tail committed the good one): never an older one, and never one that would
-        drop a newer pending version of ours."""
+        """Install a good copy from another replica. Serving replicas first, the tail first
+        (commits happen there first): the same version, or a newer one when this replica is
+        behind (a head whose rotten bytes were carried into its pending version cannot push
+        that version, while the tail committed the good one), never an older one, and never
+        one that would drop a newer pending version of ours. Then any other member of the chain
+        whatever its state (waiting, syncing, offline but reachable), for exactly our version,
+        committed or pending there: when this replica is the only serving one, that is where
+        the good copy is."""
         svc = self.service
         try:
             routing = await svc.routing.get()
@@ -142,19 +151,45 @@ class Scrubber:
         except (KeyError, LoomError) as exc:
             logger.warning("scrub: no chain for target %d: %s", target.target_id, exc)
             return False
-        for other in reversed(info.targets):
-            ti = routing.targets.get(other)
-            if other == target.target_id or ti is None or ti.state != TargetState.SERVING:
-                continue
-            got = await self._fetch(routing, chain_id, info.version, other, target, key, st)
+        others = [t for t in reversed(info.targets) if t != target.target_id and t in routing.targets]
+        serving = [t for t in others if routing.targets[t].state == TargetState.SERVING]
+        rest = [t for t in others if t not in serving]
+        for other, exact in [(t, False) for t in serving] + [(t, True) for t in rest]:
+            if exact:
+                got = await self._fetch_exact(routing, chain_id, info.version, other, key, st)
+            else:
+                got = await self._fetch(routing, chain_id, info.version, other, target, key, st)
             if got is None:
                 continue
             ver, data, tags = got
-            await self._install(target, key, ver, data, tags)
+            async with target.locks.hold(key):
+                now = target.engine.get(key)
+                if now is None or (now.commit_ver, now.crc, now.length, now.pending_ver) != (
+                        st.commit_ver, st.crc, st.length, st.pending_ver):
+                    logger.info("scrub: target %d chunk %s changed while a good copy was fetched: next pass",
+                                target.target_id, key)
+                    return False
+                await self._install(target, key, ver, data, tags)
             logger.info("scrub: target %d chunk %s v%d repaired from target %d (v%d)", target.target_id, key,
                         st.commit_ver, other, ver)
             return True
         return False
+
+    async def _fetch_exact(self, routing: Routing, chain_id: int, chain_version: int, other: int, key: ChunkKey,
+                           st: ChunkState) -> tuple[int, memoryview, tuple[ChunkTag, ...]] | None:
+        """``other``'s copy of exactly our committed version, if its length and CRC are ours."""
+        svc = self.service
+        req = ReadReq(chain_id=chain_id, chain_version=chain_version, chunk=ChunkId(inode=key.inode, index=key.index),
+                      offset=0, length=st.length, target_id=other, exact_ver=st.commit_ver)
+        try:
+            rsp = await svc.rpc.call(routing.address_of(other), READ, req, timeout_s=self.fetch_timeout_s)
+        except (LoomError, OSError) as exc:
+            logger.warning("scrub: reading chunk %s v%d from target %d failed: %s", key, st.commit_ver, other, exc)
+            return None
+        data = rsp.payload
+        if rsp.body.commit_ver != st.commit_ver or len(data) != st.length or crc32c.crc32c(data) != st.crc:
+            return None
+        return st.commit_ver, data, st.tags
 
     async def _fetch(self, routing: Routing, chain_id: int, chain_version: int, other: int,
                      target: StorageTarget, key: ChunkKey, st: ChunkState) -> tuple[int, memoryview, tuple[ChunkTag, ...]] | None:
@@ -164,7 +199,7 @@ class Scrubber:
         req = ReadReq(chain_id=chain_id, chain_version=chain_version, chunk=ChunkId(inode=key.inode, index=key.index),
                       offset=0, length=svc.max_chunk_size_bytes, target_id=other)
         try:
-            rsp = await svc.rpc.call(address, READ, req, timeout_s=30.0)  # whole chunk: CRC-checked
+            rsp = await svc.rpc.call(address, READ, req, timeout_s=self.fetch_timeout_s)  # whole chunk: CRC-checked
         except (LoomError, OSError) as exc:
             logger.warning("scrub: reading chunk %s from target %d failed: %s", key, other, exc)
             return None
@@ -186,7 +221,7 @@ class Scrubber:
             return None
         q = QueryChunksReq(target_id=other, inode=key.inode, index_begin=key.index, index_end=key.index + 1, limit=1)
         try:
-            metas = (await svc.rpc.call(address, QUERY_CHUNKS, q, timeout_s=30.0)).body.chunks
+            metas = (await svc.rpc.call(address, QUERY_CHUNKS, q, timeout_s=self.fetch_timeout_s)).body.chunks
         except (LoomError, OSError) as exc:
             logger.warning("scrub: chunk %s metadata from target %d failed: %s", key, other, exc)
             return None

@@ -106,6 +106,7 @@ class StorageService(ChunkUpdates):
         self.unreachable_reports_total = 0
         self.corrupt_reads_total = 0  # partial reads whose block CRC did not match
         self.on_corrupt: Callable[[StorageTarget, ChunkKey], None] | None = None  # the scrubber repairs
+        self._removing: list[tuple[int, int, int, int]] = []  # (target, inode, begin, end) under way
         self._reported: set[tuple[int, int, int]] = set()  # (chain, version, successor) already reported
         # writes are refused once mgmtd has not been reached for half a lease (the node may be
         # cut off and already replaced); the node's heartbeat loop pushes this forward
@@ -230,19 +231,35 @@ class StorageService(ChunkUpdates):
         if isinstance(action, chain.Refuse):
             raise StatusError(action.status, action.reason)
         assert isinstance(action, chain.Apply) and pos is not None
-        if action.successor is not None:
-            status, _ = await self._forward_chain(pos, REMOVE_CHUNKS, req, None, None)
-            outcome = chain.on_successor_result(0, status)
-            if isinstance(outcome, chain.Refuse):
-                raise StatusError(outcome.status, outcome.reason)
-        removed = 0
-        for st in _chunks_of(target, req):
-            async with target.locks.hold(st.key):
-                removed += await target.engine.remove_range(st.key.inode, st.key.index, st.key.index + 1)
-                left = self._leftovers.get(target.target_id)
-                if left is not None:
-                    left.discard(st.key)
+        span = (target.target_id, req.inode, req.index_begin, req.index_end)
+        self._removing.append(span)  # a resync copy of these chunks from now on removes instead
+        try:
+            if action.successor is not None:
+                # a resync copy already under way finishes before the removal goes down the
+                # chain (else it could land on a syncing successor after the removal did)
+                for st in _chunks_of(target, req):
+                    async with target.locks.hold(st.key):
+                        pass
+                status, _ = await self._forward_chain(pos, REMOVE_CHUNKS, req, None, None)
+                outcome = chain.on_successor_result(0, status)
+                if isinstance(outcome, chain.Refuse):
+                    raise StatusError(outcome.status, outcome.reason)
+            removed = 0
+            for st in _chunks_of(target, req):
+                async with target.locks.hold(st.key):
+                    removed += await target.engine.remove_range(st.key.inode, st.key.index, st.key.index + 1)
+                    left = self._leftovers.get(target.target_id)
+                    if left is not None:
+                        left.discard(st.key)
+        finally:
+            self._removing.remove(span)
         return RemoveChunksRsp(removed=removed)
+
+    def being_removed(self, target_id: int, key: ChunkKey) -> bool:
+        """Whether a REMOVE_CHUNKS covering ``key`` is under way on ``target_id``: a resync
+        treats the chunk as gone (it is, or will be, on every member)."""
+        return any(t == target_id and inode == key.inode and begin <= key.index < end
+                   for t, inode, begin, end in self._removing)
 
     async def _trim(self, req: RemoveChunksReq) -> RemoveChunksRsp:
         """A trim of a live file at the head: every chunk of the range that still holds bytes
@@ -272,6 +289,8 @@ class StorageService(ChunkUpdates):
         key = chunk_key(req.chunk)
         if req.offset < 0 or req.length < 0 or req.offset + req.length > self.max_chunk_size_bytes:
             raise InvalidArgument(f"bad read range offset={req.offset} length={req.length}")
+        if req.exact_ver:
+            return await self._read_exact(req, key)
         self.check_readable()
         target, pos, _ = await self._locate(req.chain_id, req.chain_version, req.target_id)
         if (target.target_id, key) in self.replacing:
@@ -304,6 +323,36 @@ class StorageService(ChunkUpdates):
         rsp = rsp_base if n == want else dataclasses.replace(rsp_base, length=n)
         return Reply(rsp, payload=memoryview(buf)[:n], payload_crc=st.crc if whole else None,
                      on_sent=lambda: self.pool.release(buf))
+
+    async def _read_exact(self, req: ReadReq, key: ChunkKey) -> Reply:
+        """A repair read: version ``exact_ver`` of the chunk, committed or still pending, from a
+        replica in any state (a waiting or syncing one may hold the only good copy). Safe without
+        the lease: the reader installs it only if its length and CRC are those it recorded."""
+        target = self.targets.get(req.target_id)
+        if target is None:
+            raise StatusError(Status.UNKNOWN_TARGET, f"target {req.target_id} is not on this node")
+        if (target.target_id, key) in self.replacing:
+            raise StatusError(Status.CHECKSUM_MISMATCH, f"chunk {key} on target {target.target_id} is being replaced")
+        st = target.engine.get(key)
+        if st is not None and st.commit_ver == req.exact_ver:
+            pending, length, crc = False, st.length, st.crc
+        elif st is not None and st.has_pending and st.pending_ver == req.exact_ver:
+            pending, length, crc = True, st.pending_length, st.pending_crc
+        else:
+            raise StatusError(Status.VERSION_MISMATCH,
+                              f"target {target.target_id} has no v{req.exact_ver} of chunk {key}")
+        buf = self.pool.acquire(max(1, length))
+        try:
+            mv = memoryview(buf)[:length]
+            n = target.engine.read(key, 0, mv, pending=True) if pending else await target.engine.aread(key, 0, mv)
+        except BaseException:
+            self.pool.release(buf)
+            raise
+        if n != length:
+            self.pool.release(buf)
+            raise StatusError(Status.CHECKSUM_MISMATCH, f"chunk {key} v{req.exact_ver}: {n} of {length} bytes")
+        rsp = ReadRsp(commit_ver=req.exact_ver, length=n, chunk_length=length)
+        return Reply(rsp, payload=memoryview(buf)[:n], payload_crc=crc, on_sent=lambda: self.pool.release(buf))
 
     async def _settle_for_read(self, target: StorageTarget, key: ChunkKey,
                                req: ReadReq) -> tuple[ChunkState | None, chain.Action]:

@@ -68,6 +68,10 @@ class ReadReq(Message):
     offset: int = 0
     length: int = 0  # bytes wanted; the reply may be shorter (end of chunk)
     target_id: int = 0  # which replica the client chose (0 = any on that node)
+    # repair reads: exactly this version of the chunk, committed or pending, whatever the
+    # replica's state or lease (the reader checks it against the length and CRC it recorded
+    # for that version; a version names one content)
+    exact_ver: int = 0
 
 
 @message

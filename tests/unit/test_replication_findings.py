@@ -1,0 +1,155 @@
+"""Regression tests for replication findings of the simulator after the issue-8 defects were
+fixed (docs/fault-tolerance.md listed them as open), on three real StorageService instances
+over the simulated network on virtual time. Each failed on the code before its fix."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from test_replication_defects import CHUNK, KEY, Chain3, run
+
+from loomfs.errors import LoomError
+from loomfs.storage.resync import Resyncer, SyncJob
+from loomfs.storage.scrub import Scrubber
+from loomfs.wire.status import Status
+from loomfs.wire.storage import REMOVE_CHUNKS, RemoveChunksReq
+
+
+async def _no_report(req: object) -> bool:
+    return True
+
+
+def test_only_serving_replica_rotten_is_repaired_from_a_waiting_members_pending_copy() -> None:
+    """Seed 70133: the tail committed v2 and its ack was lost (v2 pending upstream); mgmtd then
+    lost every node for a moment and the tail came back as the only serving member; its v2
+    rotted. The scrubber asked serving replicas only, the resync kept sending the rotten bytes
+    (refused by their CRC), and the chain never got back to three replicas."""
+
+    async def body(c: Chain3) -> None:
+        await c.write(1, 0, b"x" * 300)
+        for n in (1, 2):
+            c.engine(n).stage_write(KEY, 2, 0, b"y" * 100)  # pending upstream
+        c.engine(3).stage_write(KEY, 2, 0, b"y" * 100)
+        await c.engine(3).commit(KEY, 2)
+        want = c.content(3)
+        c.set_chain([3], version=2, waiting=(1, 2))
+        c.engine(3).corrupt(KEY, 150)
+        scrub = Scrubber(c.nodes[2].service, bytes_per_s=0, interval_s=3600)
+        good, _ = await scrub.check_chunk(c.nodes[2].target, KEY)
+        assert not good and scrub.repaired == 1
+        st = c.engine(3).get(KEY)
+        assert st is not None and st.commit_ver == 2 and c.content(3) == want and c.engine(3).verify(KEY) == []
+
+    run(body)
+
+
+def test_exact_read_serves_only_the_version_asked_for() -> None:
+    async def body(c: Chain3) -> None:
+        from loomfs.wire.storage import READ, ReadReq
+
+        await c.write(1, 0, b"a" * 10)
+        c.set_chain([1], version=2, waiting=(2, 3))  # node 2 is not serving: normal reads refused
+        req = ReadReq(chain_id=1, chain_version=2, chunk=CHUNK, offset=0, length=10, target_id=c.tid(2),
+                      exact_ver=1)
+        rsp = await c.client.call(c.nodes[1].address, READ, req)
+        assert bytes(rsp.payload) == b"a" * 10 and rsp.body.commit_ver == 1
+        with pytest.raises(LoomError) as err:
+            await c.client.call(c.nodes[1].address, READ, ReadReq(
+                chain_id=1, chain_version=2, chunk=CHUNK, offset=0, length=10, target_id=c.tid(2), exact_ver=2))
+        assert err.value.status is Status.VERSION_MISMATCH
+
+    run(body)
+
+
+def test_resync_never_sends_a_rotten_source_chunk_and_gets_it_repaired() -> None:
+    """Seed 70133 too: the resync source's copy rotted; the copy is refused (its CRC), the
+    source asks the scrubber to repair it (here from the syncing target's own pending copy),
+    and the next attempt finishes."""
+
+    async def body(c: Chain3) -> None:
+        await c.write(1, 0, b"x" * 300)
+        c.engine(2).stage_write(KEY, 2, 0, b"y" * 100)
+        c.engine(1).stage_write(KEY, 2, 0, b"y" * 100)
+        await c.engine(1).commit(KEY, 2)
+        want = c.content(1)
+        c.set_chain([1], version=3, syncing=(2,))
+        c.engine(1).corrupt(KEY, 20)
+        svc = c.nodes[0].service
+        scrub = Scrubber(svc, bytes_per_s=0, interval_s=3600)
+        svc.on_corrupt = scrub.check_soon
+        resync = Resyncer(svc, _no_report)
+        job = SyncJob(1, 3, c.tid(1), c.tid(2))
+        routing = await svc.routing.get()
+        with pytest.raises(LoomError) as err:
+            await resync._sync(job, routing)
+        assert err.value.status is Status.CHECKSUM_MISMATCH
+        for _ in range(100):  # the repair runs once the resync let go of the chunk
+            if scrub.repaired:
+                break
+            await asyncio.sleep(0.01)
+        assert scrub.repaired == 1 and c.content(1) == want
+        await resync._sync(job, routing)
+        assert c.content(2) == want
+
+    run(body)
+
+
+def test_scrub_repair_does_not_hold_the_chunk_lock_while_fetching() -> None:
+    """A hung peer held the rotten chunk's lock (and every write to it) for the repair read's
+    whole 30 s timeout."""
+
+    async def body(c: Chain3) -> None:
+        await c.write(1, 0, b"x" * 300)
+        c.set_chain([1], version=2, waiting=(2, 3))
+        c.engine(1).corrupt(KEY, 20)
+        for host in ("n2", "n3"):
+            c.net.pause(host)
+        svc = c.nodes[0].service
+        scrub = Scrubber(svc, bytes_per_s=0, interval_s=3600)
+        task = asyncio.ensure_future(scrub.check_chunk(c.nodes[0].target, KEY))
+        await asyncio.sleep(0.5)
+        assert not task.done()  # waiting for a hung peer
+        async with asyncio.timeout(0.1):
+            async with c.nodes[0].target.locks.hold(KEY):
+                pass
+        for host in ("n2", "n3"):
+            c.net.resume(host)
+        good, _ = await task
+        assert not good and scrub.repaired == 1 and c.content(1) == b"x" * 300
+
+    run(body)
+
+
+def test_removal_racing_a_resync_copy_leaves_no_chunk_on_the_syncing_target() -> None:
+    """A resync copy queued on the chunk lock ahead of a removal landed on the syncing target
+    after the removal had already gone down the chain: an orphan chunk there."""
+
+    async def body(c: Chain3) -> None:
+        await c.write(1, 0, b"x" * 300)
+        c.set_chain([1], version=2, syncing=(2,))
+        await c.engine(2).remove_range(KEY.inode, 0, 1)  # a fresh syncing target
+        svc = c.nodes[0].service
+        resync = Resyncer(svc, _no_report)
+        job = SyncJob(1, 2, c.tid(1), c.tid(2))
+        routing = await svc.routing.get()
+        target = c.nodes[0].target
+        release = asyncio.Event()
+
+        async def writer_in_flight() -> None:
+            async with target.locks.hold(KEY):
+                await release.wait()
+
+        holder = asyncio.ensure_future(writer_in_flight())
+        await asyncio.sleep(0)
+        copy = asyncio.ensure_future(resync._sync_chunk(job, routing, target, KEY, None))
+        await asyncio.sleep(0.01)
+        rm = RemoveChunksReq(chain_id=1, chain_version=2, inode=KEY.inode, index_begin=0, index_end=1)
+        removal = asyncio.ensure_future(c.client.call(c.nodes[0].address, REMOVE_CHUNKS, rm))
+        await asyncio.sleep(0.2)
+        release.set()
+        await asyncio.gather(holder, copy, removal)
+        assert c.engine(1).get(KEY) is None
+        assert c.engine(2).get(KEY) is None
+
+    run(body)
