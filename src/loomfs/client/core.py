@@ -34,7 +34,7 @@ from loomfs.net.buffers import DEFAULT_POOL, BufferPool
 from loomfs.net.rpc import RetryPolicy, RpcClient
 from loomfs.net.tcp import default_transport
 from loomfs.net.transport import Address
-from loomfs.wire.meta import OpenRsp, ReadRsp, SetattrReq, StatfsRsp
+from loomfs.wire.meta import RENAME, OpenRsp, ReadRsp, RenameReq, SetattrReq, StatfsRsp
 from loomfs.wire.types import Attr, DirEntry, FileType, Layout
 
 logger = logging.getLogger(__name__)
@@ -400,9 +400,20 @@ class AsyncClient:
 
     mv = rename
 
+    async def exchange(self, a: str, b: str) -> None:
+        """renameat2(RENAME_EXCHANGE): ``a`` and ``b`` (both existing) swap, atomically."""
+        s, d = paths.normalize(a), paths.normalize(b)
+        if self.lazy:
+            await self.lazy.settle(s, d, subtree=True)
+        try:
+            await self.meta.call(RENAME, RenameReq(src=s, dst=d, exchange=True))
+        finally:
+            self.caches.renamed(s, d)
+
     async def symlink(self, target: str, path: str) -> None:
-        """Create ``path`` pointing at ``target`` (stored as given)."""
+        """Create ``path`` pointing at ``target`` (stored as given; UTF-8 text, else EINVAL)."""
         p = paths.normalize(path)
+        paths.check_utf8(target, "symlink target")
         if self.lazy:
             await self.lazy.settle(p)
         try:
@@ -459,8 +470,13 @@ class AsyncClient:
 
     async def truncate(self, path: str, size: int) -> None:
         """Set a file's length; meta cuts the data beyond it from storage before it answers
-        (crash-safe: a durable trim entry, see ``loomfs.meta.trim``)."""
-        await self._setattr(SetattrReq(path=paths.normalize(path), size=size))
+        (crash-safe: a durable trim entry, see ``loomfs.meta.trim``). A negative size is EINVAL."""
+        p = paths.normalize(path)
+        if size < 0:
+            from loomfs.errors import InvalidArgument
+
+            raise InvalidArgument(f"negative size {size}", path=p)
+        await self._setattr(SetattrReq(path=p, size=size))
 
     async def set_layout(self, path: str, layout: Layout) -> Attr | None:
         p = paths.normalize(path)

@@ -85,7 +85,10 @@ class MetaService:
 
     @handles(w.RENAME)
     async def rename(self, req: w.RenameReq, ctx: CallContext) -> Empty:
-        await self.ns.rename(req.src, req.dst, no_replace=req.no_replace)
+        if req.exchange:
+            await self.ns.exchange(req.src, req.dst)
+        else:
+            await self.ns.rename(req.src, req.dst, no_replace=req.no_replace)
         return Empty()
 
     @handles(w.UNLINK)

@@ -69,6 +69,7 @@ class Handle:
     inode: int
     file: AsyncFile
     writable: bool
+    append: bool = False  # O_APPEND: every write goes to the end this mount knows
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     # utimens while open for writing (cp -a, tar x): meta stamps mtime at sync and close,
     # so the times are set again after those
@@ -234,16 +235,22 @@ class LoomOperations(pyfuse3.Operations):
                      name_new: bytes, flags: int, ctx: Any) -> None:
         src = _join(self.inodes.path(parent_inode_old), name_old)
         dst = _join(self.inodes.path(parent_inode_new), name_new)
-        if flags & pyfuse3.RENAME_EXCHANGE:
-            raise pyfuse3.FUSEError(errno.EINVAL)  # not in the meta API yet
+        exchange = bool(flags & pyfuse3.RENAME_EXCHANGE)
         no_replace = bool(flags & pyfuse3.RENAME_NOREPLACE)
-        if not no_replace:
-            await self._keep_if_open(dst)
-        await self.call(self.client.rename(src, dst, no_replace=no_replace))
-        self.inodes.renamed(src, dst)
-        for h in self.handles.values():  # open files under the old name go by the new one
-            if isinstance(h, Handle) and (h.file.path == src or h.file.path.startswith(src + "/")):
-                h.file.path = dst + h.file.path[len(src):]
+        if exchange:
+            await self.call(self.client.exchange(src, dst))
+        else:
+            if not no_replace:
+                await self._keep_if_open(dst)
+            await self.call(self.client.rename(src, dst, no_replace=no_replace))
+        self.inodes.renamed(src, dst, exchange=exchange)
+        moves = [(src, dst), (dst, src)] if exchange else [(src, dst)]
+        for h in self.handles.values():  # open files under the old names go by the new ones
+            if isinstance(h, Handle):
+                for a, b in moves:
+                    if h.file.path == a or h.file.path.startswith(a + "/"):
+                        h.file.path = b + h.file.path[len(a):]
+                        break
 
     @_fuse_errors
     async def symlink(self, parent_inode: int, name: bytes, target: bytes, ctx: Any) -> pyfuse3.EntryAttributes:
@@ -339,12 +346,10 @@ class LoomOperations(pyfuse3.Operations):
             f = await self.call(self.client.open(path, "rb"))
         elif flags & os.O_TRUNC:
             f = await self.call(self.client.open(path, "w+b"))
-        elif flags & os.O_APPEND:
-            f = await self.call(self.client.open(path, "a+b"))
         else:
             f = await self.call(self.client.open(path, "r+b"))
         self.inodes.opened(inode)
-        return self._file_info(Handle(inode, f, acc != os.O_RDONLY))
+        return self._file_info(Handle(inode, f, acc != os.O_RDONLY, append=bool(flags & os.O_APPEND)))
 
     @_fuse_errors
     async def create(self, parent_inode: int, name: bytes, mode: int, flags: int,
@@ -361,7 +366,7 @@ class LoomOperations(pyfuse3.Operations):
                 f = await self.call(c.open(path, "w+b" if flags & os.O_TRUNC else "r+b", perm=perm))
         attr = await self._owned(path, await self._attr(path), ctx)
         self.inodes.opened(attr.inode)
-        h = Handle(attr.inode, f, True)
+        h = Handle(attr.inode, f, True, append=bool(flags & os.O_APPEND))
         fi = self._file_info(h)
         return fi, self._known(attr, path)
 
@@ -381,13 +386,14 @@ class LoomOperations(pyfuse3.Operations):
     async def write(self, fh: int, off: int, buf: bytes) -> int:
         h = self.handles[fh]
         assert isinstance(h, Handle)
+        if h.append:  # the end as the kernel knows it, or as any of this mount's writers do
+            off = max(off, *(w.file.length for w in self._writers(h.inode)))
         async with h.lock:
             return await self.call(self._write_at(h.file, off, buf))
 
     @staticmethod
     async def _write_at(f: AsyncFile, off: int, buf: bytes) -> int:
-        if not f.append:
-            await f.seek(off)
+        await f.seek(off)
         return await f.write(buf)
 
     async def _synced(self, h: Handle, *, close: bool = False) -> None:

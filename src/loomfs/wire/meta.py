@@ -172,6 +172,7 @@ class RenameReq(Message):
     src: str = ""
     dst: str = ""
     no_replace: bool = False  # RENAME_NOREPLACE: EEXIST if dst exists
+    exchange: bool = False  # RENAME_EXCHANGE: src and dst (both existing) swap
 
 
 @message

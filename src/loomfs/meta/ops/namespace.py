@@ -10,11 +10,12 @@ Build one per meta process::
 from __future__ import annotations
 
 from loomfs.meta.ops.dirs import DirOps, Statfs
+from loomfs.meta.ops.exchange import ExchangeOps
 from loomfs.meta.ops.files import FileOps, Opened, SetattrResult
 
 __all__ = ["Namespace", "Opened", "SetattrResult", "Statfs"]
 
 
-class Namespace(DirOps, FileOps):
+class Namespace(DirOps, FileOps, ExchangeOps):
     """All namespace operations (directory shape in DirOps, file data bookkeeping in FileOps,
     small files' bytes in InlineOps)."""

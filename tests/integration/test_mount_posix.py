@@ -1,0 +1,394 @@
+"""POSIX conformance through a real mount: each scenario runs on a local directory and on the
+mount, and what it observed (errnos, link counts, which times moved, bytes) must be the same.
+
+The project's own conformance tests (CI cannot fetch a public suite); see docs/mount.md for a
+hand run of pjdfstest. Needs /dev/fuse, fusermount3 and pyfuse3 like tests/integration/test_mount.py.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_mount import _mount, _umount, snapshot
+
+from loomfs.testing import LocalCluster
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+AT_FDCWD = -100
+RENAME_NOREPLACE, RENAME_EXCHANGE = 1, 2
+
+
+@pytest.fixture(scope="module")
+def mnt(cluster: LocalCluster) -> Iterator[str]:
+    mp = tempfile.mkdtemp(prefix="loomfs-mnt-posix-")
+    _mount(cluster, mp, "-o", "allow_other")  # other users' calls reach the mount (permission tests)
+    yield mp
+    _umount(mp)
+    os.rmdir(mp)
+
+
+@pytest.fixture()
+def roots(mnt: str, request: pytest.FixtureRequest) -> Iterator[tuple[Path, Path]]:
+    """(a fresh local directory, a fresh directory in the mount)."""
+    remote = Path(mnt) / f"{request.node.name}-{os.getpid()}-{time.monotonic_ns()}"
+    remote.mkdir()
+    local = Path(tempfile.mkdtemp(prefix="loomfs-posix-"))
+    os.chmod(local, 0o755)
+    yield local, remote
+    shutil.rmtree(local, ignore_errors=True)
+
+
+def err(fn: Callable[[], object]) -> str:
+    """The errno name ``fn`` fails with, or 'ok'."""
+    try:
+        fn()
+    except OSError as exc:
+        return errno.errorcode.get(exc.errno or 0, str(exc.errno))
+    return "ok"
+
+
+def same(roots: tuple[Path, Path], scenario: Callable[[Path], Any]) -> Any:
+    """Run ``scenario`` on both roots; what it returns (and the trees) must match."""
+    local, remote = roots
+    want = scenario(local)
+    got = scenario(remote)
+    assert got == want
+    assert snapshot(remote) == snapshot(local)
+    return got
+
+
+def renameat2(src: Path, dst: Path, flags: int) -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.renameat2(AT_FDCWD, os.fsencode(src), AT_FDCWD, os.fsencode(dst), flags) != 0:
+        e = ctypes.get_errno()
+        raise OSError(e, os.strerror(e), str(src))
+
+
+def test_errnos(roots: tuple[Path, Path]) -> None:
+    def scenario(r: Path) -> dict[str, str]:
+        (r / "d" / "sub").mkdir(parents=True)
+        (r / "d" / "sub" / "f").write_bytes(b"x")
+        (r / "empty").mkdir()
+        (r / "file").write_bytes(b"data")
+        os.symlink("nowhere", r / "dangling")
+        return {
+            "rmdir nonempty": err(lambda: os.rmdir(r / "d")),
+            "rmdir file": err(lambda: os.rmdir(r / "file")),
+            "rmdir missing": err(lambda: os.rmdir(r / "nope")),
+            "unlink dir": err(lambda: os.unlink(r / "empty")),
+            "open dir for write": err(lambda: os.open(r / "empty", os.O_WRONLY)),
+            "open file as dir": err(lambda: os.open(r / "file", os.O_RDONLY | os.O_DIRECTORY)),
+            "file as a path component": err(lambda: os.stat(r / "file" / "x")),
+            "create under a file": err(lambda: os.open(r / "file" / "x", os.O_CREAT | os.O_WRONLY)),
+            "mkdir existing": err(lambda: os.mkdir(r / "file")),
+            "mkdir under missing": err(lambda: os.mkdir(r / "nope" / "x")),
+            "O_EXCL existing": err(lambda: os.open(r / "file", os.O_CREAT | os.O_EXCL | os.O_WRONLY)),
+            "O_EXCL dangling symlink": err(lambda: os.open(r / "dangling", os.O_CREAT | os.O_EXCL | os.O_WRONLY)),
+            "name 256 bytes": err(lambda: os.open(r / ("n" * 256), os.O_CREAT | os.O_WRONLY)),
+            "mkdir 256 bytes": err(lambda: os.mkdir(r / ("n" * 256))),
+            "stat 256 bytes": err(lambda: os.stat(r / ("n" * 256))),
+            "rename dir over file": err(lambda: os.rename(r / "empty", r / "file")),
+            "rename file over dir": err(lambda: os.rename(r / "file", r / "empty")),
+            "rename over nonempty dir": err(lambda: os.rename(r / "empty", r / "d")),
+            "rename into own subtree": err(lambda: os.rename(r / "d", r / "d" / "sub" / "in")),
+            "rename missing": err(lambda: os.rename(r / "nope", r / "x")),
+            "link to dir": err(lambda: os.link(r / "empty", r / "dlink")),
+            "link over existing": err(lambda: os.link(r / "file", r / "empty")),
+            "readlink of file": err(lambda: os.readlink(r / "file")),
+            "symlink over existing": err(lambda: os.symlink("t", r / "file")),
+            "truncate dir": err(lambda: os.truncate(r / "empty", 0)),
+            "truncate negative": err(lambda: os.truncate(r / "file", -1)),
+            "noreplace existing": err(lambda: renameat2(r / "file", r / "dangling", RENAME_NOREPLACE)),
+            "listdir file": err(lambda: os.listdir(r / "file")),
+        }
+
+    got = same(roots, scenario)
+    assert got["rmdir nonempty"] == "ENOTEMPTY" and got["name 256 bytes"] == "ENAMETOOLONG"
+
+
+def test_name_of_255_bytes_works(roots: tuple[Path, Path]) -> None:
+    def scenario(r: Path) -> list[str]:
+        name = "é" * 127 + "x"  # 255 bytes of UTF-8
+        (r / name).write_bytes(b"long")
+        (r / (name[:-1] + "y")).mkdir()
+        return sorted(os.listdir(r))
+
+    same(roots, scenario)
+
+
+def test_rename_over(roots: tuple[Path, Path]) -> None:
+    def scenario(r: Path) -> dict[str, object]:
+        (r / "a").write_bytes(b"A" * 100)
+        (r / "b").write_bytes(b"B")
+        ino_a = os.stat(r / "a").st_ino
+        os.rename(r / "a", r / "b")  # over a file: b is a's inode now
+        out: dict[str, object] = {"b is a": os.stat(r / "b").st_ino == ino_a,
+                                  "a gone": not (r / "a").exists(),
+                                  "b bytes": (r / "b").read_bytes()}
+        (r / "d1").mkdir()
+        (r / "d1" / "x").write_bytes(b"x")
+        (r / "d2").mkdir()
+        os.rename(r / "d1", r / "d2")  # over an empty directory
+        out["d2/x"] = (r / "d2" / "x").read_bytes()
+        os.link(r / "b", r / "b2")
+        os.rename(r / "b", r / "b2")  # two names of one file: nothing happens (POSIX)
+        out["hard link rename"] = (sorted(os.listdir(r)), os.stat(r / "b2").st_nlink)
+        os.rename(r / "b2", r / "b2")
+        os.symlink("b2", r / "s")
+        os.rename(r / "s", r / "s2")  # the link itself moves
+        out["symlink"] = os.readlink(r / "s2")
+        (r / "sub").mkdir()
+        os.rename(r / "b2", r / "sub" / "b3")  # across directories: parents' link counts
+        os.rename(r / "d2", r / "sub" / "d3")
+        out["nlinks"] = (os.stat(r).st_nlink, os.stat(r / "sub").st_nlink)
+        return out
+
+    same(roots, scenario)
+
+
+def test_rename_exchange(roots: tuple[Path, Path]) -> None:
+    def scenario(r: Path) -> object:
+        (r / "f").write_bytes(b"file")
+        (r / "d").mkdir()
+        (r / "d" / "in").write_bytes(b"in")
+        (r / "e").mkdir()
+        ino_f, ino_d = os.stat(r / "f").st_ino, os.stat(r / "d").st_ino
+        renameat2(r / "f", r / "d", RENAME_EXCHANGE)
+        swapped = (os.stat(r / "d").st_ino == ino_f, os.stat(r / "f").st_ino == ino_d)
+        missing = err(lambda: renameat2(r / "f", r / "nope", RENAME_EXCHANGE))
+        renameat2(r / "f", r / "e", RENAME_EXCHANGE)  # two directories
+        return swapped, (r / "d").read_bytes(), sorted(os.listdir(r / "e")), missing, os.stat(r).st_nlink
+
+    same(roots, scenario)
+
+
+def test_hard_link_counts(roots: tuple[Path, Path]) -> None:
+    def scenario(r: Path) -> list[object]:
+        seen: list[object] = []
+        (r / "f").write_bytes(b"f")
+        os.link(r / "f", r / "g")
+        (r / "sub").mkdir()
+        os.link(r / "g", r / "sub" / "h")
+        seen.append([os.stat(r / n).st_nlink for n in ("f", "g", "sub/h")])
+        seen.append(os.stat(r / "f").st_ino == os.stat(r / "sub" / "h").st_ino)
+        with open(r / "sub" / "h", "ab") as f:
+            f.write(b"+h")
+        seen.append((r / "f").read_bytes())
+        os.unlink(r / "f")
+        seen.append([os.stat(r / n).st_nlink for n in ("g", "sub/h")])
+        (r / "sub" / "d1").mkdir()
+        (r / "sub" / "d2").mkdir()
+        seen.append((os.stat(r).st_nlink, os.stat(r / "sub").st_nlink))
+        os.rmdir(r / "sub" / "d1")
+        seen.append(os.stat(r / "sub").st_nlink)
+        return seen
+
+    same(roots, scenario)
+
+
+def test_unlink_while_open(roots: tuple[Path, Path]) -> None:
+    def scenario(r: Path) -> list[object]:
+        seen: list[object] = []
+        fd = os.open(r / "t", os.O_CREAT | os.O_RDWR, 0o600)
+        try:
+            os.write(fd, b"before")
+            os.unlink(r / "t")
+            seen.append((r / "t").exists())
+            os.write(fd, b"-after")  # written to a file with no name
+            seen.append(os.pread(fd, 100, 0))
+            seen.append(os.fstat(fd).st_nlink)
+            seen.append(os.listdir(r))
+            fd2 = os.open(r / "t", os.O_CREAT | os.O_RDWR)  # the name is free for a new file
+            os.write(fd2, b"new")
+            os.close(fd2)
+            seen.append(os.pread(fd, 100, 0))
+        finally:
+            os.close(fd)
+        seen.append((r / "t").read_bytes())
+        return seen
+
+    same(roots, scenario)
+
+
+def test_o_append_from_two_descriptors(roots: tuple[Path, Path]) -> None:
+    def scenario(r: Path) -> bytes:
+        (r / "log").write_bytes(b"start\n")
+        a = os.open(r / "log", os.O_WRONLY | os.O_APPEND)
+        b = os.open(r / "log", os.O_WRONLY | os.O_APPEND)
+        try:
+            for i in range(5):
+                os.write(a, f"a{i}\n".encode())
+                os.write(b, f"b{i}\n".encode())
+            os.lseek(a, 0, os.SEEK_SET)  # O_APPEND ignores the position
+            os.write(a, b"end\n")
+        finally:
+            os.close(a)
+            os.close(b)
+        return (r / "log").read_bytes()
+
+    assert same(roots, scenario).startswith(b"start\na0\nb0\na1\n")
+
+
+def test_o_trunc_and_o_excl(roots: tuple[Path, Path]) -> None:
+    def scenario(r: Path) -> list[object]:
+        (r / "f").write_bytes(b"0123456789")
+        fd = os.open(r / "f", os.O_RDWR | os.O_TRUNC)
+        seen: list[object] = [os.fstat(fd).st_size]
+        os.write(fd, b"ab")
+        os.close(fd)
+        fd = os.open(r / "g", os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o640)
+        seen.append(oct(os.fstat(fd).st_mode & 0o777))
+        os.close(fd)
+        seen.append((r / "f").read_bytes())
+        return seen
+
+    same(roots, scenario)
+
+
+def _stamps(p: Path) -> tuple[int, int]:
+    st = os.lstat(p)
+    return st.st_mtime_ns, st.st_ctime_ns
+
+
+def _moved(before: tuple[int, int], after: tuple[int, int]) -> str:
+    """Which of mtime and ctime moved forward: 'm', 'c', 'mc' or ''."""
+    return ("m" if after[0] > before[0] else "") + ("c" if after[1] > before[1] else "")
+
+
+def test_times(roots: tuple[Path, Path]) -> None:
+    """Which calls move mtime and ctime of the file and of its directory."""
+    tick_s = 0.02  # times must be able to differ (ns clocks; a little slack for coarse ones)
+
+    def scenario(r: Path) -> dict[str, str]:
+        out: dict[str, str] = {}
+        (r / "d").mkdir()
+        (r / "d" / "f").write_bytes(b"x" * 10)
+
+        def step(name: str, path: Path, fn: Callable[[], object]) -> None:
+            before = _stamps(path)
+            time.sleep(tick_s)
+            fn()
+            out[name] = _moved(before, _stamps(path))
+
+        def write() -> None:
+            with open(r / "d" / "f", "r+b") as f:
+                f.write(b"y")
+
+        step("write: file", r / "d" / "f", write)
+        step("chmod: file", r / "d" / "f", lambda: os.chmod(r / "d" / "f", 0o600))
+        step("truncate: file", r / "d" / "f", lambda: os.truncate(r / "d" / "f", 3))
+        step("link: file", r / "d" / "f", lambda: os.link(r / "d" / "f", r / "d" / "g"))
+        step("create: dir", r / "d", lambda: (r / "d" / "n").write_bytes(b""))
+        step("unlink: dir", r / "d", lambda: os.unlink(r / "d" / "n"))
+        step("unlink other name: file", r / "d" / "f", lambda: os.unlink(r / "d" / "g"))
+        step("rename: dir", r / "d", lambda: os.rename(r / "d" / "f", r / "d" / "f2"))
+        step("mkdir: dir", r / "d", lambda: os.mkdir(r / "d" / "s"))
+        step("read: file", r / "d" / "f2", lambda: (r / "d" / "f2").read_bytes())
+        step("stat: dir", r / "d", lambda: os.stat(r / "d" / "f2"))
+        os.utime(r / "d" / "f2", ns=(1_500_000_000_000_000_000, 1_600_000_000_000_000_000))
+        out["utime"] = str(os.stat(r / "d" / "f2").st_mtime_ns)
+        return out
+
+    got = same(roots, scenario)
+    assert got["write: file"] == "mc" and got["chmod: file"] == "c"
+
+
+def test_readdir_while_changing(roots: tuple[Path, Path]) -> None:
+    """Entries present from opendir to the end are listed once each, whatever is created
+    or removed meanwhile (POSIX leaves the changed ones unspecified)."""
+    _, remote = roots
+    keep = {f"k{i:04d}" for i in range(0, 1200, 2)}
+    gone = {f"k{i:04d}" for i in range(1, 1200, 2)}
+    for n in sorted(keep | gone):
+        (remote / n).write_bytes(b"")
+    listed: list[str] = []
+    with os.scandir(remote) as it:
+        for k, e in enumerate(it):
+            listed.append(e.name)
+            if k == 100:
+                for n in sorted(gone):
+                    os.unlink(remote / n)
+                for i in range(300):
+                    (remote / f"new{i:03d}").write_bytes(b"")
+    assert len(listed) == len(set(listed)), "an entry listed twice"
+    assert keep <= set(listed)
+    assert set(listed) <= keep | gone | {f"new{i:03d}" for i in range(300)}
+
+
+def test_permissions_as_another_user(roots: tuple[Path, Path]) -> None:
+    """default_permissions: the kernel checks modes for a non-root caller."""
+    script = r"""
+import errno, os, sys
+os.setgid(65534); os.setuid(65534)
+r = sys.argv[1]
+def err(fn):
+    try:
+        fn()
+    except OSError as exc:
+        return errno.errorcode[exc.errno]
+    return "ok"
+out = {
+    "read 0600": err(lambda: os.open(r + "/private", os.O_RDONLY)),
+    "read 0644": err(lambda: os.open(r + "/public", os.O_RDONLY)),
+    "write 0644": err(lambda: os.open(r + "/public", os.O_WRONLY)),
+    "create in 0755": err(lambda: os.open(r + "/closed/x", os.O_CREAT | os.O_WRONLY)),
+    "create in 0777": err(lambda: os.close(os.open(r + "/open/x", os.O_CREAT | os.O_WRONLY, 0o600))),
+    "list 0700": err(lambda: os.listdir(r + "/secret")),
+    "chmod not owner": err(lambda: os.chmod(r + "/public", 0o777)),
+    "unlink in sticky": err(lambda: os.unlink(r + "/sticky/f")),
+}
+st = os.stat(r + "/open/x")
+out["owner of new file"] = (st.st_uid, st.st_gid)
+print(repr(sorted(out.items())))
+"""
+
+    def scenario(r: Path) -> str:
+        (r / "private").write_bytes(b"p")
+        os.chmod(r / "private", 0o600)
+        (r / "public").write_bytes(b"p")
+        (r / "closed").mkdir(mode=0o755)
+        (r / "open").mkdir()
+        os.chmod(r / "open", 0o777)
+        (r / "secret").mkdir()
+        os.chmod(r / "secret", 0o700)
+        (r / "sticky").mkdir()
+        os.chmod(r / "sticky", 0o1777)
+        (r / "sticky" / "f").write_bytes(b"")
+        os.chmod(r / "sticky" / "f", 0o666)
+        out = subprocess.run([sys.executable, "-c", script, str(r)], capture_output=True, text=True,
+                             timeout=60)
+        assert out.returncode == 0, out.stderr
+        return out.stdout
+
+    got = same(roots, scenario)
+    assert "('read 0600', 'EACCES')" in got and "('owner of new file', (65534, 65534))" in got
+
+
+def test_chown_and_setgid_bits(roots: tuple[Path, Path]) -> None:
+    def scenario(r: Path) -> list[object]:
+        (r / "f").write_bytes(b"")
+        os.chmod(r / "f", 0o6755)
+        os.chown(r / "f", 1234, 5678)
+        st = os.stat(r / "f")
+        seen: list[object] = [(st.st_uid, st.st_gid, oct(st.st_mode))]
+        os.symlink("f", r / "s")
+        os.lchown(r / "s", 42, 43)  # the link, not its target
+        seen.append((os.lstat(r / "s").st_uid, os.stat(r / "f").st_uid))
+        with contextlib.suppress(OSError):
+            os.chmod(r / "f", 0o644)
+        seen.append(oct(os.stat(r / "f").st_mode))
+        return seen
+
+    same(roots, scenario)
