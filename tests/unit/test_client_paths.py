@@ -66,3 +66,21 @@ def test_join_and_split() -> None:
     assert split("/a/b") == ("/a", "b")
     assert split("/a") == ("/", "a")
     assert split("/") == ("/", "")
+
+
+def test_names_that_are_not_utf8_are_einval_not_unicode_errors() -> None:
+    import os
+
+    raw = os.fsdecode(b"/data/caf\xe9.jpg")  # Latin-1 bytes: a lone surrogate in the str
+    with pytest.raises(InvalidArgument) as e:
+        normalize(raw)
+    assert e.value.errno == errno.EINVAL and isinstance(e.value, OSError)
+    assert "UTF-8" in str(e.value)
+    assert normalize(os.fsdecode("/data/café.jpg".encode())) == "/data/café.jpg"
+
+
+def test_relative_paths_resolve_against_the_root_the_documented_working_directory() -> None:
+    import loomfs.client.paths as paths_mod
+
+    assert "working directory" in (paths_mod.__doc__ or "")
+    assert normalize("a/b") == normalize("/a/b") == "/a/b"

@@ -1,8 +1,14 @@
 """Path normalisation: every path the client sends is absolute, '/'-separated and lexical.
 
 ``.`` and ``..`` are resolved without looking at the namespace (like ``os.path.normpath``),
-``..`` at the root stays at the root, duplicate slashes go away, and a relative path is
-taken relative to ``/``.
+``..`` at the root stays at the root, duplicate slashes go away.
+
+Working directory: a LoomFS client has none of its own (no ``chdir``); its working directory
+is always the root, so a relative path ``a/b`` means ``/a/b`` — in the blocking API, the
+async core, fsspec (``loom://a/b``) and the CLI alike.
+
+Names are UTF-8 text. A name that is not (a ``str`` holding lone surrogates, which is what
+``os.fsdecode`` makes of undecodable bytes) is refused with EINVAL, never sent.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ def normalize(path: str | os.PathLike[str]) -> str:
         raise NotFound("empty path", path=text)
     if "\0" in text:
         raise InvalidArgument("path contains a NUL byte", path=text)
+    check_utf8(text, "path")
     parts: list[str] = []
     for comp in text.split("/"):
         if comp in ("", "."):
@@ -35,6 +42,17 @@ def normalize(path: str | os.PathLike[str]) -> str:
             raise NameTooLong(f"path component longer than {NAME_BYTES_MAX} bytes", path=text)
         parts.append(comp)
     return "/" + "/".join(parts)
+
+
+def check_utf8(text: str, what: str = "name") -> str:
+    """``text`` if it encodes as UTF-8; EINVAL for lone surrogates (``os.fsdecode`` of bytes
+    that are not UTF-8), which LoomFS does not store."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidArgument(f"{what} is not valid UTF-8 (undecodable byte at {exc.start}); "
+                              f"LoomFS names are UTF-8 text", path=text) from None
+    return text
 
 
 def join(parent: str, name: str) -> str:
