@@ -67,7 +67,8 @@ class MgmtdService:
 
     @handles(w.CREATE_CHAIN_TABLE)
     async def create_chain_table(self, req: w.CreateChainTableReq, ctx: CallContext) -> w.CreateChainTableRsp:
-        t = self.state.create_chain_table(replicas=req.replicas, table_id=req.table_id)
+        t = self.state.create_chain_table(replicas=req.replicas, table_id=req.table_id,
+                                          targets_per_node=req.targets_per_node)
         self.persist()
         return w.CreateChainTableRsp(
             table=ChainTable(table_id=t.table_id, version=t.version, replicas=t.replicas,

@@ -512,7 +512,7 @@ class ClusterState:
         return max([AUTO_NODE_ID_BASE - 1, *self.nodes]) + 1
 
     # ---- chain tables -------------------------------------------------------------------
-    def create_chain_table(self, *, replicas: int, table_id: int = 0) -> TableRecord:
+    def create_chain_table(self, *, replicas: int, table_id: int = 0, targets_per_node: int = 0) -> TableRecord:
         """Build chains of ``replicas`` targets on distinct alive nodes from unassigned targets."""
         if replicas < 1:
             raise InvalidArgument("replicas must be >= 1")
@@ -526,6 +526,8 @@ class ClusterState:
             if t.chain_id == 0 and node is not None and node.state == NodeState.ALIVE \
                     and node.kind == NodeKind.STORAGE:
                 free.setdefault(t.node_id, []).append(t.target_id)
+        if targets_per_node > 0:  # e.g. an EC table: one single-replica chain per node
+            free = {n: ts[:targets_per_node] for n, ts in free.items()}
         groups = plan_chains(free, replicas)
         if not groups:
             raise StatusError(

@@ -58,6 +58,7 @@ class CreateChainTableReq(Message):
     replicas: int = 3
     table_id: int = 0  # 0 = next free id
     chains_per_target: int = 1  # reserved; each target belongs to one chain
+    targets_per_node: int = 0  # at most this many free targets of each node (0 = all); EC tables use 1
 
 
 @message
