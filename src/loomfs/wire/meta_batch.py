@@ -120,7 +120,8 @@ def short_message(text: str) -> str:
 
 
 _U64 = (1 << 64) - 1
-_BIG_LAYOUT = Layout(chunk_size=_U64, stripe=_U64, table_id=_U64, replicas=_U64, chains=[], inline_max_bytes=_U64)
+_BIG_LAYOUT = Layout(chunk_size=_U64, stripe=_U64, table_id=_U64, replicas=_U64, chains=[], inline_max_bytes=_U64,
+                     ec_k=_U64, ec_m=_U64)
 # the most an Attr with no chains and no symlink target can take in msgpack
 _ATTR_BYTES_FIXED = len(msgpack.packb(Attr(
     inode=_U64, type=_U64, mode=_U64, nlink=_U64, uid=_U64, gid=_U64, size=_U64, atime_ns=_U64,

@@ -105,6 +105,10 @@ class Layout(Message):
     # files up to this many bytes keep their data in meta (inline). Directories: -1 = the
     # meta server's default, 0 = never; files: the limit fixed when they were created
     inline_max_bytes: int = -1
+    # erasure coding (loomfs.ec, docs/ec.md): ec_k > 0 makes this ``ec(k, m, chunk_size)``; a
+    # file's chains are then its k+m single-replica chains on distinct nodes, fragment j on chains[j]
+    ec_k: int = 0
+    ec_m: int = 0
 
 
 @message
