@@ -109,7 +109,7 @@ class NamespaceBase:
             table = routing.table(dir_layout.table_id, dir_layout.replicas)
         except LoomError as exc:
             raise StatusError(Status.NO_CHAIN_TABLE, str(exc)) from exc
-        return self.chains.file_layout(table, dir_layout)
+        return self.chains.file_layout(table, dir_layout, routing)
 
     async def _new_inode(
         self,
