@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 
+from loomfs.common.routing import Routing
 from loomfs.errors import StatusError
 from loomfs.wire.status import Status
 from loomfs.wire.types import ChainTable, Layout
@@ -12,6 +13,7 @@ CHUNK_SIZE_MIN_BYTES = 64 << 10
 CHUNK_SIZE_MAX_BYTES = 64 << 20
 # no directory may ask for more: inline bytes travel in the frame header (1 MiB at most)
 INLINE_MAX_BYTES_CAP = 512 << 10
+EC_WIDTH_MAX = 32  # k + m
 
 
 def validate_dir_layout(layout: Layout | None) -> Layout:
@@ -31,10 +33,41 @@ def validate_dir_layout(layout: Layout | None) -> Layout:
         raise StatusError(
             Status.EINVAL, f"inline_max_bytes must be -1 (default), 0 (off) or up to {INLINE_MAX_BYTES_CAP}"
         )
+    if layout.ec_k or layout.ec_m:
+        if layout.ec_k < 1 or layout.ec_m < 1 or layout.ec_k + layout.ec_m > EC_WIDTH_MAX:
+            raise StatusError(Status.EINVAL, f"ec needs k >= 1, m >= 1, k + m <= {EC_WIDTH_MAX}; "
+                                             f"got {layout.ec_k}+{layout.ec_m}")
+        if layout.replicas > 1:
+            raise StatusError(Status.EINVAL, "an ec layout uses single-replica chains (replicas 1)")
+    ec = layout.ec_k > 0
     return Layout(
-        chunk_size=cs, stripe=layout.stripe, table_id=layout.table_id, replicas=layout.replicas,
-        inline_max_bytes=layout.inline_max_bytes,
+        chunk_size=cs, stripe=layout.ec_k + layout.ec_m if ec else layout.stripe, table_id=layout.table_id,
+        replicas=1 if ec else layout.replicas, inline_max_bytes=0 if ec else layout.inline_max_bytes,
+        ec_k=layout.ec_k, ec_m=layout.ec_m,
     )
+
+
+def pick_ec_chains(routing: Routing, chain_ids: list[int], width: int, position: int) -> list[int]:
+    """``width`` chains of the table on distinct nodes, scanning from ``position`` (wrapping):
+    an EC group (fragment j goes to the j-th chain). EINVAL when the table spans fewer nodes."""
+    n = len(chain_ids)
+    picked: list[int] = []
+    nodes: set[int] = set()
+    for i in range(n):
+        cid = chain_ids[(position + i) % n]
+        chain = routing.chains.get(cid)
+        if chain is None or not chain.targets:
+            continue
+        t = routing.targets.get(chain.targets[0])
+        node = t.node_id if t is not None else -cid
+        if node in nodes:
+            continue
+        nodes.add(node)
+        picked.append(cid)
+        if len(picked) == width:
+            return picked
+    raise StatusError(Status.EINVAL, f"ec with k+m={width} needs {width} storage nodes; the "
+                                     f"single-replica chain table spans {len(nodes)}")
 
 
 def pick_chains(chain_ids: list[int], stripe: int, position: int) -> list[int]:
@@ -56,7 +89,7 @@ class ChainAllocator:
         self._tables_max = tables_max
         self.files_placed = 0
 
-    def file_layout(self, table: ChainTable, parent: Layout) -> Layout:
+    def file_layout(self, table: ChainTable, parent: Layout, routing: Routing | None = None) -> Layout:
         n = len(table.chain_ids)
         if n == 0:
             raise StatusError(Status.NO_CHAIN_TABLE, f"chain table {table.table_id} has no chains")
@@ -67,6 +100,13 @@ class ChainAllocator:
             pos = self._rng.randrange(n)
         self._cursor[table.table_id] = (pos + 1) % n
         self.files_placed += 1
+        if parent.ec_k:
+            if routing is None:
+                raise StatusError(Status.NO_CHAIN_TABLE, "no routing: cannot place an erasure-coded file")
+            width = parent.ec_k + parent.ec_m
+            return Layout(chunk_size=parent.chunk_size, stripe=width, table_id=table.table_id, replicas=1,
+                          chains=pick_ec_chains(routing, list(table.chain_ids), width, pos),
+                          inline_max_bytes=0, ec_k=parent.ec_k, ec_m=parent.ec_m)
         return Layout(
             chunk_size=parent.chunk_size,
             stripe=parent.stripe,
