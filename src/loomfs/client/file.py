@@ -113,6 +113,7 @@ class AsyncFile:
         self._inline: InlineContent | None = None  # the bytes, while the file is inline
         self._opener = opener  # set while a "w" file waits to be created (lazy)
         self._create_lock = asyncio.Lock()  # one creation, whoever asks first
+        self.opened_attr = attr  # as meta answered the open (its version: size, mtime, ctime)
         if attr is not None:
             self._adopt(attr, inline_data)
         elif opener is not None:
