@@ -113,6 +113,7 @@ class LocalCluster:
         client_config: dict[str, Any] | None = None,
         mgmtd_config: dict[str, Any] | None = None,
         fault_injection: bool = False,
+        ec_targets_per_node: int = 0,
     ):
         self.root = Path(root).resolve()
         self.storage_nodes = storage_nodes
@@ -132,6 +133,8 @@ class LocalCluster:
         self.fault_injection = fault_injection
         self._fault_rules: dict[str, list[Rule]] = {}
         self.services: dict[str, ServiceProc] = {}
+        # extra targets per node for a single-replica chain table (erasure-coded files, loomfs.ec)
+        self.ec_targets_per_node = ec_targets_per_node
 
     # ---- layout ---------------------------------------------------------------------------
     @property
@@ -169,7 +172,8 @@ class LocalCluster:
             return {"host": "127.0.0.1", "port": s.port, "node_id": s.node_id, "mgmtd": mg,
                     "data_dir": s.dir, "gc_delay_s": self.gc_delay_s,
                     "store_url": f"sqlite:///{self.root / 'meta.db'}"}
-        targets = [str(Path(s.dir, f"target{j}")) for j in range(1, self.targets_per_node + 1)]
+        targets = [str(Path(s.dir, f"target{j}"))
+                   for j in range(1, self.targets_per_node + self.ec_targets_per_node + 1)]
         return {"host": "127.0.0.1", "port": s.port, "node_id": s.node_id, "mgmtd": mg,
                 "data_dir": s.dir, "targets": targets, **self.storage_config}
 
@@ -349,8 +353,10 @@ class LocalCluster:
         """Every chain has ``replicas`` serving targets (full redundancy)."""
         r = r or self.routing()
         states = {t.target_id: t.state for t in r.targets}
+        replicas = {t.table_id: t.replicas for t in r.tables}  # an EC table's chains have one
         return bool(r.chains) and all(
-            sum(1 for t in c.targets if states.get(t) == TargetState.SERVING) >= self.replicas for c in r.chains
+            sum(1 for t in c.targets if states.get(t) == TargetState.SERVING) >= replicas.get(c.table_id, self.replicas)
+            for c in r.chains
         )
 
     def kill_service(self, name: str) -> None:
@@ -421,6 +427,7 @@ class LocalCluster:
             "base_port": self.base_port,
             "storage_nodes": self.storage_nodes,
             "targets_per_node": self.targets_per_node,
+            "ec_targets_per_node": self.ec_targets_per_node,
             "replicas": self.replicas,
             "meta_nodes": self.meta_nodes,
             "heartbeat_interval_s": self.heartbeat_interval_s,
@@ -438,6 +445,7 @@ class LocalCluster:
         self.base_port = data["base_port"]
         self.storage_nodes = data["storage_nodes"]
         self.targets_per_node = data["targets_per_node"]
+        self.ec_targets_per_node = data.get("ec_targets_per_node", 0)
         self.replicas = data["replicas"]
         self.meta_nodes = data["meta_nodes"]
         self.heartbeat_interval_s = data.get("heartbeat_interval_s", self.heartbeat_interval_s)
@@ -523,8 +531,14 @@ class LocalCluster:
         async def go() -> None:
             rpc = RpcClient(TcpTransport())
             try:
+                ec = self.ec_targets_per_node
                 await rpc.call(Address.parse(self.mgmtd_address), wm.CREATE_CHAIN_TABLE,
-                               wm.CreateChainTableReq(replicas=self.replicas), timeout_s=timeout_s)
+                               wm.CreateChainTableReq(replicas=self.replicas,
+                                                      targets_per_node=self.targets_per_node if ec else 0),
+                               timeout_s=timeout_s)
+                if ec:
+                    await rpc.call(Address.parse(self.mgmtd_address), wm.CREATE_CHAIN_TABLE,
+                                   wm.CreateChainTableReq(replicas=1, targets_per_node=ec), timeout_s=timeout_s)
             finally:
                 await rpc.close()
 
