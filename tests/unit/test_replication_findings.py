@@ -153,3 +153,49 @@ def test_removal_racing_a_resync_copy_leaves_no_chunk_on_the_syncing_target() ->
         assert c.engine(2).get(KEY) is None
 
     run(body)
+
+
+async def _commit(c: Chain3, node: int, ver: int, data: bytes) -> None:
+    from loomfs.storage.engine.base import ChunkKey
+
+    e = c.engine(node)
+    await e.remove_range(KEY.inode, 0, 1)
+    for v in range(1, ver + 1):  # versions 1..ver, the last one holding ``data``
+        e.stage_write(ChunkKey(KEY.inode, KEY.index), v, 0, data if v == ver else b"old%d" % v, full_replace=True)
+        await e.commit(KEY, v)
+
+
+def test_lastsrv_behind_a_returning_member_takes_its_newer_version() -> None:
+    """Every replica of a chain crashed (power loss, commits unsynced); mgmtd kept the one it
+    detected last as last serving, and it came back without v3 that another member holds.
+    The resync refused to take that member back (never backwards) and the chain stayed at R-1."""
+
+    async def body(c: Chain3) -> None:
+        await _commit(c, 1, 2, b"two")
+        await _commit(c, 2, 3, b"three")
+        c.set_chain([1], version=5, syncing=(2,), waiting=(3,))
+        svc = c.nodes[0].service
+        resync = Resyncer(svc, _no_report)
+        await resync._sync(SyncJob(1, 5, c.tid(1), c.tid(2)), await svc.routing.get())
+        assert [(c.engine(n).get(KEY).commit_ver, c.content(n)) for n in (1, 2)] == [(3, b"three")] * 2  # type: ignore[union-attr]
+
+    run(body)
+
+
+def test_syncing_member_ahead_of_a_chain_of_two_goes_back_to_the_chains_version() -> None:
+    """The same with two serving members behind: taking the newer version on the last serving
+    one only would leave the head behind its successor, so the syncing one goes back."""
+
+    async def body(c: Chain3) -> None:
+        await _commit(c, 1, 2, b"two")
+        await _commit(c, 2, 2, b"two")
+        await _commit(c, 3, 3, b"three")
+        c.set_chain([1, 2], version=5, syncing=(3,))
+        svc = c.nodes[1].service
+        resync = Resyncer(svc, _no_report)
+        await resync._sync(SyncJob(1, 5, c.tid(2), c.tid(3)), await svc.routing.get())
+        assert [(c.engine(n).get(KEY).commit_ver, c.content(n)) for n in (1, 2, 3)] == [(2, b"two")] * 3  # type: ignore[union-attr]
+        await c.write(1, 0, b"TWO")
+        assert [c.content(n) for n in (1, 2, 3)] == [b"TWO"] * 3
+
+    run(body)

@@ -24,18 +24,21 @@ import crc32c
 from loomfs.common.routing import Routing
 from loomfs.errors import LoomError, StatusError
 from loomfs.storage import chain, planted
-from loomfs.storage.dedupe import pack_tags
+from loomfs.storage.dedupe import pack_tags, unpack_tags
 from loomfs.storage.engine.base import ChunkKey, ChunkState
+from loomfs.storage.install import install_copy
 from loomfs.storage.target import StorageTarget
 from loomfs.wire.mgmtd import SyncReportReq
 from loomfs.wire.status import Status
 from loomfs.wire.storage import (
     QUERY_CHUNKS,
+    READ,
     REMOVE_CHUNKS,
     WRITE,
     ChunkId,
     ChunkMeta,
     QueryChunksReq,
+    ReadReq,
     RemoveChunksReq,
     WriteReq,
 )
@@ -258,6 +261,18 @@ class Resyncer:
                     await svc.rpc.call(address, REMOVE_CHUNKS, rm, timeout_s=svc.forward_timeout_s)
                     self.chunks_removed += 1
                 return 0
+            rollback = False
+            if remote is not None and remote.commit_ver > st.commit_ver and not st.has_pending:
+                # the syncing target committed versions the serving chain does not have: the
+                # serving replicas lost them (every replica crashed with them unsynced, and the
+                # one mgmtd kept as last serving was behind). The only serving member takes
+                # them; with members upstream (behind too) the target goes back to ours.
+                if self._only_serving(job, routing):
+                    await self._pull(job, routing, target, key, remote)
+                    return 0
+                logger.error("resync %s: chunk %s v%d on the target is newer than ours (v%d): replacing it",
+                             job, key, remote.commit_ver, st.commit_ver)
+                rollback = True
             if remote is not None and remote.update_ver <= remote.commit_ver and (
                     remote.commit_ver, remote.length, remote.crc, remote.tags) == (
                     st.commit_ver, st.length, st.crc, pack_tags(st.tags)):
@@ -280,7 +295,8 @@ class Resyncer:
                 req = WriteReq(chain_id=job.chain_id, chain_version=job.chain_version,
                                chunk=ChunkId(inode=key.inode, index=key.index), offset=0, length=n,
                                chunk_size=max(n, 1), data_crc=st.crc, forwarded=True, update_ver=st.commit_ver,
-                               full_replace=True, sync=True, tags=pack_tags(st.tags), from_target=job.source)
+                               full_replace=True, sync=True, tags=pack_tags(st.tags), from_target=job.source,
+                               rollback=rollback)
                 await svc.rpc.call(address, WRITE, req, payload=mv[:n], payload_crc=st.crc,
                                    timeout_s=svc.forward_timeout_s)
             finally:
@@ -288,6 +304,28 @@ class Resyncer:
             self.chunks_copied += 1
             self.bytes_copied += n
             return max(1, n)
+
+    @staticmethod
+    def _only_serving(job: SyncJob, routing: Routing) -> bool:
+        c = routing.chain(job.chain_id)
+        serving = [t for t in c.targets if t in routing.targets and routing.targets[t].state == TargetState.SERVING]
+        return serving == [job.source]
+
+    async def _pull(self, job: SyncJob, routing: Routing, target: StorageTarget, key: ChunkKey,
+                    remote: ChunkMeta) -> None:
+        """Install the syncing target's newer committed copy here (the caller holds the lock)."""
+        svc = self.service
+        req = ReadReq(chain_id=job.chain_id, chain_version=job.chain_version,
+                      chunk=ChunkId(inode=key.inode, index=key.index), offset=0, length=remote.length,
+                      target_id=job.dest, exact_ver=remote.commit_ver)
+        rsp = await svc.rpc.call(routing.address_of(job.dest), READ, req, timeout_s=svc.forward_timeout_s)
+        data = rsp.payload
+        if len(data) != remote.length or crc32c.crc32c(data) != remote.crc:
+            raise StatusError(Status.VERSION_MISMATCH, f"chunk {key} on target {job.dest} changed while pulled")
+        ours = target.engine.get(key)
+        logger.error("resync %s: chunk %s: taking v%d from the syncing target (ours was v%d: lost)", job, key,
+                     remote.commit_ver, ours.commit_ver if ours is not None else 0)
+        await install_copy(svc, target, key, remote.commit_ver, data, unpack_tags(remote.tags))
 
     def __repr__(self) -> str:
         return (f"Resyncer(active={self.active} copied={self.chunks_copied} removed={self.chunks_removed} "

@@ -18,6 +18,7 @@ from loomfs.common.routing import Routing
 from loomfs.errors import LoomError
 from loomfs.storage.dedupe import unpack_tags
 from loomfs.storage.engine.base import ChunkKey, ChunkState, ChunkTag
+from loomfs.storage.install import install_copy
 from loomfs.storage.target import StorageTarget
 from loomfs.wire.storage import QUERY_CHUNKS, READ, ChunkId, QueryChunksReq, ReadReq
 from loomfs.wire.types import TargetState
@@ -169,7 +170,7 @@ class Scrubber:
                     logger.info("scrub: target %d chunk %s changed while a good copy was fetched: next pass",
                                 target.target_id, key)
                     return False
-                await self._install(target, key, ver, data, tags)
+                await install_copy(svc, target, key, ver, data, tags)
             logger.info("scrub: target %d chunk %s v%d repaired from target %d (v%d)", target.target_id, key,
                         st.commit_ver, other, ver)
             return True
@@ -240,30 +241,6 @@ class Scrubber:
             return False
         finally:
             svc.pool.release(buf)
-
-    async def _install(self, target: StorageTarget, key: ChunkKey, ver: int, data: memoryview,
-                       tags: tuple[ChunkTag, ...]) -> None:
-        """Replace our committed version by the good copy ``ver`` (the same or newer). The
-        engine stages only versions newer than the committed one, so ours is removed first; a
-        failed stage (a disk error) would then leave the chunk missing here, which the chain
-        would take for a chunk this replica never had. So it is retried until it holds (the
-        good bytes are in memory), under the chunk lock the caller holds."""
-        self.service.replacing.add((target.target_id, key))  # reads refuse it meanwhile
-        await target.engine.remove_range(key.inode, key.index, key.index + 1)
-        delay_s = 0.05
-        while True:
-            try:
-                target.engine.stage_write(key, ver, 0, data, data_crc=crc32c.crc32c(data), full_replace=True,
-                                          tags=tags)
-                await target.engine.commit(key, ver)
-                self.service.replacing.discard((target.target_id, key))
-                return
-            except OSError as exc:  # LoomError included
-                target.engine.abort(key)
-                logger.error("scrub: target %d chunk %s: installing the good copy failed (%s): retrying",
-                             target.target_id, key, exc)
-                await asyncio.sleep(delay_s)
-                delay_s = min(delay_s * 2, 2.0)
 
     async def close(self) -> None:
         if self._task is not None and not self._task.done():

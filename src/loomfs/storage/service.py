@@ -185,8 +185,12 @@ class StorageService(ChunkUpdates):
                     req.update_ver, req.length, req.data_crc):
                 return write_rsp(st)
             if st is not None and st.commit_ver > req.update_ver and not planted.on("unfenced_resync"):
-                raise StatusError(Status.VERSION_MISMATCH,
-                                  f"resync copy of {key} v{req.update_ver} is older than committed v{st.commit_ver}")
+                if not req.rollback:
+                    raise StatusError(Status.VERSION_MISMATCH,
+                                      f"resync copy of {key} v{req.update_ver} is older than committed v{st.commit_ver}")
+                logger.error("chunk %s on target %d: committed v%d replaced by the chain's older v%d (the "
+                             "serving replicas lost the newer versions)", key, target.target_id, st.commit_ver,
+                             req.update_ver)
             self._check_space(target, req.length - (st.length if st else 0))
             if st is not None:
                 self.replacing.add((target.target_id, key))

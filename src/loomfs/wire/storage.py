@@ -51,6 +51,9 @@ class WriteReq(Message):
     # (client_id, request_id, version) triples; the sender of a resync copy (fencing)
     tags: list[int] = many()
     from_target: int = 0
+    # resync copy older than what the syncing target committed: the serving chain lost those
+    # versions (a crash of every replica that had them unsynced); the copy replaces them
+    rollback: bool = False
 
 
 @message

@@ -1,0 +1,45 @@
+"""Install a good whole copy of a chunk over the local one (scrub repair, resync pull).
+
+The engine stages only versions newer than the committed one, so the old copy is removed
+first; a failed stage (a disk error) would then leave the chunk missing here, which the chain
+would take for a chunk this replica never had. So the stage is retried until it holds (the
+good bytes are in memory), and readers are refused the chunk meanwhile (``replacing``). The
+caller holds the chunk lock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Protocol
+
+import crc32c
+
+from loomfs.storage.engine.base import ChunkKey, ChunkTag
+from loomfs.storage.target import StorageTarget
+
+logger = logging.getLogger(__name__)
+
+
+class _Replacing(Protocol):
+    replacing: set[tuple[int, ChunkKey]]
+
+
+async def install_copy(service: _Replacing, target: StorageTarget, key: ChunkKey, ver: int, data: memoryview,
+                       tags: tuple[ChunkTag, ...]) -> None:
+    """Make ``data`` the committed version ``ver`` of ``key`` on ``target``."""
+    service.replacing.add((target.target_id, key))  # reads refuse it meanwhile
+    await target.engine.remove_range(key.inode, key.index, key.index + 1)
+    delay_s = 0.05
+    while True:
+        try:
+            target.engine.stage_write(key, ver, 0, data, data_crc=crc32c.crc32c(data), full_replace=True, tags=tags)
+            await target.engine.commit(key, ver)
+            service.replacing.discard((target.target_id, key))
+            return
+        except OSError as exc:  # LoomError included
+            target.engine.abort(key)
+            logger.error("target %d chunk %s: installing a good copy of v%d failed (%s): retrying",
+                         target.target_id, key, ver, exc)
+            await asyncio.sleep(delay_s)
+            delay_s = min(delay_s * 2, 2.0)
