@@ -1,0 +1,339 @@
+"""``AsyncKVCache``: put/get of KV blocks on the async client core.
+
+Layout under ``prefix``: ``index/<entry name>`` one small inline file per key (``_entry``),
+``seg/<writer>-<seq>`` append-only segment files, one writer per cache object
+(``_segments``), ``evictor`` the eviction lease. A put appends the values to this writer's
+segment, waits until storage acked them, then writes the entries (PUT_MANY: one meta round
+trip per batch), so an entry never names bytes that were not stored. A get reads the entries
+(READ_MANY: one meta round trip per batch) and then each value with one chunk read straight
+into the caller's buffer, checked against the entry's CRC32C: bytes that do not match (a
+segment compacted away under a reader, a torn write) are a miss, never returned. Concurrent
+writers in other processes need no coordination: each appends to its own segments and the
+last entry written for a key wins. Eviction and compaction: ``_evict``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import random
+import time
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import crc32c
+
+from loomfs.client.layout import split_range
+from loomfs.errors import InvalidArgument, LoomError
+from loomfs.kvcache import _entry as E
+from loomfs.kvcache._segments import SegmentWriter
+from loomfs.kvcache._values import Target, as_bytes, rebuild
+from loomfs.wire.types import Layout
+
+if TYPE_CHECKING:
+    from loomfs.client.core import AsyncClient
+
+logger = logging.getLogger(__name__)
+
+READS_INFLIGHT = 64  # value reads in flight per get_many
+TOUCHES_PENDING_MAX = 65536
+ENTRY_OVERHEAD_BYTES_MAX = 8192 + E.KEY_BYTES_MAX  # header, chains, key, descriptor, names
+
+
+@dataclasses.dataclass
+class KVStats:
+    hits: int = 0
+    misses: int = 0
+    expired: int = 0
+    corrupt: int = 0  # values whose bytes failed their CRC (returned as misses)
+    puts: int = 0
+    put_bytes: int = 0
+    get_bytes: int = 0
+    touches_written: int = 0
+    evicted: int = 0
+    segments_removed: int = 0
+    values_moved: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class KVConfig:
+    capacity_bytes: int = 1 << 40
+    ttl_s: float = 0.0  # 0 = no expiry
+    inline_value_max_bytes: int = 0  # values up to this size live in their index entry (meta)
+    segment_bytes: int = 256 << 20
+    segment_roll_s: float = 60.0
+    background_interval_s: float = 2.0  # 0 = no background task (call maintain() yourself)
+    evict: bool = True  # this cache object may run eviction and compaction (under the lease)
+    low_water: float = 0.9  # eviction stops at this fraction of capacity
+    compact_live_ratio: float = 0.5  # sealed segments with less live data are compacted
+    touch_after_s: float = 1.0  # a hit rewrites its entry's time (LRU) once it is this old
+    seal_grace_s: float = 10.0  # a segment this much older than segment_roll_s is sealed or abandoned
+
+    def check(self) -> None:
+        if self.capacity_bytes <= 0 or self.ttl_s < 0 or self.segment_bytes <= 0 or self.segment_roll_s <= 0:
+            raise InvalidArgument("kvcache: capacity_bytes and segment sizes must be > 0, ttl_s >= 0")
+        if not 0 < self.low_water <= 1 or not 0 <= self.compact_live_ratio <= 1:
+            raise InvalidArgument("kvcache: low_water in (0, 1], compact_live_ratio in [0, 1]")
+
+
+class AsyncKVCache:
+    def __init__(self, client: AsyncClient, prefix: str, config: KVConfig | None = None, *,
+                 clock: Callable[[], float] = time.time, writer_id: int | None = None):
+        self.client = client
+        self.prefix = prefix.rstrip("/") or "/"
+        self.config = config or KVConfig()
+        self.config.check()
+        cap = client.config.inline_put_max_bytes - ENTRY_OVERHEAD_BYTES_MAX
+        if self.config.inline_value_max_bytes > max(cap, 0):
+            raise InvalidArgument(f"kvcache: inline_value_max_bytes > {max(cap, 0)} (the client's "
+                                  "inline_put_max_bytes less the entry's own bytes)")
+        self.index_dir = f"{self.prefix}/index"
+        self.seg_dir = f"{self.prefix}/seg"
+        self.lease_path = f"{self.prefix}/evictor"
+        self.clock = clock
+        self.writer_id = writer_id or random.getrandbits(63) or 1
+        self.writer = SegmentWriter(client, self.seg_dir, self.writer_id, segment_bytes=self.config.segment_bytes,
+                                    roll_s=self.config.segment_roll_s)
+        self.stats = KVStats()
+        self._touches: dict[str, E.Entry] = {}
+        self._task: asyncio.Task[None] | None = None
+        self.closed = False
+
+    async def open(self) -> AsyncKVCache:
+        """Make the directories (entries inline in meta, segments always in chunks) and start
+        the background task."""
+        c = self.client
+        await c.makedirs(self.index_dir, exist_ok=True)
+        await c.makedirs(self.seg_dir, exist_ok=True)
+        want = self.config.inline_value_max_bytes + ENTRY_OVERHEAD_BYTES_MAX
+        for path, inline_max in ((self.index_dir, want), (self.seg_dir, 0)):
+            cur = await c.get_layout(path) or Layout()
+            if cur.inline_max_bytes < inline_max or (inline_max == 0 and cur.inline_max_bytes != 0):
+                await c.set_layout(path, dataclasses.replace(cur, chains=[], inline_max_bytes=inline_max))
+        if self.config.background_interval_s > 0:
+            self._task = asyncio.get_running_loop().create_task(self._background(), name="loomfs-kvcache")
+        return self
+
+    async def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        with contextlib.suppress(LoomError, OSError):
+            await self.flush_touches()
+        await self.writer.close()
+
+    def _path(self, key: bytes) -> str:
+        return f"{self.index_dir}/{E.entry_name(key)}"
+
+    # --- put ----------------------------------------------------------------------------
+
+    async def put(self, key: bytes, value: Any) -> None:
+        await self.put_many([(key, value)])
+
+    async def put_many(self, items: Iterable[tuple[bytes, Any]] | dict[bytes, Any]) -> None:
+        """Store many values (a key named twice keeps its last value). Values go to this
+        writer's segment first; their entries are written once storage acked them. Raises
+        the first error (entries of the other items may have been written)."""
+        pairs = list(items.items()) if isinstance(items, dict) else list(items)
+        last: dict[bytes, tuple[memoryview, int, str]] = {}
+        for key, value in pairs:
+            last[E.check_key(key)] = as_bytes(value)
+        if not last:
+            return
+        now = self.clock()
+        inline_max = self.config.inline_value_max_bytes
+        big = [(k, v) for k, v in last.items() if len(v[0]) > inline_max]
+        entries: list[tuple[str, bytes]] = []
+        for k, (view, kind, desc) in last.items():
+            if len(view) <= inline_max:
+                data = bytes(view)
+                e = E.Entry(key=k, touched_s=now, value_bytes=len(data), value_crc=crc32c.crc32c(data),
+                            kind=kind, desc=desc, inline=data)
+                entries.append((self._path(k), E.encode(e)))
+        if big:
+            placed = await self.writer.append_many([v[0] for _, v in big])
+            for (k, (view, kind, desc)), p in zip(big, placed, strict=True):
+                e = E.Entry(key=k, touched_s=now, value_bytes=len(view), value_crc=crc32c.crc32c(view), kind=kind,
+                            desc=desc, seg_name=p.seg_name, seg_inode=p.seg_inode, seg_offset=p.offset,
+                            chunk_size=p.chunk_size, chains=p.chains)
+                entries.append((self._path(k), E.encode(e)))
+        await self._write_entries(entries)
+        self.stats.puts += len(last)
+        self.stats.put_bytes += sum(len(v[0]) for v in last.values())
+
+    async def _write_entries(self, entries: Sequence[tuple[str, bytes]]) -> None:
+        errors = await self.client.put_many(list(entries))
+        first = next((e for e in errors if e is not None), None)
+        if first is not None:
+            raise first
+
+    # --- get ----------------------------------------------------------------------------
+
+    async def get(self, key: bytes, into: Any = None) -> Any:
+        return (await self.get_many([key], None if into is None else [into]))[0]
+
+    async def get_many(self, keys: Sequence[bytes], into: Sequence[Any] | None = None) -> list[Any]:
+        """Values of ``keys`` (None for a miss), aligned with ``keys``; ``into[i]`` (a
+        writable buffer, ndarray or tensor, or None) receives value i without a copy."""
+        ks = [E.check_key(k) for k in keys]
+        if into is not None and len(into) != len(ks):
+            raise InvalidArgument(f"get_many: {len(ks)} keys but {len(into)} into= buffers")
+        targets = [None if into is None or into[i] is None else Target(into[i]) for i in range(len(ks))]
+        entries = await self._entries(ks)
+        out: list[Any] = [None] * len(ks)
+        slots = asyncio.Semaphore(READS_INFLIGHT)
+
+        async def one(i: int, e: E.Entry) -> None:
+            async with slots:
+                out[i] = await self._value(e, targets[i])
+
+        jobs = [one(i, e) for i, e in enumerate(entries) if e is not None]
+        if len(jobs) == 1:
+            await jobs[0]
+        elif jobs:
+            await asyncio.gather(*jobs)
+        hits = sum(r is not None for r in out)
+        self.stats.hits += hits
+        self.stats.misses += len(ks) - hits
+        return out
+
+    async def _entries(self, keys: Sequence[bytes]) -> list[E.Entry | None]:
+        """The live (present, well-formed, unexpired) entries of ``keys``."""
+        raw = await self.client.read_many([self._path(k) for k in keys])
+        now = self.clock()
+        out: list[E.Entry | None] = []
+        for k, r in zip(keys, raw, strict=True):
+            if isinstance(r, FileNotFoundError):
+                out.append(None)
+                continue
+            if isinstance(r, OSError):
+                raise r
+            try:
+                e = E.decode(r)
+            except E.EntryError as exc:
+                logger.warning("kvcache %s: bad entry for %s: %s", self.prefix, k.hex()[:32], exc)
+                self.stats.corrupt += 1
+                out.append(None)
+                continue
+            if e.key != k:
+                out.append(None)  # another key with the same hash name
+            elif self.config.ttl_s and e.touched_s + self.config.ttl_s < now:
+                self.stats.expired += 1
+                out.append(None)
+            else:
+                out.append(e)
+        return out
+
+    async def read_value_into(self, e: E.Entry, view: memoryview) -> bool:
+        """Read ``e``'s bytes into ``view`` (its exact size); False when they fail the CRC."""
+        if e.inline is not None:
+            view[:] = e.inline
+        elif e.value_bytes:
+            layout = Layout(chunk_size=e.chunk_size, chains=list(e.chains))
+            pieces = list(split_range(layout, e.seg_offset, e.value_bytes))
+            reads = [self.client.storage.read_chunk(layout, e.seg_inode, p.index, p.offset, p.length,
+                                                    view[p.buffer_offset : p.buffer_offset + p.length])
+                     for p in pieces]
+            if len(reads) == 1:
+                await reads[0]
+            else:
+                await asyncio.gather(*reads)
+        if crc32c.crc32c(view) != e.value_crc:
+            self.stats.corrupt += 1
+            logger.info("kvcache %s: value of %s fails its CRC (moved or torn): a miss",
+                        self.prefix, e.key.hex()[:32])
+            return False
+        return True
+
+    async def _value(self, e: E.Entry, target: Target | None) -> Any:
+        if target is not None:
+            if not await self.read_value_into(e, target.fit(e.value_bytes)):
+                return None
+            self._hit(e)
+            return target.result(e.value_bytes)
+        if e.inline is not None and e.kind == E.KIND_BYTES:
+            if crc32c.crc32c(e.inline) != e.value_crc:
+                self.stats.corrupt += 1
+                return None
+            self._hit(e)
+            return e.inline
+        buf = bytearray(e.value_bytes)
+        if not await self.read_value_into(e, memoryview(buf)):
+            return None
+        self._hit(e)
+        return rebuild(e.kind, e.desc, buf)
+
+    def _hit(self, e: E.Entry) -> None:
+        self.stats.get_bytes += e.value_bytes
+        if self.clock() - e.touched_s >= self.config.touch_after_s and len(self._touches) < TOUCHES_PENDING_MAX:
+            self._touches[E.entry_name(e.key)] = e
+
+    # --- the rest of the API ----------------------------------------------------------------
+
+    async def contains_many(self, keys: Sequence[bytes]) -> list[bool]:
+        """Whether each key has a live entry (one meta round trip per batch, no value reads)."""
+        return [e is not None for e in await self._entries([E.check_key(k) for k in keys])]
+
+    async def delete(self, key: bytes) -> bool:
+        """Remove ``key``; False when it was not there. Its bytes go at compaction."""
+        return (await self.delete_many([key]))[0]
+
+    async def delete_many(self, keys: Sequence[bytes]) -> list[bool]:
+        errors = await self.client.rm_many([self._path(E.check_key(k)) for k in keys])
+        for err in errors:
+            if err is not None and not isinstance(err, FileNotFoundError):
+                raise err
+        return [err is None for err in errors]
+
+    async def touch(self, key: bytes) -> bool:
+        """Mark ``key`` used now (its TTL starts again; LRU keeps it longer); False on a miss."""
+        return (await self.touch_many([key]))[0]
+
+    async def touch_many(self, keys: Sequence[bytes]) -> list[bool]:
+        ks = [E.check_key(k) for k in keys]
+        entries = await self._entries(ks)
+        now = self.clock()
+        await self._write_entries([(self._path(e.key), E.encode(e.touched(now))) for e in entries if e is not None])
+        return [e is not None for e in entries]
+
+    async def flush_touches(self) -> int:
+        """Write the pending LRU touches of recent hits (the background task does this)."""
+        if not self._touches:
+            return 0
+        pending, self._touches = self._touches, {}
+        now = self.clock()
+        await self._write_entries([(f"{self.index_dir}/{name}", E.encode(e.touched(now)))
+                                   for name, e in pending.items()])
+        self.stats.touches_written += len(pending)
+        return len(pending)
+
+    async def maintain(self) -> dict[str, int]:
+        """One round of background work: touches, sealing an old segment, eviction and
+        compaction when this object holds the eviction lease."""
+        from loomfs.kvcache import _evict
+
+        await self.flush_touches()
+        await self.writer.roll_if_old()
+        if not self.config.evict or not await _evict.take_lease(self):
+            return {}
+        return await _evict.evict_once(self)
+
+    async def _background(self) -> None:
+        interval = self.config.background_interval_s
+        while not self.closed:
+            await asyncio.sleep(interval * (0.75 + random.random() / 2))
+            try:
+                await self.maintain()
+            except (LoomError, OSError) as exc:
+                logger.warning("kvcache %s: background round failed: %s", self.prefix, exc)
+
+    def __repr__(self) -> str:
+        s = self.stats
+        return (f"AsyncKVCache({self.prefix} writer={self.writer_id:#x} hits={s.hits} misses={s.misses} "
+                f"puts={s.puts} evicted={s.evicted} corrupt={s.corrupt})")
