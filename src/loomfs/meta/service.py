@@ -130,6 +130,12 @@ class MetaService:
             trims_pending=s.trims_pending,
         )
 
+    @handles(w.GC_QUEUED)
+    async def gc_queued(self, req: w.InodesReq, ctx: CallContext) -> w.InodesRsp:
+        if len(req.inodes) > w.GC_QUEUED_INODES_MAX:
+            raise StatusError(Status.EINVAL, f"gc_queued: at most {w.GC_QUEUED_INODES_MAX} inodes per call")
+        return w.InodesRsp(inodes=await self.ns.gc_queued(list(req.inodes)))
+
     @handles(w.SET_LAYOUT)
     async def set_layout(self, req: w.SetLayoutReq, ctx: CallContext) -> w.AttrRsp:
         return w.AttrRsp(attr=await self.ns.set_layout(req.path, req.layout))

@@ -261,3 +261,20 @@ READ = method(SERVICE_META, 18, "read", PathReq, ReadRsp, idempotent=True)
 WRITE_INLINE = method(SERVICE_META, 19, "write_inline", InlineWriteReq, InlineWriteRsp)
 # an inline file's data moves to chunks (a writer is about to grow it past the limit)
 MIGRATE = method(SERVICE_META, 20, "migrate", InodeReq, AttrRsp, idempotent=True)
+
+
+GC_QUEUED_INODES_MAX = 4096  # per GC_QUEUED request
+
+
+@message
+class InodesReq(Message):
+    inodes: list[int] = many()
+
+
+@message
+class InodesRsp(Message):
+    inodes: list[int] = many()
+
+
+# which of these inodes wait in the GC queue (unlinked; chunks not removed yet): fsck's question
+GC_QUEUED = method(SERVICE_META, 40, "gc_queued", InodesReq, InodesRsp, idempotent=True)

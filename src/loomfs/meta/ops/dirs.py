@@ -35,6 +35,11 @@ class DirOps(NamespaceBase):
                 raise StatusError(Status.ENOENT, path)
             return await self._attr(txn, r.inode)
 
+    async def gc_queued(self, inodes: list[int]) -> list[int]:
+        """The ones of ``inodes`` that wait in the GC queue (fsck: not orphans, just not removed yet)."""
+        async with self.store.read() as txn:
+            return [i for i in inodes if await txn.gc_get(i) is not None]
+
     async def statfs(self) -> Statfs:
         async with self.store.read() as txn:
             c = await txn.counters()
