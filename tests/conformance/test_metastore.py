@@ -1,4 +1,5 @@
-"""MetaStore engine contract, run against every backend (sqlite today; postgresql later)."""
+"""MetaStore engine contract, run against every backend: sqlite, and postgresql on a private
+server (``pg_url`` in tests/conftest.py; a fresh schema per test)."""
 
 from __future__ import annotations
 
@@ -10,26 +11,38 @@ from typing import TypeVar
 import pytest
 
 from loomfs.meta.store.base import GcEntry, MetaStore, TrimEntry
+from loomfs.meta.store.postgres import PostgresStore
 from loomfs.meta.store.sqlite import SqliteStore
 from loomfs.wire.types import Attr, FileType, Layout
 
 T = TypeVar("T")
 
-BACKENDS: dict[str, Callable[[Path], str]] = {
-    "sqlite": lambda tmp: f"sqlite:///{tmp / 'meta.db'}",
+BACKENDS: dict[str, Callable[[pytest.FixtureRequest, Path], str]] = {
+    "sqlite": lambda request, tmp: f"sqlite:///{tmp / 'meta.db'}",
+    "postgresql": lambda request, tmp: str(request.getfixturevalue("pg_url")),
 }
 
 
 @pytest.fixture(params=sorted(BACKENDS))
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[MetaStore]:
-    s = MetaStore.open(BACKENDS[request.param](tmp_path), synchronous="NORMAL")
+    s = MetaStore.open(BACKENDS[request.param](request, tmp_path), synchronous="NORMAL")
+    _open.append(s)
     yield s
+    _open.remove(s)
     asyncio.run(s.close())
+
+
+_open: list[MetaStore] = []  # stores whose connections a run() closes before its loop ends
 
 
 def run(aw: Awaitable[T]) -> T:
     async def main() -> T:
-        return await aw
+        try:
+            return await aw
+        finally:
+            for s in _open:
+                if isinstance(s, PostgresStore):
+                    await s.release()
 
     return asyncio.run(main())
 
@@ -243,6 +256,7 @@ def test_persists_across_reopen(store: MetaStore) -> None:
     run(_put(store))
     run(store.close())
     again = MetaStore.open(url)
+    _open.append(again)
     try:
         async def check() -> None:
             async with again.read() as t:
@@ -251,6 +265,7 @@ def test_persists_across_reopen(store: MetaStore) -> None:
 
         run(check())
     finally:
+        _open.remove(again)
         run(again.close())
 
 

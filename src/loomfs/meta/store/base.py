@@ -21,6 +21,9 @@ What callers may rely on (``tests/conformance/test_metastore.py`` checks it per 
   writes of its group, and if the group's commit fails every write in it raises
   ``CommitFailed`` (EIO). A body that raises undoes only its own work; its error is raised
   once the work it may have read is committed (``CommitFailed`` instead if that failed).
+* A write may raise ``TxnConflict`` (engines with optimistic concurrency across processes:
+  PostgreSQL) before or at commit; none of its work is then stored, and the operation is
+  re-run from its start (never only the transaction: its reads may be stale).
 * ``read()`` sees committed data only: never a write that could still fail, never one that a
   failed commit rolled back. An engine may answer reads beside writes that are open or
   committing (SQLite: a read-only connection), so a read need not wait for them.
@@ -28,6 +31,7 @@ What callers may rely on (``tests/conformance/test_metastore.py`` checks it per 
 
 from __future__ import annotations
 
+import errno
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from contextlib import AbstractAsyncContextManager
@@ -44,6 +48,14 @@ S = TypeVar("S", bound="type[MetaStore]")
 
 class CommitFailed(LoomError):
     """The commit covering a write transaction failed: none of its work is stored (EIO)."""
+
+
+class TxnConflict(LoomError):
+    """A write transaction lost a conflict with a concurrent one (another meta server on the
+    same database) and was rolled back: nothing of it is stored. The caller re-runs the
+    whole operation (``loomfs.meta.service.retry_conflicts``); EAGAIN if it still loses."""
+
+    default_errno = errno.EAGAIN
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,273 @@
+"""PostgreSQL engine (asyncpg): many stateless meta servers on one database.
+
+``postgresql://user@host:port/db?schema=loomfs&pool_max=16`` (or a unix socket:
+``postgresql://user@/db?host=/run/postgresql&port=5432``). ``schema`` (default ``loomfs``)
+is the PostgreSQL schema the namespace lives in, created and migrated at open
+(``postgres_schema``); ``pool_max`` bounds the connections of this process.
+
+Isolation: every write transaction is ``SERIALIZABLE`` (PostgreSQL's SSI), so concurrent
+renames, O_EXCL creates and link/unlink from any number of meta servers behave as if run one
+after another; read transactions are ``REPEATABLE READ READ ONLY`` (one snapshot of committed
+data for a path walk; they never abort). A write that loses a conflict (SQLSTATE 40001, or a
+deadlock, 40P01) is rolled back and raises ``TxnConflict``: the caller re-runs its whole
+operation (``loomfs.meta.service.retry_conflicts``, a bounded number of times, with jittered
+backoff). No group commit here: each writer has its own connection and transaction, and
+PostgreSQL commits concurrent transactions together in its WAL flush.
+
+Connections belong to an event loop: the pool is made on first use in a loop, and made again
+if the store is used from another loop (tests call ``asyncio.run`` several times).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+import asyncpg
+
+from loomfs.errors import LoomError
+from loomfs.meta.store.base import CommitFailed, MetaStore, MetaTxn, TxnConflict
+from loomfs.meta.store.postgres_schema import ADVISORY_LOCK_KEY, migrate, quote_ident, sequence_name
+from loomfs.meta.store.postgres_txn import PostgresTxn, ReadOnlyTxn
+
+__all__ = ["PostgresStore", "PostgresTxn", "ReadOnlyTxn"]
+
+logger = logging.getLogger(__name__)
+
+POOL_MAX = 16  # connections per process (each open transaction holds one)
+FOLD_EVERY = 5000  # counter delta rows added by this process between folds
+_CONFLICT = (asyncpg.SerializationError, asyncpg.DeadlockDetectedError)
+_UNAVAILABLE = (asyncpg.PostgresConnectionError, asyncpg.InterfaceError, OSError)
+
+
+class StoreUnavailable(LoomError):
+    """The database cannot be reached (EIO)."""
+
+
+@MetaStore.register("postgresql")
+@MetaStore.register("postgres")
+class PostgresStore(MetaStore):
+    """``commits``: write transactions committed; ``conflicts``: ones that lost a
+    serialisation conflict (their callers re-run them)."""
+
+    def __init__(self, dsn: str, *, schema: str = "loomfs", pool_max: int = POOL_MAX,
+                 synchronous_commit: bool = True, connect_timeout_s: float = 10.0):
+        self.dsn = dsn
+        self.schema = schema
+        self.url = dsn if schema == "loomfs" else _with_query(dsn, schema=schema)
+        self.pool_max = pool_max
+        self.synchronous_commit = synchronous_commit
+        self.connect_timeout_s = connect_timeout_s
+        self._pool: asyncpg.Pool | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._pool_lock: asyncio.Lock | None = None
+        self._migrated = False
+        self._sequences: set[str] = set()  # id counters whose sequence exists
+        self.id_base: dict[str, int] = {}  # committed base of each id counter (postgres_txn.next_id)
+        self.counter_rows_added = 0
+        self._folding: asyncio.Task[None] | None = None
+        self._closed = False
+        self.commits = 0
+        self.conflicts = 0
+        self.commits_failed = 0
+
+    @classmethod
+    def from_url(cls, url: str, **options: Any) -> PostgresStore:
+        parts = urlsplit(url)
+        scheme = parts.scheme.split("+", 1)[0]
+        query = parse_qsl(parts.query, keep_blank_values=True)
+        ours = {k: v for k, v in query if k in ("schema", "pool_max")}
+        rest = [(k, v) for k, v in query if k not in ours]
+        dsn = urlunsplit(("postgresql" if scheme == "postgres" else scheme, parts.netloc, parts.path,
+                          urlencode(rest), ""))
+        kw: dict[str, Any] = {}
+        if "schema" in ours:
+            kw["schema"] = ours["schema"]
+        if "pool_max" in ours:
+            kw["pool_max"] = int(ours["pool_max"])
+        sync = str(options.pop("synchronous", "NORMAL")).upper()  # the sqlite option, mapped
+        kw["synchronous_commit"] = sync != "OFF"
+        for k in ("pool_max", "connect_timeout_s"):
+            if k in options:
+                kw[k] = options.pop(k)
+        if options:
+            raise ValueError(f"unknown postgresql metastore options: {sorted(options)}")
+        return cls(dsn, **kw)
+
+    # --- connections ----------------------------------------------------------------------
+
+    def _settings(self) -> dict[str, str]:
+        return {"search_path": self.schema, "synchronous_commit": "on" if self.synchronous_commit else "off",
+                "application_name": "loomfs-meta"}
+
+    async def _connect_one(self) -> Any:
+        return await asyncpg.connect(self.dsn, timeout=self.connect_timeout_s)
+
+    async def pool(self) -> asyncpg.Pool:
+        if self._closed:
+            raise StoreUnavailable("the metastore is closed")
+        loop = asyncio.get_running_loop()
+        if self._pool is not None and self._loop is loop:
+            return self._pool
+        if self._pool_lock is None or self._loop is not loop:
+            self._pool_lock = asyncio.Lock()
+            self._loop = loop
+            if self._pool is not None:  # made in another loop: its connections are unusable here
+                _abandon(self._pool)
+                self._pool = None
+        async with self._pool_lock:
+            if self._pool is not None:
+                return self._pool
+            try:
+                if not self._migrated:
+                    conn = await self._connect_one()
+                    try:
+                        await migrate(conn, self.schema)
+                    finally:
+                        await conn.close()
+                    self._migrated = True
+                self._pool = await asyncpg.create_pool(
+                    self.dsn, min_size=1, max_size=self.pool_max, server_settings=self._settings(),
+                    timeout=self.connect_timeout_s, max_inactive_connection_lifetime=60.0,
+                )
+            except _UNAVAILABLE as exc:
+                raise StoreUnavailable(f"metastore {self._where()} unreachable: {exc}") from exc
+            return self._pool
+
+    def _where(self) -> str:
+        parts = urlsplit(self.dsn)
+        return f"{parts.hostname or parts.query}{parts.path} schema {self.schema}"
+
+    async def id_sequence(self, counter: str) -> str:
+        """The sequence of id counter ``counter``, made (outside any transaction) on first use."""
+        seq = sequence_name(counter)
+        if seq in self._sequences:
+            return seq
+        conn = await self._connect_one()
+        try:
+            async with conn.transaction():
+                # under the migration lock: two servers never race the CREATE
+                await conn.execute("SELECT pg_advisory_xact_lock($1)", ADVISORY_LOCK_KEY)
+                q = quote_ident(self.schema)
+                await conn.execute(f"CREATE SEQUENCE IF NOT EXISTS {q}.{seq}")
+                await conn.execute(f"INSERT INTO {q}.id_counters (name, seq) VALUES ($1, $2) "
+                                   "ON CONFLICT (name) DO NOTHING", counter, seq)
+        finally:
+            await conn.close()
+        self._sequences.add(seq)
+        return seq
+
+    # --- transactions ---------------------------------------------------------------------
+
+    @asynccontextmanager
+    async def read(self) -> AsyncIterator[MetaTxn]:
+        pool = await self.pool()
+        try:
+            async with pool.acquire() as conn, conn.transaction(isolation="repeatable_read", readonly=True):
+                yield PostgresTxn(conn, False, self)
+        except _UNAVAILABLE as exc:
+            raise StoreUnavailable(f"metastore read failed: {exc}") from exc
+
+    @asynccontextmanager
+    async def write(self) -> AsyncIterator[MetaTxn]:
+        pool = await self.pool()
+        try:
+            conn = await pool.acquire()
+        except _UNAVAILABLE as exc:
+            raise StoreUnavailable(f"metastore unreachable: {exc}") from exc
+        try:
+            tr = conn.transaction(isolation="serializable")
+            await tr.start()
+            txn = PostgresTxn(conn, True, self)
+            try:
+                yield txn
+            except BaseException as exc:
+                with contextlib.suppress(Exception):
+                    await tr.rollback()
+                if isinstance(exc, _CONFLICT):
+                    self.conflicts += 1
+                    raise TxnConflict(f"serialisation conflict: {exc}") from exc
+                if isinstance(exc, _UNAVAILABLE):
+                    raise StoreUnavailable(f"metastore write failed: {exc}") from exc
+                raise
+            try:
+                await tr.commit()
+            except _CONFLICT as exc:
+                self.conflicts += 1
+                raise TxnConflict(f"serialisation conflict at commit: {exc}") from exc
+            except Exception as exc:
+                self.commits_failed += 1
+                raise CommitFailed(f"metastore commit failed: {exc}") from exc
+            self.commits += 1
+            if txn.added:
+                for name in txn.added:
+                    self.id_base.pop(name, None)
+                if self.counter_rows_added >= FOLD_EVERY and self._folding is None:
+                    self.counter_rows_added = 0
+                    self._folding = asyncio.get_running_loop().create_task(self._fold())
+        finally:
+            await pool.release(conn)
+
+    async def _fold(self) -> None:
+        try:
+            await self.fold_counters()
+        except Exception as exc:  # next time
+            logger.warning("metastore: folding counter deltas failed: %s", exc)
+        finally:
+            self._folding = None
+
+    async def fold_counters(self) -> int:
+        """Sum the counter delta rows into one row per counter; returns the rows removed.
+        READ COMMITTED: a row deleted by a concurrent fold is skipped, so each is summed once."""
+        pool = await self.pool()
+        async with pool.acquire() as conn, conn.transaction(isolation="read_committed"):
+            rows = await conn.fetch("DELETE FROM counter_deltas RETURNING name, delta")
+            sums: dict[str, int] = {}
+            for name, delta in rows:
+                sums[name] = sums.get(name, 0) + delta
+            if sums:
+                await conn.executemany("INSERT INTO counter_deltas (name, delta) VALUES ($1, $2)",
+                                       list(sums.items()))
+            return len(rows)
+
+    async def release(self) -> None:
+        """Close this loop's connections now (a later call in any loop opens new ones)."""
+        pool, self._pool = self._pool, None
+        if pool is None:
+            return
+        if self._loop is asyncio.get_running_loop():
+            try:
+                await asyncio.wait_for(pool.close(), 10.0)
+            except (TimeoutError, *_UNAVAILABLE):
+                pool.terminate()
+        else:
+            _abandon(pool)
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._folding is not None:
+            with contextlib.suppress(Exception):
+                await self._folding
+        await self.release()
+
+    def __repr__(self) -> str:
+        return f"PostgresStore({self._where()} commits={self.commits} conflicts={self.conflicts})"
+
+
+def _abandon(pool: asyncpg.Pool) -> None:
+    """Drop a pool whose loop is gone (closed): its sockets close when collected."""
+    with contextlib.suppress(RuntimeError):
+        pool.terminate()
+
+
+def _with_query(url: str, **params: str) -> str:
+    parts = urlsplit(url)
+    query = [*parse_qsl(parts.query, keep_blank_values=True), *params.items()]
+    return urlunsplit((parts.scheme, parts.netloc, parts.path, urlencode(query), ""))

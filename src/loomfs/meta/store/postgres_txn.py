@@ -1,0 +1,285 @@
+"""PostgreSQL engine, the SQL side: one transaction's methods (one statement, one round trip,
+each; asyncpg prepares and caches every statement per connection).
+
+``loomfs.meta.store.postgres`` owns the connections, isolation and retries.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from loomfs.meta.store.base import (
+    DentryRow,
+    GcEntry,
+    InlineData,
+    MetaTxn,
+    TrimEntry,
+    decode_layout,
+    encode_layout,
+)
+from loomfs.wire.types import Attr
+
+if TYPE_CHECKING:
+    from loomfs.meta.store.postgres import PostgresStore
+
+_INODE_COLS = "id, type, mode, nlink, uid, gid, size, atime_ns, mtime_ns, ctime_ns, layout, symlink, inline"
+_GET_INODE = f"SELECT {_INODE_COLS} FROM inodes WHERE id = $1"
+_GET_INODES = f"SELECT {_INODE_COLS} FROM inodes WHERE id = ANY($1::bigint[])"
+_PUT_INODE = (
+    f"INSERT INTO inodes ({_INODE_COLS}) VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13) "
+    "ON CONFLICT (id) DO UPDATE SET type = excluded.type, mode = excluded.mode, nlink = excluded.nlink, "
+    "uid = excluded.uid, gid = excluded.gid, size = excluded.size, atime_ns = excluded.atime_ns, "
+    "mtime_ns = excluded.mtime_ns, ctime_ns = excluded.ctime_ns, layout = excluded.layout, "
+    "symlink = excluded.symlink, inline = excluded.inline"
+)
+_TOUCH = "UPDATE inodes SET mtime_ns = $1, ctime_ns = $2, nlink = nlink + $3 WHERE id = $4"
+_LOOKUP = "SELECT inode, type FROM dentries WHERE parent = $1 AND name = $2"
+_LIST = "SELECT name, inode, type FROM dentries WHERE parent = $1 AND name > $2 ORDER BY name LIMIT $3"
+_PUT_DENTRY = (
+    "INSERT INTO dentries (parent, name, inode, type) VALUES ($1,$2,$3,$4) "
+    "ON CONFLICT (parent, name) DO UPDATE SET inode = excluded.inode, type = excluded.type"
+)
+_PUT_INLINE = (
+    "INSERT INTO inline_data (inode, data, crc, version, chunks_dirty) VALUES ($1,$2,$3,$4,$5) "
+    "ON CONFLICT (inode) DO UPDATE SET data = excluded.data, crc = excluded.crc, "
+    "version = excluded.version, chunks_dirty = excluded.chunks_dirty"
+)
+_COUNTERS = (
+    "SELECT name, sum(v)::bigint FROM ("
+    " SELECT name, delta AS v FROM counter_deltas"
+    " UNION ALL"
+    " SELECT i.name, coalesce(s.last_value, 0) FROM id_counters i JOIN pg_sequences s"
+    " ON s.schemaname = current_schema() AND s.sequencename = i.seq"
+    ") x GROUP BY name"
+)
+_ADD_SESSION = (
+    "INSERT INTO sessions (inode, session_id, client_id, opened_ns) VALUES ($1,$2,$3,$4) "
+    "ON CONFLICT (inode, session_id) DO UPDATE SET client_id = excluded.client_id, opened_ns = excluded.opened_ns"
+)
+_GC_COLS = "inode, layout, length, enqueued_ns"
+_GC_PUT = (
+    f"INSERT INTO gc_queue ({_GC_COLS}) VALUES ($1,$2,$3,$4) ON CONFLICT (inode) DO UPDATE SET "
+    "layout = excluded.layout, length = excluded.length, enqueued_ns = excluded.enqueued_ns"
+)
+_GC_DUE = (
+    f"SELECT {_GC_COLS} FROM gc_queue g WHERE enqueued_ns <= $1 "
+    "AND NOT EXISTS (SELECT 1 FROM sessions s WHERE s.inode = g.inode) ORDER BY enqueued_ns LIMIT $2"
+)
+_TRIM_COLS = "inode, layout, length, old_length, idle, generation, enqueued_ns, claim_owner, claim_until_ns"
+_TRIM_PUT = (
+    f"INSERT INTO trim_queue ({_TRIM_COLS}) VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9) ON CONFLICT (inode) DO UPDATE SET "
+    "layout = excluded.layout, length = excluded.length, old_length = excluded.old_length, "
+    "idle = excluded.idle, generation = excluded.generation, enqueued_ns = excluded.enqueued_ns, "
+    "claim_owner = excluded.claim_owner, claim_until_ns = excluded.claim_until_ns"
+)
+_TRIM_DUE = (
+    f"SELECT {_TRIM_COLS} FROM trim_queue t WHERE claim_until_ns <= $1 "
+    "AND (NOT idle OR NOT EXISTS (SELECT 1 FROM sessions s WHERE s.inode = t.inode)) "
+    "ORDER BY enqueued_ns LIMIT $2"
+)
+_TRUNC_PUT = (
+    "INSERT INTO trunc_epochs (inode, epoch) VALUES ($1,$2) ON CONFLICT (inode) DO UPDATE SET epoch = excluded.epoch"
+)
+
+
+def _attr(row: Any) -> Attr:
+    return Attr(
+        inode=row[0], type=row[1], mode=row[2], nlink=row[3], uid=row[4], gid=row[5], size=row[6],
+        atime_ns=row[7], mtime_ns=row[8], ctime_ns=row[9], layout=decode_layout(row[10]),
+        symlink_target=row[11], inline=row[12],
+    )
+
+
+def _count(status: str) -> int:
+    """Rows touched, from a command tag such as ``DELETE 3``."""
+    return int(status.rsplit(" ", 1)[-1])
+
+
+class ReadOnlyTxn(RuntimeError):
+    pass
+
+
+class PostgresTxn(MetaTxn):
+    __slots__ = ("_c", "_writable", "_store", "added")
+
+    def __init__(self, conn: Any, writable: bool, store: PostgresStore):
+        self._c = conn
+        self._writable = writable
+        self._store = store
+        self.added: set[str] = set()  # counters this transaction added to
+
+    def _w(self) -> Any:
+        if not self._writable:
+            raise ReadOnlyTxn("write inside a read transaction")
+        return self._c
+
+    async def get_inode(self, inode: int) -> Attr | None:
+        row = await self._c.fetchrow(_GET_INODE, inode)
+        return None if row is None else _attr(row)
+
+    async def get_inodes(self, inodes: Sequence[int]) -> dict[int, Attr]:
+        ids = list(inodes)
+        if not ids:
+            return {}
+        return {row[0]: _attr(row) for row in await self._c.fetch(_GET_INODES, ids)}
+
+    async def put_inode(self, attr: Attr) -> None:
+        await self._w().execute(
+            _PUT_INODE, attr.inode, attr.type, attr.mode, attr.nlink, attr.uid, attr.gid, attr.size,
+            attr.atime_ns, attr.mtime_ns, attr.ctime_ns, encode_layout(attr.layout), attr.symlink_target,
+            bool(attr.inline),
+        )
+
+    async def touch_inode(self, inode: int, *, mtime_ns: int, ctime_ns: int, nlink_delta: int = 0) -> None:
+        await self._w().execute(_TOUCH, mtime_ns, ctime_ns, nlink_delta, inode)
+
+    async def delete_inode(self, inode: int) -> None:
+        await self._w().execute("DELETE FROM inodes WHERE id = $1", inode)
+
+    async def get_inline(self, inode: int) -> InlineData | None:
+        row = await self._c.fetchrow(
+            "SELECT data, crc, version, chunks_dirty FROM inline_data WHERE inode = $1", inode)
+        return None if row is None else InlineData(bytes(row[0]), row[1], row[2], row[3])
+
+    async def put_inline(self, inode: int, inline: InlineData) -> None:
+        await self._w().execute(_PUT_INLINE, inode, bytes(inline.data), inline.crc, inline.version,
+                                bool(inline.chunks_dirty))
+
+    async def delete_inline(self, inode: int) -> None:
+        await self._w().execute("DELETE FROM inline_data WHERE inode = $1", inode)
+
+    async def lookup(self, parent: int, name: str) -> DentryRow | None:
+        row = await self._c.fetchrow(_LOOKUP, parent, name)
+        return None if row is None else DentryRow(name, row[0], row[1])
+
+    async def list_dentries(self, parent: int, after: str, limit: int) -> list[DentryRow]:
+        return [DentryRow(r[0], r[1], r[2]) for r in await self._c.fetch(_LIST, parent, after, limit)]
+
+    async def has_dentries(self, parent: int) -> bool:
+        return await self._c.fetchval("SELECT 1 FROM dentries WHERE parent = $1 LIMIT 1", parent) is not None
+
+    async def put_dentry(self, parent: int, name: str, inode: int, type: int) -> None:
+        await self._w().execute(_PUT_DENTRY, parent, name, inode, type)
+
+    async def delete_dentry(self, parent: int, name: str) -> None:
+        await self._w().execute("DELETE FROM dentries WHERE parent = $1 AND name = $2", parent, name)
+
+    # counters -----------------------------------------------------------------------------
+
+    async def next_id(self, counter: str) -> int:
+        c = self._w()
+        seq = await self._store.id_sequence(counter)
+        base = self._store.id_base.get(counter)
+        if base is None:
+            base = int(await c.fetchval(
+                "SELECT coalesce(sum(delta), 0)::bigint FROM counter_deltas WHERE name = $1", counter))
+            if counter not in self.added:  # committed data only: safe to keep
+                self._store.id_base[counter] = base
+        return base + int(await c.fetchval("SELECT nextval($1::regclass)", seq))
+
+    async def add_counter(self, name: str, delta: int) -> None:
+        await self._w().execute("INSERT INTO counter_deltas (name, delta) VALUES ($1, $2)", name, delta)
+        self.added.add(name)
+        self._store.id_base.pop(name, None)
+        self._store.counter_rows_added += 1
+
+    async def counters(self) -> dict[str, int]:
+        return {r[0]: int(r[1]) for r in await self._c.fetch(_COUNTERS)}
+
+    # sessions -----------------------------------------------------------------------------
+
+    async def add_session(self, inode: int, session_id: int, client_id: int, opened_ns: int) -> None:
+        await self._w().execute(_ADD_SESSION, inode, session_id, client_id, opened_ns)
+
+    async def session_client(self, inode: int, session_id: int) -> int | None:
+        v = await self._c.fetchval(
+            "SELECT client_id FROM sessions WHERE inode = $1 AND session_id = $2", inode, session_id)
+        return None if v is None else int(v)
+
+    async def renew_sessions(self, client_id: int, session_ids: Sequence[int], now_ns: int) -> int:
+        status = await self._w().execute(
+            "UPDATE sessions SET opened_ns = $1 WHERE client_id = $2 AND session_id = ANY($3::bigint[])",
+            now_ns, client_id, list(session_ids))
+        return _count(status)
+
+    async def expire_sessions(self, renewed_before_ns: int, limit: int) -> list[tuple[int, int, int]]:
+        rows = await self._w().fetch(
+            "DELETE FROM sessions WHERE (inode, session_id) IN "
+            "(SELECT inode, session_id FROM sessions WHERE opened_ns < $1 LIMIT $2) "
+            "RETURNING inode, session_id, client_id", renewed_before_ns, limit)
+        return [(int(a), int(b), int(c)) for a, b, c in rows]
+
+    async def remove_session(self, inode: int, session_id: int) -> bool:
+        status = await self._w().execute(
+            "DELETE FROM sessions WHERE inode = $1 AND session_id = $2", inode, session_id)
+        return _count(status) > 0
+
+    async def has_session(self, inode: int) -> bool:
+        return await self._c.fetchval("SELECT 1 FROM sessions WHERE inode = $1 LIMIT 1", inode) is not None
+
+    async def session_count(self, inode: int) -> int:
+        return int(await self._c.fetchval("SELECT count(*) FROM sessions WHERE inode = $1", inode))
+
+    async def remove_client_sessions(self, client_id: int) -> int:
+        return _count(await self._w().execute("DELETE FROM sessions WHERE client_id = $1", client_id))
+
+    # GC queue -----------------------------------------------------------------------------
+
+    async def gc_put(self, entry: GcEntry) -> None:
+        await self._w().execute(_GC_PUT, entry.inode, encode_layout(entry.layout), entry.length, entry.enqueued_ns)
+
+    async def gc_get(self, inode: int) -> GcEntry | None:
+        row = await self._c.fetchrow(f"SELECT {_GC_COLS} FROM gc_queue WHERE inode = $1", inode)
+        return None if row is None else _gc(row)
+
+    async def gc_due(self, enqueued_before_ns: int, limit: int) -> list[GcEntry]:
+        return [_gc(r) for r in await self._c.fetch(_GC_DUE, enqueued_before_ns, limit)]
+
+    async def gc_delete(self, inode: int) -> None:
+        await self._w().execute("DELETE FROM gc_queue WHERE inode = $1", inode)
+
+    async def gc_count(self) -> int:
+        return int(await self._c.fetchval("SELECT count(*) FROM gc_queue"))
+
+    # truncate epochs, trim queue ----------------------------------------------------------
+
+    async def trunc_epoch(self, inode: int) -> int:
+        v = await self._c.fetchval("SELECT epoch FROM trunc_epochs WHERE inode = $1", inode)
+        return 0 if v is None else int(v)
+
+    async def set_trunc_epoch(self, inode: int, epoch: int) -> None:
+        if epoch:
+            await self._w().execute(_TRUNC_PUT, inode, epoch)
+        else:
+            await self._w().execute("DELETE FROM trunc_epochs WHERE inode = $1", inode)
+
+    async def trim_put(self, entry: TrimEntry) -> None:
+        await self._w().execute(
+            _TRIM_PUT, entry.inode, encode_layout(entry.layout), entry.length, entry.old_length,
+            bool(entry.idle), entry.generation, entry.enqueued_ns, entry.claim_owner, entry.claim_until_ns)
+
+    async def trim_get(self, inode: int) -> TrimEntry | None:
+        row = await self._c.fetchrow(f"SELECT {_TRIM_COLS} FROM trim_queue WHERE inode = $1", inode)
+        return None if row is None else _trim(row)
+
+    async def trim_due(self, now_ns: int, limit: int) -> list[TrimEntry]:
+        return [_trim(r) for r in await self._c.fetch(_TRIM_DUE, now_ns, limit)]
+
+    async def trim_delete(self, inode: int) -> None:
+        await self._w().execute("DELETE FROM trim_queue WHERE inode = $1", inode)
+
+    async def trim_count(self) -> int:
+        return int(await self._c.fetchval("SELECT count(*) FROM trim_queue"))
+
+
+def _trim(row: Any) -> TrimEntry:
+    layout = decode_layout(row[1])
+    assert layout is not None
+    return TrimEntry(row[0], layout, row[2], row[3], bool(row[4]), row[5], row[6], row[7], row[8])
+
+
+def _gc(row: Any) -> GcEntry:
+    layout = decode_layout(row[1])
+    assert layout is not None
+    return GcEntry(row[0], layout, row[2], row[3])
