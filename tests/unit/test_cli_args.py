@@ -90,3 +90,21 @@ def test_ls_long_format() -> None:
     assert str(3 << 20) in cli_fs.long_lines(entries, human=False)[1]
     assert [cli_fs.short_size(n) for n in (0, 512, 1536, 5 << 30)] == ["0", "512", "1.5K", "5.0G"]
     assert cli_fs.owner_name(2**31 - 7) == str(2**31 - 7)  # no such user: the number
+
+
+def test_demo_states_the_durability_class(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from loomfs.cli.demo import durability_lines
+
+    monkeypatch.delenv("LOOMFS_STORAGE_FSYNC_ON_COMMIT", raising=False)
+    for i in (1, 2):
+        (tmp_path / f"storage{i}").mkdir()
+        (tmp_path / f"storage{i}" / "config.toml").write_text(f'port = {8200 + i}\n')
+    text = " ".join(durability_lines(str(tmp_path)))
+    assert "fsync_on_commit = false on 2 of 2" in text and "R-1" in text and "power loss" in text
+    assert "fsync_on_commit = true" in text  # how to get durable-on-ack
+    for i in (1, 2):
+        (tmp_path / f"storage{i}" / "config.toml").write_text("fsync_on_commit = true\n")
+    assert "on the disks of all its replicas" in " ".join(durability_lines(str(tmp_path)))
+    monkeypatch.setenv("LOOMFS_STORAGE_FSYNC_ON_COMMIT", "false")
+    assert "false on 2 of 2" in " ".join(durability_lines(str(tmp_path)))
+    assert "default false" in " ".join(durability_lines("10.0.0.1:8000"))

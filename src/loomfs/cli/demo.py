@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import os
 import random
 import time
+import tomllib
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
-from loomfs.cli.common import connect, human_bytes, parse_size
+from loomfs.cli.common import connect, human_bytes, parse_size, target
 from loomfs.wire.types import TargetState
 
 LOADER_THREADS = 4
@@ -94,7 +97,43 @@ def cmd_demo(args: argparse.Namespace) -> int:
               f"write {_rate(args.checkpoint_size, w_ck)}, read {_rate(args.checkpoint_size, r_ck)}")
         _where(args, fs, f"{root}/checkpoints/step-1000/model.pt")
         print(f"  namespace:  {fs.ls(root + '/dataset/train')[:3]} ... ({args.shards} files)")
+        for line in durability_lines(target(args)):
+            print("  " + line)
     return 0
+
+
+def storage_fsync_settings(where: str) -> list[bool] | None:
+    """``fsync_on_commit`` of each storage service of a local cluster directory (its
+    ``storage*/config.toml``; this process's ``LOOMFS_STORAGE_FSYNC_ON_COMMIT`` is what
+    ``local up`` passed on); None when ``where`` is an address or holds no storage config."""
+    root = Path(where)
+    configs = sorted(root.glob("storage*/config.toml")) if root.is_dir() else []
+    if not configs:
+        return None
+    env = os.environ.get("LOOMFS_STORAGE_FSYNC_ON_COMMIT")
+    out = []
+    for c in configs:
+        value = bool(tomllib.loads(c.read_text()).get("fsync_on_commit", False))
+        if env is not None:
+            value = env.lower() in ("1", "true", "yes", "on")
+        out.append(value)
+    return out
+
+
+def durability_lines(where: str) -> list[str]:
+    """What an acknowledged write of this cluster guarantees, in plain words (README)."""
+    fsyncs = storage_fsync_settings(where)
+    durable = "durable-on-ack: run storage with fsync_on_commit = true (README, 'What an acknowledged write guarantees')"
+    if fsyncs is None:
+        return ["durability: set by each storage service's fsync_on_commit (default false: an acknowledged "
+                "write is in every replica's page cache; it survives R-1 process or host failures, not a "
+                "power loss of all replica hosts at once)", durable]
+    if all(fsyncs):
+        return ["durability: fsync_on_commit = true on every storage node: an acknowledged write is on the "
+                "disks of all its replicas (survives a power loss of every replica host)"]
+    return [f"durability: fsync_on_commit = false on {fsyncs.count(False)} of {len(fsyncs)} storage nodes: an "
+            "acknowledged write is in every replica's page cache; it survives R-1 process or host failures, "
+            "not a power loss of all replica hosts at once", durable]
 
 
 def _rate(n: int, s: float) -> str:
