@@ -121,7 +121,7 @@ def serve(target: str, mountpoint: str, options: MountOptions, pid_file: str | N
     pyfuse3.asyncio.enable()
     mountpoint = os.path.realpath(mountpoint)
     clear_stale(mountpoint)
-    fs = loomfs.connect(target)
+    fs = loomfs.connect(target, consistency=options.consistency)
     ops = LoomOperations(fs.client, fs.loop, options)
     pyfuse3.init(ops, mountpoint, options.fuse_options(f"loomfs:{target}"))
     _set_read_ahead(mountpoint, options.read_ahead_kb)  # from mountinfo: a stat would wait for main()

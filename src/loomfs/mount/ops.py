@@ -86,6 +86,8 @@ class LoomOperations(pyfuse3.Operations):
         self.options = options
         self.inodes = InodeTable()
         self.handles: dict[int, Handle | DirStream] = {}
+        # inode -> the version (size, mtime, ctime) of the file its kernel pages hold
+        self._cached: dict[int, tuple[int, int, int] | None] = {}
         self._next_fh = 1
 
     def __repr__(self) -> str:
@@ -148,6 +150,8 @@ class LoomOperations(pyfuse3.Operations):
     async def forget(self, inode_list: list[tuple[int, int]]) -> None:
         for inode, n in inode_list:
             self.inodes.forget(inode, n)
+            if not self.inodes.lookups(inode):
+                self._cached.pop(inode, None)  # the kernel dropped the inode and its pages
 
     @_fuse_errors
     async def getattr(self, inode: int, ctx: Any = None) -> pyfuse3.EntryAttributes:
@@ -325,11 +329,32 @@ class LoomOperations(pyfuse3.Operations):
         self.handles[fh] = h
         return fh
 
-    def _file_info(self, h: Handle) -> pyfuse3.FileInfo:
+    def _file_info(self, h: Handle, flags: int) -> pyfuse3.FileInfo:
         fi = pyfuse3.FileInfo()
         fi.fh = self._new_handle(h)
-        fi.keep_cache = False  # strict: the page cache is dropped at open (close-to-open)
+        fi.direct_io = self.options.direct_io or bool(flags & os.O_DIRECT)
+        fi.keep_cache = self._keep_cache(h)
         return fi
+
+    def _keep_cache(self, h: Handle) -> bool:
+        """Whether the kernel's pages of this file stay valid at this open. ``auto``: on a
+        relaxed path always; else only when meta's version of the file (size, mtime, ctime)
+        is the one the pages were read under (the last open here saw the same) - a file
+        another client changed and closed reads afresh (close-to-open). Writes through this
+        mount update the pages as they go. (The kernel also drops them when a getattr shows
+        a new mtime or size: libfuse asks for auto_inval_data.)"""
+        attr = h.file.opened_attr
+        version = (attr.size, attr.mtime_ns, attr.ctime_ns) if attr is not None else None
+        if h.writable or version is None:
+            self._cached.pop(h.inode, None)
+            return False
+        before = self._cached.get(h.inode)
+        self._cached[h.inode] = version
+        if self.options.cache == "none":
+            return False
+        if self.options.cache == "keep" or self.client.caches.relaxed(h.file.path):
+            return True
+        return before == version
 
     async def _sync_writers(self, inode: int) -> None:
         """A new open sees what this mount's open writers wrote (close-to-open at meta)."""
@@ -341,6 +366,8 @@ class LoomOperations(pyfuse3.Operations):
     async def open(self, inode: int, flags: int, ctx: Any) -> pyfuse3.FileInfo:
         path = self.inodes.path(inode)
         acc = flags & os.O_ACCMODE
+        if acc != os.O_RDONLY and self.options.read_only:
+            raise pyfuse3.FUSEError(errno.EROFS)
         await self._sync_writers(inode)
         if acc == os.O_RDONLY:
             f = await self.call(self.client.open(path, "rb"))
@@ -349,11 +376,13 @@ class LoomOperations(pyfuse3.Operations):
         else:
             f = await self.call(self.client.open(path, "r+b"))
         self.inodes.opened(inode)
-        return self._file_info(Handle(inode, f, acc != os.O_RDONLY, append=bool(flags & os.O_APPEND)))
+        return self._file_info(Handle(inode, f, acc != os.O_RDONLY, append=bool(flags & os.O_APPEND)), flags)
 
     @_fuse_errors
     async def create(self, parent_inode: int, name: bytes, mode: int, flags: int,
                      ctx: Any) -> tuple[pyfuse3.FileInfo, pyfuse3.EntryAttributes]:
+        if self.options.read_only:
+            raise pyfuse3.FUSEError(errno.EROFS)
         path = _join(self.inodes.path(parent_inode), name)
         perm = mode & 0o7777
         c = self.client
@@ -367,7 +396,7 @@ class LoomOperations(pyfuse3.Operations):
         attr = await self._owned(path, await self._attr(path), ctx)
         self.inodes.opened(attr.inode)
         h = Handle(attr.inode, f, True, append=bool(flags & os.O_APPEND))
-        fi = self._file_info(h)
+        fi = self._file_info(h, flags)
         return fi, self._known(attr, path)
 
     @_fuse_errors

@@ -18,6 +18,12 @@ class MountOptions:
     max_tasks: int = 64  # FUSE requests served at once
     read_ahead_kb: int = 1024  # the mount's bdi read-ahead (1 MiB requests; 0 = leave it)
     readdir_page: int = 1024  # directory entries read from meta per READDIR (huge directories stream)
+    consistency: str = "strict"  # the mount's client: "strict" (close-to-open) or "relaxed"
+    # the kernel page cache at open: "auto" keeps it when the file is the version it held
+    # (strict) or always (relaxed paths); "keep" always; "none" drops it at every open
+    cache: str = "auto"
+    direct_io: bool = False  # every read and write goes to the mount (no page cache, no read-ahead)
+    read_only: bool = False  # ro: the kernel refuses writes (EROFS) and so does the mount
     kernel: frozenset[str] = field(default_factory=frozenset)  # passed to FUSE as given
 
     @classmethod
@@ -36,6 +42,19 @@ class MountOptions:
                     kw["loop"] = value
                 elif key in ("max_tasks", "read_ahead_kb", "readdir_page"):
                     kw[key] = int(value)
+                elif key == "consistency":
+                    if value not in ("strict", "relaxed"):
+                        raise ValueError(f"consistency={value!r}: use strict or relaxed")
+                    kw["consistency"] = value
+                elif key == "cache":
+                    if value not in ("auto", "keep", "none"):
+                        raise ValueError(f"cache={value!r}: use auto, keep or none")
+                    kw["cache"] = value
+                elif key == "direct_io":
+                    kw["direct_io"] = True
+                elif key == "ro":
+                    kw["read_only"] = True
+                    kernel.add(opt)
                 elif key == "no_default_permissions":
                     kernel.discard("default_permissions")
                 elif key == "max_read":

@@ -1,0 +1,140 @@
+"""Mount options through real mounts: the kernel page cache per open (kept for an unchanged
+file, dropped when another client changed it, never with cache=none), direct_io and O_DIRECT,
+read-only mounts. Whether pages are resident is asked of the kernel (mincore on a mapping)."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import mmap
+import os
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from test_mount import _mount, _umount
+
+import loomfs
+from loomfs.testing import LocalCluster
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+PAGE = mmap.PAGESIZE
+
+
+@contextlib.contextmanager
+def mounted(cluster: LocalCluster, *opts: str) -> Iterator[Path]:
+    mp = tempfile.mkdtemp(prefix="loomfs-mnt-opt-")
+    _mount(cluster, mp, *opts)
+    try:
+        yield Path(mp)
+    finally:
+        _umount(mp)
+        os.rmdir(mp)
+
+
+def resident_pages(path: Path) -> int:
+    """How many of ``path``'s pages the kernel holds now (mincore over a private mapping of
+    it; mapping and asking read nothing)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    size = path.stat().st_size
+    n = (size + PAGE - 1) // PAGE
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), size, access=mmap.ACCESS_COPY) as m:
+        vec = (ctypes.c_ubyte * n)()
+        anchor = ctypes.c_char.from_buffer(m)
+        try:
+            rc = libc.mincore(ctypes.c_void_p(ctypes.addressof(anchor)), ctypes.c_size_t(size), vec)
+            assert rc == 0, os.strerror(ctypes.get_errno())
+        finally:
+            del anchor
+        return sum(v & 1 for v in vec)
+
+
+def _read_through(path: Path) -> bytes:
+    with open(path, "rb", buffering=0) as f:
+        return f.read()
+
+
+def test_page_cache_kept_while_unchanged_dropped_when_changed(cluster: LocalCluster) -> None:
+    """auto (strict): an unchanged file's pages survive the next open; a change another client
+    closed drops them and the new bytes are read (close-to-open)."""
+    data = os.urandom(64 * PAGE)
+    with mounted(cluster) as mp, loomfs.connect(str(cluster.root)) as fs:
+        name = f"/cache-{os.getpid()}-{time.monotonic_ns()}"
+        fs.pipe(name, data)
+        p = mp / name[1:]
+        assert _read_through(p) == data
+        assert resident_pages(p) == 64  # kept at the open mincore's mapping did
+        new = os.urandom(64 * PAGE)
+        with fs.open(name, "r+b") as f:  # another client: same size, new bytes
+            f.write(new)
+        assert _read_through(p) == new
+        fs.unlink(name)
+
+
+def test_cache_none_and_direct_io(cluster: LocalCluster) -> None:
+    data = os.urandom(32 * PAGE)
+    with mounted(cluster, "-o", "cache=none") as mp:
+        p = mp / f"none-{os.getpid()}"
+        p.write_bytes(data)
+        assert _read_through(p) == data
+        assert resident_pages(p) == 0  # the open for mincore's mapping dropped them
+        p.unlink()
+    with mounted(cluster, "-o", "direct_io") as mp:
+        p = mp / f"direct-{os.getpid()}"
+        p.write_bytes(data)
+        assert _read_through(p) == data
+        fd = os.open(p, os.O_RDONLY)
+        try:
+            assert os.pread(fd, 10, 5) == data[5:15]
+        finally:
+            os.close(fd)
+        assert resident_pages(p) == 0  # nothing goes through the page cache
+        p.unlink()
+
+
+def test_o_direct(cluster: LocalCluster) -> None:
+    with mounted(cluster) as mp:
+        p = mp / f"odirect-{os.getpid()}"
+        buf = mmap.mmap(-1, 4 * PAGE)  # page-aligned, as O_DIRECT callers do
+        buf.write(os.urandom(4 * PAGE))
+        fd = os.open(p, os.O_CREAT | os.O_RDWR | os.O_DIRECT, 0o644)
+        try:
+            assert os.write(fd, buf) == 4 * PAGE
+            back = mmap.mmap(-1, 4 * PAGE)
+            assert os.preadv(fd, [back], 0) == 4 * PAGE
+            assert back[:] == buf[:]
+        finally:
+            os.close(fd)
+        assert p.read_bytes() == buf[:]
+        p.unlink()
+
+
+def test_read_only(cluster: LocalCluster) -> None:
+    name = f"ro-{os.getpid()}"
+    with loomfs.connect(str(cluster.root)) as fs:
+        fs.pipe(f"/{name}", b"kept")
+    with mounted(cluster, "-o", "ro") as mp:
+        assert (mp / name).read_bytes() == b"kept"
+        for fn in (lambda: (mp / name).write_bytes(b"x"), lambda: (mp / "new").write_bytes(b""),
+                   lambda: os.mkdir(mp / "d"), lambda: os.unlink(mp / name),
+                   lambda: os.chmod(mp / name, 0o600), lambda: os.rename(mp / name, mp / "n2")):
+            with pytest.raises(OSError) as exc:
+                fn()
+            assert exc.value.errno == errno.EROFS
+    with loomfs.connect(str(cluster.root)) as fs:
+        assert fs.cat(f"/{name}") == b"kept"
+        fs.unlink(f"/{name}")
+
+
+def test_relaxed_mount_keeps_pages(cluster: LocalCluster) -> None:
+    data = os.urandom(16 * PAGE)
+    with mounted(cluster, "-o", "consistency=relaxed,cache=auto") as mp:
+        p = mp / f"relaxed-{os.getpid()}"
+        p.write_bytes(data)
+        assert _read_through(p) == data
+        assert _read_through(p) == data
+        assert resident_pages(p) == 16
+        p.unlink()
