@@ -1,0 +1,180 @@
+"""KVCache against a real local cluster: round trips, batches, TTL, eviction, compaction,
+several writer processes."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+import torch
+
+import loomfs
+from loomfs.kvcache import KVCache
+from loomfs.testing import LocalCluster
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+CHUNK_BYTES = 256 << 10
+
+
+class FakeClock:
+    def __init__(self, now_s: float = 1_000_000.0):
+        self.now_s = now_s
+
+    def __call__(self) -> float:
+        return self.now_s
+
+
+@pytest.fixture()
+def kv_dir(fs: loomfs.LoomFS, base: str) -> str:
+    fs.makedirs(f"{base}/kv", exist_ok=True)
+    fs.set_layout(f"{base}/kv", chunk_size=CHUNK_BYTES)
+    return f"{base}/kv"
+
+
+@pytest.fixture()
+def kv(fs: loomfs.LoomFS, kv_dir: str) -> Iterator[KVCache]:
+    cache = KVCache(fs, kv_dir, background_interval_s=0)
+    yield cache
+    cache.close()
+
+
+def test_round_trip_every_kind(kv: KVCache) -> None:
+    blob = os.urandom(100_000)
+    kv.put(b"bytes", blob)
+    kv.put(b"empty", b"")
+    arr = np.random.default_rng(1).standard_normal((4, 8, 16)).astype(np.float16)
+    kv.put(b"numpy", arr)
+    t = torch.randn(2, 4, 64, 32).to(torch.bfloat16)
+    kv.put(b"torch", t)
+    assert bytes(kv.get(b"bytes")) == blob
+    assert bytes(kv.get(b"empty")) == b""
+    back = kv.get(b"numpy")
+    assert isinstance(back, np.ndarray) and back.dtype == np.float16 and np.array_equal(back, arr)
+    tb = kv.get(b"torch")
+    assert isinstance(tb, torch.Tensor) and tb.dtype == torch.bfloat16 and torch.equal(tb, t)
+    assert kv.get(b"missing") is None
+    # zero-copy into the caller's buffers
+    into = torch.empty_like(t)
+    assert kv.get(b"torch", into=into) is into and torch.equal(into, t)
+    buf = bytearray(len(blob) + 10)
+    got = kv.get(b"bytes", into=buf)
+    assert bytes(got) == blob and bytes(buf[: len(blob)]) == blob
+    with pytest.raises(ValueError):  # EINVAL: the buffer is too small
+        kv.get(b"bytes", into=bytearray(10))
+    # a value bigger than a chunk spans chunks (read in pieces)
+    big = os.urandom(3 * CHUNK_BYTES + 5)
+    kv.put(b"big", big)
+    assert bytes(kv.get(b"big")) == big
+
+
+def test_batches_overwrite_delete_contains(kv: KVCache) -> None:
+    items = [(b"k%03d" % i, os.urandom(1000 + i * 977)) for i in range(64)]
+    items.append((b"k000", b"last wins"))
+    kv.put_many(items)
+    keys = [k for k, _ in items[:64]] + [b"nope"]
+    got = kv.get_many(keys)
+    assert bytes(got[0]) == b"last wins"
+    assert [bytes(g) for g in got[1:64]] == [v for _, v in items[1:64]]
+    assert got[64] is None
+    assert kv.contains_many([b"k001", b"nope"]) == [True, False]
+    bufs = [bytearray(len(v)) for _, v in items[1:5]]
+    assert [bytes(b) for b in kv.get_many([k for k, _ in items[1:5]], into=bufs)] == [v for _, v in items[1:5]]
+    assert kv.delete(b"k001") is True and kv.delete(b"k001") is False
+    assert kv.get(b"k001") is None
+    kv.put(b"k002", b"new")
+    assert bytes(kv.get(b"k002")) == b"new"
+    long_key = bytes(range(256)) * 2  # named by its hash
+    kv.put(long_key, b"v")
+    assert bytes(kv.get(long_key)) == b"v" and kv.get(long_key[:-1] + b"\x00") is None
+
+
+def test_inline_small_values(fs: loomfs.LoomFS, kv_dir: str, calls: object) -> None:
+    with KVCache(fs, kv_dir, inline_value_max_bytes=16 << 10, background_interval_s=0) as kv:
+        vals = {b"s%d" % i: os.urandom(16 << 10) for i in range(32)}
+        calls.methods.clear()  # type: ignore[attr-defined]
+        kv.put_many(vals)
+        got = kv.get_many(list(vals))
+        # one PUT_MANY and one READ_MANY: no storage round trip for inline values
+        assert calls.methods == ["put_many", "read_many"]  # type: ignore[attr-defined]
+        assert [bytes(g) for g in got] == list(vals.values())
+        kv.put(b"big", os.urandom(20 << 10))  # over the inline limit: a segment
+        assert len(kv.get(b"big")) == 20 << 10
+
+
+def test_ttl_and_touch(fs: loomfs.LoomFS, kv_dir: str) -> None:
+    clock = FakeClock()
+    with KVCache(fs, kv_dir, ttl_s=10.0, clock=clock, background_interval_s=0, touch_after_s=1e9) as kv:
+        kv.put_many([(b"a", b"1"), (b"b", b"2")])
+        clock.now_s += 8
+        assert kv.touch(b"a") is True and kv.touch(b"zz") is False
+        clock.now_s += 5  # b: 13 s old; a: touched 5 s ago
+        assert kv.get(b"b") is None and bytes(kv.get(b"a")) == b"1"
+        assert kv.contains_many([b"a", b"b"]) == [True, False]
+        r = kv.evict_now()
+        assert r["expired"] == 1 and r["removed"] == 1
+        assert not fs.exists(f"{kv_dir}/index/{b'b'.hex()}")
+
+
+def test_capacity_evicts_least_recently_used(fs: loomfs.LoomFS, kv_dir: str) -> None:
+    clock = FakeClock()
+    with KVCache(fs, kv_dir, capacity_bytes=10 * 4096, clock=clock, background_interval_s=0,
+                 touch_after_s=0.5, low_water=1.0) as kv:
+        for i in range(16):
+            clock.now_s += 1
+            kv.put(b"v%02d" % i, bytes([i]) * 4096)
+        clock.now_s += 1
+        assert kv.get(b"v00") is not None and kv.get(b"v01") is not None  # hits: used recently
+        assert kv.maintain() is not None  # writes the touches, holds the lease, evicts
+        present = kv.contains_many([b"v%02d" % i for i in range(16)])
+        kept = {i for i, p in enumerate(present) if p}
+        assert kept == {0, 1} | set(range(8, 16)), kept
+        assert kv.stats.touches_written == 2
+
+
+def test_compaction_moves_live_values_and_removes_segments(fs: loomfs.LoomFS, kv_dir: str) -> None:
+    with KVCache(fs, kv_dir, background_interval_s=0, segment_roll_s=0.001, seal_grace_s=0.0) as kv:
+        vals = {b"c%02d" % i: os.urandom(8 << 10) for i in range(32)}
+        keys = list(vals)
+        for b in range(8):  # segment_roll_s tiny: each batch seals the previous segment
+            kv.put_many([(k, vals[k]) for k in keys[4 * b : 4 * b + 4]])
+        segs_before = fs.listdir(f"{kv_dir}/seg")
+        assert len(segs_before) == 8
+        # segments 0-3: all dead; 4-6: one value of four lives; 7: still open
+        dead = keys[:16] + [k for i, k in enumerate(keys[16:28]) if i % 4]
+        kv.delete_many(dead)
+        r = kv.evict_now()
+        assert (r["segments_removed"], r["segments_compacted"], r["values_moved"]) == (7, 3, 3), r
+        for k, v in vals.items():
+            got = kv.get(k)
+            assert (bytes(got) if got is not None else None) == (None if k in dead else v)
+        after = fs.listdir(f"{kv_dir}/seg")
+        assert set(after) & set(segs_before) == {segs_before[-1]}
+
+
+def _writer_proc(cluster_root: str, prefix: str, n: int, rank: int) -> None:
+    fs = loomfs.connect(cluster_root)
+    with KVCache(fs, prefix, background_interval_s=0.2) as kv:
+        for j in range(0, n, 8):
+            kv.put_many([(b"p%d-%03d" % (rank, i), bytes([rank]) * (20_000 + i)) for i in range(j, j + 8)])
+            kv.put(b"shared", b"%d" % rank * 1000)
+    fs.close()
+
+
+def test_concurrent_writer_processes(cluster: LocalCluster, fs: loomfs.LoomFS, kv_dir: str) -> None:
+    ctx = mp.get_context("spawn")
+    procs = [ctx.Process(target=_writer_proc, args=(str(cluster.root), kv_dir, 32, r)) for r in range(3)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(90)
+        assert p.exitcode == 0
+    with KVCache(fs, kv_dir, background_interval_s=0) as kv:
+        for r in range(3):
+            got = kv.get_many([b"p%d-%03d" % (r, i) for i in range(32)])
+            assert [bytes(g) for g in got] == [bytes([r]) * (20_000 + i) for i in range(32)]
+        shared = bytes(kv.get(b"shared"))
+        assert shared in {b"%d" % r * 1000 for r in range(3)}
+        assert len({n.split("-")[0] for n in fs.listdir(f"{kv_dir}/seg")}) == 3  # a segment per writer
