@@ -38,7 +38,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from loomfs.meta.store.base import CommitFailed, MetaStore, MetaTxn
-from loomfs.meta.store.sqlite_txn import SCHEMA, ReadOnlyTxn, SqliteTxn, migrate_schema
+from loomfs.meta.store.sqlite_txn import ReadOnlyTxn, SqliteTxn, migrate_schema
 
 __all__ = ["ReadOnlyTxn", "SqliteStore", "SqliteTxn"]
 
@@ -51,6 +51,9 @@ GROUP_COMMIT_MAX = 512  # writers sharing one COMMIT at most
 # 0.1 ms here) are then cheap next to a loop that would stand still for the whole fsync
 COMMIT_THREAD_MIN_S = 0.001
 READ_CONNECTIONS_MAX = 4  # read transactions open at once (more wait)
+# another process holds the write lock: BEGIN IMMEDIATE is tried again after this long, doubling
+BUSY_POLL_MIN_S = 0.0005
+BUSY_POLL_MAX_S = 0.02
 
 _SYNC_MODES = ("OFF", "NORMAL", "FULL", "EXTRA")
 
@@ -80,6 +83,11 @@ def _connect(path: str, busy_timeout_s: float) -> sqlite3.Connection:
     conn.execute(f"PRAGMA cache_size = -{CACHE_KIB}")
     conn.execute(f"PRAGMA mmap_size = {MMAP_BYTES}")
     return conn
+
+
+def _busy(exc: sqlite3.OperationalError) -> bool:
+    code = getattr(exc, "sqlite_errorcode", None)
+    return code in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED) or "locked" in str(exc)
 
 
 @MetaStore.register("sqlite")
@@ -121,8 +129,10 @@ class SqliteStore(MetaStore):
         self._single = not wal
         self._conn.execute(f"PRAGMA synchronous = {synchronous}")
         self._conn.execute("PRAGMA foreign_keys = OFF")
-        self._conn.executescript(SCHEMA)
-        migrate_schema(self._conn)
+        self.schema_found = migrate_schema(self._conn)  # the version the file was at
+        if not self._single:  # a busy write lock is waited for by polling (_join_group), never here
+            self._conn.execute("PRAGMA busy_timeout = 0")
+        self.busy_waits = 0  # BEGIN IMMEDIATEs that found another process writing
         self.group_commit_max = group_commit_max
         self.commit_in_thread = commit_in_thread
         self.commit_s_avg = 0.0  # EWMA of COMMIT seconds
@@ -224,11 +234,8 @@ class SqliteStore(MetaStore):
                 self.commits += 1
                 self.groups += 1
             return
-        while self._in_body or self._committing is not None or self._conn_reading:
-            await self._wait_for_connection()
-        self._check_open()
         loop = asyncio.get_running_loop()
-        group = self._join_group(loop)
+        group = await self._join_group(loop)
         c = self._conn
         c.execute("SAVEPOINT w")
         done: asyncio.Future[None] = loop.create_future()
@@ -266,13 +273,37 @@ class SqliteStore(MetaStore):
         if gate is not None and not gate.done():
             gate.set_result(None)
 
-    def _join_group(self, loop: asyncio.AbstractEventLoop) -> _Group:
-        group = self._group
-        if group is None:
-            self._conn.execute("BEGIN IMMEDIATE")  # a busy lock raises to this writer only
+    async def _join_group(self, loop: asyncio.AbstractEventLoop) -> _Group:
+        """The open group, or a new one (``BEGIN IMMEDIATE``). Another process holding the
+        file's write lock (meta servers sharing one file) makes the BEGIN fail at once (the
+        write connection has no busy timeout): this writer then polls with backoff, awaiting
+        between tries, so the loop goes on serving; after ``busy_timeout_s`` it raises."""
+        delay_s = BUSY_POLL_MIN_S
+        deadline: float | None = None
+        while True:
+            while self._in_body or self._committing is not None or self._conn_reading:
+                await self._wait_for_connection()
+            self._check_open()
+            group = self._group
+            if group is not None:
+                return group
+            try:
+                self._conn.execute("BEGIN IMMEDIATE")
+            except sqlite3.OperationalError as exc:
+                if not _busy(exc):
+                    raise
+                now = time.monotonic()
+                if deadline is None:
+                    deadline = now + self._busy_timeout_s
+                elif now >= deadline:
+                    raise
+                self.busy_waits += 1
+                await asyncio.sleep(delay_s)
+                delay_s = min(delay_s * 2, BUSY_POLL_MAX_S)
+                continue
             group = self._group = _Group()
             loop.call_soon(self._flush, group)  # behind the writers ready now
-        return group
+            return group
 
     def _undo(self, group: _Group, exc: BaseException) -> None:
         """A body raised: roll back to its savepoint; if the outer transaction is gone (SQLite

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from loomfs.meta.store.base import (
@@ -299,9 +299,51 @@ def _gc(row: tuple[Any, ...]) -> GcEntry:
     return GcEntry(row[0], layout, row[2], row[3])
 
 
-def migrate_schema(conn: sqlite3.Connection) -> None:
-    """Bring a store written by an older LoomFS up to this schema."""
+SCHEMA_VERSION = 2  # PRAGMA user_version of a store this code wrote
+
+
+class SchemaTooNew(sqlite3.DatabaseError):
+    """The store was written by a newer LoomFS (its user_version is above ours)."""
+
+
+def _create_tables(conn: sqlite3.Connection) -> None:
+    for stmt in SCHEMA.split(";"):  # not executescript: that COMMITs first
+        if stmt.strip():
+            conn.execute(stmt)
+
+
+def _add_inline_column(conn: sqlite3.Connection) -> None:
     cols = {row[1] for row in conn.execute("PRAGMA table_info(inodes)")}
     if "inline" not in cols:
         conn.execute("ALTER TABLE inodes ADD COLUMN inline INTEGER NOT NULL DEFAULT 0")
         logger.info("metastore: added the inodes.inline column")
+
+
+# MIGRATIONS[n] brings a store at version n to n + 1 (version 1: the tables of SCHEMA
+# without inline data; stores written before versioning carry user_version 0 and are
+# brought up from whatever they hold, each step checking before it changes anything)
+MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [
+    _create_tables,  # 0 -> 1
+    _add_inline_column,  # 1 -> 2: inline files
+]
+assert len(MIGRATIONS) == SCHEMA_VERSION
+
+
+def migrate_schema(conn: sqlite3.Connection) -> int:
+    """Bring a store up to ``SCHEMA_VERSION`` (one transaction); returns the version found.
+    A store at a newer version is refused (``SchemaTooNew``)."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        version = int(conn.execute("PRAGMA user_version").fetchone()[0])
+        if version > SCHEMA_VERSION:
+            raise SchemaTooNew(f"metastore schema version {version}; this LoomFS knows up to {SCHEMA_VERSION}")
+        for n in range(version, SCHEMA_VERSION):
+            MIGRATIONS[n](conn)
+        if version != SCHEMA_VERSION:
+            conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+        conn.execute("COMMIT")
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
+    return version
