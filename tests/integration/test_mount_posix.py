@@ -392,3 +392,79 @@ def test_chown_and_setgid_bits(roots: tuple[Path, Path]) -> None:
         return seen
 
     same(roots, scenario)
+
+
+LOCKER = r"""
+import fcntl, os, sys
+path, kind = sys.argv[1], sys.argv[2]
+fd = os.open(path, os.O_RDWR)
+try:
+    if kind == "flock":
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    else:
+        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 10, 100)  # bytes 100..109
+    print("locked")
+except OSError as exc:
+    print(exc.errno)
+"""
+
+
+def test_locks_between_processes_on_one_mount(roots: tuple[Path, Path]) -> None:
+    """flock and fcntl byte-range locks conflict between processes using the mount (the
+    kernel keeps them: pyfuse3 has no lock requests, see docs/mount.md)."""
+    import fcntl
+
+    def other(path: Path, kind: str) -> str:
+        r = subprocess.run([sys.executable, "-c", LOCKER, str(path), kind], capture_output=True,
+                           text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+        return r.stdout.strip()
+
+    def scenario(r: Path) -> list[str]:
+        p = r / "locked"
+        p.write_bytes(b"x" * 200)
+        fd = os.open(p, os.O_RDWR)
+        seen = []
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            seen.append(other(p, "flock"))
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            seen.append(other(p, "flock"))
+            fcntl.lockf(fd, fcntl.LOCK_EX, 5, 105)  # bytes 105..109 overlap the other's range
+            seen.append(other(p, "fcntl"))
+            fcntl.lockf(fd, fcntl.LOCK_UN, 5, 105)
+            fcntl.lockf(fd, fcntl.LOCK_EX, 10, 0)  # 0..9: no overlap
+            seen.append(other(p, "fcntl"))
+        finally:
+            os.close(fd)
+        return seen
+
+    assert same(roots, scenario) == [str(errno.EAGAIN), "locked", str(errno.EAGAIN), "locked"]
+
+
+def test_layout_xattr(roots: tuple[Path, Path], mnt: str) -> None:
+    import json
+
+    _, remote = roots
+    (remote / "d").mkdir()
+    name = b"user.loomfs.layout"
+    assert os.listxattr(remote / "d") == [name.decode()]
+    lay = json.loads(os.getxattr(remote / "d", name))
+    assert lay["chains"] == [] and lay["chunk_size"] > 0
+    os.setxattr(remote / "d", name, json.dumps({"chunk_size": 1 << 20, "stripe": 2}).encode())
+    lay2 = json.loads(os.getxattr(remote / "d", name))
+    assert (lay2["chunk_size"], lay2["stripe"], lay2["table_id"]) == (1 << 20, 2, lay["table_id"])
+    (remote / "d" / "f").write_bytes(os.urandom(3 << 20))  # inherits: 1 MiB chunks over 2 chains
+    flay = json.loads(os.getxattr(remote / "d" / "f", name))
+    assert flay["chunk_size"] == 1 << 20 and 1 <= len(flay["chains"]) <= 2
+    errs = {
+        "set on a file": err(lambda: os.setxattr(remote / "d" / "f", name, b"{}")),
+        "bad json": err(lambda: os.setxattr(remote / "d", name, b"{nope")),
+        "unknown field": err(lambda: os.setxattr(remote / "d", name, b'{"colour": 1}')),
+        "other name get": err(lambda: os.getxattr(remote / "d" / "f", "user.other")),
+        "other name set": err(lambda: os.setxattr(remote / "d" / "f", "user.other", b"v")),
+        "remove layout": err(lambda: os.removexattr(remote / "d", name)),
+    }
+    assert errs == {"set on a file": "EPERM", "bad json": "EINVAL", "unknown field": "EINVAL",
+                    "other name get": "ENODATA", "other name set": "ENOTSUP", "remove layout": "EPERM"}
+    assert (remote / "d" / "f").stat().st_size == 3 << 20

@@ -28,6 +28,7 @@ from loomfs.client.file import AsyncFile
 from loomfs.mount.dirs import DirStream, Pages
 from loomfs.mount.inodes import ROOT_INODE, InodeTable
 from loomfs.mount.options import MountOptions
+from loomfs.mount.xattrs import LAYOUT_XATTR, decode_layout, encode_layout
 from loomfs.wire.meta import SetattrReq
 from loomfs.wire.types import Attr, FileType
 
@@ -272,6 +273,40 @@ class LoomOperations(pyfuse3.Operations):
         dst = _join(self.inodes.path(new_parent_inode), new_name)
         await self.call(self.client.link(src, dst))
         return self._known(await self._attr(dst), dst)
+
+    # --- extended attributes ----------------------------------------------------------------
+
+    @_fuse_errors
+    async def getxattr(self, inode: int, name: bytes, ctx: Any) -> bytes:
+        if name != LAYOUT_XATTR:
+            raise pyfuse3.FUSEError(errno.ENODATA)  # meta stores no others (docs/mount.md)
+        attr = await self._attr(self.inodes.path(inode))
+        if attr.type == FileType.SYMLINK:
+            raise pyfuse3.FUSEError(errno.ENODATA)
+        return encode_layout(attr.layout)
+
+    @_fuse_errors
+    async def listxattr(self, inode: int, ctx: Any) -> list[bytes]:
+        attr = await self._attr(self.inodes.path(inode))
+        return [] if attr.type == FileType.SYMLINK else [LAYOUT_XATTR]
+
+    @_fuse_errors
+    async def setxattr(self, inode: int, name: bytes, value: bytes, ctx: Any) -> None:
+        if name != LAYOUT_XATTR:
+            raise pyfuse3.FUSEError(errno.ENOTSUP)
+        if self.options.read_only:
+            raise pyfuse3.FUSEError(errno.EROFS)
+        path = self.inodes.path(inode)
+        attr = await self._attr(path)
+        if attr.type != FileType.DIRECTORY:
+            raise pyfuse3.FUSEError(errno.EPERM)  # a file's layout is fixed when it is created
+        if ctx is not None and ctx.uid not in (0, attr.uid):
+            raise pyfuse3.FUSEError(errno.EPERM)  # like chmod: the owner's (or root's) to change
+        await self.call(self.client.set_layout(path, decode_layout(value, attr.layout)))
+
+    @_fuse_errors
+    async def removexattr(self, inode: int, name: bytes, ctx: Any) -> None:
+        raise pyfuse3.FUSEError(errno.EPERM if name == LAYOUT_XATTR else errno.ENODATA)
 
     # --- directories ----------------------------------------------------------------------
 
