@@ -178,3 +178,16 @@ def test_concurrent_writer_processes(cluster: LocalCluster, fs: loomfs.LoomFS, k
         shared = bytes(kv.get(b"shared"))
         assert shared in {b"%d" % r * 1000 for r in range(3)}
         assert len({n.split("-")[0] for n in fs.listdir(f"{kv_dir}/seg")}) == 3  # a segment per writer
+
+
+def test_torn_value_is_a_miss(fs: loomfs.LoomFS, kv: KVCache, kv_dir: str) -> None:
+    from loomfs.kvcache import _entry as E
+
+    kv.put(b"torn", os.urandom(100_000))
+    kv.put(b"fine", b"y" * 50_000)
+    e = E.decode(fs.cat(f"{kv_dir}/index/{b'torn'.hex()}"))
+    with fs.open(f"{kv_dir}/seg/{e.seg_name}", "r+b") as f:  # as a write that half landed
+        f.seek(e.seg_offset + 5000)
+        f.write(b"\x00" * 100)
+    assert kv.get(b"torn") is None and kv.stats.corrupt == 1
+    assert bytes(kv.get(b"fine")) == b"y" * 50_000
