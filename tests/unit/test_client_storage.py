@@ -176,3 +176,25 @@ def test_remove_file_chunks_hits_every_chain_head() -> None:
     reqs = sorted((c[2].chain_id, c[0].host, c[2].index_begin) for c in rpc.calls)
     assert reqs == [(1, "10.0.0.1", 0), (2, "10.0.0.2", 0)]
     assert all(c[2].inode == 9 and c[2].index_end >= 5 for c in rpc.calls)
+
+
+def test_fenced_trim_looks_again_when_a_chunk_was_written_meanwhile() -> None:
+    versions = {0: 3}
+    sent: list[list[int]] = []
+
+    def handler(addr: Address, m: Any, req: Any, kw: dict[str, Any]) -> Response[Any]:
+        if m.name == "query_chunks":
+            metas = [ws.ChunkMeta(chunk=ws.ChunkId(inode=9, index=i), commit_ver=v, update_ver=v)
+                     for i, v in versions.items() if req.index_begin <= i < req.index_end]
+            return Response(ws.QueryChunksRsp(chunks=metas), memoryview(b""))
+        assert req.fenced and req.keep_versions
+        sent.append(list(req.expect_vers))
+        if len(sent) == 1:
+            versions[0] = 4  # a stale writer's bytes landed after the first look
+            raise from_status(Status.VERSION_MISMATCH)
+        return Response(ws.RemoveChunksRsp(removed=1), memoryview(b""))
+
+    sc, _, _ = make(handler)
+    asyncio.run(sc.remove_chunks(layout().__class__(chunk_size=1 << 20, chains=[1]), 9, 0, keep_versions=True,
+                                 fenced=True))
+    assert sent == [[0, 3], [0, 4]]

@@ -73,14 +73,15 @@ class FakeStorage:
         finally:
             self.inflight_writes -= 1
 
-    async def truncate_chunk(self, layout: Layout, inode: int, index: int, length: int) -> None:
+    async def truncate_chunk(self, layout: Layout, inode: int, index: int, length: int, *,
+                             fenced: bool = False) -> None:
         self.truncates.append((inode, index, length))
         chunk = self.chunks.setdefault((inode, index), bytearray())
         del chunk[length:]
         chunk.extend(bytes(length - len(chunk)))
 
     async def remove_chunks(self, layout: Layout, inode: int, index_begin: int, index_end: int = INDEX_END_ALL, *,
-                            keep_versions: bool = False) -> None:
+                            keep_versions: bool = False, fenced: bool = False) -> None:
         self.removes.append((inode, index_begin, index_end, tuple(layout.chains)))
         for key in [k for k in self.chunks if k[0] == inode and index_begin <= k[1] < index_end]:
             del self.chunks[key]

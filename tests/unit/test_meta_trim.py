@@ -36,7 +36,9 @@ class Chunks:
         if self.fail:
             raise OSError(errno.EIO, "storage down")
 
-    async def truncate_chunk(self, layout: Layout, inode: int, index: int, length: int) -> None:
+    async def truncate_chunk(self, layout: Layout, inode: int, index: int, length: int, *,
+                             fenced: bool = False) -> None:
+        assert fenced  # the trimmer's cuts are always fenced
         await self._enter()
         self.calls.append(("truncate", inode, index, length))
         chunk = self.data.setdefault((inode, index), bytearray())
@@ -44,7 +46,8 @@ class Chunks:
         chunk.extend(bytes(length - len(chunk)))
 
     async def remove_chunks(self, layout: Layout, inode: int, index_begin: int, index_end: int = 1 << 62, *,
-                            keep_versions: bool = False) -> None:
+                            keep_versions: bool = False, fenced: bool = False) -> None:
+        assert fenced or not keep_versions  # the trimmer's cuts are fenced, GC's removals need not be
         await self._enter()
         self.calls.append(("remove", inode, index_begin, -1))
         for key in [k for k in self.data if k[0] == inode and index_begin <= k[1] < index_end]:

@@ -199,3 +199,36 @@ def test_syncing_member_ahead_of_a_chain_of_two_goes_back_to_the_chains_version(
         assert [c.content(n) for n in (1, 2, 3)] == [b"TWO"] * 3
 
     run(body)
+
+
+def test_late_copy_of_a_trim_does_not_cut_a_write_that_followed_the_retried_trim() -> None:
+    """A trim whose request was held up (a cut connection, a hung head) past its performer's
+    claim: another meta cut the file, a client wrote it again, then the late copy emptied the
+    new data. Trims are fenced by the versions the trimmer saw."""
+    from loomfs.wire.storage import TRUNCATE, TruncateReq
+
+    async def body(c: Chain3) -> None:
+        await c.write(1, 0, b"x" * 300)
+        seen = c.engine(1).get(KEY).commit_ver  # type: ignore[union-attr]  # what both trimmers saw
+        trim = RemoveChunksReq(chain_id=1, chain_version=1, inode=KEY.inode, index_begin=KEY.index,
+                               index_end=KEY.index + 1, keep_versions=True, fenced=True,
+                               expect_vers=[KEY.index, seen])
+        await c.client.call(c.nodes[0].address, REMOVE_CHUNKS, trim)  # the second meta's trim
+        assert c.content(1) == b""
+        await c.write(1, 0, b"new data")  # a write after the truncate
+        with pytest.raises(LoomError) as err:  # the first meta's copy, late
+            await c.client.call(c.nodes[0].address, REMOVE_CHUNKS, trim)
+        assert err.value.status is Status.VERSION_MISMATCH
+        cut = TruncateReq(chain_id=1, chain_version=1, chunk=CHUNK, length=2, chunk_size=1 << 16, if_ver_le=seen)
+        with pytest.raises(LoomError) as err:
+            await c.client.call(c.nodes[0].address, TRUNCATE, cut)
+        assert err.value.status is Status.VERSION_MISMATCH
+        assert [c.content(n) for n in (1, 2, 3)] == [b"new data"] * 3
+        # an unlisted chunk (created after the trimmer looked) is not cut either
+        unlisted = RemoveChunksReq(chain_id=1, chain_version=1, inode=KEY.inode, index_begin=0, index_end=1,
+                                   keep_versions=True, fenced=True, expect_vers=[])
+        with pytest.raises(LoomError):
+            await c.client.call(c.nodes[0].address, REMOVE_CHUNKS, unlisted)
+        assert c.content(1) == b"new data"
+
+    run(body)

@@ -31,11 +31,13 @@ from loomfs.net.rpc import Response, RpcClient
 from loomfs.wire.message import Message, Method
 from loomfs.wire.status import Status
 from loomfs.wire.storage import (
+    QUERY_CHUNKS,
     READ,
     REMOVE_CHUNKS,
     TRUNCATE,
     WRITE,
     ChunkId,
+    QueryChunksReq,
     ReadReq,
     ReadRsp,
     RemoveChunksReq,
@@ -48,6 +50,8 @@ from loomfs.wire.types import Layout
 logger = logging.getLogger(__name__)
 
 INDEX_END_ALL = 1 << 62
+FENCED_ATTEMPTS = 5  # a fenced trim looks again this often when chunks were written meanwhile
+QUERY_PAGE = 10_000
 
 # statuses after which routing is refreshed before the next try
 _REFRESH = frozenset(
@@ -93,11 +97,12 @@ class ChunkStore(Protocol):
         self, layout: Layout, inode: int, index: int, offset: int, data: memoryview
     ) -> None: ...
 
-    async def truncate_chunk(self, layout: Layout, inode: int, index: int, length: int) -> None: ...
+    async def truncate_chunk(self, layout: Layout, inode: int, index: int, length: int, *,
+                             fenced: bool = False) -> None: ...
 
     async def remove_chunks(
         self, layout: Layout, inode: int, index_begin: int, index_end: int = INDEX_END_ALL, *,
-        keep_versions: bool = False,
+        keep_versions: bool = False, fenced: bool = False,
     ) -> None: ...
 
     async def remove_file_chunks(self, inode: int, layout: Layout, length: int) -> None: ...
@@ -304,41 +309,90 @@ class StorageClient:
 
             await self._call_chain(chain_id, "head", WRITE, make, payload=data, payload_crc=crc)
 
-    async def truncate_chunk(self, layout: Layout, inode: int, index: int, length: int) -> None:
+    async def truncate_chunk(self, layout: Layout, inode: int, index: int, length: int, *,
+                             fenced: bool = False) -> None:
+        """Cut chunk ``index`` to ``length``. ``fenced`` (meta's trimmer): only if the chunk
+        was not written after this call looked at it (a copy of the call that arrives late,
+        after a write that followed the trim, must not cut that write)."""
         chain_id = layout.chains[index % len(layout.chains)]
         chunk = ChunkId(inode=inode, index=index)
         async with self._chunk_updates.hold((inode, index)):
             tag = self._tag()
+            for attempt in range(FENCED_ATTEMPTS):
+                seen = (await self._head_versions(chain_id, inode, index, index + 1)).get(index, 0) if fenced else -1
 
-            def make(version: int, target: int) -> Message:
-                return TruncateReq(
-                    chain_id=chain_id, chain_version=version, chunk=chunk, length=length,
-                    chunk_size=layout.chunk_size, tag=tag,
-                )
+                def make(version: int, target: int, seen: int = seen) -> Message:
+                    return TruncateReq(
+                        chain_id=chain_id, chain_version=version, chunk=chunk, length=length,
+                        chunk_size=layout.chunk_size, tag=tag, if_ver_le=seen,
+                    )
 
-            await self._call_chain(chain_id, "head", TRUNCATE, make)
+                try:
+                    await self._call_chain(chain_id, "head", TRUNCATE, make)
+                    return
+                except LoomError as exc:
+                    if not fenced or exc.status is not Status.VERSION_MISMATCH or attempt == FENCED_ATTEMPTS - 1:
+                        raise
+                    logger.info("fenced truncate of %d/%d: written meanwhile, looking again", inode, index)
 
     async def remove_chunks(
         self, layout: Layout, inode: int, index_begin: int, index_end: int = INDEX_END_ALL, *,
-        keep_versions: bool = False,
+        keep_versions: bool = False, fenced: bool = False,
     ) -> None:
         """Remove chunks [index_begin, index_end) of ``inode`` on every chain of the layout
-        (``keep_versions``: a trim of a live file — chunks become empty new versions)."""
+        (``keep_versions``: a trim of a live file — chunks become empty new versions;
+        ``fenced``: a trim that leaves alone chunks written after it looked, see
+        ``truncate_chunk``)."""
         if index_end <= index_begin:
             return
 
         async def one(chain_id: int) -> None:
             tag = self._tag()
+            for attempt in range(FENCED_ATTEMPTS):
+                seen: list[int] = []
+                if fenced:
+                    vers = await self._head_versions(chain_id, inode, index_begin, index_end)
+                    seen = [x for iv in sorted(vers.items()) for x in iv]
 
-            def make(version: int, target: int) -> Message:
-                return RemoveChunksReq(
-                    chain_id=chain_id, chain_version=version, inode=inode,
-                    index_begin=index_begin, index_end=index_end, tag=tag, keep_versions=keep_versions,
-                )
+                def make(version: int, target: int, seen: list[int] = seen, tag: RequestTag = tag) -> Message:
+                    return RemoveChunksReq(
+                        chain_id=chain_id, chain_version=version, inode=inode,
+                        index_begin=index_begin, index_end=index_end, tag=tag, keep_versions=keep_versions,
+                        fenced=fenced, expect_vers=seen,
+                    )
 
-            await self._call_chain(chain_id, "head", REMOVE_CHUNKS, make)
+                try:
+                    await self._call_chain(chain_id, "head", REMOVE_CHUNKS, make)
+                    return
+                except LoomError as exc:
+                    if not fenced or exc.status is not Status.VERSION_MISMATCH or attempt == FENCED_ATTEMPTS - 1:
+                        raise
+                    tag = self._tag()  # a new request: the chunks it already cut are empty (skipped)
+                    logger.info("fenced trim of inode %d on chain %d: written meanwhile, looking again", inode,
+                                chain_id)
 
         await asyncio.gather(*(one(c) for c in sorted(set(layout.chains))))
+
+    async def _head_versions(self, chain_id: int, inode: int, index_begin: int, index_end: int) -> dict[int, int]:
+        """index -> newest version (committed or pending) of the inode's chunks in the range at
+        the chain's head."""
+        out: dict[int, int] = {}
+        begin = index_begin
+        while begin < index_end:
+            def make(version: int, target: int, begin: int = begin) -> Message:
+                return QueryChunksReq(target_id=target, inode=inode, index_begin=begin, index_end=index_end,
+                                      limit=QUERY_PAGE)
+
+            rsp = await self._call_chain(chain_id, "head", QUERY_CHUNKS, make)
+            metas = [m for m in rsp.body.chunks if m.chunk is not None]
+            for m in metas:
+                assert m.chunk is not None
+                out[m.chunk.index] = max(m.commit_ver, m.update_ver)
+            last = metas[-1].chunk if metas else None
+            if not rsp.body.more or last is None:
+                return out
+            begin = last.index + 1
+        return out
 
     async def remove_file_chunks(self, inode: int, layout: Layout, length: int) -> None:
         """Remove every chunk of a file (GC, O_TRUNC).

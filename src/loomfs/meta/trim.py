@@ -79,10 +79,11 @@ _FILE = int(FileType.FILE)
 class ChunkCutter(Protocol):
     """The storage calls a trim needs (``loomfs.client.storage_client.StorageClient`` fits)."""
 
-    async def truncate_chunk(self, layout: Layout, inode: int, index: int, length: int) -> None: ...
+    async def truncate_chunk(self, layout: Layout, inode: int, index: int, length: int, *,
+                             fenced: bool = False) -> None: ...
 
     async def remove_chunks(self, layout: Layout, inode: int, index_begin: int, *,
-                            keep_versions: bool = False) -> None: ...
+                            keep_versions: bool = False, fenced: bool = False) -> None: ...
 
 
 def merge(cur: TrimEntry | None, new: TrimEntry, now_ns: int) -> TrimEntry:
@@ -245,9 +246,12 @@ class Trimmer:
         cs = layout.chunk_size
         # keep_versions: the file lives on, and a chunk that grows again must continue its
         # version numbers (a replica that missed the trim then gets the whole chunk)
-        calls = [self.cutter.remove_chunks(layout, inode, -(-length // cs), keep_versions=True)]
+        # fenced: each chunk is cut only if nobody wrote it after the cut looked at it, so a
+        # copy of this cut that reaches storage late (a held connection, a hung head), after
+        # another meta took the claim over, cut the file and a write followed, cuts nothing
+        calls = [self.cutter.remove_chunks(layout, inode, -(-length // cs), keep_versions=True, fenced=True)]
         if length % cs:
-            calls.append(self.cutter.truncate_chunk(layout, inode, length // cs, length % cs))
+            calls.append(self.cutter.truncate_chunk(layout, inode, length // cs, length % cs, fenced=True))
         # wait for every call (each bounded by the storage client's deadline) before raising,
         # so a failed cut leaves no call of ours in flight
         for r in await asyncio.gather(*calls, return_exceptions=True):

@@ -277,14 +277,28 @@ class StorageService(ChunkUpdates):
         action = chain.on_remove(pos, chain.UpdateIn(req.chain_version))[0]
         if isinstance(action, chain.Refuse):
             raise StatusError(action.status, action.reason)
+        if len(req.expect_vers) % 2:
+            raise InvalidArgument(f"trim expects (index, version) pairs, got {len(req.expect_vers)} numbers")
+        expect = dict(zip(req.expect_vers[::2], req.expect_vers[1::2], strict=True)) if req.fenced else {}
         trimmed = 0
+        refused: list[int] = []
         for st in _chunks_of(target, req):
             if st.length or st.has_pending:
                 cut = TruncateReq(chain_id=req.chain_id, chain_version=req.chain_version,
                                   chunk=ChunkId(inode=st.key.inode, index=st.key.index), length=0,
-                                  chunk_size=CHUNK_SIZE_ANY)
-                await self._update(cut, _EMPTY)
+                                  chunk_size=CHUNK_SIZE_ANY,
+                                  if_ver_le=expect.get(st.key.index, 0) if req.fenced else -1)
+                try:
+                    await self._update(cut, _EMPTY)
+                except StatusError as exc:
+                    if exc.status is not Status.VERSION_MISMATCH or not req.fenced:
+                        raise
+                    refused.append(st.key.index)
+                    continue
                 trimmed += 1
+        if refused:
+            raise StatusError(Status.VERSION_MISMATCH, f"trim of inode {req.inode}: chunks {refused[:8]} were "
+                              "written since the trimmer looked (look again)")
         return RemoveChunksRsp(removed=trimmed)
 
     # ---- reads ------------------------------------------------------------------------

@@ -128,6 +128,8 @@ class ChunkUpdates(ChainForwarder):
                 if isinstance(action, chain.Reforward):
                     pos = await self._reforward(target, pos, key, action, req.chunk_size)  # type: ignore[arg-type]
                 elif isinstance(action, chain.Apply):
+                    if isinstance(req, TruncateReq) and req.if_ver_le >= 0 and not req.forwarded:
+                        _check_fence(engine.get(key), key, req.if_ver_le)
                     return await self._apply(target, pos, key, req, payload, action)  # type: ignore[arg-type]
         raise StatusError(Status.INTERNAL, "chain decision ended without a reply")
 
@@ -370,3 +372,11 @@ class ChunkUpdates(ChainForwarder):
     @staticmethod
     def _chain_of(routing: Routing, target_id: int) -> int | None:
         return next((c.chain_id for c in routing.chains.values() if target_id in c.targets), None)
+
+
+def _check_fence(st: ChunkState | None, key: ChunkKey, if_ver_le: int) -> None:
+    """A fenced trim applies only to a chunk no newer than the trimmer saw it."""
+    newest = max(st.commit_ver, st.pending_ver if st.has_pending else 0) if st is not None else 0
+    if newest > if_ver_le:
+        raise StatusError(Status.VERSION_MISMATCH, f"chunk {key} is at v{newest}, the trim saw v{if_ver_le}: "
+                          "written since (look again)")

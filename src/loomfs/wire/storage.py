@@ -94,6 +94,7 @@ class TruncateReq(Message):
     chunk_size: int = 0
     tag: RequestTag | None = None
     forwarded: bool = False
+    if_ver_le: int = -1  # a fenced trim: only if the chunk's newest version is at most this (-1: any)
     update_ver: int = 0
     expect_length: int = -1  # as WriteReq
     expect_crc: int = 0
@@ -117,6 +118,12 @@ class RemoveChunksReq(Message):
     # version numbers and a replica that missed the trim is repaired, never confused by a
     # version number that names other bytes; at the head only (deleted files are removed)
     keep_versions: bool = False
+    # a fenced trim (meta's trimmer): (index, version) pairs, flattened, of the newest version
+    # the trimmer saw at the head for each chunk of the range; a chunk that has a newer one now
+    # (written after the trimmer looked: a late copy of an old trim must not cut it) or that
+    # was not listed is left alone, and the reply is VERSION_MISMATCH (look again, re-send)
+    fenced: bool = False
+    expect_vers: list[int] = many()
 
 
 @message
