@@ -121,6 +121,16 @@ def test_dashboard_in_headless_chromium(short_lease_cluster: LocalCluster, tmp_p
         assert wd.js("return document.getElementById('health').textContent") == "ok"
         assert wd.js("return document.querySelectorAll('#targets tr').length") == 6
         assert wd.js("return document.querySelectorAll('script[src], link[href]').length") == 0  # no external assets
+        # charts have axes: three y gridline labels in the chart's unit, the time span on x
+        _wait("chart axes", lambda: wd.js("return document.querySelectorAll('#g-tput .y-label').length") == 3)
+        ys = wd.js("return [...document.querySelectorAll('#g-tput .y-label')].map(e => e.textContent)")
+        assert ys[0] == "0 B/s" and all(y.endswith("/s") for y in ys), ys
+        assert all(y.endswith("IOPS") for y in wd.js(
+            "return [...document.querySelectorAll('#g-iops .y-label')].map(e => e.textContent)"))
+        _wait("a time span on x", lambda: wd.js(
+            "return document.querySelector('#g-meta .x-label').textContent").endswith(" s"), 20)
+        cap = wd.js("return document.getElementById('capacity').textContent")
+        assert cap.endswith("(1 disks)"), cap  # 6 targets on this machine's one disk, counted once
         wd.screenshot(tmp_path / "before.png")
         c.stop_service("storage2")
         _wait("storage2 shown dead", lambda: wd.js(

@@ -174,7 +174,8 @@ def test_mgmtd_collector_summarises_routing() -> None:
     assert s.total("loomfs_mgmtd_targets", state="offline") == 1
     assert s.total("loomfs_mgmtd_targets", state="lastsrv") == 0
     assert s.total("loomfs_mgmtd_target_sync_bytes_left", target="1002") == 77
-    assert s.total("loomfs_mgmtd_capacity_bytes") == 200
+    assert s.total("loomfs_mgmtd_capacity_bytes") == 100  # one host, same-size file systems: one disk
+    assert s.total("loomfs_mgmtd_disks") == 1
 
 
 class _Cache:

@@ -14,6 +14,7 @@ from rich.table import Table
 
 from loomfs.cli.common import human_bytes, target
 from loomfs.common.routing import parse_addresses
+from loomfs.metrics.capacity import target_state_name
 from loomfs.net.rpc import RpcClient
 from loomfs.net.tcp import TcpTransport
 from loomfs.wire import mgmtd as wm
@@ -105,7 +106,7 @@ def cmd_targets(args: argparse.Namespace) -> int:
             return {"chunks": t.sync_chunks_left, "bytes": t.sync_bytes_left}
         return f"{t.sync_chunks_left} chunks / {human_bytes(t.sync_bytes_left)}"
 
-    rows = [[t.target_id, t.node_id, TargetState(t.state).name.lower() + (" (draining)" if t.draining else ""),
+    rows = [[t.target_id, t.node_id, target_state_name(t) + (" (draining)" if t.draining else ""),
              t.chain_id or "spare", t.chunk_count, human_bytes(t.used_bytes) if not args.json else t.used_bytes,
              human_bytes(t.capacity_bytes) if not args.json else t.capacity_bytes, sync_left(t), t.path]
             for t in r.targets]

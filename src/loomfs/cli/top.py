@@ -15,7 +15,7 @@ from rich.text import Text
 from loomfs.cli.admin import mgmtd_addresses
 from loomfs.cli.common import human_bytes
 
-_COLORS = {"ok": "green", "alive": "green", "serving": "green", "degraded": "yellow", "syncing": "yellow",
+_COLORS = {"ok": "green", "alive": "green", "serving": "green", "spare": "cyan", "degraded": "yellow", "syncing": "yellow",
            "waiting": "yellow", "lastsrv": "red", "offline": "red", "dead": "red", "down": "red",
            "unreachable": "red"}
 
@@ -47,8 +47,9 @@ def render(view: dict[str, Any]) -> Group:
         ("LoomFS  ", "bold"), ("health ", ""), _c(view.get("health", "?")),
         f"   routing v{view.get('routing_version', 0)}",
         f"   storage {t.get('storage_nodes_alive', 0)}/{t.get('storage_nodes', 0)} alive",
-        f"   targets {t.get('targets_serving', 0)}/{t.get('targets', 0)} serving",
-        f"   used {human_bytes(t.get('used_bytes', 0))} of {human_bytes(t.get('capacity_bytes', 0))}",
+        f"   targets {t.get('targets_serving', 0)}/{t.get('targets', 0)} serving, {t.get('targets_spare', 0)} spare",
+        f"   used {human_bytes(t.get('used_bytes', 0))} of {human_bytes(t.get('capacity_bytes', 0))} "
+        f"({t.get('disks', 0)} disks)",
     )
     parts: list[Any] = [head]
     if view.get("error"):

@@ -8,6 +8,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from loomfs.metrics.capacity import cluster_capacity, target_state_name
 from loomfs.metrics.scrape import Scrape, method_rates, rates
 from loomfs.wire.types import NodeKind, NodeState, RoutingInfo, TargetState
 
@@ -76,12 +77,13 @@ def build_view(routing: RoutingInfo, scrapes: dict[int, Scrape], prev: dict[int,
     targets = []
     for t in sorted(routing.targets, key=lambda t: t.target_id):
         targets.append({
-            "target_id": t.target_id, "node_id": t.node_id, "state": _name(TargetState, t.state),
+            "target_id": t.target_id, "node_id": t.node_id, "state": target_state_name(t),
             "chain_id": t.chain_id, "used_bytes": t.used_bytes, "capacity_bytes": t.capacity_bytes,
             "chunks": t.chunk_count, "sync_chunks_left": getattr(t, "sync_chunks_left", 0),
             "sync_bytes_left": getattr(t, "sync_bytes_left", 0), "path": t.path,
         })
     states = {t.target_id: _name(TargetState, t.state) for t in routing.targets}
+    cap = cluster_capacity(routing)
     chains = [{"chain_id": c.chain_id, "table_id": c.table_id, "version": c.version,
                "targets": [{"target_id": t, "state": states.get(t, "?")} for t in c.targets]}
               for c in sorted(routing.chains, key=lambda c: c.chain_id)]
@@ -97,10 +99,12 @@ def build_view(routing: RoutingInfo, scrapes: dict[int, Scrape], prev: dict[int,
             "nodes": len(routing.nodes),
             "storage_nodes_alive": sum(1 for n in storage if n.state == NodeState.ALIVE),
             "storage_nodes": len(storage),
-            "targets_serving": sum(1 for t in routing.targets if t.state == TargetState.SERVING),
-            "targets": len(routing.targets),
-            "used_bytes": sum(t.used_bytes for t in routing.targets),
-            "capacity_bytes": sum(t.capacity_bytes for t in routing.targets),
+            "targets_serving": sum(1 for t in routing.targets if t.chain_id and t.state == TargetState.SERVING),
+            "targets": sum(1 for t in routing.targets if t.chain_id),
+            "targets_spare": sum(1 for t in routing.targets if not t.chain_id),
+            "used_bytes": cap.used_bytes,
+            "capacity_bytes": cap.capacity_bytes,
+            "disks": cap.disks,
             "recovery_bytes_left": sum(getattr(t, "sync_bytes_left", 0) for t in routing.targets),
             "recovering_targets": sum(1 for t in routing.targets if t.state == TargetState.SYNCING),
             "storage_in_Bps": _num(total_in), "storage_out_Bps": _num(total_out),

@@ -20,6 +20,7 @@ from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from loomfs.metrics.capacity import cluster_capacity
 from loomfs.net.buffers import DEFAULT_POOL, BufferPool
 from loomfs.wire.types import NodeKind, NodeState, TargetState
 
@@ -129,10 +130,11 @@ class MgmtdCollector(Collector):
             if getattr(t, "sync_bytes_left", 0):
                 left.add_metric([str(t.target_id)], t.sync_bytes_left)
         yield left
-        used = sum(t.used_bytes for t in r.targets)
-        cap = sum(t.capacity_bytes for t in r.targets)
-        yield GaugeMetricFamily("loomfs_mgmtd_used_bytes", "bytes used over all targets", value=used)
-        yield GaugeMetricFamily("loomfs_mgmtd_capacity_bytes", "capacity over all targets", value=cap)
+        cap = cluster_capacity(r)
+        yield GaugeMetricFamily("loomfs_mgmtd_used_bytes", "bytes used over all targets", value=cap.used_bytes)
+        yield GaugeMetricFamily("loomfs_mgmtd_capacity_bytes", "capacity over all disks (each disk once)",
+                                value=cap.capacity_bytes)
+        yield GaugeMetricFamily("loomfs_mgmtd_disks", "disks the targets live on", value=cap.disks)
 
 
 class ClientCollector(Collector):
