@@ -59,7 +59,7 @@ from loomfs.wire.status import Status
 
 INDEX_END = 1 << 62
 BLOCK_BYTES = 64 << 10  # unit of the per-block CRC32Cs
-TAGS_MAX = 8  # recent request tags kept per chunk version, oldest first
+TAGS_MAX = 32  # request tags (one per client: its last request) kept per chunk version, oldest first
 _ZEROS = bytes(1 << 20)
 
 
