@@ -27,11 +27,13 @@ open, rename, unlink, a listing of the directory, ...) create it first (``create
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import os
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
+from loomfs.client.ec_file import EcFileIO
 from loomfs.client.inline import INLINE_CAP_BYTES, PATCHES_MAX, InlineContent
 from loomfs.client.layout import chunk_count, chunk_range, split_range
 from loomfs.client.readahead import CachedChunk, ReadAheadCache
@@ -111,6 +113,7 @@ class AsyncFile:
         self._written_end = -1  # highest byte written + 1 (since the last epoch change), reported
         self._trunc_epoch = trunc_epoch  # the file's truncate epoch as this object knows it
         self._inline: InlineContent | None = None  # the bytes, while the file is inline
+        self._ec: EcFileIO | None = None  # an erasure-coded file's data path (loomfs.client.ec_file)
         self._opener = opener  # set while a "w" file waits to be created (lazy)
         self._create_lock = asyncio.Lock()  # one creation, whoever asks first
         self.opened_attr = attr  # as meta answered the open (its version: size, mtime, ctime)
@@ -139,6 +142,7 @@ class AsyncFile:
         self._chunk_size = attr.layout.chunk_size
         self._length = attr.size
         self._inline = None
+        self._ec = EcFileIO(self) if attr.layout.ec_k and not attr.inline else None
         if attr.inline:
             limit = max(attr.layout.inline_max_bytes, 0)
             self._inline = InlineContent(inline_data if inline_data is not None else b"", limit)
@@ -203,6 +207,12 @@ class AsyncFile:
     async def _write_chunks(self, data: memoryview) -> None:
         """Buffer ``data`` at the position into chunk buffers, sending full ones."""
         total = len(data)
+        if self._ec is not None:
+            await self._ec.write(self._pos, data, self._length)
+            self._pos += total
+            self._length = max(self._length, self._pos)
+            self._written_end = max(self._written_end, self._pos)
+            return
         cs = self._chunk_size
         self._cache.drop_range(chunk_range(self.layout, self._pos, total))
         done = 0
@@ -334,6 +344,8 @@ class AsyncFile:
 
     async def _dispatch(self) -> None:
         """Send the pending chunk buffer in the background (waits for budget first)."""
+        if self._ec is not None:
+            return await self._ec.dispatch()
         cur, self._cur = self._cur, None
         if cur is None:
             return
@@ -388,7 +400,8 @@ class AsyncFile:
     def dirty(self) -> bool:
         if self._inline is not None:
             return bool(self._inline.patches) or self._opener is not None
-        return self._cur is not None or any(not t.done() for t in self._flushes)
+        return self._cur is not None or any(not t.done() for t in self._flushes) or (
+            self._ec is not None and self._ec.buffered)
 
     async def fsync(self) -> None:
         self._check()
@@ -419,6 +432,9 @@ class AsyncFile:
             return size
         if self._opener is not None:
             await self._materialize()
+        if self._ec is not None and size != 0:  # meta's trim cuts replicated chunk ranges
+            raise LoomError("an erasure-coded file can only be truncated to 0", errno=errno.EOPNOTSUPP,
+                            path=self.path)
         await self.flush()
         # by inode: this file, whatever its name is now (meta cuts the chunks)
         rsp = await self._meta.setattr(SetattrReq(path=self.path, inode=self.inode, size=size))
@@ -504,6 +520,10 @@ class AsyncFile:
         if n <= 0:
             return 0
         view = view[:n]
+        if self._ec is not None:
+            await self._ec.read_into(pos, view)
+            self.bytes_read += n
+            return n
         self._streak = self._streak + 1 if pos == self._seq_next else 0
         self._seq_next = pos + n
         cs = self._chunk_size
