@@ -3,8 +3,20 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 
 from loomfs.cli.common import connect, human_bytes, parse_size
+from loomfs.wire.types import Layout
+
+
+def parse_ec(text: str) -> tuple[int, int]:
+    """``"4+2"`` -> (4, 2); ``"off"`` -> (0, 0) (replicated)."""
+    if text in ("off", "none", "0"):
+        return (0, 0)
+    k, sep, m = text.partition("+")
+    if not sep or not k.isdigit() or not m.isdigit() or int(k) < 1 or int(m) < 1:
+        raise argparse.ArgumentTypeError(f"--ec wants K+M (e.g. 4+2) or off, got {text!r}")
+    return (int(k), int(m))
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -16,6 +28,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--stripe", type=int, default=None, help="number of chains a file spreads over")
     s.add_argument("--replicas", type=int, default=None, help="use a chain table with this many replicas")
     s.add_argument("--table", type=int, default=None, help="chain table id")
+    s.add_argument("--ec", type=parse_ec, default=None, metavar="K+M",
+                   help="erasure-code new files: K data + M parity fragments on K+M nodes (off: replicated)")
     s.set_defaults(func=cmd_set)
     g = lsub.add_parser("get", help="show the layout of a file or directory")
     g.add_argument("path")
@@ -26,6 +40,10 @@ def _show(path: str, lay: object) -> None:
     if lay is None:
         print(f"{path}: no layout")
         return
+    if getattr(lay, "ec_k", 0):
+        print(f"{path}: ec {lay.ec_k}+{lay.ec_m} chunk_size={human_bytes(lay.chunk_size)} "  # type: ignore[attr-defined]
+              f"table={lay.table_id or 'any single-replica'} chains={list(lay.chains) or '-'}")  # type: ignore[attr-defined]
+        return
     print(f"{path}: chunk_size={human_bytes(lay.chunk_size)} stripe={lay.stripe} "  # type: ignore[attr-defined]
           f"table={lay.table_id} replicas={lay.replicas or 'table default'} "  # type: ignore[attr-defined]
           f"chains={list(lay.chains) or '-'}")  # type: ignore[attr-defined]
@@ -33,8 +51,12 @@ def _show(path: str, lay: object) -> None:
 
 def cmd_set(args: argparse.Namespace) -> int:
     with connect(args) as fs:
-        lay = fs.set_layout(args.path, chunk_size=args.chunk_size, stripe=args.stripe,
-                            replicas=args.replicas, table_id=args.table)
+        if args.ec is not None:
+            lay = fs.set_layout(args.path, ec_layout(fs.get_layout(args.path) or Layout(), args.ec,
+                                                     chunk_size=args.chunk_size, table_id=args.table))
+        else:
+            lay = fs.set_layout(args.path, chunk_size=args.chunk_size, stripe=args.stripe,
+                                replicas=args.replicas, table_id=args.table)
         _show(args.path, lay)
     return 0
 
@@ -43,3 +65,16 @@ def cmd_get(args: argparse.Namespace) -> int:
     with connect(args) as fs:
         _show(args.path, fs.get_layout(args.path))
     return 0
+
+
+def ec_layout(cur: Layout, ec: tuple[int, int], *, chunk_size: int | None = None,
+              table_id: int | None = None) -> Layout:
+    """``cur`` turned erasure-coded (or back to replicated with ``(0, 0)``)."""
+    k, m = ec
+    if k:
+        return dataclasses.replace(cur, chains=[], ec_k=k, ec_m=m, replicas=1, stripe=k + m, inline_max_bytes=0,
+                                   chunk_size=chunk_size or cur.chunk_size,
+                                   table_id=table_id if table_id is not None else 0)
+    return dataclasses.replace(cur, chains=[], ec_k=0, ec_m=0, replicas=0, stripe=Layout().stripe,
+                               inline_max_bytes=-1, chunk_size=chunk_size or cur.chunk_size,
+                               table_id=table_id if table_id is not None else Layout().table_id)

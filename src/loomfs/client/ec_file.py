@@ -1,0 +1,161 @@
+"""The erasure-coded data path of an open file (``AsyncFile`` hands EC files' I/O here).
+
+Writes are buffered one stripe at a time (k data fragments of ``chunk_size`` plus room for
+the m parity fragments and the k+m headers, one pooled buffer); a stripe is sent when it is
+full, when a write goes to another stripe, and at flush/fsync/close (the last partial stripe
+is zero-padded). A write into a stripe that already had data first loads it (read-modify-
+write) and is then written as an overwrite (staged in the shadow stripe first). Several
+stripes are in flight at once, bounded by the client's write budget; writes of one stripe
+keep their order. Reads: ``loomfs.client.ec_stripe.read_range``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from loomfs.client.ec_io import FragmentIO
+from loomfs.client.ec_stripe import (
+    EcStats,
+    payload,
+    read_range,
+    resolve,
+    stripe_buffer_bytes,
+    write_stripe,
+)
+from loomfs.client.storage_client import StorageClient
+from loomfs.ec.codec import make_codec
+from loomfs.errors import LoomError
+from loomfs.net.buffers import Buffer
+
+if TYPE_CHECKING:
+    from loomfs.client.file import AsyncFile
+
+logger = logging.getLogger(__name__)
+
+STATS = EcStats()  # process-wide counters (bench and tests read them)
+
+
+@dataclass
+class _Pending:
+    stripe: int
+    buf: Buffer
+    base_len: int  # the stripe's bytes before this buffer (loaded into it when > 0)
+    lo: int  # written range in the stripe
+    hi: int
+
+
+class EcFileIO:
+    def __init__(self, file: AsyncFile):
+        storage = file._storage
+        if not isinstance(storage, StorageClient):
+            raise LoomError(f"{file.path}: erasure-coded files need the storage client", path=file.path)
+        self.file = file
+        self.io = FragmentIO(storage, file.layout, file.inode)
+        self.geometry = self.io.geometry
+        self.codec = make_codec(self.geometry.k, self.geometry.m)
+        self._cur: _Pending | None = None
+        self._last: dict[int, asyncio.Task[None]] = {}  # per stripe: keeps same-stripe order
+
+    @property
+    def buffered(self) -> bool:
+        return self._cur is not None
+
+    async def write(self, pos: int, data: memoryview, file_len: int) -> None:
+        """Buffer ``data`` at ``pos`` (``file_len``: the length before this write)."""
+        g = self.geometry
+        sb, cs = g.stripe_bytes, g.chunk_size
+        done = 0
+        while done < len(data):
+            s, off = divmod(pos + done, sb)
+            if self._cur is not None and self._cur.stripe != s:
+                await self.dispatch()
+            if self._cur is None:
+                self._cur = await self._open_stripe(s, file_len)
+            cur = self._cur
+            n = min(sb - off, len(data) - done)
+            p = 0
+            while p < n:  # copy into the data fragments' payloads
+                j, foff = divmod(off + p, cs)
+                take = min(cs - foff, n - p)
+                payload(g, cur.buf, j)[foff : foff + take] = data[done + p : done + p + take]
+                p += take
+            if cur.lo == cur.hi:
+                cur.lo, cur.hi = off, off + n
+            else:
+                cur.lo, cur.hi = min(cur.lo, off), max(cur.hi, off + n)
+            done += n
+            if cur.lo == 0 and cur.hi == sb:
+                await self.dispatch()
+
+    async def _open_stripe(self, s: int, file_len: int) -> _Pending:
+        g = self.geometry
+        base_len = g.stripe_len(s, file_len)
+        prev = self._last.get(s)
+        if prev is not None and not prev.done():
+            await asyncio.wait([prev])  # our own earlier write of this stripe lands first
+        buf = self.file._pool.acquire(stripe_buffer_bytes(g))
+        if base_len > 0:  # read-modify-write: the stripe's current bytes first
+            try:
+                res = await resolve(self.io, self.codec, STATS, s, buf)
+            except BaseException:
+                self.file._pool.release(buf)
+                raise
+            if res is None:
+                for j in range(g.k):
+                    payload(g, buf, j)[:] = bytes(g.chunk_size)
+            else:
+                base_len = max(base_len, res.stripe_len)
+        return _Pending(s, buf, base_len, 0, 0)
+
+    async def dispatch(self) -> None:
+        """Send the buffered stripe in the background (after waiting for write budget)."""
+        cur, self._cur = self._cur, None
+        if cur is None:
+            return
+        f = self.file
+        if cur.lo == cur.hi and cur.base_len == 0:
+            f._pool.release(cur.buf)
+            return
+        sb = self.geometry.stripe_bytes
+        try:
+            await f._budget.acquire(sb)
+        except BaseException:
+            f._pool.release(cur.buf)
+            raise
+        prev = self._last.get(cur.stripe)
+        task = asyncio.get_running_loop().create_task(self._send(cur, prev))
+        self._last[cur.stripe] = task
+        f._flushes.add(task)
+        task.add_done_callback(lambda t: self._sent(t, cur.stripe))
+
+    async def _send(self, cur: _Pending, prev: asyncio.Task[None] | None) -> None:
+        f = self.file
+        try:
+            if prev is not None and not prev.done():
+                await asyncio.wait([prev])
+            stripe_len = max(cur.base_len, cur.hi)
+            valid_lo, valid_hi = (0, stripe_len) if cur.base_len else (cur.lo, cur.hi)
+            await write_stripe(self.io, self.codec, STATS, cur.stripe, cur.buf, stripe_len,
+                               valid_lo=valid_lo, valid_hi=valid_hi, overwrite=cur.base_len > 0)
+        except Exception as exc:
+            logger.warning("%s: write of stripe %d failed: %s", f.path, cur.stripe, exc)
+            if f._error is None:
+                f._error = exc
+        finally:
+            f._pool.release(cur.buf)
+            f._budget.release(self.geometry.stripe_bytes)
+
+    def _sent(self, task: asyncio.Task[None], stripe: int) -> None:
+        self.file._flushes.discard(task)
+        if self._last.get(stripe) is task:
+            del self._last[stripe]
+
+    async def read_into(self, pos: int, view: memoryview) -> None:
+        await read_range(self.io, self.codec, STATS, self.file._pool, pos, view,
+                         parallel_max=max(1, self.file._config.parallel_chunks_max))
+
+    def __repr__(self) -> str:
+        return f"EcFileIO({self.io!r} codec={self.codec.name} buffered={self.buffered})"

@@ -1,0 +1,118 @@
+"""Fragment I/O for erasure-coded files: fragments are ordinary chunks on single-replica chains.
+
+Writes go through ``StorageClient.write_chunk`` (CRAQ head = tail here; routing-aware retries
+until the call deadline), so a stripe is acknowledged only when every fragment committed.
+Reads are *fast-fail*: one try at the chain's serving target (one more after a routing
+refresh when routing was stale); a dead server, a corrupt chunk (CHECKSUM_MISMATCH), a hung
+call past ``timeout_s`` raise ``FragmentUnavailable`` at once, and the stripe reader decodes
+from other fragments instead of waiting for the storage client's retry deadline.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+from loomfs.client.storage_client import StorageClient, zero_fill
+from loomfs.ec.stripe import HEADER_BYTES, Geometry
+from loomfs.errors import LoomError
+from loomfs.wire.status import Status
+from loomfs.wire.storage import READ, ChunkId, ReadReq, ReadRsp
+from loomfs.wire.types import Layout
+
+logger = logging.getLogger(__name__)
+
+FRAGMENT_READ_TIMEOUT_S = 5.0
+_REFRESH = frozenset({Status.STALE_CHAIN_VERSION, Status.UNKNOWN_TARGET, Status.TARGET_NOT_SERVING,
+                      Status.CHAIN_UNAVAILABLE, Status.NOT_HEAD})
+
+
+class FragmentUnavailable(LoomError):
+    """A fragment could not be read now (dead or hung server, corrupt chunk, no serving target)."""
+
+    corrupt = False  # the server is up but its copy failed its CRC (rewrite it)
+
+
+class FragmentIO:
+    """The k+m chains of one EC file and calls on its fragment chunks."""
+
+    def __init__(self, storage: StorageClient, layout: Layout, inode: int, *,
+                 read_timeout_s: float = FRAGMENT_READ_TIMEOUT_S):
+        if not layout.ec_k or len(layout.chains) != layout.ec_k + layout.ec_m:
+            raise LoomError(f"inode {inode}: not an EC layout with k+m chains: {layout}")
+        self.storage = storage
+        self.layout = layout
+        self.inode = inode
+        self.geometry = Geometry(layout.ec_k, layout.ec_m, layout.chunk_size)
+        # what storage sees: chunks of header + payload bytes, fragment j on chains[j]
+        self.chunk_layout = dataclasses.replace(layout, chunk_size=layout.chunk_size + HEADER_BYTES)
+        self.read_timeout_s = read_timeout_s
+        self.reads_failed_total = 0
+
+    def chain_of(self, fragment: int) -> int:
+        return self.layout.chains[fragment]
+
+    async def write(self, index: int, data: memoryview) -> None:
+        """Write one whole fragment chunk (header + payload) at chunk ``index``."""
+        await self.storage.write_chunk(self.chunk_layout, self.inode, index, 0, data)
+
+    async def remove(self, fragment: int, index_begin: int, index_end: int) -> None:
+        """Remove chunks [begin, end) on fragment ``fragment``'s chain (as empty new versions)."""
+        one = dataclasses.replace(self.chunk_layout, chains=[self.chain_of(fragment)])
+        await self.storage.remove_chunks(one, self.inode, index_begin, index_end, keep_versions=True)
+
+    async def remove_all(self, index_begin: int, index_end: int) -> None:
+        await self.storage.remove_chunks(self.chunk_layout, self.inode, index_begin, index_end, keep_versions=True)
+
+    def reachable(self, fragment: int) -> bool:
+        """Whether the fragment's chain has a serving target in the cached routing."""
+        rc = self.storage.routing
+        return not rc.has_routing or bool(rc.current.serving_targets(self.chain_of(fragment)))
+
+    async def read(self, fragment: int, index: int, offset: int, length: int, into: memoryview) -> int | None:
+        """Read ``length`` bytes at ``offset`` of chunk ``index`` into ``into[:length]`` (the rest
+        zeroed). Returns the bytes the chunk had there, None if the chunk does not exist.
+        Raises FragmentUnavailable."""
+        into = into[:length]
+        chain_id = self.chain_of(fragment)
+        sc = self.storage
+        for attempt in range(2):
+            try:
+                routing = await sc.routing.get() if attempt == 0 else await sc.routing.refresh(min_version=0)
+                targets = routing.serving_targets(chain_id)
+                if not targets:
+                    raise FragmentUnavailable(f"chain {chain_id} has no serving target")
+                target = targets[-1]
+                req = ReadReq(chain_id=chain_id, chain_version=routing.chain(chain_id).version,
+                              chunk=ChunkId(inode=self.inode, index=index), offset=offset, length=length,
+                              target_id=target)
+                rsp = await sc.rpc.call(routing.address_of(target), READ, req, recv_into=into,
+                                        timeout_s=self.read_timeout_s, retry=False)
+            except FragmentUnavailable:
+                self.reads_failed_total += 1
+                raise
+            except (TimeoutError, LoomError, OSError) as exc:
+                st = getattr(exc, "status", None)
+                if attempt == 0 and st in _REFRESH:
+                    continue
+                self.reads_failed_total += 1
+                err = FragmentUnavailable(f"fragment {fragment} chunk {self.inode}:{index}: {exc}")
+                err.corrupt = st is Status.CHECKSUM_MISMATCH
+                raise err from exc
+            body: ReadRsp = rsp.body
+            if not body.exists:
+                zero_fill(into)
+                return None
+            n = len(rsp.payload)
+            if n > length:
+                raise FragmentUnavailable(f"chunk {self.inode}:{index}: {n} > {length} bytes")
+            if n and rsp.payload.obj is not into.obj:
+                into[:n] = rsp.payload
+            if n < length:
+                zero_fill(into[n:])
+            return n
+        raise FragmentUnavailable(f"fragment {fragment}: routing stayed stale")  # pragma: no cover
+
+    def __repr__(self) -> str:
+        g = self.geometry
+        return f"FragmentIO(inode={self.inode} {g.k}+{g.m} cs={g.chunk_size} chains={self.layout.chains})"

@@ -1,0 +1,298 @@
+"""Stripe reads and writes of an erasure-coded file (see docs/ec.md and ``loomfs.ec.stripe``).
+
+A stripe buffer holds all k+m fragment chunks of one stripe, each as it goes to storage:
+``[64-byte header][payload: chunk_size bytes]``, fragment j at ``j * (HEADER_BYTES + cs)``.
+
+* ``write_stripe`` pads, encodes, stamps a new version and CRC32C into every header and writes
+  the k+m fragments in parallel. An overwrite of a stripe that had data is staged first: the
+  whole new stripe goes to the shadow chunks, then in place, then the shadow is removed, so at
+  every moment one complete version of the stripe exists (in place, or in the shadow).
+* ``read_range`` reads a healthy stripe's data fragments straight into the caller's buffer;
+  a fragment that fails (dead server, bad CRC on disk, missing) makes that stripe degraded:
+  ``resolve`` reads every fragment (and the shadow when needed), keeps those whose header and
+  CRC32C check out, groups them by version and decodes the newest version that has k of them.
+  Two versions are never combined. Fragments found bad while their server is up are rewritten
+  (repaired) with the decoded version.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from loomfs.client.ec_io import FragmentIO, FragmentUnavailable
+from loomfs.client.storage_client import zero_fill
+from loomfs.ec.codec import Codec
+from loomfs.ec.stripe import (
+    HEADER_BYTES,
+    FragmentHeader,
+    FragPiece,
+    Geometry,
+    payload_crc,
+    split_range,
+)
+from loomfs.errors import LoomError
+from loomfs.net.buffers import Buffer, BufferPool
+
+logger = logging.getLogger(__name__)
+
+ENCODE_IN_THREAD_BYTES = 1 << 20
+_version_lock = threading.Lock()
+_last_version = 0
+
+
+def next_version() -> int:
+    """A stripe version: wall-clock ns, strictly increasing in this process."""
+    global _last_version
+    with _version_lock:
+        _last_version = max(time.time_ns(), _last_version + 1)
+        return _last_version
+
+
+def slot_bytes(g: Geometry) -> int:
+    return HEADER_BYTES + g.chunk_size
+
+
+def stripe_buffer_bytes(g: Geometry) -> int:
+    return g.width * slot_bytes(g)
+
+
+def payload(g: Geometry, buf: Buffer, fragment: int, length: int | None = None) -> memoryview:
+    start = fragment * slot_bytes(g) + HEADER_BYTES
+    return memoryview(buf)[start : start + (g.chunk_size if length is None else length)]
+
+
+def chunk_view(g: Geometry, buf: Buffer, fragment: int, payload_len: int) -> memoryview:
+    start = fragment * slot_bytes(g)
+    return memoryview(buf)[start : start + HEADER_BYTES + payload_len]
+
+
+@dataclass
+class Resolved:
+    """A stripe decoded from one version: every data fragment's payload is in the buffer
+    (zero-padded to the parity length)."""
+
+    stripe_len: int
+    version: int
+    from_shadow: bool
+    bad: list[int] = field(default_factory=list)  # reachable fragments that need rewriting
+
+
+@dataclass
+class EcStats:
+    degraded_stripes_total: int = 0
+    repaired_fragments_total: int = 0
+    shadow_writes_total: int = 0
+
+
+def _zero_gaps(g: Geometry, buf: Buffer, valid_lo: int, valid_hi: int, plen: int) -> None:
+    """Zero every data fragment's payload in [0, plen) outside stripe bytes [valid_lo, valid_hi)."""
+    cs = g.chunk_size
+    for j in range(g.k):
+        lo = min(max(valid_lo - j * cs, 0), plen)
+        hi = min(max(valid_hi - j * cs, 0), plen)
+        view = payload(g, buf, j, plen)
+        if lo > 0:
+            zero_fill(view[:lo])
+        if hi < plen:
+            zero_fill(view[max(hi, lo) :])
+
+
+async def write_stripe(io: FragmentIO, codec: Codec, stats: EcStats, stripe: int, buf: Buffer,
+                       stripe_len: int, *, valid_lo: int, valid_hi: int, overwrite: bool) -> int:
+    """Encode and write one stripe from ``buf`` (data payloads hold stripe bytes
+    [valid_lo, valid_hi), the rest is zero-filled). Returns the version written."""
+    g = io.geometry
+    plen = g.parity_len(stripe_len)
+    _zero_gaps(g, buf, valid_lo, valid_hi, plen)
+    data = [payload(g, buf, j, plen) for j in range(g.k)]
+    parity = [payload(g, buf, j, plen) for j in range(g.k, g.width)]
+    if plen >= ENCODE_IN_THREAD_BYTES:  # ctypes drops the GIL: encode beside the network I/O
+        await asyncio.to_thread(codec.encode, data, parity)
+    else:
+        codec.encode(data, parity)
+    version = next_version()
+    stamp(g, buf, stripe, stripe_len, version)
+    if overwrite:
+        stats.shadow_writes_total += 1
+        await _write_all(io, buf, stripe, stripe_len, shadow=True)
+    await _write_all(io, buf, stripe, stripe_len, shadow=False)
+    if overwrite:
+        base = g.chunk_index(stripe, 0, shadow=True)
+        await io.remove_all(base, base + g.width)
+    return version
+
+
+def stamp(g: Geometry, buf: Buffer, stripe: int, stripe_len: int, version: int,
+          fragments: Sequence[int] | None = None) -> None:
+    for j in range(g.width) if fragments is None else fragments:
+        n = g.payload_len(stripe_len, j)
+        h = FragmentHeader(g.k, g.m, j, stripe, version, stripe_len, n, payload_crc(payload(g, buf, j, n)))
+        start = j * slot_bytes(g)
+        memoryview(buf)[start : start + HEADER_BYTES] = h.pack()
+
+
+async def _write_all(io: FragmentIO, buf: Buffer, stripe: int, stripe_len: int, *, shadow: bool,
+                     fragments: Sequence[int] | None = None) -> None:
+    g = io.geometry
+    frags = range(g.width) if fragments is None else fragments
+    await asyncio.gather(*(io.write(g.chunk_index(stripe, j, shadow=shadow),
+                                    chunk_view(g, buf, j, g.payload_len(stripe_len, j))) for j in frags))
+
+
+ABSENT = "absent"  # the chunk does not exist
+BAD = "bad"  # it exists (or its server is up) but fails its header or CRC32C check
+
+
+async def _read_whole(io: FragmentIO, buf: Buffer, stripe: int, fragments: Sequence[int], *,
+                      shadow: bool) -> dict[int, FragmentHeader | str]:
+    """Read fragments whole into their slots: the header of each that checks out (CRC32C
+    included), else ABSENT or BAD. Unreachable fragments are left out."""
+    g = io.geometry
+
+    async def one(j: int) -> tuple[int, FragmentHeader | str] | None:
+        view = memoryview(buf)[j * slot_bytes(g) : (j + 1) * slot_bytes(g)]
+        try:
+            n = await io.read(j, g.chunk_index(stripe, j, shadow=shadow), 0, len(view), view)
+        except FragmentUnavailable as exc:
+            logger.debug("stripe %d fragment %d: %s", stripe, j, exc)
+            return (j, BAD) if exc.corrupt else None
+        if n is None:
+            return (j, ABSENT)
+        h = FragmentHeader.unpack(view[:HEADER_BYTES])
+        if (h is not None and h.fragment == j and h.stripe == stripe and (h.k, h.m) == (g.k, g.m)
+                and h.payload_len == g.payload_len(h.stripe_len, j) and HEADER_BYTES + h.payload_len <= n
+                and payload_crc(view[HEADER_BYTES : HEADER_BYTES + h.payload_len]) == h.crc):
+            return (j, h)
+        logger.warning("inode %d stripe %d fragment %d: bad header or CRC32C", io.inode, stripe, j)
+        return (j, BAD)
+
+    got = await asyncio.gather(*(one(j) for j in fragments))
+    return {r[0]: r[1] for r in got if r is not None}
+
+
+def _best(g: Geometry, found: dict[int, FragmentHeader | str]) -> tuple[int, int] | None:
+    groups: dict[tuple[int, int], int] = {}
+    for h in found.values():
+        if isinstance(h, FragmentHeader):
+            groups[h.key()] = groups.get(h.key(), 0) + 1
+    usable = [key for key, n in groups.items() if n >= g.k]
+    return max(usable) if usable else None
+
+
+def _count(found: dict[int, FragmentHeader | str], key: tuple[int, int]) -> int:
+    return sum(1 for h in found.values() if isinstance(h, FragmentHeader) and h.key() == key)
+
+
+async def resolve(io: FragmentIO, codec: Codec, stats: EcStats, stripe: int, buf: Buffer,
+                  *, repair: bool = True) -> Resolved | None:
+    """Decode stripe ``stripe`` into ``buf`` from k fragments of its newest complete version.
+    None if no fragment of it exists anywhere (a hole). EIO if no version has k good fragments."""
+    g = io.geometry
+    stats.degraded_stripes_total += 1
+    found = await _read_whole(io, buf, stripe, range(g.width), shadow=False)
+    key = _best(g, found)
+    from_shadow = False
+    if key is None or _count(found, key) < g.width:
+        # an overwrite may have been cut short: its complete new version waits in the shadow
+        sbuf = bytearray(stripe_buffer_bytes(g))
+        shadow = await _read_whole(io, sbuf, stripe, range(g.width), shadow=True)
+        skey = _best(g, shadow)
+        if skey is not None and (key is None or skey > key):
+            key, found, from_shadow = skey, shadow, True
+            memoryview(buf)[: len(sbuf)] = sbuf
+    if key is None:
+        absent = sum(1 for h in found.values() if h == ABSENT)
+        if absent == len(found) and absent >= g.k:
+            return None  # never written (a written stripe would have k of these)
+        raise LoomError(f"inode {io.inode} stripe {stripe}: fewer than {g.k} consistent fragments "
+                        f"({len(found)} of {g.width} reachable)")
+    version, stripe_len = key
+    good = [j for j, h in found.items() if isinstance(h, FragmentHeader) and h.key() == key]
+    missing = [j for j in range(g.width) if j not in good]
+    plen = g.parity_len(stripe_len)
+    for j in good:  # data payloads shorter than the parity length are zeros beyond
+        n = g.payload_len(stripe_len, j)
+        if n < plen:
+            zero_fill(payload(g, buf, j, plen)[n:])
+    if missing and plen:
+        codec.decode({j: payload(g, buf, j, plen) for j in good[: g.k]},
+                     {j: payload(g, buf, j, plen) for j in missing})
+    bad = [j for j in missing if j in found]  # answered, but absent, corrupt or of another version
+    res = Resolved(stripe_len, version, from_shadow, bad)
+    if repair and (bad or from_shadow):
+        copy = bytearray(stripe_buffer_bytes(g))  # the caller reuses ``buf``
+        copy[:] = memoryview(buf)[: len(copy)]
+        task = asyncio.get_running_loop().create_task(repair_fragments(io, stats, stripe, copy, res))
+        _REPAIRS.add(task)
+        task.add_done_callback(_REPAIRS.discard)
+    return res
+
+
+_REPAIRS: set[asyncio.Task[None]] = set()  # repairs run in the background of the read that found them
+
+
+async def repairs_settled() -> None:
+    """Wait for the repairs started so far (tests, bench, close)."""
+    while _REPAIRS:
+        await asyncio.gather(*list(_REPAIRS), return_exceptions=True)
+
+
+async def repair_fragments(io: FragmentIO, stats: EcStats, stripe: int, buf: Buffer, res: Resolved) -> None:
+    """Rewrite fragments ``res.bad`` in place with the resolved version (their headers restamped)."""
+    g = io.geometry
+    stamp(g, buf, stripe, res.stripe_len, res.version, res.bad)
+    try:
+        await _write_all(io, buf, stripe, res.stripe_len, shadow=False, fragments=res.bad)
+        if res.from_shadow:
+            await _write_all(io, buf, stripe, res.stripe_len, shadow=False,
+                             fragments=[j for j in range(g.width) if j not in res.bad])
+            base = g.chunk_index(stripe, 0, shadow=True)
+            await io.remove_all(base, base + g.width)
+    except (LoomError, OSError) as exc:
+        logger.warning("inode %d stripe %d: repair of fragments %s failed: %s", io.inode, stripe, res.bad, exc)
+        return
+    stats.repaired_fragments_total += len(res.bad)
+    logger.info("inode %d stripe %d: repaired fragments %s (version %d)", io.inode, stripe, res.bad, res.version)
+
+
+async def read_range(io: FragmentIO, codec: Codec, stats: EcStats, pool: BufferPool, pos: int,
+                     view: memoryview, *, parallel_max: int = 16) -> None:
+    """Fill ``view`` with the file's bytes at ``pos`` (healthy: data fragments only)."""
+    g = io.geometry
+    pieces = list(split_range(g, pos, len(view)))
+    by_stripe: dict[int, list[FragPiece]] = {}
+    for p in pieces:
+        by_stripe.setdefault(p.stripe, []).append(p)
+    sem = asyncio.Semaphore(max(1, parallel_max))
+
+    async def piece(p: FragPiece) -> bool:
+        async with sem:
+            try:
+                n = await io.read(p.fragment, g.chunk_index(p.stripe, p.fragment), HEADER_BYTES + p.offset,
+                                  p.length, view[p.buffer_offset : p.buffer_offset + p.length])
+            except FragmentUnavailable:
+                return False
+            return n is not None
+
+    async def stripe(s: int, ps: list[FragPiece]) -> None:
+        oks = await asyncio.gather(*(piece(p) for p in ps))
+        if all(oks):
+            return
+        buf = pool.acquire(stripe_buffer_bytes(g))
+        try:
+            res = await resolve(io, codec, stats, s, buf)
+            for p in ps:
+                target = view[p.buffer_offset : p.buffer_offset + p.length]
+                if res is None:
+                    zero_fill(target)
+                else:
+                    target[:] = payload(g, buf, p.fragment)[p.offset : p.offset + p.length]
+        finally:
+            pool.release(buf)
+
+    await asyncio.gather(*(stripe(s, ps) for s, ps in by_stripe.items()))
