@@ -468,3 +468,40 @@ def test_layout_xattr(roots: tuple[Path, Path], mnt: str) -> None:
     assert errs == {"set on a file": "EPERM", "bad json": "EINVAL", "unknown field": "EINVAL",
                     "other name get": "ENODATA", "other name set": "ENOTSUP", "remove layout": "EPERM"}
     assert (remote / "d" / "f").stat().st_size == 3 << 20
+
+
+def test_special_files(roots: tuple[Path, Path]) -> None:
+    """mkfifo, mknod of devices, a bound unix socket: types, modes, device numbers, links and
+    renames; a FIFO in the mount carries bytes between two processes (the kernel serves it)."""
+    import socket
+    import stat
+
+    def scenario(r: Path) -> list[object]:
+        os.mkfifo(r / "fifo", 0o640)
+        os.mknod(r / "chr", 0o600 | stat.S_IFCHR, os.makedev(1, 3))
+        os.mknod(r / "blk", 0o600 | stat.S_IFBLK, os.makedev(7, 9))
+        os.mknod(r / "reg", 0o644 | stat.S_IFREG)
+        s = socket.socket(socket.AF_UNIX)
+        try:
+            s.bind(str(r / "sock"))
+        finally:
+            s.close()
+        seen: list[object] = []
+        for n in ("fifo", "chr", "blk", "reg", "sock"):
+            st = os.lstat(r / n)
+            seen.append((n, stat.S_IFMT(st.st_mode), oct(stat.S_IMODE(st.st_mode) & ~0o022), st.st_size,
+                         (os.major(st.st_rdev), os.minor(st.st_rdev)) if n in ("chr", "blk") else None))
+        os.link(r / "fifo", r / "fifo2")
+        os.rename(r / "chr", r / "chr2")
+        os.unlink(r / "blk")
+        seen.append((os.lstat(r / "fifo").st_nlink, sorted(os.listdir(r))))
+        writer = subprocess.Popen([sys.executable, "-c", f"open({str(r / 'fifo')!r}, 'wb').write(b'through')"])
+        with open(r / "fifo2", "rb") as f:
+            seen.append(f.read())
+        assert writer.wait(timeout=30) == 0
+        seen.append(err(lambda: os.readlink(r / "fifo")))
+        for n in ("fifo", "fifo2", "chr2", "sock"):  # the tree snapshot would open them
+            os.unlink(r / n)
+        return seen
+
+    same(roots, scenario)

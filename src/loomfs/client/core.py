@@ -34,7 +34,16 @@ from loomfs.net.buffers import DEFAULT_POOL, BufferPool
 from loomfs.net.rpc import RetryPolicy, RpcClient
 from loomfs.net.tcp import default_transport
 from loomfs.net.transport import Address
-from loomfs.wire.meta import RENAME, OpenRsp, ReadRsp, RenameReq, SetattrReq, StatfsRsp
+from loomfs.wire.meta import (
+    MKNOD,
+    RENAME,
+    MknodReq,
+    OpenRsp,
+    ReadRsp,
+    RenameReq,
+    SetattrReq,
+    StatfsRsp,
+)
 from loomfs.wire.types import Attr, DirEntry, FileType, Layout
 
 logger = logging.getLogger(__name__)
@@ -418,6 +427,19 @@ class AsyncClient:
             await self.lazy.settle(p)
         try:
             await self.meta.symlink(target, p)
+        finally:
+            self.caches.created(p)
+
+    async def mknod(self, path: str, type: FileType, mode: int = 0o644, rdev: int = 0, *,
+                    uid: int = 0, gid: int = 0) -> Attr | None:
+        """A FIFO, socket or device node (no data: the kernel that opens one serves it)."""
+        p = paths.normalize(path)
+        if self.lazy:
+            await self.lazy.settle(p)
+        try:
+            req = MknodReq(path=p, type=int(type), mode=mode & 0o7777, rdev=rdev, uid=uid, gid=gid)
+            rsp = await self.meta.call(MKNOD, req)
+            return rsp.attr
         finally:
             self.caches.created(p)
 

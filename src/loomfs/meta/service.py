@@ -105,6 +105,12 @@ class MetaService:
     async def symlink(self, req: w.SymlinkReq, ctx: CallContext) -> w.AttrRsp:
         return w.AttrRsp(attr=await self.ns.symlink(req.target, req.path, uid=req.uid, gid=req.gid))
 
+    @handles(w.MKNOD)
+    async def mknod(self, req: w.MknodReq, ctx: CallContext) -> w.AttrRsp:
+        attr = await self.ns.mknod(req.path, type=req.type, mode=req.mode, rdev=req.rdev, uid=req.uid,
+                                   gid=req.gid)
+        return w.AttrRsp(attr=attr)
+
     @handles(w.READLINK)
     async def readlink(self, req: w.PathReq, ctx: CallContext) -> w.ReadlinkRsp:
         return w.ReadlinkRsp(target=await self.ns.readlink(req.path))

@@ -25,6 +25,7 @@ import pyfuse3
 
 from loomfs.client.core import AsyncClient
 from loomfs.client.file import AsyncFile
+from loomfs.meta.ops.special import rdev_of
 from loomfs.mount.dirs import DirStream, Pages
 from loomfs.mount.inodes import ROOT_INODE, InodeTable
 from loomfs.mount.options import MountOptions
@@ -38,7 +39,11 @@ P = ParamSpec("P")
 BLKSIZE_BYTES = 1 << 20  # st_blksize: tools size their buffers by it
 STATFS_FREE_BYTES = 1 << 50  # meta does not know the storage capacity yet
 
-_TYPE_BITS = {FileType.FILE: stat.S_IFREG, FileType.DIRECTORY: stat.S_IFDIR, FileType.SYMLINK: stat.S_IFLNK}
+_TYPE_BITS = {FileType.FILE: stat.S_IFREG, FileType.DIRECTORY: stat.S_IFDIR, FileType.SYMLINK: stat.S_IFLNK,
+              FileType.FIFO: stat.S_IFIFO, FileType.SOCKET: stat.S_IFSOCK, FileType.CHAR_DEVICE: stat.S_IFCHR,
+              FileType.BLOCK_DEVICE: stat.S_IFBLK}
+_SPECIAL_OF_BITS = {stat.S_IFIFO: FileType.FIFO, stat.S_IFSOCK: FileType.SOCKET, stat.S_IFCHR: FileType.CHAR_DEVICE,
+                    stat.S_IFBLK: FileType.BLOCK_DEVICE}
 
 
 def _fuse_errors(fn: Callable[P, Coroutine[Any, Any, T]]) -> Callable[P, Coroutine[Any, Any, T]]:
@@ -119,6 +124,9 @@ class LoomOperations(pyfuse3.Operations):
             size = writers[-1].file.length
         if attr.type == FileType.SYMLINK:
             size = len(os.fsencode(attr.symlink_target))
+        elif attr.type != FileType.FILE:
+            size = 0
+            e.st_rdev = rdev_of(attr)
         e.st_size = size
         e.st_blksize = BLKSIZE_BYTES
         e.st_blocks = (size + 511) // 512
@@ -262,6 +270,22 @@ class LoomOperations(pyfuse3.Operations):
         path = _join(self.inodes.path(parent_inode), name)
         await self.call(self.client.symlink(os.fsdecode(target), path))
         return self._known(await self._attr(path), path)
+
+    @_fuse_errors
+    async def mknod(self, parent_inode: int, name: bytes, mode: int, rdev: int, ctx: Any) -> pyfuse3.EntryAttributes:
+        path = _join(self.inodes.path(parent_inode), name)
+        kind = _SPECIAL_OF_BITS.get(stat.S_IFMT(mode))
+        if kind is None:
+            if stat.S_IFMT(mode) not in (0, stat.S_IFREG):
+                raise pyfuse3.FUSEError(errno.EINVAL)
+            f = await self.call(self.client.open(path, "xb", perm=mode & 0o7777))  # mknod of a regular file
+            await self.call(f.close())
+            attr = await self._owned(path, await self._attr(path), ctx)
+        else:
+            uid, gid = (ctx.uid, ctx.gid) if ctx is not None else (os.getuid(), os.getgid())
+            made = await self.call(self.client.mknod(path, kind, mode & 0o7777, rdev, uid=uid, gid=gid))
+            attr = made if made is not None else await self._attr(path)
+        return self._known(attr, path)
 
     @_fuse_errors
     async def readlink(self, inode: int, ctx: Any) -> bytes:

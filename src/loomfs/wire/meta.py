@@ -196,6 +196,18 @@ class LinkReq(Message):
 
 
 @message
+class MknodReq(Message):
+    """A special file (FileType.FIFO, SOCKET, CHAR_DEVICE, BLOCK_DEVICE)."""
+
+    path: str = ""
+    type: int = 0
+    mode: int = 0o644
+    rdev: int = 0  # devices: the device number
+    uid: int = 0
+    gid: int = 0
+
+
+@message
 class SetattrReq(Message):
     path: str = ""
     follow_symlinks: bool = True
@@ -278,3 +290,4 @@ class InodesRsp(Message):
 
 # which of these inodes wait in the GC queue (unlinked; chunks not removed yet): fsck's question
 GC_QUEUED = method(SERVICE_META, 40, "gc_queued", InodesReq, InodesRsp, idempotent=True)
+MKNOD = method(SERVICE_META, 21, "mknod", MknodReq, AttrRsp)

@@ -38,6 +38,12 @@ class FileType(IntEnum):
     FILE = 1
     DIRECTORY = 2
     SYMLINK = 3
+    # special files (mknod through the mount): no data; a device's number is kept in
+    # ``Attr.symlink_target`` as decimal text until meta stores an rdev
+    FIFO = 4
+    SOCKET = 5
+    CHAR_DEVICE = 6
+    BLOCK_DEVICE = 7
 
 
 @message

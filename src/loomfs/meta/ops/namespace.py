@@ -12,10 +12,11 @@ from __future__ import annotations
 from loomfs.meta.ops.dirs import DirOps, Statfs
 from loomfs.meta.ops.exchange import ExchangeOps
 from loomfs.meta.ops.files import FileOps, Opened, SetattrResult
+from loomfs.meta.ops.special import SpecialOps
 
 __all__ = ["Namespace", "Opened", "SetattrResult", "Statfs"]
 
 
-class Namespace(DirOps, FileOps, ExchangeOps):
+class Namespace(DirOps, FileOps, ExchangeOps, SpecialOps):
     """All namespace operations (directory shape in DirOps, file data bookkeeping in FileOps,
     small files' bytes in InlineOps)."""
