@@ -1,8 +1,9 @@
 """A tiny read-only HTTP/1.1 server on the service's own event loop (no thread).
 
 Routes map a path to a function returning ``HttpResponse``; every connection serves one
-request and closes. Request heads are bounded; only GET and HEAD are answered. Used for
-``/metrics`` in every service and for the dashboard's pages.
+request and closes. Request heads are bounded; only GET and HEAD are answered. Used for the
+dashboard's pages (``/metrics`` is prometheus_client's own server: ``metrics.service``);
+``http_get`` is the scraper's client.
 """
 
 from __future__ import annotations
