@@ -142,3 +142,21 @@ def test_usage_updates_show_without_version_bump() -> None:
     assert r.version == v
     t = next(t for t in r.targets if t.target_id == 1001)
     assert (t.used_bytes, t.capacity_bytes, t.chunk_count) == (123, 1000, 2)
+
+
+def test_targets_disk_ids_reach_the_routing(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Issue 15 item 11: capacity counts each disk once; nodes say which file system each
+    target lives on and mgmtd passes it on (and keeps it across its own restart)."""
+    from loomfs.storage.engine.memory import MemoryEngine
+    from loomfs.storage.target import StorageTarget
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir()
+    b.mkdir()
+    ta, tb = StorageTarget(1001, MemoryEngine(), str(a)), StorageTarget(1002, MemoryEngine(), str(b))
+    assert ta.disk_id and ta.disk_id == tb.disk_id  # one file system
+    assert StorageTarget(1003, MemoryEngine()).disk_id == ""
+    st = ClusterState(lease_s=5.0)
+    st.register(node_id=1, kind=NodeKind.STORAGE, host="h", port=1, now_s=0.0,
+                targets=[TargetInfo(target_id=t.target_id, path=t.path, disk_id=t.disk_id) for t in (ta, tb)])
+    assert {t.disk_id for t in st.routing().targets} == {ta.disk_id}

@@ -74,6 +74,7 @@ class TargetRecord:
     used_bytes: int = 0
     capacity_bytes: int = 0
     chunk_count: int = 0
+    disk_id: str = ""  # reported by the node (st_dev of the target's file system)
     offline_since_s: float = 0.0  # monotonic time it went OFFLINE (0 = not offline)
     sync_done_version: int = 0  # chain version under which its resync was reported done
     sync_chunks_left: int = 0
@@ -167,13 +168,14 @@ class ClusterState:
             if tr is None:
                 self.targets[t.target_id] = TargetRecord(
                     t.target_id, node_id, t.path, TargetState.SERVING, 0,
-                    t.used_bytes, t.capacity_bytes, t.chunk_count,
+                    t.used_bytes, t.capacity_bytes, t.chunk_count, t.disk_id,
                 )
                 changed = True
             else:
                 if tr.node_id != node_id:
                     raise StatusError(Status.EEXIST, f"target {t.target_id} belongs to node {tr.node_id}")
                 tr.used_bytes, tr.capacity_bytes, tr.chunk_count = t.used_bytes, t.capacity_bytes, t.chunk_count
+                tr.disk_id = t.disk_id
                 tr.restarted = tr.chain_id != 0
                 tr.revoke_deadline_s, tr.revoke_acked, tr.revoke_version = 0.0, False, 0  # a new process
         changed |= self.reconcile(now_s, bump=False)
@@ -559,7 +561,7 @@ class ClusterState:
                 targets=[TargetInfo(target_id=t.target_id, node_id=t.node_id, path=t.path, state=t.state,
                                     chain_id=t.chain_id, used_bytes=t.used_bytes,
                                     capacity_bytes=t.capacity_bytes, chunk_count=t.chunk_count,
-                                    sync_chunks_left=t.sync_chunks_left, sync_bytes_left=t.sync_bytes_left,
+                                    disk_id=t.disk_id, sync_chunks_left=t.sync_chunks_left, sync_bytes_left=t.sync_bytes_left,
                                     draining=self._draining(t.node_id))
                          for t in sorted(self.targets.values(), key=lambda t: t.target_id)],
                 chains=[ChainInfo(chain_id=c.chain_id, version=c.version, targets=list(c.targets),

@@ -421,7 +421,7 @@ class StorageService(ChunkUpdates):
         for t in self.targets.values():
             u = t.engine.usage()
             out.append(TargetInfo(target_id=t.target_id, node_id=node_id, path=t.path, used_bytes=u.used_bytes,
-                                  capacity_bytes=u.capacity_bytes, chunk_count=u.chunk_count))
+                                  capacity_bytes=u.capacity_bytes, chunk_count=u.chunk_count, disk_id=t.disk_id))
         return out
 
     def __repr__(self) -> str:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 from loomfs.common.keylocks import KeyLocks
 from loomfs.storage.engine.base import ChunkEngine, ChunkKey
 
@@ -13,12 +15,23 @@ def target_id_for(node_id: int, index: int) -> int:
     return node_id * 1000 + index + 1
 
 
+def _disk_id(path: str) -> str:
+    """The device of the file system holding ``path`` (targets on one disk share it)."""
+    if not path:
+        return ""
+    try:
+        return str(os.stat(path).st_dev)
+    except OSError:
+        return ""
+
+
 class StorageTarget:
     def __init__(self, target_id: int, engine: ChunkEngine, path: str = ""):
         self.target_id = target_id
         self.engine = engine
         self.path = path
         self.locks = ChunkLocks()
+        self.disk_id = _disk_id(path)
 
     def __repr__(self) -> str:
         return f"StorageTarget({self.target_id} {self.engine!r} locks={len(self.locks)})"
