@@ -121,3 +121,20 @@ def test_open_inodes_keep_their_attributes() -> None:
     assert t.kept(7) is not None and t.is_open(7)
     t.closed(7)
     assert t.kept(7) is None and not t.is_open(7)
+
+
+def test_id_maps_and_page_cache_options() -> None:
+    from loomfs.mount.idmap import IdMap
+
+    m = IdMap.parse("1000:5000/1001:5001")
+    assert (m.cluster(1000), m.cluster(7), m.local(5001), m.local(1000), m.cluster(-1)) == (5000, 7, 1001, 1000, -1)
+    for bad in ("1000", "1000:5000/1000:6000", "1:2/3:2", "-1:3", "a:b"):
+        with pytest.raises(ValueError):
+            IdMap.parse(bad)
+    o = MountOptions.parse(["uid_map=1000:0,gid_map=10:20/11:21,cache=keep,direct_io,ro,consistency=relaxed"])
+    assert (o.uid_map.cluster(1000), o.gid_map.local(21), o.cache, o.direct_io, o.read_only, o.consistency) == (
+        0, 11, "keep", True, True, "relaxed")
+    assert "ro" in o.fuse_options("x")
+    for bad in ("cache=maybe", "consistency=eventual", "max_read=4096"):
+        with pytest.raises(ValueError):
+            MountOptions.parse([bad])

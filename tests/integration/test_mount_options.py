@@ -9,6 +9,8 @@ import ctypes
 import errno
 import mmap
 import os
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -138,3 +140,29 @@ def test_relaxed_mount_keeps_pages(cluster: LocalCluster) -> None:
         assert _read_through(p) == data
         assert resident_pages(p) == 16
         p.unlink()
+
+
+def test_uid_gid_maps(cluster: LocalCluster) -> None:
+    """Local 65534 is stored as 4242 (and shown back as 65534); unmapped ids pass as they are."""
+    top = f"/idmap-{os.getpid()}"
+    with loomfs.connect(str(cluster.root)) as fs:
+        fs.mkdir(top)
+        fs.chmod(top, 0o777)
+        fs.pipe(f"{top}/theirs", b"t")
+        fs.chown(f"{top}/theirs", 4242, 4343)
+    with mounted(cluster, "-o", "uid_map=65534:4242,gid_map=65534:4343,allow_other") as mp:
+        d = mp / top[1:]
+        st = os.stat(d / "theirs")
+        assert (st.st_uid, st.st_gid) == (65534, 65534)
+        os.chown(d / "theirs", 65534, 0)
+        made = subprocess.run(
+            [sys.executable, "-c", "import os, sys; os.setgid(65534); os.setuid(65534); "
+             "open(sys.argv[1] + '/mine', 'w').write('m'); open(sys.argv[1] + '/theirs', 'a').write('+')", str(d)],
+            capture_output=True, text=True, timeout=60)
+        assert made.returncode == 0, made.stderr  # 65534 owns 'theirs' here: it may write it
+        assert (os.stat(d / "mine").st_uid, os.stat(d / "mine").st_gid) == (65534, 65534)
+    with loomfs.connect(str(cluster.root)) as fs:
+        a, b = fs.stat(f"{top}/theirs"), fs.stat(f"{top}/mine")
+        assert (a.st_uid, a.st_gid, b.st_uid, b.st_gid) == (4242, 0, 4242, 4343)
+        assert fs.cat(f"{top}/theirs") == b"t+"
+        fs.rm(top, recursive=True)

@@ -117,7 +117,7 @@ class LoomOperations(pyfuse3.Operations):
         e.generation = 0
         e.st_mode = _TYPE_BITS.get(FileType(attr.type), stat.S_IFREG) | (attr.mode & 0o7777)
         e.st_nlink = attr.nlink
-        e.st_uid, e.st_gid = attr.uid, attr.gid
+        e.st_uid, e.st_gid = self.options.uid_map.local(attr.uid), self.options.gid_map.local(attr.gid)
         size = attr.size
         writers = self._writers(attr.inode) if attr.type == FileType.FILE else []
         if writers:  # bytes written here and not yet synced to meta
@@ -190,8 +190,8 @@ class LoomOperations(pyfuse3.Operations):
         req = SetattrReq(
             path=path, follow_symlinks=False,  # the kernel resolved the path: never follow
             mode=attr.st_mode & 0o7777 if fields.update_mode else -1,
-            uid=attr.st_uid if fields.update_uid else -1,
-            gid=attr.st_gid if fields.update_gid else -1,
+            uid=self.options.uid_map.cluster(attr.st_uid) if fields.update_uid else -1,
+            gid=self.options.gid_map.cluster(attr.st_gid) if fields.update_gid else -1,
             atime_ns=attr.st_atime_ns if fields.update_atime else -1,
             mtime_ns=attr.st_mtime_ns if fields.update_mtime else -1,
         )
@@ -224,8 +224,11 @@ class LoomOperations(pyfuse3.Operations):
 
     async def _owned(self, path: str, attr: Attr, ctx: Any) -> Attr:
         """New objects belong to the caller (meta creates them as this process's user)."""
-        if ctx is not None and (attr.uid, attr.gid) != (ctx.uid, ctx.gid):
-            req = SetattrReq(path=path, follow_symlinks=False, uid=ctx.uid, gid=ctx.gid)
+        if ctx is None:
+            return attr
+        uid, gid = self.options.uid_map.cluster(ctx.uid), self.options.gid_map.cluster(ctx.gid)
+        if (attr.uid, attr.gid) != (uid, gid):
+            req = SetattrReq(path=path, follow_symlinks=False, uid=uid, gid=gid)
             rsp = await self.call(self.client._setattr(req))
             return rsp.attr if rsp.attr is not None else await self._attr(path)
         return attr
@@ -283,6 +286,7 @@ class LoomOperations(pyfuse3.Operations):
             attr = await self._owned(path, await self._attr(path), ctx)
         else:
             uid, gid = (ctx.uid, ctx.gid) if ctx is not None else (os.getuid(), os.getgid())
+            uid, gid = self.options.uid_map.cluster(uid), self.options.gid_map.cluster(gid)
             made = await self.call(self.client.mknod(path, kind, mode & 0o7777, rdev, uid=uid, gid=gid))
             attr = made if made is not None else await self._attr(path)
         return self._known(attr, path)
@@ -324,7 +328,7 @@ class LoomOperations(pyfuse3.Operations):
         attr = await self._attr(path)
         if attr.type != FileType.DIRECTORY:
             raise pyfuse3.FUSEError(errno.EPERM)  # a file's layout is fixed when it is created
-        if ctx is not None and ctx.uid not in (0, attr.uid):
+        if ctx is not None and ctx.uid != 0 and self.options.uid_map.cluster(ctx.uid) != attr.uid:
             raise pyfuse3.FUSEError(errno.EPERM)  # like chmod: the owner's (or root's) to change
         await self.call(self.client.set_layout(path, decode_layout(value, attr.layout)))
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from loomfs.mount.idmap import IdMap
+
 # libfuse rejects any max_read=N with pyfuse3 ("init() and fuse_session_new() requested
 # different maximum read size (0 vs N)"): request sizes come from max_pages (1 MiB with
 # libfuse 3.14) and, for reads, the bdi's read_ahead_kb
@@ -24,6 +26,8 @@ class MountOptions:
     cache: str = "auto"
     direct_io: bool = False  # every read and write goes to the mount (no page cache, no read-ahead)
     read_only: bool = False  # ro: the kernel refuses writes (EROFS) and so does the mount
+    uid_map: IdMap = field(default_factory=IdMap)  # local <-> stored uids (loomfs.mount.idmap)
+    gid_map: IdMap = field(default_factory=IdMap)
     kernel: frozenset[str] = field(default_factory=frozenset)  # passed to FUSE as given
 
     @classmethod
@@ -50,6 +54,8 @@ class MountOptions:
                     if value not in ("auto", "keep", "none"):
                         raise ValueError(f"cache={value!r}: use auto, keep or none")
                     kw["cache"] = value
+                elif key in ("uid_map", "gid_map"):
+                    kw[key] = IdMap.parse(value)
                 elif key == "direct_io":
                     kw["direct_io"] = True
                 elif key == "ro":
