@@ -72,6 +72,7 @@ class TargetInfo(Message):
     sync_chunks_left: int = 0
     sync_bytes_left: int = 0
     draining: bool = False  # its node is being drained
+    disk_id: str = ""  # the file system the target lives on (st_dev): capacity counts each disk once
 
 
 @message
