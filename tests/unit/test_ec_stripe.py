@@ -31,3 +31,12 @@ def test_partial_stripe_lengths() -> None:
     assert [g.payload_len(30, j) for j in range(6)] == [30, 0, 0, 0, 30, 30]
     assert g.stripes(0) == 0 and g.stripes(400) == 1 and g.stripes(401) == 2
     assert g.stripe_len(1, 401) == 1 and g.stripe_len(2, 401) == 0
+
+
+def test_fragment_j_always_maps_to_chain_j() -> None:
+    for k, m in ((4, 2), (10, 4), (3, 2)):
+        g = Geometry(k=k, m=m, chunk_size=1 << 20)
+        for s in (0, 1, 77):
+            for j in range(k + m):
+                assert g.chunk_index(s, j) % (k + m) == j
+                assert g.chunk_index(s, j, shadow=True) % (k + m) == j

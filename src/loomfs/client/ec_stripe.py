@@ -119,8 +119,8 @@ async def write_stripe(io: FragmentIO, codec: Codec, stats: EcStats, stripe: int
     stamp(g, buf, stripe, stripe_len, version)
     if overwrite:
         stats.shadow_writes_total += 1
-        await _write_all(io, buf, stripe, stripe_len, shadow=True)
-    await _write_all(io, buf, stripe, stripe_len, shadow=False)
+        await write_fragments(io, buf, stripe, stripe_len, shadow=True)
+    await write_fragments(io, buf, stripe, stripe_len, shadow=False)
     if overwrite:
         base = g.chunk_index(stripe, 0, shadow=True)
         await io.remove_all(base, base + g.width)
@@ -136,7 +136,7 @@ def stamp(g: Geometry, buf: Buffer, stripe: int, stripe_len: int, version: int,
         memoryview(buf)[start : start + HEADER_BYTES] = h.pack()
 
 
-async def _write_all(io: FragmentIO, buf: Buffer, stripe: int, stripe_len: int, *, shadow: bool,
+async def write_fragments(io: FragmentIO, buf: Buffer, stripe: int, stripe_len: int, *, shadow: bool,
                      fragments: Sequence[int] | None = None) -> None:
     g = io.geometry
     frags = range(g.width) if fragments is None else fragments
@@ -247,9 +247,9 @@ async def repair_fragments(io: FragmentIO, stats: EcStats, stripe: int, buf: Buf
     g = io.geometry
     stamp(g, buf, stripe, res.stripe_len, res.version, res.bad)
     try:
-        await _write_all(io, buf, stripe, res.stripe_len, shadow=False, fragments=res.bad)
+        await write_fragments(io, buf, stripe, res.stripe_len, shadow=False, fragments=res.bad)
         if res.from_shadow:
-            await _write_all(io, buf, stripe, res.stripe_len, shadow=False,
+            await write_fragments(io, buf, stripe, res.stripe_len, shadow=False,
                              fragments=[j for j in range(g.width) if j not in res.bad])
             base = g.chunk_index(stripe, 0, shadow=True)
             await io.remove_all(base, base + g.width)

@@ -6,7 +6,7 @@ so a read touches only the data fragments covering its range); parity fragments 
 RS(k, m) of the data fragments zero-padded to the longest one. Fragment j of stripe s is the
 ordinary chunk ``s*(k+m) + j`` of the inode; the file's layout has exactly k+m chains, so that
 chunk lands on ``chains[j]`` (a group of k+m single-replica chains on distinct nodes).
-An overwrite first stages the whole new stripe in the *shadow* chunks ``SHADOW_BASE + ...``.
+An overwrite first stages the whole new stripe in the *shadow* stripe ``SHADOW_STRIPE_BASE + s``.
 
 Every fragment chunk starts with a 64-byte header: magic, code, fragment index, stripe
 index, the stripe *version* (writer-unique, increasing), the stripe's data length, the
@@ -24,7 +24,7 @@ import crc32c
 
 MAGIC = 0x4C4D4543  # "LMEC"
 HEADER_BYTES = 64
-SHADOW_BASE = 1 << 48  # shadow stripes live at chunk indexes above this
+SHADOW_STRIPE_BASE = 1 << 40  # shadow stripe s is stored as stripe SHADOW_STRIPE_BASE + s
 # magic, format, k, m, fragment, stripe, version, stripe_len, payload_len, crc, pad
 _HDR = struct.Struct("<IHBBHxxQQQII20x")
 assert _HDR.size == HEADER_BYTES
@@ -75,7 +75,8 @@ class Geometry:
         return self.k * self.chunk_size
 
     def chunk_index(self, stripe: int, fragment: int, *, shadow: bool = False) -> int:
-        return (SHADOW_BASE if shadow else 0) + stripe * self.width + fragment
+        # (a multiple of the width, so fragment j of a shadow stripe is on chains[j] too)
+        return ((SHADOW_STRIPE_BASE if shadow else 0) + stripe) * self.width + fragment
 
     def data_len(self, stripe_len: int, fragment: int) -> int:
         """Real bytes data fragment ``fragment`` holds in a stripe of ``stripe_len`` bytes."""
