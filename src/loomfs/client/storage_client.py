@@ -26,14 +26,16 @@ import crc32c
 from loomfs.common.clock import LOOP_CLOCK, Clock
 from loomfs.common.keylocks import KeyLocks
 from loomfs.common.routing import Routing, RoutingClient
-from loomfs.errors import ConnectionFailed, LoomError, ProtocolError, TimedOut
+from loomfs.errors import ChecksumError, ConnectionFailed, LoomError, ProtocolError, TimedOut
 from loomfs.net.rpc import Response, RpcClient
+from loomfs.net.transport import Address
 from loomfs.wire.message import Message, Method
 from loomfs.wire.status import Status
 from loomfs.wire.storage import (
     QUERY_CHUNKS,
     READ,
     REMOVE_CHUNKS,
+    REPORT_CORRUPT,
     TRUNCATE,
     WRITE,
     ChunkId,
@@ -41,6 +43,7 @@ from loomfs.wire.storage import (
     ReadReq,
     ReadRsp,
     RemoveChunksReq,
+    ReportCorruptReq,
     RequestTag,
     TruncateReq,
     WriteReq,
@@ -139,6 +142,8 @@ class StorageClient:
         # older request by its id alone (loomfs.storage.dedupe)
         self._chunk_updates: KeyLocks[tuple[int, int]] = KeyLocks()
         self.retries_total = 0
+        self.corrupt_reports_total = 0
+        self._reports: set[asyncio.Task[None]] = set()  # corrupt-chunk reports in flight
         self.failovers_total = 0  # calls abandoned because their chain changed under them
         self.watch_after_s = watch_after_s
         self.watch_refresh_s = watch_refresh_s
@@ -177,6 +182,25 @@ class StorageClient:
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)
 
+    def _report_corrupt(self, address: Address, target: int, req: Message) -> None:
+        """Tell ``target`` its copy of the chunk failed the CRC here (a whole-chunk read is
+        checked at the client only), so the node repairs it now; fire and forget."""
+        chunk = getattr(req, "chunk", None)
+        if chunk is None:
+            return
+        self.corrupt_reports_total += 1
+
+        async def send() -> None:
+            try:
+                await self.rpc.call(address, REPORT_CORRUPT, ReportCorruptReq(target_id=target, chunk=chunk),
+                                    timeout_s=5.0, retry=False)
+            except (LoomError, OSError) as exc:
+                logger.debug("reporting corrupt chunk %s on target %d failed: %s", chunk, target, exc)
+
+        task = asyncio.ensure_future(send())
+        self._reports.add(task)
+        task.add_done_callback(self._reports.discard)
+
     def _tag(self) -> RequestTag:
         return RequestTag(client_id=self.client_id, request_id=next(self._request_ids))
 
@@ -195,6 +219,7 @@ class StorageClient:
         attempt = 0
         last: BaseException | None = None
         avoid: set[int] = set()  # replicas that just failed a read
+        corrupt: set[int] = set()  # replicas whose copy failed its CRC in this call
         while True:
             remaining = deadline - self.clock.monotonic()
             if remaining <= 0:
@@ -246,8 +271,18 @@ class StorageClient:
                         avoid.add(target)  # e.g. a replica cut off from mgmtd: read another one
                 elif st in _BACKOFF or st is Status.NOT_COMMITTED:
                     last = exc
-                    if st is Status.CHECKSUM_MISMATCH and role == "any":
+                    if st is Status.CHECKSUM_MISMATCH and m is READ:
                         avoid.add(target)  # a corrupt replica: read another one
+                        corrupt.add(target)
+                        self._report_corrupt(address, target, req)
+                        if corrupt >= set(targets):
+                            chunk = getattr(req, "chunk", None)
+                            raise ChecksumError(
+                                f"chunk {chunk.inode}:{chunk.index} of chain {chain_id} failed its CRC32C on every "
+                                f"serving replica (targets {sorted(corrupt)})" if chunk is not None else str(exc)
+                            ) from exc
+                        if role == "tail":
+                            role = "any"  # the tail's copy is bad: another replica may serve it
                 else:
                     raise
             attempt += 1

@@ -31,6 +31,7 @@ from loomfs.wire.storage import (
     QUERY_CHUNKS,
     READ,
     REMOVE_CHUNKS,
+    REPORT_CORRUPT,
     STORAGE_PING,
     TRUNCATE,
     WRITE,
@@ -42,6 +43,7 @@ from loomfs.wire.storage import (
     ReadRsp,
     RemoveChunksReq,
     RemoveChunksRsp,
+    ReportCorruptReq,
     TruncateReq,
     WriteReq,
     WriteRsp,
@@ -106,6 +108,7 @@ class StorageService(ChunkUpdates):
         self.unreachable_reports_total = 0
         self.corrupt_reads_total = 0  # partial reads whose block CRC did not match
         self.on_corrupt: Callable[[StorageTarget, ChunkKey], None] | None = None  # the scrubber repairs
+        self.corrupt_reports_total = 0  # clients' reports of chunks that failed their CRC
         self._removing: list[tuple[int, int, int, int]] = []  # (target, inode, begin, end) under way
         self._reported: set[tuple[int, int, int]] = set()  # (chain, version, successor) already reported
         # writes are refused once mgmtd has not been reached for half a lease (the node may be
@@ -395,6 +398,20 @@ class StorageService(ChunkUpdates):
                 st = target.engine.get(key)
                 action = chain.Serve()
             return st, action
+
+    @handles(REPORT_CORRUPT)
+    async def report_corrupt(self, req: ReportCorruptReq, ctx: CallContext) -> Empty:
+        """A client found this target's copy of a chunk failing its CRC: check it now (the check
+        reads the chunk itself, so a false report costs one read; checks are deduplicated)."""
+        target = self.targets.get(req.target_id)
+        if target is None:
+            raise StatusError(Status.UNKNOWN_TARGET, f"target {req.target_id} is not on this node")
+        key = chunk_key(req.chunk)
+        self.corrupt_reports_total += 1
+        logger.warning("target %d chunk %s: a client read it with a bad CRC: checking it now", target.target_id, key)
+        if self.on_corrupt is not None:
+            self.on_corrupt(target, key)
+        return Empty()
 
     @handles(QUERY_CHUNKS)
     async def query_chunks(self, req: QueryChunksReq, ctx: CallContext) -> QueryChunksRsp:

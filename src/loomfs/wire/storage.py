@@ -157,9 +157,19 @@ class QueryChunksRsp(Message):
     more: bool = False
 
 
+@message
+class ReportCorruptReq(Message):
+    """A client read a chunk whose bytes failed their CRC32C on this target (a whole-chunk
+    read is checked at the client only): the node checks the chunk and repairs it now."""
+
+    target_id: int = 0
+    chunk: ChunkId | None = None
+
+
 WRITE = method(SERVICE_STORAGE, 1, "write", WriteReq, WriteRsp, idempotent=True)  # tag-deduped
 READ = method(SERVICE_STORAGE, 2, "read", ReadReq, ReadRsp, idempotent=True)
 TRUNCATE = method(SERVICE_STORAGE, 3, "truncate", TruncateReq, WriteRsp, idempotent=True)
 REMOVE_CHUNKS = method(SERVICE_STORAGE, 4, "remove_chunks", RemoveChunksReq, RemoveChunksRsp, idempotent=True)
 QUERY_CHUNKS = method(SERVICE_STORAGE, 5, "query_chunks", QueryChunksReq, QueryChunksRsp, idempotent=True)
 STORAGE_PING = method(SERVICE_STORAGE, 6, "ping", Empty, Empty, idempotent=True)
+REPORT_CORRUPT = method(SERVICE_STORAGE, 7, "report_corrupt", ReportCorruptReq, Empty, idempotent=True)

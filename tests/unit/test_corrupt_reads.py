@@ -1,0 +1,74 @@
+"""Issue 15 items 7 and 8: a client that reads a rotten whole chunk reports it and the replica
+is repaired at once; a chunk rotten on every replica fails promptly with EIO naming it. Three
+real StorageServices and a real StorageClient over the simulated network, on virtual time."""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+
+import pytest
+from test_replication_defects import KEY, Chain3, run
+
+from loomfs.client.storage_client import StorageClient
+from loomfs.errors import LoomError
+from loomfs.net.rpc import RetryPolicy, RpcClient
+from loomfs.storage.scrub import Scrubber
+from loomfs.wire.types import Layout
+
+LAYOUT = Layout(chunk_size=1 << 16, chains=[1])
+
+
+def _client(c: Chain3) -> StorageClient:
+    rpc = RpcClient(c.net.transport("reader"), call_timeout_s=5.0, retry=RetryPolicy(attempts_max=1))
+    return StorageClient(rpc, c.routing, client_id=5, call_timeout_s=20.0)  # type: ignore[arg-type]
+
+
+def _scrubbers(c: Chain3) -> list[Scrubber]:
+    out = []
+    for n in c.nodes:
+        s = Scrubber(n.service, bytes_per_s=0, interval_s=3600)  # no passes: only urgent checks
+        n.service.on_corrupt = s.check_soon
+        out.append(s)
+    return out
+
+
+def test_a_whole_chunk_read_that_fails_its_crc_gets_the_replica_repaired() -> None:
+    async def body(c: Chain3) -> None:
+        await c.write(1, 0, b"x" * 1000)
+        scrubs = _scrubbers(c)
+        for n in (1, 2):
+            c.engine(n).corrupt(KEY, 10)  # two of three replicas rotten
+        sc = _client(c)
+        buf = bytearray(1000)
+        for _ in range(6):  # whichever replicas the reads pick, they all return good bytes
+            assert await sc.read_chunk(LAYOUT, KEY.inode, KEY.index, 0, 1000, memoryview(buf)) == 1000
+            assert bytes(buf) == b"x" * 1000
+        for _ in range(200):
+            if all(c.engine(n).verify(KEY) == [] for n in (1, 2)):
+                break
+            await asyncio.sleep(0.01)
+        repaired = [n for n in (1, 2) if c.engine(n).verify(KEY) == []]
+        reported = sum(s.repaired for s in scrubs)
+        assert sc.corrupt_reports_total == reported == len(repaired) >= 1
+        await sc.rpc.close()
+
+    run(body)
+
+
+def test_a_chunk_rotten_on_every_replica_fails_at_once_with_eio_naming_it() -> None:
+    async def body(c: Chain3) -> None:
+        await c.write(1, 0, b"x" * 1000)
+        _scrubbers(c)
+        for n in (1, 2, 3):
+            c.engine(n).corrupt(KEY, 10)
+        sc = _client(c)
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        with pytest.raises(LoomError) as err:
+            await sc.read_chunk(LAYOUT, KEY.inode, KEY.index, 0, 1000, memoryview(bytearray(1000)))
+        assert err.value.errno == errno.EIO and f"{KEY.inode}:{KEY.index}" in str(err.value)
+        assert loop.time() - t0 < 2.0  # not the 20 s deadline
+        await sc.rpc.close()
+
+    run(body)
