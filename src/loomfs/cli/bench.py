@@ -43,6 +43,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--start", action="store_true",
                    help="start a throwaway local cluster (3 storage nodes) instead of using --dir")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--mount", action="store_true",
+                   help="through a FUSE mount vs the native client vs a local directory (loomfs.bench.mount)")
+    p.add_argument("--mount-options", default="", help="with --mount: its -o options")
     p.set_defaults(func=cmd_bench)
 
 
@@ -134,6 +137,10 @@ def _bench(args: argparse.Namespace) -> int:
     where = target(args, BENCH_HINT)  # no cluster: a one-line hint, before any measuring
     plan = plan_from_args(args)
     disk_dir = args.cluster_dir if args.cluster_dir and Path(args.cluster_dir).is_dir() else tempfile.gettempdir()
+    if args.mount:
+        from loomfs.bench.mount import cmd_bench_mount
+
+        return cmd_bench_mount(args, where, disk_dir)
     with connect(args, BENCH_HINT) as fs:
         replicas = _replicas(args, fs)
         targets: list[BenchTarget] = [LoomTarget(where, fs)]
