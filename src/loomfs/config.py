@@ -73,6 +73,7 @@ class StorageConfig:
     target_capacity_bytes: int = 0  # per target; 0 = the disk's free space (ENOSPC beyond it)
     scrub_bytes_per_s: int = 16 << 20  # background CRC scrub rate per node (0 = off)
     scrub_interval_s: float = 3600.0  # pause between full scrub passes
+    scrub_first_pass_after_s: float = 0.0  # first pass this long after start (0 = min(interval, 60 s))
     resync_bytes_per_s: int = 0  # 0 = unthrottled
     suspect_after_s: float = 5.0  # a forward unanswered this long reports the successor to mgmtd
     metrics_port: int = 0  # Prometheus /metrics: 0 = any free port (advertised to mgmtd), -1 = off

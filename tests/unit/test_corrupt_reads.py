@@ -72,3 +72,35 @@ def test_a_chunk_rotten_on_every_replica_fails_at_once_with_eio_naming_it() -> N
         await sc.rpc.close()
 
     run(body)
+
+
+def test_scrub_stats_per_target_reach_the_routing() -> None:
+    """Item 7: the scrubber's schedule and findings show in ``admin targets`` (via routing)."""
+    from loomfs.mgmtd.state import ClusterState
+    from loomfs.wire.types import NodeKind
+
+    async def body(c: Chain3) -> None:
+        await c.write(1, 0, b"x" * 1000)
+        from loomfs.common.clock import LOOP_CLOCK
+
+        svc = c.nodes[0].service
+        svc.clock = LOOP_CLOCK  # the loop's virtual time
+        scrub = Scrubber(svc, bytes_per_s=1 << 30, interval_s=600, first_pass_after_s=5)
+        svc.scrub_stats = scrub.target_stats
+        c.engine(1).corrupt(KEY, 3)
+        runner = asyncio.ensure_future(scrub.run())
+        await asyncio.sleep(1)
+        st = scrub.target_stats(c.tid(1))
+        assert (st.interval_s, st.passes, st.next_pass_in_s) == (600, 0, 4.0)
+        await asyncio.sleep(5)
+        st = scrub.target_stats(c.tid(1))
+        assert (st.passes, st.checked, st.bad, st.repaired) == (1, 1, 1, 1) and 590 <= st.next_pass_in_s <= 600
+        runner.cancel()
+        mgmtd = ClusterState(lease_s=5.0)
+        infos = svc.target_infos(1)
+        mgmtd.register(node_id=1, kind=NodeKind.STORAGE, host="h", port=1, now_s=0.0, targets=infos)
+        mgmtd.heartbeat(1, infos, 0.5)
+        (t,) = mgmtd.routing().targets
+        assert t.scrub is not None and t.scrub.bad == 1 and t.scrub.interval_s == 600
+
+    run(body)

@@ -41,6 +41,7 @@ from loomfs.wire.types import (
     NodeKind,
     NodeState,
     RoutingInfo,
+    ScrubStats,
     TargetInfo,
     TargetState,
 )
@@ -75,6 +76,7 @@ class TargetRecord:
     capacity_bytes: int = 0
     chunk_count: int = 0
     disk_id: str = ""  # reported by the node (st_dev of the target's file system)
+    scrub: ScrubStats | None = None  # reported with each heartbeat (not persisted)
     offline_since_s: float = 0.0  # monotonic time it went OFFLINE (0 = not offline)
     sync_done_version: int = 0  # chain version under which its resync was reported done
     sync_chunks_left: int = 0
@@ -210,9 +212,9 @@ class ClusterState:
         for t in targets:
             tr = self.targets.get(t.target_id)
             if tr is not None and tr.node_id == node_id:
-                usage = (t.used_bytes, t.capacity_bytes, t.chunk_count)
-                if usage != (tr.used_bytes, tr.capacity_bytes, tr.chunk_count):
-                    tr.used_bytes, tr.capacity_bytes, tr.chunk_count = usage
+                usage = (t.used_bytes, t.capacity_bytes, t.chunk_count, t.scrub)
+                if usage != (tr.used_bytes, tr.capacity_bytes, tr.chunk_count, tr.scrub):
+                    tr.used_bytes, tr.capacity_bytes, tr.chunk_count, tr.scrub = usage
                     self._routing_cache = None  # usage is not a routing change: no version bump
         return self.revoked_targets(node_id)
 
@@ -561,7 +563,7 @@ class ClusterState:
                 targets=[TargetInfo(target_id=t.target_id, node_id=t.node_id, path=t.path, state=t.state,
                                     chain_id=t.chain_id, used_bytes=t.used_bytes,
                                     capacity_bytes=t.capacity_bytes, chunk_count=t.chunk_count,
-                                    disk_id=t.disk_id, sync_chunks_left=t.sync_chunks_left, sync_bytes_left=t.sync_bytes_left,
+                                    disk_id=t.disk_id, scrub=t.scrub, sync_chunks_left=t.sync_chunks_left, sync_bytes_left=t.sync_bytes_left,
                                     draining=self._draining(t.node_id))
                          for t in sorted(self.targets.values(), key=lambda t: t.target_id)],
                 chains=[ChainInfo(chain_id=c.chain_id, version=c.version, targets=list(c.targets),

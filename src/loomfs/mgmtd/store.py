@@ -18,6 +18,8 @@ CREATE TABLE IF NOT EXISTS kv (kind TEXT NOT NULL, id INTEGER NOT NULL, value BL
                                PRIMARY KEY (kind, id));
 """
 
+_NOT_PERSISTED = frozenset({"scrub"})  # reported with every heartbeat
+
 
 class MgmtdStore:
     def __init__(self, url: str):
@@ -40,7 +42,7 @@ class MgmtdStore:
                                                        v["state"], now_s, v.get("draining", False),
                                                        v.get("metrics_port", 0))
             elif kind == "target":
-                known = {k: x for k, x in v.items() if k in TargetRecord.__slots__}
+                known = {k: x for k, x in v.items() if k in TargetRecord.__slots__ and k not in _NOT_PERSISTED}
                 t = state.targets[v["target_id"]] = TargetRecord(**known)
                 if t.offline_since_s:
                     t.offline_since_s = now_s  # monotonic times do not survive a restart
@@ -64,7 +66,8 @@ class MgmtdStore:
                                                      "draining": n.draining,
                                                      "metrics_port": n.metrics_port}))
                  for n in state.nodes.values()]
-        rows += [("target", t.target_id, msgpack.packb({f: getattr(t, f) for f in TargetRecord.__slots__}))
+        rows += [("target", t.target_id, msgpack.packb({f: getattr(t, f) for f in TargetRecord.__slots__
+                                                         if f not in _NOT_PERSISTED}))
                  for t in state.targets.values()]
         rows += [("chain", c.chain_id, msgpack.packb({f: getattr(c, f) for f in ChainRecord.__slots__}))
                  for c in state.chains.values()]

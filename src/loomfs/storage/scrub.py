@@ -21,7 +21,7 @@ from loomfs.storage.engine.base import ChunkKey, ChunkState, ChunkTag
 from loomfs.storage.install import install_copy
 from loomfs.storage.target import StorageTarget
 from loomfs.wire.storage import QUERY_CHUNKS, READ, ChunkId, QueryChunksReq, ReadReq
-from loomfs.wire.types import TargetState
+from loomfs.wire.types import ScrubStats, TargetState
 
 logger = logging.getLogger(__name__)
 
@@ -45,6 +45,9 @@ class Scrubber:
         self.chunks_checked = 0
         self.bad_found = 0
         self.repaired = 0
+        self._per_target: dict[int, list[int]] = {}  # target -> [checked, bad, repaired]
+        self._last_pass_end_s: float | None = None
+        self._next_pass_at_s: float | None = None  # None while a pass runs (or scrubbing is off)
         self.bad: list[tuple[int, ChunkKey]] = []  # (target, chunk) found bad, newest last (bounded)
         self._task: asyncio.Task[None] | None = None
         self._urgent: set[tuple[int, ChunkKey]] = set()  # chunks a read found corrupt, being repaired
@@ -56,8 +59,10 @@ class Scrubber:
         if self.bytes_per_s <= 0:
             return
         self._task = asyncio.current_task()
+        self._next_pass_at_s = self.service.clock.monotonic() + self.first_pass_after_s
         await asyncio.sleep(self.first_pass_after_s)
         while True:
+            self._next_pass_at_s = None
             started = self.service.clock.monotonic()
             for target in list(self.service.targets.values()):
                 try:
@@ -67,6 +72,8 @@ class Scrubber:
             self.passes += 1
             logger.info("scrub pass %d: %d chunks checked, %d bad, %d repaired in %.1fs", self.passes,
                         self.chunks_checked, self.bad_found, self.repaired, self.service.clock.monotonic() - started)
+            self._last_pass_end_s = self.service.clock.monotonic()
+            self._next_pass_at_s = self._last_pass_end_s + self.interval_s
             await asyncio.sleep(self.interval_s)
 
     async def scrub_target(self, target: StorageTarget) -> int:
@@ -124,16 +131,36 @@ class Scrubber:
             finally:
                 svc.pool.release(buf)
             self.chunks_checked += 1
+            counts = self._counts(target.target_id)
+            counts[0] += 1
             if n == st.length and crc == st.crc:
                 return True, n
             self.bad_found += 1
+            counts[1] += 1
             self.bad.append((target.target_id, key))
             del self.bad[:-BAD_KEPT_MAX]
             logger.error("scrub: target %d chunk %s v%d is corrupt (crc %08x, recorded %08x): repairing",
                          target.target_id, key, st.commit_ver, crc & 0xFFFFFFFF, st.crc)
         if await self._repair(target, key, st):
             self.repaired += 1
+            self._counts(target.target_id)[2] += 1
         return False, n
+
+    def _counts(self, target_id: int) -> list[int]:
+        return self._per_target.setdefault(target_id, [0, 0, 0])
+
+    def target_stats(self, target_id: int) -> ScrubStats:
+        """What the scrubber did for ``target_id`` (for ``loomfs admin targets``)."""
+        now = self.service.clock.monotonic()
+        checked, bad, repaired = self._counts(target_id)
+        on = self.bytes_per_s > 0
+        return ScrubStats(
+            interval_s=self.interval_s if on else 0.0, passes=self.passes, checked=checked, bad=bad,
+            repaired=repaired,
+            last_pass_age_s=round(now - self._last_pass_end_s, 1) if self._last_pass_end_s is not None else -1.0,
+            next_pass_in_s=round(max(0.0, self._next_pass_at_s - now), 1)
+            if on and self._next_pass_at_s is not None else -1.0,
+        )
 
     async def _repair(self, target: StorageTarget, key: ChunkKey, st: ChunkState) -> bool:
         """Install a good copy from another replica. Serving replicas first, the tail first

@@ -102,8 +102,10 @@ class StorageNode:
         self.service.ready = False  # nothing served before registration (a restart resyncs first)
         self.resyncer = Resyncer(self.service, self._report_sync, bytes_per_s=config.resync_bytes_per_s)
         self.scrubber = Scrubber(self.service, bytes_per_s=config.scrub_bytes_per_s,
-                                 interval_s=config.scrub_interval_s)
+                                 interval_s=config.scrub_interval_s,
+                                 first_pass_after_s=config.scrub_first_pass_after_s)
         self.service.on_corrupt = self.scrubber.check_soon
+        self.service.scrub_stats = self.scrubber.target_stats
         self.server = RpcServer(f"storage{config.node_id}", transport)
         self.server.add_service(self.service)
         self.heartbeat_interval_s = 1.0

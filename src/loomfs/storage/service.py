@@ -48,7 +48,7 @@ from loomfs.wire.storage import (
     WriteReq,
     WriteRsp,
 )
-from loomfs.wire.types import TargetInfo, TargetState
+from loomfs.wire.types import ScrubStats, TargetInfo, TargetState
 
 logger = logging.getLogger(__name__)
 
@@ -108,6 +108,7 @@ class StorageService(ChunkUpdates):
         self.unreachable_reports_total = 0
         self.corrupt_reads_total = 0  # partial reads whose block CRC did not match
         self.on_corrupt: Callable[[StorageTarget, ChunkKey], None] | None = None  # the scrubber repairs
+        self.scrub_stats: Callable[[int], ScrubStats] | None = None  # the scrubber's, per target
         self.corrupt_reports_total = 0  # clients' reports of chunks that failed their CRC
         self._removing: list[tuple[int, int, int, int]] = []  # (target, inode, begin, end) under way
         self._reported: set[tuple[int, int, int]] = set()  # (chain, version, successor) already reported
@@ -437,8 +438,10 @@ class StorageService(ChunkUpdates):
         out = []
         for t in self.targets.values():
             u = t.engine.usage()
+            scrub = self.scrub_stats(t.target_id) if self.scrub_stats is not None else ScrubStats()
             out.append(TargetInfo(target_id=t.target_id, node_id=node_id, path=t.path, used_bytes=u.used_bytes,
-                                  capacity_bytes=u.capacity_bytes, chunk_count=u.chunk_count, disk_id=t.disk_id))
+                                  capacity_bytes=u.capacity_bytes, chunk_count=u.chunk_count, disk_id=t.disk_id,
+                                  scrub=scrub))
         return out
 
     def __repr__(self) -> str:

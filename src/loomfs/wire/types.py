@@ -59,6 +59,19 @@ class NodeInfo(Message):
 
 
 @message
+class ScrubStats(Message):
+    """What a target's scrubber did (shown by ``loomfs admin targets``)."""
+
+    interval_s: float = 0.0  # between passes (0: scrubbing is off)
+    passes: int = 0  # full passes finished since the node started
+    checked: int = 0  # chunks of this target checked
+    bad: int = 0  # chunks of this target found rotten (by passes, reads or clients' reports)
+    repaired: int = 0
+    last_pass_age_s: float = -1.0  # seconds since the last pass ended (-1: none yet)
+    next_pass_in_s: float = -1.0  # seconds until the next pass starts (-1: running or off)
+
+
+@message
 class TargetInfo(Message):
     target_id: int = 0
     node_id: int = 0
@@ -73,6 +86,7 @@ class TargetInfo(Message):
     sync_bytes_left: int = 0
     draining: bool = False  # its node is being drained
     disk_id: str = ""  # the file system the target lives on (st_dev): capacity counts each disk once
+    scrub: ScrubStats | None = None  # the node's scrubber, for this target
 
 
 @message
