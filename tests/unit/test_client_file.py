@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
 import random
 from collections.abc import Awaitable, Callable
@@ -180,6 +181,22 @@ def test_write_errors_surface_on_flush_and_close() -> None:
             await f.close()
         assert f.closed and not meta.sessions  # the write session was still closed
         assert client.budget.used_bytes == 0
+
+    run(body)
+
+
+def test_a_write_that_fails_part_way_does_not_claim_the_bytes_it_never_wrote() -> None:
+    """Issue 15 item 10: a 40 MiB write that hit ENOSPC after 12 MiB left a 40 MiB file."""
+
+    async def body(client: Any, meta: Any, storage: Any) -> None:
+        storage.fail_index_from = 2
+        f = await client.open("/full", "wb")
+        await f.write(b"z" * (5 * CHUNK))
+        with pytest.raises(LoomError) as err:
+            await f.close()
+        assert err.value.errno == errno.ENOSPC
+        assert (await client.stat("/full")).size == 2 * CHUNK
+        assert await client.cat("/full") == b"z" * (2 * CHUNK)
 
     run(body)
 

@@ -12,7 +12,7 @@ from loomfs.client.core import AsyncClient
 from loomfs.client.meta_client import MetaClient
 from loomfs.client.storage_client import INDEX_END_ALL, zero_fill
 from loomfs.config import ClientConfig
-from loomfs.errors import AlreadyExists, IsADirectory, LoomError, NotADirectory, NotFound
+from loomfs.errors import AlreadyExists, IsADirectory, LoomError, NoSpace, NotADirectory, NotFound
 from loomfs.net.buffers import BufferPool
 from loomfs.wire import meta as wm
 from loomfs.wire.types import Attr, DirEntry, FileType, Layout
@@ -33,6 +33,7 @@ class FakeStorage:
         self.write_gate: asyncio.Event | None = None
         self.read_gate: asyncio.Event | None = None
         self.fail_writes = False
+        self.fail_index_from: int | None = None  # writes of chunks from this index fail (disk full)
         self.held_writes: list[asyncio.Future[None]] | None = None  # each write waits on its own
         self.inflight_reads = 0
         self.inflight_reads_max = 0
@@ -65,6 +66,8 @@ class FakeStorage:
                 await fut
             if self.fail_writes:
                 raise LoomError("disk on fire")
+            if self.fail_index_from is not None and index >= self.fail_index_from:
+                raise NoSpace("target full")
             self.writes.append((inode, index, offset, len(data)))
             chunk = self.chunks.setdefault((inode, index), bytearray())
             if len(chunk) < offset:

@@ -127,6 +127,9 @@ class AsyncFile:
         self._flushes: set[asyncio.Task[None]] = set()
         self._last_flush: dict[int, asyncio.Task[None]] = {}  # per chunk: keeps same-chunk order
         self._error: BaseException | None = None
+        # lowest file offset whose chunk write failed (ENOSPC, EIO): the length this object
+        # reports never claims bytes from there on, which may never have been written
+        self._failed_at: int | None = None
         self._cache = ReadAheadCache(pool, max(4, 2 * config.readahead_chunks))
         self._seq_next = 0
         self._streak = 0
@@ -168,6 +171,12 @@ class AsyncFile:
             raise LoomError("file not open for reading", errno=9, path=self.path)
         if write and not self.writable:
             raise LoomError("file not open for writing", errno=9, path=self.path)
+
+    def _reported_end(self) -> int:
+        """The end of what this object wrote, as reported to meta: not past a failed write."""
+        if self._failed_at is not None and self._written_end > self._failed_at:
+            return self._failed_at
+        return self._written_end
 
     def _raise_pending(self) -> None:
         if self._error is not None:
@@ -374,6 +383,8 @@ class AsyncFile:
             logger.warning("%s: write of chunk %d failed: %s", self.path, cur.index, exc)
             if self._error is None:
                 self._error = exc
+            at = cur.index * self._chunk_size + cur.start
+            self._failed_at = at if self._failed_at is None else min(self._failed_at, at)
         finally:
             self._pool.release(cur.buf)
             self._budget.release(self._chunk_size)
@@ -411,7 +422,7 @@ class AsyncFile:
         if self._inline is not None:
             return  # WRITE_INLINE committed the bytes and the length together
         if self.writable:
-            rsp = await self._meta.sync(self.inode, self._written_end, trunc_epoch=self._trunc_epoch)
+            rsp = await self._meta.sync(self.inode, self._reported_end(), trunc_epoch=self._trunc_epoch)
             if rsp.trunc_epoch > self._trunc_epoch:
                 # truncated by someone else since we last heard: what we wrote before this
                 # reply was not counted; the length is meta's, and only new writes count
@@ -617,7 +628,7 @@ class AsyncFile:
                 self._background.add(task)
                 task.add_done_callback(self._background.discard)
             else:
-                await self._meta.close(self.inode, self.session_id, self._written_end,
+                await self._meta.close(self.inode, self.session_id, self._reported_end(),
                                        trunc_epoch=self._trunc_epoch)
         if err is not None:
             raise err
