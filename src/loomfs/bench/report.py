@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from loomfs.bench import checkpoint, dataloader
@@ -126,35 +125,91 @@ def checkpoint_lines(doc: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _range(lo: float, hi: float, unit: str) -> str:
+    return f"{fmt_value(lo, unit).rsplit(' ', 1)[0]}-{fmt_value(hi, unit)}"
+
+
+def _ratio_text(r: dict[str, Any]) -> str:
+    hb = r.get("ratio_hb", r.get("ratio"))
+    return fmt_ratio(hb)
+
+
+def header_lines(doc: dict[str, Any]) -> list[str]:
+    """How the figures were taken: rounds, interleaving, what the ratios mean, durability."""
+    n = doc.get("rounds", 1)
+    lines = [f"{n} round(s), interleaved: each round re-measures the raw limits, then runs "
+             + ", ".join(doc["targets"]) + " in turn; figures are medians with their range over the rounds",
+             "ratio: median of the per-round figure / that round's limit; x compare: median of the per-round "
+             "LoomFS / compare figure; both higher is better (times are turned around); us/op apart"]
+    for tgt, text in (doc.get("durability") or {}).items():
+        lines.append(f"durability of {tgt}: {text}")
+    rounds = doc.get("limits_rounds") or []
+    if len(rounds) > 1 and "loopback_tcp_Bps" in rounds[0]:
+        tcp = [x["loopback_tcp_Bps"] for x in rounds]
+        lines.append(f"raw TCP over the rounds: {human_bytes(min(tcp))}/s - {human_bytes(max(tcp))}/s")
+    if len(rounds) > 1:
+        rtt = [x["round_trips_per_s"] for x in rounds]
+        lines.append(f"raw round trips over the rounds: {min(rtt):,.0f}/s - {max(rtt):,.0f}/s")
+    return lines
+
+
+def cold_read_lines(doc: dict[str, Any]) -> list[str]:
+    """Which caches each target's cold reads started without, which stayed warm, and the rows
+    faster than a raw round trip (one read at a time: a cache answered, not storage)."""
+    lines: list[str] = []
+    for tgt in doc["targets"]:
+        rows = [r for r in doc["results"] if r["target"] == tgt and "caches" in r["extra"]]
+        if not rows:
+            continue
+        c = rows[0]["extra"]["caches"]
+        lines += ["", f"cold reads of {tgt} ({', '.join(r['name'] for r in rows)}):",
+                  "  dropped: " + "; ".join(c.get("dropped", [])),
+                  "  not dropped: " + "; ".join(c.get("kept", []))]
+        for r in rows:
+            e = r["extra"]
+            if e.get("above_round_trip_limit"):
+                lines.append(f"  {r['name']}: {r['value']:,.0f} IOPS is above the raw round-trip limit "
+                             f"({e['round_trips_per_s']:,.0f}/s): served from a cache, not storage reads")
+    return lines
+
+
 def table_lines(doc: dict[str, Any]) -> list[str]:
-    """The results table: value, limit, ratio to it, vs disk, and the --compare target; then
-    the small-file and DataLoader rows against their targets."""
-    lines = limit_lines(doc["limits"])
+    """The results table: median and range, us/op, limit, ratio to it (higher is better), vs
+    disk, and the --compare target with the paired ratio; then cold-read caches, and the
+    small-file, DataLoader and checkpoint rows against their targets."""
+    lines = limit_lines(doc["limits"]) + header_lines(doc)
     main = [r for r in doc["results"] if r["target"] == "loomfs"]
     other = {r["name"]: r for r in doc["results"] if r["target"] != "loomfs"}
     cmp = bool(other)
-    head = f"{'workload':<26} {'median':>16} {'limit':>40} {'ratio':>7} {'vs disk':>8}"
+    head = (f"{'workload':<26} {'median':>16} {'range':>24} {'us/op':>9} {'limit':>44} {'ratio':>7} "
+            f"{'vs disk':>8}")
     if cmp:
-        head += f" {'compare':>16} {'x compare':>9}"
+        head += f" {'compare':>16} {'compare range':>24} {'x compare':>9} {'x range':>11}"
     lines += ["", head]
     for r in main or list(other.values()):
         lim_text = ""
         if r["limit_value"]:
             lim_text = f"{r['limit_name']} {fmt_value(r['limit_value'], r['unit'])}"
-        ratio = fmt_ratio(r["ratio"])
+        lo, hi = r.get("min", r["value"]), r.get("max", r["value"])
+        us = r.get("us_per_op")
         disk = r["extra"].get("disk_bound_Bps")
         vs_disk = f"{r['value'] / disk:.2f}" if disk else ""
-        line = f"{r['name']:<26} {fmt_value(r['value'], r['unit']):>16} {lim_text:>40} {ratio:>7} {vs_disk:>8}"
+        line = (f"{r['name']:<26} {fmt_value(r['value'], r['unit']):>16} {_range(lo, hi, r['unit']):>24} "
+                f"{'' if us is None else f'{us:,.1f}':>9} {lim_text:>44} {_ratio_text(r):>7} {vs_disk:>8}")
         o = other.get(r["name"])
         if cmp and o is not None and main:
-            lower_better = r["unit"] == "us/op"
-            x = (o["value"] / r["value"] if lower_better else r["value"] / o["value"]) if o["value"] and r["value"] else math.nan
-            line += f" {fmt_value(o['value'], o['unit']):>16} {x:>9.2f}"
+            p = r.get("paired")
+            x = f"{p['median']:.2f}" if p else "-"
+            xr = f"{p['min']:.2f}-{p['max']:.2f}" if p else ""
+            olo, ohi = o.get("min", o["value"]), o.get("max", o["value"])
+            line += (f" {fmt_value(o['value'], o['unit']):>16} {_range(olo, ohi, o['unit']):>24} {x:>9} "
+                     f"{xr:>11}")
         lines.append(line)
         if r["name"].startswith("rand_read"):
             e = r["extra"]
             lines.append(f"{'':<26} p50 {e['p50_ms']:.2f} ms, p95 {e['p95_ms']:.2f} ms, p99 {e['p99_ms']:.2f} ms")
-    return lines + smallfile_lines(doc) + dataloader_lines(doc) + checkpoint_lines(doc)
+    return (lines + cold_read_lines(doc) + smallfile_lines(doc) + dataloader_lines(doc)
+            + checkpoint_lines(doc))
 
 
 def plot(doc: dict[str, Any], path: str) -> None:
@@ -209,7 +264,7 @@ def plot(doc: dict[str, Any], path: str) -> None:
                       key=lambda r: r["extra"]["entries"])
         if rows:
             xs = [r["extra"]["entries"] for r in rows]
-            ax.plot(xs, [r["value"] for r in rows], "o-", label=f"stat hit {t[:30]}")
+            ax.plot(xs, [r["extra"].get("stat_us", r["value"]) for r in rows], "o-", label=f"stat hit {t[:30]}")
             ax.plot(xs, [r["extra"]["miss_us"] for r in rows], "x--", label=f"stat miss {t[:30]}")
     rtt = doc["limits"]["round_trips_per_s"]
     ax.axhline(1e6 / rtt, color="gray", linestyle=":", label="raw round trip")

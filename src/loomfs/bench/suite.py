@@ -6,7 +6,6 @@ prints and plots it. Every figure carries the raw limit it is compared with.
 
 from __future__ import annotations
 
-import statistics
 import tempfile
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -16,6 +15,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from loomfs.bench import checkpoint, dataloader, limits, smallfiles
 from loomfs.bench.parallel import parallel_bigfile, parallel_mdtest
+from loomfs.bench.rounds import median_limits, pair, summarize
 from loomfs.bench.targets import BenchTarget
 from loomfs.bench.workloads import (
     Result,
@@ -27,7 +27,7 @@ from loomfs.bench.workloads import (
 )
 
 SCHEMA_VERSION = 2
-READDIR_ENTRY_BYTES = 256  # readdir's bound: entries with attributes over raw TCP
+READDIR_ENTRY_BYTES = 256  # an entry with its attributes on the wire (at most), for readdir's bound
 # Workload groups ``--only`` picks from: big files (sequential, random, N processes), mdtest,
 # the older small-file pass, lookup cost vs directory size, the issue-16 small-file benchmark,
 # PyTorch DataLoader samples/s over files and shards, LoomFS vs local (issue 9, needs torch),
@@ -126,6 +126,13 @@ class _Limits:
         tcp = self.lim["loopback_tcp_Bps" if streams == 1 else "loopback_tcp_2streams_Bps"]
         return f"raw TCP x{min(streams, 2)}", tcp, {"disk_bound_Bps": self.lim["disk_read_Bps"]}
 
+    def readdir(self, procs: int = 1) -> tuple[str, float]:
+        """What a listing could reach: one round trip per page of ``READDIR_PAGE`` entries plus
+        the page's bytes over TCP (entries of ``READDIR_ENTRY_BYTES``)."""
+        if self.local:
+            return "", 0.0
+        return readdir_limit(self.lim, procs)
+
     def ops(self, procs: int, io_bytes: int = 0) -> tuple[str, float]:
         if self.local:
             return "", 0.0
@@ -136,6 +143,19 @@ class _Limits:
             if by_bw < rtt:
                 return f"raw TCP / {io_bytes >> 10} KiB", by_bw
         return name, rtt
+
+
+def readdir_limit(lim: dict[str, float], procs: int = 1) -> tuple[str, float]:
+    """Entries/s of a listing at the raw limits: per page of ``READDIR_PAGE`` entries one
+    round trip and ``READDIR_PAGE * READDIR_ENTRY_BYTES`` over TCP (not TCP / entry size
+    alone: a page waits for its round trip)."""
+    from loomfs.client.core import READDIR_PAGE
+
+    rtt = lim["round_trips_per_s" if procs == 1 else "round_trips_2pairs_per_s"]
+    tcp = lim["loopback_tcp_Bps" if procs == 1 else "loopback_tcp_2streams_Bps"]
+    per_page_s = 1.0 / rtt + READDIR_PAGE * READDIR_ENTRY_BYTES / tcp
+    name = f"round trips{'' if procs == 1 else ' x2'} x {READDIR_PAGE}-entry pages"
+    return name, READDIR_PAGE / per_page_s
 
 
 def run_target(t: BenchTarget, plan: Plan, lim: dict[str, float], replicas: int, rnd: int,
@@ -179,16 +199,28 @@ def _bigfile(t: BenchTarget, plan: Plan, L: _Limits, base: str, tag: str,
     step(f"big file write/read, 1 process{tag}")
     w, _ = seq_write(t, f"{base}/big", plan.big_bytes)
     n, v, ex = L.write(1)
-    out.append(Result("seq_write", w, "B/s", n, v, ex))
-    t.drop_cache(f"{base}/big")
-    r = seq_read(t, f"{base}/big")
+    out.append(Result("seq_write", w, "B/s", n, v, {**ex, "durability": t.durability()}))
+    caches = t.drop_caches(f"{base}/big")
+    c = t.cold([f"{base}/big"])
+    try:
+        r = seq_read(c, f"{base}/big")
+    finally:
+        c.close()
     n, v, ex = L.read(1)
-    out.append(Result("seq_read", r, "B/s", n, v, ex))
+    out.append(Result("seq_read", r, "B/s", n, v, {**ex, "caches": caches}))
 
+    rtt = L.lim["round_trips_per_s"]
     for io, count in ((4096, plan.rand_4k_count), (64 << 10, plan.rand_64k_count)):
         step(f"random {io >> 10} KiB reads{tag}")
-        rr = random_reads(t, f"{base}/big", plan.big_bytes, io, count)
+        caches = t.drop_caches(f"{base}/big")
+        c = t.cold([f"{base}/big"])
+        try:
+            rr = random_reads(c, f"{base}/big", plan.big_bytes, io, count)
+        finally:
+            c.close()
         n, v = L.ops(1, io)
+        # one read at a time: faster than a raw round trip means served from a cache here
+        rr.update(caches=caches, round_trips_per_s=rtt, above_round_trip_limit=rr["iops"] > rtt)
         out.append(Result(f"rand_read_{io >> 10}k", rr["iops"], "IOPS", n, v, rr))
 
     step(f"big files, {plan.procs} processes{tag}")
@@ -215,7 +247,7 @@ def _mdtest(t: BenchTarget, plan: Plan, lim: dict[str, float], L: _Limits, base:
             md = parallel_mdtest(t.spec, d, procs, plan.md_files, shared=shared)
             for phase in ("create", "stat", "readdir", "unlink"):
                 if phase == "readdir":
-                    n, v = ("", 0.0) if L.local else (f"raw TCP / {READDIR_ENTRY_BYTES} B", lim["loopback_tcp_Bps"] / READDIR_ENTRY_BYTES)
+                    n, v = L.readdir(procs)
                     unit = "entries/s"
                 else:
                     n, v = L.ops(procs)
@@ -245,28 +277,20 @@ def _lookup(t: BenchTarget, plan: Plan, lim: dict[str, float], local: bool, base
     out: list[Result] = []
     step(f"lookup cost vs directory size {plan.lookup_sizes}{tag}")
     scaling = lookup_scaling(t, f"{base}/huge", plan.lookup_sizes, plan.lookup_samples)
-    rtt_us = 1e6 / lim["round_trips_per_s"]
+    list_name, list_limit = ("", 0.0) if local else readdir_limit(lim)
     for row in scaling:
         n_ent = int(row["entries"])
-        out.append(Result(f"lookup_{n_ent}", row["stat_us"], "us/op", "" if local else "raw round trip (us)",
-                          0.0 if local else rtt_us, {"entries": n_ent, "miss_us": row["miss_us"]}))
+        # lookups/s (higher is better, like every other row); the microseconds are in us_per_op
+        out.append(Result(f"lookup_{n_ent}", 1e6 / row["stat_us"], "lookups/s", "" if local else "raw round trips",
+                          0.0 if local else lim["round_trips_per_s"],
+                          {"entries": n_ent, "stat_us": row["stat_us"], "miss_us": row["miss_us"]}))
         out.append(Result(f"dir_create_{n_ent}", row["create_per_s"], "files/s",
                           "" if local else "raw round trips", 0.0 if local else lim["round_trips_per_s"],
                           {"entries": n_ent}))
-        out.append(Result(f"dir_list_{n_ent}", row["list_per_s"], "entries/s",
-                          "" if local else f"readdir bound ({READDIR_ENTRY_BYTES} B/entry over TCP)",
-                          0.0 if local else lim["loopback_tcp_Bps"] / READDIR_ENTRY_BYTES, {"entries": n_ent}))
+        out.append(Result(f"dir_list_{n_ent}", row["list_per_s"], "entries/s", list_name, list_limit,
+                          {"entries": n_ent}))
     t.rmtree(f"{base}/huge")
     return out
-
-
-def merge_rounds(rounds: list[list[Result]]) -> list[Result]:
-    merged = []
-    for j, first in enumerate(rounds[0]):
-        vals = [r[j].value for r in rounds]
-        merged.append(Result(first.name, statistics.median(vals), first.unit, first.limit_name,
-                             first.limit_value, {**first.extra, "values": vals}))
-    return merged
 
 
 def steps_total(plan: Plan, targets: int) -> int:
@@ -275,7 +299,7 @@ def steps_total(plan: Plan, targets: int) -> int:
                  "dataloader": dataloader.steps(len(plan.dl_sets), len(plan.dl_workers)),
                  "checkpoint": checkpoint.steps()}
     per_target = sum(per_group[g] for g in set(plan.groups))
-    return (4 if plan.network_and_disk() else 1) + per_target * targets * plan.rounds
+    return ((4 if plan.network_and_disk() else 1) + per_target * targets) * plan.rounds
 
 
 def run_bench(targets: list[BenchTarget], plan: Plan, replicas: int, disk_dir: str | None = None,
@@ -293,15 +317,22 @@ def run_bench(targets: list[BenchTarget], plan: Plan, replicas: int, disk_dir: s
             first[0] = False
             progress.update(task, description=text)
 
-        lim = measure_limits(plan, disk_dir, step)
-        results: list[dict[str, Any]] = []
-        for t in targets:
-            rounds = [run_target(t, plan, lim, replicas, i, step, disk_dir) for i in range(plan.rounds)]
-            for r in merge_rounds(rounds):
-                results.append({"name": r.name, "target": t.name, "value": r.value, "unit": r.unit,
-                                "limit_name": r.limit_name, "limit_value": r.limit_value,
-                                "ratio": r.ratio, "extra": r.extra})
+        # interleaved: each round measures the limits again, then runs every target once
+        per_round_limits: list[dict[str, float]] = []
+        rounds: dict[str, list[list[Result]]] = {t.name: [] for t in targets}
+        for i in range(plan.rounds):
+            lim = measure_limits(plan, disk_dir, step)
+            per_round_limits.append(lim)
+            for t in targets:
+                rounds[t.name].append(run_target(t, plan, lim, replicas, i, step, disk_dir))
+        rows = {t.name: summarize(t.name, rounds[t.name]) for t in targets}
+        for t in targets[1:]:
+            pair(rows[targets[0].name], rows[t.name], t.name)
+        results = [r for t in targets for r in rows[t.name]]
         progress.advance(task)
         progress.update(task, description="done")
+    lim = median_limits(per_round_limits)
     return {"schema": SCHEMA_VERSION, "quick": quick, "rounds": plan.rounds, "replicas": replicas,
-            "plan": asdict(plan), "limits": lim, "targets": [t.name for t in targets], "results": results}
+            "plan": asdict(plan), "limits": lim, "limits_rounds": per_round_limits,
+            "targets": [t.name for t in targets], "results": results,
+            "durability": {t.name: t.durability() for t in targets}, "interleaved": True}

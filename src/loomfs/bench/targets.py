@@ -2,17 +2,37 @@
 
 Both expose the same few file-level calls; ``spec`` is a picklable description so worker
 processes can open their own (a LoomFS client is per process).
+
+Each side says what its acknowledged writes survive (``durability``), and what a cold read
+found emptied and what it could not empty (``drop_caches`` returns both lists): the
+comparison is only fair when both are printed next to its figures.
 """
 
 from __future__ import annotations
 
+import io
 import itertools
 import os
 import shutil
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any, Protocol
 
 Spec = tuple[str, str]  # ("loomfs", cluster dir or mgmtd address) | ("local", directory)
+Caches = dict[str, list[str]]  # {"dropped": [...], "kept": [...]}: what a cold read starts from
+
+VM_HOST_CACHE = "the VM host's disk cache (cannot be dropped from inside the VM)"
+
+
+def _fadvise_dontneed(path: str, flush: bool = False) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        if flush:
+            os.fsync(fd)
+        if hasattr(os, "posix_fadvise"):
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
 
 
 class BenchTarget(Protocol):
@@ -33,7 +53,9 @@ class BenchTarget(Protocol):
     def read_many(self, paths: list[str]) -> list[bytes | OSError]: ...
     def stat_many(self, paths: list[str]) -> list[os.stat_result | OSError]: ...
     def drop_cache(self, path: str) -> None: ...
+    def drop_caches(self, path: str) -> Caches: ...
     def cold(self, paths: list[str]) -> BenchTarget: ...
+    def durability(self) -> str: ...
     def close(self) -> None: ...
 
 
@@ -109,12 +131,51 @@ class LoomTarget:
         return list(self.fs.stat_many(paths))
 
     def drop_cache(self, path: str) -> None:
-        pass  # a fresh client (``cold``) is how caches are emptied here
+        self.drop_caches(path)
+
+    def _chunk_dirs(self) -> list[Path]:
+        root = Path(self.spec[1])
+        return sorted(root.glob("storage*/target*")) if root.is_dir() else []
+
+    def drop_caches(self, path: str) -> Caches:
+        """Drop the storage nodes' page cache of every chunk file, where the cluster's target
+        directories are on this host (a local cluster); a fresh client (``cold``) empties the
+        client's caches. Returns what was dropped and what stays warm."""
+        dirs = self._chunk_dirs()
+        files = 0
+        for d in dirs:
+            for dirpath, _dirs, names in os.walk(d):
+                for name in names:
+                    try:
+                        _fadvise_dontneed(os.path.join(dirpath, name))
+                        files += 1
+                    except OSError:
+                        pass
+        dropped = ["the LoomFS client's attribute, entry, read-ahead and data caches (a fresh client)"]
+        kept = [VM_HOST_CACHE]
+        if dirs:
+            dropped.append(f"the storage nodes' page cache of all {files} chunk files (posix_fadvise DONTNEED)")
+        else:
+            kept.insert(0, "the storage nodes' page cache (a remote cluster: not reachable from here; "
+                           "big reads use O_DIRECT and skip it)")
+        return {"dropped": dropped, "kept": kept}
 
     def cold(self, paths: list[str]) -> BenchTarget:
         """A fresh client on the same cluster: its attribute, entry and data caches are empty.
         The caller closes it."""
         return LoomTarget(self.spec[1])
+
+    def durability(self) -> str:
+        from loomfs.cli.common import storage_fsync_settings
+
+        fsyncs = storage_fsync_settings(self.spec[1])
+        if fsyncs is not None and all(fsyncs):
+            return "durable: acked after every replica fsynced (fsync_on_commit = true): survives a power loss"
+        if fsyncs is not None:
+            return ("replicated in memory: acked once every replica holds the write in its page cache "
+                    "(fsync_on_commit = false): survives R-1 host failures, not a power loss of all replicas")
+        return ("acked by every replica; on disk only where storage runs with fsync_on_commit = true "
+                "(not visible from a mgmtd address)")
 
     def close(self) -> None:
         if self._own:
@@ -124,20 +185,47 @@ class LoomTarget:
         return f"LoomTarget({self.spec[1]})"
 
 
-class LocalTarget:
-    """A directory on a mounted file system; paths are relative to ``root``."""
+class _FsyncOnClose(io.FileIO):
+    """A file written for the comparison: data written to it is fsynced before it closes
+    (what LoomFS's durable mode does before a close returns). An empty create is not."""
 
-    def __init__(self, root: str):
+    _wrote = False
+
+    def write(self, b: Any) -> int:
+        self._wrote = True
+        return super().write(b)
+
+    def close(self) -> None:
+        if not self.closed and self._wrote:
+            os.fsync(self.fileno())
+        super().close()
+
+
+class LocalTarget:
+    """A directory on a mounted file system; paths are relative to ``root``. Written files
+    are fsynced before they close (``durable``, the default), like LoomFS's durable mode."""
+
+    def __init__(self, root: str, durable: bool = True):
         self.root = os.path.abspath(root)
         self.name = f"compare:{self.root}"
         self.spec: Spec = ("local", self.root)
+        self.durable = durable
         os.makedirs(self.root, exist_ok=True)
 
     def _p(self, path: str) -> str:
         return os.path.join(self.root, path.lstrip("/"))
 
     def open(self, path: str, mode: str) -> Any:
+        if self.durable and mode[:1] in ("w", "a", "x") and "+" not in mode:
+            buffered = io.BufferedWriter(_FsyncOnClose(self._p(path), mode.replace("b", "")))
+            return buffered if "b" in mode else io.TextIOWrapper(buffered)
         return open(self._p(path), mode)
+
+    def durability(self) -> str:
+        if self.durable:
+            return ("fsync before close: the data is on this host's disk (survives a power loss; "
+                    "directory entries of creates and unlinks are not fsynced)")
+        return "page cache only (not fsynced)"
 
     def makedirs(self, path: str) -> None:
         os.makedirs(self._p(path), exist_ok=True)
@@ -166,7 +254,7 @@ class LocalTarget:
         return os.path.exists(self._p(path))
 
     def write_file(self, path: str, data: bytes | memoryview) -> None:
-        with open(self._p(path), "wb") as f:
+        with self.open(path, "wb") as f:
             f.write(data)
 
     def read_file(self, path: str) -> bytes:
@@ -208,13 +296,17 @@ class LocalTarget:
 
     def drop_cache(self, path: str) -> None:
         """Flush and drop ``path`` from the page cache so a read-back measures the device."""
-        fd = os.open(self._p(path), os.O_RDONLY)
-        try:
-            os.fsync(fd)
-            if hasattr(os, "posix_fadvise"):
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
+        _fadvise_dontneed(self._p(path), flush=True)
+
+    def drop_caches(self, path: str) -> Caches:
+        """``drop_cache`` and what it leaves warm. A network file system mounted here (FUSE:
+        MooseFS, JuiceFS, ...) loses its kernel page cache for the file; a cache of its own
+        client process stays unless it honours the fadvise."""
+        self.drop_cache(path)
+        return {"dropped": ["this host's page cache of the file (fsync, posix_fadvise DONTNEED)"],
+                "kept": ["the kernel's dentry and inode caches",
+                         "a network file system client's own cache beyond the page cache (e.g. mfsmount's)",
+                         VM_HOST_CACHE]}
 
     def close(self) -> None:
         pass

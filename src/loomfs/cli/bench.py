@@ -35,11 +35,14 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="dataloader group: DataLoader worker counts, comma list (default 4, --quick 0,2)")
     p.add_argument("--ckpt-size", type=parse_size, default=None,
                    help="checkpoint group: state_dict size, fp32 tensors (default 2G, --quick 32M)")
-    p.add_argument("--rounds", type=int, default=1, help="repeat and report medians")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="rounds, interleaved (limits, LoomFS, compare; again): medians, ranges and "
+                        "per-round paired ratios")
     p.add_argument("--json", dest="json_path", default=None, help="write results as JSON here")
     p.add_argument("--plot", dest="plot_path", default=None, help="draw the results into this PNG")
     p.add_argument("--compare", dest="compare_dir", default=None,
-                   help="also run the file-level workloads in this directory (a local disk, another DFS)")
+                   help="also run the file-level workloads in this directory (a local disk, another DFS "
+                        "mounted here), in the same rounds; its writes are fsynced before close")
     p.add_argument("--start", action="store_true",
                    help="start a throwaway local cluster (3 storage nodes) instead of using --dir")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")

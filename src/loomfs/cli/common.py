@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -74,3 +75,21 @@ def parse_size(text: str) -> int:
     if t and t[-1] in mult:
         return int(float(t[:-1]) * mult[t[-1]])
     return int(t)
+
+
+def storage_fsync_settings(where: str) -> list[bool] | None:
+    """``fsync_on_commit`` of each storage service of a local cluster directory (its
+    ``storage*/config.toml``; this process's ``LOOMFS_STORAGE_FSYNC_ON_COMMIT`` is what
+    ``local up`` passed on); None when ``where`` is an address or holds no storage config."""
+    root = Path(where)
+    configs = sorted(root.glob("storage*/config.toml")) if root.is_dir() else []
+    if not configs:
+        return None
+    env = os.environ.get("LOOMFS_STORAGE_FSYNC_ON_COMMIT")
+    out = []
+    for c in configs:
+        value = bool(tomllib.loads(c.read_text()).get("fsync_on_commit", False))
+        if env is not None:
+            value = env.lower() in ("1", "true", "yes", "on")
+        out.append(value)
+    return out

@@ -4,15 +4,12 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import os
 import random
 import time
-import tomllib
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any
 
-from loomfs.cli.common import connect, human_bytes, parse_size, target
+from loomfs.cli.common import connect, human_bytes, parse_size, storage_fsync_settings, target
 from loomfs.wire.types import TargetState
 
 LOADER_THREADS = 4
@@ -100,24 +97,6 @@ def cmd_demo(args: argparse.Namespace) -> int:
         for line in durability_lines(target(args)):
             print("  " + line)
     return 0
-
-
-def storage_fsync_settings(where: str) -> list[bool] | None:
-    """``fsync_on_commit`` of each storage service of a local cluster directory (its
-    ``storage*/config.toml``; this process's ``LOOMFS_STORAGE_FSYNC_ON_COMMIT`` is what
-    ``local up`` passed on); None when ``where`` is an address or holds no storage config."""
-    root = Path(where)
-    configs = sorted(root.glob("storage*/config.toml")) if root.is_dir() else []
-    if not configs:
-        return None
-    env = os.environ.get("LOOMFS_STORAGE_FSYNC_ON_COMMIT")
-    out = []
-    for c in configs:
-        value = bool(tomllib.loads(c.read_text()).get("fsync_on_commit", False))
-        if env is not None:
-            value = env.lower() in ("1", "true", "yes", "on")
-        out.append(value)
-    return out
 
 
 def durability_lines(where: str) -> list[str]:
