@@ -106,3 +106,13 @@ def test_table_states_rounds_durability_caches_and_cache_hits() -> None:
     assert row.split()[-2:] == ["0.12", "0.08-0.30"]  # per round 400/5000, 500/4000, 600/2000: median 0.125
     assert "above the raw round-trip limit" in text and "not dropped: the VM host's disk cache" in text
     assert "raw round trips over the rounds: 900/s - 1,100/s" in text
+
+
+def test_group_tables_print_binary_units() -> None:
+    from loomfs.bench.report import checkpoint_lines
+
+    row = {"name": "ckpt_save_1r", "target": "loomfs", "unit": "B/s", "value": float(1 << 20),
+           "limit_name": "", "limit_value": 0.0, "ratio": None, "extra": {"MBps": 1.048576, "seconds": 1.0}}
+    lines = checkpoint_lines({"targets": ["loomfs"], "results": [row]})
+    assert "MiB/s" in lines[2] and " MB/s" not in "\n".join(lines)
+    assert lines[3].split()[1] == "1.0"  # 1.048576 MB/s is 1.0 MiB/s

@@ -19,6 +19,11 @@ def fmt_value(value: float, unit: str) -> str:
     return f"{value:,.0f} {unit}"
 
 
+def mib_per_s(mb_per_s: float) -> float:
+    """The groups' ``MBps`` extras (10^6 bytes/s) in binary units, as every figure is printed."""
+    return mb_per_s * 1e6 / (1 << 20)
+
+
 def fmt_ratio(ratio: float | None) -> str:
     if ratio is None:
         return "-"
@@ -69,7 +74,7 @@ def smallfile_lines(doc: dict[str, Any]) -> list[str]:
 
 
 def dataloader_lines(doc: dict[str, Any]) -> list[str]:
-    """The DataLoader rows of each target: samples/s, MB/s, the limit and ratio, issue 9's
+    """The DataLoader rows of each target: samples/s, MiB/s, the limit and ratio, issue 9's
     target (information only), and how many consumers of the stated rate the loader feeds."""
     lines: list[str] = []
     rate = float(doc.get("plan", {}).get("dl_consumer_rate") or 0.0)
@@ -80,7 +85,7 @@ def dataloader_lines(doc: dict[str, Any]) -> list[str]:
         by_name = {r["name"]: r for r in rows}
         lines += ["", f"DataLoader vs the issue 9 targets ({tgt}; files: ratio to the local plain Dataset, "
                       f"shards: to the cold-read limit; consumer {rate:,.0f} samples/s per GPU)",
-                  f"{'workload':<26} {'samples/s':>10} {'MB/s':>8} {'limit':>52} {'ratio':>6}  "
+                  f"{'workload':<26} {'samples/s':>10} {'MiB/s':>8} {'limit':>52} {'ratio':>6}  "
                   f"{'target':<18} {'met':>4} {'x local':>8} {'x consumer':>11}"]
         for r in rows:
             check = dataloader.target_check(r)
@@ -90,7 +95,7 @@ def dataloader_lines(doc: dict[str, Any]) -> list[str]:
             feeds = f"{r['value'] / rate:.1f}x" if rate else "-"
             loc = by_name.get("dl_local_" + r["name"][len("dl_"):])
             vs_local = f"{r['value'] / loc['value']:.2f}" if loc is not None and loc["value"] else ""
-            lines.append(f"{r['name']:<26} {r['value']:>10,.0f} {r['extra']['MBps']:>8,.1f} {lim:>52} "
+            lines.append(f"{r['name']:<26} {r['value']:>10,.0f} {mib_per_s(r['extra']['MBps']):>8,.1f} {lim:>52} "
                          f"{fmt_ratio(r['ratio']):>6}  {text:<18} {flag:>4} {vs_local:>8} {feeds:>11}")
         if rate:
             beats = [r["name"] for r in rows if not r["name"].startswith("dl_local_") and r["value"] > rate]
@@ -100,7 +105,7 @@ def dataloader_lines(doc: dict[str, Any]) -> list[str]:
 
 
 def checkpoint_lines(doc: dict[str, Any]) -> list[str]:
-    """The checkpoint rows: MB/s and seconds, the ratio to the local DCP figure (or to the
+    """The checkpoint rows: MiB/s and seconds, the ratio to the local DCP figure (or to the
     staging copy for the blocked time), and issue 10's targets (information only)."""
     lines: list[str] = []
     for tgt in doc["targets"]:
@@ -109,13 +114,13 @@ def checkpoint_lines(doc: dict[str, Any]) -> list[str]:
             continue
         lines += ["", f"checkpoints vs the issue 10 targets ({tgt}; save/load: ratio to DCP's local "
                       f"FileSystemWriter/Reader, blocked time: to the in-memory staging copy)",
-                  f"{'workload':<22} {'MB/s':>9} {'seconds':>9} {'limit':>34} {'ratio':>6}  {'target':<18} {'met':>4}"]
+                  f"{'workload':<22} {'MiB/s':>9} {'seconds':>9} {'limit':>34} {'ratio':>6}  {'target':<18} {'met':>4}"]
         for r in rows:
             check = checkpoint.target_check(r)
             text, met = check if check is not None else ("", None)
             flag = "" if met is None else ("yes" if met else "no")
             secs = r["value"] if r["unit"] == "s" else r["extra"]["seconds"]
-            mbps = f"{r['extra']['MBps']:,.1f}" if "MBps" in r["extra"] else ""
+            mbps = f"{mib_per_s(r['extra']['MBps']):,.1f}" if "MBps" in r["extra"] else ""
             lim = f"{r['limit_name']} {fmt_value(r['limit_value'], r['unit'])}" if r["limit_value"] else ""
             lines.append(f"{r['name']:<22} {mbps:>9} {secs:>9.3f} {lim:>34} {fmt_ratio(r['ratio']):>6}  "
                          f"{text:<18} {flag:>4}")
