@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import itertools
 import os
+import shutil
+import tempfile
 from collections.abc import Iterator
 
 import pytest
@@ -20,12 +22,20 @@ _schemas = itertools.count(1)
 
 
 @pytest.fixture(scope="session")
-def pg_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PgServer]:
-    server = PgServer(tmp_path_factory.mktemp("pg")).start()
+def pg_server() -> Iterator[PgServer]:
+    # not under pytest's temporary directory: pytest makes pytest-of-USER private again at
+    # every start (another run meanwhile), and as root the server runs as user postgres
+    root = tempfile.mkdtemp(prefix="loomfs-pg-")
+    os.chmod(root, 0o755)
+    server = PgServer(root)
     try:
+        server.start()
         yield server
     finally:
-        server.stop()
+        try:
+            server.stop()
+        finally:
+            shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture

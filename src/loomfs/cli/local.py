@@ -22,7 +22,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     up.add_argument("--storage-nodes", type=int, default=3)
     up.add_argument("--targets-per-node", type=int, default=2)
     up.add_argument("--replicas", type=int, default=3, help="replication factor of the default chain table")
-    up.add_argument("--meta-nodes", type=int, default=1)
+    up.add_argument("--meta-nodes", "--meta-servers", dest="meta_nodes", type=int, default=1,
+                    help="meta servers, all serving one namespace (default 1; at most 8)")
+    up.add_argument("--meta-store", default=None, metavar="URL",
+                    help="metastore every meta server uses, e.g. postgresql://user@host:5432/db "
+                         "(default: one SQLite file in the cluster directory)")
     up.add_argument("--base-port", type=int, default=8000,
                     help="mgmtd port; meta uses the next ones, storage base+10.. (default 8000)")
     up.add_argument("--gc-delay-s", type=float, default=30.0)
@@ -63,12 +67,16 @@ def cmd_up(args: argparse.Namespace) -> int:
             _print_status(c, as_json=False)
             return 0
     else:
+        if not 1 <= args.meta_nodes <= 8:
+            raise SystemExit("--meta-servers must be 1..8")
+        if args.meta_store is not None and "://" not in args.meta_store:
+            raise SystemExit(f"--meta-store needs a URL (postgresql://... or sqlite:///...), got {args.meta_store!r}")
         if args.replicas > args.storage_nodes:
             raise SystemExit(f"--replicas {args.replicas} needs at least that many --storage-nodes")
         c = LocalCluster(
             root, storage_nodes=args.storage_nodes, targets_per_node=args.targets_per_node,
             replicas=args.replicas, meta_nodes=args.meta_nodes, base_port=args.base_port,
-            gc_delay_s=args.gc_delay_s,
+            gc_delay_s=args.gc_delay_s, meta_store=args.meta_store,
         )
     c.start()
     print(f"LoomFS local cluster up in {root}")

@@ -2,7 +2,9 @@
 
 Meta servers are the ALIVE ``NodeKind.META`` nodes in routing. The client sticks to one
 (chosen at random, so clients spread) and moves to another when it cannot be reached or
-is shutting down. ``RpcClient`` already retries idempotent methods on transient errors.
+is shutting down (with several servers, a refused connect fails over at once instead of
+waiting for the dead one to come back). ``RpcClient`` retries idempotent methods on transient
+errors.
 A non-idempotent call whose connection broke mid-flight is re-sent to the next server,
 like NFS: it may then report EEXIST/ENOENT for work the first attempt did. OPEN is the
 exception: write opens carry a session id the client chose, and meta answers a re-sent
@@ -42,6 +44,7 @@ class MetaClient:
         self.routing = routing
         self._rng = rng or random.Random()
         self._preferred: Address | None = None
+        self._last_used: Address | None = None  # kept when a failure drops _preferred
         self.failovers = 0
 
     async def _servers(self, refresh: bool) -> list[Address]:
@@ -75,9 +78,13 @@ class MetaClient:
         for round_ in range(rounds):
             if round_ > 1:
                 await asyncio.sleep(RESEND_BACKOFF_S * 2 ** (round_ - 2))
-            for addr in await self._servers(round_ > 0):
+            servers = await self._servers(round_ > 0)
+            # one server: wait for it while it restarts (the RPC layer retries a refused connect
+            # until the deadline); several: a refused connect moves on to the next at once
+            patience = None if len(servers) == 1 else m.idempotent
+            for addr in servers:
                 try:
-                    rsp = await self.rpc.call(addr, m, req, payload=payload)
+                    rsp = await self.rpc.call(addr, m, req, payload=payload, retry=patience)
                 except (ConnectionFailed, TimedOut) as exc:
                     if isinstance(exc, TimedOut) and not m.idempotent:
                         raise
@@ -88,10 +95,10 @@ class MetaClient:
                     last = exc
                 else:
                     if addr != self._preferred:
-                        if self._preferred is not None:
+                        if self._last_used is not None and addr != self._last_used:
                             self.failovers += 1
                             logger.info("meta: now using %s", addr)
-                        self._preferred = addr
+                        self._preferred = self._last_used = addr
                     return rsp
                 logger.debug("meta %s failed for %s: %s", addr, m.name, last)
                 if addr == self._preferred:

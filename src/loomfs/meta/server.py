@@ -7,7 +7,7 @@ import contextlib
 import logging
 import random
 import signal
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from loomfs.common.clock import SYSTEM_CLOCK
 from loomfs.common.routing import RoutingClient, parse_addresses
@@ -17,7 +17,7 @@ from loomfs.errors import LoomError
 from loomfs.meta.batch_service import BatchService
 from loomfs.meta.gc import ChunkRemover, GcWorker, remover_client_id
 from loomfs.meta.ops.namespace import Namespace
-from loomfs.meta.service import MetaService
+from loomfs.meta.service import ConflictRetrying, MetaService, retry_conflicts
 from loomfs.meta.store.base import MetaStore
 from loomfs.meta.trim import TRIM_CALL_TIMEOUT_S, Trimmer
 from loomfs.net.rpc import RpcClient, RpcServer
@@ -111,10 +111,12 @@ async def serve(config: MetaConfig, *, ready: asyncio.Event | None = None) -> No
         rng=random.Random(config.node_id or None), default_layout=default_layout, trimmer=trimmer,
         chunk_writer=cutter,
     )
-    await ns.init()
+    # meta servers starting together on one fresh database race to create the root
+    await retry_conflicts(ns.init)
+    live = cast(Namespace, ConflictRetrying(ns))  # operations re-run on a lost conflict
     server = RpcServer("meta", default_transport(max_payload_bytes=config.rpc.max_payload_bytes))
-    server.add_service(MetaService(ns))
-    server.add_service(BatchService(ns))
+    server.add_service(MetaService(live))
+    server.add_service(BatchService(live))
     tasks: list[asyncio.Task[object]] = []
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

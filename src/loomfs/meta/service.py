@@ -1,16 +1,92 @@
-"""RPC adapter: one thin ``@handles`` coroutine per meta method (decode -> ops -> encode)."""
+"""RPC adapter: one thin ``@handles`` coroutine per meta method (decode -> ops -> encode).
+
+``ConflictRetrying`` wraps the namespace the services call: an operation whose transaction
+lost a serialisation conflict to another meta server (``TxnConflict``, PostgreSQL) is run
+again from its start, up to ``CONFLICT_ATTEMPTS`` times with jittered, doubling backoff; the
+last loss reaches the client as EAGAIN (which the client's RPC layer retries for idempotent
+methods). A re-run is what a client's re-send after a lost reply already is: operations are
+written to be safe under it.
+"""
 
 from __future__ import annotations
+
+import asyncio
+import functools
+import inspect
+import logging
+import random
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 import crc32c
 
 from loomfs.errors import StatusError
 from loomfs.meta.ops.inline import Patch
 from loomfs.meta.ops.namespace import Namespace
+from loomfs.meta.store.base import TxnConflict
 from loomfs.net.rpc import CallContext, handles
 from loomfs.wire import meta as w
 from loomfs.wire.message import Empty
 from loomfs.wire.status import Status
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+CONFLICT_ATTEMPTS = 16
+CONFLICT_BACKOFF_S = 0.001  # the first retry waits up to this long, doubling to ..._MAX_S
+CONFLICT_BACKOFF_MAX_S = 0.1
+
+
+async def retry_conflicts(fn: Callable[..., Awaitable[T]], *args: Any, attempts: int = CONFLICT_ATTEMPTS,
+                          rng: random.Random | None = None, on_retry: Callable[[], None] | None = None,
+                          **kwargs: Any) -> T:
+    """``await fn(*args, **kwargs)``, run again while it raises ``TxnConflict`` (at most
+    ``attempts`` runs in all)."""
+    delay_s = CONFLICT_BACKOFF_S
+    uniform = (rng or random).uniform
+    for attempt in range(1, attempts + 1):
+        try:
+            return await fn(*args, **kwargs)
+        except TxnConflict:
+            if attempt == attempts:
+                raise
+            if on_retry is not None:
+                on_retry()
+            await asyncio.sleep(uniform(0, delay_s))
+            delay_s = min(delay_s * 2, CONFLICT_BACKOFF_MAX_S)
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+class ConflictRetrying:
+    """The namespace as the services see it: every coroutine method re-runs on ``TxnConflict``
+    (``retry_conflicts``); everything else passes through. ``retries``: re-runs so far."""
+
+    def __init__(self, ns: Namespace, attempts: int = CONFLICT_ATTEMPTS):
+        self._ns = ns
+        self._attempts = attempts
+        self._wrapped: dict[str, Callable[..., Any]] = {}
+        self.retries = 0
+
+    def _count(self) -> None:
+        self.retries += 1
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._ns, name)
+        if not inspect.iscoroutinefunction(attr):
+            return attr
+        wrapped = self._wrapped.get(name)
+        if wrapped is None:
+            @functools.wraps(attr)
+            async def call(*args: Any, **kwargs: Any) -> Any:
+                return await retry_conflicts(getattr(self._ns, name), *args, attempts=self._attempts,
+                                             on_retry=self._count, **kwargs)
+
+            wrapped = self._wrapped[name] = call
+        return wrapped
+
+    def __repr__(self) -> str:
+        return f"ConflictRetrying({self._ns!r} retries={self.retries})"
 
 
 class MetaService:

@@ -114,8 +114,12 @@ class LocalCluster:
         mgmtd_config: dict[str, Any] | None = None,
         fault_injection: bool = False,
         ec_targets_per_node: int = 0,
+        meta_store: str | None = None,
     ):
+        """``meta_store``: the metastore URL every meta server uses (``postgresql://...``: N
+        stateless meta servers on one database); default one SQLite file in ``root``."""
         self.root = Path(root).resolve()
+        self.meta_store = meta_store
         self.storage_nodes = storage_nodes
         self.targets_per_node = targets_per_node
         self.replicas = replicas
@@ -168,10 +172,11 @@ class LocalCluster:
                     "replace_after_s": self.replace_after_s, "metrics_port": self.mgmtd_metrics_port,
                     **self.mgmtd_config}
         if s.kind == "meta":
-            # every meta serves the same namespace: one shared SQLite file (PostgreSQL in production)
+            # every meta serves the same namespace: one database (``meta_store``), or one
+            # shared SQLite file on this host
             return {"host": "127.0.0.1", "port": s.port, "node_id": s.node_id, "mgmtd": mg,
                     "data_dir": s.dir, "gc_delay_s": self.gc_delay_s,
-                    "store_url": f"sqlite:///{self.root / 'meta.db'}"}
+                    "store_url": self.meta_store or f"sqlite:///{self.root / 'meta.db'}"}
         targets = [str(Path(s.dir, f"target{j}"))
                    for j in range(1, self.targets_per_node + self.ec_targets_per_node + 1)]
         return {"host": "127.0.0.1", "port": s.port, "node_id": s.node_id, "mgmtd": mg,
@@ -430,6 +435,7 @@ class LocalCluster:
             "ec_targets_per_node": self.ec_targets_per_node,
             "replicas": self.replicas,
             "meta_nodes": self.meta_nodes,
+            "meta_store": self.meta_store,
             "heartbeat_interval_s": self.heartbeat_interval_s,
             "lease_s": self.lease_s,
             "replace_after_s": self.replace_after_s,
@@ -448,6 +454,7 @@ class LocalCluster:
         self.ec_targets_per_node = data.get("ec_targets_per_node", 0)
         self.replicas = data["replicas"]
         self.meta_nodes = data["meta_nodes"]
+        self.meta_store = data.get("meta_store")
         self.heartbeat_interval_s = data.get("heartbeat_interval_s", self.heartbeat_interval_s)
         self.lease_s = data.get("lease_s", self.lease_s)
         self.replace_after_s = data.get("replace_after_s", self.replace_after_s)

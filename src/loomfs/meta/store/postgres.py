@@ -26,7 +26,7 @@ import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
 import asyncpg
 
@@ -43,6 +43,11 @@ POOL_MAX = 16  # connections per process (each open transaction holds one)
 FOLD_EVERY = 5000  # counter delta rows added by this process between folds
 _CONFLICT = (asyncpg.SerializationError, asyncpg.DeadlockDetectedError)
 _UNAVAILABLE = (asyncpg.PostgresConnectionError, asyncpg.InterfaceError, OSError)
+
+
+def _unavailable(exc: BaseException) -> bool:
+    """The database connection failed (not an error of the caller: LoomErrors are OSErrors)."""
+    return isinstance(exc, _UNAVAILABLE) and not isinstance(exc, LoomError)
 
 
 class StoreUnavailable(LoomError):
@@ -141,7 +146,7 @@ class PostgresStore(MetaStore):
 
     def _where(self) -> str:
         parts = urlsplit(self.dsn)
-        return f"{parts.hostname or parts.query}{parts.path} schema {self.schema}"
+        return f"{parts.hostname or unquote(parts.query)}{parts.path} schema {self.schema}"
 
     async def id_sequence(self, counter: str) -> str:
         """The sequence of id counter ``counter``, made (outside any transaction) on first use."""
@@ -170,8 +175,10 @@ class PostgresStore(MetaStore):
         try:
             async with pool.acquire() as conn, conn.transaction(isolation="repeatable_read", readonly=True):
                 yield PostgresTxn(conn, False, self)
-        except _UNAVAILABLE as exc:
-            raise StoreUnavailable(f"metastore read failed: {exc}") from exc
+        except Exception as exc:
+            if _unavailable(exc):
+                raise StoreUnavailable(f"metastore read failed: {exc}") from exc
+            raise
 
     @asynccontextmanager
     async def write(self) -> AsyncIterator[MetaTxn]:
@@ -192,7 +199,7 @@ class PostgresStore(MetaStore):
                 if isinstance(exc, _CONFLICT):
                     self.conflicts += 1
                     raise TxnConflict(f"serialisation conflict: {exc}") from exc
-                if isinstance(exc, _UNAVAILABLE):
+                if _unavailable(exc):
                     raise StoreUnavailable(f"metastore write failed: {exc}") from exc
                 raise
             try:
