@@ -2,7 +2,8 @@
 # The test command (README quick start, .ci/run): installs what is missing, then runs pytest.
 #   bash scripts/test.sh [pytest args...]
 # System parts: FUSE (fuse3 for fusermount3 and /etc/fuse.conf; libfuse3-dev and pkg-config to
-# build pyfuse3) and chromium + chromium-driver (the dashboard's browser test), apt-installed
+# build pyfuse3), chromium + chromium-driver (the dashboard's browser test) and postgresql (the
+# server binaries the PostgreSQL metastore tests start privately; no service is enabled), apt-installed
 # only when missing and we are root; otherwise say what to install.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -10,6 +11,9 @@ missing=()
 command -v fusermount3 >/dev/null 2>&1 || missing+=(fuse3)
 [ -e /usr/include/fuse3/fuse_lowlevel.h ] || missing+=(libfuse3-dev)
 command -v pkg-config >/dev/null 2>&1 || missing+=(pkg-config)
+# the metastore tests run a private PostgreSQL server (initdb + pg_ctl; tests/conftest.py)
+pg_bin=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -1 || true)
+[ -n "$pg_bin" ] && [ -x "$pg_bin/initdb" ] || command -v initdb >/dev/null 2>&1 || missing+=(postgresql)
 # the dashboard's browser test drives Debian's chromium through chromedriver
 command -v chromium >/dev/null 2>&1 || missing+=(chromium)
 command -v chromedriver >/dev/null 2>&1 || missing+=(chromium-driver)
@@ -17,6 +21,7 @@ if [ ${#missing[@]} -gt 0 ]; then
   if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
     echo "+ apt-get install ${missing[*]}"
     apt-get update -qq >/dev/null
+    # postgresql's package starts a cluster of its own on 5432: the tests never use it
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
   else
     echo "missing system packages: ${missing[*]} (sudo apt-get install ${missing[*]})" >&2
@@ -26,4 +31,6 @@ fi
 [ -d .venv ] || python3 -m venv .venv
 . .venv/bin/activate
 pip install -q -e '.[test]'
+# the PostgreSQL metastore driver (until pyproject.toml lists it: .handoff/postgres.requests)
+python -c 'import asyncpg' 2>/dev/null || pip install -q 'asyncpg>=0.29'
 exec pytest -q "$@"
