@@ -13,7 +13,7 @@ from typing import Any
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from loomfs.bench import checkpoint, dataloader, limits, smallfiles
+from loomfs.bench import checkpoint, dataloader, limits, metaservers, smallfiles
 from loomfs.bench.parallel import parallel_bigfile, parallel_mdtest
 from loomfs.bench.rounds import median_limits, pair, summarize
 from loomfs.bench.targets import BenchTarget
@@ -32,7 +32,8 @@ READDIR_ENTRY_BYTES = 256  # an entry with its attributes on the wire (at most),
 # the older small-file pass, lookup cost vs directory size, the issue-16 small-file benchmark,
 # PyTorch DataLoader samples/s over files and shards, LoomFS vs local (issue 9, needs torch),
 # DCP checkpoint save/load and blocked time, LoomFS vs local (issue 10, needs torch).
-GROUPS = ("bigfile", "mdtest", "small", "lookup", "smallfiles", "dataloader", "checkpoint")
+GROUPS = ("bigfile", "mdtest", "small", "lookup", "smallfiles", "dataloader", "checkpoint", "metaservers")
+OPT_IN_GROUPS = ("metaservers",)  # only with --only: clusters of their own (issue 12: 1 SQLite, 1-2 PostgreSQL metas)
 PINNED_LIMIT_NAME = "raw round trips, 1 CPU"
 
 
@@ -52,7 +53,7 @@ class Plan:
     rtt_count: int = 20_000
     disk_bytes: int = 512 << 20
     rounds: int = 1
-    groups: list[str] = field(default_factory=lambda: list(GROUPS))
+    groups: list[str] = field(default_factory=lambda: [g for g in GROUPS if g not in OPT_IN_GROUPS])
     sf_files: int = 20_000
     sf_dirs: int = 100
     sf_size_bytes: int = 4096
@@ -186,6 +187,8 @@ def run_target(t: BenchTarget, plan: Plan, lim: dict[str, float], replicas: int,
             t, f"{base}/dl", sets=plan.dl_sets, workers=plan.dl_workers, batch_size=plan.dl_batch_size,
             shard_bytes=plan.dl_shard_bytes, dirs=plan.dl_dirs, consumer_rate=plan.dl_consumer_rate, lim=lim,
             local_dir=disk_dir or tempfile.gettempdir(), step=step, tag=tag)
+    if "metaservers" in groups and not local:  # clusters of its own: 1 meta on SQLite, 1 and 2 on PostgreSQL
+        out += metaservers.run_metaservers(lim, files=plan.md_files, procs=plan.procs, step=step)
     if "checkpoint" in groups:
         out += checkpoint.run_checkpoint(t, base, size_bytes=plan.ckpt_bytes, lim=lim,
                                          local_dir=disk_dir or tempfile.gettempdir(), step=step, tag=tag)

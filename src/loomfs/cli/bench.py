@@ -25,8 +25,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="files in the small-file benchmark, 4 KiB each in 100 directories (default 20000, --quick 400)")
     p.add_argument("--only", default=None,
                    help="run only these workload groups, comma list of bigfile, mdtest, small, lookup, "
-                        "smallfiles, dataloader, checkpoint (default all; dataloader and checkpoint only "
-                        "where torch imports); "
+                        "smallfiles, dataloader, checkpoint, metaservers (default all but metaservers; dataloader "
+                        "and checkpoint only where torch imports); "
                         "limits not needed by them are skipped")
     p.add_argument("--consumer-rate", type=float, default=None,
                    help="dataloader group: the samples/s one GPU consumes, printed next to the loader "
