@@ -8,9 +8,10 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from loomfs.storage.engine.base import ChunkEngine, ChunkKey
+from loomfs.storage.engine.base import ChunkEngine
 from loomfs.storage.engine.file import FileEngine
 from loomfs.storage.engine.memory import MemoryEngine
+from loomfs.storage.engine.types import ChunkKey
 
 
 class Harness:

@@ -12,8 +12,10 @@ import pytest
 from engine_harness import Harness, run
 
 from loomfs.errors import NotFound, StatusError
-from loomfs.storage.engine.base import ChunkEngine, ChunkKey, block_crcs_of, unpack_blocks
+from loomfs.storage.engine.base import ChunkEngine
+from loomfs.storage.engine.blocks import block_crcs_of, unpack_blocks
 from loomfs.storage.engine.file import FileEngine
+from loomfs.storage.engine.types import ChunkKey
 from loomfs.wire.status import Status
 
 K = ChunkKey(7, 0)

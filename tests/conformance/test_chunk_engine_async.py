@@ -11,9 +11,11 @@ from pathlib import Path
 import crc32c
 import pytest
 
-from loomfs.storage.engine.base import ChunkEngine, ChunkKey, block_crcs_of, unpack_blocks
+from loomfs.storage.engine.base import ChunkEngine
+from loomfs.storage.engine.blocks import block_crcs_of, unpack_blocks
 from loomfs.storage.engine.file import FileEngine
 from loomfs.storage.engine.memory import MemoryEngine
+from loomfs.storage.engine.types import ChunkKey
 
 
 def _engine(kind: str, path: Path) -> ChunkEngine:

@@ -17,18 +17,17 @@ import pytest
 from engine_harness import Harness, run
 
 from loomfs.errors import StatusError
-from loomfs.storage.engine.base import (
-    BLOCK_BYTES,
-    ChunkEngine,
-    ChunkKey,
-    ChunkMap,
+from loomfs.storage.engine.base import ChunkEngine
+from loomfs.storage.engine.blocks import (
     block_count,
     block_crcs_of,
     crc_of_blocks,
     kept_blocks,
     unpack_blocks,
 )
+from loomfs.storage.engine.chunkmap import ChunkMap
 from loomfs.storage.engine.file import FileEngine
+from loomfs.storage.engine.types import BLOCK_BYTES, ChunkKey
 from loomfs.wire.status import Status
 
 B = BLOCK_BYTES

@@ -16,19 +16,10 @@ import pytest
 from engine_harness import Harness, run
 
 from loomfs.errors import InvalidArgument
-from loomfs.storage.engine.base import (
-    BLOCK_BYTES,
-    TAGS_MAX,
-    ChunkEngine,
-    ChunkKey,
-    ChunkState,
-    ChunkTag,
-    TagListCache,
-    decode_tags,
-    encode_tags,
-    tags_with,
-)
+from loomfs.storage.engine.base import ChunkEngine
 from loomfs.storage.engine.file import SCHEMA_VERSION, FileEngine
+from loomfs.storage.engine.tags import TagListCache, decode_tags, encode_tags, tags_with
+from loomfs.storage.engine.types import BLOCK_BYTES, TAGS_MAX, ChunkKey, ChunkState, ChunkTag
 
 B = BLOCK_BYTES
 K = ChunkKey(0x77, 2)

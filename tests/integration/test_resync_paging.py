@@ -12,7 +12,8 @@ import pytest
 from test_storage_chain import Cluster
 
 from loomfs.common.routing import Routing
-from loomfs.storage.engine.base import ChunkEngine, ChunkKey
+from loomfs.storage.engine.base import ChunkEngine
+from loomfs.storage.engine.types import ChunkKey
 from loomfs.storage.resync import Resyncer, SyncJob, sync_jobs
 from loomfs.wire.mgmtd import SyncReportReq
 from loomfs.wire.types import ChainInfo, NodeInfo, NodeKind, RoutingInfo, TargetInfo, TargetState

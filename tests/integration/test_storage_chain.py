@@ -15,8 +15,8 @@ from loomfs.errors import LoomError
 from loomfs.net.rpc import RetryPolicy, RpcClient, RpcServer
 from loomfs.net.tcp import TcpTransport
 from loomfs.net.transport import Address
-from loomfs.storage.engine.base import ChunkKey
 from loomfs.storage.engine.file import FileEngine
+from loomfs.storage.engine.types import ChunkKey
 from loomfs.storage.service import StaticRouting, StorageService
 from loomfs.storage.target import StorageTarget, target_id_for
 from loomfs.wire.status import Status

@@ -13,7 +13,7 @@ import time
 import pytest
 
 from loomfs.net.sim import SimNetwork
-from loomfs.storage.engine.base import ChunkKey, ChunkState
+from loomfs.storage.engine.types import ChunkKey, ChunkState
 from loomfs.testing.sim.cluster import INODE, SimCluster, poll_until
 from loomfs.testing.sim.config import CI
 from loomfs.testing.sim.engine import FaultyEngine

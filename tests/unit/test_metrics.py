@@ -23,8 +23,8 @@ from loomfs.metrics import (
 )
 from loomfs.metrics.scrape import delta_buckets, method_rates, rates
 from loomfs.net.buffers import BufferPool
-from loomfs.storage.engine.base import ChunkKey
 from loomfs.storage.engine.memory import MemoryEngine
+from loomfs.storage.engine.types import ChunkKey
 from loomfs.storage.target import StorageTarget
 from loomfs.wire.status import Status
 from loomfs.wire.types import NodeInfo, NodeKind, NodeState, RoutingInfo, TargetInfo, TargetState

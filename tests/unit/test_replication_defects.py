@@ -20,8 +20,8 @@ from loomfs.net.sim import SimNetwork
 from loomfs.net.transport import Address
 from loomfs.storage import planted
 from loomfs.storage.dedupe import TagCache
-from loomfs.storage.engine.base import ChunkKey
 from loomfs.storage.engine.memory import MemoryEngine
+from loomfs.storage.engine.types import ChunkKey
 from loomfs.storage.service import StaticRouting, StorageService
 from loomfs.storage.target import StorageTarget, target_id_for
 from loomfs.testing.simloop import run_virtual

@@ -156,7 +156,7 @@ def test_removal_racing_a_resync_copy_leaves_no_chunk_on_the_syncing_target() ->
 
 
 async def _commit(c: Chain3, node: int, ver: int, data: bytes) -> None:
-    from loomfs.storage.engine.base import ChunkKey
+    from loomfs.storage.engine.types import ChunkKey
 
     e = c.engine(node)
     await e.remove_range(KEY.inode, 0, 1)

@@ -20,7 +20,7 @@ from typing import TypeVar
 
 from loomfs.errors import InvalidArgument
 from loomfs.storage import chain, planted
-from loomfs.storage.engine.base import TAGS_MAX, ChunkState, ChunkTag
+from loomfs.storage.engine.types import TAGS_MAX, ChunkState, ChunkTag
 from loomfs.wire.message import Message
 from loomfs.wire.storage import RequestTag
 

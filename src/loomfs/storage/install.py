@@ -15,7 +15,7 @@ from typing import Protocol
 
 import crc32c
 
-from loomfs.storage.engine.base import ChunkKey, ChunkTag
+from loomfs.storage.engine.types import ChunkKey, ChunkTag
 from loomfs.storage.target import StorageTarget
 
 logger = logging.getLogger(__name__)

@@ -25,7 +25,7 @@ from loomfs.common.routing import Routing
 from loomfs.errors import LoomError, StatusError
 from loomfs.storage import chain, planted
 from loomfs.storage.dedupe import pack_tags, unpack_tags
-from loomfs.storage.engine.base import ChunkKey, ChunkState
+from loomfs.storage.engine.types import ChunkKey, ChunkState
 from loomfs.storage.install import install_copy
 from loomfs.storage.target import StorageTarget
 from loomfs.wire.mgmtd import SyncReportReq

@@ -17,7 +17,7 @@ import crc32c
 from loomfs.common.routing import Routing
 from loomfs.errors import LoomError
 from loomfs.storage.dedupe import unpack_tags
-from loomfs.storage.engine.base import ChunkKey, ChunkState, ChunkTag
+from loomfs.storage.engine.types import ChunkKey, ChunkState, ChunkTag
 from loomfs.storage.install import install_copy
 from loomfs.storage.target import StorageTarget
 from loomfs.wire.storage import QUERY_CHUNKS, READ, ChunkId, QueryChunksReq, ReadReq

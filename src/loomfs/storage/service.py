@@ -21,7 +21,7 @@ from loomfs.net.buffers import DEFAULT_POOL, BufferPool
 from loomfs.net.rpc import CallContext, Reply, RpcClient, handles
 from loomfs.storage import chain, planted
 from loomfs.storage.dedupe import TagCache, pack_tags, unpack_tags
-from loomfs.storage.engine.base import ChunkKey, ChunkState
+from loomfs.storage.engine.types import ChunkKey, ChunkState
 from loomfs.storage.routing import RoutingSource, StaticRouting, write_chain
 from loomfs.storage.target import StorageTarget
 from loomfs.storage.updates import CHUNK_SIZE_ANY, ChunkUpdates, chunk_key, versions_of, write_rsp

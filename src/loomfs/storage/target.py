@@ -5,7 +5,8 @@ from __future__ import annotations
 import os
 
 from loomfs.common.keylocks import KeyLocks
-from loomfs.storage.engine.base import ChunkEngine, ChunkKey
+from loomfs.storage.engine.base import ChunkEngine
+from loomfs.storage.engine.types import ChunkKey
 
 ChunkLocks = KeyLocks[ChunkKey]  # a lock per chunk: updates of one chunk are serialised
 

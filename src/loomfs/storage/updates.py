@@ -21,7 +21,7 @@ from loomfs.errors import InvalidArgument, LoomError, NoSpace, StatusError
 from loomfs.net.buffers import BufferPool
 from loomfs.storage import chain, planted
 from loomfs.storage.dedupe import next_tags, pack_tags, tag_seen, unpack_tags
-from loomfs.storage.engine.base import ChunkKey, ChunkState, ChunkTag
+from loomfs.storage.engine.types import ChunkKey, ChunkState, ChunkTag
 from loomfs.storage.forward import ChainForwarder
 from loomfs.storage.routing import write_chain
 from loomfs.storage.target import StorageTarget

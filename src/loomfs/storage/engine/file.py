@@ -76,15 +76,8 @@ from pathlib import Path
 import crc32c
 
 from loomfs.errors import StatusError
-from loomfs.storage.engine.base import (
-    BLOCK_BYTES,
-    INDEX_END,
-    ChunkEngine,
-    ChunkKey,
-    ChunkMap,
-    ChunkState,
-    ChunkTag,
-    Usage,
+from loomfs.storage.engine.base import ChunkEngine
+from loomfs.storage.engine.blocks import (
     bad_blocks,
     block_count,
     block_crc,
@@ -95,8 +88,6 @@ from loomfs.storage.engine.base import (
     check_stage_version,
     crc_of_blocks,
     crc_zeros,
-    decode_tags,
-    encode_tags,
     extend_blocks,
     first_changed,
     kept_blocks,
@@ -104,8 +95,17 @@ from loomfs.storage.engine.base import (
     missing_chunk,
     no_pending,
     restage_blocks,
-    tags_ok,
     unpack_blocks,
+)
+from loomfs.storage.engine.chunkmap import ChunkMap
+from loomfs.storage.engine.tags import decode_tags, encode_tags, tags_ok
+from loomfs.storage.engine.types import (
+    BLOCK_BYTES,
+    INDEX_END,
+    ChunkKey,
+    ChunkState,
+    ChunkTag,
+    Usage,
 )
 from loomfs.wire.status import Status
 

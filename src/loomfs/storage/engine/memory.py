@@ -17,15 +17,8 @@ from itertools import islice
 import crc32c
 
 from loomfs.errors import NoSpace
-from loomfs.storage.engine.base import (
-    BLOCK_BYTES,
-    INDEX_END,
-    ChunkEngine,
-    ChunkKey,
-    ChunkMap,
-    ChunkState,
-    ChunkTag,
-    Usage,
+from loomfs.storage.engine.base import ChunkEngine
+from loomfs.storage.engine.blocks import (
     bad_blocks,
     block_crc,
     block_crcs_of,
@@ -34,8 +27,6 @@ from loomfs.storage.engine.base import (
     check_range,
     check_stage_version,
     crc_zeros,
-    decode_tags,
-    encode_tags,
     extend_blocks,
     kept_blocks,
     kept_why,
@@ -43,6 +34,16 @@ from loomfs.storage.engine.base import (
     no_pending,
     restage_blocks,
     unpack_blocks,
+)
+from loomfs.storage.engine.chunkmap import ChunkMap
+from loomfs.storage.engine.tags import decode_tags, encode_tags
+from loomfs.storage.engine.types import (
+    BLOCK_BYTES,
+    INDEX_END,
+    ChunkKey,
+    ChunkState,
+    ChunkTag,
+    Usage,
 )
 
 

@@ -23,8 +23,8 @@ import random
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from loomfs.storage.engine.base import ChunkKey, ChunkState
 from loomfs.storage.engine.memory import MemoryEngine
+from loomfs.storage.engine.types import ChunkKey, ChunkState
 
 TEAR_BYTES_MAX = 64
 

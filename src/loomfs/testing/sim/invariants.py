@@ -23,7 +23,7 @@ import copy
 import re
 from dataclasses import dataclass
 
-from loomfs.storage.engine.base import ChunkKey, ChunkState
+from loomfs.storage.engine.types import ChunkKey, ChunkState
 from loomfs.testing.sim.cluster import INODE, SimCluster
 from loomfs.testing.sim.history import Op, check_chunk_history, check_final_state
 from loomfs.wire.types import TargetState
