@@ -33,6 +33,11 @@ CONFIGS: tuple[tuple[str, str, int], ...] = (("sqlite_1", "sqlite", 1), ("pg_1",
 PHASES = ("create", "stat", "readdir", "unlink")
 
 
+def steps(configs: tuple[tuple[str, str, int], ...] = CONFIGS) -> int:
+    """Progress steps of one run (the PostgreSQL start, then per cluster: up, 2 directory modes)."""
+    return 1 + 3 * len(configs)
+
+
 def run_metaservers(lim: dict[str, float], *, files: int, procs: int = 4,
                     step: Callable[[str], None] = lambda s: None,
                     configs: tuple[tuple[str, str, int], ...] = CONFIGS) -> list[Result]:

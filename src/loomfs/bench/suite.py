@@ -300,7 +300,7 @@ def steps_total(plan: Plan, targets: int) -> int:
     per_group = {"bigfile": 1 + 2 + 1, "mdtest": 2 * len(plan.md_procs), "small": len(plan.small),
                  "lookup": 1, "smallfiles": smallfiles.steps(tuple(plan.sf_threads)),
                  "dataloader": dataloader.steps(len(plan.dl_sets), len(plan.dl_workers)),
-                 "checkpoint": checkpoint.steps()}
+                 "checkpoint": checkpoint.steps(), "metaservers": metaservers.steps()}
     per_target = sum(per_group[g] for g in set(plan.groups))
     return ((4 if plan.network_and_disk() else 1) + per_target * targets) * plan.rounds
 
