@@ -28,8 +28,8 @@ from loomfs.testing.cluster import LocalCluster
 from loomfs.testing.pgserver import PgServer
 
 # (label, engine, meta servers)
-CONFIGS: tuple[tuple[str, str, int], ...] = (("sqlite_1", "sqlite", 1), ("pg_1", "postgresql", 1),
-                                             ("pg_2", "postgresql", 2))
+CONFIGS: tuple[tuple[str, str, int], ...] = (("sqlite_1meta", "sqlite", 1), ("postgres_1meta", "postgresql", 1),
+                                             ("postgres_2meta", "postgresql", 2))
 PHASES = ("create", "stat", "readdir", "unlink")
 
 

@@ -62,6 +62,8 @@ class PostgresStore(MetaStore):
 
     def __init__(self, dsn: str, *, schema: str = "loomfs", pool_max: int = POOL_MAX,
                  synchronous_commit: bool = True, connect_timeout_s: float = 10.0):
+        if not schema or schema.lower().startswith("pg_"):
+            raise ValueError(f"postgresql metastore schema {schema!r}: empty, or pg_ (reserved)")
         self.dsn = dsn
         self.schema = schema
         self.url = dsn if schema == "loomfs" else _with_query(dsn, schema=schema)
