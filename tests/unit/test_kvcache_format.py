@@ -124,3 +124,20 @@ def test_segment_plan_only_sealed() -> None:
     remove, compact = plan_segments(segs, live, open_names={"s4"}, seal_age_s=10.0, compact_live_ratio=0.5)
     assert remove == ["s0"]  # s3 too young, s4 open
     assert compact == ["s1"]  # 10% live; s2 90% live stays
+
+
+def test_read_plan_coalesces_neighbours_in_one_chunk() -> None:
+    from loomfs.kvcache._reads import plan_reads
+
+    cs = 1 << 20
+    def seg(off: int, n: int, inode: int = 5) -> E.Entry:
+        return E.Entry(key=b"k", touched_s=0, value_bytes=n, value_crc=0, seg_name="s", seg_inode=inode,
+                       seg_offset=off, chunk_size=cs, chains=(1,))
+    entries = [seg(0, 1000), seg(1000, 1000), None, seg(200_000, 1000),  # far: alone
+               seg(2 * cs + 10, 500), seg(2 * cs + 600, 500),  # chunk 2: one run
+               seg(3000, 1000, inode=6), seg(0, 2 << 20),  # another segment: alone; bigger than a chunk
+               E.Entry(key=b"i", touched_s=0, value_bytes=1, value_crc=0, inline=b"x"), seg(2100, 900)]
+    alone, runs = plan_reads(entries, gap_max_bytes=1000)
+    assert alone == [3, 6, 7]
+    got = sorted((r.seg_inode, r.chunk_index, r.start, r.end, r.members) for r in runs)
+    assert got == [(5, 0, 0, 3000, [0, 1, 9]), (5, 2, 10, 1100, [4, 5])]

@@ -28,6 +28,7 @@ import crc32c
 from loomfs.client.layout import split_range
 from loomfs.errors import InvalidArgument, LoomError
 from loomfs.kvcache import _entry as E
+from loomfs.kvcache._reads import Run, plan_reads
 from loomfs.kvcache._segments import SegmentWriter
 from loomfs.kvcache._values import Target, as_bytes, rebuild
 from loomfs.wire.types import Layout
@@ -188,12 +189,20 @@ class AsyncKVCache:
         entries = await self._entries(ks)
         out: list[Any] = [None] * len(ks)
         slots = asyncio.Semaphore(READS_INFLIGHT)
+        alone, runs = plan_reads(entries)
 
-        async def one(i: int, e: E.Entry) -> None:
+        async def one(i: int) -> None:
+            e = entries[i]
+            assert e is not None
             async with slots:
                 out[i] = await self._value(e, targets[i])
 
-        jobs = [one(i, e) for i, e in enumerate(entries) if e is not None]
+        async def run(r: Run) -> None:
+            async with slots:
+                await self._read_run(r, entries, targets, out)
+
+        jobs = [one(i) for i, e in enumerate(entries) if e is not None and e.inline is not None]
+        jobs += [one(i) for i in alone] + [run(r) for r in runs]
         if len(jobs) == 1:
             await jobs[0]
         elif jobs:
@@ -268,6 +277,31 @@ class AsyncKVCache:
             return None
         self._hit(e)
         return rebuild(e.kind, e.desc, buf)
+
+    async def _read_run(self, r: Run, entries: Sequence[E.Entry | None], targets: Sequence[Target | None],
+                        out: list[Any]) -> None:
+        """Values close together in one chunk: one read, then each checked and handed out."""
+        first = entries[r.members[0]]
+        assert first is not None
+        layout = Layout(chunk_size=first.chunk_size, chains=list(first.chains))
+        scratch = bytearray(r.end - r.start)
+        await self.client.storage.read_chunk(layout, r.seg_inode, r.chunk_index, r.start, len(scratch),
+                                             memoryview(scratch))
+        for i in r.members:
+            e = entries[i]
+            assert e is not None
+            at = e.seg_offset % e.chunk_size - r.start
+            view = memoryview(scratch)[at : at + e.value_bytes]
+            if crc32c.crc32c(view) != e.value_crc:
+                self.stats.corrupt += 1
+                continue
+            t = targets[i]
+            if t is not None:
+                t.fit(e.value_bytes)[:] = view
+                out[i] = t.result(e.value_bytes)
+            else:
+                out[i] = bytearray(view) if e.kind == E.KIND_BYTES else rebuild(e.kind, e.desc, view)
+            self._hit(e)
 
     def _hit(self, e: E.Entry) -> None:
         self.stats.get_bytes += e.value_bytes

@@ -1,0 +1,63 @@
+"""Coalesced value reads (pure planning): small values that sit close together in one chunk
+of one segment (a batch put lays them out back to back) are read with one chunk read.
+
+``plan_reads`` groups the entries of a ``get_many`` into runs: each run is one chunk range
+``[start, end)`` of one segment and the entries inside it. A value bigger than
+``coalesce_value_max_bytes``, or alone in its range, is a run of its own (read straight into
+the caller's buffer); a run of several is read into one scratch buffer and sliced.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from loomfs.kvcache._entry import Entry
+
+COALESCE_VALUE_MAX_BYTES = 256 << 10
+COALESCE_GAP_MAX_BYTES = 64 << 10  # bytes of other values read and thrown away to join two reads
+
+
+@dataclass
+class Run:
+    seg_inode: int
+    chunk_index: int
+    start: int  # offset in the chunk
+    end: int
+    members: list[int] = field(default_factory=list)  # indexes into the caller's entries
+
+
+def plan_reads(entries: Sequence[Entry | None], *, value_max_bytes: int = COALESCE_VALUE_MAX_BYTES,
+               gap_max_bytes: int = COALESCE_GAP_MAX_BYTES) -> tuple[list[int], list[Run]]:
+    """(indexes read alone, runs of two or more) for the segment entries among ``entries``
+    (None and inline entries are left out)."""
+    alone: list[int] = []
+    by_chunk: dict[tuple[int, int], list[int]] = defaultdict(list)
+    for i, e in enumerate(entries):
+        if e is None or e.inline is not None:
+            continue
+        index, off = divmod(e.seg_offset, e.chunk_size)
+        if e.value_bytes == 0 or e.value_bytes > value_max_bytes or off + e.value_bytes > e.chunk_size:
+            alone.append(i)
+        else:
+            by_chunk[(e.seg_inode, index)].append(i)
+    runs: list[Run] = []
+    for (inode, index), members in by_chunk.items():
+        members.sort(key=lambda i: entries[i].seg_offset % entries[i].chunk_size)  # type: ignore[union-attr]
+        cur: Run | None = None
+        for i in members:
+            e = entries[i]
+            assert e is not None
+            off = e.seg_offset % e.chunk_size
+            if cur is not None and off - cur.end <= gap_max_bytes:
+                cur.end = max(cur.end, off + e.value_bytes)
+                cur.members.append(i)
+                continue
+            if cur is not None:
+                runs.append(cur)
+            cur = Run(inode, index, off, off + e.value_bytes, [i])
+        if cur is not None:
+            runs.append(cur)
+    alone += [r.members[0] for r in runs if len(r.members) == 1]
+    return sorted(alone), [r for r in runs if len(r.members) > 1]
