@@ -130,7 +130,7 @@ def test_dashboard_in_headless_chromium(short_lease_cluster: LocalCluster, tmp_p
         _wait("a time span on x", lambda: wd.js(
             "return document.querySelector('#g-meta .x-label').textContent").endswith(" s"), 20)
         cap = wd.js("return document.getElementById('capacity').textContent")
-        assert cap.endswith("(1 disks)"), cap  # 6 targets on this machine's one disk, counted once
+        assert cap.endswith("(1 disk)"), cap  # 6 targets on this machine's one disk, counted once
         wd.screenshot(tmp_path / "before.png")
         c.stop_service("storage2")
         _wait("storage2 shown dead", lambda: wd.js(

@@ -116,3 +116,15 @@ def test_group_tables_print_binary_units() -> None:
     lines = checkpoint_lines({"targets": ["loomfs"], "results": [row]})
     assert "MiB/s" in lines[2] and " MB/s" not in "\n".join(lines)
     assert lines[3].split()[1] == "1.0"  # 1.048576 MB/s is 1.0 MiB/s
+
+
+def test_loomfs_metadata_durability_is_stated(tmp_path: Path) -> None:
+    from loomfs.bench.targets import meta_durability
+
+    (tmp_path / "meta1").mkdir()
+    cfg = tmp_path / "meta1" / "config.toml"
+    cfg.write_text('store_url = "sqlite:///x/meta.db"\n')
+    assert "synchronous=NORMAL" in meta_durability(str(tmp_path)) and "power" in meta_durability(str(tmp_path))
+    cfg.write_text('store_url = "sqlite:///x/meta.db"\nsqlite_synchronous = "FULL"\n')
+    assert "fsynced on commit" in meta_durability(str(tmp_path))
+    assert "not visible" in meta_durability("10.0.0.1:8000")

@@ -57,4 +57,4 @@ def test_spare_targets_are_spare_everywhere() -> None:
     console = Console(width=200, record=True)
     console.print(render(v))
     text = console.export_text()
-    assert "6/6 serving, 1 spare" in text and "of 252.0 GiB (1 disks)" in text and "1.5 TiB" not in text
+    assert "6/6 serving, 1 spare" in text and "of 252.0 GiB (1 disk)" in text and "1.5 TiB" not in text

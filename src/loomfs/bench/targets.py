@@ -59,6 +59,24 @@ class BenchTarget(Protocol):
     def close(self) -> None: ...
 
 
+def meta_durability(where: str) -> str:
+    """What meta's store does on commit, read from a local cluster's meta config."""
+    import tomllib
+
+    cfgs = sorted(Path(where).glob("meta*/config.toml")) if Path(where).is_dir() else []
+    if not cfgs:
+        return "as meta's store is configured (not visible from a mgmtd address)"
+    cfg = tomllib.loads(cfgs[0].read_text())
+    url = str(cfg.get("store_url", "sqlite://"))
+    if url.startswith("sqlite"):
+        sync = str(cfg.get("sqlite_synchronous", "NORMAL")).upper()
+        if sync in ("FULL", "EXTRA"):
+            return f"one SQLite file, synchronous={sync}: fsynced on commit, on one host"
+        return (f"one SQLite file, synchronous={sync} (WAL): survives a meta process crash, not a power "
+                "loss of its host")
+    return f"{url.split(':', 1)[0]} (its own durability)"
+
+
 class LoomTarget:
     """A LoomFS cluster through the blocking client (``loomfs.connect``)."""
 
@@ -170,12 +188,14 @@ class LoomTarget:
 
         fsyncs = storage_fsync_settings(self.spec[1])
         if fsyncs is not None and all(fsyncs):
-            return "durable: acked after every replica fsynced (fsync_on_commit = true): survives a power loss"
-        if fsyncs is not None:
-            return ("replicated in memory: acked once every replica holds the write in its page cache "
+            text = "chunk data durable: acked after every replica fsynced (fsync_on_commit = true)"
+        elif fsyncs is not None:
+            text = ("chunk data replicated in memory: acked once every replica holds it in its page cache "
                     "(fsync_on_commit = false): survives R-1 host failures, not a power loss of all replicas")
-        return ("acked by every replica; on disk only where storage runs with fsync_on_commit = true "
-                "(not visible from a mgmtd address)")
+        else:
+            text = ("chunk data acked by every replica; on disk only where storage runs with "
+                    "fsync_on_commit = true (not visible from a mgmtd address)")
+        return text + "; metadata and inline small files: " + meta_durability(self.spec[1])
 
     def close(self) -> None:
         if self._own:

@@ -49,7 +49,7 @@ def render(view: dict[str, Any]) -> Group:
         f"   storage {t.get('storage_nodes_alive', 0)}/{t.get('storage_nodes', 0)} alive",
         f"   targets {t.get('targets_serving', 0)}/{t.get('targets', 0)} serving, {t.get('targets_spare', 0)} spare",
         f"   used {human_bytes(t.get('used_bytes', 0))} of {human_bytes(t.get('capacity_bytes', 0))} "
-        f"({t.get('disks', 0)} disks)",
+        f"({t.get('disks', 0)} disk{'' if t.get('disks', 0) == 1 else 's'})",
     )
     parts: list[Any] = [head]
     if view.get("error"):
