@@ -17,7 +17,8 @@ from engine_harness import Harness, run
 
 from loomfs.errors import InvalidArgument
 from loomfs.storage.engine.base import ChunkEngine
-from loomfs.storage.engine.file import SCHEMA_VERSION, FileEngine
+from loomfs.storage.engine.file import FileEngine
+from loomfs.storage.engine.file_index import SCHEMA_VERSION
 from loomfs.storage.engine.tags import TagListCache, decode_tags, encode_tags, tags_with
 from loomfs.storage.engine.types import BLOCK_BYTES, TAGS_MAX, ChunkKey, ChunkState, ChunkTag
 
@@ -233,10 +234,10 @@ def test_commit_is_one_statement(tmp_path: Path, fsync: bool) -> None:
     try:
         first_version(e, T)
         statements: list[str] = []
-        e._db.set_trace_callback(statements.append)
+        e._index._db.set_trace_callback(statements.append)
         e.stage_write(K, 2, 3, b"x", tags=tags_with(T, ChunkTag(4, 4, 2)))
         run(e.commit(K, 2))
-        e._db.set_trace_callback(None)
+        e._index._db.set_trace_callback(None)
         assert len(statements) == 1 and statements[0].startswith("INSERT OR REPLACE")
     finally:
         e.close()

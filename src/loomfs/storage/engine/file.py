@@ -7,8 +7,8 @@ Layout of a target directory::
                                          request tags
     chunks/<inode & 0xff>/<inode>.<index>.<file_ver>   chunk data (hex names)
 
-Why SQLite: it is crash-safe (WAL), supports the range deletes and scans that GC and resync
-need, and costs one small transaction per commit. Pending updates live only in memory plus
+The index (``file_index``: SQLite, WAL, and its schema migrations) holds committed metadata;
+the I/O policy (O_DIRECT, offloading to threads) is in ``file_io``. Pending updates live only in memory plus
 a data file, so a crash drops them (the chain resyncs); start-up deletes every data file the
 index does not name.
 
@@ -43,25 +43,13 @@ Request tags (see ``base``): the committed version's, packed (``tags`` BLOB of l
 CRCs, so ``commit`` writes them in its one ``INSERT OR REPLACE`` (no extra statement or fsync).
 In memory they stay packed (24 bytes a tag) and are decoded by ``get``. A pending update's tags
 live in memory only, like the rest of it: a crash drops them.
-
-Schema migration (``user_version``; 0: no block CRCs, 1: ``blocks``, 2: ``tags``): each missing
-column is added, NULL on every old row. A NULL ``tags`` is no tags (a version committed before
-tags: its retries are not deduplicated, as before). A NULL ``blocks`` is unknown block CRCs: an
-unknown chunk gets them on first need (a partial read, ``verify``, a partial update): the whole
-file is read once, the whole-chunk CRC checked, and the block CRCs stored in its row; if the
-whole-chunk CRC does not match, that read or update fails with CHECKSUM_MISMATCH (``verify``
-reports every block: a bad chunk, position unknown) and nothing is stored. Code from schema 0
-cannot open a migrated index (its ``SELECT *`` sees 8 columns); code from schema 1 can (it
-names its columns), but its commits write NULL tags.
 """
 
 from __future__ import annotations
 
 import asyncio
-import ctypes
 import logging
 import os
-import sqlite3
 import struct
 import threading
 from collections import OrderedDict
@@ -98,6 +86,18 @@ from loomfs.storage.engine.blocks import (
     unpack_blocks,
 )
 from loomfs.storage.engine.chunkmap import ChunkMap
+from loomfs.storage.engine.file_index import ChunkIndex
+from loomfs.storage.engine.file_io import (
+    DIRECT_ALIGN_BYTES,
+    DIRECT_READ_MIN_BYTES,
+    DIRECT_WRITE_MIN_BYTES,
+    IO_THREADS,
+    OFFLOAD_MIN_BYTES,
+    SCRATCH_BYTES,
+    _direct_ok,
+    _pread,
+    _pwrite_at,
+)
 from loomfs.storage.engine.tags import decode_tags, encode_tags, tags_ok
 from loomfs.storage.engine.types import (
     BLOCK_BYTES,
@@ -110,74 +110,6 @@ from loomfs.storage.engine.types import (
 from loomfs.wire.status import Status
 
 logger = logging.getLogger(__name__)
-
-SCRATCH_BYTES = 1 << 20  # a multiple of BLOCK_BYTES
-OFFLOAD_MIN_BYTES = 512 << 10  # requests this big do their disk I/O in the thread pool
-DIRECT_READ_MIN_BYTES = 256 << 10  # smaller reads go through the page cache (hot small reads)
-DIRECT_WRITE_MIN_BYTES = 256 << 10  # smaller writes too: an O_DIRECT 4 KiB write waits for the disk
-IO_THREADS = 2
-DIRECT_ALIGN_BYTES = 4096  # O_DIRECT: buffer address, file offset and length multiples of this
-
-
-def _address(mv: memoryview | bytes) -> int:
-    try:
-        return ctypes.addressof(ctypes.c_char.from_buffer(mv))
-    except TypeError:  # read-only buffer (bytes): not usable for O_DIRECT anyway
-        return 1
-
-
-def _direct_ok(mv: memoryview | bytes, offset: int) -> bool:
-    """Can this buffer/offset go through O_DIRECT? (Pooled buffers are page-aligned mmaps.)"""
-    return (
-        len(mv) >= DIRECT_ALIGN_BYTES
-        and offset % DIRECT_ALIGN_BYTES == 0
-        and _address(mv) % DIRECT_ALIGN_BYTES == 0
-    )
-
-
-def _pread(fd: int, view: memoryview, pos: int) -> None:
-    """Fill ``view`` from ``pos``; bytes past the end of the file read as zeros (a file shorter
-    than the index says: its blocks then fail their CRC)."""
-    got = 0
-    while got < len(view):
-        n = os.preadv(fd, [view[got:]], pos + got)
-        if n <= 0:
-            break
-        got += n
-    while got < len(view):
-        step = min(len(view) - got, SCRATCH_BYTES)
-        view[got : got + step] = _ZERO_MV[:step]
-        got += step
-
-
-def _pwrite_at(fd: int, data: memoryview | bytes, offset: int) -> None:
-    """pwrite ``data`` at ``offset`` (at or past the end); an empty write still makes the file
-    reach ``offset``, so a gap is in the file as the index says, not past its end."""
-    if len(data):
-        os.pwrite(fd, data, offset)
-    else:
-        os.ftruncate(fd, max(offset, os.fstat(fd).st_size))
-
-
-_ZERO_MV = memoryview(bytes(SCRATCH_BYTES))
-SCHEMA_VERSION = 2  # 0: no block CRCs; 1: ``blocks`` column; 2: ``tags`` column
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS chunks (
-    inode INTEGER NOT NULL, idx INTEGER NOT NULL, commit_ver INTEGER NOT NULL,
-    length INTEGER NOT NULL, crc INTEGER NOT NULL, file_ver INTEGER NOT NULL,
-    blocks BLOB, tags BLOB,
-    PRIMARY KEY (inode, idx)) WITHOUT ROWID
-"""
-_COLUMNS = "inode, idx, commit_ver, length, crc, file_ver, blocks, tags"
-
-
-def _signed(v: int) -> int:
-    return v - (1 << 64) if v >= 1 << 63 else v
-
-
-def _unsigned(v: int) -> int:
-    return v + (1 << 64) if v < 0 else v
-
 
 @dataclass(slots=True)
 class _Meta:
@@ -222,11 +154,7 @@ class FileEngine(ChunkEngine):
         self.fd_cache_max = fd_cache_max
         self._chunks_dir = self.path / "chunks"
         self._chunks_dir.mkdir(parents=True, exist_ok=True)
-        self._db = sqlite3.connect(self.path / "index.sqlite", isolation_level=None, check_same_thread=False)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute(f"PRAGMA synchronous={'FULL' if fsync_on_commit else 'NORMAL'}")
-        self._db.execute(_SCHEMA)
-        self._migrate()
+        self._index = ChunkIndex(self.path / "index.sqlite", synchronous_full=fsync_on_commit)
         self._meta: ChunkMap[_Meta] = ChunkMap()
         self._pending: dict[ChunkKey, _Pending] = {}
         self._fds: OrderedDict[tuple[ChunkKey, int], int] = OrderedDict()
@@ -239,20 +167,9 @@ class FileEngine(ChunkEngine):
         self._load()
 
     # ---- start-up -----------------------------------------------------------------------
-    def _migrate(self) -> None:
-        """Add the columns an older index lacks; old rows keep NULL. Schema 0 -> 1: ``blocks``
-        (block CRCs unknown, computed and stored on first need); 1 -> 2: ``tags`` (no tags)."""
-        columns = {row[1] for row in self._db.execute("PRAGMA table_info(chunks)")}
-        for column, what in (("blocks", "per-block CRCs"), ("tags", "request tags")):
-            if column not in columns:
-                self._db.execute(f"ALTER TABLE chunks ADD COLUMN {column} BLOB")
-                logger.info("engine %s: index migrated: %s column added (%s)", self.path, column, what)
-        self._db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
-
     def _load(self) -> None:
         unknown = bad_tags = 0
-        rows = self._db.execute(f"SELECT {_COLUMNS} FROM chunks")
-        for inode, idx, ver, length, crc, file_ver, blocks, tags in rows:
+        for inode, idx, ver, length, crc, file_ver, blocks, tags in self._index.rows():
             if blocks is not None and len(blocks) != 4 * block_count(length):
                 blocks = None  # malformed: recompute (and check the whole-chunk CRC) on first need
             unknown += blocks is None
@@ -260,7 +177,7 @@ class FileEngine(ChunkEngine):
                 tags = b""  # committed before tags
             elif not tags_ok(tags):
                 tags, bad_tags = b"", bad_tags + 1  # malformed: no dedupe for this version
-            self._meta.put(_unsigned(inode), idx, _Meta(ver, length, crc, file_ver, blocks, tags))
+            self._meta.put(inode, idx, _Meta(ver, length, crc, file_ver, blocks, tags))
             self._used_bytes += length
         orphans = 0
         for bucket in self._chunks_dir.iterdir():
@@ -400,10 +317,7 @@ class FileEngine(ChunkEngine):
                 "its first block CRCs (index from before block CRCs)",
             )
         m.blocks = blocks
-        self._db.execute(
-            "UPDATE chunks SET blocks = ? WHERE inode = ? AND idx = ? AND commit_ver = ?",
-            (blocks, _signed(key.inode), key.index, m.commit_ver),
-        )
+        self._index.set_blocks(key.inode, key.index, m.commit_ver, blocks)
         return blocks
 
     def _thread_scratch(self) -> memoryview:
@@ -819,10 +733,7 @@ class FileEngine(ChunkEngine):
     def _write_row(self, key: ChunkKey, p: _Pending, fsync: bool) -> None:
         if fsync:
             os.fsync(p.fd)
-        self._db.execute(
-            f"INSERT OR REPLACE INTO chunks ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-            (_signed(key.inode), key.index, p.ver, p.length, p.crc, p.file_ver, p.blocks, p.tags),
-        )
+        self._index.put(key.inode, key.index, p.ver, p.length, p.crc, p.file_ver, p.blocks, p.tags)
 
     async def commit(self, key: ChunkKey, version: int) -> ChunkState:
         p = self._pending.get(key)
@@ -868,12 +779,11 @@ class FileEngine(ChunkEngine):
         doomed = self._meta.inode_range(inode, index_begin, index_end)
         if not doomed:
             return 0
-        args = (_signed(inode), index_begin, min(index_end, INDEX_END))
-        sql = "DELETE FROM chunks WHERE inode = ? AND idx >= ? AND idx < ?"
+        args = (inode, index_begin, min(index_end, INDEX_END))
         if self._executor is not None:
-            await asyncio.get_running_loop().run_in_executor(self._executor, self._db.execute, sql, args)
+            await asyncio.get_running_loop().run_in_executor(self._executor, self._index.delete_range, *args)
         else:
-            self._db.execute(sql, args)
+            self._index.delete_range(*args)
         for idx, m in doomed:
             self._meta.pop(inode, idx)
             key = ChunkKey(inode, idx)
@@ -933,7 +843,7 @@ class FileEngine(ChunkEngine):
             if pool is not None:
                 pool.shutdown(wait=True)
         self._io = self._hasher = None
-        self._db.close()
+        self._index.close()
         if self._executor is not None:
             self._executor.shutdown(wait=True)
 
