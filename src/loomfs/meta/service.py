@@ -5,7 +5,8 @@ lost a serialisation conflict to another meta server (``TxnConflict``, PostgreSQ
 again from its start, up to ``CONFLICT_ATTEMPTS`` times with jittered, doubling backoff; the
 last loss reaches the client as EAGAIN (which the client's RPC layer retries for idempotent
 methods). A re-run is what a client's re-send after a lost reply already is: operations are
-written to be safe under it.
+written to be safe under it. After ``ALONE_AFTER`` lost runs the operation's writes run alone
+(``WRITE_ALONE``), so a busy directory cannot starve it.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import crc32c
 from loomfs.errors import StatusError
 from loomfs.meta.ops.inline import Patch
 from loomfs.meta.ops.namespace import Namespace
-from loomfs.meta.store.base import TxnConflict
+from loomfs.meta.store.base import WRITE_ALONE, TxnConflict
 from loomfs.net.rpc import CallContext, handles
 from loomfs.wire import meta as w
 from loomfs.wire.message import Empty
@@ -36,16 +37,20 @@ T = TypeVar("T")
 CONFLICT_ATTEMPTS = 16
 CONFLICT_BACKOFF_S = 0.001  # the first retry waits up to this long, doubling to ..._MAX_S
 CONFLICT_BACKOFF_MAX_S = 0.1
+ALONE_AFTER = 2  # lost runs before an operation's writes run alone
 
 
 async def retry_conflicts(fn: Callable[..., Awaitable[T]], *args: Any, attempts: int = CONFLICT_ATTEMPTS,
                           rng: random.Random | None = None, on_retry: Callable[[], None] | None = None,
-                          **kwargs: Any) -> T:
+                          alone_after: int = ALONE_AFTER, **kwargs: Any) -> T:
     """``await fn(*args, **kwargs)``, run again while it raises ``TxnConflict`` (at most
-    ``attempts`` runs in all)."""
+    ``attempts`` runs in all). After ``alone_after`` lost runs its write transactions run
+    alone (``WRITE_ALONE``: PostgreSQL lets every other writer wait), so a hot directory
+    cannot starve one operation."""
     delay_s = CONFLICT_BACKOFF_S
     uniform = (rng or random).uniform
     for attempt in range(1, attempts + 1):
+        token = WRITE_ALONE.set(True) if attempt > alone_after else None
         try:
             return await fn(*args, **kwargs)
         except TxnConflict:
@@ -55,6 +60,9 @@ async def retry_conflicts(fn: Callable[..., Awaitable[T]], *args: Any, attempts:
                 on_retry()
             await asyncio.sleep(uniform(0, delay_s))
             delay_s = min(delay_s * 2, CONFLICT_BACKOFF_MAX_S)
+        finally:
+            if token is not None:
+                WRITE_ALONE.reset(token)
     raise AssertionError("unreachable")  # pragma: no cover
 
 

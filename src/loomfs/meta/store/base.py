@@ -35,6 +35,7 @@ import errno
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from contextlib import AbstractAsyncContextManager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar
 
@@ -48,6 +49,13 @@ S = TypeVar("S", bound="type[MetaStore]")
 
 class CommitFailed(LoomError):
     """The commit covering a write transaction failed: none of its work is stored (EIO)."""
+
+
+# Set by the caller that re-runs an operation after conflicts (``loomfs.meta.service``): this
+# task's write transactions should run alone, so that they cannot lose again. An engine with
+# optimistic concurrency honours it (PostgreSQL: an exclusive gate every writer passes
+# shared); the others ignore it.
+WRITE_ALONE: ContextVar[bool] = ContextVar("loomfs_meta_write_alone", default=False)
 
 
 class TxnConflict(LoomError):

@@ -11,7 +11,11 @@ after another; read transactions are ``REPEATABLE READ READ ONLY`` (one snapshot
 data for a path walk; they never abort). A write that loses a conflict (SQLSTATE 40001, or a
 deadlock, 40P01) is rolled back and raises ``TxnConflict``: the caller re-runs its whole
 operation (``loomfs.meta.service.retry_conflicts``, a bounded number of times, with jittered
-backoff). No group commit here: each writer has its own connection and transaction, and
+backoff). An operation that lost twice runs its writes *alone* (``WRITE_ALONE``): every write
+transaction passes a gate (an advisory lock, taken shared in the same round trip as its
+BEGIN); a lone writer takes it exclusive before its BEGIN, so it waits for the writers in
+flight, new ones wait for it, and its snapshot is taken after all of them: it cannot lose
+again, and a hot directory cannot starve it. No group commit here: each writer has its own connection and transaction, and
 PostgreSQL commits concurrent transactions together in its WAL flush.
 
 Connections belong to an event loop: the pool is made on first use in a loop, and made again
@@ -31,8 +35,14 @@ from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 import asyncpg
 
 from loomfs.errors import LoomError
-from loomfs.meta.store.base import CommitFailed, MetaStore, MetaTxn, TxnConflict
-from loomfs.meta.store.postgres_schema import ADVISORY_LOCK_KEY, migrate, quote_ident, sequence_name
+from loomfs.meta.store.base import WRITE_ALONE, CommitFailed, MetaStore, MetaTxn, TxnConflict
+from loomfs.meta.store.postgres_schema import (
+    ADVISORY_LOCK_KEY,
+    WRITE_GATE_KEY,
+    migrate,
+    quote_ident,
+    sequence_name,
+)
 from loomfs.meta.store.postgres_txn import PostgresTxn, ReadOnlyTxn
 
 __all__ = ["PostgresStore", "PostgresTxn", "ReadOnlyTxn"]
@@ -41,6 +51,7 @@ logger = logging.getLogger(__name__)
 
 POOL_MAX = 16  # connections per process (each open transaction holds one)
 FOLD_EVERY = 5000  # counter delta rows added by this process between folds
+_BEGIN_GATED = f"BEGIN ISOLATION LEVEL SERIALIZABLE; SELECT pg_advisory_xact_lock_shared({WRITE_GATE_KEY})"
 _CONFLICT = (asyncpg.SerializationError, asyncpg.DeadlockDetectedError)
 _UNAVAILABLE = (asyncpg.PostgresConnectionError, asyncpg.InterfaceError, OSError)
 
@@ -82,6 +93,7 @@ class PostgresStore(MetaStore):
         self.commits = 0
         self.conflicts = 0
         self.commits_failed = 0
+        self.alone_runs = 0  # write transactions run alone (WRITE_ALONE)
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> PostgresStore:
@@ -187,17 +199,25 @@ class PostgresStore(MetaStore):
         pool = await self.pool()
         try:
             conn = await pool.acquire()
-        except _UNAVAILABLE as exc:
-            raise StoreUnavailable(f"metastore unreachable: {exc}") from exc
+        except Exception as exc:
+            if _unavailable(exc):
+                raise StoreUnavailable(f"metastore unreachable: {exc}") from exc
+            raise
+        alone = WRITE_ALONE.get()
+        gated = False
         try:
-            tr = conn.transaction(isolation="serializable")
-            await tr.start()
+            if alone:  # waits for the writers in flight; new ones wait at their BEGIN
+                await conn.execute("SELECT pg_advisory_lock($1)", WRITE_GATE_KEY)
+                gated = True
+                self.alone_runs += 1
+            # one round trip: BEGIN, and (not alone) the gate passed shared
+            await conn.execute("BEGIN ISOLATION LEVEL SERIALIZABLE" if alone else _BEGIN_GATED)
             txn = PostgresTxn(conn, True, self)
             try:
                 yield txn
             except BaseException as exc:
                 with contextlib.suppress(Exception):
-                    await tr.rollback()
+                    await conn.execute("ROLLBACK")
                 if isinstance(exc, _CONFLICT):
                     self.conflicts += 1
                     raise TxnConflict(f"serialisation conflict: {exc}") from exc
@@ -205,12 +225,14 @@ class PostgresStore(MetaStore):
                     raise StoreUnavailable(f"metastore write failed: {exc}") from exc
                 raise
             try:
-                await tr.commit()
+                await conn.execute("COMMIT")
             except _CONFLICT as exc:
                 self.conflicts += 1
                 raise TxnConflict(f"serialisation conflict at commit: {exc}") from exc
             except Exception as exc:
                 self.commits_failed += 1
+                with contextlib.suppress(Exception):
+                    await conn.execute("ROLLBACK")
                 raise CommitFailed(f"metastore commit failed: {exc}") from exc
             self.commits += 1
             if txn.added:
@@ -220,6 +242,9 @@ class PostgresStore(MetaStore):
                     self.counter_rows_added = 0
                     self._folding = asyncio.get_running_loop().create_task(self._fold())
         finally:
+            if gated:
+                with contextlib.suppress(Exception):
+                    await conn.execute("SELECT pg_advisory_unlock($1)", WRITE_GATE_KEY)
             await pool.release(conn)
 
     async def _fold(self) -> None:

@@ -24,6 +24,7 @@ from typing import Any
 
 SCHEMA_VERSION = 1
 ADVISORY_LOCK_KEY = 0x4C4F4F4D_46530001  # "LOOMFS" + 1: migrations
+WRITE_GATE_KEY = 0x4C4F4F4D_46530002  # every write passes it shared; a lone writer holds it alone
 
 MIGRATIONS: list[list[str]] = [
     # 1: the first schema
