@@ -14,6 +14,7 @@ from typing import Any
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from loomfs.bench import checkpoint, dataloader, limits, metaservers, smallfiles
+from loomfs.bench import ec as ec_bench
 from loomfs.bench.parallel import parallel_bigfile, parallel_mdtest
 from loomfs.bench.rounds import median_limits, pair, summarize
 from loomfs.bench.targets import BenchTarget
@@ -32,8 +33,9 @@ READDIR_ENTRY_BYTES = 256  # an entry with its attributes on the wire (at most),
 # the older small-file pass, lookup cost vs directory size, the issue-16 small-file benchmark,
 # PyTorch DataLoader samples/s over files and shards, LoomFS vs local (issue 9, needs torch),
 # DCP checkpoint save/load and blocked time, LoomFS vs local (issue 10, needs torch).
-GROUPS = ("bigfile", "mdtest", "small", "lookup", "smallfiles", "dataloader", "checkpoint", "metaservers")
-OPT_IN_GROUPS = ("metaservers",)  # only with --only: clusters of their own (issue 12: 1 SQLite, 1-2 PostgreSQL metas)
+GROUPS = ("bigfile", "mdtest", "small", "lookup", "smallfiles", "dataloader", "checkpoint", "metaservers", "ec")
+# ec: erasure coding vs 3 replicas on a 6-node cluster of its own that it kills servers of (issue 11)
+OPT_IN_GROUPS = ("metaservers", "ec")  # only with --only: clusters of their own (issue 12: 1 SQLite, 1-2 PostgreSQL metas)
 PINNED_LIMIT_NAME = "raw round trips, 1 CPU"
 
 
@@ -66,6 +68,7 @@ class Plan:
     dl_dirs: int = 100
     dl_consumer_rate: float = 2000.0  # samples/s one GPU eats (about a ResNet-50 training step rate)
     ckpt_bytes: int = 2 << 30  # the state_dict saved and loaded (fp32, checkpoint.TENSORS tensors)
+    ec_bytes: int = 256 << 20  # the file the ec group writes and reads, replicated and erasure-coded
 
     @classmethod
     def quick(cls) -> Plan:
@@ -74,7 +77,7 @@ class Plan:
                    small=[(200, 4096), (40, 128 << 10)], tcp_bytes=64 << 20, rtt_count=2000,
                    disk_bytes=32 << 20, sf_files=400, sf_dirs=20, sf_batch_files=100,
                    dl_sets=[(300, 4096), (100, 112 << 10)], dl_workers=(0, 2), dl_shard_bytes=1 << 20,
-                   dl_dirs=10, ckpt_bytes=32 << 20)
+                   dl_dirs=10, ckpt_bytes=32 << 20, ec_bytes=32 << 20)
 
     def network_and_disk(self) -> bool:
         """Whether the chosen groups need the bandwidth, disk and memcpy limits (the
@@ -187,6 +190,8 @@ def run_target(t: BenchTarget, plan: Plan, lim: dict[str, float], replicas: int,
             t, f"{base}/dl", sets=plan.dl_sets, workers=plan.dl_workers, batch_size=plan.dl_batch_size,
             shard_bytes=plan.dl_shard_bytes, dirs=plan.dl_dirs, consumer_rate=plan.dl_consumer_rate, lim=lim,
             local_dir=disk_dir or tempfile.gettempdir(), step=step, tag=tag)
+    if "ec" in groups and not local:
+        out += ec_bench.run_ec(plan.ec_bytes, lim, step, tag)
     if "metaservers" in groups and not local:  # clusters of its own: 1 meta on SQLite, 1 and 2 on PostgreSQL
         out += metaservers.run_metaservers(lim, files=plan.md_files, procs=plan.procs, step=step)
     if "checkpoint" in groups:
@@ -300,7 +305,8 @@ def steps_total(plan: Plan, targets: int) -> int:
     per_group = {"bigfile": 1 + 2 + 1, "mdtest": 2 * len(plan.md_procs), "small": len(plan.small),
                  "lookup": 1, "smallfiles": smallfiles.steps(tuple(plan.sf_threads)),
                  "dataloader": dataloader.steps(len(plan.dl_sets), len(plan.dl_workers)),
-                 "checkpoint": checkpoint.steps(), "metaservers": metaservers.steps()}
+                 "checkpoint": checkpoint.steps(), "metaservers": metaservers.steps(),
+                 "ec": ec_bench.steps()}
     per_target = sum(per_group[g] for g in set(plan.groups))
     return ((4 if plan.network_and_disk() else 1) + per_target * targets) * plan.rounds
 
