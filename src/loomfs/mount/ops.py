@@ -38,6 +38,7 @@ T = TypeVar("T")
 P = ParamSpec("P")
 BLKSIZE_BYTES = 1 << 20  # st_blksize: tools size their buffers by it
 STATFS_FREE_BYTES = 1 << 50  # meta does not know the storage capacity yet
+READ_BUFFERS_KEPT = 16  # per request size: read replies reuse them
 
 _TYPE_BITS = {FileType.FILE: stat.S_IFREG, FileType.DIRECTORY: stat.S_IFDIR, FileType.SYMLINK: stat.S_IFLNK,
               FileType.FIFO: stat.S_IFIFO, FileType.SOCKET: stat.S_IFSOCK, FileType.CHAR_DEVICE: stat.S_IFCHR,
@@ -95,6 +96,7 @@ class LoomOperations(pyfuse3.Operations):
         # inode -> the version (size, mtime, ctime) of the file its kernel pages hold
         self._cached: dict[int, tuple[int, int, int] | None] = {}
         self._next_fh = 1
+        self._read_buffers: dict[int, list[bytearray]] = {}  # request size -> free reply buffers
 
     def __repr__(self) -> str:
         return f"LoomOperations({self.inodes!r}, handles={len(self.handles)}, loop={self.options.loop})"
@@ -466,12 +468,18 @@ class LoomOperations(pyfuse3.Operations):
     async def read(self, fh: int, off: int, size: int) -> memoryview:
         h = self.handles[fh]
         assert isinstance(h, Handle)
-        buf = bytearray(size)
+        free = self._read_buffers.setdefault(size, [])
+        buf = free.pop() if free else bytearray(size)  # fresh memory costs a page fault per 4 KiB
         if h.writable:
             async with h.lock:
                 n = await self.call(h.file.pread(off, memoryview(buf)))
         else:
             n = await self.call(h.file.pread(off, memoryview(buf)))
+        # pyfuse3 copies the reply to the kernel as soon as this returns, before any other
+        # request handler runs on this loop: the buffer may go back to the free list now
+        # (only after a read that finished: a failed one may still have fetches writing it)
+        if len(free) < READ_BUFFERS_KEPT:
+            free.append(buf)
         return memoryview(buf)[:n]
 
     @_fuse_errors
