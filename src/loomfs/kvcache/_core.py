@@ -28,6 +28,7 @@ import crc32c
 from loomfs.client.layout import split_range
 from loomfs.errors import InvalidArgument, LoomError
 from loomfs.kvcache import _entry as E
+from loomfs.kvcache._icache import IndexCache
 from loomfs.kvcache._reads import Run, plan_reads
 from loomfs.kvcache._segments import SegmentWriter
 from loomfs.kvcache._values import Target, as_bytes, rebuild
@@ -71,6 +72,7 @@ class KVConfig:
     compact_live_ratio: float = 0.5  # sealed segments with less live data are compacted
     touch_after_s: float = 1.0  # a hit rewrites its entry's time (LRU) once it is this old
     seal_grace_s: float = 10.0  # a segment this much older than segment_roll_s is sealed or abandoned
+    index_cache_s: float = 0.0  # reuse an index entry seen here for this long (0 = ask meta every get)
 
     def check(self) -> None:
         if self.capacity_bytes <= 0 or self.ttl_s < 0 or self.segment_bytes <= 0 or self.segment_roll_s <= 0:
@@ -99,6 +101,7 @@ class AsyncKVCache:
                                     roll_s=self.config.segment_roll_s)
         self.stats = KVStats()
         self._touches: dict[str, E.Entry] = {}
+        self.icache = IndexCache(self.config.index_cache_s)
         self._task: asyncio.Task[None] | None = None
         self.closed = False
 
@@ -150,26 +153,32 @@ class AsyncKVCache:
         now = self.clock()
         inline_max = self.config.inline_value_max_bytes
         big = [(k, v) for k, v in last.items() if len(v[0]) > inline_max]
-        entries: list[tuple[str, bytes]] = []
+        entries: list[E.Entry] = []
         for k, (view, kind, desc) in last.items():
             if len(view) <= inline_max:
                 data = bytes(view)
-                e = E.Entry(key=k, touched_s=now, value_bytes=len(data), value_crc=crc32c.crc32c(data),
-                            kind=kind, desc=desc, inline=data)
-                entries.append((self._path(k), E.encode(e)))
+                entries.append(E.Entry(key=k, touched_s=now, value_bytes=len(data), value_crc=crc32c.crc32c(data),
+                                       kind=kind, desc=desc, inline=data))
         if big:
             placed = await self.writer.append_many([v[0] for _, v in big])
             for (k, (view, kind, desc)), p in zip(big, placed, strict=True):
-                e = E.Entry(key=k, touched_s=now, value_bytes=len(view), value_crc=crc32c.crc32c(view), kind=kind,
-                            desc=desc, seg_name=p.seg_name, seg_inode=p.seg_inode, seg_offset=p.offset,
-                            chunk_size=p.chunk_size, chains=p.chains)
-                entries.append((self._path(k), E.encode(e)))
+                entries.append(E.Entry(key=k, touched_s=now, value_bytes=len(view), value_crc=crc32c.crc32c(view),
+                                       kind=kind, desc=desc, seg_name=p.seg_name, seg_inode=p.seg_inode,
+                                       seg_offset=p.offset, chunk_size=p.chunk_size, chains=p.chains))
         await self._write_entries(entries)
         self.stats.puts += len(last)
         self.stats.put_bytes += sum(len(v[0]) for v in last.values())
 
-    async def _write_entries(self, entries: Sequence[tuple[str, bytes]]) -> None:
-        errors = await self.client.put_many(list(entries))
+    async def _write_entries(self, entries: Sequence[E.Entry]) -> None:
+        """Write index entries (one PUT_MANY per batch); this process's index cache learns them."""
+        if not entries:
+            return
+        errors = await self.client.put_many([(self._path(e.key), E.encode(e)) for e in entries])
+        for e, err in zip(entries, errors, strict=True):
+            if err is None:
+                self.icache.learn(e)
+            else:
+                self.icache.forget(e.key)
         first = next((e for e in errors if e is not None), None)
         if first is not None:
             raise first
@@ -186,8 +195,30 @@ class AsyncKVCache:
         if into is not None and len(into) != len(ks):
             raise InvalidArgument(f"get_many: {len(ks)} keys but {len(into)} into= buffers")
         targets = [None if into is None or into[i] is None else Target(into[i]) for i in range(len(ks))]
-        entries = await self._entries(ks)
-        out: list[Any] = [None] * len(ks)
+        cached = [self.icache.get(k) for k in ks] if self.icache.ttl_s > 0 else [None] * len(ks)
+        now = self.clock()
+        cached = [e if e is not None and not self._expired(e, now) else None for e in cached]
+        ask = [i for i, e in enumerate(cached) if e is None]
+        out = await self._read_values(cached, targets)  # the cached ones (none when off)
+        # a cached entry whose bytes failed: ask meta about it too
+        ask += [i for i, e in enumerate(cached) if e is not None and out[i] is None]
+        if ask:
+            ask.sort()
+            fresh = await self._entries([ks[i] for i in ask])
+            got = await self._read_values(fresh, [targets[i] for i in ask])
+            for i, g in zip(ask, got, strict=True):
+                out[i] = g
+        hits = sum(r is not None for r in out)
+        self.stats.hits += hits
+        self.stats.misses += len(ks) - hits
+        return out
+
+    def _expired(self, e: E.Entry, now_s: float) -> bool:
+        return bool(self.config.ttl_s) and e.touched_s + self.config.ttl_s < now_s
+
+    async def _read_values(self, entries: Sequence[E.Entry | None], targets: Sequence[Target | None]) -> list[Any]:
+        """The values ``entries`` name (None: no entry, or bytes failing the CRC)."""
+        out: list[Any] = [None] * len(entries)
         slots = asyncio.Semaphore(READS_INFLIGHT)
         alone, runs = plan_reads(entries)
 
@@ -207,9 +238,6 @@ class AsyncKVCache:
             await jobs[0]
         elif jobs:
             await asyncio.gather(*jobs)
-        hits = sum(r is not None for r in out)
-        self.stats.hits += hits
-        self.stats.misses += len(ks) - hits
         return out
 
     async def _entries(self, keys: Sequence[bytes]) -> list[E.Entry | None]:
@@ -219,6 +247,7 @@ class AsyncKVCache:
         out: list[E.Entry | None] = []
         for k, r in zip(keys, raw, strict=True):
             if isinstance(r, FileNotFoundError):
+                self.icache.forget(k)
                 out.append(None)
                 continue
             if isinstance(r, OSError):
@@ -232,10 +261,11 @@ class AsyncKVCache:
                 continue
             if e.key != k:
                 out.append(None)  # another key with the same hash name
-            elif self.config.ttl_s and e.touched_s + self.config.ttl_s < now:
+            elif self._expired(e, now):
                 self.stats.expired += 1
                 out.append(None)
             else:
+                self.icache.learn(e)
                 out.append(e)
         return out
 
@@ -319,7 +349,10 @@ class AsyncKVCache:
         return (await self.delete_many([key]))[0]
 
     async def delete_many(self, keys: Sequence[bytes]) -> list[bool]:
-        errors = await self.client.rm_many([self._path(E.check_key(k)) for k in keys])
+        ks = [E.check_key(k) for k in keys]
+        for k in ks:
+            self.icache.forget(k)
+        errors = await self.client.rm_many([self._path(k) for k in ks])
         for err in errors:
             if err is not None and not isinstance(err, FileNotFoundError):
                 raise err
@@ -333,7 +366,7 @@ class AsyncKVCache:
         ks = [E.check_key(k) for k in keys]
         entries = await self._entries(ks)
         now = self.clock()
-        await self._write_entries([(self._path(e.key), E.encode(e.touched(now))) for e in entries if e is not None])
+        await self._write_entries([e.touched(now) for e in entries if e is not None])
         return [e is not None for e in entries]
 
     async def flush_touches(self) -> int:
@@ -342,8 +375,7 @@ class AsyncKVCache:
             return 0
         pending, self._touches = self._touches, {}
         now = self.clock()
-        await self._write_entries([(f"{self.index_dir}/{name}", E.encode(e.touched(now)))
-                                   for name, e in pending.items()])
+        await self._write_entries([e.touched(now) for e in pending.values()])
         self.stats.touches_written += len(pending)
         return len(pending)
 

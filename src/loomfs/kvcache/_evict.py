@@ -175,6 +175,9 @@ async def _remove_entries(cache: AsyncKVCache, items: Sequence[tuple[str, E.Entr
     if not items:
         return 0
     names = await _unchanged(cache, items)
+    for _, e in items:
+        if e is not None:
+            cache.icache.forget(e.key)
     errors = await cache.client.rm_many([f"{cache.index_dir}/{n}" for n in names])
     return sum(err is None for err in errors)
 
@@ -195,11 +198,11 @@ async def _move(cache: AsyncKVCache, entries: Sequence[tuple[str, E.Entry]]) -> 
     placed = await cache.writer.append_many([memoryview(b) for _, _, b in good])
     current = await _current(cache, [n for n, _, _ in good])
     rewrites = []
-    for (name, e, _), p, cur in zip(good, placed, current, strict=True):
+    for (_, e, _), p, cur in zip(good, placed, current, strict=True):
         if cur is not None and cur.same_place(e):  # keeps a touch made meanwhile
             moved = dataclasses.replace(cur, seg_name=p.seg_name, seg_inode=p.seg_inode, seg_offset=p.offset,
                                         chunk_size=p.chunk_size, chains=p.chains)
-            rewrites.append((f"{cache.index_dir}/{name}", E.encode(moved)))
+            rewrites.append(moved)
     await cache._write_entries(rewrites)
     return len(rewrites), dropped
 
