@@ -44,3 +44,4 @@ def test_rounds_interleave_and_limits_are_remeasured(tmp_path: Path) -> None:
     assert len(create["values"]) == 2 and create["min"] <= create["value"] <= create["max"]
     assert len(create["paired"]["ratios"]) == 2 and create["paired"]["target"] == "compare:b"
     assert doc["durability"]["compare:b"].startswith("fsync before close")
+    assert doc["cold_caches"]["loomfs"]["kept"]

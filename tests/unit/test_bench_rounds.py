@@ -128,3 +128,15 @@ def test_loomfs_metadata_durability_is_stated(tmp_path: Path) -> None:
     cfg.write_text('store_url = "sqlite:///x/meta.db"\nsqlite_synchronous = "FULL"\n')
     assert "fsynced on commit" in meta_durability(str(tmp_path))
     assert "not visible" in meta_durability("10.0.0.1:8000")
+
+
+def test_small_file_table_states_what_cold_dropped(tmp_path: Path) -> None:
+    from loomfs.bench.report import smallfile_lines
+
+    row = {"name": "sf_read_cold_1t", "target": "compare:/d", "unit": "files/s", "value": 100.0, "ratio": 0.5,
+           "limit_name": "", "limit_value": 0.0, "extra": {}}
+    doc = {"targets": ["compare:/d"], "results": [row],
+           "cold_caches": {"compare:/d": LocalTarget(str(tmp_path)).cold_caches()}}
+    text = "\n".join(smallfile_lines(doc))
+    assert "cold stat/read/batches: dropped this host's page cache of each file" in text
+    assert "not dropped: the kernel's dentry and inode caches" in text

@@ -344,4 +344,5 @@ def run_bench(targets: list[BenchTarget], plan: Plan, replicas: int, disk_dir: s
     return {"schema": SCHEMA_VERSION, "quick": quick, "rounds": plan.rounds, "replicas": replicas,
             "plan": asdict(plan), "limits": lim, "limits_rounds": per_round_limits,
             "targets": [t.name for t in targets], "results": results,
-            "durability": {t.name: t.durability() for t in targets}, "interleaved": True}
+            "durability": {t.name: t.durability() for t in targets},
+            "cold_caches": {t.name: t.cold_caches() for t in targets}, "interleaved": True}

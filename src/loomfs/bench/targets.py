@@ -55,6 +55,7 @@ class BenchTarget(Protocol):
     def drop_cache(self, path: str) -> None: ...
     def drop_caches(self, path: str) -> Caches: ...
     def cold(self, paths: list[str]) -> BenchTarget: ...
+    def cold_caches(self) -> Caches: ...
     def durability(self) -> str: ...
     def close(self) -> None: ...
 
@@ -182,6 +183,12 @@ class LoomTarget:
         """A fresh client on the same cluster: its attribute, entry and data caches are empty.
         The caller closes it."""
         return LoomTarget(self.spec[1])
+
+    def cold_caches(self) -> Caches:
+        """What ``cold`` empties and what it leaves warm (it drops nothing on the servers)."""
+        return {"dropped": ["the LoomFS client's attribute, entry and data caches (a fresh client)"],
+                "kept": ["meta's SQLite cache and the page cache of its database (inline small files live there)",
+                         "the storage nodes' page cache", VM_HOST_CACHE]}
 
     def durability(self) -> str:
         from loomfs.cli.common import storage_fsync_settings
@@ -313,6 +320,13 @@ class LocalTarget:
             except OSError:
                 pass
         return self
+
+    def cold_caches(self) -> Caches:
+        """What ``cold`` empties and what it leaves warm."""
+        return {"dropped": ["this host's page cache of each file (fsync, posix_fadvise DONTNEED)"],
+                "kept": ["the kernel's dentry and inode caches",
+                         "a network file system client's own cache beyond the page cache (e.g. mfsmount's)",
+                         VM_HOST_CACHE]}
 
     def drop_cache(self, path: str) -> None:
         """Flush and drop ``path`` from the page cache so a read-back measures the device."""
