@@ -6,6 +6,7 @@ import logging
 from collections.abc import Awaitable, Callable
 
 from loomfs.common.clock import SYSTEM_CLOCK, Clock
+from loomfs.mgmtd.ec import replace_lost_ec_targets
 from loomfs.mgmtd.state import ClusterState
 from loomfs.mgmtd.store import MgmtdStore
 from loomfs.net.rpc import CallContext, handles
@@ -122,7 +123,11 @@ class MgmtdService:
         return Empty()
 
     def tick(self) -> None:
-        if self.state.tick(self.clock.monotonic()):
+        changed = self.state.tick(self.clock.monotonic())
+        if replace_lost_ec_targets(self.state, self.clock.monotonic()):  # EC chains: spares (loomfs.mgmtd.ec)
+            self.state._bump()
+            changed = True
+        if changed:
             self.persist()
 
     def __repr__(self) -> str:
