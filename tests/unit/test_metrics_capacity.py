@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-from types import SimpleNamespace
 
 from rich.console import Console
 
@@ -37,10 +36,11 @@ def test_hosts_and_disk_ids_are_separate_disks() -> None:
     r = _local()
     r = dataclasses.replace(r, nodes=[dataclasses.replace(n, host=f"10.0.0.{n.node_id}") for n in r.nodes])
     assert cluster_capacity(r).capacity_bytes == 3 * 252 * GIB
-    one_host = [SimpleNamespace(node_id=1, capacity_bytes=252 * GIB, used_bytes=0, disk_id=d, chain_id=1,
-                                state=TargetState.SERVING) for d in ("dev-2049", "dev-2050")]
-    both = SimpleNamespace(nodes=[NodeInfo(node_id=1, host="h")], targets=one_host)
-    assert cluster_capacity(both).disks == 2  # equal sizes, but the disk ids differ
+    one_host = [TargetInfo(target_id=1001 + i, node_id=1, capacity_bytes=252 * GIB, disk_id=d, chain_id=1)
+                for i, d in enumerate(("2049", "2050", "2049"))]
+    both = RoutingInfo(nodes=[NodeInfo(node_id=1, host="h")], targets=one_host)
+    cap = cluster_capacity(both)
+    assert cap.disks == 2 and cap.capacity_bytes == 2 * 252 * GIB  # equal sizes, two st_devs
 
 
 def test_spare_targets_are_spare_everywhere() -> None:

@@ -4,11 +4,10 @@ routing snapshot.
 
 Targets are directories, and several of them often share one disk (a local cluster puts all
 of them on one): summing their ``capacity_bytes`` (each the whole file system's size, from
-``statvfs``) counted that disk once per target. Targets are grouped by disk: by the disk id
-storage reports (``TargetInfo.disk_id``, once it does: ``st_dev``/``f_fsid`` of the target
-directory), else by (host, capacity): on one host, targets whose file systems have exactly
-the same size are taken to be on one disk. The fallback under-counts two disks of exactly
-equal size on one host; the disk id removes that.
+``statvfs``) counted that disk once per target. Targets are grouped by disk: by (host, the
+disk id storage reports: ``TargetInfo.disk_id``, the ``st_dev`` of the target directory);
+a target that reports none (an older storage node) by (host, capacity): on one host, targets
+whose file systems have exactly the same size are taken to be on one disk.
 """
 
 from __future__ import annotations
@@ -34,8 +33,8 @@ class Capacity:
 def disk_key(target: Any, hosts: dict[int, str]) -> tuple[str, str]:
     """Which disk a target lives on: (host, disk id) or, without one, (host, 'size=N')."""
     host = hosts.get(target.node_id, f"node{target.node_id}")
-    disk_id = getattr(target, "disk_id", "") or ""
-    return (host, str(disk_id)) if disk_id else (host, f"size={target.capacity_bytes}")
+    disk_id = target.disk_id
+    return (host, f"dev={disk_id}") if disk_id else (host, f"size={target.capacity_bytes}")
 
 
 def cluster_capacity(routing: Any) -> Capacity:
