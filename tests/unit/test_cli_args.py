@@ -64,6 +64,7 @@ def test_addresses_pass_through(tmp_path: Path) -> None:
     assert not looks_like_address(str(tmp_path)) and not looks_like_address("x:y")
     args = build_parser().parse_args(["--mgmtd", "10.0.0.1:8000", "top"])
     assert target(args) == "10.0.0.1:8000"
+    assert target(build_parser().parse_args(["top", "--dir", "10.0.0.1:8000"])) == "10.0.0.1:8000"
 
 
 def test_progress_columns_use_binary_units() -> None:

@@ -37,7 +37,10 @@ def target(args: argparse.Namespace, hint: str = START_HINT) -> str:
         return str(args.mgmtd)
     env = os.environ.get("LOOMFS_CLUSTER")
     if getattr(args, "cluster_dir", None):
-        where = str(Path(args.cluster_dir).resolve())
+        raw = str(args.cluster_dir)
+        if looks_like_address(raw) and not Path(raw).exists():
+            return raw  # ``--dir HOST:PORT``: meant as --mgmtd
+        where = str(Path(raw).resolve())
     elif env:
         where = env
     else:
