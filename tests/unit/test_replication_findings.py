@@ -165,19 +165,46 @@ async def _commit(c: Chain3, node: int, ver: int, data: bytes) -> None:
         await e.commit(KEY, v)
 
 
-def test_lastsrv_behind_a_returning_member_takes_its_newer_version() -> None:
+def test_lastsrv_behind_a_returning_member_converges_and_keeps_what_it_acked_since() -> None:
     """Every replica of a chain crashed (power loss, commits unsynced); mgmtd kept the one it
-    detected last as last serving, and it came back without v3 that another member holds.
-    The resync refused to take that member back (never backwards) and the chain stayed at R-1."""
+    detected last as last serving, and it came back without v3 and v4 that another member
+    holds. It acked a write since (v3, a reused number). The resync refused to take the other
+    member back (never backwards) and the chain stayed at R-1; a first fix that took the
+    member's newer copy replaced the acked write (review)."""
 
     async def body(c: Chain3) -> None:
         await _commit(c, 1, 2, b"two")
-        await _commit(c, 2, 3, b"three")
-        c.set_chain([1], version=5, syncing=(2,), waiting=(3,))
+        await _commit(c, 2, 4, b"four")
+        c.set_chain([1], version=5, waiting=(2, 3))
+        await c.write(1, 0, b"ACKED")
+        assert await c.read(1) == b"ACKED"
+        c.set_chain([1], version=6, syncing=(2,), waiting=(3,))
         svc = c.nodes[0].service
-        resync = Resyncer(svc, _no_report)
-        await resync._sync(SyncJob(1, 5, c.tid(1), c.tid(2)), await svc.routing.get())
-        assert [(c.engine(n).get(KEY).commit_ver, c.content(n)) for n in (1, 2)] == [(3, b"three")] * 2  # type: ignore[union-attr]
+        await Resyncer(svc, _no_report)._sync(SyncJob(1, 6, c.tid(1), c.tid(2)), await svc.routing.get())
+        assert [(c.engine(n).get(KEY).commit_ver, c.content(n)) for n in (1, 2)] == [(3, b"ACKED")] * 2  # type: ignore[union-attr]
+        assert await c.read(1) == b"ACKED"
+
+    run(body)
+
+
+def test_a_leftover_on_the_source_does_not_wedge_a_lost_power_resync() -> None:
+    """Review: the same state, and a client write before the resync reached the chunk: the
+    syncing member (ahead) refused it, the head kept it pending, and with a pending version the
+    resync neither pulled nor rolled back, so every resync and every retry failed."""
+
+    async def body(c: Chain3) -> None:
+        await _commit(c, 1, 2, b"two")
+        await _commit(c, 2, 4, b"four")
+        c.set_chain([1], version=5, syncing=(2,), waiting=(3,))
+        with pytest.raises(LoomError):
+            await c.write(1, 0, b"client")  # the syncing member refuses v3
+        svc = c.nodes[0].service
+        await Resyncer(svc, _no_report)._sync(SyncJob(1, 5, c.tid(1), c.tid(2)), await svc.routing.get())
+        await c.write(1, 0, b"retry")
+        # the failed write was kept as a leftover and took effect first (its outcome was unknown)
+        assert c.content(1) == c.content(2) == b"retryt"
+        st1, st2 = c.engine(1).get(KEY), c.engine(2).get(KEY)
+        assert st1 is not None and st2 is not None and st1.commit_ver == st2.commit_ver
 
     run(body)
 
@@ -230,5 +257,61 @@ def test_late_copy_of_a_trim_does_not_cut_a_write_that_followed_the_retried_trim
         with pytest.raises(LoomError):
             await c.client.call(c.nodes[0].address, REMOVE_CHUNKS, unlisted)
         assert c.content(1) == b"new data"
+
+    run(body)
+
+
+def test_exact_repair_keeps_an_intact_pending_version() -> None:
+    """Review: the old tail committed and served v2 and went offline; the head, the only
+    serving member, held v2 pending (its push to the syncing member failing), and its v1
+    rotted. The exact-version repair installed v1 and dropped the pending v2, so the next
+    write reused v2 for other bytes."""
+
+    async def body(c: Chain3) -> None:
+        await c.write(1, 0, b"x" * 300)
+        c.engine(1).stage_write(KEY, 2, 0, b"y" * 100)
+        c.engine(3).stage_write(KEY, 2, 0, b"y" * 100)
+        await c.engine(3).commit(KEY, 2)
+        c.set_chain([1], version=2, syncing=(2,))
+        c.engine(2).fail_stages = 1000  # the push of the leftover to the syncing member fails
+        c.engine(1).corrupt(KEY, 20)
+        scrub = Scrubber(c.nodes[0].service, bytes_per_s=0, interval_s=3600)
+        good, _ = await scrub.check_chunk(c.nodes[0].target, KEY)
+        assert not good and scrub.repaired == 1
+        st = c.engine(1).get(KEY)
+        assert st is not None and (st.commit_ver, st.pending_ver, st.pending_length) == (1, 2, 300)
+        c.engine(2).fail_stages = 0
+        await c.write(1, 0, b"z" * 10)  # the leftover v2 goes first, the write is v3
+        assert c.engine(1).get(KEY).commit_ver == 3  # type: ignore[union-attr]
+        assert c.content(1) == c.content(2) == b"z" * 10 + b"y" * 90 + b"x" * 200
+
+    run(body)
+
+
+def test_exact_reads_are_checked() -> None:
+    """Review: an exact read answered anyone, for any chain, with a serving head's uncommitted
+    bytes; a fenced trim with a negative expected version cut unfenced."""
+    from loomfs.wire.storage import READ, ReadReq
+
+    async def body(c: Chain3) -> None:
+        await c.write(1, 0, b"committed")
+        c.engine(1).stage_write(KEY, 2, 0, b"UNCOMMITTED", full_replace=True)
+        for req, status in [
+            (ReadReq(chain_id=99, chain_version=1, chunk=CHUNK, target_id=c.tid(1), exact_ver=1),
+             Status.UNKNOWN_TARGET),
+            (ReadReq(chain_id=1, chain_version=1, chunk=CHUNK, target_id=c.tid(1), exact_ver=2),
+             Status.VERSION_MISMATCH),  # a serving member's pending is never handed out
+            (ReadReq(chain_id=1, chain_version=1, chunk=CHUNK, target_id=c.tid(1), exact_ver=-1),
+             Status.EINVAL),
+        ]:
+            with pytest.raises(LoomError) as err:
+                await c.client.call(c.nodes[0].address, READ, req)
+            assert err.value.status is status
+        trim = RemoveChunksReq(chain_id=1, chain_version=1, inode=KEY.inode, index_begin=0, index_end=1,
+                               keep_versions=True, fenced=True, expect_vers=[0, -7])
+        with pytest.raises(LoomError) as err:
+            await c.client.call(c.nodes[0].address, REMOVE_CHUNKS, trim)
+        assert err.value.status is Status.EINVAL
+        assert c.content(1) == b"committed"
 
     run(body)

@@ -55,6 +55,8 @@ logger = logging.getLogger(__name__)
 INDEX_END_ALL = 1 << 62
 FENCED_ATTEMPTS = 5  # a fenced trim looks again this often when chunks were written meanwhile
 QUERY_PAGE = 10_000
+CORRUPT_ROUNDS_MAX = 2  # a chunk failing its CRC on every serving replica this often is EIO
+CORRUPT_REREAD_S = 0.5  # ... waiting this long between (the replicas were told to repair it)
 
 # statuses after which routing is refreshed before the next try
 _REFRESH = frozenset(
@@ -220,6 +222,7 @@ class StorageClient:
         last: BaseException | None = None
         avoid: set[int] = set()  # replicas that just failed a read
         corrupt: set[int] = set()  # replicas whose copy failed its CRC in this call
+        corrupt_rounds = 0  # times every serving replica failed it (each time they were told)
         while True:
             remaining = deadline - self.clock.monotonic()
             if remaining <= 0:
@@ -276,11 +279,20 @@ class StorageClient:
                         corrupt.add(target)
                         self._report_corrupt(address, target, req)
                         if corrupt >= set(targets):
+                            corrupt_rounds += 1
                             chunk = getattr(req, "chunk", None)
-                            raise ChecksumError(
-                                f"chunk {chunk.inode}:{chunk.index} of chain {chain_id} failed its CRC32C on every "
-                                f"serving replica (targets {sorted(corrupt)})" if chunk is not None else str(exc)
-                            ) from exc
+                            if corrupt_rounds >= CORRUPT_ROUNDS_MAX:
+                                raise ChecksumError(
+                                    f"chunk {chunk.inode}:{chunk.index} of chain {chain_id} failed its CRC32C on "
+                                    f"every serving replica (targets {sorted(corrupt)}), also after they were "
+                                    "told to repair it" if chunk is not None else str(exc)
+                                ) from exc
+                            # every copy we can read is bad: the nodes we told may repair theirs
+                            # from a member that is not serving; read once more after a moment
+                            await asyncio.sleep(CORRUPT_REREAD_S)
+                            avoid.clear()
+                            corrupt.clear()
+                            continue
                         if role == "tail":
                             role = "any"  # the tail's copy is bad: another replica may serve it
                 else:

@@ -59,7 +59,7 @@ import random
 from typing import Protocol
 
 from loomfs.common.clock import SYSTEM_CLOCK, Clock
-from loomfs.errors import StatusError
+from loomfs.errors import LoomError, StatusError
 from loomfs.meta.store.base import MetaStore, MetaTxn, TrimEntry
 from loomfs.wire.status import Status
 from loomfs.wire.types import FileType, Layout
@@ -200,7 +200,11 @@ class Trimmer:
                 # a cut that failed has no call in flight: try again after a back-off; one
                 # that hung may have: nobody cuts until a claim's time has passed
                 await self._release(inode, self.retry_s if done else self.claim_s)
-                raise StatusError(Status.EIO, f"inode {inode}: trim to {cut_at} pending: {why}") from exc
+                # a fenced cut that kept finding fresh writes on the chunks (a writer still at it):
+                # busy, not broken
+                busy = isinstance(exc, LoomError) and exc.status is Status.VERSION_MISMATCH
+                raise StatusError(Status.EAGAIN if busy else Status.EIO,
+                                  f"inode {inode}: trim to {cut_at} pending: {why}") from exc
             async with self.store.write() as txn:
                 cur = await txn.trim_get(inode)
                 if cur is not None and cur.generation == entry.generation:

@@ -65,6 +65,14 @@ class NodeRecord:
     accusations: dict[int, float] = field(default_factory=dict)
 
 
+def _scrub_key(s: ScrubStats | None) -> tuple[object, ...]:
+    """What of a scrub report is worth a new routing snapshot (not the running count of
+    chunks checked, which moves on every heartbeat during a pass)."""
+    if s is None:
+        return ()
+    return (s.interval_s, s.passes, s.bad, s.repaired, s.last_pass_end_unix_s, s.next_pass_unix_s)
+
+
 @dataclass(slots=True)
 class TargetRecord:
     target_id: int
@@ -212,10 +220,11 @@ class ClusterState:
         for t in targets:
             tr = self.targets.get(t.target_id)
             if tr is not None and tr.node_id == node_id:
-                usage = (t.used_bytes, t.capacity_bytes, t.chunk_count, t.scrub)
-                if usage != (tr.used_bytes, tr.capacity_bytes, tr.chunk_count, tr.scrub):
-                    tr.used_bytes, tr.capacity_bytes, tr.chunk_count, tr.scrub = usage
+                usage = (t.used_bytes, t.capacity_bytes, t.chunk_count, _scrub_key(t.scrub))
+                if usage != (tr.used_bytes, tr.capacity_bytes, tr.chunk_count, _scrub_key(tr.scrub)):
                     self._routing_cache = None  # usage is not a routing change: no version bump
+                tr.used_bytes, tr.capacity_bytes, tr.chunk_count, tr.scrub = (
+                    t.used_bytes, t.capacity_bytes, t.chunk_count, t.scrub)
         return self.revoked_targets(node_id)
 
     def revoked_targets(self, node_id: int) -> list[int]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from dataclasses import dataclass
 from typing import Protocol
 
 import crc32c
@@ -25,9 +26,20 @@ class _Replacing(Protocol):
     replacing: set[tuple[int, ChunkKey]]
 
 
+@dataclass(frozen=True, slots=True)
+class KeptPending:
+    """A pending version (read and checked before the install) staged again on top."""
+
+    ver: int
+    data: bytes
+    tags: tuple[ChunkTag, ...]
+
+
 async def install_copy(service: _Replacing, target: StorageTarget, key: ChunkKey, ver: int, data: memoryview,
-                       tags: tuple[ChunkTag, ...]) -> None:
-    """Make ``data`` the committed version ``ver`` of ``key`` on ``target``."""
+                       tags: tuple[ChunkTag, ...], *, keep: KeptPending | None = None) -> None:
+    """Make ``data`` the committed version ``ver`` of ``key`` on ``target``; ``keep``: the
+    pending version the chunk had, staged again on top (it may be the only copy of a version
+    the old tail committed and served)."""
     service.replacing.add((target.target_id, key))  # reads refuse it meanwhile
     await target.engine.remove_range(key.inode, key.index, key.index + 1)
     delay_s = 0.05
@@ -36,10 +48,21 @@ async def install_copy(service: _Replacing, target: StorageTarget, key: ChunkKey
             target.engine.stage_write(key, ver, 0, data, data_crc=crc32c.crc32c(data), full_replace=True, tags=tags)
             await target.engine.commit(key, ver)
             service.replacing.discard((target.target_id, key))
-            return
+            break
         except OSError as exc:  # LoomError included
             target.engine.abort(key)
             logger.error("target %d chunk %s: installing a good copy of v%d failed (%s): retrying",
                          target.target_id, key, ver, exc)
+            await asyncio.sleep(delay_s)
+            delay_s = min(delay_s * 2, 2.0)
+    while keep is not None:
+        try:
+            target.engine.stage_write(key, keep.ver, 0, memoryview(keep.data), data_crc=crc32c.crc32c(keep.data),
+                                      full_replace=True, tags=keep.tags)
+            return
+        except OSError as exc:
+            target.engine.abort(key)
+            logger.error("target %d chunk %s: staging pending v%d again failed (%s): retrying",
+                         target.target_id, key, keep.ver, exc)
             await asyncio.sleep(delay_s)
             delay_s = min(delay_s * 2, 2.0)

@@ -24,21 +24,18 @@ import crc32c
 from loomfs.common.routing import Routing
 from loomfs.errors import LoomError, StatusError
 from loomfs.storage import chain, planted
-from loomfs.storage.dedupe import pack_tags, unpack_tags
+from loomfs.storage.dedupe import pack_tags
 from loomfs.storage.engine.types import ChunkKey, ChunkState
-from loomfs.storage.install import install_copy
 from loomfs.storage.target import StorageTarget
 from loomfs.wire.mgmtd import SyncReportReq
 from loomfs.wire.status import Status
 from loomfs.wire.storage import (
     QUERY_CHUNKS,
-    READ,
     REMOVE_CHUNKS,
     WRITE,
     ChunkId,
     ChunkMeta,
     QueryChunksReq,
-    ReadReq,
     RemoveChunksReq,
     WriteReq,
 )
@@ -262,16 +259,19 @@ class Resyncer:
                     self.chunks_removed += 1
                 return 0
             rollback = False
-            if remote is not None and remote.commit_ver > st.commit_ver and not st.has_pending:
+            if remote is not None and remote.commit_ver > st.commit_ver:
+                if st.has_pending and (st.pending_ver, st.pending_length, st.pending_crc) == (
+                        remote.commit_ver, remote.length, remote.crc):
+                    return 0  # it committed our leftover (its ack was lost): the leftover settles
                 # the syncing target committed versions the serving chain does not have: the
                 # serving replicas lost them (every replica crashed with them unsynced, and the
-                # one mgmtd kept as last serving was behind). The only serving member takes
-                # them; with members upstream (behind too) the target goes back to ours.
-                if self._only_serving(job, routing):
-                    await self._pull(job, routing, target, key, remote)
-                    return 0
-                logger.error("resync %s: chunk %s v%d on the target is newer than ours (v%d): replacing it",
-                             job, key, remote.commit_ver, st.commit_ver)
+                # one mgmtd kept as last serving was behind). The serving chain is what clients
+                # have been acked and served since: the target goes back to its version (a
+                # leftover of ours then follows on top). Taking the target's copy instead could
+                # replace a write acked since under a reused number.
+                logger.error("resync %s: chunk %s v%d on the target is newer than ours (v%d, pending v%d): "
+                             "replacing it (the serving replicas lost those versions)", job, key, remote.commit_ver,
+                             st.commit_ver, st.pending_ver if st.has_pending else 0)
                 rollback = True
             if remote is not None and remote.update_ver <= remote.commit_ver and (
                     remote.commit_ver, remote.length, remote.crc, remote.tags) == (
@@ -304,28 +304,6 @@ class Resyncer:
             self.chunks_copied += 1
             self.bytes_copied += n
             return max(1, n)
-
-    @staticmethod
-    def _only_serving(job: SyncJob, routing: Routing) -> bool:
-        c = routing.chain(job.chain_id)
-        serving = [t for t in c.targets if t in routing.targets and routing.targets[t].state == TargetState.SERVING]
-        return serving == [job.source]
-
-    async def _pull(self, job: SyncJob, routing: Routing, target: StorageTarget, key: ChunkKey,
-                    remote: ChunkMeta) -> None:
-        """Install the syncing target's newer committed copy here (the caller holds the lock)."""
-        svc = self.service
-        req = ReadReq(chain_id=job.chain_id, chain_version=job.chain_version,
-                      chunk=ChunkId(inode=key.inode, index=key.index), offset=0, length=remote.length,
-                      target_id=job.dest, exact_ver=remote.commit_ver)
-        rsp = await svc.rpc.call(routing.address_of(job.dest), READ, req, timeout_s=svc.forward_timeout_s)
-        data = rsp.payload
-        if len(data) != remote.length or crc32c.crc32c(data) != remote.crc:
-            raise StatusError(Status.VERSION_MISMATCH, f"chunk {key} on target {job.dest} changed while pulled")
-        ours = target.engine.get(key)
-        logger.error("resync %s: chunk %s: taking v%d from the syncing target (ours was v%d: lost)", job, key,
-                     remote.commit_ver, ours.commit_ver if ours is not None else 0)
-        await install_copy(svc, target, key, remote.commit_ver, data, unpack_tags(remote.tags))
 
     def __repr__(self) -> str:
         return (f"Resyncer(active={self.active} copied={self.chunks_copied} removed={self.chunks_removed} "

@@ -18,7 +18,7 @@ from loomfs.common.routing import Routing
 from loomfs.errors import LoomError
 from loomfs.storage.dedupe import unpack_tags
 from loomfs.storage.engine.types import ChunkKey, ChunkState, ChunkTag
-from loomfs.storage.install import install_copy
+from loomfs.storage.install import KeptPending, install_copy
 from loomfs.storage.target import StorageTarget
 from loomfs.wire.storage import QUERY_CHUNKS, READ, ChunkId, QueryChunksReq, ReadReq
 from loomfs.wire.types import ScrubStats, TargetState
@@ -151,15 +151,19 @@ class Scrubber:
 
     def target_stats(self, target_id: int) -> ScrubStats:
         """What the scrubber did for ``target_id`` (for ``loomfs admin targets``)."""
-        now = self.service.clock.monotonic()
+        clock = self.service.clock
+        now_s = clock.monotonic()
+        wall_s = clock.now_ns() / 1e9
+
+        def unix(at_s: float | None) -> float:
+            return float(round(wall_s + at_s - now_s)) if at_s is not None else 0.0
+
         checked, bad, repaired = self._counts(target_id)
         on = self.bytes_per_s > 0
         return ScrubStats(
             interval_s=self.interval_s if on else 0.0, passes=self.passes, checked=checked, bad=bad,
-            repaired=repaired,
-            last_pass_age_s=round(now - self._last_pass_end_s, 1) if self._last_pass_end_s is not None else -1.0,
-            next_pass_in_s=round(max(0.0, self._next_pass_at_s - now), 1)
-            if on and self._next_pass_at_s is not None else -1.0,
+            repaired=repaired, last_pass_end_unix_s=unix(self._last_pass_end_s),
+            next_pass_unix_s=unix(self._next_pass_at_s) if on else 0.0,
         )
 
     async def _repair(self, target: StorageTarget, key: ChunkKey, st: ChunkState) -> bool:
@@ -197,7 +201,14 @@ class Scrubber:
                     logger.info("scrub: target %d chunk %s changed while a good copy was fetched: next pass",
                                 target.target_id, key)
                     return False
-                await install_copy(svc, target, key, ver, data, tags)
+                # a pending version on top of the same version stays (it may be the only copy
+                # of a version the old tail committed and served); one that carries the rot
+                # (an append staged from rotten bytes) is dropped: it can never be pushed intact
+                keep = self._pending_intact(target, key, now) if now.has_pending and ver == now.commit_ver else None
+                if now.has_pending and keep is None:
+                    logger.error("scrub: target %d chunk %s: pending v%d dropped with the rotten copy",
+                                 target.target_id, key, now.pending_ver)
+                await install_copy(svc, target, key, ver, data, tags, keep=keep)
             logger.info("scrub: target %d chunk %s v%d repaired from target %d (v%d)", target.target_id, key,
                         st.commit_ver, other, ver)
             return True
@@ -233,7 +244,7 @@ class Scrubber:
             return None
         ver, data = rsp.body.commit_ver, rsp.payload
         if st.has_pending and st.pending_ver > ver:
-            if self._pending_intact(target, key, st):
+            if self._pending_intact(target, key, st) is not None and ver != st.commit_ver:
                 logger.warning("scrub: target %d has chunk %s v%d, ours holds pending v%d: retry next pass", other,
                                key, ver, st.pending_ver)
                 return None  # installing would drop a newer pending version (it may be all that is left)
@@ -257,15 +268,19 @@ class Scrubber:
             return None  # it changed meanwhile: next pass
         return ver, data, unpack_tags(metas[0].tags)
 
-    def _pending_intact(self, target: StorageTarget, key: ChunkKey, st: ChunkState) -> bool:
+    def _pending_intact(self, target: StorageTarget, key: ChunkKey, st: ChunkState) -> KeptPending | None:
+        """The chunk's pending version, if its bytes match its CRC (else None: the rot was
+        carried into it)."""
         svc = self.service
         buf = svc.pool.acquire(max(1, st.pending_length))
         try:
             mv = memoryview(buf)[: st.pending_length]
             n = target.engine.read(key, 0, mv, pending=True)
-            return n == st.pending_length and crc32c.crc32c(mv[:n]) == st.pending_crc
+            if n == st.pending_length and crc32c.crc32c(mv[:n]) == st.pending_crc:
+                return KeptPending(st.pending_ver, bytes(mv[:n]), st.pending_tags)
+            return None
         except OSError:
-            return False
+            return None
         finally:
             svc.pool.release(buf)
 

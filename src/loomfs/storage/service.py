@@ -281,8 +281,9 @@ class StorageService(ChunkUpdates):
         action = chain.on_remove(pos, chain.UpdateIn(req.chain_version))[0]
         if isinstance(action, chain.Refuse):
             raise StatusError(action.status, action.reason)
-        if len(req.expect_vers) % 2:
-            raise InvalidArgument(f"trim expects (index, version) pairs, got {len(req.expect_vers)} numbers")
+        if len(req.expect_vers) % 2 or any(v < 0 for v in req.expect_vers):
+            raise InvalidArgument(f"trim expects (index, version) pairs of non-negative numbers, got "
+                                  f"{len(req.expect_vers)} numbers")
         expect = dict(zip(req.expect_vers[::2], req.expect_vers[1::2], strict=True)) if req.fenced else {}
         trimmed = 0
         refused: list[int] = []
@@ -312,11 +313,13 @@ class StorageService(ChunkUpdates):
         if req.offset < 0 or req.length < 0 or req.offset + req.length > self.max_chunk_size_bytes:
             raise InvalidArgument(f"bad read range offset={req.offset} length={req.length}")
         if req.exact_ver:
+            if req.exact_ver < 0:
+                raise InvalidArgument(f"exact_ver {req.exact_ver}")
             return await self._read_exact(req, key)
         self.check_readable()
         target, pos, _ = await self._locate(req.chain_id, req.chain_version, req.target_id)
         if (target.target_id, key) in self.replacing:
-            raise StatusError(Status.CHECKSUM_MISMATCH, f"chunk {key} on target {target.target_id} is being replaced")
+            raise StatusError(Status.EAGAIN, f"chunk {key} on target {target.target_id} is being replaced (repair)")
         engine = target.engine
         st = engine.get(key)
         action = chain.on_read(pos, versions_of(st), chain.ReadIn(req.chain_version))
@@ -354,11 +357,19 @@ class StorageService(ChunkUpdates):
         if target is None:
             raise StatusError(Status.UNKNOWN_TARGET, f"target {req.target_id} is not on this node")
         if (target.target_id, key) in self.replacing:
-            raise StatusError(Status.CHECKSUM_MISMATCH, f"chunk {key} on target {target.target_id} is being replaced")
+            raise StatusError(Status.EAGAIN, f"chunk {key} on target {target.target_id} is being replaced (repair)")
+        routing = await self.routing.get()
+        info = routing.chains.get(req.chain_id)
+        if info is None or target.target_id not in info.targets:
+            raise StatusError(Status.UNKNOWN_TARGET, f"target {target.target_id} is not in chain {req.chain_id}")
+        me = routing.targets.get(target.target_id)
+        serving = me is not None and me.state == TargetState.SERVING
         st = target.engine.get(key)
         if st is not None and st.commit_ver == req.exact_ver:
             pending, length, crc = False, st.length, st.crc
-        elif st is not None and st.has_pending and st.pending_ver == req.exact_ver:
+        elif st is not None and st.has_pending and st.pending_ver == req.exact_ver and not serving:
+            # a member out of service may hold the only copy of a version the old tail
+            # committed; a serving one settles its leftovers itself (and never hands them out)
             pending, length, crc = True, st.pending_length, st.pending_crc
         else:
             raise StatusError(Status.VERSION_MISMATCH,

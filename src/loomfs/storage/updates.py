@@ -109,6 +109,8 @@ class ChunkUpdates(ChainForwarder):
 
     async def _update(self, req: WriteReq | TruncateReq, payload: memoryview) -> WriteRsp:
         key = chunk_key(req.chunk)
+        if isinstance(req, TruncateReq) and req.if_ver_le < -1:
+            raise InvalidArgument(f"if_ver_le {req.if_ver_le}: a version (>= 0) or -1 (any)")
         target, pos, routing = await self._locate(req.chain_id, req.chain_version, for_update=True)
         engine = target.engine
         async with target.locks.hold(key):

@@ -67,8 +67,10 @@ class ScrubStats(Message):
     checked: int = 0  # chunks of this target checked
     bad: int = 0  # chunks of this target found rotten (by passes, reads or clients' reports)
     repaired: int = 0
-    last_pass_age_s: float = -1.0  # seconds since the last pass ended (-1: none yet)
-    next_pass_in_s: float = -1.0  # seconds until the next pass starts (-1: running or off)
+    # wall-clock times (unix seconds, rounded to 1 s; 0: none), so a report changes only when
+    # the scrubber does something and mgmtd's routing cache keeps between passes
+    last_pass_end_unix_s: float = 0.0  # when the last pass ended
+    next_pass_unix_s: float = 0.0  # when the next pass starts (0: running now, or scrubbing off)
 
 
 @message
