@@ -22,6 +22,7 @@ import loomfs
 from loomfs.cli.layout import ec_layout
 from loomfs.client.ec_file import STATS
 from loomfs.client.ec_io import FragmentIO
+from loomfs.client.ec_rebuild import ScrubReport, scrub_file
 from loomfs.client.ec_stripe import (
     payload,
     repairs_settled,
@@ -45,7 +46,8 @@ SEED = int(os.environ.get("LOOMFS_EC_SEED", "0")) or random.randrange(1 << 30)
 @pytest.fixture(scope="module")
 def ec_cluster() -> Iterator[LocalCluster]:
     root = tempfile.mkdtemp(prefix="loomfs-it-ec-")
-    c = LocalCluster(root, storage_nodes=6, ec_targets_per_node=1, gc_delay_s=1.0, lease_s=3.0)
+    c = LocalCluster(root, storage_nodes=6, ec_targets_per_node=1, gc_delay_s=1.0, lease_s=3.0,
+                     replace_after_s=2.0)
     try:
         c.start(timeout_s=60)
     except BaseException:
@@ -222,13 +224,56 @@ def test_crash_mid_stripe_never_mixes_versions(efs: loomfs.LoomFS) -> None:
             assert f.read() == b"Z" * 10 + want[10:], case
 
 
+def test_rebuild_onto_a_spare(efs: loomfs.LoomFS, ec_cluster: LocalCluster) -> None:
+    """A server dies; mgmtd gives its EC chain an empty spare on a new node; a repairing scrub
+    regenerates the lost fragments there: full redundancy again, every byte the same."""
+    rng = _rng("rebuild")
+    files = {f"/cold/rb{i}": rng.randbytes(rng.randrange(CS, 9 * CS)) for i in range(3)}
+    for p, d in files.items():
+        with efs.open(p, "wb") as f:
+            f.write(d)
+    spare_node = ec_cluster.add_storage_node()
+    victim = f"storage{rng.randrange(1, 7)}"
+    dead_node = ec_cluster.services[victim].node_id
+    r0 = ec_cluster.routing()
+    node_of = {t.target_id: t.node_id for t in r0.targets}
+    ec_table = next(t for t in r0.tables if t.replicas == 1)
+    lost_chain = next(c.chain_id for c in r0.chains
+                      if c.table_id == ec_table.table_id and node_of[c.targets[0]] == dead_node)
+    print(f"[ec] killing {victim} (node {dead_node}); spare node {spare_node.node_id}")
+    ec_cluster.kill_service(victim)
+
+    def swapped(r: object) -> bool:
+        nodes = {t.target_id: t.node_id for t in r.targets}  # type: ignore[attr-defined]
+        chain = next(c for c in r.chains if c.chain_id == lost_chain)  # type: ignore[attr-defined]
+        return bool(chain.targets) and nodes[chain.targets[0]] != dead_node
+
+    r = ec_cluster.wait_routing(swapped, 60, "a spare in the lost EC chain")
+    new_target = next(c for c in r.chains if c.chain_id == lost_chain).targets[0]
+    assert {t.target_id: t.node_id for t in r.targets}[new_target] == spare_node.node_id
+
+    async def scrub(repair: bool) -> list[ScrubReport]:
+        storage = efs.client.storage
+        assert isinstance(storage, StorageClient)
+        await storage.routing.refresh()
+        return [await scrub_file(storage, p, await efs.client.stat(p), repair=repair) for p in files]
+
+    first = efs.run(scrub(True))
+    assert sum(x.repaired_fragments for x in first) == sum(x.stripes for x in first)  # one per stripe
+    again = efs.run(scrub(False))
+    assert all(x.full_redundancy and x.bad_fragments == 0 for x in again), again
+    for p, d in files.items():
+        with efs.open(p, "rb") as f:
+            assert f.read() == d, p
+
+
 def test_kill_two_servers_read_everything(efs: loomfs.LoomFS, ec_cluster: LocalCluster) -> None:
     rng = _rng("kill")
     files = {f"/cold/k{i}": rng.randbytes(rng.randrange(1, 6 * CS)) for i in range(4)}
     for p, d in files.items():
         with efs.open(p, "wb") as f:
             f.write(d)
-    victims = rng.sample([f"storage{i}" for i in range(1, 7)], 2)
+    victims = rng.sample(sorted(s.name for s in ec_cluster.services.values() if s.kind == "storage" and s.alive()), 2)
     print(f"[ec] killing {victims}")
     degraded_before = STATS.degraded_stripes_total
     for v in victims:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+from collections.abc import Iterator
+from typing import Any
 
 from loomfs.cli.common import connect, human_bytes, parse_size
 from loomfs.wire.types import Layout
@@ -31,6 +33,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--ec", type=parse_ec, default=None, metavar="K+M",
                    help="erasure-code new files: K data + M parity fragments on K+M nodes (off: replicated)")
     s.set_defaults(func=cmd_set)
+    sc = lsub.add_parser("scrub", help="check every fragment of erasure-coded files under PATH (CRC32C, "
+                                       "versions); --repair rewrites bad or lost ones (rebuild after a failure)")
+    sc.add_argument("path")
+    sc.add_argument("--repair", action="store_true", help="rewrite absent, corrupt or stale fragments")
+    sc.set_defaults(func=cmd_scrub)
     g = lsub.add_parser("get", help="show the layout of a file or directory")
     g.add_argument("path")
     g.set_defaults(func=cmd_get)
@@ -78,3 +85,32 @@ def ec_layout(cur: Layout, ec: tuple[int, int], *, chunk_size: int | None = None
     return dataclasses.replace(cur, chains=[], ec_k=0, ec_m=0, replicas=0, stripe=Layout().stripe,
                                inline_max_bytes=-1, chunk_size=chunk_size or cur.chunk_size,
                                table_id=table_id if table_id is not None else Layout().table_id)
+
+
+def ec_files(fs: Any, path: str) -> Iterator[tuple[str, Any]]:
+    """(path, attr) of every erasure-coded file at or under ``path``."""
+    if not fs.isdir(path):
+        attr = fs.attr(path)
+        if attr.layout is not None and attr.layout.ec_k:
+            yield path, attr
+        return
+    for top, _dirs, files in fs.walk(path):
+        for name in files:
+            p = f"{top.rstrip('/')}/{name}"
+            attr = fs.attr(p, follow_symlinks=False)
+            if attr.layout is not None and attr.layout.ec_k and not attr.inline:
+                yield p, attr
+
+
+def cmd_scrub(args: argparse.Namespace) -> int:
+    from loomfs.client.ec_rebuild import scrub_file
+
+    worst = 0
+    with connect(args) as fs:
+        for p, attr in ec_files(fs, args.path):
+            rep = fs.run(scrub_file(fs.client.storage, p, attr, repair=args.repair))
+            state = "ok" if rep.full_redundancy else ("LOST STRIPES" if rep.lost_stripes else "degraded")
+            print(f"{p}: {rep.stripes} stripes, {rep.bad_fragments} bad fragments, {rep.repaired_fragments} "
+                  f"repaired, {rep.unreachable_fragments} unreachable, {rep.lost_stripes} lost: {state}")
+            worst = max(worst, 0 if rep.full_redundancy else (2 if rep.lost_stripes else 1))
+    return worst

@@ -80,6 +80,7 @@ class Resolved:
     version: int
     from_shadow: bool
     bad: list[int] = field(default_factory=list)  # reachable fragments that need rewriting
+    unreachable: list[int] = field(default_factory=list)  # fragments whose server did not answer
 
 
 @dataclass
@@ -223,7 +224,7 @@ async def resolve(io: FragmentIO, codec: Codec, stats: EcStats, stripe: int, buf
         codec.decode({j: payload(g, buf, j, plen) for j in good[: g.k]},
                      {j: payload(g, buf, j, plen) for j in missing})
     bad = [j for j in missing if j in found]  # answered, but absent, corrupt or of another version
-    res = Resolved(stripe_len, version, from_shadow, bad)
+    res = Resolved(stripe_len, version, from_shadow, bad, [j for j in range(g.width) if j not in found])
     if repair and (bad or from_shadow):
         copy = bytearray(stripe_buffer_bytes(g))  # the caller reuses ``buf``
         copy[:] = memoryview(buf)[: len(copy)]
