@@ -10,7 +10,7 @@ from typing import TypeVar
 
 import pytest
 
-from loomfs.meta.store.base import GcEntry, MetaStore, TrimEntry
+from loomfs.meta.store.base import GcEntry, InlineData, MetaStore, TrimEntry
 from loomfs.meta.store.postgres import PostgresStore
 from loomfs.meta.store.sqlite import SqliteStore
 from loomfs.wire.types import Attr, FileType, Layout
@@ -329,5 +329,36 @@ def test_failing_write_among_concurrent_ones_undoes_only_itself(store: MetaStore
         async with store.read() as t:
             assert set(await t.get_inodes(range(400, 408))) == set(range(400, 408)) - {403}
             assert (await t.counters())["files"] == 7
+
+    run(go())
+
+
+def test_awkward_values_round_trip_and_a_txn_reads_its_own_writes(store: MetaStore) -> None:
+    """Quotes, backslashes, $n, semicolons and every byte value (the PostgreSQL engine sends
+    answerless writes later as literals); a transaction reads what it wrote before."""
+    names = ["it's", "back\\slash", "$1", "semi;colon -- x", "'; DROP TABLE inodes; --", "\\x41", "é'\\"]
+    target = "a'b\\c$2/../'"
+    blob = bytes(range(256)) * 3
+
+    async def go() -> None:
+        async with store.write() as t:
+            for i, n in enumerate(names):
+                await t.put_dentry(1, n, 500 + i, FileType.FILE)
+                row = await t.lookup(1, n)  # its own write, before the commit
+                assert row is not None and row.inode == 500 + i
+            await t.put_inode(Attr(inode=600, type=FileType.SYMLINK, mode=0o777, symlink_target=target,
+                                   size=len(target)))
+            await t.put_inline(601, InlineData(blob, 7, 3, True))
+            assert await t.get_inline(601) == InlineData(blob, 7, 3, True)
+            await t.add_counter("files", -5)
+        async with store.read() as t:
+            assert [d.name for d in await t.list_dentries(1, "", 100)] == sorted(names, key=lambda s: s.encode())
+            for i, n in enumerate(names):
+                row = await t.lookup(1, n)
+                assert row is not None and row.inode == 500 + i
+            link = await t.get_inode(600)
+            assert link is not None and link.symlink_target == target
+            assert await t.get_inline(601) == InlineData(blob, 7, 3, True)
+            assert (await t.counters())["files"] == -5
 
     run(go())

@@ -51,6 +51,7 @@ logger = logging.getLogger(__name__)
 
 POOL_MAX = 16  # connections per process (each open transaction holds one)
 FOLD_EVERY = 5000  # counter delta rows added by this process between folds
+_BEGIN_READ = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
 _BEGIN_GATED = f"BEGIN ISOLATION LEVEL SERIALIZABLE; SELECT pg_advisory_xact_lock_shared({WRITE_GATE_KEY})"
 _CONFLICT = (asyncpg.SerializationError, asyncpg.DeadlockDetectedError)
 _UNAVAILABLE = (asyncpg.PostgresConnectionError, asyncpg.InterfaceError, OSError)
@@ -89,6 +90,11 @@ class PostgresStore(MetaStore):
         self.id_base: dict[str, int] = {}  # committed base of each id counter (postgres_txn.next_id)
         self.counter_rows_added = 0
         self._folding: asyncio.Task[None] | None = None
+        # readers: idle connections inside BEGIN READ ONLY, a bound on reads at once, and the
+        # tasks that end reads and put their connections back
+        self._readers: list[Any] = []
+        self._read_slots: asyncio.Semaphore | None = None
+        self._recycling: set[asyncio.Task[None]] = set()
         self._closed = False
         self.commits = 0
         self.conflicts = 0
@@ -121,8 +127,9 @@ class PostgresStore(MetaStore):
     # --- connections ----------------------------------------------------------------------
 
     def _settings(self) -> dict[str, str]:
+        # standard_conforming_strings: deferred writes carry their text values as literals
         return {"search_path": self.schema, "synchronous_commit": "on" if self.synchronous_commit else "off",
-                "application_name": "loomfs-meta"}
+                "application_name": "loomfs-meta", "standard_conforming_strings": "on"}
 
     async def _connect_one(self) -> Any:
         return await asyncpg.connect(self.dsn, timeout=self.connect_timeout_s)
@@ -136,6 +143,11 @@ class PostgresStore(MetaStore):
         if self._pool_lock is None or self._loop is not loop:
             self._pool_lock = asyncio.Lock()
             self._loop = loop
+            self._read_slots = asyncio.Semaphore(self.pool_max)
+            readers, self._readers = self._readers, []  # of another loop: unusable here
+            for r in readers:
+                with contextlib.suppress(Exception):
+                    r.terminate()
             if self._pool is not None:  # made in another loop: its connections are unusable here
                 _abandon(self._pool)
                 self._pool = None
@@ -185,14 +197,55 @@ class PostgresStore(MetaStore):
 
     @asynccontextmanager
     async def read(self) -> AsyncIterator[MetaTxn]:
-        pool = await self.pool()
+        """On a reader connection that is already inside ``BEGIN ... READ ONLY`` (its snapshot
+        is taken by the first statement, so it sees every commit before it); the COMMIT and the
+        next BEGIN go in one message after the caller has its answer."""
+        await self.pool()  # migrated, same loop
+        assert self._read_slots is not None
+        await self._read_slots.acquire()
+        conn: Any = None
+        ok = False
         try:
-            async with pool.acquire() as conn, conn.transaction(isolation="repeatable_read", readonly=True):
-                yield PostgresTxn(conn, False, self)
+            conn = self._readers.pop() if self._readers else await self._new_reader()
+            yield PostgresTxn(conn, False, self)
+            ok = True
         except Exception as exc:
             if _unavailable(exc):
                 raise StoreUnavailable(f"metastore read failed: {exc}") from exc
             raise
+        finally:
+            if conn is None:
+                self._read_slots.release()
+            else:
+                task = asyncio.get_running_loop().create_task(self._recycle_reader(conn, ok))
+                self._recycling.add(task)
+                task.add_done_callback(self._recycling.discard)
+
+    async def _new_reader(self) -> Any:
+        try:
+            conn = await asyncpg.connect(self.dsn, timeout=self.connect_timeout_s, server_settings=self._settings())
+            await conn.execute(_BEGIN_READ)
+        except Exception as exc:
+            if _unavailable(exc):
+                raise StoreUnavailable(f"metastore {self._where()} unreachable: {exc}") from exc
+            raise
+        return conn
+
+    async def _recycle_reader(self, conn: Any, ok: bool) -> None:
+        """End a read transaction and open the next (one round trip), then keep the connection."""
+        try:
+            await conn.execute(("COMMIT;" if ok else "ROLLBACK;") + _BEGIN_READ)
+        except Exception as exc:  # a broken connection: the next read opens a new one
+            logger.debug("metastore: reader connection dropped: %s", exc)
+            conn.terminate()
+        else:
+            if self._closed or self._loop is not asyncio.get_running_loop():
+                await _close_quietly(conn)
+            else:
+                self._readers.append(conn)
+        finally:
+            if self._read_slots is not None:
+                self._read_slots.release()
 
     @asynccontextmanager
     async def write(self) -> AsyncIterator[MetaTxn]:
@@ -225,7 +278,9 @@ class PostgresStore(MetaStore):
                     raise StoreUnavailable(f"metastore write failed: {exc}") from exc
                 raise
             try:
-                await conn.execute("COMMIT")
+                # the deferred writes and the COMMIT: one message, one round trip
+                await conn.execute(";".join([*txn.pending, "COMMIT"]))
+                txn.pending.clear()
             except _CONFLICT as exc:
                 self.conflicts += 1
                 raise TxnConflict(f"serialisation conflict at commit: {exc}") from exc
@@ -271,10 +326,20 @@ class PostgresStore(MetaStore):
 
     async def release(self) -> None:
         """Close this loop's connections now (a later call in any loop opens new ones)."""
+        here = self._loop is asyncio.get_running_loop()
+        if self._recycling and here:
+            await asyncio.wait(list(self._recycling))
+        readers, self._readers = self._readers, []
+        for r in readers:
+            if here:
+                await _close_quietly(r)
+            else:  # its loop is gone: the socket closes when collected
+                with contextlib.suppress(Exception):
+                    r.terminate()
         pool, self._pool = self._pool, None
         if pool is None:
             return
-        if self._loop is asyncio.get_running_loop():
+        if here:
             try:
                 await asyncio.wait_for(pool.close(), 10.0)
             except (TimeoutError, *_UNAVAILABLE):
@@ -293,6 +358,13 @@ class PostgresStore(MetaStore):
 
     def __repr__(self) -> str:
         return f"PostgresStore({self._where()} commits={self.commits} conflicts={self.conflicts})"
+
+
+async def _close_quietly(conn: Any) -> None:
+    try:
+        await asyncio.wait_for(conn.close(), 5.0)
+    except Exception:
+        conn.terminate()
 
 
 def _abandon(pool: asyncpg.Pool) -> None:

@@ -1,11 +1,19 @@
-"""PostgreSQL engine, the SQL side: one transaction's methods (one statement, one round trip,
-each; asyncpg prepares and caches every statement per connection).
+"""PostgreSQL engine, the SQL side: one transaction's methods.
+
+Reads are prepared statements (asyncpg caches them per connection), one round trip each.
+Writes that answer nothing (put, delete, touch, add) are not sent at once: they are kept as
+SQL with their values written out as literals (``_lit``: integers, booleans, NULL, quoted
+text under ``standard_conforming_strings``, hex bytea) and go to the server in one message
+with whatever comes next: the next read of this transaction, or the COMMIT. A create (inode,
+entry, parent touch, counters) then costs one round trip for all its writes and the commit.
+A deferred write that fails, fails the COMMIT (``CommitFailed``: nothing stored).
 
 ``loomfs.meta.store.postgres`` owns the connections, isolation and retries.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -91,6 +99,31 @@ def _attr(row: Any) -> Attr:
     )
 
 
+_PARAM = re.compile(r"\$(\d+)")
+
+
+def _lit(v: object) -> str:
+    """``v`` as an SQL literal (standard_conforming_strings is on: backslashes are plain)."""
+    if v is None:
+        return "NULL"
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int):
+        return str(int(v))
+    if isinstance(v, str):
+        if "\x00" in v:
+            raise ValueError("a NUL character cannot be stored in a PostgreSQL text value")
+        return "'" + v.replace("'", "''") + "'"
+    if isinstance(v, bytes | bytearray | memoryview):
+        return "'\\x" + bytes(v).hex() + "'::bytea"
+    raise TypeError(f"no SQL literal for {type(v).__name__}")
+
+
+def render(sql: str, args: Sequence[object]) -> str:
+    """``sql`` with its ``$n`` parameters replaced by literals of ``args`` (one pass)."""
+    return _PARAM.sub(lambda m: _lit(args[int(m.group(1)) - 1]), sql)
+
+
 def _count(status: str) -> int:
     """Rows touched, from a command tag such as ``DELETE 3``."""
     return int(status.rsplit(" ", 1)[-1])
@@ -101,176 +134,195 @@ class ReadOnlyTxn(RuntimeError):
 
 
 class PostgresTxn(MetaTxn):
-    __slots__ = ("_c", "_writable", "_store", "added")
+    __slots__ = ("_conn", "_writable", "_store", "added", "pending")
 
     def __init__(self, conn: Any, writable: bool, store: PostgresStore):
-        self._c = conn
+        self._conn = conn
         self._writable = writable
         self._store = store
         self.added: set[str] = set()  # counters this transaction added to
+        self.pending: list[str] = []  # deferred writes, rendered (sent with the next read or COMMIT)
 
-    def _w(self) -> Any:
+    def _defer(self, sql: str, *args: object) -> None:
         if not self._writable:
             raise ReadOnlyTxn("write inside a read transaction")
-        return self._c
+        self.pending.append(render(sql, args))
+
+    async def flush(self) -> None:
+        if self.pending:
+            sql = ";".join(self.pending)
+            self.pending.clear()
+            await self._conn.execute(sql)
+
+    async def _r(self) -> Any:
+        if self.pending:
+            await self.flush()
+        return self._conn
+
+    async def _w(self) -> Any:
+        """The connection for a write that answers something (sent now)."""
+        if not self._writable:
+            raise ReadOnlyTxn("write inside a read transaction")
+        return await self._r()
 
     async def get_inode(self, inode: int) -> Attr | None:
-        row = await self._c.fetchrow(_GET_INODE, inode)
+        row = await (await self._r()).fetchrow(_GET_INODE, inode)
         return None if row is None else _attr(row)
 
     async def get_inodes(self, inodes: Sequence[int]) -> dict[int, Attr]:
         ids = list(inodes)
         if not ids:
             return {}
-        return {row[0]: _attr(row) for row in await self._c.fetch(_GET_INODES, ids)}
+        return {row[0]: _attr(row) for row in await (await self._r()).fetch(_GET_INODES, ids)}
 
     async def put_inode(self, attr: Attr) -> None:
-        await self._w().execute(
+        self._defer(
             _PUT_INODE, attr.inode, attr.type, attr.mode, attr.nlink, attr.uid, attr.gid, attr.size,
             attr.atime_ns, attr.mtime_ns, attr.ctime_ns, encode_layout(attr.layout), attr.symlink_target,
             bool(attr.inline),
         )
 
     async def touch_inode(self, inode: int, *, mtime_ns: int, ctime_ns: int, nlink_delta: int = 0) -> None:
-        await self._w().execute(_TOUCH, mtime_ns, ctime_ns, nlink_delta, inode)
+        self._defer(_TOUCH, mtime_ns, ctime_ns, nlink_delta, inode)
 
     async def delete_inode(self, inode: int) -> None:
-        await self._w().execute("DELETE FROM inodes WHERE id = $1", inode)
+        self._defer("DELETE FROM inodes WHERE id = $1", inode)
 
     async def get_inline(self, inode: int) -> InlineData | None:
-        row = await self._c.fetchrow(
+        row = await (await self._r()).fetchrow(
             "SELECT data, crc, version, chunks_dirty FROM inline_data WHERE inode = $1", inode)
         return None if row is None else InlineData(bytes(row[0]), row[1], row[2], row[3])
 
     async def put_inline(self, inode: int, inline: InlineData) -> None:
-        await self._w().execute(_PUT_INLINE, inode, bytes(inline.data), inline.crc, inline.version,
+        self._defer(_PUT_INLINE, inode, bytes(inline.data), inline.crc, inline.version,
                                 bool(inline.chunks_dirty))
 
     async def delete_inline(self, inode: int) -> None:
-        await self._w().execute("DELETE FROM inline_data WHERE inode = $1", inode)
+        self._defer("DELETE FROM inline_data WHERE inode = $1", inode)
 
     async def lookup(self, parent: int, name: str) -> DentryRow | None:
-        row = await self._c.fetchrow(_LOOKUP, parent, name)
+        row = await (await self._r()).fetchrow(_LOOKUP, parent, name)
         return None if row is None else DentryRow(name, row[0], row[1])
 
     async def list_dentries(self, parent: int, after: str, limit: int) -> list[DentryRow]:
-        return [DentryRow(r[0], r[1], r[2]) for r in await self._c.fetch(_LIST, parent, after, limit)]
+        return [DentryRow(r[0], r[1], r[2]) for r in await (await self._r()).fetch(_LIST, parent, after, limit)]
 
     async def has_dentries(self, parent: int) -> bool:
-        return await self._c.fetchval("SELECT 1 FROM dentries WHERE parent = $1 LIMIT 1", parent) is not None
+        return await (await self._r()).fetchval("SELECT 1 FROM dentries WHERE parent = $1 LIMIT 1", parent) is not None
 
     async def put_dentry(self, parent: int, name: str, inode: int, type: int) -> None:
-        await self._w().execute(_PUT_DENTRY, parent, name, inode, type)
+        self._defer(_PUT_DENTRY, parent, name, inode, type)
 
     async def delete_dentry(self, parent: int, name: str) -> None:
-        await self._w().execute("DELETE FROM dentries WHERE parent = $1 AND name = $2", parent, name)
+        self._defer("DELETE FROM dentries WHERE parent = $1 AND name = $2", parent, name)
 
     # counters -----------------------------------------------------------------------------
 
     async def next_id(self, counter: str) -> int:
-        c = self._w()
+        if not self._writable:
+            raise ReadOnlyTxn("write inside a read transaction")
         seq = await self._store.id_sequence(counter)
         base = self._store.id_base.get(counter)
         if base is None:
-            base = int(await c.fetchval(
+            base = int(await (await self._r()).fetchval(
                 "SELECT coalesce(sum(delta), 0)::bigint FROM counter_deltas WHERE name = $1", counter))
             if counter not in self.added:  # committed data only: safe to keep
                 self._store.id_base[counter] = base
-        return base + int(await c.fetchval("SELECT nextval($1::regclass)", seq))
+        return base + int(await self._conn.fetchval("SELECT nextval($1::regclass)", seq))
 
     async def add_counter(self, name: str, delta: int) -> None:
-        await self._w().execute("INSERT INTO counter_deltas (name, delta) VALUES ($1, $2)", name, delta)
+        self._defer("INSERT INTO counter_deltas (name, delta) VALUES ($1, $2)", name, delta)
         self.added.add(name)
         self._store.id_base.pop(name, None)
         self._store.counter_rows_added += 1
 
     async def counters(self) -> dict[str, int]:
-        return {r[0]: int(r[1]) for r in await self._c.fetch(_COUNTERS)}
+        return {r[0]: int(r[1]) for r in await (await self._r()).fetch(_COUNTERS)}
 
     # sessions -----------------------------------------------------------------------------
 
     async def add_session(self, inode: int, session_id: int, client_id: int, opened_ns: int) -> None:
-        await self._w().execute(_ADD_SESSION, inode, session_id, client_id, opened_ns)
+        self._defer(_ADD_SESSION, inode, session_id, client_id, opened_ns)
 
     async def session_client(self, inode: int, session_id: int) -> int | None:
-        v = await self._c.fetchval(
+        v = await (await self._r()).fetchval(
             "SELECT client_id FROM sessions WHERE inode = $1 AND session_id = $2", inode, session_id)
         return None if v is None else int(v)
 
     async def renew_sessions(self, client_id: int, session_ids: Sequence[int], now_ns: int) -> int:
-        status = await self._w().execute(
+        status = await (await self._w()).execute(
             "UPDATE sessions SET opened_ns = $1 WHERE client_id = $2 AND session_id = ANY($3::bigint[])",
             now_ns, client_id, list(session_ids))
         return _count(status)
 
     async def expire_sessions(self, renewed_before_ns: int, limit: int) -> list[tuple[int, int, int]]:
-        rows = await self._w().fetch(
+        rows = await (await self._w()).fetch(
             "DELETE FROM sessions WHERE (inode, session_id) IN "
             "(SELECT inode, session_id FROM sessions WHERE opened_ns < $1 LIMIT $2) "
             "RETURNING inode, session_id, client_id", renewed_before_ns, limit)
         return [(int(a), int(b), int(c)) for a, b, c in rows]
 
     async def remove_session(self, inode: int, session_id: int) -> bool:
-        status = await self._w().execute(
+        status = await (await self._w()).execute(
             "DELETE FROM sessions WHERE inode = $1 AND session_id = $2", inode, session_id)
         return _count(status) > 0
 
     async def has_session(self, inode: int) -> bool:
-        return await self._c.fetchval("SELECT 1 FROM sessions WHERE inode = $1 LIMIT 1", inode) is not None
+        return await (await self._r()).fetchval("SELECT 1 FROM sessions WHERE inode = $1 LIMIT 1", inode) is not None
 
     async def session_count(self, inode: int) -> int:
-        return int(await self._c.fetchval("SELECT count(*) FROM sessions WHERE inode = $1", inode))
+        return int(await (await self._r()).fetchval("SELECT count(*) FROM sessions WHERE inode = $1", inode))
 
     async def remove_client_sessions(self, client_id: int) -> int:
-        return _count(await self._w().execute("DELETE FROM sessions WHERE client_id = $1", client_id))
+        return _count(await (await self._w()).execute("DELETE FROM sessions WHERE client_id = $1", client_id))
 
     # GC queue -----------------------------------------------------------------------------
 
     async def gc_put(self, entry: GcEntry) -> None:
-        await self._w().execute(_GC_PUT, entry.inode, encode_layout(entry.layout), entry.length, entry.enqueued_ns)
+        self._defer(_GC_PUT, entry.inode, encode_layout(entry.layout), entry.length, entry.enqueued_ns)
 
     async def gc_get(self, inode: int) -> GcEntry | None:
-        row = await self._c.fetchrow(f"SELECT {_GC_COLS} FROM gc_queue WHERE inode = $1", inode)
+        row = await (await self._r()).fetchrow(f"SELECT {_GC_COLS} FROM gc_queue WHERE inode = $1", inode)
         return None if row is None else _gc(row)
 
     async def gc_due(self, enqueued_before_ns: int, limit: int) -> list[GcEntry]:
-        return [_gc(r) for r in await self._c.fetch(_GC_DUE, enqueued_before_ns, limit)]
+        return [_gc(r) for r in await (await self._r()).fetch(_GC_DUE, enqueued_before_ns, limit)]
 
     async def gc_delete(self, inode: int) -> None:
-        await self._w().execute("DELETE FROM gc_queue WHERE inode = $1", inode)
+        self._defer("DELETE FROM gc_queue WHERE inode = $1", inode)
 
     async def gc_count(self) -> int:
-        return int(await self._c.fetchval("SELECT count(*) FROM gc_queue"))
+        return int(await (await self._r()).fetchval("SELECT count(*) FROM gc_queue"))
 
     # truncate epochs, trim queue ----------------------------------------------------------
 
     async def trunc_epoch(self, inode: int) -> int:
-        v = await self._c.fetchval("SELECT epoch FROM trunc_epochs WHERE inode = $1", inode)
+        v = await (await self._r()).fetchval("SELECT epoch FROM trunc_epochs WHERE inode = $1", inode)
         return 0 if v is None else int(v)
 
     async def set_trunc_epoch(self, inode: int, epoch: int) -> None:
         if epoch:
-            await self._w().execute(_TRUNC_PUT, inode, epoch)
+            self._defer(_TRUNC_PUT, inode, epoch)
         else:
-            await self._w().execute("DELETE FROM trunc_epochs WHERE inode = $1", inode)
+            self._defer("DELETE FROM trunc_epochs WHERE inode = $1", inode)
 
     async def trim_put(self, entry: TrimEntry) -> None:
-        await self._w().execute(
+        self._defer(
             _TRIM_PUT, entry.inode, encode_layout(entry.layout), entry.length, entry.old_length,
             bool(entry.idle), entry.generation, entry.enqueued_ns, entry.claim_owner, entry.claim_until_ns)
 
     async def trim_get(self, inode: int) -> TrimEntry | None:
-        row = await self._c.fetchrow(f"SELECT {_TRIM_COLS} FROM trim_queue WHERE inode = $1", inode)
+        row = await (await self._r()).fetchrow(f"SELECT {_TRIM_COLS} FROM trim_queue WHERE inode = $1", inode)
         return None if row is None else _trim(row)
 
     async def trim_due(self, now_ns: int, limit: int) -> list[TrimEntry]:
-        return [_trim(r) for r in await self._c.fetch(_TRIM_DUE, now_ns, limit)]
+        return [_trim(r) for r in await (await self._r()).fetch(_TRIM_DUE, now_ns, limit)]
 
     async def trim_delete(self, inode: int) -> None:
-        await self._w().execute("DELETE FROM trim_queue WHERE inode = $1", inode)
+        self._defer("DELETE FROM trim_queue WHERE inode = $1", inode)
 
     async def trim_count(self) -> int:
-        return int(await self._c.fetchval("SELECT count(*) FROM trim_queue"))
+        return int(await (await self._r()).fetchval("SELECT count(*) FROM trim_queue"))
 
 
 def _trim(row: Any) -> TrimEntry:
