@@ -505,3 +505,23 @@ def test_special_files(roots: tuple[Path, Path]) -> None:
         return seen
 
     same(roots, scenario)
+
+
+def test_fchmod_after_another_client_renamed(roots: tuple[Path, Path], cluster: LocalCluster) -> None:
+    """Attribute changes go to the open file's inode, not to whatever took its old name."""
+    import loomfs
+
+    _, remote = roots
+    (remote / "x").write_bytes(b"old")
+    fd = os.open(remote / "x", os.O_RDWR)
+    try:
+        rel = f"/{remote.name}"
+        with loomfs.connect(str(cluster.root)) as fs:
+            fs.rename(f"{rel}/x", f"{rel}/y")
+            fs.pipe(f"{rel}/x", b"new")
+            os.fchmod(fd, 0o600)
+            os.ftruncate(fd, 1)
+            assert (fs.stat(f"{rel}/y").st_mode & 0o777, fs.stat(f"{rel}/y").st_size) == (0o600, 1)
+            assert (fs.stat(f"{rel}/x").st_mode & 0o777, fs.cat(f"{rel}/x")) == (0o644, b"new")
+    finally:
+        os.close(fd)

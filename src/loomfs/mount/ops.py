@@ -176,9 +176,11 @@ class LoomOperations(pyfuse3.Operations):
 
     @_fuse_errors
     async def setattr(self, inode: int, attr: Any, fields: Any, fh: int | None, ctx: Any) -> pyfuse3.EntryAttributes:
-        # ENOENT once the last name is gone: meta's SETATTR (truncate too) takes a path
+        # by inode (whatever names it has now, here or at another client); ENOENT once its
+        # last name is gone (meta drops an unlinked inode even while it is open)
         path = self.inodes.path(inode)
         c = self.client
+        last: Attr | None = None
         if fields.update_size:
             h = self.handles.get(fh) if fh is not None else None
             writers = [h] if isinstance(h, Handle) and h.writable else self._writers(inode)
@@ -188,9 +190,10 @@ class LoomOperations(pyfuse3.Operations):
                     await self.call(writers[0].file.truncate(attr.st_size))
                     await self.call(writers[0].file.fsync())
             else:
-                await self.call(c.truncate(path, attr.st_size))
+                rsp = await self.call(c._setattr(SetattrReq(path=path, inode=inode, size=attr.st_size)))
+                last = rsp.attr
         req = SetattrReq(
-            path=path, follow_symlinks=False,  # the kernel resolved the path: never follow
+            path=path, inode=inode, follow_symlinks=False,  # the kernel resolved the path
             mode=attr.st_mode & 0o7777 if fields.update_mode else -1,
             uid=self.options.uid_map.cluster(attr.st_uid) if fields.update_uid else -1,
             gid=self.options.gid_map.cluster(attr.st_gid) if fields.update_gid else -1,
@@ -204,8 +207,9 @@ class LoomOperations(pyfuse3.Operations):
                     w.times_ns = (req.atime_ns, req.mtime_ns)
         if (req.mode, req.uid, req.gid, req.atime_ns, req.mtime_ns) != (-1, -1, -1, -1, -1):
             rsp = await self.call(c._setattr(req))  # one round trip for all of them
-            if rsp.attr is not None:
-                return self.entry(rsp.attr)
+            last = rsp.attr
+        if last is not None:
+            return self.entry(last)
         return self.entry(await self._attr(path))
 
     async def _keep_if_open(self, path: str) -> None:
