@@ -25,7 +25,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="files in the small-file benchmark, 4 KiB each in 100 directories (default 20000, --quick 400)")
     p.add_argument("--only", default=None,
                    help="run only these workload groups, comma list of bigfile, mdtest, small, lookup, "
-                        "smallfiles, dataloader, checkpoint, metaservers, ec (default all but metaservers and ec; dataloader "
+                        "smallfiles, dataloader, checkpoint, metaservers, ec, kvcache (default all but metaservers, ec and "
+                        "kvcache; dataloader "
                         "and checkpoint only where torch imports); "
                         "limits not needed by them are skipped")
     p.add_argument("--consumer-rate", type=float, default=None,
