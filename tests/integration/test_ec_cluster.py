@@ -20,6 +20,7 @@ import pytest
 
 import loomfs
 from loomfs.cli.layout import ec_layout
+from loomfs.client.ec_convert import convert_file, convert_tree
 from loomfs.client.ec_file import STATS
 from loomfs.client.ec_io import FragmentIO
 from loomfs.client.ec_rebuild import ScrubReport, scrub_file
@@ -180,6 +181,37 @@ async def _fragments_clean(fs: loomfs.LoomFS, path: str, stripes: int) -> bool:
         if len(found) != 6 or len({getattr(h, "version", None) for h in found.values()}) != 1:
             return False
     return True
+
+
+def test_convert_replicated_to_ec_and_back(efs: loomfs.LoomFS) -> None:
+    rng = _rng("convert")
+    efs.makedirs("/warm/sub", exist_ok=True)
+    files = {"/warm/a": rng.randbytes(5 * CS + 7), "/warm/sub/b": rng.randbytes(100), "/warm/sub/c": b""}
+    for p, d in files.items():
+        with efs.open(p, "wb") as f:
+            f.write(d)
+    efs.chmod("/warm/a", 0o600)
+    old_inode = efs.attr("/warm/a").inode
+    done = convert_tree(efs, "/warm", (4, 2))
+    assert sorted(c.path for c in done if not c.skipped) == sorted(files)
+    for p, d in files.items():
+        lay = efs.attr(p).layout
+        assert lay is not None and (lay.ec_k, lay.ec_m) == (4, 2), p
+        with efs.open(p, "rb") as f:
+            assert f.read() == d, p
+    assert efs.attr("/warm/a").inode != old_inode  # a new copy, switched by rename
+    assert efs.stat("/warm/a").st_mode & 0o777 == 0o600
+    lay = efs.get_layout("/warm")
+    assert lay is not None and lay.ec_k == 4  # new files in the tree too
+    assert convert_file(efs, "/warm/a", (4, 2)).skipped == "already in that layout"
+    back = convert_file(efs, "/warm/a", (0, 0))
+    assert not back.skipped and back.bytes == len(files["/warm/a"])
+    lay = efs.attr("/warm/a").layout
+    assert lay is not None and lay.ec_k == 0 and lay.replicas != 1
+    with efs.open("/warm/a", "rb") as f:
+        assert f.read() == files["/warm/a"]
+    staged = efs.listdir("/.loomfs-convert")
+    assert staged and all(efs.listdir(f"/.loomfs-convert/{d}") == [] for d in staged)  # no copies left
 
 
 def test_crash_mid_stripe_never_mixes_versions(efs: loomfs.LoomFS) -> None:

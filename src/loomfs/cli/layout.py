@@ -38,6 +38,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     sc.add_argument("path")
     sc.add_argument("--repair", action="store_true", help="rewrite absent, corrupt or stale fragments")
     sc.set_defaults(func=cmd_scrub)
+    cv = lsub.add_parser("convert", help="rewrite a file, or every file under a directory, erasure-coded or "
+                                         "replicated (copy, then atomic rename over it; old chunks to GC)")
+    cv.add_argument("path")
+    cv.add_argument("--ec", type=parse_ec, required=True, metavar="K+M", help="K+M, or off for replicated")
+    cv.add_argument("--chunk-size", type=parse_size, default=None, help="e.g. 1M (default: the file's)")
+    cv.set_defaults(func=cmd_convert)
     g = lsub.add_parser("get", help="show the layout of a file or directory")
     g.add_argument("path")
     g.set_defaults(func=cmd_get)
@@ -114,3 +120,18 @@ def cmd_scrub(args: argparse.Namespace) -> int:
                   f"repaired, {rep.unreachable_fragments} unreachable, {rep.lost_stripes} lost: {state}")
             worst = max(worst, 0 if rep.full_redundancy else (2 if rep.lost_stripes else 1))
     return worst
+
+
+def cmd_convert(args: argparse.Namespace) -> int:
+    from loomfs.client.ec_convert import convert_tree
+
+    failed = 0
+    with connect(args) as fs:
+        try:
+            done = convert_tree(fs, args.path, args.ec, chunk_size=args.chunk_size)
+        except OSError as exc:
+            print(f"{args.path}: {exc}")
+            return 1
+        for c in done:
+            print(f"{c.path}: " + (f"skipped ({c.skipped})" if c.skipped else f"converted, {human_bytes(c.bytes)}"))
+    return failed
