@@ -160,3 +160,26 @@ def test_targets_disk_ids_reach_the_routing(tmp_path) -> None:  # type: ignore[n
     st.register(node_id=1, kind=NodeKind.STORAGE, host="h", port=1, now_s=0.0,
                 targets=[TargetInfo(target_id=t.target_id, path=t.path, disk_id=t.disk_id) for t in (ta, tb)])
     assert {t.disk_id for t in st.routing().targets} == {ta.disk_id}
+
+
+def test_a_restart_mgmtd_heard_of_survives_mgmtd_dying_before_acting_on_it(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Simulator seed 100649: a head restarted (its pending versions lost) and re-registered
+    with a mgmtd that was holding the chain's change behind a revocation; that mgmtd died
+    before acting, the next one never learnt of the restart, the head kept serving and reused a
+    version number another member had committed with other bytes. The restart is now saved
+    (a new routing version) before the node hears back."""
+    st = _cluster(nodes=3, targets=1)
+    st.create_chain_table(replicas=3)
+    head = st.chains[next(iter(st.chains))].targets[0]
+    node = st.targets[head].node_id
+    v = st.version
+    st.register(node_id=node, kind=NodeKind.STORAGE, host="127.0.0.1", port=9000 + node,
+                targets=[TargetInfo(target_id=head, path="/t0")], now_s=1.0)
+    assert st.version > v  # the service persists on a version change
+    store = MgmtdStore(f"sqlite:///{tmp_path}/m.db")
+    store.save(st)
+    store.close()
+    st2 = ClusterState(lease_s=5)
+    MgmtdStore(f"sqlite:///{tmp_path}/m.db").load(st2, now_s=2.0)
+    st2.reconcile(2.0)
+    assert st2.targets[head].state in (TargetState.WAITING, TargetState.SYNCING)  # resynced, not serving

@@ -187,6 +187,10 @@ class ClusterState:
                 tr.used_bytes, tr.capacity_bytes, tr.chunk_count = t.used_bytes, t.capacity_bytes, t.chunk_count
                 tr.disk_id = t.disk_id
                 tr.restarted = tr.chain_id != 0
+                # persisted before the node hears back (a new routing version saves the state):
+                # a mgmtd that dies before acting on it must not forget that this process lost
+                # its pending versions (its next update number may name other bytes elsewhere)
+                changed |= tr.restarted
                 tr.revoke_deadline_s, tr.revoke_acked, tr.revoke_version = 0.0, False, 0  # a new process
         changed |= self.reconcile(now_s, bump=False)
         if changed:
