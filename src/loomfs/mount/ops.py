@@ -462,7 +462,9 @@ class LoomOperations(pyfuse3.Operations):
                 f = await self.call(c.open(path, "x+b", perm=perm))
             except FileExistsError:
                 f = await self.call(c.open(path, "w+b" if flags & os.O_TRUNC else "r+b", perm=perm))
-        attr = await self._owned(path, await self._attr(path), ctx)
+        opened = f.opened_attr  # as meta answered the open (None for a lazy create)
+        attr = opened if opened is not None and opened.inode else await self._attr(path)
+        attr = await self._owned(path, attr, ctx)
         self.inodes.opened(attr.inode)
         h = Handle(attr.inode, f, True, append=bool(flags & os.O_APPEND))
         fi = self._file_info(h, flags)
