@@ -139,7 +139,7 @@ def test_corrupt_fragment_is_detected_and_repaired(efs: loomfs.LoomFS, ec_cluste
     inode = efs.attr("/cold/rot").inode
     victims = [(0, 1), (1, 4)]  # (stripe, fragment): a data fragment and a parity fragment
     for s, j in victims:
-        (path,) = _fragment_files(ec_cluster, inode, s * 6 + j)
+        (path,) = _fragment_files(ec_cluster, inode, Geometry(4, 2, CS).chunk_index(s, j))
         raw = bytearray(path.read_bytes())
         for _ in range(3):
             raw[rng.randrange(64, len(raw))] ^= 0xFF

@@ -21,7 +21,7 @@ def test_split_range_covers_data_fragments() -> None:
     assert [(p.stripe, p.fragment, p.offset, p.length, p.buffer_offset) for p in pieces] == [
         (0, 3, 50, 50, 0), (1, 0, 0, 100, 50), (1, 1, 0, 50, 150)]
     assert sum(p.length for p in split_range(g, 0, 1234)) == 1234
-    assert g.chunk_index(1, 3) == 9
+    assert g.chunk_index(1, 3) == 6 + (3 + 1) % 6
     assert g.chunk_index(1, 3, shadow=True) > g.chunk_index(10**6, 0)
 
 
@@ -33,10 +33,15 @@ def test_partial_stripe_lengths() -> None:
     assert g.stripe_len(1, 401) == 1 and g.stripe_len(2, 401) == 0
 
 
-def test_fragment_j_always_maps_to_chain_j() -> None:
+def test_fragments_rotate_over_the_chains() -> None:
     for k, m in ((4, 2), (10, 4), (3, 2)):
         g = Geometry(k=k, m=m, chunk_size=1 << 20)
+        w = k + m
         for s in (0, 1, 77):
-            for j in range(k + m):
-                assert g.chunk_index(s, j) % (k + m) == j
-                assert g.chunk_index(s, j, shadow=True) % (k + m) == j
+            live = [g.chunk_index(s, j) for j in range(w)]
+            shadow = [g.chunk_index(s, j, shadow=True) for j in range(w)]
+            assert sorted(live) == list(range(s * w, (s + 1) * w))  # the stripe's own chunk range
+            for j in range(w):
+                assert live[j] % w == shadow[j] % w == g.chain_slot(s, j) == (j + s) % w
+        # over k+m stripes every chain holds every fragment role once
+        assert {g.chain_slot(s, 0) for s in range(w)} == set(range(w))

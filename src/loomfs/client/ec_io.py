@@ -44,37 +44,33 @@ class FragmentIO:
         self.layout = layout
         self.inode = inode
         self.geometry = Geometry(layout.ec_k, layout.ec_m, layout.chunk_size)
-        # what storage sees: chunks of header + payload bytes, fragment j on chains[j]
+        # what storage sees: chunks of header + payload bytes, chunk i on chains[i % (k+m)]
         self.chunk_layout = dataclasses.replace(layout, chunk_size=layout.chunk_size + HEADER_BYTES)
         self.read_timeout_s = read_timeout_s
         self.reads_failed_total = 0
 
-    def chain_of(self, fragment: int) -> int:
-        return self.layout.chains[fragment]
+    def chain_of(self, index: int) -> int:
+        """The chain of fragment chunk ``index`` (as the storage client routes it)."""
+        return self.layout.chains[index % len(self.layout.chains)]
 
     async def write(self, index: int, data: memoryview) -> None:
         """Write one whole fragment chunk (header + payload) at chunk ``index``."""
         await self.storage.write_chunk(self.chunk_layout, self.inode, index, 0, data)
 
-    async def remove(self, fragment: int, index_begin: int, index_end: int) -> None:
-        """Remove chunks [begin, end) on fragment ``fragment``'s chain (as empty new versions)."""
-        one = dataclasses.replace(self.chunk_layout, chains=[self.chain_of(fragment)])
-        await self.storage.remove_chunks(one, self.inode, index_begin, index_end, keep_versions=True)
-
     async def remove_all(self, index_begin: int, index_end: int) -> None:
         await self.storage.remove_chunks(self.chunk_layout, self.inode, index_begin, index_end, keep_versions=True)
 
-    def reachable(self, fragment: int) -> bool:
-        """Whether the fragment's chain has a serving target in the cached routing."""
+    def reachable(self, index: int) -> bool:
+        """Whether chunk ``index``'s chain has a serving target in the cached routing."""
         rc = self.storage.routing
-        return not rc.has_routing or bool(rc.current.serving_targets(self.chain_of(fragment)))
+        return not rc.has_routing or bool(rc.current.serving_targets(self.chain_of(index)))
 
-    async def read(self, fragment: int, index: int, offset: int, length: int, into: memoryview) -> int | None:
+    async def read(self, index: int, offset: int, length: int, into: memoryview) -> int | None:
         """Read ``length`` bytes at ``offset`` of chunk ``index`` into ``into[:length]`` (the rest
         zeroed). Returns the bytes the chunk had there, None if the chunk does not exist.
         Raises FragmentUnavailable."""
         into = into[:length]
-        chain_id = self.chain_of(fragment)
+        chain_id = self.chain_of(index)
         sc = self.storage
         for attempt in range(2):
             try:
@@ -96,7 +92,7 @@ class FragmentIO:
                 if attempt == 0 and st in _REFRESH:
                     continue
                 self.reads_failed_total += 1
-                err = FragmentUnavailable(f"fragment {fragment} chunk {self.inode}:{index}: {exc}")
+                err = FragmentUnavailable(f"fragment chunk {self.inode}:{index} on chain {chain_id}: {exc}")
                 err.corrupt = st is Status.CHECKSUM_MISMATCH
                 raise err from exc
             body: ReadRsp = rsp.body
@@ -111,7 +107,7 @@ class FragmentIO:
             if n < length:
                 zero_fill(into[n:])
             return n
-        raise FragmentUnavailable(f"fragment {fragment}: routing stayed stale")  # pragma: no cover
+        raise FragmentUnavailable(f"chunk {self.inode}:{index}: routing stayed stale")  # pragma: no cover
 
     def __repr__(self) -> str:
         g = self.geometry

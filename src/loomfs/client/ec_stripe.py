@@ -158,7 +158,7 @@ async def _read_whole(io: FragmentIO, buf: Buffer, stripe: int, fragments: Seque
     async def one(j: int) -> tuple[int, FragmentHeader | str] | None:
         view = memoryview(buf)[j * slot_bytes(g) : (j + 1) * slot_bytes(g)]
         try:
-            n = await io.read(j, g.chunk_index(stripe, j, shadow=shadow), 0, len(view), view)
+            n = await io.read(g.chunk_index(stripe, j, shadow=shadow), 0, len(view), view)
         except FragmentUnavailable as exc:
             logger.debug("stripe %d fragment %d: %s", stripe, j, exc)
             return (j, BAD) if exc.corrupt else None
@@ -274,7 +274,7 @@ async def read_range(io: FragmentIO, codec: Codec, stats: EcStats, pool: BufferP
     async def piece(p: FragPiece) -> bool:
         async with sem:
             try:
-                n = await io.read(p.fragment, g.chunk_index(p.stripe, p.fragment), HEADER_BYTES + p.offset,
+                n = await io.read(g.chunk_index(p.stripe, p.fragment), HEADER_BYTES + p.offset,
                                   p.length, view[p.buffer_offset : p.buffer_offset + p.length])
             except FragmentUnavailable:
                 return False

@@ -4,8 +4,9 @@ An EC file of layout ``ec(k, m, chunk_size)`` is cut into stripes of ``k * chunk
 bytes. Data fragment j of stripe s holds the stripe's bytes ``[j*cs, (j+1)*cs)`` (contiguous,
 so a read touches only the data fragments covering its range); parity fragments k..k+m-1 are
 RS(k, m) of the data fragments zero-padded to the longest one. Fragment j of stripe s is the
-ordinary chunk ``s*(k+m) + j`` of the inode; the file's layout has exactly k+m chains, so that
-chunk lands on ``chains[j]`` (a group of k+m single-replica chains on distinct nodes).
+ordinary chunk ``s*(k+m) + (j+s) % (k+m)`` of the inode; the file's layout has exactly k+m
+chains (a group of single-replica chains on distinct nodes), so it lands on
+``chains[(j+s) % (k+m)]``: data and parity rotate over the group stripe by stripe.
 An overwrite first stages the whole new stripe in the *shadow* stripe ``SHADOW_STRIPE_BASE + s``.
 
 Every fragment chunk starts with a 64-byte header: magic, code, fragment index, stripe
@@ -75,8 +76,16 @@ class Geometry:
         return self.k * self.chunk_size
 
     def chunk_index(self, stripe: int, fragment: int, *, shadow: bool = False) -> int:
-        # (a multiple of the width, so fragment j of a shadow stripe is on chains[j] too)
-        return ((SHADOW_STRIPE_BASE if shadow else 0) + stripe) * self.width + fragment
+        """Fragment ``fragment`` of stripe ``stripe`` is chunk ``stripe*(k+m) + (fragment+stripe) % (k+m)``:
+        on ``chains[(fragment + stripe) % (k+m)]``, so data and parity rotate over the group's
+        chains stripe by stripe and a large read uses every server of the group (the shadow
+        stripe's fragments sit on the same chains as the live ones)."""
+        base = (SHADOW_STRIPE_BASE if shadow else 0) + stripe
+        return base * self.width + (fragment + stripe) % self.width
+
+    def chain_slot(self, stripe: int, fragment: int) -> int:
+        """Index into the layout's chains of the chain holding this fragment."""
+        return (fragment + stripe) % self.width
 
     def data_len(self, stripe_len: int, fragment: int) -> int:
         """Real bytes data fragment ``fragment`` holds in a stripe of ``stripe_len`` bytes."""

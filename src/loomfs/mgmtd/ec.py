@@ -1,6 +1,6 @@
 """EC groups in mgmtd (no I/O): single-replica chains whose only target is lost get a spare.
 
-Erasure-coded files keep fragment j of every stripe on ``chains[j]`` of their layout, k+m
+Erasure-coded files keep their stripes' fragments on the ``chains`` of their layout, k+m
 chains of a single-replica table on distinct nodes (``CreateChainTableReq(replicas=1,
 targets_per_node=1)``). Chain replication cannot rebuild such a chain (there is no other
 replica to resync from), so the transition rules leave it LASTSRV when its target dies. Here,

@@ -129,7 +129,7 @@ class Layout(Message):
     # meta server's default, 0 = never; files: the limit fixed when they were created
     inline_max_bytes: int = -1
     # erasure coding (loomfs.ec, docs/ec.md): ec_k > 0 makes this ``ec(k, m, chunk_size)``; a
-    # file's chains are then its k+m single-replica chains on distinct nodes, fragment j on chains[j]
+    # file's chains are its k+m single-replica chains on distinct nodes (fragments: loomfs.ec.stripe)
     ec_k: int = 0
     ec_m: int = 0
 
