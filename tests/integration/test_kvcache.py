@@ -64,6 +64,16 @@ def test_round_trip_every_kind(kv: KVCache) -> None:
     assert bytes(got) == blob and bytes(buf[: len(blob)]) == blob
     with pytest.raises(ValueError):  # EINVAL: the buffer is too small
         kv.get(b"bytes", into=bytearray(10))
+    # an allocator: told the value's size, dtype and shape, it returns the buffer to read into
+    seen = []
+
+    def alloc(info: object) -> torch.Tensor:
+        seen.append(info)
+        return torch.empty(info.shape, dtype=getattr(torch, info.dtype))  # type: ignore[attr-defined]
+
+    got_t, got_miss = kv.get_many([b"torch", b"missing"], into=[alloc, alloc])
+    assert torch.equal(got_t, t) and got_miss is None and len(seen) == 1
+    assert (seen[0].nbytes, seen[0].kind, seen[0].shape) == (t.numel() * 2, "torch", (2, 4, 64, 32))
     # a value bigger than a chunk spans chunks (read in pieces)
     big = os.urandom(3 * CHUNK_BYTES + 5)
     kv.put(b"big", big)

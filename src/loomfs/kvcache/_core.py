@@ -31,7 +31,7 @@ from loomfs.kvcache import _entry as E
 from loomfs.kvcache._icache import IndexCache
 from loomfs.kvcache._reads import Run, plan_reads
 from loomfs.kvcache._segments import SegmentWriter
-from loomfs.kvcache._values import Target, as_bytes, rebuild
+from loomfs.kvcache._values import Target, as_bytes, rebuild, value_info
 from loomfs.wire.types import Layout
 
 if TYPE_CHECKING:
@@ -42,6 +42,16 @@ logger = logging.getLogger(__name__)
 READS_INFLIGHT = 64  # value reads in flight per get_many
 TOUCHES_PENDING_MAX = 65536
 ENTRY_OVERHEAD_BYTES_MAX = 8192 + E.KEY_BYTES_MAX  # header, chains, key, descriptor, names
+
+
+def _target(into: Any) -> Any:
+    """A caller's ``into=`` item: None, an allocator (called with the value's ``ValueInfo``
+    once its entry is known, returning the buffer), or a buffer, array or tensor."""
+    if into is None:
+        return None
+    if callable(into) and not hasattr(into, "untyped_storage") and not hasattr(into, "__array_interface__"):
+        return into
+    return Target(into)
 
 
 @dataclasses.dataclass
@@ -194,7 +204,7 @@ class AsyncKVCache:
         ks = [E.check_key(k) for k in keys]
         if into is not None and len(into) != len(ks):
             raise InvalidArgument(f"get_many: {len(ks)} keys but {len(into)} into= buffers")
-        targets = [None if into is None or into[i] is None else Target(into[i]) for i in range(len(ks))]
+        targets: list[Any] = [None] * len(ks) if into is None else [_target(x) for x in into]
         cached = [self.icache.get(k) for k in ks] if self.icache.ttl_s > 0 else [None] * len(ks)
         now = self.clock()
         cached = [e if e is not None and not self._expired(e, now) else None for e in cached]
@@ -216,9 +226,11 @@ class AsyncKVCache:
     def _expired(self, e: E.Entry, now_s: float) -> bool:
         return bool(self.config.ttl_s) and e.touched_s + self.config.ttl_s < now_s
 
-    async def _read_values(self, entries: Sequence[E.Entry | None], targets: Sequence[Target | None]) -> list[Any]:
+    async def _read_values(self, entries: Sequence[E.Entry | None], targets: Sequence[Any]) -> list[Any]:
         """The values ``entries`` name (None: no entry, or bytes failing the CRC)."""
         out: list[Any] = [None] * len(entries)
+        targets = [_target(t(value_info(e.value_bytes, e.kind, e.desc))) if e is not None and callable(t)
+                   and not isinstance(t, Target) else t for t, e in zip(targets, entries, strict=True)]
         slots = asyncio.Semaphore(READS_INFLIGHT)
         alone, runs = plan_reads(entries)
 

@@ -10,6 +10,7 @@ only when a value of theirs is seen.
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass
 from typing import Any
 
 from loomfs.errors import InvalidArgument
@@ -35,6 +36,22 @@ def _parse_desc(desc: str) -> tuple[str, tuple[int, ...]]:
     except ValueError as exc:
         raise InvalidArgument(f"bad kvcache value descriptor {desc!r}") from exc
     return dtype, dims
+
+
+@dataclass(frozen=True, slots=True)
+class ValueInfo:
+    """What ``get(key, into=alloc)`` tells ``alloc`` before reading: it returns the buffer to
+    read into (an LMCache backend allocates its MemoryObj from this)."""
+
+    nbytes: int
+    kind: str  # "bytes" | "numpy" | "torch"
+    dtype: str  # numpy dtype string or torch dtype name ("" for bytes)
+    shape: tuple[int, ...]
+
+
+def value_info(nbytes: int, kind: int, desc: str) -> ValueInfo:
+    dtype, shape = _parse_desc(desc) if kind != KIND_BYTES else ("", (nbytes,))
+    return ValueInfo(nbytes, {KIND_BYTES: "bytes", KIND_NUMPY: "numpy", KIND_TORCH: "torch"}.get(kind, "?"), dtype, shape)
 
 
 def as_bytes(value: Any) -> tuple[memoryview, int, str]:
