@@ -51,6 +51,8 @@ def test_cli_end_to_end(tmp_path) -> None:  # type: ignore[no-untyped-def]
         assert len(chains) == 2  # 3 nodes x 2 targets / 3 replicas
         targets = json.loads(_loomfs("admin", "targets", "--json", env=env).stdout)
         assert len(targets) == 6 and all(t["state"] == "serving" for t in targets)
+        # every target reports its scrubber (issue 15 item 7; heartbeats carry it)
+        assert all(t["scrub"] is not None and t["scrub"]["interval_s"] > 0 for t in targets)
         _loomfs("mkdir", "/lay", env=env)
         _loomfs("layout", "set", "/lay", "--chunk-size", "1M", "--stripe", "1", env=env)
         assert "chunk_size=1.0 MiB" in _loomfs("layout", "get", "/lay", env=env).stdout

@@ -18,7 +18,7 @@ from loomfs.metrics.capacity import target_state_name
 from loomfs.net.rpc import RpcClient
 from loomfs.net.tcp import TcpTransport
 from loomfs.wire import mgmtd as wm
-from loomfs.wire.types import NodeKind, NodeState, RoutingInfo, TargetState
+from loomfs.wire.types import NodeKind, NodeState, RoutingInfo, ScrubStats, TargetState
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -97,6 +97,36 @@ def cmd_nodes(args: argparse.Namespace) -> int:
     return 0
 
 
+def _ago(seconds: float) -> str:
+    seconds = abs(seconds)
+    if seconds < 120:
+        return f"{seconds:.0f}s"
+    if seconds < 3600:
+        return f"{seconds / 60:.0f}m"
+    return f"{seconds / 3600:.1f}h"
+
+
+def scrub_summary(s: ScrubStats | None, now_unix_s: float) -> str:
+    """One cell: the scrubber's schedule and what it found ("every 1.0h, next in 12m, 0 bad")."""
+    if s is None:
+        return ""
+    if not s.interval_s:
+        return f"off, {s.bad} bad" if s.bad else "off"
+    parts = [f"every {_ago(s.interval_s)}"]
+    if s.next_pass_unix_s:
+        parts.append(f"next in {_ago(max(0.0, s.next_pass_unix_s - now_unix_s))}")
+    else:
+        parts.append("running")
+    if s.last_pass_end_unix_s:
+        parts.append(f"last {_ago(now_unix_s - s.last_pass_end_unix_s)} ago")
+    parts.append(f"{s.bad} bad" + (f" ({s.repaired} repaired)" if s.bad else ""))
+    return ", ".join(parts)
+
+
+def scrub_json(s: ScrubStats | None) -> dict[str, Any] | None:
+    return None if s is None else s.to_wire()
+
+
 def cmd_targets(args: argparse.Namespace) -> int:
     r = fetch_routing(args)
     def sync_left(t: Any) -> Any:
@@ -108,10 +138,11 @@ def cmd_targets(args: argparse.Namespace) -> int:
 
     rows = [[t.target_id, t.node_id, target_state_name(t) + (" (draining)" if t.draining else ""),
              t.chain_id or "spare", t.chunk_count, human_bytes(t.used_bytes) if not args.json else t.used_bytes,
-             human_bytes(t.capacity_bytes) if not args.json else t.capacity_bytes, sync_left(t), t.path]
+             human_bytes(t.capacity_bytes) if not args.json else t.capacity_bytes, sync_left(t),
+             scrub_summary(t.scrub, time.time()) if not args.json else scrub_json(t.scrub), t.path]
             for t in r.targets]
     _emit(args, f"targets (routing v{r.version})",
-          ["target", "node", "state", "chain", "chunks", "used", "capacity", "sync left", "path"], rows)
+          ["target", "node", "state", "chain", "chunks", "used", "capacity", "sync left", "scrub", "path"], rows)
     return 0
 
 
