@@ -12,12 +12,17 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import json
 import os
 import random
 import shutil
+import subprocess
+import sys
 import tempfile
 from collections import Counter
 from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import crc32c
 import pytest
@@ -31,6 +36,7 @@ from loomfs.net.rpc import RpcClient
 from loomfs.net.tcp import TcpTransport
 from loomfs.net.transport import Address
 from loomfs.testing import LocalCluster
+from loomfs.testing.cluster import find_base_port
 from loomfs.testing.pgserver import PgServer
 from loomfs.wire import meta as wm
 from loomfs.wire.message import Message, Method
@@ -203,3 +209,42 @@ def test_client_fails_over_when_its_meta_server_dies(pg_cluster: tuple[LocalClus
             c.restart_service(victim)
     finally:
         fs.close()
+
+
+def _loomfs(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "loomfs.cli.main", *args], capture_output=True, text=True,
+                          check=check, timeout=180)
+
+
+@pytest.mark.timeout(240)
+def test_local_up_with_postgres_and_two_meta_servers(pg_server: PgServer, tmp_path: Path) -> None:
+    """``loomfs local up --meta-store URL --meta-servers 2``: both servers serve one namespace
+    (a file made through one is there through the other); the cluster's state names the store."""
+    d = str(tmp_path / "cl")
+    url = pg_server.url(schema=f"cli{os.getpid()}")
+    port = find_base_port(30)
+    common = ["--dir", d]
+    try:
+        _loomfs("local", "up", *common, "--base-port", str(port), "--storage-nodes", "1", "--replicas", "1",
+                "--meta-store", url, "--meta-servers", "2")
+        st = json.loads(_loomfs("local", "status", *common, "--json").stdout)
+        assert {s["name"] for s in st["services"]} == {"mgmtd", "meta1", "meta2", "storage1"}
+        c = LocalCluster.from_dir(d)
+        assert c.meta_store == url
+
+        async def via(addr: str, m: Method, req: Message) -> Any:
+            rpc = RpcClient(TcpTransport())
+            try:
+                return (await rpc.call(Address.parse(addr), m, req, timeout_s=30.0)).body
+            finally:
+                await rpc.close()
+
+        data = b"through meta1"
+        asyncio.run(via(c.services["meta1"].address, wm.OPEN, wm.OpenReq(
+            path="/cli-file", flags=PUT, data=data, data_crc=crc32c.crc32c(data))))
+        rsp = asyncio.run(via(c.services["meta2"].address, wm.READ, wm.PathReq(path="/cli-file")))
+        assert bytes(rsp.data) == data
+        bad = _loomfs("local", "up", "--dir", str(tmp_path / "bad"), "--meta-store", "nonsense", check=False)
+        assert bad.returncode != 0 and "needs a URL" in bad.stderr
+    finally:
+        _loomfs("local", "down", *common, check=False)
