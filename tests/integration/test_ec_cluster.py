@@ -131,6 +131,25 @@ def test_write_read_overwrite_append(efs: loomfs.LoomFS) -> None:
         assert f.read() == b"again"
 
 
+def test_sparse_and_partial_stripes_read_zeros(efs: loomfs.LoomFS) -> None:
+    want = bytearray(9 * CS + 1)
+    with efs.open("/cold/sparse", "wb") as f:
+        for off, piece in ((0, b"a" * 100), (CS + 10, b"b" * 10), (9 * CS, b"c")):
+            f.seek(off)
+            f.write(piece)
+            want[off : off + len(piece)] = piece
+    with efs.open("/cold/sparse", "rb") as f:
+        assert f.read() == want
+    with efs.open("/cold/sparse", "r+b") as f:  # read-modify-write next to the short fragment
+        f.seek(3 * CS)
+        f.write(b"d" * 5)
+        want[3 * CS : 3 * CS + 5] = b"d" * 5
+    with efs.open("/cold/sparse", "rb") as f:
+        assert f.read() == want
+        f.seek(100)
+        assert f.read(200) == bytes(200)  # past fragment 0's bytes: zeros, never its trailer
+
+
 def test_corrupt_fragment_is_detected_and_repaired(efs: loomfs.LoomFS, ec_cluster: LocalCluster) -> None:
     rng = _rng("corrupt")
     data = rng.randbytes(8 * CS)

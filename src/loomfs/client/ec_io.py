@@ -44,7 +44,7 @@ class FragmentIO:
         self.layout = layout
         self.inode = inode
         self.geometry = Geometry(layout.ec_k, layout.ec_m, layout.chunk_size)
-        # what storage sees: chunks of header + payload bytes, chunk i on chains[i % (k+m)]
+        # what storage sees: chunks of payload + trailer bytes, chunk i on chains[i % (k+m)]
         self.chunk_layout = dataclasses.replace(layout, chunk_size=layout.chunk_size + HEADER_BYTES)
         self.read_timeout_s = read_timeout_s
         self.reads_failed_total = 0
@@ -53,9 +53,12 @@ class FragmentIO:
         """The chain of fragment chunk ``index`` (as the storage client routes it)."""
         return self.layout.chains[index % len(self.layout.chains)]
 
-    async def write(self, index: int, data: memoryview) -> None:
-        """Write one whole fragment chunk (header + payload) at chunk ``index``."""
+    async def write(self, index: int, data: memoryview, *, exact: bool = False) -> None:
+        """Write one whole fragment chunk (payload + trailer) at chunk ``index`` (``exact``: then
+        cut the chunk to that length, in case an older content was longer: repairs)."""
         await self.storage.write_chunk(self.chunk_layout, self.inode, index, 0, data)
+        if exact:
+            await self.storage.truncate_chunk(self.chunk_layout, self.inode, index, len(data))
 
     async def remove_all(self, index_begin: int, index_end: int) -> None:
         await self.storage.remove_chunks(self.chunk_layout, self.inode, index_begin, index_end, keep_versions=True)
@@ -66,9 +69,9 @@ class FragmentIO:
         return not rc.has_routing or bool(rc.current.serving_targets(self.chain_of(index)))
 
     async def read(self, index: int, offset: int, length: int, into: memoryview) -> int | None:
-        """Read ``length`` bytes at ``offset`` of chunk ``index`` into ``into[:length]`` (the rest
-        zeroed). Returns the bytes the chunk had there, None if the chunk does not exist.
-        Raises FragmentUnavailable."""
+        """Read ``length`` bytes at ``offset`` of chunk ``index`` into ``into[:length]`` (what the
+        chunk does not have there is zeroed). Returns the chunk's whole length, None if the chunk
+        does not exist. Raises FragmentUnavailable."""
         into = into[:length]
         chain_id = self.chain_of(index)
         sc = self.storage
@@ -106,7 +109,7 @@ class FragmentIO:
                 into[:n] = rsp.payload
             if n < length:
                 zero_fill(into[n:])
-            return n
+            return body.chunk_length
         raise FragmentUnavailable(f"chunk {self.inode}:{index}: routing stayed stale")  # pragma: no cover
 
     def __repr__(self) -> str:

@@ -1,7 +1,9 @@
 """Stripe reads and writes of an erasure-coded file (see docs/ec.md and ``loomfs.ec.stripe``).
 
 A stripe buffer holds all k+m fragment chunks of one stripe, each as it goes to storage:
-``[64-byte header][payload: chunk_size bytes]``, fragment j at ``j * (HEADER_BYTES + cs)``.
+``[payload: up to chunk_size bytes][64-byte header]``, fragment j's slot at ``j * (cs + 64)``
+(the header trails the payload, so payload offsets stay aligned for the servers' O_DIRECT
+reads and block CRCs).
 
 * ``write_stripe`` pads, encodes, stamps a new version and CRC32C into every header and writes
   the k+m fragments in parallel. An overwrite of a stripe that had data is staged first: the
@@ -62,13 +64,13 @@ def stripe_buffer_bytes(g: Geometry) -> int:
 
 
 def payload(g: Geometry, buf: Buffer, fragment: int, length: int | None = None) -> memoryview:
-    start = fragment * slot_bytes(g) + HEADER_BYTES
+    start = fragment * slot_bytes(g)
     return memoryview(buf)[start : start + (g.chunk_size if length is None else length)]
 
 
 def chunk_view(g: Geometry, buf: Buffer, fragment: int, payload_len: int) -> memoryview:
     start = fragment * slot_bytes(g)
-    return memoryview(buf)[start : start + HEADER_BYTES + payload_len]
+    return memoryview(buf)[start : start + payload_len + HEADER_BYTES]
 
 
 @dataclass
@@ -133,16 +135,17 @@ def stamp(g: Geometry, buf: Buffer, stripe: int, stripe_len: int, version: int,
     for j in range(g.width) if fragments is None else fragments:
         n = g.payload_len(stripe_len, j)
         h = FragmentHeader(g.k, g.m, j, stripe, version, stripe_len, n, payload_crc(payload(g, buf, j, n)))
-        start = j * slot_bytes(g)
+        start = j * slot_bytes(g) + n
         memoryview(buf)[start : start + HEADER_BYTES] = h.pack()
 
 
 async def write_fragments(io: FragmentIO, buf: Buffer, stripe: int, stripe_len: int, *, shadow: bool,
-                     fragments: Sequence[int] | None = None) -> None:
+                          fragments: Sequence[int] | None = None, exact: bool = False) -> None:
     g = io.geometry
     frags = range(g.width) if fragments is None else fragments
     await asyncio.gather(*(io.write(g.chunk_index(stripe, j, shadow=shadow),
-                                    chunk_view(g, buf, j, g.payload_len(stripe_len, j))) for j in frags))
+                                    chunk_view(g, buf, j, g.payload_len(stripe_len, j)), exact=exact)
+                           for j in frags))
 
 
 ABSENT = "absent"  # the chunk does not exist
@@ -164,10 +167,10 @@ async def _read_whole(io: FragmentIO, buf: Buffer, stripe: int, fragments: Seque
             return (j, BAD) if exc.corrupt else None
         if n is None:
             return (j, ABSENT)
-        h = FragmentHeader.unpack(view[:HEADER_BYTES])
+        h = FragmentHeader.unpack(view[n - HEADER_BYTES : n]) if HEADER_BYTES <= n <= len(view) else None
         if (h is not None and h.fragment == j and h.stripe == stripe and (h.k, h.m) == (g.k, g.m)
-                and h.payload_len == g.payload_len(h.stripe_len, j) and HEADER_BYTES + h.payload_len <= n
-                and payload_crc(view[HEADER_BYTES : HEADER_BYTES + h.payload_len]) == h.crc):
+                and h.payload_len == g.payload_len(h.stripe_len, j) == n - HEADER_BYTES
+                and payload_crc(view[: h.payload_len]) == h.crc):
             return (j, h)
         logger.warning("inode %d stripe %d fragment %d: bad header or CRC32C", io.inode, stripe, j)
         return (j, BAD)
@@ -223,6 +226,10 @@ async def resolve(io: FragmentIO, codec: Codec, stats: EcStats, stripe: int, buf
     if missing and plen:
         codec.decode({j: payload(g, buf, j, plen) for j in good[: g.k]},
                      {j: payload(g, buf, j, plen) for j in missing})
+    for j in range(g.k):  # past its bytes a data fragment is zeros (not a trailer or stale bytes)
+        n = g.payload_len(stripe_len, j)
+        if n < g.chunk_size:
+            zero_fill(payload(g, buf, j)[n:])
     bad = [j for j in missing if j in found]  # answered, but absent, corrupt or of another version
     res = Resolved(stripe_len, version, from_shadow, bad, [j for j in range(g.width) if j not in found])
     if repair and (bad or from_shadow):
@@ -246,12 +253,12 @@ async def repairs_settled() -> None:
 async def repair_fragments(io: FragmentIO, stats: EcStats, stripe: int, buf: Buffer, res: Resolved) -> None:
     """Rewrite fragments ``res.bad`` in place with the resolved version (their headers restamped)."""
     g = io.geometry
-    stamp(g, buf, stripe, res.stripe_len, res.version, res.bad)
+    stamp(g, buf, stripe, res.stripe_len, res.version, range(g.width) if res.from_shadow else res.bad)
     try:
-        await write_fragments(io, buf, stripe, res.stripe_len, shadow=False, fragments=res.bad)
+        await write_fragments(io, buf, stripe, res.stripe_len, shadow=False, fragments=res.bad, exact=True)
         if res.from_shadow:
-            await write_fragments(io, buf, stripe, res.stripe_len, shadow=False,
-                             fragments=[j for j in range(g.width) if j not in res.bad])
+            await write_fragments(io, buf, stripe, res.stripe_len, shadow=False, exact=True,
+                                  fragments=[j for j in range(g.width) if j not in res.bad])
             base = g.chunk_index(stripe, 0, shadow=True)
             await io.remove_all(base, base + g.width)
     except (LoomError, OSError) as exc:
@@ -273,12 +280,17 @@ async def read_range(io: FragmentIO, codec: Codec, stats: EcStats, pool: BufferP
 
     async def piece(p: FragPiece) -> bool:
         async with sem:
+            target = view[p.buffer_offset : p.buffer_offset + p.length]
             try:
-                n = await io.read(g.chunk_index(p.stripe, p.fragment), HEADER_BYTES + p.offset,
-                                  p.length, view[p.buffer_offset : p.buffer_offset + p.length])
+                chunk_len = await io.read(g.chunk_index(p.stripe, p.fragment), p.offset, p.length, target)
             except FragmentUnavailable:
                 return False
-            return n is not None
+            if chunk_len is None or chunk_len < HEADER_BYTES:
+                return False
+            payload_end = chunk_len - HEADER_BYTES  # the trailer is not data: zeros past the payload
+            if p.offset + p.length > payload_end:
+                zero_fill(target[max(0, payload_end - p.offset) :])
+            return True
 
     async def stripe(s: int, ps: list[FragPiece]) -> None:
         oks = await asyncio.gather(*(piece(p) for p in ps))
