@@ -9,7 +9,7 @@ chains (a group of single-replica chains on distinct nodes), so it lands on
 ``chains[(j+s) % (k+m)]``: data and parity rotate over the group stripe by stripe.
 An overwrite first stages the whole new stripe in the *shadow* stripe ``SHADOW_STRIPE_BASE + s``.
 
-Every fragment chunk starts with a 64-byte header: magic, code, fragment index, stripe
+Every fragment chunk ends with a 64-byte header (a trailer, so payload offsets stay aligned): magic, code, fragment index, stripe
 index, the stripe *version* (writer-unique, increasing), the stripe's data length, the
 payload length and the payload's CRC32C. Decoders group fragments by (version, stripe
 length) and never combine two versions.
