@@ -26,8 +26,9 @@ from loomfs.net.rpc import RpcClient, RpcServer
 from loomfs.net.tcp import TcpTransport
 from loomfs.net.transport import Address
 from loomfs.storage.engine.memory import MemoryEngine
-from loomfs.storage.service import StaticRouting, StorageService
+from loomfs.storage.service import StorageService
 from loomfs.storage.target import StorageTarget
+from loomfs.testing.routing import StaticRouting
 from loomfs.wire.storage import READ, WRITE, ChunkId, ReadReq, WriteReq
 from loomfs.wire.types import ChainInfo, NodeInfo, NodeKind, RoutingInfo, TargetInfo
 

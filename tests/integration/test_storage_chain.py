@@ -17,8 +17,9 @@ from loomfs.net.tcp import TcpTransport
 from loomfs.net.transport import Address
 from loomfs.storage.engine.file import FileEngine
 from loomfs.storage.engine.types import ChunkKey
-from loomfs.storage.service import StaticRouting, StorageService
+from loomfs.storage.service import StorageService
 from loomfs.storage.target import StorageTarget, target_id_for
+from loomfs.testing.routing import StaticRouting
 from loomfs.wire.status import Status
 from loomfs.wire.storage import (
     QUERY_CHUNKS,

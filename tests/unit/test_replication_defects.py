@@ -22,8 +22,9 @@ from loomfs.storage import planted
 from loomfs.storage.dedupe import TagCache
 from loomfs.storage.engine.memory import MemoryEngine
 from loomfs.storage.engine.types import ChunkKey
-from loomfs.storage.service import StaticRouting, StorageService
+from loomfs.storage.service import StorageService
 from loomfs.storage.target import StorageTarget, target_id_for
+from loomfs.testing.routing import StaticRouting
 from loomfs.testing.simloop import run_virtual
 from loomfs.wire.status import Status
 from loomfs.wire.storage import (

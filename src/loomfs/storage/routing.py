@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from loomfs.common.routing import Routing
-from loomfs.wire.types import RoutingInfo, TargetState
+from loomfs.wire.types import TargetState
 
 
 def write_chain(routing: Routing, chain_id: int) -> list[int]:
@@ -24,22 +24,3 @@ class RoutingSource(Protocol):
     async def get(self) -> Routing: ...
 
     async def refresh(self, min_version: int = 0) -> Routing: ...
-
-
-class StaticRouting:
-    """A routing source tests set by hand."""
-
-    def __init__(self, info: RoutingInfo):
-        self.routing = Routing(info)
-
-    def set(self, info: RoutingInfo) -> None:
-        self.routing = Routing(info)
-
-    async def get(self) -> Routing:
-        return self.routing
-
-    async def refresh(self, min_version: int = 0) -> Routing:
-        return self.routing
-
-    def __repr__(self) -> str:
-        return f"StaticRouting(v{self.routing.version})"

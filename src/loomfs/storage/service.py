@@ -1,37 +1,36 @@
 """Storage service: RPC handlers that run the CRAQ decisions (storage.chain) on engines.
 
-The service takes a routing *source* (``RoutingClient`` in production; ``StaticRouting`` in
-tests) and an ``RpcClient`` for forwarding to successors, so it needs no mgmtd to run.
-Forwarding lives in ``storage.forward``, the update path (stage locally, forward, commit;
-leftover pending versions) in ``storage.updates``, retry dedupe in ``storage.dedupe``; this
-module is the RPC surface: routing checks and leases, writes, resync copies, removals, reads.
+The service takes a routing *source* (``RoutingClient`` in production;
+``loomfs.testing.routing.StaticRouting`` in tests) and an ``RpcClient`` for forwarding to
+successors, so it needs no mgmtd to run. Forwarding lives in ``storage.forward``, the update
+path (stage locally, forward, commit; leftover pending versions) in ``storage.updates``, reads in
+``storage.reads``, removals and trims in ``storage.removals``, the lease gate and resync fencing
+in ``storage.fencing``, retry dedupe in ``storage.dedupe``; this module is the node's service:
+its state, write and truncate handlers, resync copies, chunk listings.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 
 from loomfs.common.clock import SYSTEM_CLOCK, Clock
-from loomfs.common.routing import Routing
 from loomfs.errors import InvalidArgument, StatusError
 from loomfs.net.buffers import DEFAULT_POOL, BufferPool
-from loomfs.net.rpc import CallContext, Reply, RpcClient, handles
+from loomfs.net.rpc import CallContext, RpcClient, handles
 from loomfs.storage import chain, planted
 from loomfs.storage.dedupe import TagCache, pack_tags, unpack_tags
-from loomfs.storage.engine.types import ChunkKey, ChunkState
-from loomfs.storage.routing import RoutingSource, StaticRouting, write_chain
+from loomfs.storage.engine.types import ChunkKey
+from loomfs.storage.reads import ChunkReads
+from loomfs.storage.removals import ChunkRemovals
+from loomfs.storage.routing import RoutingSource, write_chain
 from loomfs.storage.target import StorageTarget
-from loomfs.storage.updates import CHUNK_SIZE_ANY, ChunkUpdates, chunk_key, versions_of, write_rsp
+from loomfs.storage.updates import chunk_key, write_rsp
 from loomfs.wire.message import Empty
 from loomfs.wire.status import Status
 from loomfs.wire.storage import (
     QUERY_CHUNKS,
-    READ,
-    REMOVE_CHUNKS,
-    REPORT_CORRUPT,
     STORAGE_PING,
     TRUNCATE,
     WRITE,
@@ -39,39 +38,22 @@ from loomfs.wire.storage import (
     ChunkMeta,
     QueryChunksReq,
     QueryChunksRsp,
-    ReadReq,
-    ReadRsp,
-    RemoveChunksReq,
-    RemoveChunksRsp,
-    ReportCorruptReq,
     TruncateReq,
     WriteReq,
     WriteRsp,
 )
-from loomfs.wire.types import ScrubStats, TargetInfo, TargetState
+from loomfs.wire.types import ScrubStats, TargetInfo
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["StaticRouting", "StorageService", "pack_tags", "write_chain"]
+__all__ = ["StorageService", "pack_tags", "write_chain"]
 
 _EMPTY = memoryview(b"")
 REMOVE_PAGE = 1024
 READ_LEASE_FRACTION = 0.8
 
 
-def _chunks_of(target: StorageTarget, req: RemoveChunksReq) -> Iterator[ChunkState]:
-    """The target's chunks in the request's range, listed a page at a time (a huge file is
-    never listed whole; each page is listed after the previous one was handled)."""
-    after: ChunkKey | None = None
-    while True:
-        page = target.engine.list_chunks(req.inode, req.index_begin, req.index_end, REMOVE_PAGE, after=after)
-        yield from page
-        if len(page) < REMOVE_PAGE:
-            return
-        after = page[-1].key
-
-
-class StorageService(ChunkUpdates):
+class StorageService(ChunkReads, ChunkRemovals):
     def __init__(
         self,
         targets: list[StorageTarget],
@@ -128,29 +110,6 @@ class StorageService(ChunkUpdates):
         self._leftovers: dict[int, set[ChunkKey]] = {}
         self.replacing: set[tuple[int, ChunkKey]] = set()
 
-    # ---- routing ----------------------------------------------------------------------
-    def check_writable(self) -> None:
-        self.check_ready()
-        if self.clock.monotonic() > self.writable_until_s:
-            raise StatusError(Status.TARGET_NOT_SERVING, "storage node lost mgmtd for half a lease: not writable")
-
-    def check_readable(self) -> None:
-        """Reads stop once the lease lapsed: mgmtd may have given the chain a new tail that
-        commits versions this replica never sees."""
-        self.check_ready()
-        if self.clock.monotonic() > self.readable_until_s and not planted.on("reads_ignore_lease"):
-            raise StatusError(Status.TARGET_NOT_SERVING, "storage node's lease lapsed: not readable")
-
-    def check_ready(self) -> None:
-        if not self.ready and not planted.on("reads_ignore_lease"):
-            raise StatusError(Status.TARGET_NOT_SERVING, "storage node has not registered with mgmtd yet")
-
-    def lease_granted(self, sent_s: float, lease_s: float) -> None:
-        """mgmtd answered a registration/heartbeat sent at ``sent_s``: writes are allowed for
-        half the lease, reads for ``READ_LEASE_FRACTION`` of it (mgmtd counts from later)."""
-        self.writable_until_s = sent_s + lease_s / 2
-        self.readable_until_s = sent_s + lease_s * READ_LEASE_FRACTION
-
     # ---- writes -----------------------------------------------------------------------
     @handles(WRITE)
     async def write(self, req: WriteReq, ctx: CallContext) -> WriteRsp:
@@ -202,228 +161,6 @@ class StorageService(ChunkUpdates):
             engine.stage_write(key, req.update_ver, 0, payload, data_crc=req.data_crc, full_replace=True,
                                tags=unpack_tags(req.tags))
             return write_rsp(await self._commit(target, key, req.update_ver))
-
-    def _check_sync_sender(self, target: StorageTarget, pos: chain.Position | None, routing: Routing,
-                           chain_version: int, sender: int) -> None:
-        if planted.on("unfenced_resync"):
-            return
-        if pos is None or chain_version != pos.chain_version:
-            raise StatusError(Status.STALE_CHAIN_VERSION,
-                              f"resync copy for chain v{chain_version}, target {target.target_id} is at "
-                              f"v{pos.chain_version if pos else '-'}")
-        ti = routing.targets.get(target.target_id)
-        if ti is None or ti.state != TargetState.SYNCING:
-            raise StatusError(Status.TARGET_NOT_SERVING, f"target {target.target_id} is not syncing")
-        if pos.predecessor != sender:
-            raise StatusError(Status.TARGET_NOT_SERVING,
-                              f"resync copy from target {sender}, the predecessor is {pos.predecessor}")
-
-    @handles(REMOVE_CHUNKS)
-    async def remove_chunks(self, req: RemoveChunksReq, ctx: CallContext) -> RemoveChunksRsp:
-        if req.forwarded:
-            return await self._remove(req)
-        return await self.tags.run(req.tag, lambda: self._remove(req))
-
-    async def _remove(self, req: RemoveChunksReq) -> RemoveChunksRsp:
-        """Remove a range of chunks: forwarded first, then removed here (the tail removes
-        first, as commits flow), each chunk under its lock so no update interleaves."""
-        if req.index_begin < 0 or req.index_end < req.index_begin:
-            raise InvalidArgument(f"bad index range [{req.index_begin}, {req.index_end})")
-        self.check_writable()
-        if req.keep_versions:
-            return await self._trim(req)
-        target, pos, routing = await self._locate(req.chain_id, req.chain_version, for_update=True)
-        if req.sync:
-            self._check_sync_sender(target, pos, routing, req.chain_version, req.from_target)
-        action = chain.on_remove(pos, chain.UpdateIn(req.chain_version, req.forwarded))[0]
-        if isinstance(action, chain.Refuse):
-            raise StatusError(action.status, action.reason)
-        assert isinstance(action, chain.Apply) and pos is not None
-        span = (target.target_id, req.inode, req.index_begin, req.index_end)
-        self._removing.append(span)  # a resync copy of these chunks from now on removes instead
-        try:
-            if action.successor is not None:
-                # a resync copy already under way finishes before the removal goes down the
-                # chain (else it could land on a syncing successor after the removal did)
-                for st in _chunks_of(target, req):
-                    async with target.locks.hold(st.key):
-                        pass
-                status, _ = await self._forward_chain(pos, REMOVE_CHUNKS, req, None, None)
-                outcome = chain.on_successor_result(0, status)
-                if isinstance(outcome, chain.Refuse):
-                    raise StatusError(outcome.status, outcome.reason)
-            removed = 0
-            for st in _chunks_of(target, req):
-                async with target.locks.hold(st.key):
-                    removed += await target.engine.remove_range(st.key.inode, st.key.index, st.key.index + 1)
-                    left = self._leftovers.get(target.target_id)
-                    if left is not None:
-                        left.discard(st.key)
-        finally:
-            self._removing.remove(span)
-        return RemoveChunksRsp(removed=removed)
-
-    def being_removed(self, target_id: int, key: ChunkKey) -> bool:
-        """Whether a REMOVE_CHUNKS covering ``key`` is under way on ``target_id``: a resync
-        treats the chunk as gone (it is, or will be, on every member)."""
-        return any(t == target_id and inode == key.inode and begin <= key.index < end
-                   for t, inode, begin, end in self._removing)
-
-    async def _trim(self, req: RemoveChunksReq) -> RemoveChunksRsp:
-        """A trim of a live file at the head: every chunk of the range that still holds bytes
-        (or a pending version) becomes an empty new version, a truncate to 0 run through the
-        chain like any update. Chunks are not removed: after a remove their version numbers
-        would start again at 1 when the file grows back, and a replica that missed the remove
-        (offline, fenced, being resynced) would hold other bytes under the same numbers."""
-        if req.forwarded:
-            raise InvalidArgument("a trim (keep_versions) is only sent to the head")
-        target, pos, _ = await self._locate(req.chain_id, req.chain_version, for_update=True)
-        action = chain.on_remove(pos, chain.UpdateIn(req.chain_version))[0]
-        if isinstance(action, chain.Refuse):
-            raise StatusError(action.status, action.reason)
-        if len(req.expect_vers) % 2 or any(v < 0 for v in req.expect_vers):
-            raise InvalidArgument(f"trim expects (index, version) pairs of non-negative numbers, got "
-                                  f"{len(req.expect_vers)} numbers")
-        expect = dict(zip(req.expect_vers[::2], req.expect_vers[1::2], strict=True)) if req.fenced else {}
-        trimmed = 0
-        refused: list[int] = []
-        for st in _chunks_of(target, req):
-            if st.length or st.has_pending:
-                cut = TruncateReq(chain_id=req.chain_id, chain_version=req.chain_version,
-                                  chunk=ChunkId(inode=st.key.inode, index=st.key.index), length=0,
-                                  chunk_size=CHUNK_SIZE_ANY,
-                                  if_ver_le=expect.get(st.key.index, 0) if req.fenced else -1)
-                try:
-                    await self._update(cut, _EMPTY)
-                except StatusError as exc:
-                    if exc.status is not Status.VERSION_MISMATCH or not req.fenced:
-                        raise
-                    refused.append(st.key.index)
-                    continue
-                trimmed += 1
-        if refused:
-            raise StatusError(Status.VERSION_MISMATCH, f"trim of inode {req.inode}: chunks {refused[:8]} were "
-                              "written since the trimmer looked (look again)")
-        return RemoveChunksRsp(removed=trimmed)
-
-    # ---- reads ------------------------------------------------------------------------
-    @handles(READ)
-    async def read(self, req: ReadReq, ctx: CallContext) -> Reply:
-        key = chunk_key(req.chunk)
-        if req.offset < 0 or req.length < 0 or req.offset + req.length > self.max_chunk_size_bytes:
-            raise InvalidArgument(f"bad read range offset={req.offset} length={req.length}")
-        if req.exact_ver:
-            if req.exact_ver < 0:
-                raise InvalidArgument(f"exact_ver {req.exact_ver}")
-            return await self._read_exact(req, key)
-        self.check_readable()
-        target, pos, _ = await self._locate(req.chain_id, req.chain_version, req.target_id)
-        if (target.target_id, key) in self.replacing:
-            raise StatusError(Status.EAGAIN, f"chunk {key} on target {target.target_id} is being replaced (repair)")
-        engine = target.engine
-        st = engine.get(key)
-        action = chain.on_read(pos, versions_of(st), chain.ReadIn(req.chain_version))
-        if isinstance(action, chain.Settle):
-            st, action = await self._settle_for_read(target, key, req)
-        if isinstance(action, chain.Refuse):
-            raise StatusError(action.status, action.reason)
-        if st is None or st.commit_ver == 0:
-            return Reply(ReadRsp(exists=False, length=0, chunk_length=0))
-        want = max(0, min(req.length, st.length - req.offset))
-        rsp_base = ReadRsp(commit_ver=st.commit_ver, length=want, chunk_length=st.length)
-        if want == 0:
-            return Reply(rsp_base)
-        buf = self.pool.acquire(want)
-        try:
-            n = await engine.aread(key, req.offset, memoryview(buf)[:want])
-        except BaseException as exc:
-            self.pool.release(buf)
-            if isinstance(exc, StatusError) and exc.status is Status.CHECKSUM_MISMATCH:
-                self.corrupt_reads_total += 1
-                logger.error("read of chunk %s on target %d: %s", key, target.target_id, exc)
-                if self.on_corrupt is not None:
-                    self.on_corrupt(target, key)  # the client reads another replica; we repair
-            raise
-        whole = req.offset == 0 and n == st.length
-        rsp = rsp_base if n == want else dataclasses.replace(rsp_base, length=n)
-        return Reply(rsp, payload=memoryview(buf)[:n], payload_crc=st.crc if whole else None,
-                     on_sent=lambda: self.pool.release(buf))
-
-    async def _read_exact(self, req: ReadReq, key: ChunkKey) -> Reply:
-        """A repair read: version ``exact_ver`` of the chunk, committed or still pending, from a
-        replica in any state (a waiting or syncing one may hold the only good copy). Safe without
-        the lease: the reader installs it only if its length and CRC are those it recorded."""
-        target = self.targets.get(req.target_id)
-        if target is None:
-            raise StatusError(Status.UNKNOWN_TARGET, f"target {req.target_id} is not on this node")
-        if (target.target_id, key) in self.replacing:
-            raise StatusError(Status.EAGAIN, f"chunk {key} on target {target.target_id} is being replaced (repair)")
-        routing = await self.routing.get()
-        info = routing.chains.get(req.chain_id)
-        if info is None or target.target_id not in info.targets:
-            raise StatusError(Status.UNKNOWN_TARGET, f"target {target.target_id} is not in chain {req.chain_id}")
-        me = routing.targets.get(target.target_id)
-        serving = me is not None and me.state == TargetState.SERVING
-        st = target.engine.get(key)
-        if st is not None and st.commit_ver == req.exact_ver:
-            pending, length, crc = False, st.length, st.crc
-        elif st is not None and st.has_pending and st.pending_ver == req.exact_ver and not serving:
-            # a member out of service may hold the only copy of a version the old tail
-            # committed; a serving one settles its leftovers itself (and never hands them out)
-            pending, length, crc = True, st.pending_length, st.pending_crc
-        else:
-            raise StatusError(Status.VERSION_MISMATCH,
-                              f"target {target.target_id} has no v{req.exact_ver} of chunk {key}")
-        buf = self.pool.acquire(max(1, length))
-        try:
-            mv = memoryview(buf)[:length]
-            n = target.engine.read(key, 0, mv, pending=True) if pending else await target.engine.aread(key, 0, mv)
-        except BaseException:
-            self.pool.release(buf)
-            raise
-        if n != length:
-            self.pool.release(buf)
-            raise StatusError(Status.CHECKSUM_MISMATCH, f"chunk {key} v{req.exact_ver}: {n} of {length} bytes")
-        rsp = ReadRsp(commit_ver=req.exact_ver, length=n, chunk_length=length)
-        return Reply(rsp, payload=memoryview(buf)[:n], payload_crc=crc, on_sent=lambda: self.pool.release(buf))
-
-    async def _settle_for_read(self, target: StorageTarget, key: ChunkKey,
-                               req: ReadReq) -> tuple[ChunkState | None, chain.Action]:
-        """The tail holds a pending version: wait for the update in flight (the chunk lock),
-        then commit what is still pending — a leftover the old tail may have served."""
-        async with target.locks.hold(key):
-            _, pos, _ = await self._locate(req.chain_id, req.chain_version, req.target_id)
-            st = target.engine.get(key)
-            action = chain.on_read(pos, versions_of(st), chain.ReadIn(req.chain_version))
-            if isinstance(action, chain.Settle):
-                if planted.on("tail_ignores_leftover"):
-                    return st, chain.Serve()
-                logger.info("chunk %s on target %d: committing leftover v%d before a read at the tail", key,
-                            target.target_id, action.pending_ver)
-                # a syncing target may follow us on the write path: it gets the version first
-                # (the resync may have passed this chunk already)
-                _, wpos, _ = await self._locate(req.chain_id, req.chain_version, req.target_id, for_update=True)
-                if wpos is None:
-                    raise StatusError(Status.TARGET_NOT_SERVING, f"target {target.target_id} left the chain")
-                await self._reforward(target, wpos, key, chain.Reforward(action.pending_ver, wpos.successor),
-                                      CHUNK_SIZE_ANY)
-                st = target.engine.get(key)
-                action = chain.Serve()
-            return st, action
-
-    @handles(REPORT_CORRUPT)
-    async def report_corrupt(self, req: ReportCorruptReq, ctx: CallContext) -> Empty:
-        """A client found this target's copy of a chunk failing its CRC: check it now (the check
-        reads the chunk itself, so a false report costs one read; checks are deduplicated)."""
-        target = self.targets.get(req.target_id)
-        if target is None:
-            raise StatusError(Status.UNKNOWN_TARGET, f"target {req.target_id} is not on this node")
-        key = chunk_key(req.chunk)
-        self.corrupt_reports_total += 1
-        logger.warning("target %d chunk %s: a client read it with a bad CRC: checking it now", target.target_id, key)
-        if self.on_corrupt is not None:
-            self.on_corrupt(target, key)
-        return Empty()
 
     @handles(QUERY_CHUNKS)
     async def query_chunks(self, req: QueryChunksReq, ctx: CallContext) -> QueryChunksRsp:

@@ -1,0 +1,145 @@
+"""Chunk reads on a storage replica (CRAQ): serving members answer committed versions; a tail
+holding a leftover commits it first; a chunk being repaired is refused (EAGAIN); a partial read
+checks block CRCs; repair reads of an exact version serve other replicas whatever their state;
+clients report chunks that failed their CRC."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+from loomfs.errors import InvalidArgument, StatusError
+from loomfs.net.rpc import CallContext, Reply, handles
+from loomfs.storage import chain, planted
+from loomfs.storage.engine.types import ChunkKey, ChunkState
+from loomfs.storage.fencing import Fencing
+from loomfs.storage.target import StorageTarget
+from loomfs.storage.updates import CHUNK_SIZE_ANY, ChunkUpdates, chunk_key, versions_of
+from loomfs.wire.message import Empty
+from loomfs.wire.status import Status
+from loomfs.wire.storage import READ, REPORT_CORRUPT, ReadReq, ReadRsp, ReportCorruptReq
+from loomfs.wire.types import TargetState
+
+logger = logging.getLogger(__name__)
+
+
+class ChunkReads(ChunkUpdates, Fencing):
+    corrupt_reports_total: int
+
+    @handles(READ)
+    async def read(self, req: ReadReq, ctx: CallContext) -> Reply:
+        key = chunk_key(req.chunk)
+        if req.offset < 0 or req.length < 0 or req.offset + req.length > self.max_chunk_size_bytes:
+            raise InvalidArgument(f"bad read range offset={req.offset} length={req.length}")
+        if req.exact_ver:
+            if req.exact_ver < 0:
+                raise InvalidArgument(f"exact_ver {req.exact_ver}")
+            return await self._read_exact(req, key)
+        self.check_readable()
+        target, pos, _ = await self._locate(req.chain_id, req.chain_version, req.target_id)
+        if (target.target_id, key) in self.replacing:
+            raise StatusError(Status.EAGAIN, f"chunk {key} on target {target.target_id} is being replaced (repair)")
+        engine = target.engine
+        st = engine.get(key)
+        action = chain.on_read(pos, versions_of(st), chain.ReadIn(req.chain_version))
+        if isinstance(action, chain.Settle):
+            st, action = await self._settle_for_read(target, key, req)
+        if isinstance(action, chain.Refuse):
+            raise StatusError(action.status, action.reason)
+        if st is None or st.commit_ver == 0:
+            return Reply(ReadRsp(exists=False, length=0, chunk_length=0))
+        want = max(0, min(req.length, st.length - req.offset))
+        rsp_base = ReadRsp(commit_ver=st.commit_ver, length=want, chunk_length=st.length)
+        if want == 0:
+            return Reply(rsp_base)
+        buf = self.pool.acquire(want)
+        try:
+            n = await engine.aread(key, req.offset, memoryview(buf)[:want])
+        except BaseException as exc:
+            self.pool.release(buf)
+            if isinstance(exc, StatusError) and exc.status is Status.CHECKSUM_MISMATCH:
+                self.corrupt_reads_total += 1
+                logger.error("read of chunk %s on target %d: %s", key, target.target_id, exc)
+                if self.on_corrupt is not None:
+                    self.on_corrupt(target, key)  # the client reads another replica; we repair
+            raise
+        whole = req.offset == 0 and n == st.length
+        rsp = rsp_base if n == want else dataclasses.replace(rsp_base, length=n)
+        return Reply(rsp, payload=memoryview(buf)[:n], payload_crc=st.crc if whole else None,
+                     on_sent=lambda: self.pool.release(buf))
+
+    async def _read_exact(self, req: ReadReq, key: ChunkKey) -> Reply:
+        """A repair read: version ``exact_ver`` of the chunk, committed or still pending, from a
+        replica in any state (a waiting or syncing one may hold the only good copy). Safe without
+        the lease: the reader installs it only if its length and CRC are those it recorded."""
+        target = self.targets.get(req.target_id)
+        if target is None:
+            raise StatusError(Status.UNKNOWN_TARGET, f"target {req.target_id} is not on this node")
+        if (target.target_id, key) in self.replacing:
+            raise StatusError(Status.EAGAIN, f"chunk {key} on target {target.target_id} is being replaced (repair)")
+        routing = await self.routing.get()
+        info = routing.chains.get(req.chain_id)
+        if info is None or target.target_id not in info.targets:
+            raise StatusError(Status.UNKNOWN_TARGET, f"target {target.target_id} is not in chain {req.chain_id}")
+        me = routing.targets.get(target.target_id)
+        serving = me is not None and me.state == TargetState.SERVING
+        st = target.engine.get(key)
+        if st is not None and st.commit_ver == req.exact_ver:
+            pending, length, crc = False, st.length, st.crc
+        elif st is not None and st.has_pending and st.pending_ver == req.exact_ver and not serving:
+            # a member out of service may hold the only copy of a version the old tail
+            # committed; a serving one settles its leftovers itself (and never hands them out)
+            pending, length, crc = True, st.pending_length, st.pending_crc
+        else:
+            raise StatusError(Status.VERSION_MISMATCH,
+                              f"target {target.target_id} has no v{req.exact_ver} of chunk {key}")
+        buf = self.pool.acquire(max(1, length))
+        try:
+            mv = memoryview(buf)[:length]
+            n = target.engine.read(key, 0, mv, pending=True) if pending else await target.engine.aread(key, 0, mv)
+        except BaseException:
+            self.pool.release(buf)
+            raise
+        if n != length:
+            self.pool.release(buf)
+            raise StatusError(Status.CHECKSUM_MISMATCH, f"chunk {key} v{req.exact_ver}: {n} of {length} bytes")
+        rsp = ReadRsp(commit_ver=req.exact_ver, length=n, chunk_length=length)
+        return Reply(rsp, payload=memoryview(buf)[:n], payload_crc=crc, on_sent=lambda: self.pool.release(buf))
+
+    async def _settle_for_read(self, target: StorageTarget, key: ChunkKey,
+                               req: ReadReq) -> tuple[ChunkState | None, chain.Action]:
+        """The tail holds a pending version: wait for the update in flight (the chunk lock),
+        then commit what is still pending — a leftover the old tail may have served."""
+        async with target.locks.hold(key):
+            _, pos, _ = await self._locate(req.chain_id, req.chain_version, req.target_id)
+            st = target.engine.get(key)
+            action = chain.on_read(pos, versions_of(st), chain.ReadIn(req.chain_version))
+            if isinstance(action, chain.Settle):
+                if planted.on("tail_ignores_leftover"):
+                    return st, chain.Serve()
+                logger.info("chunk %s on target %d: committing leftover v%d before a read at the tail", key,
+                            target.target_id, action.pending_ver)
+                # a syncing target may follow us on the write path: it gets the version first
+                # (the resync may have passed this chunk already)
+                _, wpos, _ = await self._locate(req.chain_id, req.chain_version, req.target_id, for_update=True)
+                if wpos is None:
+                    raise StatusError(Status.TARGET_NOT_SERVING, f"target {target.target_id} left the chain")
+                await self._reforward(target, wpos, key, chain.Reforward(action.pending_ver, wpos.successor),
+                                      CHUNK_SIZE_ANY)
+                st = target.engine.get(key)
+                action = chain.Serve()
+            return st, action
+
+    @handles(REPORT_CORRUPT)
+    async def report_corrupt(self, req: ReportCorruptReq, ctx: CallContext) -> Empty:
+        """A client found this target's copy of a chunk failing its CRC: check it now (the check
+        reads the chunk itself, so a false report costs one read; checks are deduplicated)."""
+        target = self.targets.get(req.target_id)
+        if target is None:
+            raise StatusError(Status.UNKNOWN_TARGET, f"target {req.target_id} is not on this node")
+        key = chunk_key(req.chunk)
+        self.corrupt_reports_total += 1
+        logger.warning("target %d chunk %s: a client read it with a bad CRC: checking it now", target.target_id, key)
+        if self.on_corrupt is not None:
+            self.on_corrupt(target, key)
+        return Empty()
