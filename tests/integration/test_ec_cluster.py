@@ -11,6 +11,8 @@ import hashlib
 import os
 import random
 import shutil
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -231,6 +233,29 @@ def test_convert_replicated_to_ec_and_back(efs: loomfs.LoomFS) -> None:
         assert f.read() == files["/warm/a"]
     staged = efs.listdir("/.loomfs-convert")
     assert staged and all(efs.listdir(f"/.loomfs-convert/{d}") == [] for d in staged)  # no copies left
+
+
+def _cli(c: LocalCluster, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "loomfs.cli.main", "--dir", str(c.root), *args],
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_cli_layout_set_convert_scrub(efs: loomfs.LoomFS, ec_cluster: LocalCluster) -> None:
+    efs.makedirs("/clidir", exist_ok=True)
+    with efs.open("/clidir/f", "wb") as f:
+        f.write(b"q" * (2 * CS + 3))
+    out = _cli(ec_cluster, "layout", "set", "/clidir", "--ec", "4+2", "--chunk-size", "1M")
+    assert out.returncode == 0 and "ec 4+2 chunk_size=1.0 MiB" in out.stdout, out.stdout + out.stderr
+    bad = _cli(ec_cluster, "layout", "set", "/clidir", "--ec", "4-2")
+    assert bad.returncode != 0 and "--ec wants K+M" in bad.stderr
+    out = _cli(ec_cluster, "layout", "convert", "/clidir", "--ec", "4+2", "--chunk-size", "1M")
+    assert out.returncode == 0 and "/clidir/f: converted" in out.stdout, out.stdout + out.stderr
+    out = _cli(ec_cluster, "layout", "get", "/clidir/f")
+    assert "ec 4+2" in out.stdout
+    out = _cli(ec_cluster, "layout", "scrub", "/clidir")
+    assert out.returncode == 0 and "/clidir/f: 1 stripes, 0 bad fragments" in out.stdout and ": ok" in out.stdout, out.stdout
+    with efs.open("/clidir/f", "rb") as f:
+        assert f.read() == b"q" * (2 * CS + 3)
 
 
 def test_crash_mid_stripe_never_mixes_versions(efs: loomfs.LoomFS) -> None:
