@@ -74,3 +74,19 @@ def test_async_methods(backend: plugin.LoomFSBackend) -> None:
     hits, objs = asyncio.run(go())
     assert hits == 3 and len(objs) == 3
     assert torch.equal(objs[2].tensor, _chunk(2).tensor)  # type: ignore[attr-defined]
+
+
+def test_example_model_reuses_cached_prefix(cluster: LocalCluster, capsys: pytest.CaptureFixture[str]) -> None:
+    """examples/kvcache_lmcache_model.py: the second and third prompts load the 512-token prefix
+    from LoomFS and their logits match a full prefill (the example asserts both)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "examples" / "kvcache_lmcache_model.py"
+    spec = importlib.util.spec_from_file_location("kvcache_lmcache_model", path)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    mod.main(str(cluster.root))
+    out = capsys.readouterr().out
+    assert "request 1: 536 tokens, 512 from LoomFS" in out and out.count("match a full prefill: True") == 3
