@@ -118,6 +118,16 @@ async def _read_chunked(
         return
     buf = bytearray(attr.size)
     view = memoryview(buf)
+    if layout.ec_k:  # erasure-coded: stripes, not chunks (loomfs.client.ec_file)
+        from loomfs.client.ec_file import read_ec
+
+        try:
+            await read_ec(client.storage, layout, attr.inode, 0, view, client.pool)  # type: ignore[arg-type]
+        except OSError as exc:
+            out[i] = exc if exc.filename else LoomError(str(exc), errno=exc.errno, path=path)
+            return
+        out[i] = bytes(buf)
+        return
 
     async def piece(index: int, offset: int, length: int, at: int) -> None:
         async with slots:
