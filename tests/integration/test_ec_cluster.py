@@ -142,6 +142,8 @@ def test_sparse_and_partial_stripes_read_zeros(efs: loomfs.LoomFS) -> None:
             want[off : off + len(piece)] = piece
     with efs.open("/cold/sparse", "rb") as f:
         assert f.read() == want
+    assert efs.read_many(["/cold/sparse"]) == [want]  # batch reads take the EC path too
+    assert efs.cat("/cold/sparse") == want
     with efs.open("/cold/sparse", "r+b") as f:  # read-modify-write next to the short fragment
         f.seek(3 * CS)
         f.write(b"d" * 5)

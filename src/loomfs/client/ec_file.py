@@ -28,7 +28,8 @@ from loomfs.client.ec_stripe import (
 from loomfs.client.storage_client import StorageClient
 from loomfs.ec.codec import make_codec
 from loomfs.errors import LoomError
-from loomfs.net.buffers import Buffer
+from loomfs.net.buffers import Buffer, BufferPool
+from loomfs.wire.types import Layout
 
 if TYPE_CHECKING:
     from loomfs.client.file import AsyncFile
@@ -159,3 +160,11 @@ class EcFileIO:
 
     def __repr__(self) -> str:
         return f"EcFileIO({self.io!r} codec={self.codec.name} buffered={self.buffered})"
+
+
+async def read_ec(storage: StorageClient, layout: Layout, inode: int, pos: int, view: memoryview,
+                  pool: BufferPool, *, parallel_max: int = 16) -> None:
+    """Read an EC file's bytes at ``pos`` into ``view`` without an open file (batch reads)."""
+    io = FragmentIO(storage, layout, inode)
+    codec = make_codec(io.geometry.k, io.geometry.m)
+    await read_range(io, codec, STATS, pool, pos, view, parallel_max=parallel_max)
