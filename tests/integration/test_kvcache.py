@@ -229,3 +229,16 @@ def test_index_cache_skips_meta_and_recovers_from_stale_entries(fs: loomfs.LoomF
     finally:
         a.close()
         b.close()
+
+
+def test_background_task_evicts_over_capacity(fs: loomfs.LoomFS, kv_dir: str) -> None:
+    import time
+
+    with KVCache(fs, kv_dir, capacity_bytes=8 * 4096, background_interval_s=0.1, low_water=0.5) as kv:
+        kv.put_many([(b"bg%02d" % i, bytes([i]) * 4096) for i in range(16)])
+        deadline = time.monotonic() + 30
+        while sum(kv.contains_many([b"bg%02d" % i for i in range(16)])) > 4:
+            assert time.monotonic() < deadline, repr(kv)
+            time.sleep(0.05)
+        assert kv.stats.evicted >= 12
+        assert fs.exists(f"{kv_dir}/evictor")  # it held the eviction lease
