@@ -206,7 +206,11 @@ async def _fragments_clean(fs: loomfs.LoomFS, path: str, stripes: int) -> bool:
     return True
 
 
-def test_convert_replicated_to_ec_and_back(efs: loomfs.LoomFS) -> None:
+def _inode_files(c: LocalCluster, inode: int) -> list[Path]:
+    return sorted(Path(c.root).glob(f"storage*/target*/chunks/{inode & 0xFF:02x}/{inode:x}.*"))
+
+
+def test_convert_replicated_to_ec_and_back(efs: loomfs.LoomFS, ec_cluster: LocalCluster) -> None:
     rng = _rng("convert")
     efs.makedirs("/warm/sub", exist_ok=True)
     files = {"/warm/a": rng.randbytes(5 * CS + 7), "/warm/sub/b": rng.randbytes(100), "/warm/sub/c": b""}
@@ -227,12 +231,18 @@ def test_convert_replicated_to_ec_and_back(efs: loomfs.LoomFS) -> None:
     lay = efs.get_layout("/warm")
     assert lay is not None and lay.ec_k == 4  # new files in the tree too
     assert convert_file(efs, "/warm/a", (4, 2)).skipped == "already in that layout"
+    ec_inode = efs.attr("/warm/a").inode
+    assert _inode_files(ec_cluster, ec_inode)
     back = convert_file(efs, "/warm/a", (0, 0))
     assert not back.skipped and back.bytes == len(files["/warm/a"])
     lay = efs.attr("/warm/a").layout
     assert lay is not None and lay.ec_k == 0 and lay.replicas != 1
     with efs.open("/warm/a", "rb") as f:
         assert f.read() == files["/warm/a"]
+    deadline = time.monotonic() + 60  # the replaced EC copy's fragments go to GC
+    while _inode_files(ec_cluster, ec_inode) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not _inode_files(ec_cluster, ec_inode)
     staged = efs.listdir("/.loomfs-convert")
     assert staged and all(efs.listdir(f"/.loomfs-convert/{d}") == [] for d in staged)  # no copies left
 
