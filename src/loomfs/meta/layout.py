@@ -7,7 +7,7 @@ import random
 from loomfs.common.routing import Routing
 from loomfs.errors import StatusError
 from loomfs.wire.status import Status
-from loomfs.wire.types import ChainTable, Layout
+from loomfs.wire.types import ChainTable, Layout, TargetState
 
 CHUNK_SIZE_MIN_BYTES = 64 << 10
 CHUNK_SIZE_MAX_BYTES = 64 << 20
@@ -49,23 +49,32 @@ def validate_dir_layout(layout: Layout | None) -> Layout:
 
 def pick_ec_chains(routing: Routing, chain_ids: list[int], width: int, position: int) -> list[int]:
     """``width`` chains of the table on distinct nodes, scanning from ``position`` (wrapping):
-    an EC group (fragment j goes to the j-th chain). EINVAL when the table spans fewer nodes."""
+    an EC group (its fragments rotate over these chains). Chains whose target serves come
+    first (a new file is not placed on a dead server while live ones are free). EINVAL when
+    the table spans fewer nodes."""
     n = len(chain_ids)
-    picked: list[int] = []
-    nodes: set[int] = set()
-    for i in range(n):
-        cid = chain_ids[(position + i) % n]
+    order = [chain_ids[(position + i) % n] for i in range(n)]
+
+    def node_and_serving(cid: int) -> tuple[int, bool] | None:
         chain = routing.chains.get(cid)
         if chain is None or not chain.targets:
-            continue
+            return None
         t = routing.targets.get(chain.targets[0])
-        node = t.node_id if t is not None else -cid
-        if node in nodes:
-            continue
-        nodes.add(node)
-        picked.append(cid)
-        if len(picked) == width:
-            return picked
+        if t is None:
+            return (-cid, False)
+        return (t.node_id, t.state == TargetState.SERVING)
+
+    picked: list[int] = []
+    nodes: set[int] = set()
+    for want_serving in (True, False):
+        for cid in order:
+            info = node_and_serving(cid)
+            if info is None or cid in picked or info[0] in nodes or (want_serving and not info[1]):
+                continue
+            nodes.add(info[0])
+            picked.append(cid)
+            if len(picked) == width:
+                return picked
     raise StatusError(Status.EINVAL, f"ec with k+m={width} needs {width} storage nodes; the "
                                      f"single-replica chain table spans {len(nodes)}")
 
