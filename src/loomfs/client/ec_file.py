@@ -25,7 +25,7 @@ from loomfs.client.ec_stripe import (
     stripe_buffer_bytes,
     write_stripe,
 )
-from loomfs.client.storage_client import StorageClient
+from loomfs.client.storage_client import StorageClient, zero_fill
 from loomfs.ec.codec import make_codec
 from loomfs.errors import LoomError
 from loomfs.net.buffers import Buffer, BufferPool
@@ -104,9 +104,9 @@ class EcFileIO:
             except BaseException:
                 self.file._pool.release(buf)
                 raise
-            if res is None:
+            if res is None:  # a hole: zeros
                 for j in range(g.k):
-                    payload(g, buf, j)[:] = bytes(g.chunk_size)
+                    zero_fill(payload(g, buf, j))
             else:
                 base_len = max(base_len, res.stripe_len)
         return _Pending(s, buf, base_len, 0, 0)
