@@ -198,3 +198,13 @@ def test_fenced_trim_looks_again_when_a_chunk_was_written_meanwhile() -> None:
     asyncio.run(sc.remove_chunks(layout().__class__(chunk_size=1 << 20, chains=[1]), 9, 0, keep_versions=True,
                                  fenced=True))
     assert sent == [[0, 3], [0, 4]]
+
+
+def test_gc_removals_are_one_request_per_chain_for_many_files() -> None:
+    """Issue 15 item 20: GC sent one removal per chain per deleted file."""
+    sc, rpc, _ = make(lambda a, m, r, kw: Response(ws.RemoveChunksRsp(removed=1), memoryview(b"")))
+    files = [(100 + i, layout()) for i in range(50)]
+    asyncio.run(sc.remove_files_chunks(files))
+    assert sorted(c[2].chain_id for c in rpc.calls) == [1, 2]
+    for c in rpc.calls:
+        assert sorted([c[2].inode, *c[2].more_inodes]) == [100 + i for i in range(50)]

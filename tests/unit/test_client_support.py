@@ -92,6 +92,10 @@ class FakeStorage:
     async def remove_file_chunks(self, inode: int, layout: Layout, length: int) -> None:
         await self.remove_chunks(layout, inode, 0, INDEX_END_ALL)
 
+    async def remove_files_chunks(self, files: list[tuple[int, Layout]]) -> None:
+        for inode, layout in files:
+            await self.remove_chunks(layout, inode, 0, INDEX_END_ALL)
+
     def content(self, inode: int, length: int, chunk_size: int = CHUNK) -> bytes:
         out = bytearray(length)
         for (ino, idx), data in self.chunks.items():

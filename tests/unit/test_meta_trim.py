@@ -53,8 +53,9 @@ class Chunks:
         for key in [k for k in self.data if k[0] == inode and index_begin <= k[1] < index_end]:
             del self.data[key]
 
-    async def remove_file_chunks(self, inode: int, layout: Layout, length: int) -> None:
-        await self.remove_chunks(layout, inode, 0)
+    async def remove_files_chunks(self, files: list[tuple[int, Layout]]) -> None:
+        for inode, layout in files:
+            await self.remove_chunks(layout, inode, 0)
 
     def write(self, inode: int, offset: int, payload: bytes) -> None:
         """A client's write landing on storage."""

@@ -315,3 +315,23 @@ def test_exact_reads_are_checked() -> None:
         assert c.content(1) == b"committed"
 
     run(body)
+
+
+def test_one_removal_takes_many_deleted_files_down_the_chain() -> None:
+    from loomfs.storage.engine.types import ChunkKey
+
+    async def body(c: Chain3) -> None:
+        for inode in (7, 8, 9):
+            for n in (1, 2, 3):
+                c.engine(n).stage_write(ChunkKey(inode, 0), 1, 0, b"x" * 10)
+                await c.engine(n).commit(ChunkKey(inode, 0), 1)
+        rm = RemoveChunksReq(chain_id=1, chain_version=1, inode=7, more_inodes=[9])
+        await c.client.call(c.nodes[0].address, REMOVE_CHUNKS, rm)
+        for n in (1, 2, 3):
+            assert [k.inode for k in (s.key for s in c.engine(n).list_chunks())] == [8]
+        bad = RemoveChunksReq(chain_id=1, chain_version=1, inode=8, more_inodes=[1] * 5000)
+        with pytest.raises(LoomError) as err:
+            await c.client.call(c.nodes[0].address, REMOVE_CHUNKS, bad)
+        assert err.value.status is Status.EINVAL
+
+    run(body)

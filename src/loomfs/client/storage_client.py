@@ -55,6 +55,7 @@ logger = logging.getLogger(__name__)
 INDEX_END_ALL = 1 << 62
 FENCED_ATTEMPTS = 5  # a fenced trim looks again this often when chunks were written meanwhile
 QUERY_PAGE = 10_000
+REMOVE_BATCH = 1024  # deleted files per removal request (storage takes up to 4097)
 CORRUPT_ROUNDS_MAX = 2  # a chunk failing its CRC on every serving replica this often is EIO
 CORRUPT_REREAD_S = 0.5  # ... waiting this long between (the replicas were told to repair it)
 
@@ -111,6 +112,8 @@ class ChunkStore(Protocol):
     ) -> None: ...
 
     async def remove_file_chunks(self, inode: int, layout: Layout, length: int) -> None: ...
+
+    async def remove_files_chunks(self, files: list[tuple[int, Layout]]) -> None: ...
 
 
 class StorageClient:
@@ -448,6 +451,26 @@ class StorageClient:
         since a writer may have written past the length meta recorded.
         """
         await self.remove_chunks(layout, inode, 0, INDEX_END_ALL)
+
+    async def remove_files_chunks(self, files: list[tuple[int, Layout]]) -> None:
+        """Remove every chunk of many deleted files (GC): one request per chain for up to
+        ``REMOVE_BATCH`` of them, instead of one per chain per file."""
+        by_chain: dict[int, list[int]] = {}
+        for inode, layout in files:
+            for chain_id in sorted(set(layout.chains)):
+                by_chain.setdefault(chain_id, []).append(inode)
+
+        async def one(chain_id: int, inodes: list[int]) -> None:
+            tag = self._tag()
+
+            def make(version: int, target: int) -> Message:
+                return RemoveChunksReq(chain_id=chain_id, chain_version=version, inode=inodes[0],
+                                       more_inodes=inodes[1:], tag=tag)
+
+            await self._call_chain(chain_id, "head", REMOVE_CHUNKS, make)
+
+        await asyncio.gather(*(one(c, inodes[i:i + REMOVE_BATCH]) for c, inodes in sorted(by_chain.items())
+                               for i in range(0, len(inodes), REMOVE_BATCH)))
 
     def __repr__(self) -> str:
         return f"StorageClient(client={self.client_id:#x} retries={self.retries_total})"

@@ -13,6 +13,7 @@ from loomfs.net.rpc import CallContext, Reply, handles
 from loomfs.storage import chain, planted
 from loomfs.storage.engine.types import ChunkKey, ChunkState
 from loomfs.storage.fencing import Fencing
+from loomfs.storage.foreground import ForegroundGate
 from loomfs.storage.target import StorageTarget
 from loomfs.storage.updates import CHUNK_SIZE_ANY, ChunkUpdates, chunk_key, versions_of
 from loomfs.wire.message import Empty
@@ -25,9 +26,14 @@ logger = logging.getLogger(__name__)
 
 class ChunkReads(ChunkUpdates, Fencing):
     corrupt_reports_total: int
+    foreground: ForegroundGate
 
     @handles(READ)
     async def read(self, req: ReadReq, ctx: CallContext) -> Reply:
+        with self.foreground.busy():
+            return await self._read(req)
+
+    async def _read(self, req: ReadReq) -> Reply:
         key = chunk_key(req.chunk)
         if req.offset < 0 or req.length < 0 or req.offset + req.length > self.max_chunk_size_bytes:
             raise InvalidArgument(f"bad read range offset={req.offset} length={req.length}")

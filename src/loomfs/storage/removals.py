@@ -13,6 +13,7 @@ from loomfs.storage import chain
 from loomfs.storage.dedupe import TagCache
 from loomfs.storage.engine.types import ChunkKey, ChunkState
 from loomfs.storage.fencing import Fencing
+from loomfs.storage.foreground import ForegroundGate
 from loomfs.storage.target import StorageTarget
 from loomfs.storage.updates import CHUNK_SIZE_ANY, ChunkUpdates
 from loomfs.wire.status import Status
@@ -26,23 +27,35 @@ from loomfs.wire.storage import (
 
 _EMPTY = memoryview(b"")
 REMOVE_PAGE = 1024
+BACKGROUND_WAIT_S = 0.05  # a removal waits at most this long per chunk for clients' I/O
+BACKGROUND_BUDGET_S = 1.0  # ... and this long in all (well inside the request's deadline)
+
+
+MORE_INODES_MAX = 4096  # inodes one removal may name besides ``inode``
+
+
+def _inodes_of(req: RemoveChunksReq) -> list[int]:
+    return [req.inode, *req.more_inodes]
 
 
 def _chunks_of(target: StorageTarget, req: RemoveChunksReq) -> Iterator[ChunkState]:
-    """The target's chunks in the request's range, listed a page at a time (a huge file is
-    never listed whole; each page is listed after the previous one was handled)."""
-    after: ChunkKey | None = None
-    while True:
-        page = target.engine.list_chunks(req.inode, req.index_begin, req.index_end, REMOVE_PAGE, after=after)
-        yield from page
-        if len(page) < REMOVE_PAGE:
-            return
-        after = page[-1].key
+    """The target's chunks in the request's range (of each inode it names), listed a page at
+    a time (a huge file is never listed whole; each page is listed after the previous one was
+    handled)."""
+    for inode in _inodes_of(req):
+        after: ChunkKey | None = None
+        while True:
+            page = target.engine.list_chunks(inode, req.index_begin, req.index_end, REMOVE_PAGE, after=after)
+            yield from page
+            if len(page) < REMOVE_PAGE:
+                break
+            after = page[-1].key
 
 
 class ChunkRemovals(ChunkUpdates, Fencing):
     tags: TagCache
-    _removing: list[tuple[int, int, int, int]]  # (target, inode, begin, end) under way
+    foreground: ForegroundGate
+    _removing: dict[tuple[int, int], list[tuple[int, int]]]  # (target, inode) -> [begin, end) under way
 
     @handles(REMOVE_CHUNKS)
     async def remove_chunks(self, req: RemoveChunksReq, ctx: CallContext) -> RemoveChunksRsp:
@@ -55,6 +68,9 @@ class ChunkRemovals(ChunkUpdates, Fencing):
         first, as commits flow), each chunk under its lock so no update interleaves."""
         if req.index_begin < 0 or req.index_end < req.index_begin:
             raise InvalidArgument(f"bad index range [{req.index_begin}, {req.index_end})")
+        if req.more_inodes and (req.keep_versions or req.sync or len(req.more_inodes) > MORE_INODES_MAX):
+            raise InvalidArgument(f"more_inodes ({len(req.more_inodes)}) only in a plain removal of at most "
+                                  f"{MORE_INODES_MAX}")
         self.check_writable()
         if req.keep_versions:
             return await self._trim(req)
@@ -65,8 +81,9 @@ class ChunkRemovals(ChunkUpdates, Fencing):
         if isinstance(action, chain.Refuse):
             raise StatusError(action.status, action.reason)
         assert isinstance(action, chain.Apply) and pos is not None
-        span = (target.target_id, req.inode, req.index_begin, req.index_end)
-        self._removing.append(span)  # a resync copy of these chunks from now on removes instead
+        spans = [(target.target_id, inode) for inode in _inodes_of(req)]
+        for span in spans:  # a resync copy of these chunks from now on removes instead
+            self._removing.setdefault(span, []).append((req.index_begin, req.index_end))
         try:
             if action.successor is not None:
                 # a resync copy already under way finishes before the removal goes down the
@@ -79,21 +96,27 @@ class ChunkRemovals(ChunkUpdates, Fencing):
                 if isinstance(outcome, chain.Refuse):
                     raise StatusError(outcome.status, outcome.reason)
             removed = 0
+            yield_until_s = self.clock.monotonic() + BACKGROUND_BUDGET_S
             for st in _chunks_of(target, req):
+                if self.clock.monotonic() < yield_until_s:  # deleted files' chunks: background work
+                    await self.foreground.quiet(BACKGROUND_WAIT_S)
                 async with target.locks.hold(st.key):
                     removed += await target.engine.remove_range(st.key.inode, st.key.index, st.key.index + 1)
                     left = self._leftovers.get(target.target_id)
                     if left is not None:
                         left.discard(st.key)
         finally:
-            self._removing.remove(span)
+            for span in spans:
+                ranges = self._removing[span]
+                ranges.remove((req.index_begin, req.index_end))
+                if not ranges:
+                    del self._removing[span]
         return RemoveChunksRsp(removed=removed)
 
     def being_removed(self, target_id: int, key: ChunkKey) -> bool:
         """Whether a REMOVE_CHUNKS covering ``key`` is under way on ``target_id``: a resync
         treats the chunk as gone (it is, or will be, on every member)."""
-        return any(t == target_id and inode == key.inode and begin <= key.index < end
-                   for t, inode, begin, end in self._removing)
+        return any(begin <= key.index < end for begin, end in self._removing.get((target_id, key.inode), ()))
 
     async def _trim(self, req: RemoveChunksReq) -> RemoveChunksRsp:
         """A trim of a live file at the head: every chunk of the range that still holds bytes

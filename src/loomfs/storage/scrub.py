@@ -30,6 +30,7 @@ BAD_KEPT_MAX = 1000
 
 PAGE_CHUNKS = 10_000
 URGENT_MAX = 1024
+BACKGROUND_WAIT_S = 0.1  # a pass waits at most this long per chunk for clients' I/O
 
 
 class Scrubber:
@@ -85,6 +86,7 @@ class Scrubber:
             for st in page:
                 if not st.commit_ver:
                     continue
+                await self.service.foreground.quiet(BACKGROUND_WAIT_S)  # clients' I/O first
                 ok, n = await self.check_chunk(target, st.key)
                 bad += not ok
                 if self.bytes_per_s > 0:

@@ -22,6 +22,7 @@ from loomfs.net.rpc import CallContext, RpcClient, handles
 from loomfs.storage import chain, planted
 from loomfs.storage.dedupe import TagCache, pack_tags, unpack_tags
 from loomfs.storage.engine.types import ChunkKey
+from loomfs.storage.foreground import ForegroundGate
 from loomfs.storage.reads import ChunkReads
 from loomfs.storage.removals import ChunkRemovals
 from loomfs.storage.routing import RoutingSource, write_chain
@@ -92,7 +93,7 @@ class StorageService(ChunkReads, ChunkRemovals):
         self.on_corrupt: Callable[[StorageTarget, ChunkKey], None] | None = None  # the scrubber repairs
         self.scrub_stats: Callable[[int], ScrubStats] | None = None  # the scrubber's, per target
         self.corrupt_reports_total = 0  # clients' reports of chunks that failed their CRC
-        self._removing: list[tuple[int, int, int, int]] = []  # (target, inode, begin, end) under way
+        self._removing: dict[tuple[int, int], list[tuple[int, int]]] = {}  # (target, inode) -> ranges under way
         self._reported: set[tuple[int, int, int]] = set()  # (chain, version, successor) already reported
         # writes are refused once mgmtd has not been reached for half a lease (the node may be
         # cut off and already replaced); the node's heartbeat loop pushes this forward
@@ -109,6 +110,7 @@ class StorageService(ChunkReads, ChunkRemovals):
         # the next update or chain change)
         self._leftovers: dict[int, set[ChunkKey]] = {}
         self.replacing: set[tuple[int, ChunkKey]] = set()
+        self.foreground = ForegroundGate()  # clients' I/O in flight: background work yields to it
 
     # ---- writes -----------------------------------------------------------------------
     @handles(WRITE)
@@ -122,17 +124,19 @@ class StorageService(ChunkReads, ChunkRemovals):
         self.check_writable()
         if req.sync:
             return await self._sync_write(req, payload)
-        if req.forwarded:
-            return await self._update(req, payload)
-        return await self.tags.run(req.tag, lambda: self._update(req, payload))
+        with self.foreground.busy():
+            if req.forwarded:
+                return await self._update(req, payload)
+            return await self.tags.run(req.tag, lambda: self._update(req, payload))
 
     @handles(TRUNCATE)
     async def truncate(self, req: TruncateReq, ctx: CallContext) -> WriteRsp:
         self._check_bounds(req.length, req.chunk_size)
         self.check_writable()
-        if req.forwarded:
-            return await self._update(req, _EMPTY)
-        return await self.tags.run(req.tag, lambda: self._update(req, _EMPTY))
+        with self.foreground.busy():
+            if req.forwarded:
+                return await self._update(req, _EMPTY)
+            return await self.tags.run(req.tag, lambda: self._update(req, _EMPTY))
 
     async def _sync_write(self, req: WriteReq, payload: memoryview) -> WriteRsp:
         """A resync copy at the syncing target: make the chunk exactly the sender's version.

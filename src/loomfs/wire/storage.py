@@ -124,6 +124,8 @@ class RemoveChunksReq(Message):
     # was not listed is left alone, and the reply is VERSION_MISMATCH (look again, re-send)
     fenced: bool = False
     expect_vers: list[int] = many()
+    # more inodes removed the same way in the same request (GC batches deleted files per chain)
+    more_inodes: list[int] = many()
 
 
 @message

@@ -1,0 +1,39 @@
+"""Background work yields to foreground I/O: scrubbing and GC removals wait (a bounded time)
+while clients' reads and writes are in flight on the node, so they take idle time first."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Iterator
+
+
+class ForegroundGate:
+    def __init__(self) -> None:
+        self.inflight = 0
+        self._idle: asyncio.Event | None = None  # made on first use (inside the loop)
+        self.waits_total = 0  # times background work found foreground I/O and waited
+
+    @contextlib.contextmanager
+    def busy(self) -> Iterator[None]:
+        """Around a client's read or write."""
+        self.inflight += 1
+        if self._idle is not None:
+            self._idle.clear()
+        try:
+            yield
+        finally:
+            self.inflight -= 1
+            if self.inflight == 0 and self._idle is not None:
+                self._idle.set()
+
+    async def quiet(self, max_wait_s: float) -> None:
+        """Return when no foreground I/O is in flight, or after ``max_wait_s`` (background work
+        is slowed, never starved)."""
+        if self.inflight == 0:
+            return
+        if self._idle is None:
+            self._idle = asyncio.Event()
+        self.waits_total += 1
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._idle.wait(), max_wait_s)
