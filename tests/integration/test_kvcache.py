@@ -242,3 +242,18 @@ def test_background_task_evicts_over_capacity(fs: loomfs.LoomFS, kv_dir: str) ->
             time.sleep(0.05)
         assert kv.stats.evicted >= 12
         assert fs.exists(f"{kv_dir}/evictor")  # it held the eviction lease
+
+
+def _forked_child(kv: KVCache) -> None:
+    kv.put(b"from-child", b"c" * 70_000)
+    assert bytes(kv.get(b"from-parent")) == b"p" * 70_000
+    kv.close()
+
+
+def test_usable_after_fork(kv: KVCache) -> None:
+    kv.put(b"from-parent", b"p" * 70_000)
+    child = mp.get_context("fork").Process(target=_forked_child, args=(kv,))
+    child.start()
+    child.join(60)
+    assert child.exitcode == 0
+    assert bytes(kv.get(b"from-child")) == b"c" * 70_000

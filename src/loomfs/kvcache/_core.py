@@ -408,8 +408,8 @@ class AsyncKVCache:
             await asyncio.sleep(interval * (0.75 + random.random() / 2))
             try:
                 await self.maintain()
-            except (LoomError, OSError) as exc:
-                logger.warning("kvcache %s: background round failed: %s", self.prefix, exc)
+            except Exception as exc:  # the next round tries again; the task must not die
+                logger.warning("kvcache %s: background round failed: %r", self.prefix, exc)
 
     def __repr__(self) -> str:
         s = self.stats

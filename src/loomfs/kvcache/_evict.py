@@ -18,6 +18,7 @@ take it once it expired, so one process evicts at a time (two at once only waste
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 import struct
@@ -35,6 +36,7 @@ logger = logging.getLogger(__name__)
 
 _LEASE = struct.Struct("<Qd")
 MOVE_BATCH_BYTES = 64 << 20
+MOVE_READS_INFLIGHT = 16
 
 
 def lease_s(cache: AsyncKVCache) -> float:
@@ -184,14 +186,16 @@ async def _remove_entries(cache: AsyncKVCache, items: Sequence[tuple[str, E.Entr
 
 async def _move(cache: AsyncKVCache, entries: Sequence[tuple[str, E.Entry]]) -> tuple[int, int]:
     """Move the values of ``entries`` to this writer's segment: (moved, dropped as bad)."""
-    good: list[tuple[str, E.Entry, bytearray]] = []
-    bad: list[tuple[str, E.Entry | None]] = []
-    for name, e in entries:
-        buf = bytearray(e.value_bytes)
-        if await cache.read_value_into(e, memoryview(buf)):
-            good.append((name, e, buf))
-        else:
-            bad.append((name, e))
+    bufs = [bytearray(e.value_bytes) for _, e in entries]
+    slots = asyncio.Semaphore(MOVE_READS_INFLIGHT)
+
+    async def read(e: E.Entry, buf: bytearray) -> bool:
+        async with slots:
+            return await cache.read_value_into(e, memoryview(buf))
+
+    ok = await asyncio.gather(*(read(e, b) for (_, e), b in zip(entries, bufs, strict=True)))
+    good = [(n, e, b) for (n, e), b, fine in zip(entries, bufs, ok, strict=True) if fine]
+    bad: list[tuple[str, E.Entry | None]] = [(n, e) for (n, e), fine in zip(entries, ok, strict=True) if not fine]
     dropped = await _remove_entries(cache, bad)
     if not good:
         return 0, dropped

@@ -32,13 +32,29 @@ class KVCache:
             raise TypeError(f"KVCache: unknown option(s) {', '.join(sorted(bad))}")
         config = KVConfig(capacity_bytes=capacity_bytes, ttl_s=ttl_s, **options)
         self.fs = fs
+        self.prefix = prefix
+        self._config = config
+        self._clock = clock
+        self._aio = self._open()
+
+    def _open(self) -> AsyncKVCache:
+        fs, prefix, config, clock = self.fs, self.prefix, self._config, self._clock
 
         async def make() -> AsyncKVCache:
             if clock is None:
                 return await AsyncKVCache(fs.client, prefix, config).open()
             return await AsyncKVCache(fs.client, prefix, config, clock=clock).open()
 
-        self.aio = fs.run(make())
+        return fs.run(make())
+
+    @property
+    def aio(self) -> AsyncKVCache:
+        """The async cache on the client's loop; after ``fork`` the client is a new one, and so
+        is this (a new writer with its own segments)."""
+        if self._aio.client is not self.fs.client and not self._aio.closed:
+            self._aio.closed = True  # the parent's: its loop is not running here
+            self._aio = self._open()
+        return self._aio
 
     @property
     def stats(self) -> KVStats:
