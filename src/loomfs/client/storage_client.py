@@ -25,6 +25,7 @@ import crc32c
 
 from loomfs.common.clock import LOOP_CLOCK, Clock
 from loomfs.common.keylocks import KeyLocks
+from loomfs.common.retry import Backoff
 from loomfs.common.routing import Routing, RoutingClient
 from loomfs.errors import ChecksumError, ConnectionFailed, LoomError, ProtocolError, TimedOut
 from loomfs.net.rpc import Response, RpcClient
@@ -308,8 +309,8 @@ class StorageClient:
                     await self.routing.refresh(min_version=routing.version)
                 except (LoomError, OSError) as exc:
                     logger.debug("routing refresh failed: %s", exc)
-            delay = min(self.backoff_max_s, self.backoff_initial_s * (2 ** min(attempt - 1, 16)))
-            delay = min(delay * (0.5 + self._rng.random() / 2), max(0.0, deadline - self.clock.monotonic()))
+            delay = min(Backoff(self.backoff_initial_s, self.backoff_max_s).delay_s(attempt - 1, self._rng),
+                        max(0.0, deadline - self.clock.monotonic()))
             await asyncio.sleep(delay)
 
     async def read_chunk(

@@ -21,6 +21,7 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from loomfs.common import trace
 from loomfs.common.clock import LOOP_CLOCK, Clock
+from loomfs.common.retry import Backoff
 from loomfs.errors import (
     ConnectionFailed,
     ConnectRefused,
@@ -372,8 +373,7 @@ class RetryPolicy:
     )
 
     def delay_s(self, attempt: int, rng: random.Random) -> float:
-        base = min(self.backoff_max_s, self.backoff_initial_s * (2**attempt))
-        return base * (0.5 + rng.random() / 2)
+        return Backoff(self.backoff_initial_s, self.backoff_max_s).delay_s(attempt, rng)
 
 
 class RpcClient:

@@ -16,10 +16,13 @@ from typing import Protocol
 
 import crc32c
 
+from loomfs.common.retry import Backoff
 from loomfs.storage.engine.types import ChunkKey, ChunkTag
 from loomfs.storage.target import StorageTarget
 
 logger = logging.getLogger(__name__)
+
+INSTALL_BACKOFF = Backoff(0.05, 2.0)  # a stage that failed on a disk error is retried (the bytes are in memory)
 
 
 class _Replacing(Protocol):
@@ -42,7 +45,7 @@ async def install_copy(service: _Replacing, target: StorageTarget, key: ChunkKey
     the old tail committed and served)."""
     service.replacing.add((target.target_id, key))  # reads refuse it meanwhile
     await target.engine.remove_range(key.inode, key.index, key.index + 1)
-    delay_s = 0.05
+    attempt = 0
     while True:
         try:
             target.engine.stage_write(key, ver, 0, data, data_crc=crc32c.crc32c(data), full_replace=True, tags=tags)
@@ -53,8 +56,8 @@ async def install_copy(service: _Replacing, target: StorageTarget, key: ChunkKey
             target.engine.abort(key)
             logger.error("target %d chunk %s: installing a good copy of v%d failed (%s): retrying",
                          target.target_id, key, ver, exc)
-            await asyncio.sleep(delay_s)
-            delay_s = min(delay_s * 2, 2.0)
+            await asyncio.sleep(INSTALL_BACKOFF.delay_s(attempt))
+            attempt += 1
     while keep is not None:
         try:
             target.engine.stage_write(key, keep.ver, 0, memoryview(keep.data), data_crc=crc32c.crc32c(keep.data),
@@ -64,5 +67,5 @@ async def install_copy(service: _Replacing, target: StorageTarget, key: ChunkKey
             target.engine.abort(key)
             logger.error("target %d chunk %s: staging pending v%d again failed (%s): retrying",
                          target.target_id, key, keep.ver, exc)
-            await asyncio.sleep(delay_s)
-            delay_s = min(delay_s * 2, 2.0)
+            await asyncio.sleep(INSTALL_BACKOFF.delay_s(attempt))
+            attempt += 1

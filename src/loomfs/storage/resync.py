@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import crc32c
 
+from loomfs.common.retry import Backoff
 from loomfs.common.routing import Routing
 from loomfs.errors import LoomError, StatusError
 from loomfs.storage import chain, planted
@@ -45,6 +46,7 @@ logger = logging.getLogger(__name__)
 
 Reporter = Callable[[SyncReportReq], Awaitable[bool]]
 PAGE_CHUNKS = 10_000
+REPORT_BACKOFF = Backoff(0.1, 0.5)  # a progress report mgmtd did not answer is sent again
 
 
 @dataclass(frozen=True, slots=True)
@@ -229,7 +231,7 @@ class Resyncer:
                 return await self.report(req)
             except (LoomError, OSError) as exc:
                 logger.debug("sync report failed (attempt %d): %s", attempt, exc)
-                await asyncio.sleep(0.25)
+                await asyncio.sleep(REPORT_BACKOFF.delay_s(attempt))
         return False
 
     async def _check_source(self, job: SyncJob) -> None:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from loomfs.common.clock import SYSTEM_CLOCK, Clock
+from loomfs.common.retry import Backoff
 from loomfs.common.routing import RoutingClient, parse_addresses
 from loomfs.common.service_main import run_service
 from loomfs.config import StorageConfig
@@ -45,7 +46,7 @@ from loomfs.wire.types import NodeKind
 
 logger = logging.getLogger(__name__)
 
-REGISTER_RETRY_S = 0.5
+REGISTER_BACKOFF = Backoff(0.1, 1.0)  # registration retried until mgmtd answers
 
 
 def target_dirs(config: StorageConfig) -> list[Path]:
@@ -188,8 +189,8 @@ class StorageNode:
                 self._ready_at_version = rsp.routing_version
                 self._mark_ready()
                 return rsp
+            await asyncio.sleep(REGISTER_BACKOFF.delay_s(attempt))
             attempt += 1
-            await asyncio.sleep(REGISTER_RETRY_S)
 
     async def _refresh_routing(self, version: int) -> None:
         if self.routing.has_routing and self.routing.current.version >= version:
