@@ -485,3 +485,26 @@ def test_size_sets_under_open_writers_are_shrinks(env: Env) -> None:
     env.run(env.ns.close(ino, o.session_id, -1, trunc_epoch=o.trunc_epoch))
     chunks.calls.clear()
     assert env.run(env.ns.setattr("/f", size=5000)).trunc_epoch == o.trunc_epoch and chunks.calls == []
+
+
+def test_an_erasure_coded_file_is_cut_by_whole_stripes(env: Env) -> None:
+    """EC request 2: the replicated cut (chunks past ceil(len/cs), the last one truncated)
+    destroyed live fragments; an EC file loses whole stripes past the end (and their shadow
+    copies), never a fragment of a stripe it keeps."""
+    from loomfs.ec.stripe import SHADOW_STRIPE_BASE, Geometry
+
+    chunks = Chunks()
+    layout = Layout(chunk_size=MIB, chains=list(range(1, 7)), ec_k=4, ec_m=2)
+    g = Geometry(4, 2, MIB)
+    ino = 77
+    live = {(ino, g.chunk_index(s, j)) for s in range(3) for j in range(6)}
+    shadow = {(ino, g.chunk_index(s, j, shadow=True)) for s in range(3) for j in range(6)}
+    for key in live | shadow:
+        chunks.data[key] = bytearray(b"f")
+    t = _trimmer(env, chunks)
+    env.run(t._cut(layout, ino, 4 * MIB + 1))  # two stripes kept (the second one partial)
+    kept = {(ino, g.chunk_index(s, j)) for s in range(2) for j in range(6)}
+    kept |= {(ino, g.chunk_index(s, j, shadow=True)) for s in range(2) for j in range(6)}
+    assert set(chunks.data) == kept
+    assert all(c[0] == "remove" for c in chunks.calls)  # no fragment truncated
+    assert SHADOW_STRIPE_BASE * 6 > max(k[1] for k in live)

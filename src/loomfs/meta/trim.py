@@ -59,6 +59,7 @@ import random
 from typing import Protocol
 
 from loomfs.common.clock import SYSTEM_CLOCK, Clock
+from loomfs.ec.stripe import SHADOW_STRIPE_BASE, Geometry
 from loomfs.errors import LoomError, StatusError
 from loomfs.meta.store.base import MetaStore, MetaTxn, TrimEntry
 from loomfs.wire.status import Status
@@ -74,6 +75,7 @@ POLL_S = 0.05
 RETRY_S = 5.0  # after a failed cut the GC worker tries again this much later
 
 _FILE = int(FileType.FILE)
+INDEX_END = 1 << 62  # past any chunk index
 
 
 class ChunkCutter(Protocol):
@@ -82,7 +84,7 @@ class ChunkCutter(Protocol):
     async def truncate_chunk(self, layout: Layout, inode: int, index: int, length: int, *,
                              fenced: bool = False) -> None: ...
 
-    async def remove_chunks(self, layout: Layout, inode: int, index_begin: int, *,
+    async def remove_chunks(self, layout: Layout, inode: int, index_begin: int, index_end: int = INDEX_END, *,
                             keep_versions: bool = False, fenced: bool = False) -> None: ...
 
 
@@ -247,6 +249,9 @@ class Trimmer:
     async def _cut(self, layout: Layout, inode: int, length: int) -> None:
         if not layout.chains:
             return
+        if layout.ec_k > 0:
+            await self._cut_ec(layout, inode, length)
+            return
         cs = layout.chunk_size
         # keep_versions: the file lives on, and a chunk that grows again must continue its
         # version numbers (a replica that missed the trim then gets the whole chunk)
@@ -258,6 +263,22 @@ class Trimmer:
             calls.append(self.cutter.truncate_chunk(layout, inode, length // cs, length % cs, fenced=True))
         # wait for every call (each bounded by the storage client's deadline) before raising,
         # so a failed cut leaves no call of ours in flight
+        for r in await asyncio.gather(*calls, return_exceptions=True):
+            if isinstance(r, BaseException):
+                raise r
+
+    async def _cut_ec(self, layout: Layout, inode: int, length: int) -> None:
+        """An erasure-coded file (docs/ec.md): fragment j of stripe s is chunk s*(k+m) + slot,
+        so the cut removes whole stripes past the end, and the shadow copies of those stripes
+        (an overwrite in flight); the last partial stripe is the client's to re-encode."""
+        g = Geometry(layout.ec_k, layout.ec_m, layout.chunk_size)
+        first = g.stripes(length)
+        calls = [
+            self.cutter.remove_chunks(layout, inode, first * g.width, SHADOW_STRIPE_BASE * g.width,
+                                      keep_versions=True, fenced=True),
+            self.cutter.remove_chunks(layout, inode, (SHADOW_STRIPE_BASE + first) * g.width,
+                                      keep_versions=True, fenced=True),
+        ]
         for r in await asyncio.gather(*calls, return_exceptions=True):
             if isinstance(r, BaseException):
                 raise r
