@@ -191,7 +191,7 @@ async def _resolve_all(fs: loomfs.LoomFS, path: str, stripes: int) -> None:
     codec = make_codec(4, 2)
     buf = bytearray(stripe_buffer_bytes(io.geometry))
     for s in range(stripes):
-        await resolve(io, codec, STATS, s, buf)
+        await resolve(io, codec, STATS, s, buf, full=True)
 
 
 async def _fragments_clean(fs: loomfs.LoomFS, path: str, stripes: int) -> bool:

@@ -63,6 +63,11 @@ class FragmentIO:
     async def remove_all(self, index_begin: int, index_end: int) -> None:
         await self.storage.remove_chunks(self.chunk_layout, self.inode, index_begin, index_end, keep_versions=True)
 
+    def down(self, index: int) -> bool:
+        """Whether chunk ``index``'s chain has no serving target in the cached routing."""
+        rc = self.storage.routing
+        return rc.has_routing and not rc.current.serving_targets(self.chain_of(index))
+
     async def read(self, index: int, offset: int, length: int, into: memoryview) -> int | None:
         """Read ``length`` bytes at ``offset`` of chunk ``index`` into ``into[:length]`` (what the
         chunk does not have there is zeroed). Returns the chunk's whole length, None if the chunk

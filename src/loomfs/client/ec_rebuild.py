@@ -46,7 +46,7 @@ async def scrub_file(storage: StorageClient, path: str, attr: Attr, *, repair: b
     for s in range(g.stripes(attr.size)):
         rep.stripes += 1
         try:
-            res = await resolve(io, codec, STATS, s, buf, repair=False)
+            res = await resolve(io, codec, STATS, s, buf, repair=False, full=True)
         except LoomError:
             rep.lost_stripes += 1
             continue

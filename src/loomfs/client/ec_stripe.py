@@ -193,11 +193,23 @@ def _count(found: dict[int, FragmentHeader | str], key: tuple[int, int]) -> int:
 
 
 async def resolve(io: FragmentIO, codec: Codec, stats: EcStats, stripe: int, buf: Buffer,
-                  *, repair: bool = True) -> Resolved | None:
-    """Decode stripe ``stripe`` into ``buf`` from k fragments of its newest complete version.
-    None if no fragment of it exists anywhere (a hole). EIO if no version has k good fragments."""
+                  *, repair: bool = True, full: bool = False) -> Resolved | None:
+    """Decode stripe ``stripe`` into ``buf`` (every data fragment's payload) from k fragments
+    of one version. First (unless ``full``) k fragments are read, data first, skipping chains
+    known to be down: if all k are good and of one version, that version is decoded. Else
+    (and with ``full``: scrubs) every fragment is read and the newest version with k good
+    fragments is decoded, the shadow stripe included. None if no fragment of the stripe exists
+    (a hole). EIO if no version has k good fragments: never a mix of two versions."""
     g = io.geometry
     stats.degraded_stripes_total += 1
+    if not full:
+        up = [j for j in range(g.width) if not io.down(g.chunk_index(stripe, j))]
+        if len(up) >= g.k:
+            found = await _read_whole(io, buf, stripe, up[: g.k], shadow=False)
+            key = _best(g, found)
+            if key is not None:
+                return _decoded(io, codec, stats, stripe, buf, found, key, from_shadow=False, repair=repair,
+                                unread=[j for j in range(g.width) if j not in up[: g.k]])
     found = await _read_whole(io, buf, stripe, range(g.width), shadow=False)
     key = _best(g, found)
     from_shadow = False
@@ -215,9 +227,18 @@ async def resolve(io: FragmentIO, codec: Codec, stats: EcStats, stripe: int, buf
             return None  # never written (a written stripe would have k of these)
         raise LoomError(f"inode {io.inode} stripe {stripe}: fewer than {g.k} consistent fragments "
                         f"({len(found)} of {g.width} reachable)")
+    return _decoded(io, codec, stats, stripe, buf, found, key, from_shadow=from_shadow, repair=repair, unread=[])
+
+
+def _decoded(io: FragmentIO, codec: Codec, stats: EcStats, stripe: int, buf: Buffer,
+             found: dict[int, FragmentHeader | str], key: tuple[int, int], *, from_shadow: bool,
+             repair: bool, unread: list[int]) -> Resolved:
+    """Decode what ``buf`` lacks of version ``key`` (``unread`` fragments were not asked for:
+    only the data ones among them are decoded) and start the repair of bad fragments."""
+    g = io.geometry
     version, stripe_len = key
     good = [j for j, h in found.items() if isinstance(h, FragmentHeader) and h.key() == key]
-    missing = [j for j in range(g.width) if j not in good]
+    missing = [j for j in range(g.width) if j not in good and (j < g.k or j not in unread)]
     plen = g.parity_len(stripe_len)
     for j in good:  # data payloads shorter than the parity length are zeros beyond
         n = g.payload_len(stripe_len, j)
@@ -231,7 +252,8 @@ async def resolve(io: FragmentIO, codec: Codec, stats: EcStats, stripe: int, buf
         if n < g.chunk_size:
             zero_fill(payload(g, buf, j)[n:])
     bad = [j for j in missing if j in found]  # answered, but absent, corrupt or of another version
-    res = Resolved(stripe_len, version, from_shadow, bad, [j for j in range(g.width) if j not in found])
+    res = Resolved(stripe_len, version, from_shadow, bad,
+                   [j for j in range(g.width) if j not in found and j not in unread])
     if repair and (bad or from_shadow):
         copy = bytearray(stripe_buffer_bytes(g))  # the caller reuses ``buf``
         copy[:] = memoryview(buf)[: len(copy)]
@@ -293,9 +315,10 @@ async def read_range(io: FragmentIO, codec: Codec, stats: EcStats, pool: BufferP
             return True
 
     async def stripe(s: int, ps: list[FragPiece]) -> None:
-        oks = await asyncio.gather(*(piece(p) for p in ps))
-        if all(oks):
-            return
+        if not any(io.down(g.chunk_index(s, p.fragment)) for p in ps):  # else straight to decoding
+            oks = await asyncio.gather(*(piece(p) for p in ps))
+            if all(oks):
+                return
         buf = pool.acquire(stripe_buffer_bytes(g))
         try:
             res = await resolve(io, codec, stats, s, buf)
