@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import errno
+import time
 
 import pytest
 
 from loomfs.meta.service import retry_conflicts
 from loomfs.meta.store.base import WRITE_ALONE, MetaStore, TxnConflict
-from loomfs.meta.store.postgres import PostgresStore
+from loomfs.meta.store.postgres import PostgresStore, StoreUnavailable
+from loomfs.testing.pgserver import PgServer
 from loomfs.wire.types import Attr, FileType
 
 
@@ -149,3 +152,44 @@ def test_a_lone_writer_waits_for_writers_in_flight_and_then_cannot_lose(pg_url: 
 def test_bad_schema_names_are_refused(pg_url: str) -> None:
     with pytest.raises(ValueError):
         MetaStore.open(pg_url.split("&schema=")[0] + "&schema=pg_x")
+
+
+def test_store_recovers_after_the_database_restarts(pg_server: PgServer, pg_url: str) -> None:
+    """The database goes away: operations fail with EIO (StoreUnavailable), nothing hangs;
+    once it is back the same store serves again (broken connections are replaced)."""
+
+    async def go() -> None:
+        s = _open(pg_url)
+        try:
+            async with s.write() as t:
+                await t.put_inode(Attr(inode=21, type=FileType.FILE, mode=0o644, nlink=1, size=3))
+            async with s.read() as t:  # a reader connection is kept
+                assert await t.get_inode(21) is not None
+            await asyncio.to_thread(pg_server.stop)
+            try:
+                with pytest.raises(StoreUnavailable) as err:
+                    async with s.write() as t:
+                        await t.put_inode(Attr(inode=22, type=FileType.FILE, mode=0o644, nlink=1))
+                assert err.value.errno == errno.EIO
+                with pytest.raises(StoreUnavailable):
+                    async with s.read() as t:
+                        await t.get_inode(21)
+            finally:
+                await asyncio.to_thread(pg_server.start)
+            deadline = time.monotonic() + 30
+            while True:
+                try:
+                    async with s.write() as t:
+                        await t.put_inode(Attr(inode=23, type=FileType.FILE, mode=0o644, nlink=1))
+                    async with s.read() as t:
+                        got = await t.get_inode(21)
+                    break
+                except StoreUnavailable:  # connections broken by the restart are dropped one by one
+                    if time.monotonic() > deadline:
+                        raise
+                    await asyncio.sleep(0.05)
+            assert got is not None and got.size == 3
+        finally:
+            await s.close()
+
+    asyncio.run(go())

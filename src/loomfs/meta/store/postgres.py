@@ -259,12 +259,17 @@ class PostgresStore(MetaStore):
         alone = WRITE_ALONE.get()
         gated = False
         try:
-            if alone:  # waits for the writers in flight; new ones wait at their BEGIN
-                await conn.execute("SELECT pg_advisory_lock($1)", WRITE_GATE_KEY)
-                gated = True
-                self.alone_runs += 1
-            # one round trip: BEGIN, and (not alone) the gate passed shared
-            await conn.execute("BEGIN ISOLATION LEVEL SERIALIZABLE" if alone else _BEGIN_GATED)
+            try:
+                if alone:  # waits for the writers in flight; new ones wait at their BEGIN
+                    await conn.execute("SELECT pg_advisory_lock($1)", WRITE_GATE_KEY)
+                    gated = True
+                    self.alone_runs += 1
+                # one round trip: BEGIN, and (not alone) the gate passed shared
+                await conn.execute("BEGIN ISOLATION LEVEL SERIALIZABLE" if alone else _BEGIN_GATED)
+            except Exception as exc:
+                if _unavailable(exc):
+                    raise StoreUnavailable(f"metastore write failed: {exc}") from exc
+                raise
             txn = PostgresTxn(conn, True, self)
             try:
                 yield txn
