@@ -356,6 +356,7 @@ class StorageClient:
                 return WriteReq(
                     chain_id=chain_id, chain_version=version, chunk=chunk, offset=offset,
                     length=len(data), chunk_size=layout.chunk_size, data_crc=crc, tag=tag,
+                    durable=layout.durable,
                 )
 
             await self._call_chain(chain_id, "head", WRITE, make, payload=data, payload_crc=crc)
@@ -375,7 +376,7 @@ class StorageClient:
                 def make(version: int, target: int, seen: int = seen) -> Message:
                     return TruncateReq(
                         chain_id=chain_id, chain_version=version, chunk=chunk, length=length,
-                        chunk_size=layout.chunk_size, tag=tag, if_ver_le=seen,
+                        chunk_size=layout.chunk_size, tag=tag, if_ver_le=seen, durable=layout.durable,
                     )
 
                 try:

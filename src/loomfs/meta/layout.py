@@ -43,7 +43,7 @@ def validate_dir_layout(layout: Layout | None) -> Layout:
     return Layout(
         chunk_size=cs, stripe=layout.ec_k + layout.ec_m if ec else layout.stripe, table_id=layout.table_id,
         replicas=1 if ec else layout.replicas, inline_max_bytes=0 if ec else layout.inline_max_bytes,
-        ec_k=layout.ec_k, ec_m=layout.ec_m,
+        ec_k=layout.ec_k, ec_m=layout.ec_m, durable=layout.durable,
     )
 
 
@@ -115,13 +115,14 @@ class ChainAllocator:
             width = parent.ec_k + parent.ec_m
             return Layout(chunk_size=parent.chunk_size, stripe=width, table_id=table.table_id, replicas=1,
                           chains=pick_ec_chains(routing, list(table.chain_ids), width, pos),
-                          inline_max_bytes=0, ec_k=parent.ec_k, ec_m=parent.ec_m)
+                          inline_max_bytes=0, ec_k=parent.ec_k, ec_m=parent.ec_m, durable=parent.durable)
         return Layout(
             chunk_size=parent.chunk_size,
             stripe=parent.stripe,
             table_id=table.table_id,
             replicas=table.replicas,
             chains=pick_chains(list(table.chain_ids), parent.stripe, pos),
+            durable=parent.durable,
         )
 
     def __repr__(self) -> str:

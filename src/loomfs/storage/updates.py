@@ -211,7 +211,7 @@ class ChunkUpdates(ChainForwarder):
                               f"chunk {key} v{ver}: staged {staged.pending_length} bytes crc {staged.pending_crc:08x}, "
                               f"sender has {req.expect_length} bytes crc {req.expect_crc:08x}")
         if pos.successor is None:
-            return write_rsp(await engine.commit(key, ver))
+            return write_rsp(await engine.commit(key, ver, durable=req.durable))
         m = WRITE if isinstance(req, WriteReq) else TRUNCATE
         crc = req.data_crc if isinstance(req, WriteReq) else None
         fwd = dataclasses.replace(req, update_ver=ver, expect_length=staged.pending_length,
@@ -225,7 +225,7 @@ class ChunkUpdates(ChainForwarder):
         outcome = chain.on_successor_result(ver, status)
         if isinstance(outcome, chain.Refuse):
             raise StatusError(outcome.status, outcome.reason)
-        return write_rsp(await self._commit(target, key, ver))
+        return write_rsp(await self._commit(target, key, ver, durable=req.durable))
 
     async def _apply_forward_first(self, target: StorageTarget, pos: chain.Position, key: ChunkKey,
                                    req: WriteReq | TruncateReq, payload: memoryview,
@@ -247,14 +247,14 @@ class ChunkUpdates(ChainForwarder):
         outcome = chain.on_successor_result(ver, status)
         if isinstance(outcome, chain.Refuse):
             raise StatusError(outcome.status, outcome.reason)
-        return write_rsp(await self._commit(target, key, ver))
+        return write_rsp(await self._commit(target, key, ver, durable=req.durable))
 
-    async def _commit(self, target: StorageTarget, key: ChunkKey, ver: int) -> ChunkState:
+    async def _commit(self, target: StorageTarget, key: ChunkKey, ver: int, *, durable: bool = False) -> ChunkState:
         """Commit ``ver``; a commit once started runs to its end even if the request is
         cancelled meanwhile (its deadline passed): the file engine writes the index row on a
         helper thread, and memory and disk must not disagree. The chunk lock stays held until
         it has."""
-        task = asyncio.ensure_future(target.engine.commit(key, ver))
+        task = asyncio.ensure_future(target.engine.commit(key, ver, durable=durable))
         try:
             st = await asyncio.shield(task)
         except asyncio.CancelledError:

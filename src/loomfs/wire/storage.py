@@ -54,6 +54,9 @@ class WriteReq(Message):
     # resync copy older than what the syncing target committed: the serving chain lost those
     # versions (a crash of every replica that had them unsynced); the copy replaces them
     rollback: bool = False
+    # the file's layout is ``durable`` (checkpoints): every replica fsyncs the commit (data,
+    # directory entry, index) before it acks, whatever its fsync_on_commit
+    durable: bool = False
 
 
 @message
@@ -94,6 +97,7 @@ class TruncateReq(Message):
     chunk_size: int = 0
     tag: RequestTag | None = None
     forwarded: bool = False
+    durable: bool = False  # as in WriteReq
     if_ver_le: int = -1  # a fenced trim: only if the chunk's newest version is at most this (-1: any)
     update_ver: int = 0
     expect_length: int = -1  # as WriteReq

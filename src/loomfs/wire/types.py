@@ -132,6 +132,9 @@ class Layout(Message):
     # file's chains are its k+m single-replica chains on distinct nodes (fragments: loomfs.ec.stripe)
     ec_k: int = 0
     ec_m: int = 0
+    # every replica fsyncs each commit of this file's chunks before it acks (checkpoints:
+    # docs/checkpoints.md), whatever the storage nodes' fsync_on_commit
+    durable: bool = False
 
 
 @message

@@ -123,9 +123,10 @@ class ChunkEngine(ABC):
         (``tags`` as for ``stage_write``)."""
 
     @abstractmethod
-    async def commit(self, key: ChunkKey, version: int) -> ChunkState:
-        """Make pending ``version`` (and its tags) the committed one (durably when the engine
-        fsyncs)."""
+    async def commit(self, key: ChunkKey, version: int, *, durable: bool = False) -> ChunkState:
+        """Make pending ``version`` (and its tags) the committed one: durably (data and index
+        on stable storage before this returns) when the engine fsyncs every commit or when
+        ``durable`` asks for it (a write to a directory with the ``durable`` layout flag)."""
 
     @abstractmethod
     def abort(self, key: ChunkKey) -> None:

@@ -164,6 +164,8 @@ class FileEngine(ChunkEngine):
         self._hasher_lock = threading.Lock()
         self._used_bytes = 0
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="chunk-fsync") if fsync_on_commit else None
+        self._durable: ThreadPoolExecutor | None = None  # durable commits when not every one fsyncs
+        self.durable_commits_total = 0
         self._load()
 
     # ---- start-up -----------------------------------------------------------------------
@@ -735,7 +737,24 @@ class FileEngine(ChunkEngine):
             os.fsync(p.fd)
         self._index.put(key.inode, key.index, p.ver, p.length, p.crc, p.file_ver, p.blocks, p.tags)
 
-    async def commit(self, key: ChunkKey, version: int) -> ChunkState:
+    def _write_durable(self, key: ChunkKey, p: _Pending) -> None:
+        """A commit that must survive a power loss although the engine does not fsync every
+        commit: the data file, its directory entry and the index's WAL reach the disk."""
+        os.fsync(p.fd)
+        dir_fd = os.open(self._file(key, p.file_ver).parent, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+        self._index.put(key.inode, key.index, p.ver, p.length, p.crc, p.file_ver, p.blocks, p.tags)
+        self._index.sync()
+
+    def _durable_pool(self) -> ThreadPoolExecutor:
+        if self._durable is None:
+            self._durable = ThreadPoolExecutor(1, thread_name_prefix="chunk-durable")
+        return self._durable
+
+    async def commit(self, key: ChunkKey, version: int, *, durable: bool = False) -> ChunkState:
         p = self._pending.get(key)
         if p is None or p.ver != version:
             raise no_pending(key, version)
@@ -743,6 +762,9 @@ class FileEngine(ChunkEngine):
         try:
             if self._executor is not None:
                 await asyncio.get_running_loop().run_in_executor(self._executor, self._write_row, key, p, True)
+            elif durable:
+                await asyncio.get_running_loop().run_in_executor(self._durable_pool(), self._write_durable, key, p)
+                self.durable_commits_total += 1
             else:
                 self._write_row(key, p, False)
         except BaseException:
@@ -846,6 +868,8 @@ class FileEngine(ChunkEngine):
         self._index.close()
         if self._executor is not None:
             self._executor.shutdown(wait=True)
+        if self._durable is not None:
+            self._durable.shutdown(wait=True)
 
     def __repr__(self) -> str:
         return f"FileEngine({self.path} chunks={len(self._meta)} used={self._used_bytes}B pending={len(self._pending)})"

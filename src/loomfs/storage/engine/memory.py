@@ -202,7 +202,7 @@ class MemoryEngine(ChunkEngine):
                                 lambda i, s, e: crc32c.crc32c(view[s:e]))
         return self._stage(key, version, base, crc32c.crc32c(base), blocks, tags)
 
-    async def commit(self, key: ChunkKey, version: int) -> ChunkState:
+    async def commit(self, key: ChunkKey, version: int, *, durable: bool = False) -> ChunkState:
         slot = self._slots.get(key.inode, key.index)
         if slot is None or slot.pending is None or slot.pending.ver != version:
             raise no_pending(key, version)
