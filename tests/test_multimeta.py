@@ -19,6 +19,8 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -248,3 +250,43 @@ def test_local_up_with_postgres_and_two_meta_servers(pg_server: PgServer, tmp_pa
         assert bad.returncode != 0 and "needs a URL" in bad.stderr
     finally:
         _loomfs("local", "down", *common, check=False)
+
+
+@pytest.mark.timeout(180)
+def test_meta_server_waits_for_its_database_at_start(pg_server: PgServer, tmp_path: Path) -> None:
+    """A meta server started before PostgreSQL is up waits for it (logging why) instead of
+    exiting, and serves once the database comes."""
+    url = pg_server.url(schema=f"late{os.getpid()}")
+    c = LocalCluster(tmp_path / "late", storage_nodes=1, targets_per_node=1, replicas=1, meta_store=url)
+    pg_server.stop()
+    started: list[BaseException | None] = []
+    t = threading.Thread(target=lambda: started.append(_start_or_error(c)))
+    try:
+        t.start()
+        deadline = time.monotonic() + 60
+        log = Path(tmp_path / "late" / "meta1" / "service.log")
+        while not (log.exists() and "metastore not reachable yet" in log.read_text(errors="replace")):
+            assert time.monotonic() < deadline, "meta1 never said it waits for the database"
+            assert t.is_alive(), started
+            time.sleep(0.05)
+    finally:
+        pg_server.start()
+    t.join(120)
+    try:
+        assert started == [None], started
+        fs = loomfs.connect(str(c.root))
+        try:
+            fs.pipe("/late", b"ok")
+            assert fs.cat("/late") == b"ok"
+        finally:
+            fs.close()
+    finally:
+        c.stop()
+
+
+def _start_or_error(c: LocalCluster) -> BaseException | None:
+    try:
+        c.start(timeout_s=90)
+    except BaseException as exc:  # reported by the test
+        return exc
+    return None

@@ -18,7 +18,7 @@ from loomfs.meta.batch_service import BatchService
 from loomfs.meta.gc import ChunkRemover, GcWorker, remover_client_id
 from loomfs.meta.ops.namespace import Namespace
 from loomfs.meta.service import ConflictRetrying, MetaService, retry_conflicts
-from loomfs.meta.store.base import MetaStore
+from loomfs.meta.store.base import MetaStore, StoreUnavailable
 from loomfs.meta.trim import TRIM_CALL_TIMEOUT_S, Trimmer
 from loomfs.net.rpc import RpcClient, RpcServer
 from loomfs.net.tcp import default_transport
@@ -89,6 +89,26 @@ def _make_cutter(rpc: RpcClient, routing: RoutingClient, node_id: int) -> Storag
     return StorageClient(rpc, routing, client_id=remover_client_id(node_id), call_timeout_s=TRIM_CALL_TIMEOUT_S)
 
 
+STORE_WAIT_S = 60.0  # at start-up, how long a meta server waits for its database
+
+
+async def _init_namespace(ns: Namespace) -> None:
+    """Create the root if needed. Meta servers starting together on one fresh database race
+    to create it (conflicts re-run); a database that is not up yet is waited for."""
+    deadline = asyncio.get_running_loop().time() + STORE_WAIT_S
+    delay_s = 0.2
+    while True:
+        try:
+            await retry_conflicts(ns.init)
+            return
+        except StoreUnavailable as exc:
+            if asyncio.get_running_loop().time() > deadline:
+                raise
+            logger.warning("meta: metastore not reachable yet (%s); retrying in %.1fs", exc, delay_s)
+            await asyncio.sleep(delay_s)
+            delay_s = min(2.0, delay_s * 2)
+
+
 async def serve(config: MetaConfig, *, ready: asyncio.Event | None = None) -> None:
     store = MetaStore.open(
         resolve_under(config.data_dir, config.store_url), synchronous=config.sqlite_synchronous
@@ -111,8 +131,7 @@ async def serve(config: MetaConfig, *, ready: asyncio.Event | None = None) -> No
         rng=random.Random(config.node_id or None), default_layout=default_layout, trimmer=trimmer,
         chunk_writer=cutter,
     )
-    # meta servers starting together on one fresh database race to create the root
-    await retry_conflicts(ns.init)
+    await _init_namespace(ns)
     live = cast(Namespace, ConflictRetrying(ns))  # operations re-run on a lost conflict
     server = RpcServer("meta", default_transport(max_payload_bytes=config.rpc.max_payload_bytes))
     server.add_service(MetaService(live))

@@ -51,6 +51,11 @@ class CommitFailed(LoomError):
     """The commit covering a write transaction failed: none of its work is stored (EIO)."""
 
 
+class StoreUnavailable(LoomError):
+    """The engine cannot reach its database (a server down or restarting): EIO. Nothing of
+    the transaction is stored, unless the loss came during COMMIT (then: unknown)."""
+
+
 # Set by the caller that re-runs an operation after conflicts (``loomfs.meta.service``): this
 # task's write transactions should run alone, so that they cannot lose again. An engine with
 # optimistic concurrency honours it (PostgreSQL: an exclusive gate every writer passes

@@ -35,7 +35,14 @@ from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 import asyncpg
 
 from loomfs.errors import LoomError
-from loomfs.meta.store.base import WRITE_ALONE, CommitFailed, MetaStore, MetaTxn, TxnConflict
+from loomfs.meta.store.base import (
+    WRITE_ALONE,
+    CommitFailed,
+    MetaStore,
+    MetaTxn,
+    StoreUnavailable,
+    TxnConflict,
+)
 from loomfs.meta.store.postgres_schema import (
     ADVISORY_LOCK_KEY,
     WRITE_GATE_KEY,
@@ -45,7 +52,7 @@ from loomfs.meta.store.postgres_schema import (
 )
 from loomfs.meta.store.postgres_txn import PostgresTxn, ReadOnlyTxn
 
-__all__ = ["PostgresStore", "PostgresTxn", "ReadOnlyTxn"]
+__all__ = ["PostgresStore", "PostgresTxn", "ReadOnlyTxn", "StoreUnavailable"]
 
 logger = logging.getLogger(__name__)
 
@@ -60,10 +67,6 @@ _UNAVAILABLE = (asyncpg.PostgresConnectionError, asyncpg.InterfaceError, OSError
 def _unavailable(exc: BaseException) -> bool:
     """The database connection failed (not an error of the caller: LoomErrors are OSErrors)."""
     return isinstance(exc, _UNAVAILABLE) and not isinstance(exc, LoomError)
-
-
-class StoreUnavailable(LoomError):
-    """The database cannot be reached (EIO)."""
 
 
 @MetaStore.register("postgresql")
