@@ -27,7 +27,6 @@ open, rename, unlink, a listing of the directory, ...) create it first (``create
 from __future__ import annotations
 
 import asyncio
-import errno
 import logging
 import os
 from collections.abc import Awaitable, Callable
@@ -443,9 +442,6 @@ class AsyncFile:
             return size
         if self._opener is not None:
             await self._materialize()
-        if self._ec is not None and size != 0:  # meta's trim cuts replicated chunk ranges
-            raise LoomError("an erasure-coded file can only be truncated to 0", errno=errno.EOPNOTSUPP,
-                            path=self.path)
         await self.flush()
         # by inode: this file, whatever its name is now (meta cuts the chunks)
         rsp = await self._meta.setattr(SetattrReq(path=self.path, inode=self.inode, size=size))
@@ -456,6 +452,8 @@ class AsyncFile:
                 self._length = size
                 return size
             self._inline = None  # an extend past the limit moved it to chunks
+        if self._ec is not None:  # meta cut whole stripes; a partial last one is re-encoded here
+            await self._ec.cut(size, self._length)
         self._cache.clear()
         self._length = size
         if self._written_end >= 0:
