@@ -11,8 +11,9 @@ degraded reads; the cluster the bench was pointed at is not touched. In one run:
 * ``ec_write`` / ``ec_read``: the same bytes in an ``ec(4, 2)`` directory, held against the
   replicated figures of this run; targets: write >= 1.5x, read >= 0.8x.
 * ``ec_read_degraded_1`` / ``ec_read_degraded_m``: the EC file read by a fresh client after
-  killing 1, then m storage servers (each a fragment holder of the file), held against the
-  healthy EC read.
+  killing 1, then m storage servers (each a fragment holder of the file) and mgmtd marking
+  them dead (the steady state of a failure; the first lease after a kill costs a fast-failing
+  try per stripe more), held against the healthy EC read.
 * ``ec_space`` / ``rep3_space``: bytes of chunk files on the servers, % of the file's bytes.
 """
 
@@ -80,7 +81,7 @@ def run_ec(size_bytes: int, lim: dict[str, float], step: Callable[[str], None], 
     import loomfs
     from loomfs.cli.layout import ec_layout
     from loomfs.testing.cluster import LocalCluster
-    from loomfs.wire.types import Layout
+    from loomfs.wire.types import Layout, NodeState
 
     out: list[Result] = []
     step(f"ec: raw encode rate {K}+{M} and 10+4{tag}")
@@ -130,6 +131,9 @@ def run_ec(size_bytes: int, lim: dict[str, float], step: Callable[[str], None], 
             for node in holders[:failures]:
                 if c.services[name_of[node]].alive():
                     c.kill_service(name_of[node])
+            down = set(holders[:failures])  # steady state: mgmtd has marked them dead (one lease)
+            c.wait_routing(lambda r, down=down: all(n.state != NodeState.ALIVE for n in r.nodes if n.node_id in down),
+                           60, "killed servers marked dead")
             fs = loomfs.connect(str(c.root))
             dr = _read(fs, "/ec/f", into)
             fs.close()

@@ -154,6 +154,23 @@ class EcFileIO:
         if self._last.get(stripe) is task:
             del self._last[stripe]
 
+    async def cut(self, size: int, old_len: int) -> None:
+        """After meta shrank the file to ``size`` (and cut the stripes past it): re-encode the
+        last stripe without the bytes past ``size``, so a later extend reads zeros there."""
+        g = self.geometry
+        s, rem = divmod(size, g.stripe_bytes)
+        if rem == 0 or size >= old_len:
+            return
+        pool = self.file._pool
+        buf = pool.acquire(stripe_buffer_bytes(g))
+        try:
+            res = await resolve(self.io, self.codec, STATS, s, buf, repair=False)
+            if res is not None:
+                await write_stripe(self.io, self.codec, STATS, s, buf, rem, valid_lo=0, valid_hi=rem,
+                                   overwrite=True, exact=True)
+        finally:
+            pool.release(buf)
+
     async def read_into(self, pos: int, view: memoryview) -> None:
         await read_range(self.io, self.codec, STATS, self.file._pool, pos, view,
                          parallel_max=max(1, self.file._config.parallel_chunks_max))

@@ -106,7 +106,8 @@ def _zero_gaps(g: Geometry, buf: Buffer, valid_lo: int, valid_hi: int, plen: int
 
 
 async def write_stripe(io: FragmentIO, codec: Codec, stats: EcStats, stripe: int, buf: Buffer,
-                       stripe_len: int, *, valid_lo: int, valid_hi: int, overwrite: bool) -> int:
+                       stripe_len: int, *, valid_lo: int, valid_hi: int, overwrite: bool,
+                       exact: bool = False) -> int:
     """Encode and write one stripe from ``buf`` (data payloads hold stripe bytes
     [valid_lo, valid_hi), the rest is zero-filled). Returns the version written."""
     g = io.geometry
@@ -122,8 +123,8 @@ async def write_stripe(io: FragmentIO, codec: Codec, stats: EcStats, stripe: int
     stamp(g, buf, stripe, stripe_len, version)
     if overwrite:
         stats.shadow_writes_total += 1
-        await write_fragments(io, buf, stripe, stripe_len, shadow=True)
-    await write_fragments(io, buf, stripe, stripe_len, shadow=False)
+        await write_fragments(io, buf, stripe, stripe_len, shadow=True, exact=exact)
+    await write_fragments(io, buf, stripe, stripe_len, shadow=False, exact=exact)
     if overwrite:
         base = g.chunk_index(stripe, 0, shadow=True)
         await io.remove_all(base, base + g.width)
