@@ -89,3 +89,34 @@ def test_partial_overwrite_after_direct_write_is_coherent(tmp_path: Path) -> Non
         e2.close()
 
     asyncio.run(go())
+
+
+def test_a_durable_commit_fsyncs_data_directory_and_index(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Issue 10: a commit for a durable layout reaches the disk (data file, its directory entry,
+    the index's WAL) although the engine does not fsync every commit."""
+    import os as _os
+
+    from loomfs.storage.engine.types import ChunkKey
+
+    synced: list[str] = []
+    real = _os.fsync
+
+    def spy(fd: int) -> None:
+        synced.append(_os.readlink(f"/proc/self/fd/{fd}"))
+        real(fd)
+
+    e = FileEngine(tmp_path / "t", fsync_on_commit=False)
+    try:
+        key = ChunkKey(5, 0)
+        monkeypatch.setattr(_os, "fsync", spy)
+        e.stage_write(key, 1, 0, memoryview(b"x" * 5000))
+        asyncio.run(e.commit(key, 1))
+        assert synced == []  # an ordinary commit: no fsync
+        e.stage_write(key, 2, 0, memoryview(b"y" * 5000))
+        asyncio.run(e.commit(key, 2, durable=True))
+        assert e.durable_commits_total == 1
+        assert any("/chunks/" in p and _os.path.isfile(p) for p in synced)  # the data file
+        assert any(p.endswith("index.sqlite-wal") for p in synced)
+        assert any(_os.path.isdir(p) for p in synced)  # the directory entry of a new file
+    finally:
+        e.close()

@@ -78,6 +78,8 @@ def test_save_load_single_process_bitwise(fs: loomfs.LoomFS, base: str) -> None:
     names = fs.listdir(ck.path)
     assert ".metadata" in names and "loomfs-checkpoint.json" in names
     assert 1 <= sum(n.endswith(".distcp") for n in names) <= 4
+    # acked = fsynced on every replica (issue 10: the staging directory's durable layout flag)
+    assert all(fs.get_layout(f"{ck.path}/{n}").durable for n in names if n.endswith(".distcp"))
 
     target = make_state(2)
     reader = LoomStorageReader(run, fs, verify=True)

@@ -162,3 +162,37 @@ def test_blocking_client_serves_its_own_metrics(cluster) -> None:  # type: ignor
         fs.rmtree("/metrics_own")
     finally:
         fs.close()
+
+
+def test_a_durable_directory_fsyncs_every_replica(fs, cluster) -> None:  # type: ignore[no-untyped-def]
+    """Issue 10: files under a directory with the ``durable`` layout flag are fsynced by every
+    replica before the ack (the storage nodes run with fsync_on_commit off)."""
+
+    def durable_commits() -> float:
+        nodes = cluster.routing().nodes
+
+        async def go() -> float:
+            total = 0.0
+            for n in nodes:
+                if n.kind == NodeKind.STORAGE and _metrics_port(n):
+                    total += (await scrape(n.host, _metrics_port(n))).total("loomfs_storage_durable_commits_total")
+            return total
+
+        return asyncio.run(go())
+
+    fs.makedirs("/durable_e2e/plain", exist_ok=True)
+    fs.set_layout("/durable_e2e", durable=True)
+    assert fs.get_layout("/durable_e2e").durable
+    before = durable_commits()
+    with fs.open("/durable_e2e/plain/x", "wb") as f:  # created before? no: inherits at create
+        f.write(os.urandom(1 << 20))
+    with fs.open("/durable_e2e/f", "wb") as f:
+        f.write(os.urandom(1 << 20))
+    assert fs.get_layout("/durable_e2e/f").durable
+    assert durable_commits() - before >= cluster.replicas  # every replica of the chunk fsynced it
+    fs.set_layout("/durable_e2e", durable=False)
+    mid = durable_commits()
+    with fs.open("/durable_e2e/g", "wb") as f:
+        f.write(os.urandom(1 << 20))
+    assert not fs.get_layout("/durable_e2e/g").durable and durable_commits() == mid
+    fs.rmtree("/durable_e2e")

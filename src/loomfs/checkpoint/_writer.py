@@ -102,6 +102,7 @@ class LoomStorageWriter(StorageWriter):
         local_dir: str | os.PathLike[str] | None = None,
         uploader: Uploader | None = None,
         commit_timeout_s: float = 3600.0,
+        durable: bool = True,
     ):
         super().__init__()
         self.path = os.fspath(path)
@@ -111,6 +112,7 @@ class LoomStorageWriter(StorageWriter):
         self.local_dir = os.fspath(local_dir) if local_dir is not None else None
         self.uploader = uploader if uploader is not None or local_dir is None else Uploader()
         self.commit_timeout_s = commit_timeout_s
+        self.durable = durable  # the staging directory's files fsync on every replica (layout flag)
         self.is_coordinator = False
         self.rank = 0
         self.info: PlanInfo | None = None
@@ -146,6 +148,8 @@ class LoomStorageWriter(StorageWriter):
         self.fs.makedirs(run, exist_ok=True)
         staging = L.join(run, L.staging_name(final_name))
         self.fs.mkdir(staging)
+        if self.durable and hasattr(self.fs, "set_layout"):
+            self.fs.set_layout(staging, durable=True)  # its files inherit it: acked = on disk everywhere
         _fault("staged")
         final = L.join(run, final_name)
         return [

@@ -32,6 +32,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--table", type=int, default=None, help="chain table id")
     s.add_argument("--ec", type=parse_ec, default=None, metavar="K+M",
                    help="erasure-code new files: K data + M parity fragments on K+M nodes (off: replicated)")
+    s.add_argument("--durable", action=argparse.BooleanOptionalAction, default=None,
+                   help="every replica fsyncs each write of new files before acking (checkpoints)")
     s.set_defaults(func=cmd_set)
     sc = lsub.add_parser("scrub", help="check every fragment of erasure-coded files under PATH (CRC32C, "
                                        "versions); --repair rewrites bad or lost ones (rebuild after a failure)")
@@ -59,7 +61,8 @@ def _show(path: str, lay: object) -> None:
         return
     print(f"{path}: chunk_size={human_bytes(lay.chunk_size)} stripe={lay.stripe} "  # type: ignore[attr-defined]
           f"table={lay.table_id} replicas={lay.replicas or 'table default'} "  # type: ignore[attr-defined]
-          f"chains={list(lay.chains) or '-'}")  # type: ignore[attr-defined]
+          f"chains={list(lay.chains) or '-'}"  # type: ignore[attr-defined]
+          + (" durable" if getattr(lay, "durable", False) else ""))
 
 
 def cmd_set(args: argparse.Namespace) -> int:
@@ -70,6 +73,8 @@ def cmd_set(args: argparse.Namespace) -> int:
         else:
             lay = fs.set_layout(args.path, chunk_size=args.chunk_size, stripe=args.stripe,
                                 replicas=args.replicas, table_id=args.table)
+        if args.durable is not None:
+            lay = fs.set_layout(args.path, durable=args.durable)
         _show(args.path, lay)
     return 0
 

@@ -465,19 +465,17 @@ class LoomFS:
         replicas: int | None = None,
         table_id: int | None = None,
         inline_max_bytes: int | None = None,
+        durable: bool | None = None,
     ) -> Layout | None:
         """Set a directory's layout; keyword arguments change only those fields
         (``inline_max_bytes``: files up to this size keep their bytes in meta; 0 = never,
         -1 = the meta server's default)."""
         if layout is None:
             cur = self.get_layout(path) or Layout()
-            layout = dataclasses.replace(
-                cur,
-                chains=[],
-                **{k: v for k, v in (("chunk_size", chunk_size), ("stripe", stripe),
-                                     ("replicas", replicas), ("table_id", table_id),
-                                     ("inline_max_bytes", inline_max_bytes)) if v is not None},
-            )
+            changes: dict[str, object] = {k: v for k, v in (
+                ("chunk_size", chunk_size), ("stripe", stripe), ("replicas", replicas), ("table_id", table_id),
+                ("inline_max_bytes", inline_max_bytes), ("durable", durable)) if v is not None}
+            layout = dataclasses.replace(cur, chains=[], **changes)  # type: ignore[arg-type]
         self._run(lambda c: c.set_layout(path, layout))
         return self.get_layout(path)
 

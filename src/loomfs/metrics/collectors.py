@@ -66,6 +66,8 @@ class StorageCollector(Collector):
                        getattr(self.service, "unreachable_reports_total", 0))
         yield _counter("loomfs_storage_corrupt_reads", "partial reads that failed their block CRC",
                        getattr(self.service, "corrupt_reads_total", 0))
+        yield _counter("loomfs_storage_durable_commits", "commits fsynced for a durable layout",
+                       sum(getattr(t.engine, "durable_commits_total", 0) for t in self.service.targets.values()))
         tags = getattr(self.service, "tags", None)
         if tags is not None:
             yield _counter("loomfs_storage_dedupe_hits", "replayed writes answered from the tag cache",

@@ -317,9 +317,12 @@ _layout_cache: dict[bytes, Layout] = {}
 def encode_layout(layout: Layout | None) -> bytes | None:
     if layout is None:
         return None
+    tail: list[int] = []
+    if layout.ec_k or layout.durable:  # older layouts keep their shorter encoding
+        tail = [layout.ec_k, layout.ec_m] + ([1] if layout.durable else [])
     return msgpack.packb(
         [layout.chunk_size, layout.stripe, layout.table_id, layout.replicas, list(layout.chains),
-         layout.inline_max_bytes, *([layout.ec_k, layout.ec_m] if layout.ec_k else [])]
+         layout.inline_max_bytes, *tail]
     )
 
 
@@ -332,8 +335,9 @@ def decode_layout(blob: bytes | None) -> Layout | None:
         cs, stripe, tid, rep, chains = fields[:5]
         inline_max = fields[5] if len(fields) > 5 else -1  # written before inline data: the default
         ec_k, ec_m = (fields[6], fields[7]) if len(fields) > 7 else (0, 0)  # erasure-coded layouts only
+        durable = bool(fields[8]) if len(fields) > 8 else False  # durable layouts only
         layout = Layout(chunk_size=cs, stripe=stripe, table_id=tid, replicas=rep, chains=list(chains),
-                        inline_max_bytes=inline_max, ec_k=ec_k, ec_m=ec_m)
+                        inline_max_bytes=inline_max, ec_k=ec_k, ec_m=ec_m, durable=durable)
         if len(_layout_cache) >= _LAYOUT_CACHE_MAX:
             _layout_cache.clear()
         _layout_cache[bytes(blob)] = layout
