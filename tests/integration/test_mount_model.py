@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
@@ -151,7 +151,7 @@ class MountVsLocal(RuleBasedStateMachine):
     def link(self, a: str, b: str) -> None:
         self.both(os.link, a, b, n_paths=2)
 
-    @rule(dest=st.sampled_from(["a", "../b", "x/y", "c"]), p=PATHS)
+    @rule(dest=st.sampled_from(["a", "b/c", "x/y", "c"]), p=PATHS)  # never out of the roots
     def symlink(self, dest: str, p: str) -> None:
         lo = outcome(os.symlink, dest, os.path.join(self.local, p))
         ro = outcome(os.symlink, dest, os.path.join(self.remote, p))
@@ -237,6 +237,7 @@ def test_mount_matches_local_directory(mnt: str) -> None:
     MountVsLocal.mnt = mnt
     run_state_machine_as_test(
         MountVsLocal,
-        settings=settings(max_examples=12, stateful_step_count=25, deadline=None,
+        # no shrinking: a failure prints its (at most 25) steps at once, within the timeout
+        settings=settings(max_examples=12, stateful_step_count=25, deadline=None, phases=[Phase.generate],
                           suppress_health_check=list(HealthCheck), derandomize=True),
     )
