@@ -317,8 +317,10 @@ class AsyncKVCache:
         buf = bytearray(e.value_bytes)
         if not await self.read_value_into(e, memoryview(buf)):
             return None
-        self._hit(e)
-        return rebuild(e.kind, e.desc, buf)
+        value = self._rebuild(e, buf)
+        if value is not None:
+            self._hit(e)
+        return value
 
     async def _read_run(self, r: Run, entries: Sequence[E.Entry | None], targets: Sequence[Target | None],
                         out: list[Any]) -> None:
@@ -342,8 +344,21 @@ class AsyncKVCache:
                 t.fit(e.value_bytes)[:] = view
                 out[i] = t.result(e.value_bytes)
             else:
-                out[i] = bytearray(view) if e.kind == E.KIND_BYTES else rebuild(e.kind, e.desc, view)
+                out[i] = bytearray(view) if e.kind == E.KIND_BYTES else self._rebuild(e, view)
+                if out[i] is None:
+                    continue
             self._hit(e)
+
+    def _rebuild(self, e: E.Entry, buf: bytearray | memoryview) -> Any:
+        """The stored kind over ``buf``; None (a miss) when the entry's descriptor does not fit
+        its bytes (an entry not written by this code)."""
+        try:
+            return rebuild(e.kind, e.desc, buf)
+        except (ValueError, TypeError, RuntimeError) as exc:
+            self.stats.corrupt += 1
+            logger.warning("kvcache %s: entry of %s: descriptor %r does not fit its value: %s",
+                           self.prefix, e.key.hex()[:32], e.desc, exc)
+            return None
 
     def _hit(self, e: E.Entry) -> None:
         self.stats.get_bytes += e.value_bytes
