@@ -166,3 +166,23 @@ def test_uid_gid_maps(cluster: LocalCluster) -> None:
         assert (a.st_uid, a.st_gid, b.st_uid, b.st_gid) == (4242, 0, 4242, 4343)
         assert fs.cat(f"{top}/theirs") == b"t+"
         fs.rm(top, recursive=True)
+
+
+def test_bench_mount_runs(cluster: LocalCluster) -> None:
+    """``loomfs bench --mount``'s code path on tiny sizes: every workload has a figure for
+    the mount, the native client and the local directory (speed is not asserted here)."""
+    from loomfs.bench.mount import MountPlan, run_mount_bench, table_lines
+
+    plan = MountPlan(big_bytes=2 << 20, rand_count=16, threads=(1, 2), small_files=8)
+    local = tempfile.mkdtemp(prefix="loomfs-bench-mount-test-")
+    try:
+        doc = run_mount_bench(str(cluster.root), plan, local)
+    finally:
+        os.rmdir(local)
+    names = [r["name"] for r in doc["rows"]]
+    assert names == ["seq_write", "seq_read", "rand_4k_1t", "rand_4k_2t", "small_create", "small_stat",
+                     "small_read"]
+    assert all(r[k] > 0 for r in doc["rows"] for k in ("mount", "native", "local"))
+    assert len(table_lines(doc)) == 2 + len(names)
+    with loomfs.connect(str(cluster.root)) as fs:
+        assert not [n for n in fs.listdir("/.bench") if n.startswith("bench-mount-")]
