@@ -240,7 +240,8 @@ def test_index_cache_skips_meta_and_recovers_from_stale_entries(fs: loomfs.LoomF
 def test_background_task_evicts_over_capacity(fs: loomfs.LoomFS, kv_dir: str) -> None:
     import time
 
-    with KVCache(fs, kv_dir, capacity_bytes=8 * 4096, background_interval_s=0.1, low_water=0.5) as kv:
+    with KVCache(fs, kv_dir, capacity_bytes=8 * 4096, background_interval_s=0.1, evict_interval_s=0.1,
+                 low_water=0.5) as kv:
         kv.put_many([(b"bg%02d" % i, bytes([i]) * 4096) for i in range(16)])
         deadline = time.monotonic() + 30
         while sum(kv.contains_many([b"bg%02d" % i for i in range(16)])) > 4:

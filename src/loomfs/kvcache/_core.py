@@ -78,6 +78,7 @@ class KVConfig:
     segment_roll_s: float = 60.0
     background_interval_s: float = 2.0  # 0 = no background task (call maintain() yourself)
     evict: bool = True  # this cache object may run eviction and compaction (under the lease)
+    evict_interval_s: float = 30.0  # at most one eviction/compaction pass (an index scan) this often
     low_water: float = 0.9  # eviction stops at this fraction of capacity
     compact_live_ratio: float = 0.5  # sealed segments with less live data are compacted
     touch_after_s: float = 1.0  # a hit rewrites its entry's time (LRU) once it is this old
@@ -113,6 +114,7 @@ class AsyncKVCache:
         self._touches: dict[str, E.Entry] = {}
         self.icache = IndexCache(self.config.index_cache_s)
         self._task: asyncio.Task[None] | None = None
+        self._last_pass_s = -float("inf")  # monotonic time of the last eviction pass here
         self.closed = False
 
     async def open(self) -> AsyncKVCache:
@@ -413,8 +415,12 @@ class AsyncKVCache:
 
         await self.flush_touches()
         await self.writer.roll_if_old()
-        if not self.config.evict or not await _evict.take_lease(self):
+        now = time.monotonic()
+        if not self.config.evict or now - self._last_pass_s < self.config.evict_interval_s:
             return {}
+        if not await _evict.take_lease(self):
+            return {}
+        self._last_pass_s = now
         return await _evict.evict_once(self)
 
     async def _background(self) -> None:

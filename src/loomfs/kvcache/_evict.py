@@ -12,8 +12,9 @@ where they still point at the old place; then the old segment is unlinked. A rea
 an old entry reads the old bytes until meta's GC removes them, and after that bytes that fail
 the CRC: a miss, never wrong data.
 
-The lease is ``<prefix>/evictor`` (writer id, expiry); a holder renews it every round, others
-take it once it expired, so one process evicts at a time (two at once only waste work).
+The lease is ``<prefix>/evictor`` (writer id, expiry: three pass intervals); the holder renews
+it at each pass, others take it once it expired, so one process evicts at a time (two at once
+only waste work).
 """
 
 from __future__ import annotations
@@ -40,7 +41,8 @@ MOVE_READS_INFLIGHT = 16
 
 
 def lease_s(cache: AsyncKVCache) -> float:
-    return max(3 * cache.config.background_interval_s, 5.0)
+    cfg = cache.config
+    return max(3 * max(cfg.background_interval_s, cfg.evict_interval_s), 5.0)
 
 
 async def take_lease(cache: AsyncKVCache) -> bool:
