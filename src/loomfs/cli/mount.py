@@ -21,7 +21,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--mgmtd", dest="mount_mgmtd", default=None, help="mgmtd address HOST:PORT")
     p.add_argument("-o", dest="options", action="append", default=[], metavar="OPT[,OPT...]",
                    help="attr_timeout=S, entry_timeout=S, negative_timeout=S, loop=shared|separate, "
-                        "max_tasks=N, read_ahead_kb=N; others (allow_other, ro, ...) go to FUSE")
+                        "max_tasks=N, read_ahead_kb=N, readdir_page=N, consistency=strict|relaxed, "
+                        "cache=auto|keep|none, direct_io, ro, uid_map=L:C/..., gid_map=L:C/..., "
+                        "no_default_permissions; others (allow_other, ...) go to FUSE (docs/mount.md)")
     p.add_argument("--foreground", "-f", action="store_true", help="stay attached (Ctrl-C unmounts)")
     p.add_argument("--pid-file", default=None, help=argparse.SUPPRESS)
     p.add_argument("--debug", action="store_true", help="log every request")
