@@ -37,6 +37,10 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 STATS = EcStats()  # process-wide counters (bench and tests read them)
+# stripes of one file being written at once: enough to keep k+m servers busy, few enough that
+# their buffers (k+m fragments each) come back to the pool instead of touching fresh memory
+# (measured here, 128 MiB 4+2 writes: 4 at once 1.6-2.6x the replicated write, unbounded 1.2-1.6x)
+INFLIGHT_STRIPES_MAX = 4
 
 
 @dataclass
@@ -59,6 +63,7 @@ class EcFileIO:
         self.codec = make_codec(self.geometry.k, self.geometry.m)
         self._cur: _Pending | None = None
         self._last: dict[int, asyncio.Task[None]] = {}  # per stripe: keeps same-stripe order
+        self._inflight = asyncio.Semaphore(max(1, INFLIGHT_STRIPES_MAX))
 
     @property
     def buffered(self) -> bool:
@@ -122,8 +127,14 @@ class EcFileIO:
             return
         sb = self.geometry.stripe_bytes
         try:
+            await self._inflight.acquire()
+        except BaseException:
+            f._pool.release(cur.buf)
+            raise
+        try:
             await f._budget.acquire(sb)
         except BaseException:
+            self._inflight.release()
             f._pool.release(cur.buf)
             raise
         prev = self._last.get(cur.stripe)
@@ -148,6 +159,7 @@ class EcFileIO:
         finally:
             f._pool.release(cur.buf)
             f._budget.release(self.geometry.stripe_bytes)
+            self._inflight.release()
 
     def _sent(self, task: asyncio.Task[None], stripe: int) -> None:
         self.file._flushes.discard(task)
