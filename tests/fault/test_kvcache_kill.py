@@ -89,3 +89,36 @@ def test_storage_killed_mid_put_never_garbage(make_cluster: list[LocalCluster], 
     finally:
         kv.close()
         fs.close()
+
+
+@pytest.mark.timeout(180)
+def test_storage_unreachable_get_is_a_miss(make_cluster: list[LocalCluster]) -> None:
+    """Every storage server hung: a get whose entry meta still answers ends in a miss after
+    the client's call timeout (the engine recomputes), not an exception; resumed, it hits."""
+    from loomfs.config import ClientConfig, RpcConfig
+
+    c = start_cluster("kvhung")
+    make_cluster.append(c)
+    fs = loomfs.LoomFS(str(c.root), config=ClientConfig(rpc=RpcConfig(call_timeout_s=2.0)))
+    kv = KVCache(fs, "/kv", background_interval_s=0)
+    try:
+        kv.put_many([(k, _value(k, 0)) for k in KEYS[:4]])
+        storage = [n for n in c.services if n.startswith("storage")]
+        for name in storage:
+            c.pause_service(name)
+        try:
+            assert kv.get_many(KEYS[:4]) == [None] * 4
+            assert kv.stats.read_errors >= 1
+        finally:
+            for name in storage:
+                c.resume_service(name)
+        deadline = time.monotonic() + 60
+        got = kv.get(KEYS[0])
+        while got is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+            got = kv.get(KEYS[0])
+        assert got is not None, "no hit after the storage servers resumed"
+        assert bytes(got) == _value(KEYS[0], 0)
+    finally:
+        kv.close()
+        fs.close()

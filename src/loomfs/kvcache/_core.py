@@ -60,6 +60,7 @@ class KVStats:
     misses: int = 0
     expired: int = 0
     corrupt: int = 0  # values whose bytes failed their CRC (returned as misses)
+    read_errors: int = 0  # value reads that failed after retries (returned as misses)
     puts: int = 0
     put_bytes: int = 0
     get_bytes: int = 0
@@ -240,11 +241,21 @@ class AsyncKVCache:
             e = entries[i]
             assert e is not None
             async with slots:
-                out[i] = await self._value(e, targets[i])
+                try:
+                    out[i] = await self._value(e, targets[i])
+                except InvalidArgument:
+                    raise  # the caller's buffer does not fit
+                except OSError as exc:
+                    self._read_failed(exc)
 
         async def run(r: Run) -> None:
             async with slots:
-                await self._read_run(r, entries, targets, out)
+                try:
+                    await self._read_run(r, entries, targets, out)
+                except InvalidArgument:
+                    raise
+                except OSError as exc:
+                    self._read_failed(exc)
 
         jobs = [one(i) for i, e in enumerate(entries) if e is not None and e.inline is not None]
         jobs += [one(i) for i in alone] + [run(r) for r in runs]
@@ -350,6 +361,12 @@ class AsyncKVCache:
                 if out[i] is None:
                     continue
             self._hit(e)
+
+    def _read_failed(self, exc: OSError) -> None:
+        """A value read that failed after the storage client's retries (its chain had no
+        replica answering within the call timeout): a miss, so the caller recomputes."""
+        self.stats.read_errors += 1
+        logger.warning("kvcache %s: value read failed (a miss): %s", self.prefix, exc)
 
     def _rebuild(self, e: E.Entry, buf: bytearray | memoryview) -> Any:
         """The stored kind over ``buf``; None (a miss) when the entry's descriptor does not fit
