@@ -13,32 +13,27 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
-import functools
-import logging
 import os
 import stat
-from collections.abc import Callable, Coroutine
-from dataclasses import dataclass, field
-from typing import Any, ParamSpec, TypeVar
+from collections.abc import Coroutine
+from typing import Any, TypeVar
 
 import pyfuse3
 
 from loomfs.client.core import AsyncClient
-from loomfs.client.file import AsyncFile
 from loomfs.meta.ops.special import rdev_of
 from loomfs.mount.dirs import DirStream, Pages
+from loomfs.mount.edge import Handle, fuse_errors, join
+from loomfs.mount.files import FileOps
 from loomfs.mount.inodes import ROOT_INODE, InodeTable
 from loomfs.mount.options import MountOptions
 from loomfs.mount.xattrs import LAYOUT_XATTR, decode_layout, encode_layout
 from loomfs.wire.meta import SetattrReq
 from loomfs.wire.types import Attr, FileType
 
-logger = logging.getLogger(__name__)
 T = TypeVar("T")
-P = ParamSpec("P")
 BLKSIZE_BYTES = 1 << 20  # st_blksize: tools size their buffers by it
 STATFS_FREE_BYTES = 1 << 50  # meta does not know the storage capacity yet
-READ_BUFFERS_KEPT = 16  # per request size: read replies reuse them
 
 _TYPE_BITS = {FileType.FILE: stat.S_IFREG, FileType.DIRECTORY: stat.S_IFDIR, FileType.SYMLINK: stat.S_IFLNK,
               FileType.FIFO: stat.S_IFIFO, FileType.SOCKET: stat.S_IFSOCK, FileType.CHAR_DEVICE: stat.S_IFCHR,
@@ -47,43 +42,7 @@ _SPECIAL_OF_BITS = {stat.S_IFIFO: FileType.FIFO, stat.S_IFSOCK: FileType.SOCKET,
                     stat.S_IFBLK: FileType.BLOCK_DEVICE}
 
 
-def _fuse_errors(fn: Callable[P, Coroutine[Any, Any, T]]) -> Callable[P, Coroutine[Any, Any, T]]:
-    @functools.wraps(fn)
-    async def wrapper(*args: P.args, **kw: P.kwargs) -> T:
-        try:
-            return await fn(*args, **kw)
-        except pyfuse3.FUSEError:
-            raise
-        except OSError as exc:
-            logger.debug("%s%r: %s", fn.__name__, args[1:], exc)
-            raise pyfuse3.FUSEError(exc.errno or errno.EIO) from exc
-        except ValueError as exc:
-            raise pyfuse3.FUSEError(errno.EINVAL) from exc
-    return wrapper
-
-
-def _join(parent: str, name: bytes) -> str:
-    n = os.fsdecode(name)
-    if "/" in n or n in ("", ".", ".."):
-        raise OSError(errno.EINVAL, "bad name", n)
-    return f"/{n}" if parent == "/" else f"{parent}/{n}"
-
-
-@dataclass(eq=False)
-class Handle:
-    """One open file: the client's file object and what the kernel opened it as."""
-
-    inode: int
-    file: AsyncFile
-    writable: bool
-    append: bool = False  # O_APPEND: every write goes to the end this mount knows
-    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    # utimens while open for writing (cp -a, tar x): meta stamps mtime at sync and close,
-    # so the times are set again after those
-    times_ns: tuple[int, int] | None = None
-
-
-class LoomOperations(pyfuse3.Operations):
+class LoomOperations(FileOps):
     supports_dot_lookup = False
 
     def __init__(self, client: AsyncClient, client_loop: asyncio.AbstractEventLoop, options: MountOptions):
@@ -108,9 +67,6 @@ class LoomOperations(pyfuse3.Operations):
         return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, self.client_loop))
 
     # --- attributes ---------------------------------------------------------------------
-
-    def _writers(self, inode: int) -> list[Handle]:
-        return [h for h in self.handles.values() if isinstance(h, Handle) and h.inode == inode and h.writable]
 
     def entry(self, attr: Attr) -> pyfuse3.EntryAttributes:
         self.inodes.seen(attr)  # kept while open: answers getattr when the last name is gone
@@ -144,9 +100,9 @@ class LoomOperations(pyfuse3.Operations):
         self.inodes.remember(attr.inode, path)
         return self.entry(attr)
 
-    @_fuse_errors
+    @fuse_errors
     async def lookup(self, parent_inode: int, name: bytes, ctx: Any = None) -> pyfuse3.EntryAttributes:
-        path = _join(self.inodes.path(parent_inode), name)
+        path = join(self.inodes.path(parent_inode), name)
         try:
             attr = await self._attr(path)
         except FileNotFoundError:
@@ -164,7 +120,7 @@ class LoomOperations(pyfuse3.Operations):
             if not self.inodes.lookups(inode):
                 self._cached.pop(inode, None)  # the kernel dropped the inode and its pages
 
-    @_fuse_errors
+    @fuse_errors
     async def getattr(self, inode: int, ctx: Any = None) -> pyfuse3.EntryAttributes:
         kept = self.inodes.kept(inode)
         if not self.inodes.has_name(inode) and kept is not None:
@@ -174,7 +130,7 @@ class LoomOperations(pyfuse3.Operations):
             return self.entry(kept)  # the name went to another file meanwhile
         return self.entry(attr)
 
-    @_fuse_errors
+    @fuse_errors
     async def setattr(self, inode: int, attr: Any, fields: Any, fh: int | None, ctx: Any) -> pyfuse3.EntryAttributes:
         # by inode (whatever names it has now, here or at another client); ENOENT once its
         # last name is gone (meta drops an unlinked inode even while it is open)
@@ -221,9 +177,9 @@ class LoomOperations(pyfuse3.Operations):
 
     # --- names --------------------------------------------------------------------------
 
-    @_fuse_errors
+    @fuse_errors
     async def mkdir(self, parent_inode: int, name: bytes, mode: int, ctx: Any) -> pyfuse3.EntryAttributes:
-        path = _join(self.inodes.path(parent_inode), name)
+        path = join(self.inodes.path(parent_inode), name)
         attr = await self.call(self.client.mkdir(path, mode & 0o7777))
         attr = await self._owned(path, attr, ctx)
         return self._known(attr, path)
@@ -239,24 +195,24 @@ class LoomOperations(pyfuse3.Operations):
             return rsp.attr if rsp.attr is not None else await self._attr(path)
         return attr
 
-    @_fuse_errors
+    @fuse_errors
     async def rmdir(self, parent_inode: int, name: bytes, ctx: Any) -> None:
-        path = _join(self.inodes.path(parent_inode), name)
+        path = join(self.inodes.path(parent_inode), name)
         await self.call(self.client.rmdir(path))
         self.inodes.unlinked(path)
 
-    @_fuse_errors
+    @fuse_errors
     async def unlink(self, parent_inode: int, name: bytes, ctx: Any) -> None:
-        path = _join(self.inodes.path(parent_inode), name)
+        path = join(self.inodes.path(parent_inode), name)
         await self._keep_if_open(path)
         await self.call(self.client.unlink(path))
         self.inodes.unlinked(path)
 
-    @_fuse_errors
+    @fuse_errors
     async def rename(self, parent_inode_old: int, name_old: bytes, parent_inode_new: int,
                      name_new: bytes, flags: int, ctx: Any) -> None:
-        src = _join(self.inodes.path(parent_inode_old), name_old)
-        dst = _join(self.inodes.path(parent_inode_new), name_new)
+        src = join(self.inodes.path(parent_inode_old), name_old)
+        dst = join(self.inodes.path(parent_inode_new), name_new)
         exchange = bool(flags & pyfuse3.RENAME_EXCHANGE)
         no_replace = bool(flags & pyfuse3.RENAME_NOREPLACE)
         if exchange:
@@ -274,15 +230,15 @@ class LoomOperations(pyfuse3.Operations):
                         h.file.path = b + h.file.path[len(a):]
                         break
 
-    @_fuse_errors
+    @fuse_errors
     async def symlink(self, parent_inode: int, name: bytes, target: bytes, ctx: Any) -> pyfuse3.EntryAttributes:
-        path = _join(self.inodes.path(parent_inode), name)
+        path = join(self.inodes.path(parent_inode), name)
         await self.call(self.client.symlink(os.fsdecode(target), path))
         return self._known(await self._attr(path), path)
 
-    @_fuse_errors
+    @fuse_errors
     async def mknod(self, parent_inode: int, name: bytes, mode: int, rdev: int, ctx: Any) -> pyfuse3.EntryAttributes:
-        path = _join(self.inodes.path(parent_inode), name)
+        path = join(self.inodes.path(parent_inode), name)
         kind = _SPECIAL_OF_BITS.get(stat.S_IFMT(mode))
         if kind is None:
             if stat.S_IFMT(mode) not in (0, stat.S_IFREG):
@@ -297,20 +253,20 @@ class LoomOperations(pyfuse3.Operations):
             attr = made if made is not None else await self._attr(path)
         return self._known(attr, path)
 
-    @_fuse_errors
+    @fuse_errors
     async def readlink(self, inode: int, ctx: Any) -> bytes:
         return os.fsencode(await self.call(self.client.readlink(self.inodes.path(inode))))
 
-    @_fuse_errors
+    @fuse_errors
     async def link(self, inode: int, new_parent_inode: int, new_name: bytes, ctx: Any) -> pyfuse3.EntryAttributes:
         src = self.inodes.path(inode)
-        dst = _join(self.inodes.path(new_parent_inode), new_name)
+        dst = join(self.inodes.path(new_parent_inode), new_name)
         await self.call(self.client.link(src, dst))
         return self._known(await self._attr(dst), dst)
 
     # --- extended attributes ----------------------------------------------------------------
 
-    @_fuse_errors
+    @fuse_errors
     async def getxattr(self, inode: int, name: bytes, ctx: Any) -> bytes:
         if name != LAYOUT_XATTR:
             raise pyfuse3.FUSEError(errno.ENODATA)  # meta stores no others (docs/mount.md)
@@ -319,12 +275,12 @@ class LoomOperations(pyfuse3.Operations):
             raise pyfuse3.FUSEError(errno.ENODATA)
         return encode_layout(attr.layout)
 
-    @_fuse_errors
+    @fuse_errors
     async def listxattr(self, inode: int, ctx: Any) -> list[bytes]:
         attr = await self._attr(self.inodes.path(inode))
         return [] if attr.type == FileType.SYMLINK else [LAYOUT_XATTR]
 
-    @_fuse_errors
+    @fuse_errors
     async def setxattr(self, inode: int, name: bytes, value: bytes, ctx: Any) -> None:
         if name != LAYOUT_XATTR:
             raise pyfuse3.FUSEError(errno.ENOTSUP)
@@ -338,13 +294,13 @@ class LoomOperations(pyfuse3.Operations):
             raise pyfuse3.FUSEError(errno.EPERM)  # like chmod: the owner's (or root's) to change
         await self.call(self.client.set_layout(path, decode_layout(value, attr.layout)))
 
-    @_fuse_errors
+    @fuse_errors
     async def removexattr(self, inode: int, name: bytes, ctx: Any) -> None:
         raise pyfuse3.FUSEError(errno.EPERM if name == LAYOUT_XATTR else errno.ENODATA)
 
     # --- directories ----------------------------------------------------------------------
 
-    @_fuse_errors
+    @fuse_errors
     async def opendir(self, inode: int, ctx: Any) -> int:
         path = self.inodes.path(inode)
 
@@ -353,7 +309,7 @@ class LoomOperations(pyfuse3.Operations):
                                              after=after)
         return self._new_handle(DirStream(path, pages_after, self.call))
 
-    @_fuse_errors
+    @fuse_errors
     async def readdir(self, fh: int, start_id: int, token: Any) -> None:
         """Entries from offset ``start_id`` (entry i's offset is i + 1), a page at a time."""
         h = self.handles[fh]
@@ -362,7 +318,7 @@ class LoomOperations(pyfuse3.Operations):
         base, page = await h.page_at(i)
         while page:
             for e in page[i - base:]:
-                path = _join(h.path, os.fsencode(e.name))
+                path = join(h.path, os.fsencode(e.name))
                 attr = e.attr if e.attr is not None else await self._attr(path)
                 if not pyfuse3.readdir_reply(token, os.fsencode(e.name), self.entry(attr), i + 1):
                     return
@@ -378,7 +334,7 @@ class LoomOperations(pyfuse3.Operations):
     async def fsyncdir(self, fh: int, datasync: bool) -> None:
         return None  # meta commits every change before it answers
 
-    @_fuse_errors
+    @fuse_errors
     async def statfs(self, ctx: Any) -> pyfuse3.StatvfsData:
         rsp = await self.call(self.client.statfs())
         s = pyfuse3.StatvfsData()
@@ -390,169 +346,6 @@ class LoomOperations(pyfuse3.Operations):
         s.f_namemax = 255
         return s
 
-    # --- files ----------------------------------------------------------------------------
-
-    def _new_handle(self, h: Handle | DirStream) -> int:
-        fh = self._next_fh
-        self._next_fh += 1
-        self.handles[fh] = h
-        return fh
-
-    def _file_info(self, h: Handle, flags: int) -> pyfuse3.FileInfo:
-        fi = pyfuse3.FileInfo()
-        fi.fh = self._new_handle(h)
-        fi.direct_io = self.options.direct_io or bool(flags & os.O_DIRECT)
-        fi.keep_cache = self._keep_cache(h)
-        return fi
-
-    def _keep_cache(self, h: Handle) -> bool:
-        """Whether the kernel's pages of this file stay valid at this open. ``auto``: on a
-        relaxed path always; else only when meta's version of the file (size, mtime, ctime)
-        is the one the pages were read under (the last open here saw the same) - a file
-        another client changed and closed reads afresh (close-to-open). Writes through this
-        mount update the pages as they go. (The kernel also drops them when a getattr shows
-        a new mtime or size: libfuse asks for auto_inval_data.)"""
-        attr = h.file.opened_attr
-        version = (attr.size, attr.mtime_ns, attr.ctime_ns) if attr is not None else None
-        if h.writable or version is None:
-            self._cached.pop(h.inode, None)
-            return False
-        before = self._cached.get(h.inode)
-        self._cached[h.inode] = version
-        if self.options.cache == "none":
-            return False
-        if self.options.cache == "keep" or self.client.caches.relaxed(h.file.path):
-            return True
-        return before == version
-
-    async def _sync_writers(self, inode: int) -> None:
-        """A new open sees what this mount's open writers wrote (close-to-open at meta)."""
-        for w in self._writers(inode):
-            async with w.lock:
-                await self.call(w.file.fsync())
-
-    @_fuse_errors
-    async def open(self, inode: int, flags: int, ctx: Any) -> pyfuse3.FileInfo:
-        path = self.inodes.path(inode)
-        acc = flags & os.O_ACCMODE
-        if acc != os.O_RDONLY and self.options.read_only:
-            raise pyfuse3.FUSEError(errno.EROFS)
-        await self._sync_writers(inode)
-        if acc == os.O_RDONLY:
-            f = await self.call(self.client.open(path, "rb"))
-        elif flags & os.O_TRUNC:
-            f = await self.call(self.client.open(path, "w+b"))
-        else:
-            f = await self.call(self.client.open(path, "r+b"))
-        self.inodes.opened(inode)
-        return self._file_info(Handle(inode, f, acc != os.O_RDONLY, append=bool(flags & os.O_APPEND)), flags)
-
-    @_fuse_errors
-    async def create(self, parent_inode: int, name: bytes, mode: int, flags: int,
-                     ctx: Any) -> tuple[pyfuse3.FileInfo, pyfuse3.EntryAttributes]:
-        if self.options.read_only:
-            raise pyfuse3.FUSEError(errno.EROFS)
-        path = _join(self.inodes.path(parent_inode), name)
-        perm = mode & 0o7777
-        c = self.client
-        if flags & os.O_EXCL:
-            f = await self.call(c.open(path, "x+b", perm=perm))
-        else:
-            try:
-                f = await self.call(c.open(path, "x+b", perm=perm))
-            except FileExistsError:
-                f = await self.call(c.open(path, "w+b" if flags & os.O_TRUNC else "r+b", perm=perm))
-        opened = f.opened_attr  # as meta answered the open (None for a lazy create)
-        attr = opened if opened is not None and opened.inode else await self._attr(path)
-        attr = await self._owned(path, attr, ctx)
-        self.inodes.opened(attr.inode)
-        h = Handle(attr.inode, f, True, append=bool(flags & os.O_APPEND))
-        fi = self._file_info(h, flags)
-        return fi, self._known(attr, path)
-
-    @_fuse_errors
-    async def read(self, fh: int, off: int, size: int) -> memoryview:
-        h = self.handles[fh]
-        assert isinstance(h, Handle)
-        free = self._read_buffers.setdefault(size, [])
-        buf = free.pop() if free else bytearray(size)  # fresh memory costs a page fault per 4 KiB
-        if h.writable:
-            async with h.lock:
-                n = await self.call(h.file.pread(off, memoryview(buf)))
-        else:
-            n = await self.call(h.file.pread(off, memoryview(buf)))
-        # pyfuse3 copies the reply to the kernel as soon as this returns, before any other
-        # request handler runs on this loop: the buffer may go back to the free list now
-        # (only after a read that finished: a failed one may still have fetches writing it)
-        if len(free) < READ_BUFFERS_KEPT:
-            free.append(buf)
-        return memoryview(buf)[:n]
-
-    @_fuse_errors
-    async def write(self, fh: int, off: int, buf: bytes) -> int:
-        h = self.handles[fh]
-        assert isinstance(h, Handle)
-        if h.append:  # the end as the kernel knows it, or as any of this mount's writers do
-            off = max(off, *(w.file.length for w in self._writers(h.inode)))
-        async with h.lock:
-            return await self.call(self._write_at(h.file, off, buf))
-
-    @staticmethod
-    async def _write_at(f: AsyncFile, off: int, buf: bytes) -> int:
-        await f.seek(off)
-        return await f.write(buf)
-
-    async def _synced(self, h: Handle, *, close: bool = False) -> None:
-        async with h.lock:
-            await self.call(h.file.close() if close else h.file.fsync())
-            path = self._path_of(h)
-            if h.times_ns is not None and path is not None:
-                req = SetattrReq(path=path, follow_symlinks=False,
-                                 atime_ns=h.times_ns[0], mtime_ns=h.times_ns[1])
-                await self.call(self.client._setattr(req))
-
-    def _path_of(self, h: Handle) -> str | None:
-        """An open file's name now (None when the last one was unlinked)."""
-        if self.inodes.has_name(h.inode):
-            return self.inodes.path(h.inode)
-        return None if self.inodes.lookups(h.inode) else h.file.path
-
-    @_fuse_errors
-    async def flush(self, fh: int) -> None:
-        """close(2) of a descriptor: the bytes and the length reach meta (close-to-open)."""
-        h = self.handles[fh]
-        if isinstance(h, Handle) and h.writable:
-            await self._synced(h)
-
-    @_fuse_errors
-    async def fsync(self, fh: int, datasync: bool) -> None:
-        h = self.handles[fh]
-        if isinstance(h, Handle) and h.writable:
-            await self._synced(h)
-
-    @_fuse_errors
-    async def release(self, fh: int) -> None:
-        h = self.handles.pop(fh, None)
-        if isinstance(h, Handle):
-            try:
-                if h.writable:
-                    await self._synced(h, close=True)
-                else:
-                    await self.call(h.file.close())
-            finally:
-                self.inodes.closed(h.inode)
-
-    async def close_all(self) -> None:
-        """At unmount: close every open file (their bytes reach storage and meta)."""
-        for fh in list(self.handles):
-            h = self.handles.pop(fh)
-            if isinstance(h, DirStream):
-                await h.close()
-            elif isinstance(h, Handle):
-                try:
-                    await self.call(h.file.close())
-                except OSError as exc:
-                    logger.warning("closing %s at unmount: %s", h.file.path, exc)
 
 
 assert ROOT_INODE == pyfuse3.ROOT_INODE

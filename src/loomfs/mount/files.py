@@ -1,0 +1,210 @@
+# pyfuse3's stubs type inodes, handles and names as NewTypes; the handlers take plain ints
+# mypy: disable-error-code="override"
+"""The mount's file handlers: open/create, read/write, flush/fsync/release, and the kernel
+page cache decision at each open (``keep_cache``, ``direct_io``). Mixed into
+``LoomOperations`` (``loomfs.mount.ops``), whose state and path helpers they use."""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+from collections.abc import Coroutine
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import pyfuse3
+
+from loomfs.client.core import AsyncClient
+from loomfs.client.file import AsyncFile
+from loomfs.mount.dirs import DirStream
+from loomfs.mount.edge import Handle, fuse_errors, join
+from loomfs.mount.inodes import InodeTable
+from loomfs.mount.options import MountOptions
+from loomfs.wire.meta import SetattrReq
+from loomfs.wire.types import Attr
+
+logger = logging.getLogger(__name__)
+T = TypeVar("T")
+READ_BUFFERS_KEPT = 16  # per request size: read replies reuse them
+
+
+class FileOps(pyfuse3.Operations):
+    client: AsyncClient
+    options: MountOptions
+    inodes: InodeTable
+    handles: dict[int, Handle | DirStream]
+    _cached: dict[int, tuple[int, int, int] | None]  # inode -> the version its kernel pages hold
+    _next_fh: int
+    _read_buffers: dict[int, list[bytearray]]  # request size -> free reply buffers
+
+    if TYPE_CHECKING:  # LoomOperations's
+        async def call(self, coro: Coroutine[Any, Any, T]) -> T: ...
+        async def _attr(self, path: str) -> Attr: ...
+        async def _owned(self, path: str, attr: Attr, ctx: Any) -> Attr: ...
+        def _known(self, attr: Attr, path: str) -> pyfuse3.EntryAttributes: ...
+
+    def _writers(self, inode: int) -> list[Handle]:
+        return [h for h in self.handles.values() if isinstance(h, Handle) and h.inode == inode and h.writable]
+
+    def _new_handle(self, h: Handle | DirStream) -> int:
+        fh = self._next_fh
+        self._next_fh += 1
+        self.handles[fh] = h
+        return fh
+
+    def _file_info(self, h: Handle, flags: int) -> pyfuse3.FileInfo:
+        fi = pyfuse3.FileInfo()
+        fi.fh = self._new_handle(h)
+        fi.direct_io = self.options.direct_io or bool(flags & os.O_DIRECT)
+        fi.keep_cache = self._keep_cache(h)
+        return fi
+
+    def _keep_cache(self, h: Handle) -> bool:
+        """Whether the kernel's pages of this file stay valid at this open. ``auto``: on a
+        relaxed path always; else only when meta's version of the file (size, mtime, ctime)
+        is the one the pages were read under (the last open here saw the same) - a file
+        another client changed and closed reads afresh (close-to-open). Writes through this
+        mount update the pages as they go. (The kernel also drops them when a getattr shows
+        a new mtime or size: libfuse asks for auto_inval_data.)"""
+        attr = h.file.opened_attr
+        version = (attr.size, attr.mtime_ns, attr.ctime_ns) if attr is not None else None
+        if h.writable or version is None:
+            self._cached.pop(h.inode, None)
+            return False
+        before = self._cached.get(h.inode)
+        self._cached[h.inode] = version
+        if self.options.cache == "none":
+            return False
+        if self.options.cache == "keep" or self.client.caches.relaxed(h.file.path):
+            return True
+        return before == version
+
+    async def _sync_writers(self, inode: int) -> None:
+        """A new open sees what this mount's open writers wrote (close-to-open at meta)."""
+        for w in self._writers(inode):
+            async with w.lock:
+                await self.call(w.file.fsync())
+
+    @fuse_errors
+    async def open(self, inode: int, flags: int, ctx: Any) -> pyfuse3.FileInfo:
+        path = self.inodes.path(inode)
+        acc = flags & os.O_ACCMODE
+        if acc != os.O_RDONLY and self.options.read_only:
+            raise pyfuse3.FUSEError(errno.EROFS)
+        await self._sync_writers(inode)
+        if acc == os.O_RDONLY:
+            f = await self.call(self.client.open(path, "rb"))
+        elif flags & os.O_TRUNC:
+            f = await self.call(self.client.open(path, "w+b"))
+        else:
+            f = await self.call(self.client.open(path, "r+b"))
+        self.inodes.opened(inode)
+        return self._file_info(Handle(inode, f, acc != os.O_RDONLY, append=bool(flags & os.O_APPEND)), flags)
+
+    @fuse_errors
+    async def create(self, parent_inode: int, name: bytes, mode: int, flags: int,
+                     ctx: Any) -> tuple[pyfuse3.FileInfo, pyfuse3.EntryAttributes]:
+        if self.options.read_only:
+            raise pyfuse3.FUSEError(errno.EROFS)
+        path = join(self.inodes.path(parent_inode), name)
+        perm = mode & 0o7777
+        c = self.client
+        if flags & os.O_EXCL:
+            f = await self.call(c.open(path, "x+b", perm=perm))
+        else:
+            try:
+                f = await self.call(c.open(path, "x+b", perm=perm))
+            except FileExistsError:
+                f = await self.call(c.open(path, "w+b" if flags & os.O_TRUNC else "r+b", perm=perm))
+        opened = f.opened_attr  # as meta answered the open (None for a lazy create)
+        attr = opened if opened is not None and opened.inode else await self._attr(path)
+        attr = await self._owned(path, attr, ctx)
+        self.inodes.opened(attr.inode)
+        h = Handle(attr.inode, f, True, append=bool(flags & os.O_APPEND))
+        fi = self._file_info(h, flags)
+        return fi, self._known(attr, path)
+
+    @fuse_errors
+    async def read(self, fh: int, off: int, size: int) -> memoryview:
+        h = self.handles[fh]
+        assert isinstance(h, Handle)
+        free = self._read_buffers.setdefault(size, [])
+        buf = free.pop() if free else bytearray(size)  # fresh memory costs a page fault per 4 KiB
+        if h.writable:
+            async with h.lock:
+                n = await self.call(h.file.pread(off, memoryview(buf)))
+        else:
+            n = await self.call(h.file.pread(off, memoryview(buf)))
+        # pyfuse3 copies the reply to the kernel as soon as this returns, before any other
+        # request handler runs on this loop: the buffer may go back to the free list now
+        # (only after a read that finished: a failed one may still have fetches writing it)
+        if len(free) < READ_BUFFERS_KEPT:
+            free.append(buf)
+        return memoryview(buf)[:n]
+
+    @fuse_errors
+    async def write(self, fh: int, off: int, buf: bytes) -> int:
+        h = self.handles[fh]
+        assert isinstance(h, Handle)
+        if h.append:  # the end as the kernel knows it, or as any of this mount's writers do
+            off = max(off, *(w.file.length for w in self._writers(h.inode)))
+        async with h.lock:
+            return await self.call(self._write_at(h.file, off, buf))
+
+    @staticmethod
+    async def _write_at(f: AsyncFile, off: int, buf: bytes) -> int:
+        await f.seek(off)
+        return await f.write(buf)
+
+    async def _synced(self, h: Handle, *, close: bool = False) -> None:
+        async with h.lock:
+            await self.call(h.file.close() if close else h.file.fsync())
+            path = self._path_of(h)
+            if h.times_ns is not None and path is not None:
+                req = SetattrReq(path=path, follow_symlinks=False,
+                                 atime_ns=h.times_ns[0], mtime_ns=h.times_ns[1])
+                await self.call(self.client._setattr(req))
+
+    def _path_of(self, h: Handle) -> str | None:
+        """An open file's name now (None when the last one was unlinked)."""
+        if self.inodes.has_name(h.inode):
+            return self.inodes.path(h.inode)
+        return None if self.inodes.lookups(h.inode) else h.file.path
+
+    @fuse_errors
+    async def flush(self, fh: int) -> None:
+        """close(2) of a descriptor: the bytes and the length reach meta (close-to-open)."""
+        h = self.handles[fh]
+        if isinstance(h, Handle) and h.writable:
+            await self._synced(h)
+
+    @fuse_errors
+    async def fsync(self, fh: int, datasync: bool) -> None:
+        h = self.handles[fh]
+        if isinstance(h, Handle) and h.writable:
+            await self._synced(h)
+
+    @fuse_errors
+    async def release(self, fh: int) -> None:
+        h = self.handles.pop(fh, None)
+        if isinstance(h, Handle):
+            try:
+                if h.writable:
+                    await self._synced(h, close=True)
+                else:
+                    await self.call(h.file.close())
+            finally:
+                self.inodes.closed(h.inode)
+
+    async def close_all(self) -> None:
+        """At unmount: close every open file (their bytes reach storage and meta)."""
+        for fh in list(self.handles):
+            h = self.handles.pop(fh)
+            if isinstance(h, DirStream):
+                await h.close()
+            elif isinstance(h, Handle):
+                try:
+                    await self.call(h.file.close())
+                except OSError as exc:
+                    logger.warning("closing %s at unmount: %s", h.file.path, exc)
+
