@@ -39,3 +39,11 @@ def test_latest_is_kept_and_incomplete_newer_ones_are_left_alone() -> None:
     assert plan_prune(old_partial, keep_last=1).delete == [old_partial[0].name]
     with pytest.raises(ValueError):
         plan_prune(cks, keep_last=0)
+
+
+def test_kept_checkpoints_older_than_the_last_n_are_the_ones_archived() -> None:
+    cks = [ck(s) for s in range(100, 1100, 100)]
+    plan = plan_prune(cks, keep_last=2, keep_every=500)
+    assert [L.parse_step(n) for n in plan.archive] == [500]  # 900, 1000 stay hot (replicated)
+    plan = plan_prune(cks, keep_last=1, keep_every=300, latest=cks[-2].name)
+    assert [L.parse_step(n) for n in plan.archive] == [300, 600]  # latest (900) and 1000 stay

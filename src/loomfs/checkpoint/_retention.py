@@ -17,9 +17,12 @@ VERIFY_BLOCK_BYTES = 16 << 20
 class PrunePlan:
     keep: list[str]
     delete: list[str]  # checkpoint directories, then abandoned staging directories
+    # kept checkpoints older than the last ``keep_last`` (the every-K-th ones): converted to an
+    # erasure-coded layout when ``prune`` is given ``archive_ec`` (cold: 1.5x space, not 3x)
+    archive: list[str] = dataclasses.field(default_factory=list)
 
     def __repr__(self) -> str:
-        return f"PrunePlan(keep={len(self.keep)}, delete={len(self.delete)})"
+        return f"PrunePlan(keep={len(self.keep)}, delete={len(self.delete)}, archive={len(self.archive)})"
 
 
 def plan_prune(checkpoints: list[L.CheckpointInfo], *, keep_last: int, keep_every: int = 0,
@@ -44,21 +47,31 @@ def plan_prune(checkpoints: list[L.CheckpointInfo], *, keep_last: int, keep_ever
             keep.add(c.name)  # possibly a save in progress
             continue
         delete.append(c.name)
-    return PrunePlan(keep=[c.name for c in checkpoints if c.name in keep], delete=delete)
+    recent = {c.name for c in complete[-keep_last:]} | ({latest} if latest is not None else set())
+    archive = [c.name for c in complete if c.name in keep and c.name not in recent]
+    return PrunePlan(keep=[c.name for c in checkpoints if c.name in keep], delete=delete, archive=archive)
 
 
 def prune(fs: Any, run: str, *, keep_last: int, keep_every: int = 0, dry_run: bool = False,
-          staging_age_s: float = 3600.0) -> PrunePlan:
+          staging_age_s: float = 3600.0, archive_ec: tuple[int, int] | None = None) -> PrunePlan:
     """Apply ``plan_prune`` to ``run``; also delete staging directories not modified for
-    ``staging_age_s`` (saves that crashed). ``dry_run``: only say what would go."""
+    ``staging_age_s`` (saves that crashed). ``archive_ec`` = (k, m): the kept checkpoints older
+    than the last ``keep_last`` are rewritten erasure-coded (``loomfs.client.ec_convert``: copy,
+    check, atomic rename per file; already converted files are skipped). ``dry_run``: only say
+    what would go."""
     plan = plan_prune(L.list_checkpoints(fs, run), keep_last=keep_last, keep_every=keep_every,
                       latest=L.read_latest(fs, run))
     now = time.time()
     stale = [n for n in L.list_staging(fs, run) if now - fs.stat(L.join(run, n)).st_mtime >= staging_age_s]
-    plan = PrunePlan(keep=plan.keep, delete=plan.delete + stale)
+    plan = PrunePlan(keep=plan.keep, delete=plan.delete + stale, archive=plan.archive if archive_ec else [])
     if not dry_run:
         for name in plan.delete:
             fs.rmtree(L.join(run, name))
+        if archive_ec is not None:
+            from loomfs.client.ec_convert import convert_tree
+
+            for name in plan.archive:
+                convert_tree(fs, L.join(run, name), archive_ec)
     return plan
 
 

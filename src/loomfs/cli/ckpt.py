@@ -46,6 +46,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     v.add_argument("--staging-age", type=float, default=3600.0,
                    help="delete staging dirs of crashed saves older than this many seconds (default 3600)")
     v.add_argument("--dry-run", "-n", action="store_true", help="only list what would be deleted")
+    v.add_argument("--archive-ec", type=_parse_ec, default=None, metavar="K+M",
+                   help="rewrite kept checkpoints older than the last N erasure-coded (e.g. 4+2)")
     v.set_defaults(func=cmd_prune)
 
 
@@ -125,10 +127,24 @@ def cmd_prune(args: argparse.Namespace) -> int:
 
     with connect(args) as fs:
         plan = prune(fs, _path(args.run), keep_last=args.keep_last, keep_every=args.keep_every,
-                     dry_run=args.dry_run, staging_age_s=args.staging_age)
+                     dry_run=args.dry_run, staging_age_s=args.staging_age, archive_ec=args.archive_ec)
     verb = "would delete" if args.dry_run else "deleted"
     for name in plan.delete:
         print(f"{verb} {name}")
+    archived = set(plan.archive)
     for name in plan.keep:
-        print(f"kept {name}")
+        if name in archived:
+            k, m = args.archive_ec
+            print(f"{'would archive' if args.dry_run else 'archived'} {name} (ec {k}+{m})")
+        else:
+            print(f"kept {name}")
     return 0
+
+
+def _parse_ec(text: str) -> tuple[int, int]:
+    from loomfs.cli.layout import parse_ec
+
+    k, m = parse_ec(text)
+    if not k:
+        raise argparse.ArgumentTypeError("--archive-ec wants K+M (e.g. 4+2)")
+    return k, m
