@@ -525,3 +525,38 @@ def test_fchmod_after_another_client_renamed(roots: tuple[Path, Path], cluster: 
             assert (fs.stat(f"{rel}/x").st_mode & 0o777, fs.cat(f"{rel}/x")) == (0o644, b"new")
     finally:
         os.close(fd)
+
+
+def test_setgid_directory_and_new_objects_owners(roots: tuple[Path, Path]) -> None:
+    """What another user creates belongs to them; in a set-group-ID directory new files
+    take its group and new subdirectories its set-group-ID bit (Linux)."""
+    script = r"""
+import os, socket, sys
+os.setgid(65534); os.setuid(65534)
+r = sys.argv[1]
+for d in ("plain", "sgid"):
+    open(f"{r}/{d}/f", "w").close()
+    os.mkdir(f"{r}/{d}/sub")
+    os.symlink("f", f"{r}/{d}/l")
+    os.mkfifo(f"{r}/{d}/p")
+out = []
+for d in ("plain", "sgid"):
+    for n in ("f", "sub", "l", "p"):
+        st = os.lstat(f"{r}/{d}/{n}")
+        out.append((d, n, st.st_uid, st.st_gid, bool(st.st_mode & 0o2000) if n == "sub" else None))
+print(repr(out))
+"""
+
+    def scenario(r: Path) -> str:
+        for d in ("plain", "sgid"):
+            (r / d).mkdir()
+            os.chown(r / d, 0, 4321)
+            os.chmod(r / d, 0o2777 if d == "sgid" else 0o777)
+        out = subprocess.run([sys.executable, "-c", script, str(r)], capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        for d in ("plain", "sgid"):
+            os.unlink(r / d / "p")  # the tree snapshot would open it
+        return out.stdout
+
+    got = same(roots, scenario)
+    assert "('sgid', 'f', 65534, 4321, None)" in got and "('plain', 'sub', 65534, 65534, False)" in got

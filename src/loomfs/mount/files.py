@@ -40,7 +40,7 @@ class FileOps(pyfuse3.Operations):
     if TYPE_CHECKING:  # LoomOperations's
         async def call(self, coro: Coroutine[Any, Any, T]) -> T: ...
         async def _attr(self, path: str) -> Attr: ...
-        async def _owned(self, path: str, attr: Attr, ctx: Any) -> Attr: ...
+        async def _owned(self, path: str, attr: Attr, ctx: Any, parent_inode: int) -> Attr: ...
         def _known(self, attr: Attr, path: str) -> pyfuse3.EntryAttributes: ...
 
     def _writers(self, inode: int) -> list[Handle]:
@@ -118,7 +118,7 @@ class FileOps(pyfuse3.Operations):
                 f = await self.call(c.open(path, "w+b" if flags & os.O_TRUNC else "r+b", perm=perm))
         opened = f.opened_attr  # as meta answered the open (None for a lazy create)
         attr = opened if opened is not None and opened.inode else await self._attr(path)
-        attr = await self._owned(path, attr, ctx)
+        attr = await self._owned(path, attr, ctx, parent_inode)
         self.inodes.opened(attr.inode)
         h = Handle(attr.inode, f, True, append=bool(flags & os.O_APPEND))
         fi = self._file_info(h, flags)

@@ -56,6 +56,7 @@ class LoomOperations(FileOps):
         self._cached: dict[int, tuple[int, int, int] | None] = {}
         self._next_fh = 1
         self._read_buffers: dict[int, list[bytearray]] = {}  # request size -> free reply buffers
+        self._dirs: dict[int, tuple[int, int]] = {}  # directory inode -> (mode, gid) last seen
 
     def __repr__(self) -> str:
         return f"LoomOperations({self.inodes!r}, handles={len(self.handles)}, loop={self.options.loop})"
@@ -70,6 +71,8 @@ class LoomOperations(FileOps):
 
     def entry(self, attr: Attr) -> pyfuse3.EntryAttributes:
         self.inodes.seen(attr)  # kept while open: answers getattr when the last name is gone
+        if attr.type == FileType.DIRECTORY:  # what a create in it needs (set-group-ID)
+            self._dirs[attr.inode] = (attr.mode, attr.gid)
         e = pyfuse3.EntryAttributes()
         e.st_ino = attr.inode
         e.generation = 0
@@ -119,6 +122,7 @@ class LoomOperations(FileOps):
             self.inodes.forget(inode, n)
             if not self.inodes.lookups(inode):
                 self._cached.pop(inode, None)  # the kernel dropped the inode and its pages
+                self._dirs.pop(inode, None)
 
     @fuse_errors
     async def getattr(self, inode: int, ctx: Any = None) -> pyfuse3.EntryAttributes:
@@ -180,15 +184,30 @@ class LoomOperations(FileOps):
     @fuse_errors
     async def mkdir(self, parent_inode: int, name: bytes, mode: int, ctx: Any) -> pyfuse3.EntryAttributes:
         path = join(self.inodes.path(parent_inode), name)
+        if self._setgid(parent_inode):
+            mode |= stat.S_ISGID  # a set-group-ID directory's subdirectories are too
         attr = await self.call(self.client.mkdir(path, mode & 0o7777))
-        attr = await self._owned(path, attr, ctx)
+        attr = await self._owned(path, attr, ctx, parent_inode)
         return self._known(attr, path)
 
-    async def _owned(self, path: str, attr: Attr, ctx: Any) -> Attr:
+    def _setgid(self, dir_inode: int) -> bool:
+        mode_gid = self._dirs.get(dir_inode)
+        return mode_gid is not None and bool(mode_gid[0] & stat.S_ISGID)
+
+    def _owner(self, ctx: Any, parent_inode: int) -> tuple[int, int]:
+        """(uid, gid) as meta stores them for what ``ctx``'s caller creates in the directory:
+        the caller's, but the directory's group when it is set-group-ID (Linux)."""
+        uid, gid = (ctx.uid, ctx.gid) if ctx is not None else (os.getuid(), os.getgid())
+        uid, gid = self.options.uid_map.cluster(uid), self.options.gid_map.cluster(gid)
+        if self._setgid(parent_inode):
+            gid = self._dirs[parent_inode][1]
+        return uid, gid
+
+    async def _owned(self, path: str, attr: Attr, ctx: Any, parent_inode: int) -> Attr:
         """New objects belong to the caller (meta creates them as this process's user)."""
         if ctx is None:
             return attr
-        uid, gid = self.options.uid_map.cluster(ctx.uid), self.options.gid_map.cluster(ctx.gid)
+        uid, gid = self._owner(ctx, parent_inode)
         if (attr.uid, attr.gid) != (uid, gid):
             req = SetattrReq(path=path, follow_symlinks=False, uid=uid, gid=gid)
             rsp = await self.call(self.client._setattr(req))
@@ -234,7 +253,7 @@ class LoomOperations(FileOps):
     async def symlink(self, parent_inode: int, name: bytes, target: bytes, ctx: Any) -> pyfuse3.EntryAttributes:
         path = join(self.inodes.path(parent_inode), name)
         await self.call(self.client.symlink(os.fsdecode(target), path))
-        return self._known(await self._attr(path), path)
+        return self._known(await self._owned(path, await self._attr(path), ctx, parent_inode), path)
 
     @fuse_errors
     async def mknod(self, parent_inode: int, name: bytes, mode: int, rdev: int, ctx: Any) -> pyfuse3.EntryAttributes:
@@ -245,10 +264,9 @@ class LoomOperations(FileOps):
                 raise pyfuse3.FUSEError(errno.EINVAL)
             f = await self.call(self.client.open(path, "xb", perm=mode & 0o7777))  # mknod of a regular file
             await self.call(f.close())
-            attr = await self._owned(path, await self._attr(path), ctx)
+            attr = await self._owned(path, await self._attr(path), ctx, parent_inode)
         else:
-            uid, gid = (ctx.uid, ctx.gid) if ctx is not None else (os.getuid(), os.getgid())
-            uid, gid = self.options.uid_map.cluster(uid), self.options.gid_map.cluster(gid)
+            uid, gid = self._owner(ctx, parent_inode)
             made = await self.call(self.client.mknod(path, kind, mode & 0o7777, rdev, uid=uid, gid=gid))
             attr = made if made is not None else await self._attr(path)
         return self._known(attr, path)
