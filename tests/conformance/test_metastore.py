@@ -362,3 +362,33 @@ def test_awkward_values_round_trip_and_a_txn_reads_its_own_writes(store: MetaSto
             assert (await t.counters())["files"] == -5
 
     run(go())
+
+
+def test_lookup_path(store: MetaStore) -> None:
+    """The entries along a path in one call: stops after a non-directory and before a
+    missing name."""
+    D, F, L = FileType.DIRECTORY, FileType.FILE, FileType.SYMLINK
+
+    async def go() -> None:
+        async with store.write() as t:
+            await t.put_dentry(1, "a", 10, D)
+            await t.put_dentry(10, "b", 11, D)
+            await t.put_dentry(11, "c", 12, F)
+            await t.put_dentry(11, "l", 13, L)
+            await t.put_dentry(10, "it's", 14, D)
+        async with store.read() as t:
+            got = await t.lookup_path(1, ["a", "b", "c"])
+            assert [(r.name, r.inode, r.type) for r in got] == [("a", 10, D), ("b", 11, D), ("c", 12, F)]
+            assert [r.inode for r in await t.lookup_path(1, ["a", "b", "c", "x"])] == [10, 11, 12]
+            assert [r.inode for r in await t.lookup_path(1, ["a", "b", "l", "x"])] == [10, 11, 13]
+            assert [r.inode for r in await t.lookup_path(1, ["a", "nope", "c"])] == [10]
+            assert [r.inode for r in await t.lookup_path(1, ["a", "it's"])] == [10, 14]
+            assert await t.lookup_path(1, ["zz", "b"]) == []
+            assert [r.inode for r in await t.lookup_path(10, ["b"])] == [11]
+            assert await t.lookup_path(1, []) == []
+        async with store.write() as t:  # a transaction sees its own entries
+            await t.put_dentry(12 + 100, "q", 99, F)
+            await t.put_dentry(11, "new", 112, D)
+            assert [r.inode for r in await t.lookup_path(1, ["a", "b", "new", "q"])] == [10, 11, 112, 99]
+
+    run(go())

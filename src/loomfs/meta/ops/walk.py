@@ -8,11 +8,12 @@ another.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from loomfs.errors import StatusError
 from loomfs.meta.paths import split_target
-from loomfs.meta.store.base import MetaTxn
+from loomfs.meta.store.base import DentryRow, MetaTxn
 from loomfs.wire.status import Status
 from loomfs.wire.types import ROOT_INODE, FileType
 
@@ -48,6 +49,34 @@ class Resolved:
         return self.inode is not None and self.type == _DIR
 
 
+async def _prefetched(txn: MetaTxn, parts: list[str]) -> Callable[[int, str], Awaitable[DentryRow | None]]:
+    """``txn.lookup``, with the path's plain components (up to a ``.``/``..``) fetched in one
+    ``lookup_path`` first (one round trip on PostgreSQL); a name found missing is known too."""
+    names: list[str] = []
+    for comp in parts:
+        if comp in (".", ".."):
+            break
+        names.append(comp)
+    if len(names) < 2:
+        return txn.lookup
+    rows = await txn.lookup_path(ROOT_INODE, names)
+    known: dict[tuple[int, str], DentryRow | None] = {}
+    parent = ROOT_INODE
+    for name, row in zip(names, rows, strict=False):
+        known[(parent, name)] = row
+        parent = row.inode
+    if len(rows) < len(names) and (not rows or rows[-1].type == _DIR):
+        known[(parent, names[len(rows)])] = None  # missing in a directory the path reached
+
+    async def lookup(parent: int, name: str) -> DentryRow | None:
+        key = (parent, name)
+        if key in known:
+            return known[key]
+        return await txn.lookup(parent, name)
+
+    return lookup
+
+
 async def walk(txn: MetaTxn, parts: list[str], *, follow_last: bool) -> Resolved:
     """Resolve ``parts`` from the root. Intermediate symlinks are always followed."""
     stack = [ROOT_INODE]
@@ -56,7 +85,7 @@ async def walk(txn: MetaTxn, parts: list[str], *, follow_last: bool) -> Resolved
     pending: deque[str] = deque(parts)
     hops = 0
     must_be_dir = False
-    lookup = txn.lookup
+    lookup = await _prefetched(txn, parts) if isinstance(txn, MetaTxn) else txn.lookup
     while pending:
         comp = pending.popleft()
         last = not pending

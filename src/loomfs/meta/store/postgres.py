@@ -61,7 +61,8 @@ FOLD_EVERY = 5000  # counter delta rows added by this process between folds
 _BEGIN_READ = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
 _BEGIN_GATED = f"BEGIN ISOLATION LEVEL SERIALIZABLE; SELECT pg_advisory_xact_lock_shared({WRITE_GATE_KEY})"
 _CONFLICT = (asyncpg.SerializationError, asyncpg.DeadlockDetectedError)
-_UNAVAILABLE = (asyncpg.PostgresConnectionError, asyncpg.InterfaceError, OSError)
+_UNAVAILABLE = (asyncpg.PostgresConnectionError, asyncpg.InterfaceError, OSError,
+                asyncpg.exceptions.OperatorInterventionError, asyncpg.exceptions.TooManyConnectionsError)
 
 
 def _unavailable(exc: BaseException) -> bool:

@@ -26,7 +26,7 @@ from loomfs.meta.store.base import (
     decode_layout,
     encode_layout,
 )
-from loomfs.wire.types import Attr
+from loomfs.wire.types import Attr, FileType
 
 if TYPE_CHECKING:
     from loomfs.meta.store.postgres import PostgresStore
@@ -43,6 +43,16 @@ _PUT_INODE = (
 )
 _TOUCH = "UPDATE inodes SET mtime_ns = $1, ctime_ns = $2, nlink = nlink + $3 WHERE id = $4"
 _LOOKUP = "SELECT inode, type FROM dentries WHERE parent = $1 AND name = $2"
+# the entries along a path, one round trip: depth i is names[i] in the directory of depth i-1
+_LOOKUP_PATH = (
+    "WITH RECURSIVE w(depth, inode, type) AS ("
+    " SELECT 1, d.inode, d.type FROM dentries d WHERE d.parent = $1 AND d.name = ($2::text[])[1]"
+    " UNION ALL"
+    " SELECT w.depth + 1, d.inode, d.type FROM w JOIN dentries d"
+    " ON d.parent = w.inode AND d.name = ($2::text[])[w.depth + 1]"
+    f" WHERE w.type = {int(FileType.DIRECTORY)} AND w.depth < cardinality($2::text[])"
+    ") SELECT depth, inode, type FROM w ORDER BY depth"
+)
 _LIST = "SELECT name, inode, type FROM dentries WHERE parent = $1 AND name > $2 ORDER BY name LIMIT $3"
 _PUT_DENTRY = (
     "INSERT INTO dentries (parent, name, inode, type) VALUES ($1,$2,$3,$4) "
@@ -203,6 +213,12 @@ class PostgresTxn(MetaTxn):
     async def lookup(self, parent: int, name: str) -> DentryRow | None:
         row = await (await self._r()).fetchrow(_LOOKUP, parent, name)
         return None if row is None else DentryRow(name, row[0], row[1])
+
+    async def lookup_path(self, parent: int, names: Sequence[str]) -> list[DentryRow]:
+        if len(names) < 2:
+            return await super().lookup_path(parent, names)
+        rows = await (await self._r()).fetch(_LOOKUP_PATH, parent, list(names))
+        return [DentryRow(names[r[0] - 1], r[1], r[2]) for r in rows]
 
     async def list_dentries(self, parent: int, after: str, limit: int) -> list[DentryRow]:
         return [DentryRow(r[0], r[1], r[2]) for r in await (await self._r()).fetch(_LIST, parent, after, limit)]
