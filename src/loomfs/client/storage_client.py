@@ -370,22 +370,19 @@ class StorageClient:
         chunk = ChunkId(inode=inode, index=index)
         async with self._chunk_updates.hold((inode, index)):
             tag = self._tag()
-            for attempt in range(FENCED_ATTEMPTS):
+
+            async def attempt() -> None:
                 seen = (await self._head_versions(chain_id, inode, index, index + 1)).get(index, 0) if fenced else -1
 
-                def make(version: int, target: int, seen: int = seen) -> Message:
+                def make(version: int, target: int) -> Message:
                     return TruncateReq(
                         chain_id=chain_id, chain_version=version, chunk=chunk, length=length,
                         chunk_size=layout.chunk_size, tag=tag, if_ver_le=seen, durable=layout.durable,
                     )
 
-                try:
-                    await self._call_chain(chain_id, "head", TRUNCATE, make)
-                    return
-                except LoomError as exc:
-                    if not fenced or exc.status is not Status.VERSION_MISMATCH or attempt == FENCED_ATTEMPTS - 1:
-                        raise
-                    logger.info("fenced truncate of %d/%d: written meanwhile, looking again", inode, index)
+                await self._call_chain(chain_id, "head", TRUNCATE, make)
+
+            await self._fenced(fenced, attempt, f"truncate of {inode}/{index}")
 
     async def remove_chunks(
         self, layout: Layout, inode: int, index_begin: int, index_end: int = INDEX_END_ALL, *,
@@ -399,31 +396,37 @@ class StorageClient:
             return
 
         async def one(chain_id: int) -> None:
-            tag = self._tag()
-            for attempt in range(FENCED_ATTEMPTS):
+            async def attempt() -> None:
+                tag = self._tag()  # each attempt a new request: chunks an earlier one cut are empty (skipped)
                 seen: list[int] = []
                 if fenced:
                     vers = await self._head_versions(chain_id, inode, index_begin, index_end)
                     seen = [x for iv in sorted(vers.items()) for x in iv]
 
-                def make(version: int, target: int, seen: list[int] = seen, tag: RequestTag = tag) -> Message:
+                def make(version: int, target: int) -> Message:
                     return RemoveChunksReq(
                         chain_id=chain_id, chain_version=version, inode=inode,
                         index_begin=index_begin, index_end=index_end, tag=tag, keep_versions=keep_versions,
                         fenced=fenced, expect_vers=seen,
                     )
 
-                try:
-                    await self._call_chain(chain_id, "head", REMOVE_CHUNKS, make)
-                    return
-                except LoomError as exc:
-                    if not fenced or exc.status is not Status.VERSION_MISMATCH or attempt == FENCED_ATTEMPTS - 1:
-                        raise
-                    tag = self._tag()  # a new request: the chunks it already cut are empty (skipped)
-                    logger.info("fenced trim of inode %d on chain %d: written meanwhile, looking again", inode,
-                                chain_id)
+                await self._call_chain(chain_id, "head", REMOVE_CHUNKS, make)
+
+            await self._fenced(fenced, attempt, f"trim of inode {inode} on chain {chain_id}")
 
         await asyncio.gather(*(one(c) for c in sorted(set(layout.chains))))
+
+    async def _fenced(self, fenced: bool, attempt: Callable[[], Awaitable[None]], what: str) -> None:
+        """Run ``attempt``; a fenced one refused because chunks were written after it looked
+        (VERSION_MISMATCH) looks again, up to ``FENCED_ATTEMPTS`` times."""
+        for n in range(FENCED_ATTEMPTS):
+            try:
+                await attempt()
+                return
+            except LoomError as exc:
+                if not fenced or exc.status is not Status.VERSION_MISMATCH or n == FENCED_ATTEMPTS - 1:
+                    raise
+                logger.info("fenced %s: written meanwhile, looking again", what)
 
     async def _head_versions(self, chain_id: int, inode: int, index_begin: int, index_end: int) -> dict[int, int]:
         """index -> newest version (committed or pending) of the inode's chunks in the range at
