@@ -20,6 +20,12 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 CHUNK_BYTES = 256 << 10
 
 
+def _seg_file(fs: loomfs.LoomFS, kv_dir: str, seg_name: str) -> str:
+    """The path of segment ``seg_name`` (sealed, or still .open)."""
+    names = fs.listdir(f"{kv_dir}/seg")
+    return f"{kv_dir}/seg/" + next(n for n in names if n in (seg_name, seg_name + ".open"))
+
+
 class FakeClock:
     def __init__(self, now_s: float = 1_000_000.0):
         self.now_s = now_s
@@ -145,14 +151,26 @@ def test_capacity_evicts_least_recently_used(fs: loomfs.LoomFS, kv_dir: str) -> 
         assert kv.stats.touches_written == 2
 
 
+def _sealed(fs: loomfs.LoomFS, seg_dir: str, count: int) -> list[str]:
+    """The segment file names once ``count`` of them are sealed (sealing runs in the background)."""
+    import time
+
+    deadline = time.monotonic() + 30
+    while True:
+        names = fs.listdir(seg_dir)
+        if sum(not n.endswith(".open") for n in names) >= count or time.monotonic() > deadline:
+            return names
+        time.sleep(0.02)
+
+
 def test_compaction_moves_live_values_and_removes_segments(fs: loomfs.LoomFS, kv_dir: str) -> None:
-    with KVCache(fs, kv_dir, background_interval_s=0, segment_roll_s=0.001, seal_grace_s=0.0) as kv:
+    with KVCache(fs, kv_dir, background_interval_s=0, segment_roll_s=0.001) as kv:
         vals = {b"c%02d" % i: os.urandom(8 << 10) for i in range(32)}
         keys = list(vals)
-        for b in range(8):  # segment_roll_s tiny: each batch seals the previous segment
+        for b in range(8):  # segment_roll_s tiny: each batch retires the previous segment
             kv.put_many([(k, vals[k]) for k in keys[4 * b : 4 * b + 4]])
-        segs_before = fs.listdir(f"{kv_dir}/seg")
-        assert len(segs_before) == 8
+        segs_before = _sealed(fs, f"{kv_dir}/seg", 7)
+        assert len(segs_before) == 8 and [n for n in segs_before if n.endswith(".open")] == [segs_before[-1]]
         # segments 0-3: all dead; 4-6: one value of four lives; 7: still open
         dead = keys[:16] + [k for i, k in enumerate(keys[16:28]) if i % 4]
         kv.delete_many(dead)
@@ -162,7 +180,20 @@ def test_compaction_moves_live_values_and_removes_segments(fs: loomfs.LoomFS, kv
             got = kv.get(k)
             assert (bytes(got) if got is not None else None) == (None if k in dead else v)
         after = fs.listdir(f"{kv_dir}/seg")
-        assert set(after) & set(segs_before) == {segs_before[-1]}
+        assert not set(after) & set(segs_before[:-1])  # the sealed ones went; moved values live on
+
+
+def test_unsealed_segments_wait_for_their_entries(fs: loomfs.LoomFS, kv_dir: str) -> None:
+    """An .open segment (its writer may still be writing entries for it) is left alone by a
+    compactor however empty it looks, until it is segment_abandon_s old."""
+    with KVCache(fs, kv_dir, background_interval_s=0, segment_roll_s=3600) as kv:
+        kv.put(b"x", b"v" * 10_000)
+        kv.delete(b"x")  # the open segment now holds no live value
+        assert kv.evict_now()["segments_removed"] == 0
+        kv.aio.config.__dict__["segment_abandon_s"] = 0.0  # as if its writer died long ago
+        kv.aio.writer._file = None  # this object no longer appends to it (as after a crash)
+        assert kv.evict_now()["segments_removed"] == 1
+        assert fs.listdir(f"{kv_dir}/seg") == []
 
 
 def _writer_proc(cluster_root: str, prefix: str, n: int, rank: int) -> None:
@@ -197,7 +228,7 @@ def test_torn_value_is_a_miss(fs: loomfs.LoomFS, kv: KVCache, kv_dir: str) -> No
     kv.put(b"torn", os.urandom(100_000))
     kv.put(b"fine", b"y" * 50_000)
     e = E.decode(fs.cat(f"{kv_dir}/index/{b'torn'.hex()}"))
-    with fs.open(f"{kv_dir}/seg/{e.seg_name}", "r+b") as f:  # as a write that half landed
+    with fs.open(_seg_file(fs, kv_dir, e.seg_name), "r+b") as f:  # as a write that half landed
         f.seek(e.seg_offset + 5000)
         f.write(b"\x00" * 100)
     assert kv.get(b"torn") is None and kv.stats.corrupt == 1
@@ -226,7 +257,7 @@ def test_index_cache_skips_meta_and_recovers_from_stale_entries(fs: loomfs.LoomF
         b.put(b"ic00", b"newer value" * 3000)
         # within the cache's time a's get may still answer the value it saw (complete, checked)
         assert bytes(a.get(b"ic00")) in (vals[b"ic00"], b"newer value" * 3000)
-        with fs.open(f"{kv_dir}/seg/{e1.seg_name}", "r+b") as f:  # the old bytes go away
+        with fs.open(_seg_file(fs, kv_dir, e1.seg_name), "r+b") as f:  # the old bytes go away
             f.seek(e1.seg_offset)
             f.write(b"\x00" * 64)
         assert bytes(a.get(b"ic00")) == b"newer value" * 3000  # CRC failed: asked meta
@@ -264,3 +295,54 @@ def test_usable_after_fork(kv: KVCache) -> None:
     child.join(60)
     assert child.exitcode == 0
     assert bytes(kv.get(b"from-child")) == b"c" * 70_000
+
+
+def _versioned(key: bytes, version: int) -> bytes:
+    head = key + b"|%08d|" % version
+    return (head * (30_000 // len(head) + 1))[:30_000]
+
+
+def _version_of(key: bytes, data: bytes) -> int:
+    """The version ``data`` is a whole copy of (-1: not one: garbage)."""
+    try:
+        version = int(data[len(key) + 1 : len(key) + 9])
+    except ValueError:
+        return -1
+    return version if data == _versioned(key, version) else -1
+
+
+def _overwriter(cluster_root: str, prefix: str, keys: list[bytes], rounds: int) -> None:
+    fs = loomfs.connect(cluster_root)
+    with KVCache(fs, prefix, background_interval_s=0, segment_roll_s=0.05) as kv:
+        for r in range(1, rounds + 1):
+            kv.put_many([(k, _versioned(k, r)) for k in keys])
+    fs.close()
+
+
+def test_reads_during_overwrites_and_compaction_in_other_processes(cluster: LocalCluster, fs: loomfs.LoomFS,
+                                                                   kv_dir: str) -> None:
+    """A writer process overwrites keys in short-lived segments while this process compacts
+    them away (meta's GC removes their chunks a second later) and reads with its index cache
+    on: every value read is a whole version that was put."""
+    import time
+
+    keys = [b"ow%02d" % i for i in range(16)]
+    with KVCache(fs, kv_dir, background_interval_s=0, index_cache_s=0.5, segment_roll_s=0.05,
+                 compact_live_ratio=1.0) as kv:
+        kv.put_many([(k, _versioned(k, 0)) for k in keys])
+        writer = mp.get_context("spawn").Process(target=_overwriter, args=(str(cluster.root), kv_dir, keys, 40))
+        writer.start()
+        reads = moved = 0
+        deadline = time.monotonic() + 90
+        while writer.is_alive() and time.monotonic() < deadline:
+            for k, got in zip(keys, kv.get_many(keys), strict=True):
+                assert got is not None and _version_of(k, bytes(got)) >= 0, (k, bytes(got)[:40])
+                reads += 1
+            moved += kv.evict_now()["values_moved"]
+        writer.join(30)
+        assert writer.exitcode == 0
+        final = [_version_of(k, bytes(g)) for k, g in zip(keys, kv.get_many(keys), strict=True)]
+        assert all(v >= 0 for v in final), final
+        print(f"[kvcache] {reads} values read during 40 overwrite rounds, {moved} moved by compaction, "
+              f"{kv.stats.corrupt} stale reads fell back to meta; final versions {sorted(set(final))}")
+        assert moved > 0 and reads > 0

@@ -120,10 +120,13 @@ def test_segment_plan_only_sealed() -> None:
     live = [_seg_entry(b"a", "s1", 0, 100), _seg_entry(b"b", "s2", 0, 900),
             E.Entry(key=b"c", touched_s=0, value_bytes=5, value_crc=0, inline=b"12345")]
     segs = [SegmentInfo("s0", 1000, 99.0), SegmentInfo("s1", 1000, 99.0), SegmentInfo("s2", 1000, 99.0),
-            SegmentInfo("s3", 0, 1.0), SegmentInfo("s4", 1000, 99.0)]
-    remove, compact = plan_segments(segs, live, open_names={"s4"}, seal_age_s=10.0, compact_live_ratio=0.5)
-    assert remove == ["s0"]  # s3 too young, s4 open
-    assert compact == ["s1"]  # 10% live; s2 90% live stays
+            SegmentInfo("s3", 0, 1.0, sealed=False), SegmentInfo("s4", 1000, 99.0),
+            SegmentInfo("s5", 0, 700.0, sealed=False)]
+    remove, compact = plan_segments(segs, live, open_names={"s4"}, abandon_s=600.0, compact_live_ratio=0.5)
+    # s3 unsealed and young (its writer may still write entries), s4 this writer's open one;
+    # s5 unsealed for 700 s: its writer is gone
+    assert [s.file_name for s in remove] == ["s0", "s5.open"]
+    assert [s.name for s in compact] == ["s1"]  # 10% live; s2 90% live stays
 
 
 def test_read_plan_coalesces_neighbours_in_one_chunk() -> None:

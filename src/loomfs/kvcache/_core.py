@@ -83,7 +83,7 @@ class KVConfig:
     low_water: float = 0.9  # eviction stops at this fraction of capacity
     compact_live_ratio: float = 0.5  # sealed segments with less live data are compacted
     touch_after_s: float = 1.0  # a hit rewrites its entry's time (LRU) once it is this old
-    seal_grace_s: float = 10.0  # a segment this much older than segment_roll_s is sealed or abandoned
+    segment_abandon_s: float = 600.0  # an unsealed (.open) segment this old: its writer is gone
     index_cache_s: float = 0.0  # reuse an index entry seen here for this long (0 = ask meta every get)
 
     def check(self) -> None:
@@ -172,13 +172,16 @@ class AsyncKVCache:
                 data = bytes(view)
                 entries.append(E.Entry(key=k, touched_s=now, value_bytes=len(data), value_crc=crc32c.crc32c(data),
                                        kind=kind, desc=desc, inline=data))
-        if big:
-            placed = await self.writer.append_many([v[0] for _, v in big])
-            for (k, (view, kind, desc)), p in zip(big, placed, strict=True):
-                entries.append(E.Entry(key=k, touched_s=now, value_bytes=len(view), value_crc=crc32c.crc32c(view),
-                                       kind=kind, desc=desc, seg_name=p.seg_name, seg_inode=p.seg_inode,
-                                       seg_offset=p.offset, chunk_size=p.chunk_size, chains=p.chains))
-        await self._write_entries(entries)
+        if not big:
+            await self._write_entries(entries)
+        else:
+            async with self.writer.append([v[0] for _, v in big]) as placed:
+                for (k, (view, kind, desc)), p in zip(big, placed, strict=True):
+                    entries.append(E.Entry(key=k, touched_s=now, value_bytes=len(view),
+                                           value_crc=crc32c.crc32c(view), kind=kind, desc=desc, seg_name=p.seg_name,
+                                           seg_inode=p.seg_inode, seg_offset=p.offset, chunk_size=p.chunk_size,
+                                           chains=p.chains))
+                await self._write_entries(entries)
         self.stats.puts += len(last)
         self.stats.put_bytes += sum(len(v[0]) for v in last.values())
 

@@ -4,8 +4,9 @@ A pass scans the index (a READDIR page, then READ_MANY of its entries), drops en
 are malformed or past their TTL, and, while the live bytes exceed ``capacity_bytes``, the
 least recently touched ones (hits and ``touch`` rewrite an entry's time), down to
 ``low_water`` of capacity. An entry is removed only if it still holds what was scanned (a put
-of the key since then wins). Then sealed segments (older than ``segment_roll_s`` +
-``seal_grace_s``; never this writer's open one) with no live value are unlinked, and those
+of the key since then wins). Then sealed segments (renamed without ``.open`` by their writer
+once every put into them wrote its entries; or still ``.open`` but older than
+``segment_abandon_s``: a writer that died) with no live value are unlinked, and those
 whose live bytes are below ``compact_live_ratio`` of their size are compacted: their live
 values are read (CRC checked), appended to this writer's segment, and their entries rewritten
 where they still point at the old place; then the old segment is unlinked. A reader holding
@@ -29,6 +30,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from loomfs.kvcache import _entry as E
+from loomfs.kvcache._segments import OPEN_SUFFIX
 
 if TYPE_CHECKING:
     from loomfs.kvcache._core import AsyncKVCache
@@ -110,30 +112,36 @@ def plan_eviction(scanned: Sequence[tuple[str, E.Entry | None]], *, now_s: float
 
 @dataclasses.dataclass(frozen=True)
 class SegmentInfo:
-    name: str
+    name: str  # without the .open suffix (what entries name)
     size_bytes: int
     age_s: float
+    sealed: bool = True  # False: still named .open (being appended to, or its writer died)
+
+    @property
+    def file_name(self) -> str:
+        return self.name if self.sealed else self.name + OPEN_SUFFIX
 
 
 def plan_segments(segments: Sequence[SegmentInfo], live: Sequence[E.Entry], *, open_names: set[str],
-                  seal_age_s: float, compact_live_ratio: float) -> tuple[list[str], list[str]]:
-    """(segments to unlink, segments to compact) (pure): only sealed ones are touched."""
+                  abandon_s: float, compact_live_ratio: float) -> tuple[list[SegmentInfo], list[SegmentInfo]]:
+    """(segments to unlink, segments to compact) (pure): only sealed ones, and unsealed ones
+    older than ``abandon_s`` (a writer that died), never one named in ``open_names``."""
     live_bytes: dict[str, int] = defaultdict(int)
     end: dict[str, int] = defaultdict(int)
     for e in live:
         if e.inline is None:
             live_bytes[e.seg_name] += e.value_bytes
             end[e.seg_name] = max(end[e.seg_name], e.seg_offset + e.value_bytes)
-    remove: list[str] = []
-    compact: list[str] = []
+    remove: list[SegmentInfo] = []
+    compact: list[SegmentInfo] = []
     for s in segments:
-        if s.name in open_names or s.age_s < seal_age_s:
+        if s.name in open_names or (not s.sealed and s.age_s < abandon_s):
             continue
         physical = max(s.size_bytes, end[s.name])
         if live_bytes[s.name] == 0:
-            remove.append(s.name)
+            remove.append(s)
         elif live_bytes[s.name] < compact_live_ratio * physical:
-            compact.append(s.name)
+            compact.append(s)
     return remove, compact
 
 
@@ -201,15 +209,15 @@ async def _move(cache: AsyncKVCache, entries: Sequence[tuple[str, E.Entry]]) -> 
     dropped = await _remove_entries(cache, bad)
     if not good:
         return 0, dropped
-    placed = await cache.writer.append_many([memoryview(b) for _, _, b in good])
-    current = await _current(cache, [n for n, _, _ in good])
-    rewrites = []
-    for (_, e, _), p, cur in zip(good, placed, current, strict=True):
-        if cur is not None and cur.same_place(e):  # keeps a touch made meanwhile
-            moved = dataclasses.replace(cur, seg_name=p.seg_name, seg_inode=p.seg_inode, seg_offset=p.offset,
-                                        chunk_size=p.chunk_size, chains=p.chains)
-            rewrites.append(moved)
-    await cache._write_entries(rewrites)
+    async with cache.writer.append([memoryview(b) for _, _, b in good]) as placed:
+        current = await _current(cache, [n for n, _, _ in good])
+        rewrites = []
+        for (_, e, _), p, cur in zip(good, placed, current, strict=True):
+            if cur is not None and cur.same_place(e):  # keeps a touch made meanwhile
+                moved = dataclasses.replace(cur, seg_name=p.seg_name, seg_inode=p.seg_inode, seg_offset=p.offset,
+                                            chunk_size=p.chunk_size, chains=p.chains)
+                rewrites.append(moved)
+        await cache._write_entries(rewrites)
     return len(rewrites), dropped
 
 
@@ -229,14 +237,15 @@ async def evict_once(cache: AsyncKVCache) -> dict[str, int]:
     async for page in c.readdir_pages(cache.seg_dir, with_attrs=True):
         for d in page:
             if d.attr is not None:
-                segments.append(SegmentInfo(d.name, d.attr.size, now_wall - d.attr.ctime_ns / 1e9))
+                sealed = not d.name.endswith(OPEN_SUFFIX)
+                segments.append(SegmentInfo(d.name if sealed else d.name[: -len(OPEN_SUFFIX)], d.attr.size,
+                                            now_wall - d.attr.ctime_ns / 1e9, sealed))
     current = cache.writer.current
     remove, compact = plan_segments(segments, [e for _, e in plan.live], open_names={current} if current else set(),
-                                    seal_age_s=cfg.segment_roll_s + cfg.seal_grace_s,
-                                    compact_live_ratio=cfg.compact_live_ratio)
+                                    abandon_s=cfg.segment_abandon_s, compact_live_ratio=cfg.compact_live_ratio)
     moved = dropped = 0
     for seg in compact:
-        todo = sorted(((n, e) for n, e in plan.live if e.inline is None and e.seg_name == seg),
+        todo = sorted(((n, e) for n, e in plan.live if e.inline is None and e.seg_name == seg.name),
                       key=lambda ne: ne[1].seg_offset)
         start = 0
         while start < len(todo):
@@ -251,7 +260,7 @@ async def evict_once(cache: AsyncKVCache) -> dict[str, int]:
     unlinked = 0
     for seg in remove:
         try:
-            await c.unlink(f"{cache.seg_dir}/{seg}")
+            await c.unlink(f"{cache.seg_dir}/{seg.file_name}")
             unlinked += 1
         except FileNotFoundError:
             pass

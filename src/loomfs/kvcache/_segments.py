@@ -3,18 +3,23 @@
 Values are packed back to back with no per-value header (the index entry holds the key,
 length and CRC). A value that fits in a chunk but not in what is left of the current chunk
 starts at the next chunk, so every such value is read with one chunk read; power-of-two
-values fill chunks exactly. A segment is closed (its length reported to meta) and a new one
-opened when it reaches ``segment_bytes`` or is ``roll_s`` old. After a failed write the
-segment is abandoned (closed in the background) and the next append opens a new one, so a
+values fill chunks exactly. A segment is created as ``<writer>-<seq>.open``; when it reaches
+``segment_bytes`` or is ``roll_s`` old the next put opens a new one and the old one is sealed
+in the background: once the entries of every put into it are written, it is closed (its
+length reported to meta) and renamed without ``.open``. Only sealed segments are compacted or
+removed (an ``.open`` one only when it is so old that its writer must be gone), so a
+compactor never removes a segment whose values' entries are still on their way. After a
+failed write the segment is sealed the same way and the next append opens a new one, so a
 torn region is never written over or pointed at.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -36,6 +41,9 @@ class Placed:
     offset: int
     chunk_size: int
     chains: tuple[int, ...]
+
+
+OPEN_SUFFIX = ".open"  # a segment still being appended to (or abandoned by a writer that died)
 
 
 def segment_name(writer_id: int, seq: int) -> str:
@@ -63,7 +71,7 @@ def aligned_offset(pos: int, nbytes: int, chunk_size: int) -> int:
 
 class SegmentWriter:
     def __init__(self, client: AsyncClient, seg_dir: str, writer_id: int, *, segment_bytes: int,
-                 roll_s: float, monotonic_s: object = time.monotonic):
+                 roll_s: float, monotonic_s: Callable[[], float] = time.monotonic):
         self.client = client
         self.seg_dir = seg_dir
         self.writer_id = writer_id
@@ -75,8 +83,11 @@ class SegmentWriter:
         self._opened_s = 0.0
         self._pos = 0
         self._lock = asyncio.Lock()
-        self._closing: set[asyncio.Task[None]] = set()  # abandoned segments being closed
+        self._inflight: dict[int, int] = {}  # segment seq -> puts whose entries are not written yet
+        self._settled = asyncio.Condition()
+        self._retiring: set[asyncio.Task[None]] = set()  # segments being sealed
         self.segments_opened = 0
+        self.segments_sealed = 0
         self.bytes_appended = 0
         self.abandoned = 0
 
@@ -85,14 +96,32 @@ class SegmentWriter:
         """The name of the segment being appended to (None: none open)."""
         return segment_name(self.writer_id, self._seq) if self._file is not None else None
 
-    async def append_many(self, values: Sequence[memoryview]) -> list[Placed]:
-        """Append ``values`` to this writer's segment and wait until storage holds them all."""
+    @contextlib.asynccontextmanager
+    async def append(self, values: Sequence[memoryview]) -> AsyncIterator[list[Placed]]:
+        """Append ``values`` to this writer's segment, wait until storage holds them all, and
+        yield where they landed; the segment is not sealed (and so not compacted) until the
+        block, which writes their entries, is done."""
+        placed, seq = await self._append(values)
+        try:
+            yield placed
+        finally:
+            async with self._settled:
+                left = self._inflight[seq] - 1
+                if left:
+                    self._inflight[seq] = left
+                else:
+                    del self._inflight[seq]
+                self._settled.notify_all()
+
+    async def _append(self, values: Sequence[memoryview]) -> tuple[list[Placed], int]:
         async with self._lock:
             f = await self._ready(sum(len(v) for v in values))
+            seq = self._seq
             placed: list[Placed] = []
             chains = tuple(f.layout.chains)
             cs = f.layout.chunk_size
-            name = segment_name(self.writer_id, self._seq)
+            name = segment_name(self.writer_id, seq)
+            self._inflight[seq] = self._inflight.get(seq, 0) + 1
             try:
                 for v in values:
                     off = aligned_offset(self._pos, len(v), cs)
@@ -104,52 +133,60 @@ class SegmentWriter:
                     placed.append(Placed(name, f.inode, off, cs, chains))
                 await f.flush()
             except BaseException:
-                self._abandon()
+                async with self._settled:
+                    self._inflight[seq] -= 1
+                    if not self._inflight[seq]:
+                        del self._inflight[seq]
+                    self._settled.notify_all()
+                self.abandoned += 1
+                logger.warning("kvcache: segment %s abandoned after a failed write", f.path)
+                self._retire()
                 raise
             self.bytes_appended += sum(len(v) for v in values)
-            return placed
+            return placed, seq
 
     async def _ready(self, incoming_bytes: int) -> AsyncFile:
         f = self._file
         if f is not None and self._pos > 0 and (
-                self._pos + incoming_bytes > self.segment_bytes or self._mono() - self._opened_s >= self.roll_s):  # type: ignore[operator]
-            await self._seal()
+                self._pos + incoming_bytes > self.segment_bytes or self._mono() - self._opened_s >= self.roll_s):
+            self._retire()
             f = None
         if f is None:
             self._seq += 1
-            path = f"{self.seg_dir}/{segment_name(self.writer_id, self._seq)}"
+            path = f"{self.seg_dir}/{segment_name(self.writer_id, self._seq)}{OPEN_SUFFIX}"
             f = await self.client.open(path, "xb")
             if f.inline or not f.layout.chains:
                 await f.close()
                 raise LoomError(f"{path}: segment is not stored in chunks (the directory's inline limit)")
-            self._file, self._pos, self._opened_s = f, 0, self._mono()  # type: ignore[operator]
+            self._file, self._pos, self._opened_s = f, 0, self._mono()
             self.segments_opened += 1
         return f
 
-    async def _seal(self) -> None:
-        f, self._file = self._file, None
-        if f is not None:
-            try:
-                await f.close()
-            except (LoomError, OSError) as exc:
-                logger.warning("kvcache: closing segment %s: %s", f.path, exc)
-
-    def _abandon(self) -> None:
+    def _retire(self) -> None:
+        """Stop appending to the open segment; seal it in the background once the entries of
+        every put into it are written."""
         f, self._file = self._file, None
         if f is None:
             return
-        self.abandoned += 1
-        logger.warning("kvcache: segment %s abandoned after a failed write", f.path)
-        task = asyncio.get_running_loop().create_task(self._close_quietly(f))
-        self._closing.add(task)
-        task.add_done_callback(self._closing.discard)
+        task = asyncio.get_running_loop().create_task(self._seal(f, self._seq))
+        self._retiring.add(task)
+        task.add_done_callback(self._retiring.discard)
 
-    @staticmethod
-    async def _close_quietly(f: AsyncFile) -> None:
+    async def _seal(self, f: AsyncFile, seq: int) -> None:
+        """Close the segment (its length goes to meta), then drop the ``.open`` suffix: from
+        then on compaction may move its values and remove it."""
+        async with self._settled:
+            await self._settled.wait_for(lambda: seq not in self._inflight)
         try:
             await f.close()
         except (LoomError, OSError) as exc:
-            logger.debug("kvcache: closing abandoned segment %s: %s", f.path, exc)
+            logger.warning("kvcache: closing segment %s: %s", f.path, exc)
+        name = segment_name(self.writer_id, seq)
+        try:
+            await self.client.rename(f"{self.seg_dir}/{name}{OPEN_SUFFIX}", f"{self.seg_dir}/{name}")
+            self.segments_sealed += 1
+        except (LoomError, OSError) as exc:
+            logger.warning("kvcache: sealing segment %s: %s", name, exc)
 
     async def roll_if_old(self) -> None:
         """Seal the open segment once it is ``roll_s`` old (the background task calls this,
@@ -157,15 +194,15 @@ class SegmentWriter:
         if self._file is None or self._lock.locked():
             return
         async with self._lock:
-            if self._file is not None and self._mono() - self._opened_s >= self.roll_s:  # type: ignore[operator]
-                await self._seal()
+            if self._file is not None and self._mono() - self._opened_s >= self.roll_s:
+                self._retire()
 
     async def close(self) -> None:
         async with self._lock:
-            await self._seal()
-        if self._closing:
-            await asyncio.gather(*list(self._closing), return_exceptions=True)
+            self._retire()
+        while self._retiring:
+            await asyncio.gather(*list(self._retiring), return_exceptions=True)
 
     def __repr__(self) -> str:
         return (f"SegmentWriter({self.seg_dir} writer={self.writer_id:#x} seg={self._seq} pos={self._pos} "
-                f"opened={self.segments_opened} abandoned={self.abandoned})")
+                f"opened={self.segments_opened} sealed={self.segments_sealed} abandoned={self.abandoned})")
