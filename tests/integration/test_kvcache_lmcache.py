@@ -90,3 +90,16 @@ def test_example_model_reuses_cached_prefix(cluster: LocalCluster, capsys: pytes
     mod.main(str(cluster.root))
     out = capsys.readouterr().out
     assert "request 1: 536 tokens, 512 from LoomFS" in out and out.count("match a full prefill: True") == 3
+
+
+def test_full_allocator_is_a_miss(backend: plugin.LoomFSBackend) -> None:
+    key = CacheEngineKey("tiny", 1, 0, 99)
+    for f in backend.batched_submit_put_task([key], [_chunk(9)]) or []:
+        f.result(60)
+
+    class Full:
+        def allocate(self, *args: object, **kw: object) -> None:
+            return None  # LMCache's CPU pool is exhausted
+
+    backend.local_cpu_backend = Full()
+    assert backend.get_blocking(key) is None
