@@ -133,6 +133,13 @@ def test_ttl_and_touch(fs: loomfs.LoomFS, kv_dir: str) -> None:
         r = kv.evict_now()
         assert r["expired"] == 1 and r["removed"] == 1
         assert not fs.exists(f"{kv_dir}/index/{b'b'.hex()}")
+        # the hit on "a" above (5 s after its touch: half the TTL) is written as a touch, so it
+        # lives 10 s from that hit, not from the explicit touch
+        assert kv.maintain() is not None and kv.stats.touches_written == 1
+        clock.now_s += 8
+        assert bytes(kv.get(b"a")) == b"1"
+        clock.now_s += 3
+        assert kv.get(b"a") is None
 
 
 def test_capacity_evicts_least_recently_used(fs: loomfs.LoomFS, kv_dir: str) -> None:

@@ -82,7 +82,9 @@ class KVConfig:
     evict_interval_s: float = 30.0  # at most one eviction/compaction pass (an index scan) this often
     low_water: float = 0.9  # eviction stops at this fraction of capacity
     compact_live_ratio: float = 0.5  # sealed segments with less live data are compacted
-    touch_after_s: float = 1.0  # a hit rewrites its entry's time (LRU) once it is this old
+    # a hit rewrites its entry's time (LRU, and the TTL starts again) once the entry is this old
+    # (or half the TTL, if shorter): recency at this granularity, one meta write per key at most
+    touch_after_s: float = 30.0
     segment_abandon_s: float = 600.0  # an unsealed (.open) segment this old: its writer is gone
     index_cache_s: float = 0.0  # reuse an index entry seen here for this long (0 = ask meta every get)
 
@@ -384,7 +386,10 @@ class AsyncKVCache:
 
     def _hit(self, e: E.Entry) -> None:
         self.stats.get_bytes += e.value_bytes
-        if self.clock() - e.touched_s >= self.config.touch_after_s and len(self._touches) < TOUCHES_PENDING_MAX:
+        after_s = self.config.touch_after_s
+        if self.config.ttl_s:
+            after_s = min(after_s, self.config.ttl_s / 2)
+        if self.clock() - e.touched_s >= after_s and len(self._touches) < TOUCHES_PENDING_MAX:
             self._touches[E.entry_name(e.key)] = e
 
     # --- the rest of the API ----------------------------------------------------------------
