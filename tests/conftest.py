@@ -25,7 +25,7 @@ _schemas = itertools.count(1)
 def pg_server() -> Iterator[PgServer]:
     # not under pytest's temporary directory: pytest makes pytest-of-USER private again at
     # every start (another run meanwhile), and as root the server runs as user postgres
-    root = tempfile.mkdtemp(prefix="loomfs-pg-")
+    root = tempfile.mkdtemp(prefix="loomfs-pg-", dir="/tmp" if os.path.isdir("/tmp") else None)
     os.chmod(root, 0o755)
     server = PgServer(root)
     try:

@@ -17,6 +17,7 @@ conflicts more than the scaling a cluster of hosts would get.
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 from collections.abc import Callable
@@ -44,7 +45,8 @@ def run_metaservers(lim: dict[str, float], *, files: int, procs: int = 4,
     """``files`` per process, ``procs`` client processes (at most 4 on this machine)."""
     procs = max(1, min(procs, 4))
     out: list[Result] = []
-    root = tempfile.mkdtemp(prefix="loomfs-bench-meta-")
+    # /tmp: as root the private PostgreSQL runs as user postgres, who must reach the directory
+    root = tempfile.mkdtemp(prefix="loomfs-bench-meta-", dir="/tmp" if os.path.isdir("/tmp") else None)
     pg: PgServer | None = None
     try:
         if any(engine == "postgresql" for _, engine, _ in configs):
