@@ -560,3 +560,30 @@ print(repr(out))
 
     got = same(roots, scenario)
     assert "('sgid', 'f', 65534, 4321, None)" in got and "('plain', 'sub', 65534, 65534, False)" in got
+
+
+def test_two_descriptors_of_one_file(roots: tuple[Path, Path]) -> None:
+    """What one descriptor writes, another of the same file reads and sizes at once, even
+    when the kernel's pages are dropped (the reads reach the mount)."""
+    def scenario(r: Path) -> list[object]:
+        p = r / "f"
+        p.write_bytes(b"0" * 5000)
+        a, b = os.open(p, os.O_RDWR), os.open(p, os.O_RDWR)
+        c = os.open(p, os.O_RDONLY)
+        seen: list[object] = []
+        try:
+            os.pwrite(a, b"A" * 3000, 4000)  # past b's idea of the end
+            for fd in (a, b, c):
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            seen += [os.fstat(b).st_size, os.pread(b, 3000, 4500), os.pread(c, 10, 6990)]
+            os.pwrite(b, b"B" * 10, 100)
+            os.ftruncate(a, 6000)
+            for fd in (a, b, c):
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            seen += [os.fstat(c).st_size, os.pread(a, 200, 0), os.pread(c, 100, 5950)]
+        finally:
+            for fd in (a, b, c):
+                os.close(fd)
+        return seen
+
+    same(roots, scenario)

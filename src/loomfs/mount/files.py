@@ -42,9 +42,19 @@ class FileOps(pyfuse3.Operations):
         async def _attr(self, path: str) -> Attr: ...
         async def _owned(self, path: str, attr: Attr, ctx: Any, parent_inode: int) -> Attr: ...
         def _known(self, attr: Attr, path: str) -> pyfuse3.EntryAttributes: ...
+        def entry(self, attr: Attr) -> pyfuse3.EntryAttributes: ...
 
     def _writers(self, inode: int) -> list[Handle]:
         return [h for h in self.handles.values() if isinstance(h, Handle) and h.inode == inode and h.writable]
+
+    def _writer(self, inode: int) -> Handle | None:
+        """A write handle of ``inode``: every write open of a file here shares one client
+        file (and its lock), so each descriptor reads, sizes and appends what the others
+        wrote, as with one kernel inode."""
+        for h in self.handles.values():
+            if isinstance(h, Handle) and h.inode == inode and h.writable:
+                return h
+        return None
 
     def _new_handle(self, h: Handle | DirStream) -> int:
         fh = self._next_fh
@@ -80,8 +90,9 @@ class FileOps(pyfuse3.Operations):
         return before == version
 
     async def _sync_writers(self, inode: int) -> None:
-        """A new open sees what this mount's open writers wrote (close-to-open at meta)."""
-        for w in self._writers(inode):
+        """A new open sees what this mount's open writer wrote (close-to-open at meta)."""
+        w = self._writer(inode)
+        if w is not None:
             async with w.lock:
                 await self.call(w.file.fsync())
 
@@ -91,6 +102,15 @@ class FileOps(pyfuse3.Operations):
         acc = flags & os.O_ACCMODE
         if acc != os.O_RDONLY and self.options.read_only:
             raise pyfuse3.FUSEError(errno.EROFS)
+        append = bool(flags & os.O_APPEND)
+        w = self._writer(inode)
+        if acc != os.O_RDONLY and w is not None:  # another descriptor's file, shared
+            if flags & os.O_TRUNC:
+                async with w.lock:
+                    await self.call(w.file.truncate(0))
+                    await self.call(w.file.fsync())
+            self.inodes.opened(inode)
+            return self._file_info(Handle(inode, w.file, True, append=append, lock=w.lock), flags)
         await self._sync_writers(inode)
         if acc == os.O_RDONLY:
             f = await self.call(self.client.open(path, "rb"))
@@ -99,7 +119,7 @@ class FileOps(pyfuse3.Operations):
         else:
             f = await self.call(self.client.open(path, "r+b"))
         self.inodes.opened(inode)
-        return self._file_info(Handle(inode, f, acc != os.O_RDONLY, append=bool(flags & os.O_APPEND)), flags)
+        return self._file_info(Handle(inode, f, acc != os.O_RDONLY, append=append), flags)
 
     @fuse_errors
     async def create(self, parent_inode: int, name: bytes, mode: int, flags: int,
@@ -114,7 +134,13 @@ class FileOps(pyfuse3.Operations):
         else:
             try:
                 f = await self.call(c.open(path, "x+b", perm=perm))
-            except FileExistsError:
+            except FileExistsError:  # the name appeared meanwhile: an open of that file
+                known = self.inodes.inode_of(path)
+                w = self._writer(known) if known is not None else None
+                if w is not None:
+                    self.inodes.remember(w.inode, path)  # create counts a lookup
+                    fi = await self.open(w.inode, flags & ~os.O_CREAT, ctx)
+                    return fi, self.entry(await self._attr(path))
                 f = await self.call(c.open(path, "w+b" if flags & os.O_TRUNC else "r+b", perm=perm))
         opened = f.opened_attr  # as meta answered the open (None for a lazy create)
         attr = opened if opened is not None and opened.inode else await self._attr(path)
@@ -130,9 +156,10 @@ class FileOps(pyfuse3.Operations):
         assert isinstance(h, Handle)
         free = self._read_buffers.setdefault(size, [])
         buf = free.pop() if free else bytearray(size)  # fresh memory costs a page fault per 4 KiB
-        if h.writable:
-            async with h.lock:
-                n = await self.call(h.file.pread(off, memoryview(buf)))
+        w = h if h.writable else self._writer(h.inode)
+        if w is not None:  # through the writer's file: what any descriptor here wrote
+            async with w.lock:
+                n = await self.call(w.file.pread(off, memoryview(buf)))
         else:
             n = await self.call(h.file.pread(off, memoryview(buf)))
         # pyfuse3 copies the reply to the kernel as soon as this returns, before any other
@@ -146,8 +173,8 @@ class FileOps(pyfuse3.Operations):
     async def write(self, fh: int, off: int, buf: bytes) -> int:
         h = self.handles[fh]
         assert isinstance(h, Handle)
-        if h.append:  # the end as the kernel knows it, or as any of this mount's writers do
-            off = max(off, *(w.file.length for w in self._writers(h.inode)))
+        if h.append:  # the end as the kernel knows it, or as this mount's writer does
+            off = max(off, h.file.length)
         async with h.lock:
             return await self.call(self._write_at(h.file, off, buf))
 
@@ -189,20 +216,23 @@ class FileOps(pyfuse3.Operations):
         h = self.handles.pop(fh, None)
         if isinstance(h, Handle):
             try:
+                shared = any(isinstance(o, Handle) and o.file is h.file for o in self.handles.values())
                 if h.writable:
-                    await self._synced(h, close=True)
-                else:
+                    await self._synced(h, close=not shared)  # the last descriptor closes it
+                elif not shared:
                     await self.call(h.file.close())
             finally:
                 self.inodes.closed(h.inode)
 
     async def close_all(self) -> None:
         """At unmount: close every open file (their bytes reach storage and meta)."""
+        closed: set[int] = set()
         for fh in list(self.handles):
             h = self.handles.pop(fh)
             if isinstance(h, DirStream):
                 await h.close()
-            elif isinstance(h, Handle):
+            elif isinstance(h, Handle) and id(h.file) not in closed:
+                closed.add(id(h.file))
                 try:
                     await self.call(h.file.close())
                 except OSError as exc:
