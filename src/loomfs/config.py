@@ -38,6 +38,10 @@ class MgmtdConfig:
     unreachable_hold_s: float = 0.0  # a target its predecessor cannot reach stays out this long (0 = 2 leases)
     metrics_port: int = 0  # Prometheus /metrics: 0 = any free port (advertised to mgmtd), -1 = off
     rpc: RpcConfig = field(default_factory=RpcConfig)
+    # several mgmtd (docs/mgmtd-ha.md): every mgmtd address of the cluster, comma-separated (this
+    # one's included); more than one needs a postgresql:// store_url, shared by all of them
+    mgmtd: str = ""
+    primary_lease_s: float = 2.0  # the primary's lease in the store: a standby takes over within it
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
