@@ -78,10 +78,10 @@ class EcFileIO:
             s, off = divmod(pos + done, sb)
             if self._cur is not None and self._cur.stripe != s:
                 await self.dispatch()
-            if self._cur is None:
-                self._cur = await self._open_stripe(s, file_len)
-            cur = self._cur
             n = min(sb - off, len(data) - done)
+            if self._cur is None:  # a write of the whole stripe needs none of its old bytes
+                self._cur = await self._open_stripe(s, file_len, load=n < sb)
+            cur = self._cur
             p = 0
             while p < n:  # copy into the data fragments' payloads
                 j, foff = divmod(off + p, cs)
@@ -96,14 +96,14 @@ class EcFileIO:
             if cur.lo == 0 and cur.hi == sb:
                 await self.dispatch()
 
-    async def _open_stripe(self, s: int, file_len: int) -> _Pending:
+    async def _open_stripe(self, s: int, file_len: int, *, load: bool = True) -> _Pending:
         g = self.geometry
         base_len = g.stripe_len(s, file_len)
         prev = self._last.get(s)
         if prev is not None and not prev.done():
             await asyncio.wait([prev])  # our own earlier write of this stripe lands first
         buf = self.file._pool.acquire(stripe_buffer_bytes(g))
-        if base_len > 0:  # read-modify-write: the stripe's current bytes first
+        if base_len > 0 and load:  # read-modify-write: the stripe's current bytes first
             try:
                 res = await resolve(self.io, self.codec, STATS, s, buf)
             except BaseException:
