@@ -40,7 +40,7 @@ from loomfs.ec.stripe import Geometry
 from loomfs.testing import LocalCluster
 from loomfs.wire.types import Layout, NodeState
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
 CS = 1 << 20  # 1 MiB fragments: a stripe is 4 MiB of data
 SEED = int(os.environ.get("LOOMFS_EC_SEED", "0")) or random.randrange(1 << 30)
