@@ -271,6 +271,8 @@ def test_cli_layout_set_convert_scrub(efs: loomfs.LoomFS, ec_cluster: LocalClust
     assert out.returncode == 0 and "ec 4+2 chunk_size=1.0 MiB" in out.stdout, out.stdout + out.stderr
     bad = _cli(ec_cluster, "layout", "set", "/clidir", "--ec", "4-2")
     assert bad.returncode != 0 and "--ec wants K+M" in bad.stderr
+    wide = _cli(ec_cluster, "layout", "set", "/clidir", "--ec", "6+3")  # 9 > the nodes the table spans
+    assert wide.returncode == 2 and "ec 6+3 needs 9 storage nodes" in wide.stdout, wide.stdout + wide.stderr
     out = _cli(ec_cluster, "layout", "convert", "/clidir", "--ec", "4+2", "--chunk-size", "1M")
     assert out.returncode == 0 and "/clidir/f: converted" in out.stdout, out.stdout + out.stderr
     out = _cli(ec_cluster, "layout", "get", "/clidir/f")

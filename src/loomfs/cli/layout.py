@@ -66,6 +66,11 @@ def _show(path: str, lay: object) -> None:
 
 
 def cmd_set(args: argparse.Namespace) -> int:
+    if args.ec is not None and args.ec[0]:
+        why = ec_capacity_problem(args, args.ec)
+        if why:
+            print(f"{args.path}: {why}")
+            return 2
     with connect(args) as fs:
         if args.ec is not None:
             lay = fs.set_layout(args.path, ec_layout(fs.get_layout(args.path) or Layout(), args.ec,
@@ -140,3 +145,24 @@ def cmd_convert(args: argparse.Namespace) -> int:
         for c in done:
             print(f"{c.path}: " + (f"skipped ({c.skipped})" if c.skipped else f"converted, {human_bytes(c.bytes)}"))
     return failed
+
+
+def ec_capacity_problem(args: argparse.Namespace, ec: tuple[int, int]) -> str:
+    """Why the cluster cannot place ``ec`` files (no single-replica table on k+m nodes), or ""."""
+    from loomfs.cli.admin import fetch_routing
+
+    r = fetch_routing(args)
+    node_of = {t.target_id: t.node_id for t in r.targets}
+    best = 0
+    for table in r.tables:
+        if table.replicas != 1:
+            continue
+        chains = [c for c in r.chains if c.table_id == table.table_id and c.targets]
+        best = max(best, len({node_of.get(c.targets[0]) for c in chains}))
+    k, m = ec
+    if best >= k + m:
+        return ""
+    if best == 0:
+        return (f"ec {k}+{m} needs a single-replica chain table on {k + m} storage nodes; this cluster has "
+                "none (mgmtd CreateChainTableReq(replicas=1, targets_per_node=1) over free targets)")
+    return f"ec {k}+{m} needs {k + m} storage nodes; the single-replica chain table spans {best}"
