@@ -139,6 +139,16 @@ class ClusterState:
         self.tables: dict[int, TableRecord] = {}
         self._routing_cache: RoutingInfo | None = None
 
+    def clear(self) -> None:
+        """Forget every record (an mgmtd standby holds none; taking over loads them again)."""
+        self.suspicions.clear()
+        self.version = 1
+        self.nodes.clear()
+        self.targets.clear()
+        self.chains.clear()
+        self.tables.clear()
+        self._routing_cache = None
+
     # ---- events ----------------------------------------------------------------------------
     def register(
         self, *, node_id: int, kind: int, host: str, port: int, targets: list[TargetInfo], now_s: float,

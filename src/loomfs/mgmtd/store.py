@@ -1,5 +1,8 @@
 """Persistent mgmtd state: one row per record in a small SQLite (WAL) database.
 
+The single-mgmtd mode (one process). Several mgmtd processes share a PostgreSQL store
+instead (``loomfs.mgmtd.pgstore``, docs/mgmtd-ha.md); both save the rows ``encode_rows`` makes.
+
 Heartbeat times are not persisted: after a restart every known node gets a fresh lease,
 so a restarted mgmtd keeps serving the routing it had.
 """
@@ -7,7 +10,9 @@ so a restarted mgmtd keeps serving the routing it had.
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import Any
 
 import msgpack
 
@@ -34,45 +39,10 @@ class MgmtdStore:
         self._db.executescript(SCHEMA)
 
     def load(self, state: ClusterState, now_s: float) -> None:
-        rows = self._db.execute("SELECT kind, id, value FROM kv").fetchall()
-        for kind, _id, blob in rows:
-            v = msgpack.unpackb(blob)
-            if kind == "node":
-                state.nodes[v["node_id"]] = NodeRecord(v["node_id"], v["kind"], v["host"], v["port"],
-                                                       v["state"], now_s, v.get("draining", False),
-                                                       v.get("metrics_port", 0))
-            elif kind == "target":
-                known = {k: x for k, x in v.items() if k in TargetRecord.__slots__ and k not in _NOT_PERSISTED}
-                t = state.targets[v["target_id"]] = TargetRecord(**known)
-                if t.offline_since_s:
-                    t.offline_since_s = now_s  # monotonic times do not survive a restart
-                if t.fenced_until_s:
-                    t.fenced_until_s = now_s + state.unreachable_hold_s
-                    t.last_fence_s = now_s
-                if t.revoke_deadline_s:  # leases granted by the last incarnation may still run
-                    t.revoke_deadline_s = now_s + state.lease_s
-                    t.revoke_acked = False
-            elif kind == "chain":
-                state.chains[v["chain_id"]] = ChainRecord(**v)
-            elif kind == "table":
-                state.tables[v["table_id"]] = TableRecord(**v)
-            elif kind == "version":
-                state.version = v + 1  # a new incarnation always advertises a newer version
+        decode_rows(self._db.execute("SELECT kind, id, value FROM kv").fetchall(), state, now_s)
 
     def save(self, state: ClusterState) -> None:
-        rows: list[tuple[str, int, bytes]] = [("version", 0, msgpack.packb(state.version))]
-        rows += [("node", n.node_id, msgpack.packb({"node_id": n.node_id, "kind": n.kind, "host": n.host,
-                                                     "port": n.port, "state": n.state,
-                                                     "draining": n.draining,
-                                                     "metrics_port": n.metrics_port}))
-                 for n in state.nodes.values()]
-        rows += [("target", t.target_id, msgpack.packb({f: getattr(t, f) for f in TargetRecord.__slots__
-                                                         if f not in _NOT_PERSISTED}))
-                 for t in state.targets.values()]
-        rows += [("chain", c.chain_id, msgpack.packb({f: getattr(c, f) for f in ChainRecord.__slots__}))
-                 for c in state.chains.values()]
-        rows += [("table", t.table_id, msgpack.packb({f: getattr(t, f) for f in TableRecord.__slots__}))
-                 for t in state.tables.values()]
+        rows = encode_rows(state)
         with self._db:
             self._db.execute("BEGIN")
             self._db.execute("DELETE FROM kv")
@@ -80,3 +50,51 @@ class MgmtdStore:
 
     def close(self) -> None:
         self._db.close()
+
+
+Row = tuple[str, int, bytes]
+
+
+def decode_rows(rows: Iterable[Sequence[Any]], state: ClusterState, now_s: float) -> None:
+    """Fill ``state`` from saved rows (both stores). The version comes back bumped: a new
+    incarnation (a restart, or a standby taking over) always advertises a newer version."""
+    for kind, _id, blob in rows:
+        v = msgpack.unpackb(blob)
+        if kind == "node":
+            state.nodes[v["node_id"]] = NodeRecord(v["node_id"], v["kind"], v["host"], v["port"],
+                                                   v["state"], now_s, v.get("draining", False),
+                                                   v.get("metrics_port", 0))
+        elif kind == "target":
+            known = {k: x for k, x in v.items() if k in TargetRecord.__slots__ and k not in _NOT_PERSISTED}
+            t = state.targets[v["target_id"]] = TargetRecord(**known)
+            if t.offline_since_s:
+                t.offline_since_s = now_s  # monotonic times do not survive a restart
+            if t.fenced_until_s:
+                t.fenced_until_s = now_s + state.unreachable_hold_s
+                t.last_fence_s = now_s
+            if t.revoke_deadline_s:  # leases granted by the last incarnation may still run
+                t.revoke_deadline_s = now_s + state.lease_s
+                t.revoke_acked = False
+        elif kind == "chain":
+            state.chains[v["chain_id"]] = ChainRecord(**v)
+        elif kind == "table":
+            state.tables[v["table_id"]] = TableRecord(**v)
+        elif kind == "version":
+            state.version = v + 1  # a new incarnation always advertises a newer version
+
+
+def encode_rows(state: ClusterState) -> list[Row]:
+    rows: list[Row] = [("version", 0, msgpack.packb(state.version))]
+    rows += [("node", n.node_id, msgpack.packb({"node_id": n.node_id, "kind": n.kind, "host": n.host,
+                                                 "port": n.port, "state": n.state,
+                                                 "draining": n.draining,
+                                                 "metrics_port": n.metrics_port}))
+             for n in state.nodes.values()]
+    rows += [("target", t.target_id, msgpack.packb({f: getattr(t, f) for f in TargetRecord.__slots__
+                                                     if f not in _NOT_PERSISTED}))
+             for t in state.targets.values()]
+    rows += [("chain", c.chain_id, msgpack.packb({f: getattr(c, f) for f in ChainRecord.__slots__}))
+             for c in state.chains.values()]
+    rows += [("table", t.table_id, msgpack.packb({f: getattr(t, f) for f in TableRecord.__slots__}))
+             for t in state.tables.values()]
+    return rows

@@ -140,17 +140,11 @@ class StorageNode:
         self.service.lease_granted(sent_s, self.lease_s)
 
     async def _call_mgmtd(self, m: Method, req: Message) -> Any:
-        """One call to the first mgmtd that answers; the reply's routing version is fetched."""
-        last: BaseException | None = None
-        for addr in self.mgmtd:
-            try:
-                rsp = (await self.rpc.call(addr, m, req, timeout_s=5.0)).body
-            except (LoomError, OSError) as exc:
-                last = exc
-                continue
-            await self._refresh_routing(rsp.routing_version)
-            return rsp
-        raise last if last is not None else LoomError("no mgmtd address")
+        """One call to the primary mgmtd (``MgmtdSet``: followed on NOT_PRIMARY or a dead
+        connection); the reply's routing version is fetched."""
+        rsp = (await self.routing.mgmtd_set.call(m, req, timeout_s=5.0)).body
+        await self._refresh_routing(rsp.routing_version)
+        return rsp
 
     async def _report_sync(self, req: SyncReportReq) -> bool:
         return bool((await self._call_mgmtd(SYNC_REPORT, req)).accepted)
@@ -170,27 +164,28 @@ class StorageNode:
             metrics_port=self.metrics.port if self.metrics is not None else 0,
         )
         attempt = 0
+        mgmtd = self.routing.mgmtd_set
         while True:
-            for addr in self.mgmtd:
-                sent_s = self.clock.monotonic()
-                try:
-                    rsp: RegisterNodeRsp = (await self.rpc.call(addr, REGISTER_NODE, req, timeout_s=5.0)).body
-                except (LoomError, OSError) as exc:
-                    if attempt % 20 == 0:
-                        logger.warning("register with mgmtd %s failed (will retry): %s", addr, exc)
-                    continue
-                logger.info("registered node %d with mgmtd %s (%d targets)", self.config.node_id, addr, len(self.targets))
-                self.heartbeat_interval_s = rsp.heartbeat_interval_s or self.heartbeat_interval_s
-                self.service.revoked = set(rsp.revoked_targets)
-                await self._refresh_routing(rsp.routing_version)
-                self._lease_granted(sent_s, rsp.lease_s, rsp.routing_version)
-                # serve only with the routing this registration produced (mgmtd has moved a
-                # restarted target to the tail of its chain, to be resynced)
-                self._ready_at_version = rsp.routing_version
-                self._mark_ready()
-                return rsp
-            await asyncio.sleep(REGISTER_BACKOFF.delay_s(attempt))
-            attempt += 1
+            sent_s = self.clock.monotonic()
+            try:
+                rsp: RegisterNodeRsp = (await mgmtd.call(REGISTER_NODE, req, timeout_s=5.0)).body
+            except (LoomError, OSError) as exc:
+                if attempt % 20 == 0:
+                    logger.warning("register with mgmtd %s failed (will retry): %s", mgmtd, exc)
+                await asyncio.sleep(REGISTER_BACKOFF.delay_s(attempt))
+                attempt += 1
+                continue
+            logger.info("registered node %d with mgmtd %s (%d targets)", self.config.node_id, mgmtd.primary,
+                        len(self.targets))
+            self.heartbeat_interval_s = rsp.heartbeat_interval_s or self.heartbeat_interval_s
+            self.service.revoked = set(rsp.revoked_targets)
+            await self._refresh_routing(rsp.routing_version)
+            self._lease_granted(sent_s, rsp.lease_s, rsp.routing_version)
+            # serve only with the routing this registration produced (mgmtd has moved a
+            # restarted target to the tail of its chain, to be resynced)
+            self._ready_at_version = rsp.routing_version
+            self._mark_ready()
+            return rsp
 
     async def _refresh_routing(self, version: int) -> None:
         if self.routing.has_routing and self.routing.current.version >= version:
@@ -214,33 +209,30 @@ class StorageNode:
         req = HeartbeatReq(node_id=self.config.node_id, targets=self.service.target_infos(self.config.node_id),
                            revoked_targets=sorted(self.service.revoked),
                            routing_version=self.routing.current.version if self.routing.has_routing else 0)
-        for addr in self.mgmtd:
-            sent_s = self.clock.monotonic()
-            try:
-                rsp = (await self.rpc.call(addr, HEARTBEAT, req, timeout_s=max(1.0, self.heartbeat_interval_s),
-                                           retry=False)).body
-            except StatusError as exc:
-                if exc.status is Status.ENOENT:  # mgmtd lost us (fresh store): register again
-                    logger.warning("mgmtd %s does not know node %d: registering again", addr, self.config.node_id)
-                    await self.register()
-                    return
-                logger.debug("heartbeat to %s failed: %s", addr, exc)
-                continue
-            except (LoomError, OSError) as exc:
-                logger.debug("heartbeat to %s failed: %s", addr, exc)
-                continue
-            if set(rsp.revoked_targets) != self.service.revoked:
-                logger.info("mgmtd revoked targets %s", rsp.revoked_targets)
-            self.service.revoked = set(rsp.revoked_targets)  # before the lease is extended
-            await self._refresh_routing(rsp.routing_version)
-            self._lease_granted(sent_s, rsp.lease_s, rsp.routing_version)
-            if self.routing.has_routing:
-                self.resyncer.update(self.routing.current)  # restarts failed resyncs
-            if self.service.has_leftovers:
-                self._settle_soon()  # retries what the last chain change could not settle
+        mgmtd = self.routing.mgmtd_set
+        sent_s = self.clock.monotonic()
+        try:
+            rsp = (await mgmtd.call(HEARTBEAT, req, timeout_s=max(1.0, self.heartbeat_interval_s),
+                                    retry=False)).body
+        except (LoomError, OSError) as exc:
+            if isinstance(exc, StatusError) and exc.status is Status.ENOENT:  # mgmtd lost us (fresh store)
+                logger.warning("mgmtd %s does not know node %d: registering again", mgmtd.primary,
+                               self.config.node_id)
+                await self.register()
+                return
+            logger.debug("heartbeat to %s failed: %s", mgmtd, exc)
+            if self.clock.monotonic() > self.service.writable_until_s:
+                logger.warning("no mgmtd reachable for %.1fs: refusing writes", self.lease_s / 2)
             return
-        if self.clock.monotonic() > self.service.writable_until_s:
-            logger.warning("no mgmtd reachable for %.1fs: refusing writes", self.lease_s / 2)
+        if set(rsp.revoked_targets) != self.service.revoked:
+            logger.info("mgmtd revoked targets %s", rsp.revoked_targets)
+        self.service.revoked = set(rsp.revoked_targets)  # before the lease is extended
+        await self._refresh_routing(rsp.routing_version)
+        self._lease_granted(sent_s, rsp.lease_s, rsp.routing_version)
+        if self.routing.has_routing:
+            self.resyncer.update(self.routing.current)  # restarts failed resyncs
+        if self.service.has_leftovers:
+            self._settle_soon()  # retries what the last chain change could not settle
 
     def _settle_soon(self) -> None:
         """A chain changed: push leftover pending versions down (one task at a time)."""
