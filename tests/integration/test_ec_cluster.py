@@ -97,7 +97,7 @@ def test_layout_and_placement(efs: loomfs.LoomFS, ec_cluster: LocalCluster) -> N
     assert "7 storage nodes" in str(e.value)
 
 
-def test_write_read_overwrite_append(efs: loomfs.LoomFS) -> None:
+def test_write_read_overwrite_append(efs: loomfs.LoomFS, ec_cluster: LocalCluster) -> None:
     rng = _rng("rw")
     data = bytearray(rng.randbytes(32 * CS + 12345))  # 8 full stripes and a partial one
     with efs.open("/cold/big", "wb") as f:
@@ -119,6 +119,10 @@ def test_write_read_overwrite_append(efs: loomfs.LoomFS) -> None:
             f.seek(off)
             f.write(patch)
             data[off : off + len(patch)] = patch
+    g, inode = Geometry(4, 2, CS), efs.attr("/cold/big").inode
+    staged = [p for s in range(g.stripes(len(data))) for i in g.stripe_chunks(s, shadow=True)
+              for p in _fragment_files(ec_cluster, inode, i)]
+    assert staged and all(p.stat().st_size == 0 for p in staged)  # shadow copies emptied after use
     with efs.open("/cold/big", "ab") as f:
         f.write(b"tail" * 1000)
     data += b"tail" * 1000

@@ -40,7 +40,8 @@ def test_fragments_rotate_over_the_chains() -> None:
         for s in (0, 1, 77):
             live = [g.chunk_index(s, j) for j in range(w)]
             shadow = [g.chunk_index(s, j, shadow=True) for j in range(w)]
-            assert sorted(live) == list(range(s * w, (s + 1) * w))  # the stripe's own chunk range
+            assert sorted(live) == list(g.stripe_chunks(s)) == list(range(s * w, (s + 1) * w))
+            assert sorted(shadow) == list(g.stripe_chunks(s, shadow=True))
             for j in range(w):
                 assert live[j] % w == shadow[j] % w == g.chain_slot(s, j) == (j + s) % w
         # over k+m stripes every chain holds every fragment role once

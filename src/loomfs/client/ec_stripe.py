@@ -11,10 +11,10 @@ reads and block CRCs).
   every moment one complete version of the stripe exists (in place, or in the shadow).
 * ``read_range`` reads a healthy stripe's data fragments straight into the caller's buffer;
   a fragment that fails (dead server, bad CRC on disk, missing) makes that stripe degraded:
-  ``resolve`` reads every fragment (and the shadow when needed), keeps those whose header and
-  CRC32C check out, groups them by version and decodes the newest version that has k of them.
-  Two versions are never combined. Fragments found bad while their server is up are rewritten
-  (repaired) with the decoded version.
+  ``resolve`` reads k fragments (all k+m, and the shadow, when those k do not agree), keeps
+  those whose header and CRC32C check out, groups them by version and decodes the newest
+  version that has k of them. Two versions are never combined. Fragments found bad while
+  their server is up are rewritten (repaired) with the decoded version.
 """
 
 from __future__ import annotations
@@ -126,8 +126,8 @@ async def write_stripe(io: FragmentIO, codec: Codec, stats: EcStats, stripe: int
         await write_fragments(io, buf, stripe, stripe_len, shadow=True, exact=exact)
     await write_fragments(io, buf, stripe, stripe_len, shadow=False, exact=exact)
     if overwrite:
-        base = g.chunk_index(stripe, 0, shadow=True)
-        await io.remove_all(base, base + g.width)
+        shadow = g.stripe_chunks(stripe, shadow=True)
+        await io.remove_all(shadow.start, shadow.stop)
     return version
 
 
@@ -282,8 +282,8 @@ async def repair_fragments(io: FragmentIO, stats: EcStats, stripe: int, buf: Buf
         if res.from_shadow:
             await write_fragments(io, buf, stripe, res.stripe_len, shadow=False, exact=True,
                                   fragments=[j for j in range(g.width) if j not in res.bad])
-            base = g.chunk_index(stripe, 0, shadow=True)
-            await io.remove_all(base, base + g.width)
+            shadow = g.stripe_chunks(stripe, shadow=True)
+            await io.remove_all(shadow.start, shadow.stop)
     except (LoomError, OSError) as exc:
         logger.warning("inode %d stripe %d: repair of fragments %s failed: %s", io.inode, stripe, res.bad, exc)
         return

@@ -83,6 +83,11 @@ class Geometry:
         base = (SHADOW_STRIPE_BASE if shadow else 0) + stripe
         return base * self.width + (fragment + stripe) % self.width
 
+    def stripe_chunks(self, stripe: int, *, shadow: bool = False) -> range:
+        """The chunk indexes of one stripe's k+m fragments (contiguous, in rotated order)."""
+        base = ((SHADOW_STRIPE_BASE if shadow else 0) + stripe) * self.width
+        return range(base, base + self.width)
+
     def chain_slot(self, stripe: int, fragment: int) -> int:
         """Index into the layout's chains of the chain holding this fragment."""
         return (fragment + stripe) % self.width
