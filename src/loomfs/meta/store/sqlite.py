@@ -23,6 +23,12 @@ and never sees what a failed COMMIT rolled back (WAL makes a commit visible to o
 connections only after its frames are written and, with FULL, synced). ``:memory:`` stores
 (tests), and files where WAL is refused, keep one connection instead: every write commits on
 its own, and reads wait behind the writer.
+
+Nothing here waits inside SQLite while the loop stands still: another process holding the
+file's write lock (meta servers sharing one file) makes a ``BEGIN IMMEDIATE`` fail at once
+(the write connection has no busy timeout) and the writer polls with backoff, awaiting between
+tries (``_join_group``); statements themselves take microseconds. The schema is versioned
+(``PRAGMA user_version``, ``sqlite_txn.MIGRATIONS``).
 """
 
 from __future__ import annotations
