@@ -166,7 +166,7 @@ async def _read_whole(io: FragmentIO, buf: Buffer, stripe: int, fragments: Seque
         except FragmentUnavailable as exc:
             logger.debug("stripe %d fragment %d: %s", stripe, j, exc)
             return (j, BAD) if exc.corrupt else None
-        if n is None:
+        if n is None or n == 0:  # never written, or emptied (a trim, a used shadow): no fragment
             return (j, ABSENT)
         h = FragmentHeader.unpack(view[n - HEADER_BYTES : n]) if HEADER_BYTES <= n <= len(view) else None
         if (h is not None and h.fragment == j and h.stripe == stripe and (h.k, h.m) == (g.k, g.m)
