@@ -78,7 +78,7 @@ def _lstat(path: str) -> tuple[int, int, int, str]:
 
 def _fstat(fd: int) -> tuple[int, int]:
     st_ = os.fstat(fd)
-    return st_.st_size, st_.st_nlink
+    return (st_.st_size if not stat.S_ISDIR(st_.st_mode) else 0), st_.st_nlink  # a directory's size is the FS's
 
 
 class MountVsLocal(RuleBasedStateMachine):
