@@ -150,8 +150,11 @@ class EcFileIO:
                 await asyncio.wait([prev])
             stripe_len = max(cur.base_len, cur.hi)
             valid_lo, valid_hi = (0, stripe_len) if cur.base_len else (cur.lo, cur.hi)
+            # a partial stripe's fragments are shorter than a full one's: cut each chunk to its
+            # length, so no longer leftover (an unacknowledged earlier write) trails its header
             await write_stripe(self.io, self.codec, STATS, cur.stripe, cur.buf, stripe_len,
-                               valid_lo=valid_lo, valid_hi=valid_hi, overwrite=cur.base_len > 0)
+                               valid_lo=valid_lo, valid_hi=valid_hi, overwrite=cur.base_len > 0,
+                               exact=stripe_len < self.geometry.stripe_bytes)
         except Exception as exc:
             logger.warning("%s: write of stripe %d failed: %s", f.path, cur.stripe, exc)
             if f._error is None:
