@@ -41,7 +41,7 @@ def _quote_ident(name: str) -> str:
 
 
 class PgHaStore:
-    def __init__(self, url: str, *, timeout_s: float = 2.0):
+    def __init__(self, url: str, *, timeout_s: float = 1.0, connect_timeout_s: float = 2.0):
         parts = urlsplit(url)
         query = parse_qsl(parts.query, keep_blank_values=True)
         self.schema = dict(query).get("schema", "loomfs")
@@ -49,7 +49,10 @@ class PgHaStore:
             raise ValueError(f"mgmtd store schema {self.schema!r}: empty, or pg_ (reserved)")
         rest = [(k, v) for k, v in query if k != "schema"]
         self.dsn = urlunsplit(("postgresql", parts.netloc, parts.path, urlencode(rest), ""))
-        self.timeout_s = timeout_s  # per statement: a hung database must not hold a lease past its end
+        # per statement and per connect: liveness only (a step that waits long just renews
+        # late; whether this process may answer as primary is its local deadline's business)
+        self.timeout_s = timeout_s
+        self.connect_timeout_s = connect_timeout_s
         self._conn: Any = None
         self._lock = asyncio.Lock()  # one statement at a time on the one connection
         q = _quote_ident(self.schema)
@@ -59,7 +62,7 @@ class PgHaStore:
     async def _connection(self) -> Any:
         if self._conn is not None and not self._conn.is_closed():
             return self._conn
-        conn = await asyncpg.connect(self.dsn, timeout=self.timeout_s,
+        conn = await asyncpg.connect(self.dsn, timeout=self.connect_timeout_s,
                                      server_settings={"application_name": "loomfs-mgmtd"})
         try:
             async with conn.transaction():

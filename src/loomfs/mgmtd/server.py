@@ -68,7 +68,8 @@ async def serve(config: MgmtdConfig, *, ready: asyncio.Event | None = None) -> N
     ha_store: PgHaStore | None = None
     election: Election | None = None
     if ha:
-        ha_store = PgHaStore(config.store_url, timeout_s=max(0.1, config.primary_lease_s / 4))
+        ha_store = PgHaStore(config.store_url, timeout_s=config.primary_lease_s / 2,
+                             connect_timeout_s=max(2.0, config.primary_lease_s))
         # the address is known once the server listens (port 0 in tests)
         election = Election(ha_store, holder="", address="", lease_s=config.primary_lease_s, clock=SYSTEM_CLOCK)
     else:
