@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import random
+from pathlib import Path
 
 import pytest
 
 from loomfs.errors import NotFound
 from loomfs.meta.service import ConflictRetrying, retry_conflicts
 from loomfs.meta.store.base import WRITE_ALONE, TxnConflict
+from loomfs.meta.store.sqlite import SqliteStore
 
 
 def test_reruns_until_success_and_runs_alone_after_two_losses() -> None:
@@ -77,3 +79,46 @@ def test_proxy_wraps_coroutines_only() -> None:
     assert p.store == "the store" and p.plain() == "plain"
     assert asyncio.run(p.op(5)) == 5 and ns.calls == 2 and p.retries == 1
     assert p.op is p.op  # wrapped once
+
+
+def test_a_run_that_stored_something_is_not_rerun(tmp_path: Path) -> None:
+    """First transaction commits, the second loses: re-running would apply the first twice,
+    so the conflict reaches the caller (EAGAIN) after one run."""
+    store = SqliteStore(str(tmp_path / "m.db"))
+    runs = 0
+
+    async def op() -> None:
+        nonlocal runs
+        runs += 1
+        async with store.write() as t:
+            await t.add_counter("applied", 1)
+        raise TxnConflict("the second transaction lost")
+
+    async def nothing_stored_first() -> int:
+        calls = 0
+
+        async def op2() -> int:
+            nonlocal calls
+            calls += 1
+            if calls == 1:
+                with pytest.raises(RuntimeError):
+                    async with store.write() as t:  # rolled back: nothing stored
+                        await t.add_counter("applied", 100)
+                        raise RuntimeError("body fails")
+                raise TxnConflict("lost before storing anything")
+            return calls
+
+        return await retry_conflicts(op2)
+
+    async def go() -> None:
+        with pytest.raises(TxnConflict):
+            await retry_conflicts(op)
+        assert runs == 1
+        assert await nothing_stored_first() == 2  # re-run: its first run stored nothing
+        async with store.read() as t:
+            assert (await t.counters())["applied"] == 1
+
+    try:
+        asyncio.run(go())
+    finally:
+        asyncio.run(store.close())

@@ -4,8 +4,9 @@
 lost a serialisation conflict to another meta server (``TxnConflict``, PostgreSQL) is run
 again from its start, up to ``CONFLICT_ATTEMPTS`` times with jittered, doubling backoff; the
 last loss reaches the client as EAGAIN (which the client's RPC layer retries for idempotent
-methods). A re-run is what a client's re-send after a lost reply already is: operations are
-written to be safe under it. After ``ALONE_AFTER`` lost runs the operation's writes run alone
+methods). Only a run that stored nothing is re-run (the engines count the commits of the running
+operation, ``OP_COMMITS``): a run whose first transactions committed and whose later one lost
+answers EAGAIN rather than apply its first part twice. After ``ALONE_AFTER`` lost runs the operation's writes run alone
 (``WRITE_ALONE``), so a busy directory cannot starve it.
 """
 
@@ -24,7 +25,7 @@ import crc32c
 from loomfs.errors import StatusError
 from loomfs.meta.ops.inline import Patch
 from loomfs.meta.ops.namespace import Namespace
-from loomfs.meta.store.base import WRITE_ALONE, TxnConflict
+from loomfs.meta.store.base import OP_COMMITS, WRITE_ALONE, TxnConflict
 from loomfs.net.rpc import CallContext, handles
 from loomfs.wire import meta as w
 from loomfs.wire.message import Empty
@@ -43,24 +44,29 @@ ALONE_AFTER = 2  # lost runs before an operation's writes run alone
 async def retry_conflicts(fn: Callable[..., Awaitable[T]], *args: Any, attempts: int = CONFLICT_ATTEMPTS,
                           rng: random.Random | None = None, on_retry: Callable[[], None] | None = None,
                           alone_after: int = ALONE_AFTER, **kwargs: Any) -> T:
-    """``await fn(*args, **kwargs)``, run again while it raises ``TxnConflict`` (at most
-    ``attempts`` runs in all). After ``alone_after`` lost runs its write transactions run
+    """``await fn(*args, **kwargs)``, run again while it raises ``TxnConflict`` having stored
+    nothing (at most ``attempts`` runs in all). After ``alone_after`` lost runs its write transactions run
     alone (``WRITE_ALONE``: PostgreSQL lets every other writer wait), so a hot directory
     cannot starve one operation."""
     delay_s = CONFLICT_BACKOFF_S
     uniform = (rng or random).uniform
     for attempt in range(1, attempts + 1):
         token = WRITE_ALONE.set(True) if attempt > alone_after else None
+        commits = [0]
+        commits_token = OP_COMMITS.set(commits)
         try:
             return await fn(*args, **kwargs)
         except TxnConflict:
-            if attempt == attempts:
+            # a run whose earlier transactions committed is not run again (its effects would
+            # apply twice): the caller gets EAGAIN, as for any operation stored in part
+            if attempt == attempts or commits[0]:
                 raise
             if on_retry is not None:
                 on_retry()
             await asyncio.sleep(uniform(0, delay_s))
             delay_s = min(delay_s * 2, CONFLICT_BACKOFF_MAX_S)
         finally:
+            OP_COMMITS.reset(commits_token)
             if token is not None:
                 WRITE_ALONE.reset(token)
     raise AssertionError("unreachable")  # pragma: no cover

@@ -64,6 +64,19 @@ class StoreUnavailable(LoomError):
 WRITE_ALONE: ContextVar[bool] = ContextVar("loomfs_meta_write_alone", default=False)
 
 
+# Set per run by the caller that re-runs operations (``loomfs.meta.service``): engines count
+# here the write transactions they commit in this task (``note_commit``), so that a run that
+# already stored something is not re-run from its start.
+OP_COMMITS: ContextVar[list[int] | None] = ContextVar("loomfs_meta_op_commits", default=None)
+
+
+def note_commit() -> None:
+    """A write transaction of the current task committed (engines call this)."""
+    holder = OP_COMMITS.get()
+    if holder is not None:
+        holder[0] += 1
+
+
 class TxnConflict(LoomError):
     """A write transaction lost a conflict with a concurrent one (another meta server on the
     same database) and was rolled back: nothing of it is stored. The caller re-runs the

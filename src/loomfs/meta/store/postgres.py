@@ -42,6 +42,7 @@ from loomfs.meta.store.base import (
     MetaTxn,
     StoreUnavailable,
     TxnConflict,
+    note_commit,
 )
 from loomfs.meta.store.postgres_schema import (
     ADVISORY_LOCK_KEY,
@@ -299,6 +300,7 @@ class PostgresStore(MetaStore):
                     await conn.execute("ROLLBACK")
                 raise CommitFailed(f"metastore commit failed: {exc}") from exc
             self.commits += 1
+            note_commit()
             if txn.added:
                 for name in txn.added:
                     self.id_base.pop(name, None)

@@ -43,7 +43,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from typing import Any
 
-from loomfs.meta.store.base import CommitFailed, MetaStore, MetaTxn
+from loomfs.meta.store.base import CommitFailed, MetaStore, MetaTxn, note_commit
 from loomfs.meta.store.sqlite_txn import ReadOnlyTxn, SqliteTxn, migrate_schema
 
 __all__ = ["ReadOnlyTxn", "SqliteStore", "SqliteTxn"]
@@ -239,6 +239,7 @@ class SqliteStore(MetaStore):
                 c.execute("COMMIT")
                 self.commits += 1
                 self.groups += 1
+            note_commit()
             return
         loop = asyncio.get_running_loop()
         group = await self._join_group(loop)
@@ -263,6 +264,7 @@ class SqliteStore(MetaStore):
         await self._settled(done)
         if body_error is not None:
             raise body_error
+        note_commit()
 
     async def _wait_for_connection(self) -> None:
         if self._gate is None:
