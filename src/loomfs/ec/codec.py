@@ -10,6 +10,7 @@ numpy for outputs); callers reuse them, the codecs allocate nothing per call on 
 from __future__ import annotations
 
 import logging
+import os
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -64,11 +65,13 @@ def check_decode(c: Codec, present: Mapping[int, Buffer], want: Mapping[int, Buf
 _CACHE: dict[tuple[str, int, int], Codec] = {}
 
 
-def make_codec(k: int, m: int, kind: str = "auto") -> Codec:
-    """A codec for RS(k, m): ``isal``, ``reference`` or ``auto`` (ISA-L if it loads). Cached."""
+def make_codec(k: int, m: int, kind: str = "") -> Codec:
+    """A codec for RS(k, m): ``isal``, ``reference`` or ``auto`` (ISA-L if it loads; the
+    default, or ``$LOOMFS_EC_CODEC``). Cached."""
     from loomfs.ec.gf256 import ReferenceCodec
     from loomfs.ec.isal import IsalCodec, isal_available
 
+    kind = kind or os.environ.get("LOOMFS_EC_CODEC", "auto")
     if kind == "auto":
         kind = "isal" if isal_available() else "reference"
         if kind == "reference":
