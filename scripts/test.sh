@@ -2,7 +2,7 @@
 # The test command (README quick start, .ci/run): installs what is missing, then runs pytest.
 #   bash scripts/test.sh [pytest args...]
 # System parts: FUSE (fuse3 for fusermount3 and /etc/fuse.conf; libfuse3-dev and pkg-config to
-# build pyfuse3), chromium + chromium-driver (the dashboard's browser test) and postgresql (the
+# build pyfuse3), chromium + chromium-driver (the dashboard's browser test), libisal2 (erasure coding) and postgresql (the
 # server binaries the PostgreSQL metastore tests start privately; no service is enabled), apt-installed
 # only when missing and we are root; otherwise say what to install.
 set -euo pipefail
@@ -14,6 +14,8 @@ command -v pkg-config >/dev/null 2>&1 || missing+=(pkg-config)
 # the metastore tests run a private PostgreSQL server (initdb + pg_ctl; tests/conftest.py)
 pg_bin=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -1 || true)
 [ -n "$pg_bin" ] && [ -x "$pg_bin/initdb" ] || command -v initdb >/dev/null 2>&1 || missing+=(postgresql)
+# erasure coding calls ISA-L's ec_encode_data (loomfs.ec.isal, ctypes)
+ldconfig -p 2>/dev/null | grep -q 'libisal\.so\.2' || missing+=(libisal2)
 # the dashboard's browser test drives Debian's chromium through chromedriver
 command -v chromium >/dev/null 2>&1 || missing+=(chromium)
 command -v chromedriver >/dev/null 2>&1 || missing+=(chromium-driver)
@@ -31,6 +33,4 @@ fi
 [ -d .venv ] || python3 -m venv .venv
 . .venv/bin/activate
 pip install -q -e '.[test]'
-# the PostgreSQL metastore driver (until pyproject.toml lists it: .handoff/postgres.requests)
-python -c 'import asyncpg' 2>/dev/null || pip install -q 'asyncpg>=0.29'
 exec pytest -q "$@"
