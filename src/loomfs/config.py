@@ -91,6 +91,10 @@ class ClientConfig:
     write_buffer_bytes_max: int = 256 << 20  # dirty data held per client before writers wait
     readahead_chunks: int = 8
     parallel_chunks_max: int = 32  # chunk RPCs in flight per file operation
+    # erasure-coded writes (docs/ec.md): 0 = a stripe is acknowledged once all k+m fragments
+    # committed; k+1..k+m-1 = opt-in: fragments on chains routing shows down are skipped while
+    # at least this many commit (redundancy reduced until `loomfs layout scrub --repair`)
+    ec_ack_fragments_min: int = 0
     # consistency (docs/consistency.md): "strict" (close-to-open: every stat/open asks meta)
     # or "relaxed" (attributes, entries and data cached for a TTL) for the connection, and
     # per path prefix (the longest matching prefix wins)
