@@ -10,6 +10,7 @@ import pytest
 
 from loomfs.client import meta_client
 from loomfs.client.meta_client import MetaClient
+from loomfs.common.retry import Backoff
 from loomfs.common.routing import Routing
 from loomfs.errors import ConnectionFailed
 from loomfs.net.rpc import Response
@@ -51,7 +52,7 @@ def _client(breaks: int) -> tuple[MetaClient, BrokenRpc]:
 
 @pytest.fixture(autouse=True)
 def _no_backoff(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(meta_client, "RESEND_BACKOFF_S", 0.0)
+    monkeypatch.setattr(meta_client, "RESEND_BACKOFF", Backoff(0.0, 0.0))
 
 
 def test_open_naming_its_session_is_resent_until_it_gets_through() -> None:

@@ -21,6 +21,7 @@ from typing import Any
 
 import crc32c
 
+from loomfs.common.retry import Backoff
 from loomfs.common.routing import RoutingClient
 from loomfs.errors import ConnectionFailed, LoomError, TimedOut
 from loomfs.net.rpc import Response, RpcClient
@@ -33,7 +34,7 @@ from loomfs.wire.types import Attr, Layout, NodeKind
 logger = logging.getLogger(__name__)
 
 RESEND_ROUNDS = 4  # rounds over the meta servers for a request meta dedupes
-RESEND_BACKOFF_S = 0.1  # before the third round, doubling
+RESEND_BACKOFF = Backoff(0.1, 2.0)  # before the third round, doubling
 
 
 class MetaClient:
@@ -77,7 +78,7 @@ class MetaClient:
         rounds = RESEND_ROUNDS if resend_safe else 2
         for round_ in range(rounds):
             if round_ > 1:
-                await asyncio.sleep(RESEND_BACKOFF_S * 2 ** (round_ - 2))
+                await asyncio.sleep(RESEND_BACKOFF.delay_s(round_ - 2))
             servers = await self._servers(round_ > 0)
             # one server: wait for it while it restarts (the RPC layer retries a refused connect
             # until the deadline); several: a refused connect moves on to the next at once

@@ -17,9 +17,12 @@ from dataclasses import dataclass
 class Backoff:
     initial_s: float = 0.05
     max_s: float = 2.0
+    # full jitter (0..base instead of base/2..base): for many contenders re-running after the
+    # same conflict, so they spread out (meta's transaction re-runs)
+    full_jitter: bool = False
 
     def delay_s(self, attempt: int, rng: random.Random | None = None) -> float:
         """How long to wait after failed attempt number ``attempt`` (0-based)."""
         base = min(self.max_s, self.initial_s * 2 ** min(max(attempt, 0), 30))
         r = rng.random() if rng is not None else random.random()
-        return base * (0.5 + r / 2)
+        return base * r if self.full_jitter else base * (0.5 + r / 2)

@@ -10,6 +10,7 @@ import signal
 from typing import TYPE_CHECKING, Any, cast
 
 from loomfs.common.clock import SYSTEM_CLOCK
+from loomfs.common.retry import Backoff
 from loomfs.common.routing import RoutingClient, parse_addresses
 from loomfs.common.service_main import run_service
 from loomfs.config import MetaConfig, resolve_under
@@ -38,12 +39,15 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
+REGISTER_BACKOFF = Backoff(0.1, 2.0)  # registration retried until mgmtd answers
+STORE_WAIT_BACKOFF = Backoff(0.2, 2.0)  # the metastore not up yet at start
+
 async def _register(
     rpc: RpcClient, mgmtd: list[Address], config: MetaConfig, port: int, metrics_port: int = 0
 ) -> RegisterNodeRsp:
     req = RegisterNodeReq(node_id=config.node_id, kind=NodeKind.META, host=config.host, port=port,
                           metrics_port=metrics_port)
-    delay_s = 0.1
+    attempt = 0
     while True:
         for addr in mgmtd:
             try:
@@ -53,8 +57,8 @@ async def _register(
                 return body
             except (LoomError, OSError) as exc:
                 logger.debug("register with %s: %s", addr, exc)
-        await asyncio.sleep(delay_s)
-        delay_s = min(2.0, delay_s * 2)
+        await asyncio.sleep(REGISTER_BACKOFF.delay_s(attempt))
+        attempt += 1
 
 
 async def _heartbeat(rpc: RpcClient, mgmtd: list[Address], node_id: int, interval_s: float) -> None:
@@ -96,7 +100,7 @@ async def _init_namespace(ns: Namespace) -> None:
     """Create the root if needed. Meta servers starting together on one fresh database race
     to create it (conflicts re-run); a database that is not up yet is waited for."""
     deadline = asyncio.get_running_loop().time() + STORE_WAIT_S
-    delay_s = 0.2
+    attempt = 0
     while True:
         try:
             await retry_conflicts(ns.init)
@@ -104,9 +108,10 @@ async def _init_namespace(ns: Namespace) -> None:
         except StoreUnavailable as exc:
             if asyncio.get_running_loop().time() > deadline:
                 raise
+            delay_s = STORE_WAIT_BACKOFF.delay_s(attempt)
+            attempt += 1
             logger.warning("meta: metastore not reachable yet (%s); retrying in %.1fs", exc, delay_s)
             await asyncio.sleep(delay_s)
-            delay_s = min(2.0, delay_s * 2)
 
 
 async def serve(config: MetaConfig, *, ready: asyncio.Event | None = None) -> None:

@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 
 import crc32c
 
+from loomfs.common.retry import Backoff
 from loomfs.errors import StatusError
 from loomfs.meta.ops.inline import Patch
 from loomfs.meta.ops.namespace import Namespace
@@ -48,8 +49,7 @@ async def retry_conflicts(fn: Callable[..., Awaitable[T]], *args: Any, attempts:
     nothing (at most ``attempts`` runs in all). After ``alone_after`` lost runs its write transactions run
     alone (``WRITE_ALONE``: PostgreSQL lets every other writer wait), so a hot directory
     cannot starve one operation."""
-    delay_s = CONFLICT_BACKOFF_S
-    uniform = (rng or random).uniform
+    backoff = Backoff(CONFLICT_BACKOFF_S, CONFLICT_BACKOFF_MAX_S, full_jitter=True)
     for attempt in range(1, attempts + 1):
         token = WRITE_ALONE.set(True) if attempt > alone_after else None
         commits = [0]
@@ -63,8 +63,7 @@ async def retry_conflicts(fn: Callable[..., Awaitable[T]], *args: Any, attempts:
                 raise
             if on_retry is not None:
                 on_retry()
-            await asyncio.sleep(uniform(0, delay_s))
-            delay_s = min(delay_s * 2, CONFLICT_BACKOFF_MAX_S)
+            await asyncio.sleep(backoff.delay_s(attempt - 1, rng))
         finally:
             OP_COMMITS.reset(commits_token)
             if token is not None:

@@ -43,6 +43,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from typing import Any
 
+from loomfs.common.retry import Backoff
 from loomfs.meta.store.base import CommitFailed, MetaStore, MetaTxn, note_commit
 from loomfs.meta.store.sqlite_txn import ReadOnlyTxn, SqliteTxn, migrate_schema
 
@@ -60,6 +61,7 @@ READ_CONNECTIONS_MAX = 4  # read transactions open at once (more wait)
 # another process holds the write lock: BEGIN IMMEDIATE is tried again after this long, doubling
 BUSY_POLL_MIN_S = 0.0005
 BUSY_POLL_MAX_S = 0.02
+BUSY_POLL = Backoff(BUSY_POLL_MIN_S, BUSY_POLL_MAX_S)
 
 _SYNC_MODES = ("OFF", "NORMAL", "FULL", "EXTRA")
 
@@ -286,7 +288,7 @@ class SqliteStore(MetaStore):
         file's write lock (meta servers sharing one file) makes the BEGIN fail at once (the
         write connection has no busy timeout): this writer then polls with backoff, awaiting
         between tries, so the loop goes on serving; after ``busy_timeout_s`` it raises."""
-        delay_s = BUSY_POLL_MIN_S
+        polls = 0
         deadline: float | None = None
         while True:
             while self._in_body or self._committing is not None or self._conn_reading:
@@ -306,8 +308,8 @@ class SqliteStore(MetaStore):
                 elif now >= deadline:
                     raise
                 self.busy_waits += 1
-                await asyncio.sleep(delay_s)
-                delay_s = min(delay_s * 2, BUSY_POLL_MAX_S)
+                await asyncio.sleep(BUSY_POLL.delay_s(polls))
+                polls += 1
                 continue
             group = self._group = _Group()
             loop.call_soon(self._flush, group)  # behind the writers ready now
