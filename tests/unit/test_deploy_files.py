@@ -27,6 +27,7 @@ from loomfs.cli import service as service_cli
 from loomfs.cli.main import build_parser
 from loomfs.common.routing import parse_addresses
 from loomfs.config import MetaConfig, MgmtdConfig, StorageConfig, load
+from loomfs.mgmtd.server import check_config
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
@@ -154,6 +155,15 @@ def mgmtd_address_problems(cfg: Any, docs: list[dict[str, Any]]) -> list[str]:
     return out
 
 
+def every_mgmtd_pod(docs: list[dict[str, Any]]) -> set[str]:
+    """``host:port`` of every pod of the StatefulSet that runs mgmtd."""
+    (sts,) = [d for d in docs if d["kind"] == "StatefulSet"
+              and service_kind(one_container(d)["command"]) == "mgmtd"]
+    start = sts["spec"].get("ordinals", {}).get("start", 0)
+    name, svc = sts["metadata"]["name"], sts["spec"]["serviceName"]
+    return {f"{name}-{i}.{svc}:{MgmtdConfig().port}" for i in range(start, start + sts["spec"]["replicas"])}
+
+
 def target_problems(w: dict[str, Any], cfg: StorageConfig) -> list[str]:
     """One volumeClaimTemplate per target, mounted exactly at the target's directory."""
     claims = {t["metadata"]["name"] for t in w["spec"].get("volumeClaimTemplates", [])}
@@ -240,8 +250,11 @@ def test_manifests_agree_with_the_config_their_pods_load(monkeypatch: pytest.Mon
             assert target_problems(w, cfg) == []
         if isinstance(cfg, MetaConfig):
             assert cfg.store_url.startswith("postgresql://")  # N stateless meta need a database
-        if not isinstance(cfg, MgmtdConfig):
-            assert mgmtd_address_problems(cfg, docs) == []
+        assert mgmtd_address_problems(cfg, docs) == []
+        # services, clients and the mgmtd themselves all name every mgmtd pod
+        assert {f"{a.host}:{a.port}" for a in parse_addresses(cfg.mgmtd)} == every_mgmtd_pod(docs)
+        if isinstance(cfg, MgmtdConfig):  # several mgmtd: a shared PostgreSQL, a short primary lease
+            assert check_config(cfg) is True
 
 
 def test_the_checks_catch_a_broken_copy(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -254,7 +267,7 @@ def test_the_checks_catch_a_broken_copy(monkeypatch: pytest.MonkeyPatch) -> None
     assert len(port_problems(broken, cfg, docs)) >= 2
     broken["spec"]["volumeClaimTemplates"].pop()
     assert target_problems(broken, cfg)
-    wrong = StorageConfig(mgmtd="loomfs-mgmtd-1.loomfs-mgmtd:8000,loomfs-meta-0.loomfs-meta:8000")
+    wrong = StorageConfig(mgmtd="loomfs-mgmtd-3.loomfs-mgmtd:8000,loomfs-meta-0.loomfs-meta:8000")
     assert len(mgmtd_address_problems(wrong, docs)) == 2
 
 
