@@ -35,6 +35,7 @@ from loomfs.client.ec_stripe import (
     write_fragments,
 )
 from loomfs.client.storage_client import StorageClient
+from loomfs.config import ClientConfig
 from loomfs.ec.codec import make_codec
 from loomfs.ec.stripe import Geometry
 from loomfs.testing import LocalCluster
@@ -50,7 +51,7 @@ SEED = int(os.environ.get("LOOMFS_EC_SEED", "0")) or random.randrange(1 << 30)
 def ec_cluster() -> Iterator[LocalCluster]:
     root = tempfile.mkdtemp(prefix="loomfs-it-ec-")
     c = LocalCluster(root, storage_nodes=6, ec_targets_per_node=1, gc_delay_s=1.0, lease_s=3.0,
-                     replace_after_s=2.0)
+                     replace_after_s=8.0)
     try:
         c.start(timeout_s=60)
     except BaseException:
@@ -405,6 +406,22 @@ def test_rebuild_onto_a_spare(efs: loomfs.LoomFS, ec_cluster: LocalCluster) -> N
                       if c.table_id == ec_table.table_id and node_of[c.targets[0]] == dead_node)
     print(f"[ec] killing {victim} (node {dead_node}); spare node {spare_node.node_id}")
     ec_cluster.kill_service(victim)
+    ec_cluster.wait_routing(lambda r: all(n.state != NodeState.ALIVE for n in r.nodes if n.node_id == dead_node),
+                            30, "victim marked dead")
+    # before mgmtd swaps a spare in (replace_after_s): an opted-in writer skips the dead chain
+    reduced = loomfs.connect(str(ec_cluster.root), config=ClientConfig(ec_ack_fragments_min=5))
+    try:
+        storage = reduced.client.storage
+        assert isinstance(storage, StorageClient)
+        reduced.run(storage.routing.refresh())
+        before = STATS.reduced_stripes_total
+        files["/cold/rb-reduced"] = rng.randbytes(2 * 4 * CS + 99)
+        with reduced.open("/cold/rb-reduced", "wb") as f:
+            f.write(files["/cold/rb-reduced"])
+        assert STATS.reduced_stripes_total == before + 3  # 3 stripes, each with 5 of 6 fragments
+        assert reduced.cat("/cold/rb-reduced") == files["/cold/rb-reduced"]
+    finally:
+        reduced.close()
 
     def swapped(r: object) -> bool:
         nodes = {t.target_id: t.node_id for t in r.targets}  # type: ignore[attr-defined]

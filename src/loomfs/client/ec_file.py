@@ -154,7 +154,8 @@ class EcFileIO:
             # length, so no longer leftover (an unacknowledged earlier write) trails its header
             await write_stripe(self.io, self.codec, STATS, cur.stripe, cur.buf, stripe_len,
                                valid_lo=valid_lo, valid_hi=valid_hi, overwrite=cur.base_len > 0,
-                               exact=stripe_len < self.geometry.stripe_bytes)
+                               exact=stripe_len < self.geometry.stripe_bytes,
+                               ack_min=f._config.ec_ack_fragments_min)
         except Exception as exc:
             logger.warning("%s: write of stripe %d failed: %s", f.path, cur.stripe, exc)
             if f._error is None:

@@ -90,6 +90,7 @@ class EcStats:
     degraded_stripes_total: int = 0
     repaired_fragments_total: int = 0
     shadow_writes_total: int = 0
+    reduced_stripes_total: int = 0  # written with fewer than k+m fragments (ec_ack_fragments_min)
 
 
 def _zero_gaps(g: Geometry, buf: Buffer, valid_lo: int, valid_hi: int, plen: int) -> None:
@@ -107,9 +108,11 @@ def _zero_gaps(g: Geometry, buf: Buffer, valid_lo: int, valid_hi: int, plen: int
 
 async def write_stripe(io: FragmentIO, codec: Codec, stats: EcStats, stripe: int, buf: Buffer,
                        stripe_len: int, *, valid_lo: int, valid_hi: int, overwrite: bool,
-                       exact: bool = False) -> int:
+                       exact: bool = False, ack_min: int = 0) -> int:
     """Encode and write one stripe from ``buf`` (data payloads hold stripe bytes
-    [valid_lo, valid_hi), the rest is zero-filled). Returns the version written."""
+    [valid_lo, valid_hi), the rest is zero-filled). Returns the version written.
+    ``ack_min`` (k+1..k+m-1, opt-in): fragments whose chain routing shows down are skipped
+    when at least that many remain; 0: all k+m (wait for the routing to heal, or fail)."""
     g = io.geometry
     plen = g.parity_len(stripe_len)
     _zero_gaps(g, buf, valid_lo, valid_hi, plen)
@@ -121,10 +124,18 @@ async def write_stripe(io: FragmentIO, codec: Codec, stats: EcStats, stripe: int
         codec.encode(data, parity)
     version = next_version()
     stamp(g, buf, stripe, stripe_len, version)
+    frags: list[int] | None = None
+    if g.k < ack_min < g.width:
+        up = [j for j in range(g.width) if not io.down(g.chunk_index(stripe, j))]
+        if ack_min <= len(up) < g.width:
+            frags = up
+            stats.reduced_stripes_total += 1
+            logger.warning("inode %d stripe %d: written with %d of %d fragments (ec_ack_fragments_min=%d); "
+                           "`loomfs layout scrub --repair` restores it", io.inode, stripe, len(up), g.width, ack_min)
     if overwrite:
         stats.shadow_writes_total += 1
-        await write_fragments(io, buf, stripe, stripe_len, shadow=True, exact=exact)
-    await write_fragments(io, buf, stripe, stripe_len, shadow=False, exact=exact)
+        await write_fragments(io, buf, stripe, stripe_len, shadow=True, exact=exact, fragments=frags)
+    await write_fragments(io, buf, stripe, stripe_len, shadow=False, exact=exact, fragments=frags)
     if overwrite:
         shadow = g.stripe_chunks(stripe, shadow=True)
         await io.remove_all(shadow.start, shadow.stop)
