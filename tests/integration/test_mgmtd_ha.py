@@ -25,6 +25,8 @@ import tomli_w
 
 import loomfs
 from loomfs.errors import LoomError
+from loomfs.mgmtd.pgstore import PgHaStore
+from loomfs.mgmtd.state import ClusterState
 from loomfs.net.rpc import RpcClient
 from loomfs.net.tcp import TcpTransport
 from loomfs.net.transport import Address
@@ -33,6 +35,7 @@ from loomfs.testing.cluster import ServiceProc
 from loomfs.testing.pgserver import PgServer
 from loomfs.wire import mgmtd as wm
 from loomfs.wire.status import Status
+from loomfs.wire.types import NodeKind
 
 pytestmark = [pytest.mark.integration]
 
@@ -198,3 +201,35 @@ def test_sqlite_with_two_mgmtd_addresses_is_refused_at_start(tmp_path: Any) -> N
                        capture_output=True, text=True, timeout=60)
     assert r.returncode != 0
     assert "several mgmtd need one shared postgresql:// store_url" in r.stderr
+
+
+def test_pg_store_lease_and_conditional_saves(pg_server: PgServer) -> None:
+    """The SQL itself: one holder at a time, saves refused to anyone else, a release hands
+    over at once, a load bumps the version."""
+    url = pg_server.url(schema=f"mgmtdsql{os.getpid()}")
+
+    async def run() -> None:
+        a, b = PgHaStore(url), PgHaStore(url)
+        try:
+            assert (await a.acquire("a", "10.0.0.1:8000", 30.0)).held
+            view = await b.acquire("b", "10.0.0.2:8000", 30.0)
+            assert not view.held and view.address == "10.0.0.1:8000"
+            st = ClusterState(lease_s=5.0)
+            st.register(node_id=1, kind=NodeKind.STORAGE, host="127.0.0.1", port=9001, targets=[], now_s=0.0)
+            assert await a.save(st, "a")
+            saved_version = st.version
+            st.register(node_id=2, kind=NodeKind.STORAGE, host="127.0.0.1", port=9002, targets=[], now_s=0.0)
+            assert not await b.save(st, "b")  # not the holder: nothing written
+            assert (await a.acquire("a", "10.0.0.1:8000", 30.0)).held  # renewal
+            await a.release("a")
+            assert (await b.acquire("b", "10.0.0.2:8000", 30.0)).held  # at once, not after 30 s
+            assert not await a.save(st, "a")  # deposed
+            loaded = ClusterState(lease_s=5.0)
+            await b.load(loaded, now_s=0.0)
+            assert set(loaded.nodes) == {1} and loaded.version == saved_version + 1
+            assert (await a.acquire("a", "10.0.0.1:8000", 30.0)).address == "10.0.0.2:8000"
+        finally:
+            await a.close()
+            await b.close()
+
+    asyncio.run(run())
