@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 from rich.console import Console
@@ -62,8 +63,19 @@ def cmd_up(args: argparse.Namespace) -> int:
     root = cluster_dir(args)
     if (root / "cluster.json").exists():
         c = LocalCluster.from_dir(root)
-        if all(s["state"] == "running" for s in c.status()):
+        rows = c.status()
+        if all(s["state"] == "running" for s in rows):
             print(f"LoomFS local cluster already running in {root}")
+            _print_status(c, as_json=False)
+            return 0
+        down = [s["name"] for s in rows if s["state"] != "running"]
+        if len(down) < len(rows):  # partly running: start what is missing, keep the rest
+            order = {"mgmtd": 0, "storage": 1, "meta": 2}
+            for name in sorted(down, key=lambda n: (order.get(c.services[n].kind, 3), n)):
+                print(f"starting {name} (it was not running)")
+                c.start_service(name)
+                c.wait_listening(name)
+            print(f"LoomFS local cluster up in {root} ({len(down)} service(s) restarted)")
             _print_status(c, as_json=False)
             return 0
     else:
@@ -88,7 +100,11 @@ def cmd_up(args: argparse.Namespace) -> int:
 def cmd_status(args: argparse.Namespace) -> int:
     c = LocalCluster.from_dir(cluster_dir(args))
     _print_status(c, as_json=args.json)
-    return 0 if all(s["state"] == "running" for s in c.status()) else 3
+    down = [s["name"] for s in c.status() if s["state"] != "running"]
+    if down and not args.json:
+        print(f"not running: {', '.join(down)} (their logs: loomfs local logs NAME); "
+              f"`loomfs local up --dir {c.root}` starts what is missing", file=sys.stderr)
+    return 0 if not down else 3
 
 
 def cmd_down(args: argparse.Namespace) -> int:

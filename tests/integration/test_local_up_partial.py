@@ -1,0 +1,29 @@
+"""Issue 15 item 2: ``loomfs local up`` on a partly running cluster starts what is missing
+(it used to fail with "already running"); ``local status`` exits non-zero and says what is
+down and how to fix it."""
+
+from __future__ import annotations
+
+import pytest
+
+from loomfs.cli.main import main
+from loomfs.testing import LocalCluster
+from loomfs.wire.types import NodeKind, NodeState
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+
+
+def test_local_up_restarts_what_is_missing(own_cluster: LocalCluster, capsys: pytest.CaptureFixture[str]) -> None:
+    root = str(own_cluster.root)
+    own_cluster.kill_service("storage2")
+    assert main(["local", "status", "--dir", root]) == 3
+    err = capsys.readouterr().err
+    assert "not running: storage2" in err and "loomfs local up" in err
+    assert main(["local", "up", "--dir", root]) == 0
+    assert "starting storage2" in capsys.readouterr().out
+    assert main(["local", "status", "--dir", root]) == 0
+    node = own_cluster.services["storage2"].node_id
+    own_cluster.wait_routing(lambda r: any(n.node_id == node and n.kind == NodeKind.STORAGE
+                                           and n.state == NodeState.ALIVE for n in r.nodes), 30, "storage2 back")
+    # the restarted process belongs to the cluster directory's state, not to this fixture's object
+    LocalCluster.from_dir(root).stop_service("storage2")
