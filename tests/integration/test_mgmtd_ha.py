@@ -1,10 +1,11 @@
 """mgmtd failover by lease (issue 12 item 3): two mgmtd processes on one PostgreSQL store.
 
-A client writes and reads files while the primary mgmtd is killed with SIGKILL: the standby
-takes over within one lease, no error reaches the client, storage nodes keep their leases
-(writes go on past a node lease after the kill), the routing version has grown, and every
-service and client follows the new primary. And: SQLite with two mgmtd addresses is refused
-at start.
+Three mgmtd. A client writes and reads files while the primary mgmtd is killed with SIGKILL:
+a standby takes over within one lease, no error reaches the client, storage nodes keep their
+leases (writes go on past a node lease after the kill), the routing version has grown, and
+every service and client follows the new primary. Then the new primary is paused (SIGSTOP):
+the last one takes over, and the paused one, resumed, answers NOT_PRIMARY naming it. And:
+the lease SQL on its own; SQLite with two mgmtd addresses is refused at start.
 """
 
 from __future__ import annotations
@@ -86,7 +87,7 @@ class HaCluster(LocalCluster):
 @pytest.fixture
 def ha_cluster(pg_server: PgServer, request: pytest.FixtureRequest) -> Iterator[HaCluster]:
     root = tempfile.mkdtemp(prefix="loomfs-mgmtdha-")
-    c = HaCluster(root, mgmtd_servers=2, mgmtd_store=pg_server.url(schema=f"mgmtdha{os.getpid()}"),
+    c = HaCluster(root, mgmtd_servers=3, mgmtd_store=pg_server.url(schema=f"mgmtdha{os.getpid()}"),
                   storage_nodes=2, targets_per_node=1, replicas=2, lease_s=NODE_LEASE_S,
                   heartbeat_interval_s=0.5, gc_delay_s=1.0)
     try:
@@ -129,10 +130,20 @@ def _status_of(address: str) -> Status | None:
     return Status.OK
 
 
+def _wait_primary(candidates: list[str], since_s: float) -> str:
+    """The first of ``candidates`` to answer as primary; fails after a lease plus slack."""
+    while True:
+        for a in candidates:
+            if _status_of(a) is Status.OK:
+                return a
+        assert time.monotonic() < since_s + PRIMARY_LEASE_S + 5.0, "no standby took over"
+        time.sleep(0.02)
+
+
 def test_standby_takes_over_when_the_primary_is_killed(ha_cluster: HaCluster) -> None:
     c = ha_cluster
-    first, second = (c.services[n].address for n in c.mgmtd_names)
-    assert _status_of(second) is Status.NOT_PRIMARY
+    first, *standbys = (c.services[n].address for n in c.mgmtd_names)
+    assert [_status_of(a) for a in standbys] == [Status.NOT_PRIMARY] * 2
     fs = loomfs.connect(c.mgmtd_addresses)
     errors: list[BaseException] = []
     done: list[float] = []  # when each write+read finished
@@ -161,9 +172,7 @@ def test_standby_takes_over_when_the_primary_is_killed(ha_cluster: HaCluster) ->
             time.sleep(0.01)
         killed_s = time.monotonic()
         c.kill_service("mgmtd")
-        while _status_of(second) is not Status.OK:
-            assert time.monotonic() < killed_s + PRIMARY_LEASE_S + 5.0, "standby did not take over"
-            time.sleep(0.02)
+        second = _wait_primary(standbys, killed_s)
         took_s = time.monotonic() - killed_s
         after = asyncio.run(_routing_version(second))
         # writes go on past a whole node lease after the kill: the storage nodes renewed
@@ -187,6 +196,36 @@ def test_standby_takes_over_when_the_primary_is_killed(ha_cluster: HaCluster) ->
             time.sleep(0.05)
         assert mgmtd.primary == Address.parse(second)
         assert fs._ensure().routing.current.version >= after
+
+        # a gray failure: the new primary hangs; the last mgmtd takes over
+        third = next(a for a in standbys if a != second)
+        paused = next(n for n in c.mgmtd_names if c.services[n].address == second)
+        paused_s = time.monotonic()
+        c.pause_service(paused)
+        try:
+            assert _wait_primary([third], paused_s) == third
+            took2_s = time.monotonic() - paused_s
+        finally:
+            c.resume_service(paused)
+        # resumed past its lease, it knows it is not primary any more (its local deadline
+        # passed), and names the new one once it has read the lease row
+        end = time.monotonic() + 5
+        while True:
+            try:
+                asyncio.run(_routing_version(second))
+                raise AssertionError("the paused mgmtd answered as primary after resuming")
+            except LoomError as exc:
+                assert exc.status is Status.NOT_PRIMARY
+                if "primary=" + third in str(exc) or time.monotonic() > end:
+                    assert "primary=" + third in str(exc), exc
+                    break
+            time.sleep(0.05)
+        last = asyncio.run(_routing_version(third))
+        assert last > after
+        fs.pipe("/ha/after-pause", b"x")
+        assert fs.cat("/ha/after-pause") == b"x"
+        print(f"second takeover (primary paused) after {took2_s:.2f}s; routing v{after} -> v{last}")
+        assert took2_s <= PRIMARY_LEASE_S + 1.5
     finally:
         stop.set()
         fs.close()
