@@ -27,3 +27,15 @@ def test_local_up_restarts_what_is_missing(own_cluster: LocalCluster, capsys: py
                                            and n.state == NodeState.ALIVE for n in r.nodes), 30, "storage2 back")
     # the restarted process belongs to the cluster directory's state, not to this fixture's object
     LocalCluster.from_dir(root).stop_service("storage2")
+
+
+def test_metrics_ports_follow_from_the_service_ports(cluster: LocalCluster) -> None:
+    """Issue 15 item 11: every service's /metrics port is predictable from the base port
+    (meta and storage: their port + 100; mgmtd: base + 9)."""
+    from loomfs.testing.cluster import METRICS_OFFSET
+
+    ports = {(n.host, n.port): n.metrics_port for n in cluster.routing().nodes}
+    for s in cluster.services.values():
+        if s.kind != "mgmtd":
+            assert ports[("127.0.0.1", s.port)] == s.port + METRICS_OFFSET, s.name
+    assert cluster.mgmtd_metrics_port == cluster.base_port + 9

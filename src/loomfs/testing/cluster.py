@@ -83,6 +83,10 @@ def _port_free(port: int) -> bool:
     return True
 
 
+# every meta and storage service serves /metrics on its own port + this (mgmtd: base + 9)
+METRICS_OFFSET = 100
+
+
 def find_base_port(span: int, start: int = 20000, stop: int = 60000) -> int:
     import random
 
@@ -150,10 +154,11 @@ class LocalCluster:
         return self.services["mgmtd"].address
 
     def _plan(self) -> None:
-        span = 20 + self.storage_nodes
+        span = METRICS_OFFSET + 20 + self.storage_nodes
         base = self.base_port if self.base_port is not None else find_base_port(span)
-        busy = [base + i for i in [0, *range(1, 1 + self.meta_nodes), 9,
-                                   *range(10, 10 + self.storage_nodes)] if not _port_free(base + i)]
+        services = [0, *range(1, 1 + self.meta_nodes), 9, *range(10, 10 + self.storage_nodes)]
+        metrics = [i + METRICS_OFFSET for i in services if i not in (0, 9)]  # meta and storage
+        busy = [base + i for i in services + metrics if not _port_free(base + i)]
         if busy:
             raise LoomError(f"ports already in use: {busy} (pick another --base-port)")
         self.base_port = base
@@ -175,12 +180,13 @@ class LocalCluster:
             # every meta serves the same namespace: one database (``meta_store``), or one
             # shared SQLite file on this host
             return {"host": "127.0.0.1", "port": s.port, "node_id": s.node_id, "mgmtd": mg,
-                    "data_dir": s.dir, "gc_delay_s": self.gc_delay_s,
+                    "data_dir": s.dir, "gc_delay_s": self.gc_delay_s, "metrics_port": s.port + METRICS_OFFSET,
                     "store_url": self.meta_store or f"sqlite:///{self.root / 'meta.db'}"}
         targets = [str(Path(s.dir, f"target{j}"))
                    for j in range(1, self.targets_per_node + self.ec_targets_per_node + 1)]
         return {"host": "127.0.0.1", "port": s.port, "node_id": s.node_id, "mgmtd": mg,
-                "data_dir": s.dir, "targets": targets, **self.storage_config}
+                "data_dir": s.dir, "targets": targets, "metrics_port": s.port + METRICS_OFFSET,
+                **self.storage_config}
 
     # ---- lifecycle -------------------------------------------------------------------------
     def start(self, timeout_s: float = 60.0) -> None:
