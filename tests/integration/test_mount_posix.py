@@ -587,3 +587,21 @@ def test_two_descriptors_of_one_file(roots: tuple[Path, Path]) -> None:
         return seen
 
     same(roots, scenario)
+
+
+def test_mmap_read_and_shared_write(roots: tuple[Path, Path]) -> None:
+    import mmap
+
+    def scenario(r: Path) -> list[object]:
+        p = r / "m"
+        p.write_bytes(bytes(range(256)) * 64)  # 16 KiB
+        with open(p, "r+b") as f, mmap.mmap(f.fileno(), 0) as m:
+            seen: list[object] = [m[100:110], m[-5:]]
+            m[0:4] = b"MMAP"  # a shared writable mapping: written back at msync
+            m.flush()
+        seen.append(p.read_bytes()[:8])
+        with open(p, "rb") as f, mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ) as m:
+            seen.append(m[:16])
+        return seen
+
+    same(roots, scenario)
