@@ -392,3 +392,42 @@ def test_lookup_path(store: MetaStore) -> None:
             assert [r.inode for r in await t.lookup_path(1, ["a", "b", "new", "q"])] == [10, 11, 112, 99]
 
     run(go())
+
+
+def test_scan_inodes_pages_in_id_order(store: MetaStore) -> None:
+    async def go() -> None:
+        async with store.write() as t:
+            for ino in (12, 3, 40, 7):
+                await t.put_inode(_attr(ino, size=ino))
+        async with store.read() as t:
+            first = await t.scan_inodes(0, 2)
+            rest = await t.scan_inodes(first[-1].inode, 10)
+            assert [a.inode for a in first] == [3, 7]
+            assert [a.inode for a in rest] == [12, 40]
+            assert rest[1].layout == LAY and rest[1].size == 40
+            assert await t.scan_inodes(40, 10) == []
+
+    run(go())
+
+
+def test_worker_state_blobs(store: MetaStore) -> None:
+    async def go() -> None:
+        async with store.write() as t:
+            await t.state_put("ec_rebuild/2", b"\x00two")
+            await t.state_put("ec_rebuild/10", b"ten")
+            await t.state_put("ec_rebuilder", b"other prefix")
+            await t.state_put("gc", b"x")
+        async with store.write() as t:
+            await t.state_put("ec_rebuild/2", b"two again")  # replaced
+        async with store.read() as t:
+            assert await t.state_get("ec_rebuild/2") == b"two again"
+            assert await t.state_get("nope") is None
+            assert await t.state_list("ec_rebuild/") == [("ec_rebuild/10", b"ten"), ("ec_rebuild/2", b"two again")]
+        async with store.write() as t:
+            await t.state_delete("ec_rebuild/10")
+            await t.state_delete("never-there")
+        async with store.read() as t:
+            assert [k for k, _ in await t.state_list("ec_rebuild")] == ["ec_rebuild/2", "ec_rebuilder"]
+            assert await t.state_list("") != []
+
+    run(go())

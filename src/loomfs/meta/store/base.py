@@ -1,7 +1,8 @@
 """The MetaStore seam: a narrow transactional engine under the namespace.
 
 An engine stores inodes, directory entries, write sessions, the GC queue, the trim queue,
-truncate epochs and counters, and runs reads and writes inside transactions. It knows nothing about POSIX: every namespace
+truncate epochs, counters and workers' state, and runs reads and writes inside transactions.
+It knows nothing about POSIX: every namespace
 rule (errno choice, nlink accounting, layouts, symlinks) lives once in ``loomfs.meta.ops``.
 
 Engines are chosen by URL and registered by scheme::
@@ -293,6 +294,27 @@ class MetaTxn(ABC):
 
     @abstractmethod
     async def trim_count(self) -> int: ...
+
+    # scans ------------------------------------------------------------------------------
+    @abstractmethod
+    async def scan_inodes(self, after: int, limit: int) -> list[Attr]:
+        """Inodes with id > ``after`` in id order, at most ``limit`` (background workers page
+        through every inode: the EC rebuild looks for the files with a fragment on a chain)."""
+
+    # worker state (small named blobs: a background worker's progress) ------------------
+    @abstractmethod
+    async def state_get(self, key: str) -> bytes | None: ...
+
+    @abstractmethod
+    async def state_put(self, key: str, value: bytes) -> None:
+        """Insert or replace the blob under ``key``."""
+
+    @abstractmethod
+    async def state_delete(self, key: str) -> None: ...
+
+    @abstractmethod
+    async def state_list(self, prefix: str) -> list[tuple[str, bytes]]:
+        """Every (key, blob) whose key starts with ``prefix``, in key order."""
 
 
 class MetaStore(ABC):

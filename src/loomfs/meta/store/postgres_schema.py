@@ -22,7 +22,7 @@ import hashlib
 import re
 from typing import Any
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 ADVISORY_LOCK_KEY = 0x4C4F4F4D_46530001  # "LOOMFS" + 1: migrations
 WRITE_GATE_KEY = 0x4C4F4F4D_46530002  # every write passes it shared; a lone writer holds it alone
 
@@ -57,6 +57,8 @@ MIGRATIONS: list[list[str]] = [
             claim_owner bigint NOT NULL, claim_until_ns bigint NOT NULL)""",
         "CREATE INDEX trim_by_time ON trim_queue (enqueued_ns)",
     ],
+    # 2: background workers' progress (the EC rebuild)
+    ["CREATE TABLE worker_state (key text COLLATE \"C\" PRIMARY KEY, value bytea NOT NULL)"],
 ]
 assert len(MIGRATIONS) == SCHEMA_VERSION
 

@@ -340,6 +340,27 @@ class PostgresTxn(MetaTxn):
     async def trim_count(self) -> int:
         return int(await (await self._r()).fetchval("SELECT count(*) FROM trim_queue"))
 
+    async def scan_inodes(self, after: int, limit: int) -> list[Attr]:
+        rows = await (await self._r()).fetch(
+            f"SELECT {_INODE_COLS} FROM inodes WHERE id > $1 ORDER BY id LIMIT $2", after, limit)
+        return [_attr(row) for row in rows]
+
+    async def state_get(self, key: str) -> bytes | None:
+        v = await (await self._r()).fetchval("SELECT value FROM worker_state WHERE key = $1", key)
+        return None if v is None else bytes(v)
+
+    async def state_put(self, key: str, value: bytes) -> None:
+        self._defer("INSERT INTO worker_state (key, value) VALUES ($1, $2) "
+                    "ON CONFLICT (key) DO UPDATE SET value = excluded.value", key, bytes(value))
+
+    async def state_delete(self, key: str) -> None:
+        self._defer("DELETE FROM worker_state WHERE key = $1", key)
+
+    async def state_list(self, prefix: str) -> list[tuple[str, bytes]]:
+        rows = await (await self._r()).fetch(
+            "SELECT key, value FROM worker_state WHERE left(key, $1) = $2 ORDER BY key", len(prefix), prefix)
+        return [(str(r[0]), bytes(r[1])) for r in rows]
+
 
 def _trim(row: Any) -> TrimEntry:
     layout = decode_layout(row[1])

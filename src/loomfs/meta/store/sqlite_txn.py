@@ -286,6 +286,25 @@ class SqliteTxn(MetaTxn):
     async def trim_count(self) -> int:
         return int(self._c.execute("SELECT COUNT(*) FROM trim_queue").fetchone()[0])
 
+    async def scan_inodes(self, after: int, limit: int) -> list[Attr]:
+        rows = self._c.execute(f"SELECT {_INODE_COLS} FROM inodes WHERE id > ? ORDER BY id LIMIT ?", (after, limit))
+        return [_attr(row) for row in rows]
+
+    async def state_get(self, key: str) -> bytes | None:
+        row = self._c.execute("SELECT value FROM worker_state WHERE key = ?", (key,)).fetchone()
+        return None if row is None else bytes(row[0])
+
+    async def state_put(self, key: str, value: bytes) -> None:
+        self._w().execute("INSERT OR REPLACE INTO worker_state (key, value) VALUES (?,?)", (key, bytes(value)))
+
+    async def state_delete(self, key: str) -> None:
+        self._w().execute("DELETE FROM worker_state WHERE key = ?", (key,))
+
+    async def state_list(self, prefix: str) -> list[tuple[str, bytes]]:
+        rows = self._c.execute("SELECT key, value FROM worker_state WHERE substr(key, 1, ?) = ? ORDER BY key",
+                               (len(prefix), prefix))
+        return [(k, bytes(v)) for k, v in rows]
+
 
 def _trim(row: tuple[Any, ...]) -> TrimEntry:
     layout = decode_layout(row[1])
@@ -299,7 +318,7 @@ def _gc(row: tuple[Any, ...]) -> GcEntry:
     return GcEntry(row[0], layout, row[2], row[3])
 
 
-SCHEMA_VERSION = 2  # PRAGMA user_version of a store this code wrote
+SCHEMA_VERSION = 3  # PRAGMA user_version of a store this code wrote
 
 
 class SchemaTooNew(sqlite3.DatabaseError):
@@ -319,12 +338,17 @@ def _add_inline_column(conn: sqlite3.Connection) -> None:
         logger.info("metastore: added the inodes.inline column")
 
 
+def _add_worker_state(conn: sqlite3.Connection) -> None:
+    conn.execute("CREATE TABLE IF NOT EXISTS worker_state (key TEXT PRIMARY KEY, value BLOB NOT NULL) WITHOUT ROWID")
+
+
 # MIGRATIONS[n] brings a store at version n to n + 1 (version 1: the tables of SCHEMA
 # without inline data; stores written before versioning carry user_version 0 and are
 # brought up from whatever they hold, each step checking before it changes anything)
 MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [
     _create_tables,  # 0 -> 1
     _add_inline_column,  # 1 -> 2: inline files
+    _add_worker_state,  # 2 -> 3: background workers' progress (the EC rebuild)
 ]
 assert len(MIGRATIONS) == SCHEMA_VERSION
 
