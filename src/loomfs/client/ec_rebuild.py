@@ -5,11 +5,14 @@ newest complete version and (``repair=True``) rewrites every fragment that is ab
 an empty spare mgmtd swapped in for a dead target: the rebuild), corrupt or of another version,
 and completes an overwrite that was cut short. After a repairing pass over a file whose
 servers all answer, the file is back at full redundancy (k+m good fragments per stripe).
+``unhealthy_chains`` names the chains that still hold a fragment not known good after the pass
+(unreachable, or bad and not repaired): the background rebuild in meta
+(``loomfs.meta.ec_rebuild``) counts a file rebuilt onto a chain once that chain is not among them.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from loomfs.client.ec_file import STATS
 from loomfs.client.ec_io import FragmentIO
@@ -28,6 +31,7 @@ class ScrubReport:
     repaired_fragments: int = 0
     unreachable_fragments: int = 0  # their server did not answer: not checked
     lost_stripes: int = 0  # fewer than k good fragments: EIO on read
+    unhealthy_chains: set[int] = field(default_factory=set)  # chains with a fragment not known good
 
     @property
     def full_redundancy(self) -> bool:
@@ -49,13 +53,21 @@ async def scrub_file(storage: StorageClient, path: str, attr: Attr, *, repair: b
             res = await resolve(io, codec, STATS, s, buf, repair=False, full=True)
         except LoomError:
             rep.lost_stripes += 1
+            rep.unhealthy_chains.update(io.chain_of(g.chunk_index(s, j)) for j in range(g.width))
             continue
         if res is None:
             continue  # a hole
         rep.bad_fragments += len(res.bad)
         rep.unreachable_fragments += len(res.unreachable)
+        unhealthy = list(res.unreachable)
         if repair and (res.bad or res.from_shadow):
             before = STATS.repaired_fragments_total
             await repair_fragments(io, STATS, s, buf, res)
-            rep.repaired_fragments += STATS.repaired_fragments_total - before
+            repaired = STATS.repaired_fragments_total - before
+            rep.repaired_fragments += repaired
+            if repaired < len(res.bad):  # repair_fragments writes them together: all or none
+                unhealthy += res.bad
+        else:
+            unhealthy += res.bad
+        rep.unhealthy_chains.update(io.chain_of(g.chunk_index(s, j)) for j in unhealthy)
     return rep

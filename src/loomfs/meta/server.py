@@ -93,6 +93,17 @@ def _make_cutter(rpc: RpcClient, routing: RoutingClient, node_id: int) -> Storag
     return StorageClient(rpc, routing, client_id=remover_client_id(node_id), call_timeout_s=TRIM_CALL_TIMEOUT_S)
 
 
+def _make_rebuilder(store: MetaStore, rpc: RpcClient, routing: RoutingClient, node_id: int) -> Any:
+    """The EC rebuild worker (``loomfs.meta.ec_rebuild``): refills spares swapped into EC chains."""
+    try:
+        from loomfs.client.storage_client import StorageClient
+        from loomfs.meta.ec_rebuild import RebuildWorker
+    except ImportError as exc:
+        logger.warning("EC rebuild disabled (%s)", exc)
+        return None
+    return RebuildWorker(store, StorageClient(rpc, routing, client_id=remover_client_id(node_id)), routing)
+
+
 STORE_WAIT_S = 60.0  # at start-up, how long a meta server waits for its database
 
 
@@ -176,6 +187,13 @@ async def serve(config: MetaConfig, *, ready: asyncio.Event | None = None) -> No
                 session_lease_s=ns.session_lease_s, clock=SYSTEM_CLOCK, trimmer=trimmer,
             )
             tasks.append(loop.create_task(gc.run(), name="meta-gc"))
+        rebuild = _make_rebuilder(store, rpc, routing, reg.node_id)
+        if rebuild is not None:
+            if metrics is not None:
+                from loomfs.meta.ec_rebuild import RebuildCollector
+
+                metrics.registry.register(RebuildCollector(rebuild))
+            tasks.append(loop.create_task(rebuild.run(), name="meta-ec-rebuild"))
         logger.info("meta up on %s: %r", addr, ns)
         if ready is not None:
             ready.set()
