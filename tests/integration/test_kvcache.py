@@ -193,7 +193,7 @@ def test_compaction_moves_live_values_and_removes_segments(fs: loomfs.LoomFS, kv
 def test_unsealed_segments_wait_for_their_entries(fs: loomfs.LoomFS, kv_dir: str) -> None:
     """An .open segment (its writer may still be writing entries for it) is left alone by a
     compactor however empty it looks, until it is segment_abandon_s old."""
-    with KVCache(fs, kv_dir, background_interval_s=0, segment_roll_s=3600) as kv:
+    with KVCache(fs, kv_dir, background_interval_s=0, segment_roll_s=300) as kv:
         kv.put(b"x", b"v" * 10_000)
         kv.delete(b"x")  # the open segment now holds no live value
         assert kv.evict_now()["segments_removed"] == 0

@@ -91,6 +91,9 @@ class KVConfig:
     def check(self) -> None:
         if self.capacity_bytes <= 0 or self.ttl_s < 0 or self.segment_bytes <= 0 or self.segment_roll_s <= 0:
             raise InvalidArgument("kvcache: capacity_bytes and segment sizes must be > 0, ttl_s >= 0")
+        if self.segment_abandon_s <= self.segment_roll_s:
+            raise InvalidArgument("kvcache: segment_abandon_s must exceed segment_roll_s (a live writer's "
+                                  "open segment would look abandoned)")
         if not 0 < self.low_water <= 1 or not 0 <= self.compact_live_ratio <= 1:
             raise InvalidArgument("kvcache: low_water in (0, 1], compact_live_ratio in [0, 1]")
 

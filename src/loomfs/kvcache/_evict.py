@@ -225,13 +225,9 @@ async def evict_once(cache: AsyncKVCache) -> dict[str, int]:
     """One eviction and compaction pass; returns what it did."""
     cfg = cache.config
     c = cache.client
-    scanned = await scan_index(cache)
-    plan = plan_eviction(scanned, now_s=cache.clock(), ttl_s=cfg.ttl_s, capacity_bytes=cfg.capacity_bytes,
-                         low_water=cfg.low_water)
-    by_name = dict(scanned)
-    removed = await _remove_entries(cache, [(n, by_name[n]) for n in plan.drop])
-    cache.stats.evicted += removed
-
+    # segments first: every entry of a segment sealed by now was written before this listing,
+    # so the index scan that follows sees it (scanned the other way round, a segment sealed in
+    # between would look empty and be removed under its entries)
     now_wall = time.time()
     segments = []
     async for page in c.readdir_pages(cache.seg_dir, with_attrs=True):
@@ -240,6 +236,13 @@ async def evict_once(cache: AsyncKVCache) -> dict[str, int]:
                 sealed = not d.name.endswith(OPEN_SUFFIX)
                 segments.append(SegmentInfo(d.name if sealed else d.name[: -len(OPEN_SUFFIX)], d.attr.size,
                                             now_wall - d.attr.ctime_ns / 1e9, sealed))
+    scanned = await scan_index(cache)
+    plan = plan_eviction(scanned, now_s=cache.clock(), ttl_s=cfg.ttl_s, capacity_bytes=cfg.capacity_bytes,
+                         low_water=cfg.low_water)
+    by_name = dict(scanned)
+    removed = await _remove_entries(cache, [(n, by_name[n]) for n in plan.drop])
+    cache.stats.evicted += removed
+
     current = cache.writer.current
     remove, compact = plan_segments(segments, [e for _, e in plan.live], open_names={current} if current else set(),
                                     abandon_s=cfg.segment_abandon_s, compact_live_ratio=cfg.compact_live_ratio)
