@@ -7,6 +7,7 @@ servers runs last.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import os
 import random
@@ -388,9 +389,18 @@ def test_writer_killed_mid_overwrite_leaves_whole_stripes(efs: loomfs.LoomFS, ec
     print(f"[ec] stripes found cut short mid-overwrite (and completed or rolled back): {cut_short}")
 
 
+def _rebuild_rows(c: LocalCluster) -> dict[int, dict[str, object]]:
+    """The meta servers' EC rebuild progress, as ``loomfs admin rebuilds --json`` reads it."""
+    from loomfs.cli.admin import _rebuild_rows as rows
+
+    return asyncio.run(rows(c.routing()))
+
+
 def test_rebuild_onto_a_spare(efs: loomfs.LoomFS, ec_cluster: LocalCluster) -> None:
-    """A server dies; mgmtd gives its EC chain an empty spare on a new node; a repairing scrub
-    regenerates the lost fragments there: full redundancy again, every byte the same."""
+    """A server dies; mgmtd gives its EC chain an empty spare on a new node; meta's rebuild
+    worker regenerates the lost fragments there by itself (no command): full redundancy again,
+    every byte the same, progress and "done" in `loomfs admin rebuilds`; then `layout scrub`
+    finds nothing to repair, and a fragment lost afterwards is restored by `scrub --repair`."""
     rng = _rng("rebuild")
     files = {f"/cold/rb{i}": rng.randbytes(rng.randrange(CS, 9 * CS)) for i in range(3)}
     for p, d in files.items():
@@ -404,6 +414,7 @@ def test_rebuild_onto_a_spare(efs: loomfs.LoomFS, ec_cluster: LocalCluster) -> N
     ec_table = next(t for t in r0.tables if t.replicas == 1)
     lost_chain = next(c.chain_id for c in r0.chains
                       if c.table_id == ec_table.table_id and node_of[c.targets[0]] == dead_node)
+    on_chain = {p for p in files if lost_chain in (efs.attr(p).layout or Layout()).chains}
     print(f"[ec] killing {victim} (node {dead_node}); spare node {spare_node.node_id}")
     ec_cluster.kill_service(victim)
     ec_cluster.wait_routing(lambda r: all(n.state != NodeState.ALIVE for n in r.nodes if n.node_id == dead_node),
@@ -420,6 +431,7 @@ def test_rebuild_onto_a_spare(efs: loomfs.LoomFS, ec_cluster: LocalCluster) -> N
             f.write(files["/cold/rb-reduced"])
         assert STATS.reduced_stripes_total == before + 3  # 3 stripes, each with 5 of 6 fragments
         assert reduced.cat("/cold/rb-reduced") == files["/cold/rb-reduced"]
+        on_chain.add("/cold/rb-reduced")
     finally:
         reduced.close()
 
@@ -432,19 +444,51 @@ def test_rebuild_onto_a_spare(efs: loomfs.LoomFS, ec_cluster: LocalCluster) -> N
     new_target = next(c for c in r.chains if c.chain_id == lost_chain).targets[0]
     assert {t.target_id: t.node_id for t in r.targets}[new_target] == spare_node.node_id
 
-    async def scrub(repair: bool) -> list[ScrubReport]:
+    deadline = time.monotonic() + 60  # meta's worker notices the new target and rebuilds it
+    row: dict[str, object] = {}
+    while time.monotonic() < deadline:
+        row = _rebuild_rows(ec_cluster).get(lost_chain, {})
+        if row.get("phase") == "done" and row.get("target") == new_target:
+            break
+        time.sleep(0.3)
+    print(f"[ec] rebuild of chain {lost_chain}: {row}")
+    assert row.get("phase") == "done" and row.get("target") == new_target, row
+    # every EC file with a fragment there (earlier tests' files too) was rebuilt, none left
+    assert int(row["files_done"]) >= len(on_chain) and row["files_left"] == 0 and row["files_failed"] == 0  # type: ignore[call-overload]
+    assert int(row["bytes_done"]) >= sum(len(files[p]) for p in on_chain)  # type: ignore[call-overload]
+    admin = _cli(ec_cluster, "admin", "rebuilds")
+    assert admin.returncode == 0 and "done" in admin.stdout, admin.stdout + admin.stderr
+
+    async def scrub(paths: list[str], repair: bool) -> list[ScrubReport]:
         storage = efs.client.storage
         assert isinstance(storage, StorageClient)
         await storage.routing.refresh()
-        return [await scrub_file(storage, p, await efs.client.stat(p), repair=repair) for p in files]
+        return [await scrub_file(storage, p, await efs.client.stat(p), repair=repair) for p in paths]
 
-    first = efs.run(scrub(True))
-    assert sum(x.repaired_fragments for x in first) == sum(x.stripes for x in first)  # one per stripe
-    again = efs.run(scrub(False))
+    again = efs.run(scrub(list(files), False))  # no manual repair ran: the worker did it all
     assert all(x.full_redundancy and x.bad_fragments == 0 for x in again), again
+    out = _cli(ec_cluster, "layout", "scrub", "/cold")
+    assert out.returncode == 0 and " 0 bad fragments" in out.stdout, out.stdout + out.stderr
+    assert all(": ok" in line or "stripes" not in line for line in out.stdout.splitlines()), out.stdout
     for p, d in files.items():
         with efs.open(p, "rb") as f:
             assert f.read() == d, p
+
+    # the manual path still works: a fragment rotten on the new target, restored by the scrub
+    attr = efs.attr("/cold/rb0")
+    assert attr.layout is not None
+    g = Geometry(4, 2, CS)
+    j = next(j for j in range(6) if attr.layout.chains[g.chunk_index(0, j) % 6] == lost_chain)
+    new_dir = next(t.path for t in r.targets if t.target_id == new_target)
+    (path,) = [p for p in _fragment_files(ec_cluster, attr.inode, g.chunk_index(0, j))
+               if str(p).startswith(new_dir.rstrip("/") + "/")]  # not the dead server's copy
+    raw = bytearray(path.read_bytes())
+    raw[len(raw) // 2] ^= 0xFF
+    path.write_bytes(bytes(raw))
+    fixed = efs.run(scrub(["/cold/rb0"], True))
+    assert fixed[0].repaired_fragments == 1 and fixed[0].full_redundancy, fixed
+    with efs.open("/cold/rb0", "rb") as f:
+        assert f.read() == files["/cold/rb0"]
 
 
 def test_kill_two_servers_read_everything(efs: loomfs.LoomFS, ec_cluster: LocalCluster) -> None:

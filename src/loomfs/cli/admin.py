@@ -1,4 +1,5 @@
-"""``loomfs admin nodes|targets|chains|create-chain-table``: the cluster as mgmtd sees it."""
+"""``loomfs admin nodes|targets|chains|rebuilds|create-chain-table``: the cluster as mgmtd sees it
+(``rebuilds``: the EC rebuild workers' progress, read from the meta servers' ``/metrics``)."""
 
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         ("nodes", cmd_nodes, "list nodes and their state"),
         ("targets", cmd_targets, "list storage targets: state, chain, usage"),
         ("chains", cmd_chains, "list chains: version and targets head..tail"),
+        ("rebuilds", cmd_rebuilds, "EC rebuilds onto new targets: files/bytes done and left per chain"),
     ):
         s = asub.add_parser(name, help=text)
         s.add_argument("--json", action="store_true")
@@ -187,3 +189,49 @@ def _fsck(args: argparse.Namespace) -> int:
     from loomfs.cli.fsck import cmd_fsck
 
     return cmd_fsck(args)
+
+
+REBUILD_FIELDS = ("files_done", "files_left", "bytes_done", "bytes_left", "files_failed", "files_retry")
+
+
+async def _rebuild_rows(r: RoutingInfo) -> dict[int, dict[str, Any]]:
+    from loomfs.metrics.scrape import scrape
+
+    rows: dict[int, dict[str, Any]] = {}
+    for n in r.nodes:
+        if n.kind != NodeKind.META or n.state != NodeState.ALIVE or not n.metrics_port:
+            continue
+        try:
+            sc = await scrape(n.host, n.metrics_port)
+        except (OSError, TimeoutError, ValueError):
+            continue  # that meta server does not answer: the others read the same store
+        got: dict[int, dict[str, Any]] = {}
+        for name in REBUILD_FIELDS:
+            for labels, value in sc.values(f"loomfs_ec_rebuild_{name}"):
+                row = got.setdefault(int(labels["chain"]), {"chain": int(labels["chain"]),
+                                                             "target": int(labels["target"]),
+                                                             "phase": labels["phase"], "meta": n.node_id})
+                row[name] = int(value)
+        for chain, row in got.items():  # every meta reads the store; the worker on it is the freshest
+            old = rows.get(chain)
+            if old is None or (row.get("files_done", 0), row.get("bytes_done", 0)) > (
+                    old.get("files_done", 0), old.get("bytes_done", 0)):
+                rows[chain] = row
+    return rows
+
+
+def cmd_rebuilds(args: argparse.Namespace) -> int:
+    r = fetch_routing(args)
+    rows = asyncio.run(_rebuild_rows(r))
+    if args.json:
+        print(json.dumps([rows[c] for c in sorted(rows)], indent=2))
+        return 0
+    out = []
+    for c in sorted(rows):
+        x = {k: rows[c].get(k, 0) for k in REBUILD_FIELDS} | rows[c]
+        out.append([c, x["target"], x["phase"], f"{x['files_done']} / {x['files_done'] + x['files_left']}",
+                    f"{human_bytes(x['bytes_done'])} / {human_bytes(x['bytes_done'] + x['bytes_left'])}",
+                    f"{x['files_left']} files, {human_bytes(x['bytes_left'])}", x["files_retry"], x["files_failed"]])
+    _emit(args, f"EC rebuilds (routing v{r.version})",
+          ["chain", "target", "phase", "files done", "bytes done", "left", "retrying", "given up"], out)
+    return 0
