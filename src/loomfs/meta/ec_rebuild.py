@@ -30,7 +30,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -39,7 +39,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
-from loomfs.client.ec_rebuild import scrub_file
+from loomfs.client.ec_rebuild import ScrubReport, scrub_file
 from loomfs.client.storage_client import StorageClient
 from loomfs.common.clock import SYSTEM_CLOCK, Clock
 from loomfs.common.routing import Routing, RoutingClient
@@ -120,14 +120,21 @@ class LostClaim(Exception):
     """Another meta server took the job over (this one's claim ran out)."""
 
 
+ScrubFn = Callable[[Attr], Awaitable[ScrubReport]]
+
+
 class RebuildWorker:
-    def __init__(self, store: MetaStore, storage: StorageClient, routing: RoutingClient, *,
-                 owner: int = 0, interval_s: float = 2.0, bytes_per_s: float = 64 << 20,
+    """``scrub``: how one file is scrubbed with repair (default: ``scrub_file`` through
+    ``storage``; unit tests pass their own)."""
+
+    def __init__(self, store: MetaStore, storage: StorageClient | None, routing: RoutingClient, *,
+                 scrub: ScrubFn | None = None, owner: int = 0, interval_s: float = 2.0, bytes_per_s: float = 64 << 20,
                  page_inodes: int = 512, save_every_s: float = 1.0, claim_s: float = 30.0,
                  retry_interval_s: float = 5.0, attempts_max: int = 5, clock: Clock = SYSTEM_CLOCK):
         self.store = store
         self.storage = storage
         self.routing = routing
+        self.scrub = scrub or self._scrub_file
         self.owner = owner or random.SystemRandom().getrandbits(62) + 1
         self.interval_s = interval_s
         self.bytes_per_s = bytes_per_s
@@ -142,6 +149,10 @@ class RebuildWorker:
         self.files_rebuilt_total = 0
         self.bytes_rebuilt_total = 0
         self._retry_at_s: dict[int, float] = {}  # chain -> monotonic time of its next retry round
+
+    async def _scrub_file(self, a: Attr) -> ScrubReport:
+        assert self.storage is not None
+        return await scrub_file(self.storage, f"inode {a.inode}", a, repair=True)
 
     def _unix_s(self) -> float:
         return self.clock.now_ns() / 1e9
@@ -313,7 +324,7 @@ class RebuildWorker:
             return
         started_s = self.clock.monotonic()
         try:
-            rep = await scrub_file(self.storage, f"inode {a.inode}", a, repair=True)
+            rep = await self.scrub(a)
             ok = rec.chain_id not in rep.unhealthy_chains
             why = f"{rep.lost_stripes} stripes lost, {rep.unreachable_fragments} fragments unreachable"
         except (LoomError, OSError) as exc:
