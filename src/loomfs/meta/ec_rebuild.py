@@ -44,7 +44,7 @@ from loomfs.client.storage_client import StorageClient
 from loomfs.common.clock import SYSTEM_CLOCK, Clock
 from loomfs.common.routing import Routing, RoutingClient
 from loomfs.errors import LoomError
-from loomfs.meta.store.base import MetaStore
+from loomfs.meta.store.base import MetaStore, TxnConflict
 from loomfs.wire.types import Attr, FileType, TargetState
 
 logger = logging.getLogger(__name__)
@@ -193,6 +193,8 @@ class RebuildWorker:
                 await self.run_once()
             except asyncio.CancelledError:
                 raise
+            except TxnConflict as exc:  # another meta server saved the same record: next round
+                logger.debug("ec rebuild round: %s", exc)
             except Exception:
                 logger.exception("ec rebuild round failed")
             await asyncio.sleep(self.interval_s)
