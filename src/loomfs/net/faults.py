@@ -114,7 +114,7 @@ class _FaultySink:
     def __init__(self, inner: FrameSink, rules: FaultRules, address: Address):
         self.inner, self.rules, self.address = inner, rules, address
 
-    def payload_buffer(self, kind: int, header: fr.Header, length: int) -> memoryview:
+    def payload_buffer(self, kind: int, header: fr.Header, length: int) -> memoryview | None:
         return self.inner.payload_buffer(kind, header, length)
 
     def frame_received(self, kind: int, header: fr.Header, payload: memoryview, crc_ok: bool) -> None:

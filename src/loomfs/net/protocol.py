@@ -4,22 +4,35 @@ Prefixes and headers are received into one preallocated per-connection buffer; a
 payload is received straight into a destination the owner picks (``PayloadSink``): the
 caller's own buffer for a read reply, a pooled buffer for a server request. Small frames
 that arrive together are parsed from one ``recv``. A malformed frame closes this connection.
+
+Receive buffers are anonymous mmaps from a small shared pool (``RECV_POOL``): pages are
+resident only once touched, an idle connection can hand its buffer back
+(``release_idle_buffer``) and a closed one always does, so memory of idle and closed
+connections goes back to the pool or, past its bound, to the OS. A sink may answer
+``payload_buffer`` with ``None`` (no budget for the payload now): the protocol then stops
+reading and asks again on ``resume_reading``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import mmap
 import socket
 from collections.abc import Callable
 from typing import Protocol
 
+from loomfs.net.buffers import BufferPool
 from loomfs.wire import frame as fr
 
 logger = logging.getLogger(__name__)
 
 INITIAL_RECV_BYTES = 256 << 10
 LARGE_PAYLOAD_BYTES = 128 << 10
+RECV_POOL = BufferPool(max_cached_bytes=16 << 20)  # receive buffers of idle/closed connections
+KEEPALIVE_IDLE_S = 60  # TCP keepalive: a peer that vanished (half-open) is found in ~90 s
+KEEPALIVE_INTERVAL_S = 10
+KEEPALIVE_PROBES = 3
 
 
 def _set_once(fut: asyncio.Future[None]) -> None:
@@ -30,8 +43,9 @@ def _set_once(fut: asyncio.Future[None]) -> None:
 class FrameSink(Protocol):
     """What a connection owner implements."""
 
-    def payload_buffer(self, kind: int, header: fr.Header, length: int) -> memoryview:
-        """Where to receive a payload of ``length`` bytes (exactly that long)."""
+    def payload_buffer(self, kind: int, header: fr.Header, length: int) -> memoryview | None:
+        """Where to receive a payload of ``length`` bytes (exactly that long); ``None``:
+        not now (the channel stops reading and asks again when reading resumes)."""
         ...
 
     def frame_received(
@@ -52,8 +66,8 @@ class FrameProtocol(asyncio.BufferedProtocol):
         self._sink_factory = sink_factory
         self.sink: FrameSink | None = None
         self.transport: asyncio.Transport | None = None
-        self._buf = bytearray(INITIAL_RECV_BYTES)
-        self._mv = memoryview(self._buf)
+        self._buf: mmap.mmap | None = None  # taken from RECV_POOL on first use
+        self._mv = memoryview(b"")
         self._start = 0
         self._end = 0
         self._prefix: fr.Prefix | None = None
@@ -64,6 +78,8 @@ class FrameProtocol(asyncio.BufferedProtocol):
         self._p_pos = 0
         self._p_crc = 0
         self._p_acc = 0  # CRC32C of the payload bytes received so far (hashed while cache-hot)
+        self._stalled: tuple[int, fr.Header, int, int] | None = None  # waiting for a payload buffer
+        self._reading_paused = False
         self._closed = False
         self._write_paused = False
         self._drain_waiters: list[asyncio.Future[None]] = []
@@ -81,6 +97,11 @@ class FrameProtocol(asyncio.BufferedProtocol):
         if sock is not None:
             try:
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+                if hasattr(socket, "TCP_KEEPIDLE"):
+                    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, KEEPALIVE_IDLE_S)
+                    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, KEEPALIVE_INTERVAL_S)
+                    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, KEEPALIVE_PROBES)
             except OSError:
                 pass
             loop = asyncio.get_running_loop()
@@ -96,8 +117,10 @@ class FrameProtocol(asyncio.BufferedProtocol):
     def get_buffer(self, sizehint: int) -> memoryview:
         if self._p_dest is not None:
             return self._p_dest[self._p_pos :]
-        if self._end == len(self._buf):
-            self._make_room(len(self._buf) - (self._end - self._start) or 1)
+        if self._buf is None:
+            self._take_buffer(INITIAL_RECV_BYTES)
+        if self._end == len(self._mv):
+            self._make_room(len(self._mv) - (self._end - self._start) or 1)
         return self._mv[self._end :]
 
     def buffer_updated(self, nbytes: int) -> None:
@@ -111,7 +134,8 @@ class FrameProtocol(asyncio.BufferedProtocol):
                     self._finish_payload()
                 return
             self._end += nbytes
-            self._parse()
+            if self._stalled is None:
+                self._parse()
         except fr.FrameError as exc:
             logger.warning("closing connection from %s: %s", self.peer, exc)
             self.abort(exc)
@@ -121,6 +145,8 @@ class FrameProtocol(asyncio.BufferedProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._closed = True
+        self._stalled = None
+        self._give_back_buffer()
         if self._raw is not None:
             try:
                 asyncio.get_running_loop().remove_writer(self._raw.fileno())
@@ -217,19 +243,69 @@ class FrameProtocol(asyncio.BufferedProtocol):
         return self._closed
 
     def pause_reading(self) -> None:
+        self._reading_paused = True
         if self.transport is not None and not self._closed:
             self.transport.pause_reading()
 
     def resume_reading(self) -> None:
-        if self.transport is not None and not self._closed:
+        """Read again; a payload that was waiting for a buffer asks for one first."""
+        self._reading_paused = False
+        if self._closed:
+            return
+        if self._stalled is not None:
+            try:
+                if not self._resume_stalled():
+                    return
+                self._parse()
+            except fr.FrameError as exc:
+                logger.warning("closing connection from %s: %s", self.peer, exc)
+                self.abort(exc)
+                return
+            if self._reading_paused or self._stalled is not None or self._closed:
+                return  # the sink paused us again while frames were being parsed
+        if self.transport is not None:
             self.transport.resume_reading()
+
+    @property
+    def partial_frame(self) -> bool:
+        """Part of a frame has arrived and the rest has not (not counting a payload that
+        waits for a buffer on our side)."""
+        if self._stalled is not None:
+            return False
+        return self._p_dest is not None or self._end > self._start
+
+    @property
+    def stalled(self) -> bool:
+        return self._stalled is not None
+
+    def release_idle_buffer(self) -> bool:
+        """Give the receive buffer back when nothing is buffered (idle connection)."""
+        if self._buf is None or self._end != self._start or self._p_dest is not None or self._stalled:
+            return False
+        self._give_back_buffer()
+        return True
+
+    def _take_buffer(self, n: int) -> None:
+        buf = RECV_POOL.acquire(n)
+        assert isinstance(buf, mmap.mmap)
+        self._buf, self._mv = buf, memoryview(buf)
+        self._start = self._end = 0
+
+    def _give_back_buffer(self) -> None:
+        buf, self._buf = self._buf, None
+        if buf is not None:
+            self._mv.release()
+            self._mv = memoryview(b"")
+            self._start = self._end = 0
+            RECV_POOL.release(buf)
 
     # ---- parsing ---------------------------------------------------------------------------
     def _make_room(self, need: int) -> None:
         """Compact the receive buffer; grow it (bounded) when a header will not fit."""
+        assert self._buf is not None
         live = self._end - self._start
         if self._start:
-            self._buf[:live] = self._buf[self._start : self._end]
+            self._buf.move(0, self._start, live)
             self._start, self._end = 0, live
         if len(self._buf) - live < need:
             size = len(self._buf)
@@ -237,11 +313,13 @@ class FrameProtocol(asyncio.BufferedProtocol):
                 size *= 2
             if size > fr.MAX_HEADER_BYTES + fr.PREFIX_SIZE + INITIAL_RECV_BYTES:
                 raise fr.FrameError("receive buffer would exceed its bound")
-            self._mv.release()
-            new = bytearray(size)
-            new[:live] = self._buf[:live]
-            self._buf = new
-            self._mv = memoryview(self._buf)
+            old, old_mv = self._buf, self._mv
+            new = RECV_POOL.acquire(size)
+            assert isinstance(new, mmap.mmap)
+            new[:live] = old[:live]
+            old_mv.release()
+            RECV_POOL.release(old)
+            self._buf, self._mv = new, memoryview(new)
 
     def _parse(self) -> None:
         assert self.sink is not None
@@ -256,7 +334,7 @@ class FrameProtocol(asyncio.BufferedProtocol):
             prefix = self._prefix
             need = fr.PREFIX_SIZE + prefix.header_len
             if avail < need:
-                if len(self._buf) - self._start < need:
+                if len(self._mv) - self._start < need:
                     self._make_room(need)
                 break
             hstart = self._start + fr.PREFIX_SIZE
@@ -268,24 +346,49 @@ class FrameProtocol(asyncio.BufferedProtocol):
             if plen == 0:
                 self.sink.frame_received(prefix.kind, header, memoryview(b""), prefix.payload_crc == 0)
                 continue
-            dest = self.sink.payload_buffer(prefix.kind, header, plen)
-            if len(dest) != plen:
-                raise fr.FrameError("payload sink returned a buffer of the wrong size")
-            take = min(plen, self._end - self._start)
-            if take:
-                dest[:take] = self._mv[self._start : self._start + take]
-                self._start += take
-            self._p_header, self._p_kind, self._p_dest = header, prefix.kind, dest
-            self._p_pos, self._p_crc = take, prefix.payload_crc
-            self._p_acc = fr.crc(dest[:take]) if take else 0
-            if take == plen:
-                self._finish_payload()
-                continue
-            # the rest of the payload goes straight into dest
-            self._start = self._end = 0
-            break
+            if not self._begin_payload(prefix.kind, header, plen, prefix.payload_crc):
+                break
+            if self._p_dest is not None:
+                # the rest of the payload goes straight into dest
+                self._start = self._end = 0
+                break
         if self._start == self._end:
             self._start = self._end = 0
+
+    def _begin_payload(self, kind: int, header: fr.Header, plen: int, pcrc: int) -> bool:
+        """Start receiving a payload; False when the sink has no buffer for it yet."""
+        assert self.sink is not None
+        dest = self.sink.payload_buffer(kind, header, plen)
+        if dest is None:
+            self._stalled = (kind, header, plen, pcrc)
+            if not self._reading_paused:
+                self._reading_paused = True
+                if self.transport is not None:
+                    self.transport.pause_reading()
+            return False
+        if len(dest) != plen:
+            raise fr.FrameError("payload sink returned a buffer of the wrong size")
+        take = min(plen, self._end - self._start)
+        if take:
+            dest[:take] = self._mv[self._start : self._start + take]
+            self._start += take
+        self._p_header, self._p_kind, self._p_dest = header, kind, dest
+        self._p_pos, self._p_crc = take, pcrc
+        self._p_acc = fr.crc(dest[:take]) if take else 0
+        if take == plen:
+            self._finish_payload()
+        return True
+
+    def _resume_stalled(self) -> bool:
+        """Ask again for the stalled payload's buffer; True once it is being received."""
+        assert self._stalled is not None
+        kind, header, plen, pcrc = self._stalled
+        self._stalled = None
+        if not self._begin_payload(kind, header, plen, pcrc):
+            return False
+        if self._p_dest is not None:
+            self._start = self._end = 0  # everything buffered went into dest
+        return True
 
     def _finish_payload(self) -> None:
         assert self.sink is not None and self._p_dest is not None and self._p_header is not None

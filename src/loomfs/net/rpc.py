@@ -11,6 +11,7 @@ caller's buffer when one is given.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import logging
 import random
@@ -32,11 +33,13 @@ from loomfs.errors import (
     from_status,
     status_for_exception,
 )
+from loomfs.net.budget import PROCESS_BUDGET, ByteBudget
 from loomfs.net.buffers import DEFAULT_POOL, Buffer, BufferPool
+from loomfs.net.limits import ServerLimits, sweep_forever
 from loomfs.net.transport import Address, Channel, Listener, Transport
 from loomfs.wire import frame as fr
 from loomfs.wire.message import Message, Method
-from loomfs.wire.status import Status
+from loomfs.wire.status import Status, status_of
 
 logger = logging.getLogger(__name__)
 
@@ -94,18 +97,30 @@ class RpcServer:
         name: str,
         transport: Transport,
         *,
-        inflight_per_connection_max: int = 512,
+        inflight_per_connection_max: int | None = None,
         pool: BufferPool = DEFAULT_POOL,
+        limits: ServerLimits | None = None,
+        budget: ByteBudget = PROCESS_BUDGET,
     ):
+        """``limits``: connection cap, per-connection bounds and timeouts; ``budget``: the
+        bytes of request payloads (and headers) all servers of this process may hold."""
         self.name = name
         self.transport = transport
-        self.inflight_per_connection_max = inflight_per_connection_max
+        limits = limits or ServerLimits()
+        if inflight_per_connection_max is not None:
+            limits = dataclasses.replace(limits, inflight_per_connection_max=inflight_per_connection_max)
+        self.limits = limits
+        self.inflight_per_connection_max = limits.inflight_per_connection_max
+        self.budget = budget
         self.pool = pool
         self._handlers: dict[tuple[int, int], tuple[Method, Handler]] = {}
         self._listener: Listener | None = None
         self._connections: set[_ServerConnection] = set()
+        self._sweeper: asyncio.Task[None] | None = None
         self.requests_total = 0
         self.errors_total = 0
+        self.refused_total = 0  # connections over the cap
+        self.closed_total: dict[str, int] = {}  # connections we closed, by kind of reason
         self.observers: list[RpcObserver] = []
 
     def register(self, m: Method, handler: Handler) -> None:
@@ -122,6 +137,9 @@ class RpcServer:
 
     async def start(self, address: Address) -> Address:
         self._listener = await self.transport.listen(address, self._new_connection)
+        self._sweeper = asyncio.get_running_loop().create_task(
+            sweep_forever(lambda: self._connections, self.limits)
+        )
         logger.info("%s listening on %s", self.name, self._listener.address)
         return self._listener.address
 
@@ -130,7 +148,14 @@ class RpcServer:
         assert self._listener is not None
         return self._listener.address
 
+    @property
+    def connections(self) -> int:
+        return len(self._connections)
+
     async def close(self) -> None:
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            self._sweeper = None
         if self._listener is not None:
             await self._listener.close()
         for conn in list(self._connections):
@@ -139,6 +164,14 @@ class RpcServer:
 
     def _new_connection(self, channel: Channel) -> _ServerConnection:
         conn = _ServerConnection(self, channel)
+        if len(self._connections) >= self.limits.connections_max:
+            self.refused_total += 1
+            if self.refused_total & (self.refused_total - 1) == 0:  # 1, 2, 4, 8...: no log flood
+                logger.warning("%s: %d connections (cap %d): refusing %s (%d refused so far)", self.name,
+                               len(self._connections), self.limits.connections_max, channel.peer,
+                               self.refused_total)
+            conn.refuse()
+            return conn
         self._connections.add(conn)
         return conn
 
@@ -150,38 +183,160 @@ class _ServerConnection:
     def __init__(self, server: RpcServer, channel: Channel):
         self.server = server
         self.channel = channel
-        self._inflight = 0
-        self._paused = False
-        self._bufs: dict[int, Buffer] = {}
+        self.inflight = 0  # requests
+        self.inflight_bytes = 0  # payload + header bytes of our requests, taken from the budget
+        self.frames_in = 0
+        self.refused = False
+        self._count_paused = False  # at inflight_per_connection_max
+        self._reading_stopped = False  # the channel is not reading (any reason)
+        self._conn_wait_bytes = 0  # a payload waits for our own requests to finish
+        self._budget_cancel: Callable[[], None] | None = None  # queued at the process budget
+        self._granted_bytes = 0  # the budget granted our queued payload; not yet taken
+        self._bufs: dict[int, tuple[Buffer, int]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
+        # sweeper state (net.limits)
+        self.seen_frames = 0
+        self.active_at = asyncio.get_running_loop().time()
+        self.partial_since: float | None = None
 
-    def payload_buffer(self, kind: int, header: fr.Header, length: int) -> memoryview:
+    # ---- admission -------------------------------------------------------------------------
+    def payload_buffer(self, kind: int, header: fr.Header, length: int) -> memoryview | None:
+        cost = length + header.wire_bytes
+        if self.refused:
+            return None
+        if self._granted_bytes:
+            self._granted_bytes = 0  # the budget took ``cost`` for us while we waited
+        elif not self._admit(cost):
+            return None
+        self.inflight_bytes += cost
         buf = self.server.pool.acquire(length)
-        self._bufs[id(header)] = buf
+        self._bufs[id(header)] = (buf, cost)
         return memoryview(buf)[:length]
 
+    def _admit(self, cost: int) -> bool:
+        server = self.server
+        if self.inflight_bytes and self.inflight_bytes + cost > server.limits.inflight_bytes_per_connection_max:
+            self._conn_wait_bytes = cost
+        elif server.budget.try_acquire(cost):
+            return True
+        else:
+            self._budget_cancel = server.budget.wait(cost, lambda: self._on_grant(cost))
+        self._reading_stopped = True  # the channel stops reading until the bytes are there
+        return False
+
+    def _on_grant(self, cost: int) -> None:
+        self._budget_cancel = None
+        if self.channel.closed:
+            self.server.budget.release(cost)
+            return
+        self._granted_bytes = cost
+        self._maybe_resume()
+
+    def _on_budget_below_limit(self) -> None:
+        self._budget_cancel = None
+        self._maybe_resume()
+
+    def _maybe_resume(self) -> None:
+        if (self._reading_stopped and not self._count_paused and self._budget_cancel is None
+                and not self._conn_wait_bytes and not self.channel.closed):
+            self._reading_stopped = False
+            self.channel.resume_reading()
+
+    def _release(self, cost: int) -> None:
+        self.inflight_bytes -= cost
+        self.server.budget.release(cost)
+        wait = self._conn_wait_bytes
+        if wait and (not self.inflight_bytes
+                     or self.inflight_bytes + wait <= self.server.limits.inflight_bytes_per_connection_max):
+            self._conn_wait_bytes = 0
+            self._maybe_resume()
+
+    @property
+    def reading_held(self) -> bool:
+        return self._reading_stopped
+
+    # ---- FrameSink -------------------------------------------------------------------------
     def frame_received(self, kind: int, header: fr.Header, payload: memoryview, crc_ok: bool) -> None:
+        if self.refused:
+            return
         if kind != fr.KIND_REQUEST:
             logger.warning("%s: response frame from client %s; closing", self.server.name, self.channel.peer)
             self.channel.abort()
             return
-        buf = self._bufs.pop(id(header), None)
-        self._inflight += 1
-        if self._inflight >= self.server.inflight_per_connection_max and not self._paused:
-            self._paused = True
-            self.channel.pause_reading()
-        task = asyncio.get_running_loop().create_task(self._handle(header, payload, buf, crc_ok))
+        self.frames_in += 1
+        entry = self._bufs.pop(id(header), None)
+        if entry is None:  # no payload: the header's bytes are charged now, admitted regardless
+            buf, cost = None, header.wire_bytes
+            self.inflight_bytes += cost
+            budget = self.server.budget
+            budget.force(cost)
+            if budget.exhausted and self._budget_cancel is None:
+                self._budget_cancel = budget.wait(0, self._on_budget_below_limit)
+                self._stop_reading()
+        else:
+            buf, cost = entry
+        self.inflight += 1
+        if self.inflight >= self.server.limits.inflight_per_connection_max and not self._count_paused:
+            self._count_paused = True
+            self._stop_reading()
+        task = asyncio.get_running_loop().create_task(self._handle(header, payload, buf, crc_ok, cost))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
+    def _stop_reading(self) -> None:
+        if not self._reading_stopped:
+            self._reading_stopped = True
+            self.channel.pause_reading()
+
     def connection_lost(self, exc: BaseException | None) -> None:
         self.server._connections.discard(self)
-        for buf in self._bufs.values():
+        for buf, cost in self._bufs.values():
             self.server.pool.release(buf)
+            self._release(cost)
         self._bufs.clear()
+        if self._budget_cancel is not None:
+            self._budget_cancel()
+            self._budget_cancel = None
+        if self._granted_bytes:
+            self.server.budget.release(self._granted_bytes)
+            self._granted_bytes = 0
+
+    # ---- limits ----------------------------------------------------------------------------
+    def refuse(self) -> None:
+        """Over the connection cap: say so (request id 0) and close; nothing is processed."""
+        self.refused = True
+        self.server._connections.discard(self)
+        out = fr.Header(0, 0, 0, 0, int(Status.TOO_MANY_CONNECTIONS),
+                        f"{self.server.name}: too many connections", {})
+        task = asyncio.get_running_loop().create_task(self._send_refusal(fr.encode(fr.KIND_RESPONSE, out)))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _send_refusal(self, frame: bytes) -> None:
+        try:
+            await asyncio.wait_for(self.channel.send(frame, None), 1.0)
+        except (ConnectionError, OSError, TimeoutError):
+            pass
+        self.channel.abort()
+
+    def partial_frame(self) -> bool:
+        return bool(getattr(self.channel, "partial_frame", False))
+
+    def release_buffer(self) -> None:
+        release = getattr(self.channel, "release_idle_buffer", None)
+        if release is not None:
+            release()
+
+    def close_for(self, reason: str) -> None:
+        kind = reason.split(" ", 1)[0]
+        closed = self.server.closed_total
+        closed[kind] = closed.get(kind, 0) + 1
+        logger.info("%s: closing connection from %s: %s", self.server.name, self.channel.peer, reason)
+        self.channel.abort()
+        self.connection_lost(None)  # the transport may report it later; our books close now
 
     async def _handle(
-        self, header: fr.Header, payload: memoryview, buf: Buffer | None, crc_ok: bool
+        self, header: fr.Header, payload: memoryview, buf: Buffer | None, crc_ok: bool, cost: int
     ) -> None:
         server = self.server
         server.requests_total += 1
@@ -222,10 +377,11 @@ class _ServerConnection:
         finally:
             if buf is not None:
                 server.pool.release(buf)
-            self._inflight -= 1
-            if self._paused and self._inflight < server.inflight_per_connection_max // 2:
-                self._paused = False
-                self.channel.resume_reading()
+            self.inflight -= 1
+            self._release(cost)
+            if self._count_paused and self.inflight < server.limits.inflight_per_connection_max // 2:
+                self._count_paused = False
+                self._maybe_resume()
         if status is not Status.OK:
             server.errors_total += 1
         body = reply.body.to_wire() if reply is not None and status is Status.OK else {}
@@ -275,6 +431,7 @@ class ClientConnection:
         self.channel: Channel | None = None
         self._pending: dict[int, _Pending] = {}
         self._receiving: int = 0  # request id whose payload is being received, 0 = none
+        self._refusal = ""  # why the server refused this connection (TOO_MANY_CONNECTIONS)
         self.closed = False
 
     # FrameSink
@@ -291,6 +448,11 @@ class ClientConnection:
             logger.warning("request frame from server %s; closing", self.address)
             self.abort()
             return
+        if header.request_id == 0 and header.status != Status.OK:  # the server refuses this connection
+            self._refusal = f"{header.message or status_of(header.status).name}"
+            self.abort()
+            self.connection_lost(None)
+            return
         p = self._pending.pop(header.request_id, None)
         if p is not None and not p.future.done():
             p.future.set_result((header, payload, crc_ok))
@@ -300,7 +462,10 @@ class ClientConnection:
         pending, self._pending = self._pending, {}
         for p in pending.values():
             if not p.future.done():
-                p.future.set_exception(ConnectionFailed(f"connection to {self.address} lost"))
+                if self._refusal:  # refused before anything was processed: safe to retry
+                    p.future.set_exception(ConnectRefused(f"{self.address} refused: {self._refusal}"))
+                else:
+                    p.future.set_exception(ConnectionFailed(f"connection to {self.address} lost"))
 
     def abort(self) -> None:
         self.closed = True
@@ -318,6 +483,8 @@ class ClientConnection:
         timeout_s: float,
     ) -> Response[Any]:
         if self.closed or self.channel is None or self.channel.closed:
+            if self._refusal:
+                raise ConnectRefused(f"{self.address} refused: {self._refusal}")
             raise ConnectionFailed(f"connection to {self.address} is closed")
         rid = next(self._ids)
         loop = asyncio.get_running_loop()

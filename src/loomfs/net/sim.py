@@ -260,6 +260,7 @@ class SimChannel:
         self.sink: FrameSink | None = None
         self._closed = False
         self._paused = False
+        self._stalled = False  # a payload waits for a buffer from the sink
         self._backlog: list[tuple[bytes, bytes]] = []
         self._last_due = 0.0  # deliveries stay in order (unless the link reorders)
         self.held_frames = 0  # frames of ours held back by a cut or pause (later ones queue behind)
@@ -339,6 +340,11 @@ class SimChannel:
         self.net.frames_delivered += 1
         if prefix.payload_len:
             dest = self.sink.payload_buffer(prefix.kind, header, prefix.payload_len)
+            if dest is None:  # no budget for it now: wait until the sink resumes reading
+                self.net.frames_delivered -= 1
+                self._paused = self._stalled = True
+                self._backlog.insert(0, (head, payload))
+                return
             dest[:] = payload
             self.sink.frame_received(prefix.kind, header, dest, fr.crc(dest) == prefix.payload_crc)
         else:
@@ -361,9 +367,9 @@ class SimChannel:
         self._paused = True
 
     def resume_reading(self) -> None:
-        self._paused = False
-        backlog, self._backlog = self._backlog, []
-        for head, payload in backlog:
+        self._paused = self._stalled = False
+        while self._backlog and not self._stalled and not self._closed:
+            head, payload = self._backlog.pop(0)
             self._deliver(head, payload)
 
     def __repr__(self) -> str:

@@ -62,6 +62,7 @@ class Header:
     body: dict[str, Any]
     payload_crc: int = 0  # filled in on receipt from the prefix (not part of the encoding)
     trace: int = 0  # request trace id (optional 8th header item; older peers ignore it)
+    wire_bytes: int = 0  # length of the encoded header, filled in on decode (not encoded)
 
 
 def crc(data: bytes | bytearray | memoryview, value: int = 0) -> int:
@@ -100,7 +101,7 @@ def decode_header(prefix: Prefix, raw: bytes | bytearray | memoryview) -> Header
         raise FrameError("header ids must be integers")
     if not isinstance(message, str) or not isinstance(body, dict):
         raise FrameError("header message/body have wrong types")
-    return Header(service, method, request_id, deadline_ms, status, message, body, 0, trace)
+    return Header(service, method, request_id, deadline_ms, status, message, body, 0, trace, len(raw))
 
 
 def encode(

@@ -52,6 +52,7 @@ class Status(IntEnum):
     VERSION_MISMATCH = 1016  # forwarded update does not follow the local version
     NOT_PRIMARY = 1020  # mgmtd standby
     NO_CHAIN_TABLE = 1021
+    TOO_MANY_CONNECTIONS = 1030  # the server is at its connection cap: nothing was processed
 
     @property
     def is_errno(self) -> bool:

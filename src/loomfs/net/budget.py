@@ -1,0 +1,95 @@
+"""Per-process byte budget for request payloads in flight on RPC servers.
+
+A server reserves a request's bytes before it allocates a buffer for its payload. When the
+budget is spent, the connection stops reading from its socket (TCP then pushes back on the
+sender) and waits in a FIFO queue; bytes given back wake waiters in order. A request larger
+than the whole budget is still admitted when nothing else is in flight, so no frame the
+transport accepts can wait forever. Single-threaded (one event loop per process).
+"""
+
+from __future__ import annotations
+
+import os
+from collections import deque
+from collections.abc import Callable
+
+DEFAULT_BUDGET_BYTES = 1 << 30
+ENV_VAR = "LOOMFS_INFLIGHT_BUDGET_BYTES"
+
+
+class ByteBudget:
+    def __init__(self, limit_bytes: int):
+        if limit_bytes <= 0:
+            raise ValueError("a byte budget must be positive")
+        self.limit_bytes = limit_bytes
+        self.used_bytes = 0
+        self.peak_bytes = 0
+        self.waits_total = 0
+        self._waiters: deque[tuple[int, Callable[[], None]]] = deque()
+
+    def try_acquire(self, n: int) -> bool:
+        """Take ``n`` bytes now if they fit (and nobody is queued ahead)."""
+        if self._waiters or (self.used_bytes and self.used_bytes + n > self.limit_bytes):
+            return False
+        self.used_bytes += n
+        if self.used_bytes > self.peak_bytes:
+            self.peak_bytes = self.used_bytes
+        return True
+
+    def force(self, n: int) -> None:
+        """Take ``n`` bytes whether or not they fit (a header already received)."""
+        self.used_bytes += n
+        if self.used_bytes > self.peak_bytes:
+            self.peak_bytes = self.used_bytes
+
+    @property
+    def exhausted(self) -> bool:
+        return self.used_bytes >= self.limit_bytes
+
+    def wait(self, n: int, granted: Callable[[], None]) -> Callable[[], None]:
+        """Queue for ``n`` bytes; ``granted()`` runs once they are taken on the caller's
+        behalf. Returns a function that withdraws the request (if not yet granted)."""
+        entry = (n, granted)
+        self._waiters.append(entry)
+        self.waits_total += 1
+
+        def cancel() -> None:
+            try:
+                self._waiters.remove(entry)
+            except ValueError:
+                pass
+
+        return cancel
+
+    def release(self, n: int) -> None:
+        self.used_bytes -= n
+        assert self.used_bytes >= 0, "byte budget released more than it gave"
+        while self._waiters:
+            need, granted = self._waiters[0]
+            if self.used_bytes and self.used_bytes + need > self.limit_bytes:
+                break
+            self._waiters.popleft()
+            self.force(need)
+            granted()
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waiters)
+
+    def __repr__(self) -> str:
+        return (
+            f"ByteBudget(used={self.used_bytes} limit={self.limit_bytes} waiting={len(self._waiters)} "
+            f"peak={self.peak_bytes})"
+        )
+
+
+def _default_limit() -> int:
+    text = os.environ.get(ENV_VAR, "")
+    try:
+        value = int(text) if text else DEFAULT_BUDGET_BYTES
+    except ValueError:
+        value = DEFAULT_BUDGET_BYTES
+    return value if value > 0 else DEFAULT_BUDGET_BYTES
+
+
+PROCESS_BUDGET = ByteBudget(_default_limit())
