@@ -371,6 +371,10 @@ class _ServerConnection:
             status, message = status_for_exception(exc), str(exc)
         except asyncio.CancelledError:
             status, message = Status.SHUTTING_DOWN, "server shutting down"
+        except OverflowError as exc:  # an integer from the request does not fit (e.g. SQLite's int64)
+            logger.warning("%s: %s.%s from %s: value out of range: %s", server.name, header.service,
+                           header.method, self.channel.peer, exc)
+            status, message = Status.BAD_REQUEST, f"value out of range: {exc}"
         except Exception as exc:
             logger.exception("%s: handler for %s.%s failed", server.name, header.service, header.method)
             status, message = Status.INTERNAL, f"{type(exc).__name__}: {exc}"
