@@ -9,6 +9,7 @@ so a restarted mgmtd keeps serving the routing it had.
 
 from __future__ import annotations
 
+import os
 import sqlite3
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -33,6 +34,9 @@ class MgmtdStore:
             raise ValueError(f"mgmtd store supports sqlite:/// URLs, got {url!r}")
         self.path = url[len(prefix):]
         Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+        if self.path != ":memory:":  # at rest: 0600 before SQLite opens it (-wal/-shm follow)
+            os.close(os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600))
+            os.chmod(self.path, 0o600)
         self._db = sqlite3.connect(self.path, isolation_level=None)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=FULL")

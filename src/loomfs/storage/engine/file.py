@@ -154,6 +154,8 @@ class FileEngine(ChunkEngine):
         self.fd_cache_max = fd_cache_max
         self._chunks_dir = self.path / "chunks"
         self._chunks_dir.mkdir(parents=True, exist_ok=True)
+        for d in (self.path, self._chunks_dir):  # data at rest: only the service's user (issue 13)
+            os.chmod(d, 0o700)
         self._index = ChunkIndex(self.path / "index.sqlite", synchronous_full=fsync_on_commit)
         self._meta: ChunkMap[_Meta] = ChunkMap()
         self._pending: dict[ChunkKey, _Pending] = {}
@@ -205,10 +207,10 @@ class FileEngine(ChunkEngine):
     def _create(self, key: ChunkKey, file_ver: int) -> int:
         p = self._file(key, file_ver)
         try:
-            return os.open(p, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+            return os.open(p, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
         except FileNotFoundError:
-            p.parent.mkdir(parents=True, exist_ok=True)
-            return os.open(p, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+            p.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            return os.open(p, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
 
     def _fd(self, key: ChunkKey, file_ver: int) -> int:
         ck = (key, file_ver)

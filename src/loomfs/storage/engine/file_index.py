@@ -43,12 +43,25 @@ def _unsigned(v: int) -> int:
     return v + (1 << 64) if v < 0 else v
 
 
+def private_db_file(path: Path | str) -> None:
+    """Create (or fix) a SQLite database file as 0600 before SQLite opens it: its -wal and
+    -shm files take the database file's mode (issue 13: files at rest)."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    os.close(fd)
+    for suffix in ("", "-wal", "-shm"):
+        try:
+            os.chmod(f"{path}{suffix}", 0o600)
+        except FileNotFoundError:
+            pass
+
+
 class ChunkIndex:
     """The index file of one target. Statements may run on the loop thread or on one helper
     thread (fsyncing commits); SQLite serialises them on the connection."""
 
     def __init__(self, path: Path, *, synchronous_full: bool):
         self.path = path
+        private_db_file(path)
         self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute(f"PRAGMA synchronous={'FULL' if synchronous_full else 'NORMAL'}")
