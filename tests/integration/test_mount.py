@@ -100,7 +100,7 @@ def make_tree(root: Path) -> None:
     os.link(root / "src" / "pkg" / "m2.py", root / "src" / "hard")
 
 
-def test_python_os_and_shutil(pair: tuple[Path, Path]) -> None:
+def test_python_os_and_shutil(pair: tuple[Path, Path], cluster: LocalCluster) -> None:
     def ops(root: Path) -> None:
         make_tree(root)
         shutil.copytree(root / "src", root / "copy", symlinks=True)
@@ -137,6 +137,12 @@ def test_python_os_and_shutil(pair: tuple[Path, Path]) -> None:
     assert st.st_blocks == (st.st_size + 511) // 512
     assert os.stat(remote / "copy").st_ino != os.stat(remote / "src").st_ino
     assert os.statvfs(remote).f_bavail > 0
+    # df agrees with loomfs top / the dashboard (issue 15 item 11): each disk once
+    from loomfs.metrics.capacity import cluster_capacity
+
+    vfs, cap = os.statvfs(remote), cluster_capacity(cluster.routing())
+    assert vfs.f_blocks * vfs.f_frsize == cap.capacity_bytes // 4096 * 4096
+    assert abs(vfs.f_bavail * vfs.f_frsize - cap.free_bytes) < 64 << 20  # usage moves between the two reads
 
 
 def test_huge_directory_streams(pair: tuple[Path, Path], cluster: LocalCluster) -> None:

@@ -33,6 +33,10 @@ def fuse_errors(fn: Callable[P, Coroutine[Any, Any, T]]) -> Callable[P, Coroutin
             raise pyfuse3.FUSEError(exc.errno or errno.EIO) from exc
         except ValueError as exc:
             raise pyfuse3.FUSEError(errno.EINVAL) from exc
+        except Exception as exc:  # a bug: EIO for this request; pyfuse3 would stop serving (and the
+            # kernel would wait for an answer forever) if it saw any other exception
+            logger.exception("%s%r failed", fn.__name__, args[1:])
+            raise pyfuse3.FUSEError(errno.EIO) from exc
     return wrapper
 
 

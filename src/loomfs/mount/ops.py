@@ -22,6 +22,7 @@ import pyfuse3
 
 from loomfs.client.core import AsyncClient
 from loomfs.meta.ops.special import rdev_of
+from loomfs.metrics.capacity import cluster_capacity
 from loomfs.mount.dirs import DirStream, Pages
 from loomfs.mount.edge import Handle, fuse_errors, join
 from loomfs.mount.files import FileOps
@@ -357,8 +358,16 @@ class LoomOperations(FileOps):
         rsp = await self.call(self.client.statfs())
         s = pyfuse3.StatvfsData()
         s.f_bsize = s.f_frsize = 4096
-        s.f_blocks = (rsp.bytes_used + STATFS_FREE_BYTES) // 4096
-        s.f_bfree = s.f_bavail = STATFS_FREE_BYTES // 4096
+        routing = self.client.routing
+        cap = cluster_capacity(routing.current.info) if routing is not None and routing.has_routing else None
+        if cap is not None and cap.capacity_bytes:
+            # what `loomfs top` and the dashboard show: each disk once, used = chunk bytes of
+            # every replica
+            s.f_blocks = cap.capacity_bytes // 4096
+            s.f_bfree = s.f_bavail = cap.free_bytes // 4096
+        else:  # no storage has reported its capacity yet
+            s.f_blocks = (rsp.bytes_used + STATFS_FREE_BYTES) // 4096
+            s.f_bfree = s.f_bavail = STATFS_FREE_BYTES // 4096
         s.f_files = rsp.files + rsp.directories + (1 << 32)
         s.f_ffree = s.f_favail = 1 << 32
         s.f_namemax = 255
