@@ -109,3 +109,9 @@ def test_demo_states_the_durability_class(tmp_path: Path, monkeypatch: pytest.Mo
     monkeypatch.setenv("LOOMFS_STORAGE_FSYNC_ON_COMMIT", "false")
     assert "false on 2 of 2" in " ".join(durability_lines(str(tmp_path)))
     assert "default false" in " ".join(durability_lines("10.0.0.1:8000"))
+
+
+def test_create_chain_table_takes_targets_per_node() -> None:
+    args = build_parser().parse_args(["admin", "create-chain-table", "--replicas", "2", "--targets-per-node", "1"])
+    assert (args.replicas, args.targets_per_node) == (2, 1)
+    assert build_parser().parse_args(["admin", "create-chain-table"]).targets_per_node == 0

@@ -47,6 +47,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     c = asub.add_parser("create-chain-table", help="build a chain table from the free targets")
     c.add_argument("--replicas", type=int, default=3)
     c.add_argument("--table", type=int, default=0, help="table id (default: next free)")
+    c.add_argument("--targets-per-node", type=int, default=0,
+                   help="use at most N free targets of each node (the rest stay spares; default: all)")
     c.set_defaults(func=cmd_create_table)
 
 
@@ -159,7 +161,8 @@ def cmd_chains(args: argparse.Namespace) -> int:
 
 def cmd_create_table(args: argparse.Namespace) -> int:
     body = asyncio.run(_call(args, wm.CREATE_CHAIN_TABLE,
-                             wm.CreateChainTableReq(replicas=args.replicas, table_id=args.table)))
+                             wm.CreateChainTableReq(replicas=args.replicas, table_id=args.table,
+                                                    targets_per_node=args.targets_per_node)))
     t = body.table
     print(f"chain table {t.table_id}: {len(t.chain_ids)} chains x {t.replicas} replicas")
     return 0
