@@ -252,3 +252,25 @@ def test_connection_cap_refuses_with_a_status() -> None:
         await server.close()
 
     run_virtual(asyncio.wait_for(go(), 30))
+
+
+def test_an_out_of_range_integer_in_a_handler_is_bad_request() -> None:
+    async def go() -> None:
+        from loomfs.errors import LoomError
+        from loomfs.wire.status import Status
+
+        net = SimNetwork(seed=5)
+        server = RpcServer("svc", net.transport("10.0.0.1"))
+
+        async def write(req: WriteReq, ctx: CallContext) -> WriteRsp:
+            raise OverflowError("Python int too large to convert to SQLite INTEGER")
+
+        server.register(WRITE, write)
+        addr = await server.start(Address("10.0.0.1", 7000))
+        client = RpcClient(net.transport("10.0.0.2"), call_timeout_s=5)
+        with pytest.raises(LoomError) as ei:
+            await client.call(addr, WRITE, WriteReq(length=1), payload=b"1", retry=False)
+        assert ei.value.status is Status.BAD_REQUEST and "out of range" in str(ei.value)
+        await server.close()
+
+    run_virtual(asyncio.wait_for(go(), 30))
