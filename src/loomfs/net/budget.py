@@ -25,11 +25,11 @@ class ByteBudget:
         self.used_bytes = 0
         self.peak_bytes = 0
         self.waits_total = 0
-        self._waiters: deque[tuple[int, Callable[[], None]]] = deque()
+        self.waiters: deque[tuple[int, Callable[[], None]]] = deque()
 
     def try_acquire(self, n: int) -> bool:
         """Take ``n`` bytes now if they fit (and nobody is queued ahead)."""
-        if self._waiters or (self.used_bytes and self.used_bytes + n > self.limit_bytes):
+        if self.waiters or (self.used_bytes and self.used_bytes + n > self.limit_bytes):
             return False
         self.used_bytes += n
         if self.used_bytes > self.peak_bytes:
@@ -50,12 +50,12 @@ class ByteBudget:
         """Queue for ``n`` bytes; ``granted()`` runs once they are taken on the caller's
         behalf. Returns a function that withdraws the request (if not yet granted)."""
         entry = (n, granted)
-        self._waiters.append(entry)
+        self.waiters.append(entry)
         self.waits_total += 1
 
         def cancel() -> None:
             try:
-                self._waiters.remove(entry)
+                self.waiters.remove(entry)
             except ValueError:
                 pass
 
@@ -64,21 +64,26 @@ class ByteBudget:
     def release(self, n: int) -> None:
         self.used_bytes -= n
         assert self.used_bytes >= 0, "byte budget released more than it gave"
-        while self._waiters:
-            need, granted = self._waiters[0]
+        if self.waiters:
+            self.wake()
+
+    def wake(self) -> None:
+        """Grant queued requests that fit now (after ``used_bytes`` went down)."""
+        while self.waiters:
+            need, granted = self.waiters[0]
             if self.used_bytes and self.used_bytes + need > self.limit_bytes:
                 break
-            self._waiters.popleft()
+            self.waiters.popleft()
             self.force(need)
             granted()
 
     @property
     def waiting(self) -> int:
-        return len(self._waiters)
+        return len(self.waiters)
 
     def __repr__(self) -> str:
         return (
-            f"ByteBudget(used={self.used_bytes} limit={self.limit_bytes} waiting={len(self._waiters)} "
+            f"ByteBudget(used={self.used_bytes} limit={self.limit_bytes} waiting={len(self.waiters)} "
             f"peak={self.peak_bytes})"
         )
 

@@ -190,6 +190,7 @@ class _ServerConnection:
         self._count_paused = False  # at inflight_per_connection_max
         self._reading_stopped = False  # the channel is not reading (any reason)
         self._conn_wait_bytes = 0  # a payload waits for our own requests to finish
+        self._conn_bytes_max = server.limits.inflight_bytes_per_connection_max
         self._budget_cancel: Callable[[], None] | None = None  # queued at the process budget
         self._granted_bytes = 0  # the budget granted our queued payload; not yet taken
         self._bufs: dict[int, tuple[Buffer, int]] = {}
@@ -202,12 +203,19 @@ class _ServerConnection:
     # ---- admission -------------------------------------------------------------------------
     def payload_buffer(self, kind: int, header: fr.Header, length: int) -> memoryview | None:
         cost = length + header.wire_bytes
-        if self.refused:
-            return None
+        budget = self.server.budget
+        used = budget.used_bytes
         if self._granted_bytes:
             self._granted_bytes = 0  # the budget took ``cost`` for us while we waited
-        elif not self._admit(cost):
-            return None
+        elif (self.refused or budget.waiters or (used and used + cost > budget.limit_bytes)
+              or (self.inflight_bytes and self.inflight_bytes + cost > self._conn_bytes_max)):
+            if self.refused or not self._admit(cost):
+                return None
+        else:  # the common case, inlined (this runs for every request with a payload)
+            used += cost
+            budget.used_bytes = used
+            if used > budget.peak_bytes:
+                budget.peak_bytes = used
         self.inflight_bytes += cost
         buf = self.server.pool.acquire(length)
         self._bufs[id(header)] = (buf, cost)
@@ -215,7 +223,7 @@ class _ServerConnection:
 
     def _admit(self, cost: int) -> bool:
         server = self.server
-        if self.inflight_bytes and self.inflight_bytes + cost > server.limits.inflight_bytes_per_connection_max:
+        if self.inflight_bytes and self.inflight_bytes + cost > self._conn_bytes_max:
             self._conn_wait_bytes = cost
         elif server.budget.try_acquire(cost):
             return True
@@ -244,10 +252,16 @@ class _ServerConnection:
 
     def _release(self, cost: int) -> None:
         self.inflight_bytes -= cost
-        self.server.budget.release(cost)
+        budget = self.server.budget
+        budget.used_bytes -= cost
+        if budget.waiters:
+            budget.wake()
+        if self._conn_wait_bytes:
+            self._conn_bytes_freed()
+
+    def _conn_bytes_freed(self) -> None:
         wait = self._conn_wait_bytes
-        if wait and (not self.inflight_bytes
-                     or self.inflight_bytes + wait <= self.server.limits.inflight_bytes_per_connection_max):
+        if not self.inflight_bytes or self.inflight_bytes + wait <= self._conn_bytes_max:
             self._conn_wait_bytes = 0
             self._maybe_resume()
 
@@ -269,8 +283,8 @@ class _ServerConnection:
             buf, cost = None, header.wire_bytes
             self.inflight_bytes += cost
             budget = self.server.budget
-            budget.force(cost)
-            if budget.exhausted and self._budget_cancel is None:
+            budget.used_bytes += cost
+            if budget.used_bytes >= budget.limit_bytes and self._budget_cancel is None:
                 self._budget_cancel = budget.wait(0, self._on_budget_below_limit)
                 self._stop_reading()
         else:
@@ -382,7 +396,13 @@ class _ServerConnection:
             if buf is not None:
                 server.pool.release(buf)
             self.inflight -= 1
-            self._release(cost)
+            self.inflight_bytes -= cost  # _release, inlined
+            budget = server.budget
+            budget.used_bytes -= cost
+            if budget.waiters:
+                budget.wake()
+            if self._conn_wait_bytes:
+                self._conn_bytes_freed()
             if self._count_paused and self.inflight < server.limits.inflight_per_connection_max // 2:
                 self._count_paused = False
                 self._maybe_resume()
