@@ -4,6 +4,7 @@ with a status, and the memory of 500 idle connections goes back once they close.
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
@@ -26,6 +27,8 @@ from loomfs.net.transport import Address
 from loomfs.wire.message import Empty, Method
 
 ECHO = Method(999, 1, "echo", Empty, Empty)
+HOLD = Method(999, 2, "hold", Empty, Empty)  # keeps its payload in flight for 0.3 s
+PEAK = Method(999, 3, "peak", Empty, Empty)  # the budget's peak, as decimal text
 
 async def main() -> None:
     limits = ServerLimits(connections_max=int(sys.argv[1]), first_frame_timeout_s=1.0, frame_timeout_s=1.0,
@@ -33,7 +36,14 @@ async def main() -> None:
     server = RpcServer("limits", TcpTransport(), limits=limits)
     async def echo(req, ctx):
         return Reply(Empty(), bytes(ctx.payload))
+    async def hold(req, ctx):
+        await asyncio.sleep(0.3)
+        return Empty()
+    async def peak(req, ctx):
+        return Reply(Empty(), str(server.budget.peak_bytes).encode())
     server.register(ECHO, echo)
+    server.register(HOLD, hold)
+    server.register(PEAK, peak)
     addr = await server.start(Address("127.0.0.1", 0))
     print(addr.port, flush=True)
     await asyncio.Event().wait()
@@ -41,13 +51,15 @@ async def main() -> None:
 asyncio.run(main())
 """
 
+BUDGET_BYTES = 2 << 20
 REQUEST = fr.encode(fr.KIND_REQUEST, fr.Header(999, 1, 7, 0, 0, "", {}), b"x" * 64) + b"x" * 64
 
 
 @pytest.fixture()
 def server(request: pytest.FixtureRequest) -> Iterator[tuple[int, int]]:
     cap = getattr(request, "param", 1000)
-    proc = subprocess.Popen([sys.executable, "-c", SERVER, str(cap)], stdout=subprocess.PIPE, text=True)
+    env = {**os.environ, "LOOMFS_INFLIGHT_BUDGET_BYTES": str(BUDGET_BYTES)}
+    proc = subprocess.Popen([sys.executable, "-c", SERVER, str(cap)], stdout=subprocess.PIPE, text=True, env=env)
     try:
         assert proc.stdout is not None
         port = int(proc.stdout.readline())
@@ -149,3 +161,37 @@ def test_memory_of_idle_and_closed_connections_comes_back(server: tuple[int, int
     # 500 x 256 KiB receive buffers would be 125 MiB; only touched pages count and they come back
     assert idle - before < 40, (before, idle)
     assert after - before < 16, (before, after)
+
+
+def _reply_payload(sock: socket.socket) -> bytes:
+    sock.settimeout(10)
+    buf = b""
+    while True:
+        if len(buf) >= fr.PREFIX_SIZE:
+            p = fr.parse_prefix(buf, 1 << 20)
+            if len(buf) >= fr.PREFIX_SIZE + p.header_len + p.payload_len:
+                return buf[fr.PREFIX_SIZE + p.header_len : fr.PREFIX_SIZE + p.header_len + p.payload_len]
+        chunk = sock.recv(65536)
+        assert chunk, "closed before a reply"
+        buf += chunk
+
+
+def test_payloads_in_flight_stay_within_the_process_budget(server: tuple[int, int]) -> None:
+    _, port = server
+    payload = b"p" * (700 << 10)  # 8 of these are 5.6 MiB; the budget is 2 MiB
+    hold = fr.encode(fr.KIND_REQUEST, fr.Header(999, 2, 9, 0, 0, "", {}), payload) + payload
+    socks = [socket.create_connection(("127.0.0.1", port)) for _ in range(8)]
+    for s in socks:
+        s.sendall(hold)  # the kernel buffers what the server does not read yet
+    started = time.monotonic()
+    for s in socks:
+        assert _reply(s) == (9, Status.OK)
+    elapsed = time.monotonic() - started
+    peek = socket.create_connection(("127.0.0.1", port))
+    peek.sendall(fr.encode(fr.KIND_REQUEST, fr.Header(999, 3, 1, 0, 0, "", {})))
+    peak = int(_reply_payload(peek))
+    print(f"budget peak {peak} bytes of {BUDGET_BYTES}; 8 held requests took {elapsed:.2f}s")
+    assert 0 < peak <= BUDGET_BYTES
+    assert elapsed >= 0.3 * 3  # at most two at a time (2 x 700 KiB fit, 3 do not): >= 4 rounds of 0.3 s
+    for s in [*socks, peek]:
+        s.close()
