@@ -274,3 +274,30 @@ def test_an_out_of_range_integer_in_a_handler_is_bad_request() -> None:
         await server.close()
 
     run_virtual(asyncio.wait_for(go(), 30))
+
+
+def test_client_replaces_a_connection_idle_longer_than_its_bound() -> None:
+    async def go() -> None:
+        net = SimNetwork(seed=6)
+        server = RpcServer("svc", net.transport("10.0.0.1"), limits=ServerLimits(idle_timeout_s=100))
+
+        async def write(req: WriteReq, ctx: CallContext) -> WriteRsp:
+            return WriteRsp(chunk_length=len(ctx.payload))
+
+        server.register(WRITE, write)
+        addr = await server.start(Address("10.0.0.1", 7000))
+        client = RpcClient(net.transport("10.0.0.2"), call_timeout_s=5, idle_reconnect_s=50)
+        await client.call(addr, WRITE, WriteReq(length=1), payload=b"1", retry=False)
+        first = client._conns[addr]
+        await asyncio.sleep(20)
+        await client.call(addr, WRITE, WriteReq(length=1), payload=b"2", retry=False)
+        assert client._conns[addr] is first  # used within the bound: kept
+        await asyncio.sleep(60)
+        await client.call(addr, WRITE, WriteReq(length=1), payload=b"3", retry=False)
+        assert client._conns[addr] is not first and first.closed  # replaced before the server's 100 s
+        await asyncio.sleep(150)  # the server closes an idle connection; the next call reconnects
+        assert server.closed_total.get("idle", 0) >= 1 and server.connections == 0
+        await client.call(addr, WRITE, WriteReq(length=1), payload=b"4", retry=False)
+        await server.close()
+
+    run_virtual(asyncio.wait_for(go(), 600))  # virtual time

@@ -17,13 +17,15 @@ from typing import Protocol
 
 logger = logging.getLogger(__name__)
 
+IDLE_TIMEOUT_S = 600.0
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ServerLimits:
     inflight_per_connection_max: int = 512  # requests; reading pauses at the bound
     inflight_bytes_per_connection_max: int = 256 << 20  # payload + header bytes of one connection
     connections_max: int = 4096  # more are refused with TOO_MANY_CONNECTIONS
-    idle_timeout_s: float = 600.0  # no request for this long: closed (clients reconnect)
+    idle_timeout_s: float = IDLE_TIMEOUT_S  # no request for this long: closed (clients reconnect)
     first_frame_timeout_s: float = 30.0  # a new connection must send a frame by then
     frame_timeout_s: float = 60.0  # a frame begun must be complete by then (slow-loris)
     buffer_release_s: float = 5.0  # idle this long: the receive buffer goes back to the pool

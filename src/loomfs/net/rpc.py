@@ -35,7 +35,7 @@ from loomfs.errors import (
 )
 from loomfs.net.budget import PROCESS_BUDGET, ByteBudget
 from loomfs.net.buffers import DEFAULT_POOL, Buffer, BufferPool
-from loomfs.net.limits import ServerLimits, sweep_forever
+from loomfs.net.limits import IDLE_TIMEOUT_S, ServerLimits, sweep_forever
 from loomfs.net.transport import Address, Channel, Listener, Transport
 from loomfs.wire import frame as fr
 from loomfs.wire.message import Message, Method
@@ -457,6 +457,11 @@ class ClientConnection:
         self._receiving: int = 0  # request id whose payload is being received, 0 = none
         self._refusal = ""  # why the server refused this connection (TOO_MANY_CONNECTIONS)
         self.closed = False
+        self.used_at = float("inf")  # clock time of the last call (set by RpcClient)
+
+    @property
+    def idle(self) -> bool:
+        return not self._pending
 
     # FrameSink
     def payload_buffer(self, kind: int, header: fr.Header, length: int) -> memoryview:
@@ -579,11 +584,15 @@ class RpcClient:
         retry: RetryPolicy | None = None,
         rng: random.Random | None = None,
         clock: Clock = LOOP_CLOCK,
+        idle_reconnect_s: float = IDLE_TIMEOUT_S / 2,
     ):
         """``rng`` (retry jitter) and ``clock`` (deadlines; default: the running loop's clock,
-        the one ``asyncio.timeout`` uses) are seams for the simulator."""
+        the one ``asyncio.timeout`` uses) are seams for the simulator. A connection unused for
+        ``idle_reconnect_s`` is replaced before the next call, so a call never races a server
+        closing it for idleness (which could fail a call that may not be retried)."""
         self.transport = transport
         self.clock = clock
+        self.idle_reconnect_s = idle_reconnect_s
         self.connect_timeout_s = connect_timeout_s
         self.call_timeout_s = call_timeout_s
         self.retry = retry or RetryPolicy()
@@ -660,7 +669,13 @@ class RpcClient:
             try:
                 if remaining <= 0:
                     raise TimedOut(f"{m.name} to {address}: deadline passed")
-                conn = await self.connection(address)
+                conn = self._conns.get(address)
+                now = deadline - remaining
+                if conn is None or conn.closed or now - conn.used_at > self.idle_reconnect_s:
+                    if conn is not None and not conn.closed and conn.idle:
+                        self.drop(address)  # idle too long: the server may be about to close it
+                    conn = await self.connection(address)
+                conn.used_at = now
                 started = time.perf_counter()
                 try:
                     rsp = await conn.call(
