@@ -301,3 +301,38 @@ def test_client_replaces_a_connection_idle_longer_than_its_bound() -> None:
         await server.close()
 
     run_virtual(asyncio.wait_for(go(), 600))  # virtual time
+
+
+def test_a_late_reply_payload_is_drained_into_the_pool() -> None:
+    async def go() -> None:
+        from loomfs.errors import TimedOut
+        from loomfs.net.buffers import DEFAULT_POOL
+        from loomfs.net.rpc import Reply
+        from loomfs.wire.storage import READ, ReadReq, ReadRsp
+
+        from loomfs.net.sim import LinkFaults
+
+        net = SimNetwork(seed=7, faults=LinkFaults(latency_s=0.05, jitter_s=0.0))
+        server = RpcServer("svc", net.transport("10.0.0.1"))
+
+        async def read(req: ReadReq, ctx: CallContext) -> Reply:
+            # done within the server's deadline, but the reply lands after the client's
+            await asyncio.sleep(0.99 if req.length > 10 else 0)
+            return Reply(ReadRsp(length=req.length), b"r" * req.length)
+
+        server.register(READ, read)
+        addr = await server.start(Address("10.0.0.1", 7000))
+        client = RpcClient(net.transport("10.0.0.2"), call_timeout_s=1)
+        with pytest.raises(TimedOut):
+            await client.call(addr, READ, ReadReq(length=100_000), retry=False)
+        conn = client._conns[addr]
+        misses = DEFAULT_POOL.misses
+        hits = DEFAULT_POOL.hits
+        await asyncio.sleep(3)  # the reply arrives after its caller gave up
+        assert conn._scratch is None and not conn.closed
+        assert DEFAULT_POOL.hits + DEFAULT_POOL.misses == hits + misses + 1  # drained via the pool
+        rsp = await client.call(addr, READ, ReadReq(length=10), timeout_s=5, retry=False)
+        assert bytes(rsp.payload) == b"r" * 10
+        await server.close()
+
+    run_virtual(asyncio.wait_for(go(), 60))

@@ -458,6 +458,7 @@ class ClientConnection:
         self._refusal = ""  # why the server refused this connection (TOO_MANY_CONNECTIONS)
         self.closed = False
         self.used_at = float("inf")  # clock time of the last call (set by RpcClient)
+        self._scratch: Buffer | None = None  # pooled buffer draining an unwanted reply payload
 
     @property
     def idle(self) -> bool:
@@ -469,10 +470,18 @@ class ClientConnection:
         self._receiving = header.request_id
         if p is not None and p.recv_into is not None and len(p.recv_into) >= length:
             return p.recv_into[:length]
+        if p is None:  # a late reply nobody waits for (or a peer's invention): drain it into the pool
+            self._scratch = DEFAULT_POOL.acquire(length)
+            return memoryview(self._scratch)[:length]
         return memoryview(bytearray(length))
 
     def frame_received(self, kind: int, header: fr.Header, payload: memoryview, crc_ok: bool) -> None:
         self._receiving = 0
+        if self._scratch is not None:
+            scratch, self._scratch = self._scratch, None
+            payload.release()
+            DEFAULT_POOL.release(scratch)
+            payload = _EMPTY
         if kind != fr.KIND_RESPONSE:
             logger.warning("request frame from server %s; closing", self.address)
             self.abort()
