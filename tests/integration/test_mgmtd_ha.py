@@ -190,12 +190,14 @@ def test_standby_takes_over_when_the_primary_is_killed(ha_cluster: HaCluster) ->
         assert took_s <= PRIMARY_LEASE_S + 1.5
         assert after > before
         # the client follows the new primary at its next routing refresh
-        mgmtd = fs._ensure().routing.mgmtd_set
+        routing = fs._ensure().routing
+        assert routing is not None
+        mgmtd = routing.mgmtd_set
         end = time.monotonic() + 10
         while mgmtd.primary != Address.parse(second) and time.monotonic() < end:
             time.sleep(0.05)
         assert mgmtd.primary == Address.parse(second)
-        assert fs._ensure().routing.current.version >= after
+        assert routing.current.version >= after
 
         # a gray failure: the new primary hangs; the last mgmtd takes over
         third = next(a for a in standbys if a != second)
