@@ -308,9 +308,8 @@ def test_a_late_reply_payload_is_drained_into_the_pool() -> None:
         from loomfs.errors import TimedOut
         from loomfs.net.buffers import DEFAULT_POOL
         from loomfs.net.rpc import Reply
-        from loomfs.wire.storage import READ, ReadReq, ReadRsp
-
         from loomfs.net.sim import LinkFaults
+        from loomfs.wire.storage import READ, ReadReq, ReadRsp
 
         net = SimNetwork(seed=7, faults=LinkFaults(latency_s=0.05, jitter_s=0.0))
         server = RpcServer("svc", net.transport("10.0.0.1"))
