@@ -52,3 +52,20 @@ def test_mgmtd_database_is_private_and_old_files_are_fixed(tmp_path: Path) -> No
         assert _mode(legacy) == 0o600
     finally:
         os.umask(old)
+
+
+def test_meta_sqlite_database_is_private(tmp_path: Path) -> None:
+    from loomfs.meta.store.sqlite import SqliteStore
+
+    old = os.umask(0o022)
+    try:
+        db = tmp_path / "meta" / "meta.db"
+        store = SqliteStore(str(db))
+        try:
+            names = sorted(p.name for p in db.parent.iterdir())
+            assert "meta.db" in names and "meta.db-wal" in names, names
+            assert {n: oct(_mode(db.parent / n)) for n in names if _mode(db.parent / n) != 0o600} == {}
+        finally:
+            asyncio.run(store.close())
+    finally:
+        os.umask(old)

@@ -127,6 +127,11 @@ class SqliteStore(MetaStore):
         self._busy_timeout_s = busy_timeout_s
         if path != ":memory:":
             os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+            # at rest: 0600 before SQLite opens it, so -wal/-shm follow (issue 13 item 5)
+            os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o600))
+            for suffix in ("", "-wal", "-shm"):
+                if os.path.exists(path + suffix):
+                    os.chmod(path + suffix, 0o600)
         self._conn = _connect(path, busy_timeout_s)  # every write runs here
         wal = False
         if path != ":memory:":
