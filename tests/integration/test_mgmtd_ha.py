@@ -32,7 +32,6 @@ from loomfs.net.rpc import RpcClient
 from loomfs.net.tcp import TcpTransport
 from loomfs.net.transport import Address
 from loomfs.testing import LocalCluster
-from loomfs.testing.cluster import ServiceProc
 from loomfs.testing.pgserver import PgServer
 from loomfs.wire import mgmtd as wm
 from loomfs.wire.status import Status
@@ -44,52 +43,12 @@ PRIMARY_LEASE_S = 1.0
 NODE_LEASE_S = 3.0
 
 
-class HaCluster(LocalCluster):
-    """LocalCluster with ``mgmtd_servers`` mgmtd processes on one PostgreSQL store (until
-    LocalCluster has the option itself: .handoff/mgmtd-ha.requests)."""
-
-    def __init__(self, root: str, *, mgmtd_servers: int, mgmtd_store: str, **kw: Any):
-        super().__init__(root, **kw)
-        self.mgmtd_servers = mgmtd_servers
-        self.mgmtd_store = mgmtd_store
-
-    @property
-    def mgmtd_names(self) -> list[str]:
-        return ["mgmtd", *(f"mgmtd{i}" for i in range(2, self.mgmtd_servers + 1))]
-
-    @property
-    def mgmtd_addresses(self) -> str:
-        return ",".join(self.services[n].address for n in self.mgmtd_names)
-
-    def _plan(self) -> None:
-        super()._plan()
-        assert self.base_port is not None
-        for i in range(2, self.mgmtd_servers + 1):
-            port = self.base_port + 10 + self.storage_nodes + i - 2
-            self.services[f"mgmtd{i}"] = ServiceProc(f"mgmtd{i}", "mgmtd", port, 0, str(self.root / f"mgmtd{i}"))
-
-    def _config(self, s: ServiceProc) -> dict[str, Any]:
-        cfg = super()._config(s)
-        cfg["mgmtd"] = self.mgmtd_addresses
-        if s.kind == "mgmtd":
-            cfg.update(store_url=self.mgmtd_store, primary_lease_s=PRIMARY_LEASE_S)
-            if s.name != "mgmtd":
-                cfg["metrics_port"] = -1
-        return cfg
-
-    def start(self, timeout_s: float = 60.0) -> None:
-        super().start(timeout_s)
-        for n in self.mgmtd_names[1:]:
-            self.start_service(n)
-            self.wait_listening(n, timeout_s)
-
-
 @pytest.fixture
-def ha_cluster(pg_server: PgServer, request: pytest.FixtureRequest) -> Iterator[HaCluster]:
+def ha_cluster(pg_server: PgServer, request: pytest.FixtureRequest) -> Iterator[LocalCluster]:
     root = tempfile.mkdtemp(prefix="loomfs-mgmtdha-")
-    c = HaCluster(root, mgmtd_servers=3, mgmtd_store=pg_server.url(schema=f"mgmtdha{os.getpid()}"),
-                  storage_nodes=2, targets_per_node=1, replicas=2, lease_s=NODE_LEASE_S,
-                  heartbeat_interval_s=0.5, gc_delay_s=1.0)
+    c = LocalCluster(root, mgmtd_servers=3, mgmtd_store=pg_server.url(schema=f"mgmtdha{os.getpid()}"),
+                     mgmtd_config={"primary_lease_s": PRIMARY_LEASE_S}, storage_nodes=2, targets_per_node=1,
+                     replicas=2, lease_s=NODE_LEASE_S, heartbeat_interval_s=0.5, gc_delay_s=1.0)
     try:
         c.start(timeout_s=60)
     except BaseException:
@@ -140,11 +99,11 @@ def _wait_primary(candidates: list[str], since_s: float) -> str:
         time.sleep(0.02)
 
 
-def test_standby_takes_over_when_the_primary_is_killed(ha_cluster: HaCluster) -> None:
+def test_standby_takes_over_when_the_primary_is_killed(ha_cluster: LocalCluster) -> None:
     c = ha_cluster
     first, *standbys = (c.services[n].address for n in c.mgmtd_names)
     assert [_status_of(a) for a in standbys] == [Status.NOT_PRIMARY] * 2
-    fs = loomfs.connect(c.mgmtd_addresses)
+    fs = loomfs.connect(str(c.root))  # cluster.json lists every mgmtd
     errors: list[BaseException] = []
     done: list[float] = []  # when each write+read finished
     stop = threading.Event()
@@ -274,3 +233,10 @@ def test_pg_store_lease_and_conditional_saves(pg_server: PgServer) -> None:
             await b.close()
 
     asyncio.run(run())
+
+
+def test_local_up_refuses_several_mgmtd_without_a_postgresql_store(tmp_path: Any) -> None:
+    r = subprocess.run([sys.executable, "-m", "loomfs.cli.main", "local", "up", "--dir", str(tmp_path / "c"),
+                        "--mgmtd-servers", "2"], capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0
+    assert "--mgmtd-servers above 1 needs --mgmtd-store postgresql://" in r.stderr

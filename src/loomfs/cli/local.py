@@ -28,6 +28,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     up.add_argument("--meta-store", default=None, metavar="URL",
                     help="metastore every meta server uses, e.g. postgresql://user@host:5432/db "
                          "(default: one SQLite file in the cluster directory)")
+    up.add_argument("--mgmtd-servers", type=int, default=1,
+                    help="mgmtd processes, one primary elected by lease (more than 1 needs --mgmtd-store)")
+    up.add_argument("--mgmtd-store", default=None, metavar="URL",
+                    help="the postgresql://... store the mgmtd processes share (docs/mgmtd-ha.md; "
+                         "default: one SQLite file, one mgmtd)")
     up.add_argument("--base-port", type=int, default=8000,
                     help="mgmtd port; meta uses the next ones, storage base+10.. (default 8000)")
     up.add_argument("--gc-delay-s", type=float, default=30.0)
@@ -83,12 +88,17 @@ def cmd_up(args: argparse.Namespace) -> int:
             raise SystemExit("--meta-servers must be 1..8")
         if args.meta_store is not None and "://" not in args.meta_store:
             raise SystemExit(f"--meta-store needs a URL (postgresql://... or sqlite:///...), got {args.meta_store!r}")
+        if not 1 <= args.mgmtd_servers <= 3:
+            raise SystemExit("--mgmtd-servers must be 1..3")
+        if args.mgmtd_servers > 1 and not (args.mgmtd_store or "").startswith(("postgresql://", "postgres://")):
+            raise SystemExit("--mgmtd-servers above 1 needs --mgmtd-store postgresql://... (SQLite is one mgmtd)")
         if args.replicas > args.storage_nodes:
             raise SystemExit(f"--replicas {args.replicas} needs at least that many --storage-nodes")
         c = LocalCluster(
             root, storage_nodes=args.storage_nodes, targets_per_node=args.targets_per_node,
             replicas=args.replicas, meta_nodes=args.meta_nodes, base_port=args.base_port,
             gc_delay_s=args.gc_delay_s, meta_store=args.meta_store,
+            mgmtd_servers=args.mgmtd_servers, mgmtd_store=args.mgmtd_store,
         )
     c.start()
     print(f"LoomFS local cluster up in {root}")

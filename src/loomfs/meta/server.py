@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from loomfs.common.clock import SYSTEM_CLOCK
 from loomfs.common.retry import Backoff
-from loomfs.common.routing import RoutingClient, parse_addresses
+from loomfs.common.routing import MgmtdSet, RoutingClient, parse_addresses
 from loomfs.common.service_main import run_service
 from loomfs.config import MetaConfig, resolve_under
 from loomfs.errors import LoomError
@@ -42,35 +42,29 @@ logger = logging.getLogger(__name__)
 REGISTER_BACKOFF = Backoff(0.1, 2.0)  # registration retried until mgmtd answers
 STORE_WAIT_BACKOFF = Backoff(0.2, 2.0)  # the metastore not up yet at start
 
-async def _register(
-    rpc: RpcClient, mgmtd: list[Address], config: MetaConfig, port: int, metrics_port: int = 0
-) -> RegisterNodeRsp:
+async def _register(mgmtd: MgmtdSet, config: MetaConfig, port: int, metrics_port: int = 0) -> RegisterNodeRsp:
+    """Register with the primary mgmtd (``MgmtdSet`` follows it: docs/mgmtd-ha.md)."""
     req = RegisterNodeReq(node_id=config.node_id, kind=NodeKind.META, host=config.host, port=port,
                           metrics_port=metrics_port)
     attempt = 0
     while True:
-        for addr in mgmtd:
-            try:
-                rsp = await rpc.call(addr, REGISTER_NODE, req, timeout_s=5.0)
-                body: RegisterNodeRsp = rsp.body
-                logger.info("meta registered with mgmtd %s as node %d", addr, body.node_id)
-                return body
-            except (LoomError, OSError) as exc:
-                logger.debug("register with %s: %s", addr, exc)
+        try:
+            body: RegisterNodeRsp = (await mgmtd.call(REGISTER_NODE, req, timeout_s=5.0)).body
+            logger.info("meta registered with mgmtd %s as node %d", mgmtd.primary, body.node_id)
+            return body
+        except (LoomError, OSError) as exc:
+            logger.debug("register with %s: %s", mgmtd, exc)
         await asyncio.sleep(REGISTER_BACKOFF.delay_s(attempt))
         attempt += 1
 
 
-async def _heartbeat(rpc: RpcClient, mgmtd: list[Address], node_id: int, interval_s: float) -> None:
-    i = 0
+async def _heartbeat(mgmtd: MgmtdSet, node_id: int, interval_s: float) -> None:
     while True:
         await asyncio.sleep(interval_s)
-        addr = mgmtd[i % len(mgmtd)]
         try:
-            await rpc.call(addr, HEARTBEAT, HeartbeatReq(node_id=node_id), timeout_s=max(1.0, interval_s * 2))
-        except (LoomError, OSError) as exc:
-            i += 1  # try the next mgmtd next time
-            logger.warning("heartbeat to %s failed: %s", addr, exc)
+            await mgmtd.call(HEARTBEAT, HeartbeatReq(node_id=node_id), timeout_s=max(1.0, interval_s * 2))
+        except (LoomError, OSError) as exc:  # the next beat tries again, the primary first
+            logger.warning("heartbeat to %s failed: %s", mgmtd, exc)
 
 
 def _make_remover(rpc: RpcClient, routing: RoutingClient, node_id: int) -> ChunkRemover | None:
@@ -169,7 +163,7 @@ async def serve(config: MetaConfig, *, ready: asyncio.Event | None = None) -> No
             instrument_meta_store(store, metrics.registry)
         tasks.append(loop.create_task(routing.run(), name="meta-routing"))
         reg_task = loop.create_task(
-            _register(rpc, mgmtd, config, addr.port, metrics.port if metrics is not None else 0)
+            _register(routing.mgmtd_set, config, addr.port, metrics.port if metrics is not None else 0)
         )
         stop_task = loop.create_task(stop.wait())
         tasks += [reg_task, stop_task]
@@ -178,7 +172,7 @@ async def serve(config: MetaConfig, *, ready: asyncio.Event | None = None) -> No
             return
         reg = reg_task.result()
         tasks.append(loop.create_task(
-            _heartbeat(rpc, mgmtd, reg.node_id, reg.heartbeat_interval_s or 1.0), name="meta-heartbeat"
+            _heartbeat(routing.mgmtd_set, reg.node_id, reg.heartbeat_interval_s or 1.0), name="meta-heartbeat"
         ))
         remover = _make_remover(rpc, routing, reg.node_id)
         if remover is not None:

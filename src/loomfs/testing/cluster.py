@@ -22,6 +22,7 @@ from typing import Any
 
 import tomli_w
 
+from loomfs.common.routing import MgmtdSet, parse_addresses
 from loomfs.errors import LoomError
 from loomfs.net.faults import ENV_VAR as FAULTS_ENV_VAR
 from loomfs.net.faults import Rule, write_rules
@@ -119,11 +120,19 @@ class LocalCluster:
         fault_injection: bool = False,
         ec_targets_per_node: int = 0,
         meta_store: str | None = None,
+        mgmtd_servers: int = 1,
+        mgmtd_store: str | None = None,
     ):
         """``meta_store``: the metastore URL every meta server uses (``postgresql://...``: N
-        stateless meta servers on one database); default one SQLite file in ``root``."""
+        stateless meta servers on one database); default one SQLite file in ``root``.
+        ``mgmtd_servers``: mgmtd processes (more than one: ``mgmtd_store`` is a
+        ``postgresql://`` URL they share, one primary elected by lease, docs/mgmtd-ha.md)."""
+        if mgmtd_servers > 1 and not (mgmtd_store or "").startswith(("postgresql://", "postgres://")):
+            raise ValueError(f"{mgmtd_servers} mgmtd servers need a postgresql:// mgmtd_store")
         self.root = Path(root).resolve()
         self.meta_store = meta_store
+        self.mgmtd_servers = mgmtd_servers
+        self.mgmtd_store = mgmtd_store
         self.storage_nodes = storage_nodes
         self.targets_per_node = targets_per_node
         self.replicas = replicas
@@ -151,7 +160,16 @@ class LocalCluster:
 
     @property
     def mgmtd_address(self) -> str:
+        """The first mgmtd (``mgmtd_addresses``: all of them, for clients)."""
         return self.services["mgmtd"].address
+
+    @property
+    def mgmtd_names(self) -> list[str]:
+        return [s.name for s in self.services.values() if s.kind == "mgmtd"]
+
+    @property
+    def mgmtd_addresses(self) -> str:
+        return ",".join(self.services[n].address for n in self.mgmtd_names)
 
     def _plan(self) -> None:
         span = METRICS_OFFSET + 20 + self.storage_nodes
@@ -167,15 +185,20 @@ class LocalCluster:
             svcs.append(ServiceProc(f"meta{i}", "meta", base + i, 100 + i, str(self.root / f"meta{i}")))
         for i in range(1, self.storage_nodes + 1):
             svcs.append(ServiceProc(f"storage{i}", "storage", base + 9 + i, i, str(self.root / f"storage{i}")))
+        # mgmtd 2..N after the storage ports (the span leaves room for them)
+        svcs += [ServiceProc(f"mgmtd{i}", "mgmtd", base + 8 + self.storage_nodes + i, 0, str(self.root / f"mgmtd{i}"))
+                 for i in range(2, self.mgmtd_servers + 1)]
         self.services = {s.name: s for s in svcs}
 
     def _config(self, s: ServiceProc) -> dict[str, Any]:
-        mg = f"127.0.0.1:{self.base_port}"
+        mg = self.mgmtd_addresses
         if s.kind == "mgmtd":
+            ha = {"store_url": self.mgmtd_store, "mgmtd": mg} if self.mgmtd_store else {}
             return {"host": "127.0.0.1", "port": s.port, "data_dir": s.dir, "lease_s": self.lease_s,
                     "heartbeat_interval_s": self.heartbeat_interval_s, "default_replicas": self.replicas,
-                    "replace_after_s": self.replace_after_s, "metrics_port": self.mgmtd_metrics_port,
-                    **self.mgmtd_config}
+                    "replace_after_s": self.replace_after_s,
+                    "metrics_port": self.mgmtd_metrics_port if s.name == "mgmtd" else -1,
+                    **ha, **self.mgmtd_config}
         if s.kind == "meta":
             # every meta serves the same namespace: one database (``meta_store``), or one
             # shared SQLite file on this host
@@ -224,6 +247,8 @@ class LocalCluster:
         self.start_service("mgmtd")
         self._write_state()
         self._wait(lambda r: True, timeout_s, "mgmtd")
+        for name in self.mgmtd_names[1:]:  # standbys, once the first one is primary
+            self.start_service(name)
         for s in self.services.values():
             if s.kind == "storage":
                 self.start_service(s.name)
@@ -417,7 +442,7 @@ class LocalCluster:
         out = []
         for s in self.services.values():
             alive = s.alive()
-            mport = self.mgmtd_metrics_port if s.kind == "mgmtd" else metrics.get(("127.0.0.1", s.port), 0)
+            mport = self.mgmtd_metrics_port if s.name == "mgmtd" else metrics.get(("127.0.0.1", s.port), 0)
             out.append({"name": s.name, "kind": s.kind, "pid": s.pid if alive else 0,
                         "address": s.address, "state": "running" if alive else "stopped",
                         "metrics": f"http://127.0.0.1:{mport}/metrics" if alive and mport else "",
@@ -434,7 +459,9 @@ class LocalCluster:
     # ---- state file ------------------------------------------------------------------------
     def _write_state(self) -> None:
         data = {
-            "mgmtd": self.mgmtd_address,
+            "mgmtd": self.mgmtd_addresses,
+            "mgmtd_servers": self.mgmtd_servers,
+            "mgmtd_store": self.mgmtd_store,
             "base_port": self.base_port,
             "storage_nodes": self.storage_nodes,
             "targets_per_node": self.targets_per_node,
@@ -461,6 +488,8 @@ class LocalCluster:
         self.replicas = data["replicas"]
         self.meta_nodes = data["meta_nodes"]
         self.meta_store = data.get("meta_store")
+        self.mgmtd_servers = data.get("mgmtd_servers", 1)
+        self.mgmtd_store = data.get("mgmtd_store")
         self.heartbeat_interval_s = data.get("heartbeat_interval_s", self.heartbeat_interval_s)
         self.lease_s = data.get("lease_s", self.lease_s)
         self.replace_after_s = data.get("replace_after_s", self.replace_after_s)
@@ -480,8 +509,8 @@ class LocalCluster:
         async def go() -> RoutingInfo:
             rpc = RpcClient(TcpTransport(), connect_timeout_s=1.0)
             try:
-                rsp = await rpc.call(Address.parse(self.mgmtd_address), wm.GET_ROUTING,
-                                     wm.GetRoutingReq(), timeout_s=2.0, retry=False)
+                mgmtd = MgmtdSet(rpc, parse_addresses(self.mgmtd_addresses))
+                rsp = await mgmtd.call(wm.GET_ROUTING, wm.GetRoutingReq(), timeout_s=2.0, retry=False)
                 assert rsp.body.routing is not None
                 return rsp.body.routing
             finally:
@@ -545,13 +574,14 @@ class LocalCluster:
             rpc = RpcClient(TcpTransport())
             try:
                 ec = self.ec_targets_per_node
-                await rpc.call(Address.parse(self.mgmtd_address), wm.CREATE_CHAIN_TABLE,
-                               wm.CreateChainTableReq(replicas=self.replicas,
-                                                      targets_per_node=self.targets_per_node if ec else 0),
-                               timeout_s=timeout_s)
+                mgmtd = MgmtdSet(rpc, parse_addresses(self.mgmtd_addresses))
+                await mgmtd.call(wm.CREATE_CHAIN_TABLE,
+                                 wm.CreateChainTableReq(replicas=self.replicas,
+                                                        targets_per_node=self.targets_per_node if ec else 0),
+                                 timeout_s=timeout_s)
                 if ec:
-                    await rpc.call(Address.parse(self.mgmtd_address), wm.CREATE_CHAIN_TABLE,
-                                   wm.CreateChainTableReq(replicas=1, targets_per_node=ec), timeout_s=timeout_s)
+                    await mgmtd.call(wm.CREATE_CHAIN_TABLE, wm.CreateChainTableReq(replicas=1, targets_per_node=ec),
+                                     timeout_s=timeout_s)
             finally:
                 await rpc.close()
 
