@@ -18,7 +18,7 @@ from loomfs.common.retry import Backoff
 from loomfs.common.routing import RoutingClient, parse_addresses
 from loomfs.common.service_main import run_service
 from loomfs.config import StorageConfig
-from loomfs.errors import LoomError, StatusError
+from loomfs.errors import LoomError
 from loomfs.net.rpc import RetryPolicy, RpcClient, RpcServer
 from loomfs.net.tcp import default_transport
 from loomfs.net.transport import Address, Transport
@@ -215,7 +215,7 @@ class StorageNode:
             rsp = (await mgmtd.call(HEARTBEAT, req, timeout_s=max(1.0, self.heartbeat_interval_s),
                                     retry=False)).body
         except (LoomError, OSError) as exc:
-            if isinstance(exc, StatusError) and exc.status is Status.ENOENT:  # mgmtd lost us (fresh store)
+            if isinstance(exc, LoomError) and exc.status is Status.ENOENT:  # mgmtd lost us (fresh store)
                 logger.warning("mgmtd %s does not know node %d: registering again", mgmtd.primary,
                                self.config.node_id)
                 await self.register()
