@@ -335,3 +335,26 @@ def test_one_removal_takes_many_deleted_files_down_the_chain() -> None:
         assert err.value.status is Status.EINVAL
 
     run(body)
+
+
+def test_a_head_that_restarted_and_kept_serving_reuses_no_version() -> None:
+    """Simulator seed 400189: the tail committed v2 and crashed; the head crashed too, losing
+    its pending v2, and came back as the only serving member (nobody to resync from). Its next
+    write was numbered v2 again with other bytes. A target left serving after a restart now
+    leaves one number unused on each chunk's first update."""
+
+    async def body(c: Chain3) -> None:
+        await c.write(1, 0, b"x" * 300)  # v1 everywhere
+        c.engine(3).stage_write(KEY, 2, 0, b"y" * 100)
+        await c.engine(3).commit(KEY, 2)  # the tail's v2; the head's pending v2 died with it
+        c.set_chain([1], version=2, waiting=(2, 3))
+        c.nodes[0].service._gapped[c.tid(1)] = set()  # what the node sets when left serving after a restart
+        await c.write(1, 0, b"z" * 50)
+        await c.write(1, 50, b"w" * 50)
+        st = c.engine(1).get(KEY)
+        assert st is not None and st.commit_ver == 4  # v3 and v4: v2 still names only the tail's bytes
+        c.set_chain([1, 3], version=3)  # the old tail is back behind it: its v2 is replaced whole
+        await c.write(1, 100, b"q" * 10)
+        assert c.content(1) == c.content(3) == b"z" * 50 + b"w" * 50 + b"q" * 10 + b"x" * 190
+
+    run(body)

@@ -100,6 +100,10 @@ class Versions:
     pending_ver: int = 0
     length: int = 0
     crc: int = 0
+    # versions the head leaves unused before its next one: a head that restarted and kept
+    # serving (no other member to resync from) may have lost a pending version that a successor
+    # committed; that number must not name other bytes
+    gap: int = 0
 
     @property
     def has_pending(self) -> bool:
@@ -211,7 +215,7 @@ def on_update(pos: Position | None, local: Versions, ev: UpdateIn) -> list[Actio
             if ev.seen is TagSeen.PENDING:
                 return [*first, AckCommitted(local.pending_ver)]
             return [*first, Apply(local.pending_ver + 1, succ)]
-        return [Apply(local.commit_ver + 1, succ)]
+        return [Apply(local.commit_ver + 1 + local.gap, succ)]
     if pos.is_head:
         return [Refuse(Status.STALE_CHAIN_VERSION, f"target {pos.target_id} is head of chain {pos.chain_id}: not forwarded to")]
     if ev.update_ver < local.commit_ver:

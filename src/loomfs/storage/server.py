@@ -42,7 +42,7 @@ from loomfs.wire.mgmtd import (
     SyncReportReq,
 )
 from loomfs.wire.status import Status
-from loomfs.wire.types import NodeKind
+from loomfs.wire.types import NodeKind, TargetState
 
 logger = logging.getLogger(__name__)
 
@@ -113,6 +113,8 @@ class StorageNode:
         self.lease_s = 5.0
         self._settling: asyncio.Future[None] | None = None
         self._ready_at_version = 0  # the routing version registration produced
+        # targets with committed chunks when this process started (a restart: pending versions lost)
+        self._had_data = {t.target_id for t in self.targets if t.engine.usage().chunk_count > 0}
         self._settle_again = False
 
     async def start(self) -> Address:
@@ -184,8 +186,23 @@ class StorageNode:
             # serve only with the routing this registration produced (mgmtd has moved a
             # restarted target to the tail of its chain, to be resynced)
             self._ready_at_version = rsp.routing_version
+            self._gap_if_serving_after_restart()
             self._mark_ready()
             return rsp
+
+    def _gap_if_serving_after_restart(self) -> None:
+        """A target that held data when this process started lost its pending versions with
+        the last process. mgmtd sends it to resync when another member serves; when it is left
+        serving (no one to resync from), a successor may hold committed a version it lost, so
+        its first update of each chunk as head leaves one version number unused."""
+        if not self.routing.has_routing:
+            return
+        r = self.routing.current
+        for tid in self._had_data:
+            ti = r.targets.get(tid)
+            if ti is not None and ti.chain_id and ti.state == TargetState.SERVING and tid not in self.service._gapped:
+                logger.warning("target %d kept serving after a restart: first updates leave a version unused", tid)
+                self.service._gapped[tid] = set()
 
     async def _refresh_routing(self, version: int) -> None:
         if self.routing.has_routing and self.routing.current.version >= version:

@@ -109,6 +109,7 @@ class StorageService(ChunkReads, ChunkRemovals):
         # target id -> chunks with a pending version whose forward failed (pushed down again on
         # the next update or chain change)
         self._leftovers: dict[int, set[ChunkKey]] = {}
+        self._gapped: dict[int, set[ChunkKey]] = {}  # see ChunkUpdates._gapped
         self.replacing: set[tuple[int, ChunkKey]] = set()
         self.foreground = ForegroundGate()  # clients' I/O in flight: background work yields to it
 

@@ -64,6 +64,9 @@ class ChunkUpdates(ChainForwarder):
     corrupt_reads_total: int
     on_corrupt: Callable[[StorageTarget, ChunkKey], None] | None
     _leftovers: dict[int, set[ChunkKey]]
+    # targets that restarted and kept serving without a resync -> chunks updated since (the
+    # first update of each other chunk as head leaves one version number unused)
+    _gapped: dict[int, set[ChunkKey]]
     # (target, chunk) whose committed copy was dropped to be replaced (a repair, a resync copy):
     # reads refuse it until the replacement is committed, rather than find no chunk
     replacing: set[tuple[int, ChunkKey]]
@@ -119,7 +122,11 @@ class ChunkUpdates(ChainForwarder):
             expect_length = -1 if planted.on("no_content_check") else req.expect_length
             ev = chain.UpdateIn(req.chain_version, req.forwarded, req.update_ver, full, expect_length,
                                 req.expect_crc, chain.TagSeen.NO if req.forwarded else tag_seen(st, req.tag))
-            for action in chain.on_update(pos, versions_of(st), ev):
+            local = versions_of(st)
+            gapped = self._gapped.get(target.target_id)
+            if gapped is not None and not req.forwarded and key not in gapped:
+                local = dataclasses.replace(local, gap=1)
+            for action in chain.on_update(pos, local, ev):
                 assert pos is not None or isinstance(action, chain.Refuse)
                 if isinstance(action, chain.Refuse):
                     raise StatusError(action.status, action.reason)
@@ -132,7 +139,10 @@ class ChunkUpdates(ChainForwarder):
                 elif isinstance(action, chain.Apply):
                     if isinstance(req, TruncateReq) and req.if_ver_le >= 0 and not req.forwarded:
                         _check_fence(engine.get(key), key, req.if_ver_le)
-                    return await self._apply(target, pos, key, req, payload, action)  # type: ignore[arg-type]
+                    rsp = await self._apply(target, pos, key, req, payload, action)  # type: ignore[arg-type]
+                    if gapped is not None:
+                        gapped.add(key)  # one unused number per chunk is enough
+                    return rsp
         raise StatusError(Status.INTERNAL, "chain decision ended without a reply")
 
     def _growth(self, st: ChunkState | None, req: WriteReq | TruncateReq) -> int:
