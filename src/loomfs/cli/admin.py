@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from loomfs.cli.common import human_bytes, target
-from loomfs.common.routing import parse_addresses
+from loomfs.common.routing import MgmtdSet, parse_addresses
 from loomfs.metrics.capacity import target_state_name
 from loomfs.net.rpc import RpcClient
 from loomfs.net.tcp import TcpTransport
@@ -63,14 +63,8 @@ def mgmtd_addresses(args: argparse.Namespace) -> str:
 async def _call(args: argparse.Namespace, m: Any, req: Any) -> Any:
     rpc = RpcClient(TcpTransport(), connect_timeout_s=2.0)
     try:
-        last: BaseException | None = None
-        for addr in parse_addresses(mgmtd_addresses(args)):
-            try:
-                return (await rpc.call(addr, m, req, timeout_s=10.0)).body
-            except OSError as exc:
-                last = exc
-        assert last is not None
-        raise last
+        # the primary first, a NOT_PRIMARY answer's hint followed, a dead mgmtd passed over at once
+        return (await MgmtdSet(rpc, parse_addresses(mgmtd_addresses(args))).call(m, req, timeout_s=10.0)).body
     finally:
         await rpc.close()
 
