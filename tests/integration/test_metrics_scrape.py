@@ -110,6 +110,20 @@ def _metrics_port(node: object) -> int:
     return int(getattr(node, "metrics_port", 0) or 0)
 
 
+def _storage_total(cluster, name: str, **labels: str) -> float:  # type: ignore[no-untyped-def]
+    """``name`` summed over every storage node's /metrics."""
+    nodes = cluster.routing().nodes
+
+    async def go() -> float:
+        total = 0.0
+        for n in nodes:
+            if n.kind == NodeKind.STORAGE and _metrics_port(n):
+                total += (await scrape(n.host, _metrics_port(n))).total(name, **labels)
+        return total
+
+    return asyncio.run(go())
+
+
 def test_cluster_services_serve_metrics(fs, cluster) -> None:  # type: ignore[no-untyped-def]
     """Every node in routing advertises a metrics port; the storage nodes' counted write bytes
     add up to (file bytes x replicas)."""
@@ -119,18 +133,8 @@ def test_cluster_services_serve_metrics(fs, cluster) -> None:  # type: ignore[no
                     "see docs/observability.md 'Wiring'")
 
     def storage_write_bytes() -> float:
-        nodes = cluster.routing().nodes
-
-        async def go() -> float:
-            total = 0.0
-            for n in nodes:
-                if n.kind == NodeKind.STORAGE and _metrics_port(n):
-                    s = await scrape(n.host, _metrics_port(n))
-                    total += s.total("loomfs_rpc_payload_bytes_total", side="server", method="write",
-                                     direction="in")
-            return total
-
-        return asyncio.run(go())
+        return _storage_total(cluster, "loomfs_rpc_payload_bytes_total", side="server", method="write",
+                              direction="in")
 
     before = storage_write_bytes()
     fs.makedirs("/metrics_e2e", exist_ok=True)
@@ -169,16 +173,7 @@ def test_a_durable_directory_fsyncs_every_replica(fs, cluster) -> None:  # type:
     replica before the ack (the storage nodes run with fsync_on_commit off)."""
 
     def durable_commits() -> float:
-        nodes = cluster.routing().nodes
-
-        async def go() -> float:
-            total = 0.0
-            for n in nodes:
-                if n.kind == NodeKind.STORAGE and _metrics_port(n):
-                    total += (await scrape(n.host, _metrics_port(n))).total("loomfs_storage_durable_commits_total")
-            return total
-
-        return asyncio.run(go())
+        return _storage_total(cluster, "loomfs_storage_durable_commits_total")
 
     fs.makedirs("/durable_e2e/plain", exist_ok=True)
     fs.set_layout("/durable_e2e", durable=True)
