@@ -22,6 +22,7 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from loomfs.common import trace
 from loomfs.common.clock import LOOP_CLOCK, Clock
+from loomfs.common.identity import TRUSTED, Identity
 from loomfs.common.retry import Backoff
 from loomfs.errors import (
     ConnectionFailed,
@@ -57,6 +58,8 @@ class CallContext:
     peer: str
     deadline: float | None  # loop.time() by which the reply is due; None = no deadline
     payload_crc: int = 0  # CRC32C of ``payload``, already verified by the framing layer
+    # who the connection authenticated as (``loomfs.common.identity``); TRUSTED without auth
+    identity: Identity = TRUSTED
 
 
 @dataclass(slots=True)
