@@ -186,6 +186,8 @@ class _ServerConnection:
     def __init__(self, server: RpcServer, channel: Channel):
         self.server = server
         self.channel = channel
+        # who the peer proved to be at connect time (``loomfs.net.auth``); TRUSTED without auth
+        self.identity: Identity = TRUSTED
         self.inflight = 0  # requests
         self.inflight_bytes = 0  # payload + header bytes of our requests, taken from the budget
         self.frames_in = 0
@@ -368,12 +370,15 @@ class _ServerConnection:
                     Status.UNKNOWN_METHOD, f"no method {header.service}.{header.method} on {server.name}"
                 )
             m, handler = entry
+            identity = self.identity
+            if m.needs and not identity.can(m.needs):
+                raise StatusError(Status.EPERM, f"{m.name} needs {m.needs!r}; caller {identity.token_id or identity.uid} lacks it")
             if not crc_ok:
                 raise StatusError(Status.CHECKSUM_MISMATCH, "request payload failed CRC32C")
             req = m.request.from_wire(header.body)
             loop = asyncio.get_running_loop()
             deadline = loop.time() + header.deadline_ms / 1000 if header.deadline_ms > 0 else None
-            ctx = CallContext(payload, header.request_id, self.channel.peer, deadline, header.payload_crc)
+            ctx = CallContext(payload, header.request_id, self.channel.peer, deadline, header.payload_crc, identity)
             if deadline is not None:
                 async with asyncio.timeout_at(deadline):
                     result = await handler(req, ctx)

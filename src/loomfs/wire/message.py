@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from loomfs.common.identity import Right
 from loomfs.errors import StatusError
 from loomfs.wire.status import Status
 
@@ -151,6 +152,9 @@ class Method:
     request: type[Message]
     response: type[Message]
     idempotent: bool = False
+    # rights the caller's identity must hold (``loomfs.common.identity``); the RPC server
+    # refuses the call with EPERM otherwise. NONE: any authenticated caller.
+    needs: Right = Right.NONE
 
     @property
     def key(self) -> tuple[int, int]:
@@ -187,5 +191,6 @@ def method(
     response: type[Message],
     *,
     idempotent: bool = False,
+    needs: Right = Right.NONE,
 ) -> Method:
-    return METHODS.add(Method(service, method_id, name, request, response, idempotent))
+    return METHODS.add(Method(service, method_id, name, request, response, idempotent, needs))
