@@ -36,6 +36,8 @@ class Status(IntEnum):
     ENODATA = errno.ENODATA
     ETIMEDOUT = errno.ETIMEDOUT
     ENOTSUP = errno.ENOTSUP
+    E2BIG = errno.E2BIG  # an extended attribute's value over 64 KiB
+    ERANGE = errno.ERANGE  # an extended attribute's name empty or over 255 bytes
     # protocol conditions
     BAD_REQUEST = 1000  # malformed message body
     UNKNOWN_METHOD = 1001
