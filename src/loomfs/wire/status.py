@@ -55,6 +55,11 @@ class Status(IntEnum):
     NOT_PRIMARY = 1020  # mgmtd standby
     NO_CHAIN_TABLE = 1021
     TOO_MANY_CONNECTIONS = 1030  # the server is at its connection cap: nothing was processed
+    # authentication (``loomfs.net.auth``): the client raises PermissionError (EACCES) for these
+    AUTH_REQUIRED = 1040  # the server needs credentials and the connection presented none
+    AUTH_FAILED = 1041  # forged token, wrong secret, replayed or malformed proof
+    AUTH_EXPIRED = 1042  # the token (or a write grant) ran out
+    AUTH_REVOKED = 1043  # the token's id is on the revocation list
 
     @property
     def is_errno(self) -> bool:
@@ -74,6 +79,9 @@ RETRYABLE = frozenset(
         Status.CHECKSUM_MISMATCH,
     }
 )
+
+
+AUTH_STATUSES = frozenset({Status.AUTH_REQUIRED, Status.AUTH_FAILED, Status.AUTH_EXPIRED, Status.AUTH_REVOKED})
 
 
 def status_of(code: int) -> Status:
