@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The test command (README quick start, .ci/run): installs what is missing, then runs pytest.
 #   bash scripts/test.sh [pytest args...]
-# System parts: FUSE (fuse3 for fusermount3 and /etc/fuse.conf; libfuse3-dev and pkg-config to
+# System parts: iproute2 (network-namespace hosts), FUSE (fuse3 for fusermount3 and /etc/fuse.conf; libfuse3-dev and pkg-config to
 # build pyfuse3), chromium + chromium-driver (the dashboard's browser test), libisal2 (erasure coding) and postgresql (the
 # server binaries the PostgreSQL metastore tests start privately; no service is enabled), apt-installed
 # only when missing and we are root; otherwise say what to install.
@@ -19,6 +19,8 @@ ldconfig -p 2>/dev/null | grep -q 'libisal\.so\.2' || missing+=(libisal2)
 # the dashboard's browser test drives Debian's chromium through chromedriver
 command -v chromium >/dev/null 2>&1 || missing+=(chromium)
 command -v chromedriver >/dev/null 2>&1 || missing+=(chromium-driver)
+# the multi-host tests build network-namespace "hosts" (ip netns, veth, bridge; tc for cuts)
+command -v ip >/dev/null 2>&1 || missing+=(iproute2)
 if [ ${#missing[@]} -gt 0 ]; then
   if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
     echo "+ apt-get install ${missing[*]}"
