@@ -4,6 +4,7 @@ server (``pg_url`` in tests/conftest.py; a fresh schema per test)."""
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import TypeVar
@@ -429,5 +430,68 @@ def test_worker_state_blobs(store: MetaStore) -> None:
         async with store.read() as t:
             assert [k for k, _ in await t.state_list("ec_rebuild")] == ["ec_rebuild/2", "ec_rebuilder"]
             assert await t.state_list("") != []
+
+    run(go())
+
+
+def test_xattrs_round_trip_and_go_with_their_inode(store: MetaStore) -> None:
+    async def go() -> None:
+        big = bytes(range(256)) * 256  # 64 KiB, every byte value
+        names = [b"user.b", b"user.a", b"user.\xff\x00x", b"user.\xc3\xa9", b"user.A"]
+        async with store.write() as t:
+            await t.put_inode(_attr(7))
+            await t.put_inode(_attr(8))
+            for i, n in enumerate(names):
+                await t.put_xattr(7, n, b"v%d" % i)
+            await t.put_xattr(7, b"user.big", big)
+            await t.put_xattr(7, b"user.empty", b"")
+            await t.put_xattr(8, b"user.a", b"eight")
+            assert await t.get_xattr(7, b"user.a") == b"v1"  # a write transaction reads its own
+        async with store.read() as t:
+            assert await t.get_xattr(7, b"user.\xff\x00x") == b"v2"
+            assert await t.get_xattr(7, b"user.big") == big
+            assert await t.get_xattr(7, b"user.empty") == b""
+            assert await t.get_xattr(7, b"user.nope") is None
+            assert await t.get_xattr(9, b"user.a") is None
+            listed = await t.list_xattrs(7)
+            assert [n for n, _ in listed] == sorted([*names, b"user.big", b"user.empty"])  # byte order
+            assert dict(listed)[b"user.big"] == len(big) and dict(listed)[b"user.empty"] == 0
+            assert await t.list_xattrs(8) == [(b"user.a", 5)]
+            assert await t.list_xattrs(9) == []
+        async with store.write() as t:
+            await t.put_xattr(7, b"user.a", b"replaced")
+            assert await t.delete_xattr(7, b"user.b")
+            assert not await t.delete_xattr(7, b"user.b")
+            assert not await t.delete_xattr(9, b"user.a")
+        async with store.read() as t:
+            assert await t.get_xattr(7, b"user.a") == b"replaced"
+            assert await t.get_xattr(7, b"user.b") is None
+        with pytest.raises(RuntimeError):  # a failed write leaves no attribute behind
+            async with store.write() as t:
+                await t.put_xattr(8, b"user.lost", b"x")
+                raise RuntimeError("undo")
+        async with store.write() as t:
+            await t.delete_inode(7)  # its attributes go with it; another inode's stay
+        async with store.read() as t:
+            assert await t.list_xattrs(7) == [] and await t.get_xattr(7, b"user.a") is None
+            assert await t.list_xattrs(8) == [(b"user.a", 5)]
+        with pytest.raises(Exception):  # noqa: B017 (each engine raises its own read-only error)
+            async with store.read() as t:
+                await t.put_xattr(8, b"user.x", b"y")
+                await t.get_xattr(8, b"user.x")  # PostgreSQL sends deferred writes with a read
+
+    run(go())
+
+
+def test_device_numbers_round_trip(store: MetaStore) -> None:
+    async def go() -> None:
+        dev = Attr(inode=11, type=FileType.CHAR_DEVICE, mode=0o600, rdev=(1 << 63) - 1)
+        blk = Attr(inode=12, type=FileType.BLOCK_DEVICE, mode=0o600, rdev=os.makedev(8, 1))
+        async with store.write() as t:
+            await t.put_inode(dev)
+            await t.put_inode(blk)
+        async with store.read() as t:
+            assert await t.get_inodes([11, 12]) == {11: dev, 12: blk}
+            assert [a.rdev for a in await t.scan_inodes(10, 5)] == [dev.rdev, blk.rdev]
 
     run(go())

@@ -125,7 +125,7 @@ _BIG_LAYOUT = Layout(chunk_size=_U64, stripe=_U64, table_id=_U64, replicas=_U64,
 # the most an Attr with no chains and no symlink target can take in msgpack
 _ATTR_BYTES_FIXED = len(msgpack.packb(Attr(
     inode=_U64, type=_U64, mode=_U64, nlink=_U64, uid=_U64, gid=_U64, size=_U64, atime_ns=_U64,
-    mtime_ns=_U64, ctime_ns=_U64, layout=_BIG_LAYOUT, inline=True,
+    mtime_ns=_U64, ctime_ns=_U64, layout=_BIG_LAYOUT, inline=True, rdev=_U64,
 ).to_wire()))
 # an ItemError with the longest message, plus its place in a list
 ITEM_ERROR_BYTES_MAX = len(msgpack.packb(

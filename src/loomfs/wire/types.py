@@ -38,8 +38,7 @@ class FileType(IntEnum):
     FILE = 1
     DIRECTORY = 2
     SYMLINK = 3
-    # special files (mknod through the mount): no data; a device's number is kept in
-    # ``Attr.symlink_target`` as decimal text until meta stores an rdev
+    # special files (mknod through the mount): no data; a device's number is ``Attr.rdev``
     FIFO = 4
     SOCKET = 5
     CHAR_DEVICE = 6
@@ -152,6 +151,7 @@ class Attr(Message):
     layout: Layout | None = None  # files: their layout; directories: the layout children inherit
     symlink_target: str = ""
     inline: bool = False  # files: the bytes live in meta (``loomfs.meta.ops.inline``), not in chunks
+    rdev: int = 0  # device nodes (CHAR_DEVICE, BLOCK_DEVICE): the device number (st_rdev)
 
 
 @message

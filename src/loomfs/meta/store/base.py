@@ -1,6 +1,6 @@
 """The MetaStore seam: a narrow transactional engine under the namespace.
 
-An engine stores inodes, directory entries, write sessions, the GC queue, the trim queue,
+An engine stores inodes, their extended attributes, directory entries, write sessions, the GC queue, the trim queue,
 truncate epochs, counters and workers' state, and runs reads and writes inside transactions.
 It knows nothing about POSIX: every namespace
 rule (errno choice, nlink accounting, layouts, symlinks) lives once in ``loomfs.meta.ops``.
@@ -159,7 +159,8 @@ class MetaTxn(ABC):
         """Set mtime/ctime and add ``nlink_delta`` to nlink (directory entry changes)."""
 
     @abstractmethod
-    async def delete_inode(self, inode: int) -> None: ...
+    async def delete_inode(self, inode: int) -> None:
+        """Delete the inode row and its extended attributes."""
 
     # inline data (at most one row per inode) ------------------------------------------
     @abstractmethod
@@ -171,6 +172,23 @@ class MetaTxn(ABC):
 
     @abstractmethod
     async def delete_inline(self, inode: int) -> None: ...
+
+    # extended attributes (names are bytes, compared bytewise; the namespace rules, limits and
+    # create/replace flags live in ``loomfs.meta.ops.xattrs``) ---------------------------
+    @abstractmethod
+    async def get_xattr(self, inode: int, name: bytes) -> bytes | None: ...
+
+    @abstractmethod
+    async def list_xattrs(self, inode: int) -> list[tuple[bytes, int]]:
+        """The inode's attributes as (name, value size in bytes), names in byte order."""
+
+    @abstractmethod
+    async def put_xattr(self, inode: int, name: bytes, value: bytes) -> None:
+        """Insert or replace the value of (inode, name)."""
+
+    @abstractmethod
+    async def delete_xattr(self, inode: int, name: bytes) -> bool:
+        """Delete (inode, name); whether it was there."""
 
     # directory entries ------------------------------------------------------------------
     @abstractmethod

@@ -22,7 +22,7 @@ import hashlib
 import re
 from typing import Any
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 ADVISORY_LOCK_KEY = 0x4C4F4F4D_46530001  # "LOOMFS" + 1: migrations
 WRITE_GATE_KEY = 0x4C4F4F4D_46530002  # every write passes it shared; a lone writer holds it alone
 
@@ -59,6 +59,15 @@ MIGRATIONS: list[list[str]] = [
     ],
     # 2: background workers' progress (the EC rebuild)
     ["CREATE TABLE worker_state (key text COLLATE \"C\" PRIMARY KEY, value bytea NOT NULL)"],
+    # 3: extended attributes (bytea names sort bytewise); device numbers in their own column
+    # (decimal text in ``symlink`` before)
+    [
+        "CREATE TABLE xattrs (inode bigint NOT NULL, name bytea NOT NULL, value bytea NOT NULL, "
+        "PRIMARY KEY (inode, name))",
+        "ALTER TABLE inodes ADD COLUMN rdev bigint NOT NULL DEFAULT 0",
+        "UPDATE inodes SET rdev = symlink::bigint, symlink = '' WHERE type IN (6, 7) "
+        "AND symlink ~ '^[0-9]{1,18}$'",
+    ],
 ]
 assert len(MIGRATIONS) == SCHEMA_VERSION
 

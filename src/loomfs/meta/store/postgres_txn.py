@@ -31,15 +31,15 @@ from loomfs.wire.types import Attr, FileType
 if TYPE_CHECKING:
     from loomfs.meta.store.postgres import PostgresStore
 
-_INODE_COLS = "id, type, mode, nlink, uid, gid, size, atime_ns, mtime_ns, ctime_ns, layout, symlink, inline"
+_INODE_COLS = "id, type, mode, nlink, uid, gid, size, atime_ns, mtime_ns, ctime_ns, layout, symlink, inline, rdev"
 _GET_INODE = f"SELECT {_INODE_COLS} FROM inodes WHERE id = $1"
 _GET_INODES = f"SELECT {_INODE_COLS} FROM inodes WHERE id = ANY($1::bigint[])"
 _PUT_INODE = (
-    f"INSERT INTO inodes ({_INODE_COLS}) VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13) "
+    f"INSERT INTO inodes ({_INODE_COLS}) VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13,$14) "
     "ON CONFLICT (id) DO UPDATE SET type = excluded.type, mode = excluded.mode, nlink = excluded.nlink, "
     "uid = excluded.uid, gid = excluded.gid, size = excluded.size, atime_ns = excluded.atime_ns, "
     "mtime_ns = excluded.mtime_ns, ctime_ns = excluded.ctime_ns, layout = excluded.layout, "
-    "symlink = excluded.symlink, inline = excluded.inline"
+    "symlink = excluded.symlink, inline = excluded.inline, rdev = excluded.rdev"
 )
 _TOUCH = "UPDATE inodes SET mtime_ns = $1, ctime_ns = $2, nlink = nlink + $3 WHERE id = $4"
 _LOOKUP = "SELECT inode, type FROM dentries WHERE parent = $1 AND name = $2"
@@ -62,6 +62,10 @@ _PUT_INLINE = (
     "INSERT INTO inline_data (inode, data, crc, version, chunks_dirty) VALUES ($1,$2,$3,$4,$5) "
     "ON CONFLICT (inode) DO UPDATE SET data = excluded.data, crc = excluded.crc, "
     "version = excluded.version, chunks_dirty = excluded.chunks_dirty"
+)
+_PUT_XATTR = (
+    "INSERT INTO xattrs (inode, name, value) VALUES ($1,$2,$3) "
+    "ON CONFLICT (inode, name) DO UPDATE SET value = excluded.value"
 )
 _COUNTERS = (
     "SELECT name, sum(v)::bigint FROM ("
@@ -105,7 +109,7 @@ def _attr(row: Any) -> Attr:
     return Attr(
         inode=row[0], type=row[1], mode=row[2], nlink=row[3], uid=row[4], gid=row[5], size=row[6],
         atime_ns=row[7], mtime_ns=row[8], ctime_ns=row[9], layout=decode_layout(row[10]),
-        symlink_target=row[11], inline=row[12],
+        symlink_target=row[11], inline=row[12], rdev=row[13],
     )
 
 
@@ -189,7 +193,7 @@ class PostgresTxn(MetaTxn):
         self._defer(
             _PUT_INODE, attr.inode, attr.type, attr.mode, attr.nlink, attr.uid, attr.gid, attr.size,
             attr.atime_ns, attr.mtime_ns, attr.ctime_ns, encode_layout(attr.layout), attr.symlink_target,
-            bool(attr.inline),
+            bool(attr.inline), attr.rdev,
         )
 
     async def touch_inode(self, inode: int, *, mtime_ns: int, ctime_ns: int, nlink_delta: int = 0) -> None:
@@ -197,6 +201,27 @@ class PostgresTxn(MetaTxn):
 
     async def delete_inode(self, inode: int) -> None:
         self._defer("DELETE FROM inodes WHERE id = $1", inode)
+        self._defer("DELETE FROM xattrs WHERE inode = $1", inode)
+
+    # extended attributes --------------------------------------------------------------------
+
+    async def get_xattr(self, inode: int, name: bytes) -> bytes | None:
+        v = await (await self._r()).fetchval(
+            "SELECT value FROM xattrs WHERE inode = $1 AND name = $2", inode, bytes(name))
+        return None if v is None else bytes(v)
+
+    async def list_xattrs(self, inode: int) -> list[tuple[bytes, int]]:
+        rows = await (await self._r()).fetch(
+            "SELECT name, octet_length(value) FROM xattrs WHERE inode = $1 ORDER BY name", inode)
+        return [(bytes(r[0]), int(r[1])) for r in rows]
+
+    async def put_xattr(self, inode: int, name: bytes, value: bytes) -> None:
+        self._defer(_PUT_XATTR, inode, bytes(name), bytes(value))
+
+    async def delete_xattr(self, inode: int, name: bytes) -> bool:
+        status = await (await self._w()).execute(
+            "DELETE FROM xattrs WHERE inode = $1 AND name = $2", inode, bytes(name))
+        return _count(status) > 0
 
     async def get_inline(self, inode: int) -> InlineData | None:
         row = await (await self._r()).fetchrow(

@@ -19,7 +19,7 @@ from loomfs.meta.store.base import (
     decode_layout,
     encode_layout,
 )
-from loomfs.wire.types import Attr
+from loomfs.wire.types import Attr, FileType
 
 logger = logging.getLogger(__name__)
 
@@ -57,9 +57,9 @@ CREATE TABLE IF NOT EXISTS trim_queue (
 CREATE INDEX IF NOT EXISTS trim_by_time ON trim_queue (enqueued_ns);
 """
 
-_INODE_COLS = "id, type, mode, nlink, uid, gid, size, atime_ns, mtime_ns, ctime_ns, layout, symlink, inline"
+_INODE_COLS = "id, type, mode, nlink, uid, gid, size, atime_ns, mtime_ns, ctime_ns, layout, symlink, inline, rdev"
 _GET_INODE = f"SELECT {_INODE_COLS} FROM inodes WHERE id = ?"
-_PUT_INODE = f"INSERT OR REPLACE INTO inodes ({_INODE_COLS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)"
+_PUT_INODE = f"INSERT OR REPLACE INTO inodes ({_INODE_COLS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)"
 _TOUCH = "UPDATE inodes SET mtime_ns = ?, ctime_ns = ?, nlink = nlink + ? WHERE id = ?"
 _DEL_INODE = "DELETE FROM inodes WHERE id = ?"
 _LOOKUP = "SELECT inode, type FROM dentries WHERE parent = ? AND name = ?"
@@ -89,7 +89,7 @@ def _attr(row: tuple[Any, ...]) -> Attr:
     return Attr(
         inode=row[0], type=row[1], mode=row[2], nlink=row[3], uid=row[4], gid=row[5], size=row[6],
         atime_ns=row[7], mtime_ns=row[8], ctime_ns=row[9], layout=decode_layout(row[10]),
-        symlink_target=row[11], inline=bool(row[12]),
+        symlink_target=row[11], inline=bool(row[12]), rdev=row[13],
     )
 
 
@@ -131,7 +131,7 @@ class SqliteTxn(MetaTxn):
             (
                 attr.inode, attr.type, attr.mode, attr.nlink, attr.uid, attr.gid, attr.size,
                 attr.atime_ns, attr.mtime_ns, attr.ctime_ns, encode_layout(attr.layout),
-                attr.symlink_target, int(attr.inline),
+                attr.symlink_target, int(attr.inline), attr.rdev,
             ),
         )
 
@@ -154,7 +154,24 @@ class SqliteTxn(MetaTxn):
         self._w().execute(_TOUCH, (mtime_ns, ctime_ns, nlink_delta, inode))
 
     async def delete_inode(self, inode: int) -> None:
-        self._w().execute(_DEL_INODE, (inode,))
+        c = self._w()
+        c.execute(_DEL_INODE, (inode,))
+        c.execute("DELETE FROM xattrs WHERE inode = ?", (inode,))
+
+    async def get_xattr(self, inode: int, name: bytes) -> bytes | None:
+        row = self._c.execute("SELECT value FROM xattrs WHERE inode = ? AND name = ?", (inode, name)).fetchone()
+        return None if row is None else bytes(row[0])
+
+    async def list_xattrs(self, inode: int) -> list[tuple[bytes, int]]:
+        rows = self._c.execute("SELECT name, length(value) FROM xattrs WHERE inode = ? ORDER BY name", (inode,))
+        return [(bytes(n), int(size)) for n, size in rows]
+
+    async def put_xattr(self, inode: int, name: bytes, value: bytes) -> None:
+        self._w().execute("INSERT OR REPLACE INTO xattrs (inode, name, value) VALUES (?,?,?)",
+                          (inode, bytes(name), bytes(value)))
+
+    async def delete_xattr(self, inode: int, name: bytes) -> bool:
+        return self._w().execute("DELETE FROM xattrs WHERE inode = ? AND name = ?", (inode, bytes(name))).rowcount > 0
 
     async def lookup(self, parent: int, name: str) -> DentryRow | None:
         row = self._c.execute(_LOOKUP, (parent, name)).fetchone()
@@ -318,7 +335,7 @@ def _gc(row: tuple[Any, ...]) -> GcEntry:
     return GcEntry(row[0], layout, row[2], row[3])
 
 
-SCHEMA_VERSION = 3  # PRAGMA user_version of a store this code wrote
+SCHEMA_VERSION = 4  # PRAGMA user_version of a store this code wrote
 
 
 class SchemaTooNew(sqlite3.DatabaseError):
@@ -342,6 +359,25 @@ def _add_worker_state(conn: sqlite3.Connection) -> None:
     conn.execute("CREATE TABLE IF NOT EXISTS worker_state (key TEXT PRIMARY KEY, value BLOB NOT NULL) WITHOUT ROWID")
 
 
+def _add_xattrs_and_rdev(conn: sqlite3.Connection) -> None:
+    """Extended attributes, and device numbers in their own column (they were decimal text
+    in ``symlink`` before)."""
+    conn.execute(
+        "CREATE TABLE IF NOT EXISTS xattrs (inode INTEGER NOT NULL, name BLOB NOT NULL, value BLOB NOT NULL, "
+        "PRIMARY KEY (inode, name)) WITHOUT ROWID"
+    )
+    cols = {row[1] for row in conn.execute("PRAGMA table_info(inodes)")}
+    if "rdev" not in cols:
+        conn.execute("ALTER TABLE inodes ADD COLUMN rdev INTEGER NOT NULL DEFAULT 0")
+        moved = conn.execute(
+            f"UPDATE inodes SET rdev = CAST(symlink AS INTEGER), symlink = '' WHERE type IN ({_DEVICE_TYPES}) "
+            "AND symlink != '' AND length(symlink) <= 18 AND symlink NOT GLOB '*[^0-9]*'"
+        ).rowcount
+        logger.info("metastore: added the inodes.rdev column (%d device numbers moved)", moved)
+
+
+_DEVICE_TYPES = f"{int(FileType.CHAR_DEVICE)}, {int(FileType.BLOCK_DEVICE)}"
+
 # MIGRATIONS[n] brings a store at version n to n + 1 (version 1: the tables of SCHEMA
 # without inline data; stores written before versioning carry user_version 0 and are
 # brought up from whatever they hold, each step checking before it changes anything)
@@ -349,6 +385,7 @@ MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [
     _create_tables,  # 0 -> 1
     _add_inline_column,  # 1 -> 2: inline files
     _add_worker_state,  # 2 -> 3: background workers' progress (the EC rebuild)
+    _add_xattrs_and_rdev,  # 3 -> 4: extended attributes, device numbers
 ]
 assert len(MIGRATIONS) == SCHEMA_VERSION
 
