@@ -13,6 +13,7 @@ import crc32c
 from loomfs.errors import StatusError
 from loomfs.meta.ops.batch import BatchOps, Failed, Put, PutItem
 from loomfs.meta.ops.namespace import Namespace
+from loomfs.meta.service import act_for
 from loomfs.net.rpc import CallContext, Reply, handles
 from loomfs.wire import meta_batch as wb
 from loomfs.wire.status import Status
@@ -31,11 +32,13 @@ def _error(index: int, f: Failed) -> wb.ItemError:
 
 
 class BatchService:
-    def __init__(self, ns: Namespace):
+    def __init__(self, ns: Namespace, *, root_squash: bool = False):
         self.ops = BatchOps(ns)
+        self.root_squash = root_squash
 
     @handles(wb.STAT_MANY)
     async def stat_many(self, req: wb.PathsReq, ctx: CallContext) -> wb.StatManyRsp:
+        act_for(ctx, self.root_squash)
         _check_count(len(req.paths))
         results = await self.ops.stat_many(req.paths, follow_symlinks=req.follow_symlinks)
         attrs: list[Attr | None] = []
@@ -52,6 +55,7 @@ class BatchService:
 
     @handles(wb.READ_MANY)
     async def read_many(self, req: wb.PathsReq, ctx: CallContext) -> Reply:
+        act_for(ctx, self.root_squash)
         _check_count(len(req.paths))
         results = await self.ops.read_many(req.paths, follow_symlinks=req.follow_symlinks)
         lengths: list[int] = []
@@ -79,6 +83,7 @@ class BatchService:
 
     @handles(wb.PUT_MANY)
     async def put_many(self, req: wb.PutManyReq, ctx: CallContext) -> wb.PutManyRsp:
+        act_for(ctx, self.root_squash)
         n = len(req.paths)
         _check_count(n)
         if len(req.lengths) != n or len(req.crcs) != n:
@@ -111,6 +116,7 @@ class BatchService:
 
     @handles(wb.UNLINK_MANY)
     async def unlink_many(self, req: wb.PathsReq, ctx: CallContext) -> wb.UnlinkManyRsp:
+        act_for(ctx, self.root_squash)
         _check_count(len(req.paths))
         results = await self.ops.unlink_many(req.paths)
         errors = [_error(i, r) for i, r in enumerate(results) if isinstance(r, Failed)]

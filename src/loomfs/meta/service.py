@@ -22,8 +22,10 @@ from typing import Any, TypeVar
 
 import crc32c
 
+from loomfs.common.identity import TRUSTED
 from loomfs.common.retry import Backoff
 from loomfs.errors import StatusError
+from loomfs.meta.caller import set_caller
 from loomfs.meta.ops.inline import Patch
 from loomfs.meta.ops.namespace import Namespace
 from loomfs.meta.store.base import OP_COMMITS, WRITE_ALONE, TxnConflict
@@ -102,16 +104,29 @@ class ConflictRetrying:
         return f"ConflictRetrying({self._ns!r} retries={self.retries})"
 
 
+def act_for(ctx: CallContext, root_squash: bool) -> None:
+    """The namespace acts for the connection's identity for the rest of this request (its own
+    task); nothing to do for TRUSTED (auth off), the default."""
+    if ctx.identity is not TRUSTED or root_squash:
+        set_caller(ctx.identity, root_squash=root_squash)
+
+
 class MetaService:
-    def __init__(self, ns: Namespace):
+    """``root_squash``: uid 0 from a credential without ADMIN acts as nobody
+    (``loomfs.meta.perm.effective``)."""
+
+    def __init__(self, ns: Namespace, *, root_squash: bool = False):
         self.ns = ns
+        self.root_squash = root_squash
 
     @handles(w.STAT)
     async def stat(self, req: w.PathReq, ctx: CallContext) -> w.AttrRsp:
+        act_for(ctx, self.root_squash)
         return w.AttrRsp(attr=await self.ns.stat(req.path, follow_symlinks=req.follow_symlinks))
 
     @handles(w.MKDIR)
     async def mkdir(self, req: w.MkdirReq, ctx: CallContext) -> w.AttrRsp:
+        act_for(ctx, self.root_squash)
         attr = await self.ns.mkdir(
             req.path, mode=req.mode, parents=req.parents, exist_ok=req.exist_ok, uid=req.uid, gid=req.gid
         )
@@ -119,6 +134,7 @@ class MetaService:
 
     @handles(w.OPEN)
     async def open(self, req: w.OpenReq, ctx: CallContext) -> w.OpenRsp:
+        act_for(ctx, self.root_squash)
         o = await self.ns.open(
             req.path, req.flags, mode=req.mode, uid=req.uid, gid=req.gid, client_id=req.client_id,
             session_id=req.session_id, data=req.data, data_crc=req.data_crc if req.data is not None else None,
@@ -131,11 +147,13 @@ class MetaService:
 
     @handles(w.READ)
     async def read(self, req: w.PathReq, ctx: CallContext) -> w.ReadRsp:
+        act_for(ctx, self.root_squash)
         attr, data = await self.ns.read(req.path, follow_symlinks=req.follow_symlinks)
         return w.ReadRsp(attr=attr, data=data, data_crc=crc32c.crc32c(data) if data is not None else 0)
 
     @handles(w.WRITE_INLINE)
     async def write_inline(self, req: w.InlineWriteReq, ctx: CallContext) -> w.InlineWriteRsp:
+        act_for(ctx, self.root_squash)
         crc = 0
         for p in req.patches:
             crc = crc32c.crc32c(p.data, crc)
@@ -147,26 +165,31 @@ class MetaService:
 
     @handles(w.MIGRATE)
     async def migrate(self, req: w.InodeReq, ctx: CallContext) -> w.AttrRsp:
+        act_for(ctx, self.root_squash)
         attr, epoch = await self.ns.migrate(req.inode)
         return w.AttrRsp(attr=attr, trunc_epoch=epoch)
 
     @handles(w.CLOSE)
     async def close(self, req: w.CloseReq, ctx: CallContext) -> w.AttrRsp:
+        act_for(ctx, self.root_squash)
         r = await self.ns.report(req.inode, req.session_id, req.length, req.mtime_ns,
                                  trunc_epoch=req.trunc_epoch, end=True)
         return w.AttrRsp(attr=r.attr, trunc_epoch=r.trunc_epoch)
 
     @handles(w.RENEW_SESSIONS)
     async def renew_sessions(self, req: w.RenewSessionsReq, ctx: CallContext) -> w.RenewSessionsRsp:
+        act_for(ctx, self.root_squash)
         return w.RenewSessionsRsp(renewed=await self.ns.renew_sessions(req.client_id, req.session_ids))
 
     @handles(w.SYNC)
     async def sync(self, req: w.SyncReq, ctx: CallContext) -> w.AttrRsp:
+        act_for(ctx, self.root_squash)
         r = await self.ns.report(req.inode, 0, req.length, req.mtime_ns, trunc_epoch=req.trunc_epoch)
         return w.AttrRsp(attr=r.attr, trunc_epoch=r.trunc_epoch)
 
     @handles(w.READDIR)
     async def readdir(self, req: w.ReaddirReq, ctx: CallContext) -> w.ReaddirRsp:
+        act_for(ctx, self.root_squash)
         entries, more = await self.ns.readdir(
             req.path, after=req.after, limit=req.limit, with_attrs=req.with_attrs
         )
@@ -174,6 +197,7 @@ class MetaService:
 
     @handles(w.RENAME)
     async def rename(self, req: w.RenameReq, ctx: CallContext) -> Empty:
+        act_for(ctx, self.root_squash)
         if req.exchange:
             await self.ns.exchange(req.src, req.dst)
         else:
@@ -182,43 +206,52 @@ class MetaService:
 
     @handles(w.UNLINK)
     async def unlink(self, req: w.PathReq, ctx: CallContext) -> w.UnlinkRsp:
+        act_for(ctx, self.root_squash)
         inode, queued = await self.ns.unlink(req.path)
         return w.UnlinkRsp(inode=inode, gc_queued=queued)
 
     @handles(w.RMDIR)
     async def rmdir(self, req: w.PathReq, ctx: CallContext) -> w.UnlinkRsp:
+        act_for(ctx, self.root_squash)
         inode, queued = await self.ns.rmdir(req.path)
         return w.UnlinkRsp(inode=inode, gc_queued=queued)
 
     @handles(w.SYMLINK)
     async def symlink(self, req: w.SymlinkReq, ctx: CallContext) -> w.AttrRsp:
+        act_for(ctx, self.root_squash)
         return w.AttrRsp(attr=await self.ns.symlink(req.target, req.path, uid=req.uid, gid=req.gid))
 
     @handles(w.MKNOD)
     async def mknod(self, req: w.MknodReq, ctx: CallContext) -> w.AttrRsp:
+        act_for(ctx, self.root_squash)
         attr = await self.ns.mknod(req.path, type=req.type, mode=req.mode, rdev=req.rdev, uid=req.uid,
                                    gid=req.gid)
         return w.AttrRsp(attr=attr)
 
     @handles(w.READLINK)
     async def readlink(self, req: w.PathReq, ctx: CallContext) -> w.ReadlinkRsp:
+        act_for(ctx, self.root_squash)
         return w.ReadlinkRsp(target=await self.ns.readlink(req.path))
 
     @handles(w.LINK)
     async def link(self, req: w.LinkReq, ctx: CallContext) -> w.AttrRsp:
+        act_for(ctx, self.root_squash)
         attr = await self.ns.link(req.src, req.dst, follow_symlinks=req.follow_symlinks)
         return w.AttrRsp(attr=attr)
 
     @handles(w.SETATTR)
     async def setattr(self, req: w.SetattrReq, ctx: CallContext) -> w.SetattrRsp:
+        act_for(ctx, self.root_squash)
         r = await self.ns.setattr(
             req.path, follow_symlinks=req.follow_symlinks, mode=req.mode, uid=req.uid, gid=req.gid,
             atime_ns=req.atime_ns, mtime_ns=req.mtime_ns, size=req.size, inode=req.inode,
+            times_now=req.times_now,
         )
         return w.SetattrRsp(attr=r.attr, truncated_from=r.truncated_from, trunc_epoch=r.trunc_epoch)
 
     @handles(w.STATFS)
     async def statfs(self, req: Empty, ctx: CallContext) -> w.StatfsRsp:
+        act_for(ctx, self.root_squash)
         s = await self.ns.statfs()
         return w.StatfsRsp(
             files=s.files, directories=s.directories, bytes_used=s.bytes_used, gc_pending=s.gc_pending,
@@ -227,12 +260,14 @@ class MetaService:
 
     @handles(w.GC_QUEUED)
     async def gc_queued(self, req: w.InodesReq, ctx: CallContext) -> w.InodesRsp:
+        act_for(ctx, self.root_squash)
         if len(req.inodes) > w.GC_QUEUED_INODES_MAX:
             raise StatusError(Status.EINVAL, f"gc_queued: at most {w.GC_QUEUED_INODES_MAX} inodes per call")
         return w.InodesRsp(inodes=await self.ns.gc_queued(list(req.inodes)))
 
     @handles(w.SET_LAYOUT)
     async def set_layout(self, req: w.SetLayoutReq, ctx: CallContext) -> w.AttrRsp:
+        act_for(ctx, self.root_squash)
         return w.AttrRsp(attr=await self.ns.set_layout(req.path, req.layout))
 
     @handles(w.META_PING)

@@ -12,6 +12,7 @@ longer than 255 bytes, empty components) and answers EINVAL / ENAMETOOLONG.
 
 from __future__ import annotations
 
+from loomfs.common.identity import Right
 from loomfs.wire.message import Empty, Message, many, message, method
 from loomfs.wire.types import SERVICE_META, Attr, DirEntry, Layout
 
@@ -220,6 +221,9 @@ class SetattrReq(Message):
     # nonzero: change this inode (an open file, whatever its names are now; ``path`` only
     # names it in errors): ftruncate/fchmod/futimens, also after a rename or the last unlink
     inode: int = 0
+    # utimes(path, NULL): atime and mtime := meta's clock (atime_ns/mtime_ns ignored). The
+    # owner or a caller with write permission may; explicit times only the owner (or root)
+    times_now: bool = False
 
 
 @message
@@ -252,27 +256,33 @@ class UnlinkRsp(Message):
     gc_queued: bool = False
 
 
+# Rights (``loomfs.common.identity``): calls that change the namespace or a file need WRITE
+# (a read-only token gets EPERM from the RPC server before meta runs); GC reports need
+# ADMIN. POSIX permissions are checked in meta on top (``loomfs.meta.perm``).
+_W = Right.WRITE
+
 STAT = method(SERVICE_META, 1, "stat", PathReq, AttrRsp, idempotent=True)
-MKDIR = method(SERVICE_META, 2, "mkdir", MkdirReq, AttrRsp)
+MKDIR = method(SERVICE_META, 2, "mkdir", MkdirReq, AttrRsp, needs=_W)
+# OPEN also reads: meta refuses a write/create/truncate open without WRITE (EPERM, as here)
 OPEN = method(SERVICE_META, 3, "open", OpenReq, OpenRsp)
-CLOSE = method(SERVICE_META, 4, "close", CloseReq, AttrRsp, idempotent=True)
-SYNC = method(SERVICE_META, 5, "sync", SyncReq, AttrRsp, idempotent=True)
+CLOSE = method(SERVICE_META, 4, "close", CloseReq, AttrRsp, idempotent=True, needs=_W)
+SYNC = method(SERVICE_META, 5, "sync", SyncReq, AttrRsp, idempotent=True, needs=_W)
 READDIR = method(SERVICE_META, 6, "readdir", ReaddirReq, ReaddirRsp, idempotent=True)
-RENAME = method(SERVICE_META, 7, "rename", RenameReq, Empty)
-UNLINK = method(SERVICE_META, 8, "unlink", PathReq, UnlinkRsp)
-RMDIR = method(SERVICE_META, 9, "rmdir", PathReq, UnlinkRsp)
-SYMLINK = method(SERVICE_META, 10, "symlink", SymlinkReq, AttrRsp)
+RENAME = method(SERVICE_META, 7, "rename", RenameReq, Empty, needs=_W)
+UNLINK = method(SERVICE_META, 8, "unlink", PathReq, UnlinkRsp, needs=_W)
+RMDIR = method(SERVICE_META, 9, "rmdir", PathReq, UnlinkRsp, needs=_W)
+SYMLINK = method(SERVICE_META, 10, "symlink", SymlinkReq, AttrRsp, needs=_W)
 READLINK = method(SERVICE_META, 11, "readlink", PathReq, ReadlinkRsp, idempotent=True)
-LINK = method(SERVICE_META, 12, "link", LinkReq, AttrRsp)
-SETATTR = method(SERVICE_META, 13, "setattr", SetattrReq, SetattrRsp)
+LINK = method(SERVICE_META, 12, "link", LinkReq, AttrRsp, needs=_W)
+SETATTR = method(SERVICE_META, 13, "setattr", SetattrReq, SetattrRsp, needs=_W)
 STATFS = method(SERVICE_META, 14, "statfs", Empty, StatfsRsp, idempotent=True)
-SET_LAYOUT = method(SERVICE_META, 15, "set_layout", SetLayoutReq, AttrRsp, idempotent=True)
+SET_LAYOUT = method(SERVICE_META, 15, "set_layout", SetLayoutReq, AttrRsp, idempotent=True, needs=_W)
 META_PING = method(SERVICE_META, 16, "ping", Empty, Empty, idempotent=True)
 RENEW_SESSIONS = method(SERVICE_META, 17, "renew_sessions", RenewSessionsReq, RenewSessionsRsp, idempotent=True)
 READ = method(SERVICE_META, 18, "read", PathReq, ReadRsp, idempotent=True)
-WRITE_INLINE = method(SERVICE_META, 19, "write_inline", InlineWriteReq, InlineWriteRsp)
+WRITE_INLINE = method(SERVICE_META, 19, "write_inline", InlineWriteReq, InlineWriteRsp, needs=_W)
 # an inline file's data moves to chunks (a writer is about to grow it past the limit)
-MIGRATE = method(SERVICE_META, 20, "migrate", InodeReq, AttrRsp, idempotent=True)
+MIGRATE = method(SERVICE_META, 20, "migrate", InodeReq, AttrRsp, idempotent=True, needs=_W)
 
 
 GC_QUEUED_INODES_MAX = 4096  # per GC_QUEUED request
@@ -289,5 +299,5 @@ class InodesRsp(Message):
 
 
 # which of these inodes wait in the GC queue (unlinked; chunks not removed yet): fsck's question
-GC_QUEUED = method(SERVICE_META, 40, "gc_queued", InodesReq, InodesRsp, idempotent=True)
-MKNOD = method(SERVICE_META, 21, "mknod", MknodReq, AttrRsp)
+GC_QUEUED = method(SERVICE_META, 40, "gc_queued", InodesReq, InodesRsp, idempotent=True, needs=Right.ADMIN)
+MKNOD = method(SERVICE_META, 21, "mknod", MknodReq, AttrRsp, needs=_W)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import msgpack
 
+from loomfs.common.identity import Right
 from loomfs.wire.message import Message, many, message, method
 from loomfs.wire.types import SERVICE_META, Attr, Layout
 
@@ -110,8 +111,9 @@ class UnlinkManyRsp(Message):
 
 STAT_MANY = method(SERVICE_META, 30, "stat_many", PathsReq, StatManyRsp, idempotent=True)
 READ_MANY = method(SERVICE_META, 31, "read_many", PathsReq, ReadManyRsp, idempotent=True)
-PUT_MANY = method(SERVICE_META, 32, "put_many", PutManyReq, PutManyRsp)
-UNLINK_MANY = method(SERVICE_META, 33, "unlink_many", PathsReq, UnlinkManyRsp)
+# changing the namespace needs the WRITE right (a read-only token gets EPERM)
+PUT_MANY = method(SERVICE_META, 32, "put_many", PutManyReq, PutManyRsp, needs=Right.WRITE)
+UNLINK_MANY = method(SERVICE_META, 33, "unlink_many", PathsReq, UnlinkManyRsp, needs=Right.WRITE)
 
 
 def short_message(text: str) -> str:

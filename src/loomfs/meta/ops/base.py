@@ -10,11 +10,14 @@ from typing import Protocol
 import crc32c
 
 from loomfs.common.clock import SYSTEM_CLOCK, Clock
+from loomfs.common.identity import Identity
 from loomfs.common.keylocks import KeyLocks
 from loomfs.common.routing import Routing
 from loomfs.errors import LoomError, StatusError
+from loomfs.meta import perm
 from loomfs.meta.gc import SESSION_LEASE_S
 from loomfs.meta.layout import ChainAllocator
+from loomfs.meta.ops.walk import Resolved
 from loomfs.meta.store.base import GcEntry, InlineData, MetaStore, MetaTxn, TrimEntry
 from loomfs.meta.trim import Trimmer, must_settle, queue_trim
 from loomfs.wire.status import Status
@@ -244,6 +247,27 @@ class NamespaceBase:
     async def _settle(self, inode: int) -> None:
         if self.trimmer is not None:
             await self.trimmer.settle(inode)
+
+    async def _attr_at(self, txn: MetaTxn, r: Resolved, inode: int) -> Attr:
+        """``_attr``, answered from what the walk ``r`` loaded when it did (non-root callers)."""
+        if r.attrs is not None:
+            a = r.attrs.get(inode)
+            if a is not None:
+                return a
+        return await self._attr(txn, inode)
+
+    @staticmethod
+    def _owner(parent: Attr, who: Identity, type: int, mode: int, uid: int, gid: int) -> tuple[int, int, int]:
+        """(uid, gid, mode) of what ``who`` creates in ``parent`` (``perm.new_owner``). Root may
+        name another owner in the request (``uid``/``gid`` > 0: the FUSE mount creating for
+        the local caller), which is what create + chown would give; others' are ignored."""
+        o_uid, o_gid, mode = perm.new_owner(parent, who, type, mode)
+        if who.uid == 0:
+            if uid > 0:
+                o_uid = uid
+            if gid > 0:
+                o_gid = gid
+        return o_uid, o_gid, mode
 
     async def _attr(self, txn: MetaTxn, inode: int) -> Attr:
         attr = await txn.get_inode(inode)

@@ -32,6 +32,8 @@ from collections.abc import Sequence
 from typing import Any, cast
 
 from loomfs.errors import LoomError, StatusError, status_for_exception
+from loomfs.meta import perm
+from loomfs.meta.caller import caller
 from loomfs.meta.ops.base import DIR, FILE
 from loomfs.meta.ops.namespace import Namespace
 from loomfs.meta.ops.walk import walk
@@ -163,6 +165,9 @@ class BatchOps:
         try:
             if attr.type != FILE:
                 raise StatusError(Status.EISDIR if attr.type == DIR else Status.ELOOP, path)
+            who = caller()
+            if who.uid != 0:
+                perm.need(attr, who, perm.R, path)
             return Content(attr, await self.ns._inline_content(txn, attr))
         except LoomError as exc:
             return Failed.of(exc)

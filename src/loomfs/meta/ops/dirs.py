@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 
+from loomfs.common.identity import Identity
 from loomfs.errors import StatusError
+from loomfs.meta import perm
+from loomfs.meta.caller import caller
 from loomfs.meta.layout import validate_dir_layout
 from loomfs.meta.ops.base import C_BYTES, C_DIRS, C_FILES, DIR, LINK, NamespaceBase
 from loomfs.meta.ops.walk import Resolved, walk
@@ -52,13 +55,14 @@ class DirOps(NamespaceBase):
         uid: int = 0, gid: int = 0,
     ) -> Attr:
         parts = split_path(path)
+        who = caller()
         async with self.store.write() as txn:
             now = self.clock.now_ns()
             if parents:
                 for i in range(1, len(parts)):
                     a = await walk(txn, parts[:i], follow_last=True)
                     if a.inode is None:
-                        await self._mkdir_at(txn, a, mode, uid, gid, now)
+                        await self._mkdir_at(txn, a, mode, who, uid, gid, now, path)
                     elif not a.is_dir:
                         raise StatusError(Status.ENOTDIR, f"{'/'.join(parts[:i])!r} is not a directory")
             r = await walk(txn, parts, follow_last=False)
@@ -68,11 +72,14 @@ class DirOps(NamespaceBase):
                     if t.is_dir and t.inode is not None:
                         return await self._attr(txn, t.inode)
                 raise StatusError(Status.EEXIST, path)
-            return await self._mkdir_at(txn, r, mode, uid, gid, now)
+            return await self._mkdir_at(txn, r, mode, who, uid, gid, now, path)
 
-    async def _mkdir_at(self, txn: MetaTxn, r: Resolved, mode: int, uid: int, gid: int, now: int) -> Attr:
+    async def _mkdir_at(self, txn: MetaTxn, r: Resolved, mode: int, who: Identity, uid: int, gid: int, now: int,
+                        path: str) -> Attr:
         assert r.parent is not None and r.name is not None
-        parent = await self._attr(txn, r.parent)
+        parent = await self._attr_at(txn, r, r.parent)
+        perm.may_create(parent, who, path)
+        uid, gid, mode = self._owner(parent, who, DIR, mode, uid, gid)
         layout = dataclasses.replace(parent.layout or self.default_layout, chains=[])
         return await self._new_inode(
             txn, r.parent, r.name, type=DIR, mode=mode, uid=uid, gid=gid, layout=layout, now=now
@@ -91,6 +98,11 @@ class DirOps(NamespaceBase):
                 raise StatusError(Status.ENOENT, path)
             if not r.is_dir:
                 raise StatusError(Status.ENOTDIR, path)
+            who = caller()
+            if who.uid != 0:
+                d_attr = await self._attr_at(txn, r, r.inode)
+                perm.may_list(d_attr, who, path)
+                with_attrs = with_attrs and perm.allowed(d_attr, who, perm.X)  # stat needs search
             rows = await txn.list_dentries(r.inode, after, limit + 1)
             more = len(rows) > limit
             del rows[limit:]
@@ -115,6 +127,18 @@ class DirOps(NamespaceBase):
                 raise StatusError(Status.ENOTEMPTY, f"{dst!r} is an ancestor of {src!r}")
             if d.inode == s.inode:
                 return  # same entry, or a hard link of it
+            moved = await self._attr_at(txn, s, s.inode)
+            replaced = await self._attr_at(txn, d, d.inode) if d.inode is not None else None
+            who = caller()
+            if who.uid != 0:
+                perm.may_delete(await self._attr_at(txn, s, s.parent), moved, who, src)
+                d_parent = await self._attr_at(txn, d, d.parent)
+                if replaced is not None:
+                    perm.may_delete(d_parent, replaced, who, dst)
+                else:
+                    perm.may_create(d_parent, who, dst)
+                if s.is_dir and s.parent != d.parent:
+                    perm.may_move_dir(moved, who, src)
             if d.inode is not None:
                 if s.is_dir and not d.is_dir:
                     raise StatusError(Status.ENOTDIR, dst)
@@ -123,8 +147,6 @@ class DirOps(NamespaceBase):
                 if d.is_dir and await txn.has_dentries(d.inode):
                     raise StatusError(Status.ENOTEMPTY, dst)
             now = self.clock.now_ns()
-            moved = await self._attr(txn, s.inode)
-            replaced = await self._attr(txn, d.inode) if d.inode is not None else None
             await txn.delete_dentry(s.parent, s.name)
             await txn.put_dentry(d.parent, d.name, s.inode, s.type)
             if replaced is not None:
@@ -144,10 +166,15 @@ class DirOps(NamespaceBase):
             r = await walk(txn, parts, follow_last=False)
             if r.inode is None:
                 raise StatusError(Status.ENOENT, path)
-            if r.is_dir or r.parent is None or r.name is None:
+            if r.parent is None or r.name is None:
+                raise StatusError(Status.EISDIR, path)
+            attr = await self._attr_at(txn, r, r.inode)
+            who = caller()
+            if who.uid != 0:
+                perm.may_delete(await self._attr_at(txn, r, r.parent), attr, who, path)
+            if r.is_dir:
                 raise StatusError(Status.EISDIR, path)
             now = self.clock.now_ns()
-            attr = await self._attr(txn, r.inode)
             await txn.delete_dentry(r.parent, r.name)
             await txn.touch_inode(r.parent, mtime_ns=now, ctime_ns=now)
             return attr.inode, await self._drop_link(txn, attr, now)
@@ -158,14 +185,17 @@ class DirOps(NamespaceBase):
             r = await walk(txn, parts, follow_last=False)
             if r.inode is None:
                 raise StatusError(Status.ENOENT, path)
-            if not r.is_dir:
-                raise StatusError(Status.ENOTDIR, path)
             if r.parent is None or r.name is None:
                 raise StatusError(Status.EBUSY, "cannot remove the root")
+            attr = await self._attr_at(txn, r, r.inode)
+            who = caller()
+            if who.uid != 0:
+                perm.may_delete(await self._attr_at(txn, r, r.parent), attr, who, path)
+            if not r.is_dir:
+                raise StatusError(Status.ENOTDIR, path)
             if await txn.has_dentries(r.inode):
                 raise StatusError(Status.ENOTEMPTY, path)
             now = self.clock.now_ns()
-            attr = await self._attr(txn, r.inode)
             await txn.delete_dentry(r.parent, r.name)
             await txn.touch_inode(r.parent, mtime_ns=now, ctime_ns=now, nlink_delta=-1)
             await self._drop_link(txn, attr, now)
@@ -178,6 +208,10 @@ class DirOps(NamespaceBase):
             r = await walk(txn, parts, follow_last=False)
             if r.inode is not None or r.parent is None or r.name is None:
                 raise StatusError(Status.EEXIST, path)
+            who = caller()
+            parent = await self._attr_at(txn, r, r.parent)
+            perm.may_create(parent, who, path)
+            uid, gid, _ = self._owner(parent, who, LINK, 0o777, uid, gid)
             return await self._new_inode(
                 txn, r.parent, r.name, type=LINK, mode=0o777, uid=uid, gid=gid, layout=None,
                 symlink_target=target, now=self.clock.now_ns(),
@@ -202,10 +236,14 @@ class DirOps(NamespaceBase):
             d = await walk(txn, dp, follow_last=False)
             if d.inode is not None or d.parent is None or d.name is None:
                 raise StatusError(Status.EEXIST, dst)
+            attr = await self._attr_at(txn, s, s.inode)
+            who = caller()
+            if who.uid != 0:
+                perm.may_link(attr, who, src)
+                perm.may_create(await self._attr_at(txn, d, d.parent), who, dst)
             if s.type == DIR:
                 raise StatusError(Status.EPERM, f"hard link to directory {src!r}")
             now = self.clock.now_ns()
-            attr = await self._attr(txn, s.inode)
             attr = dataclasses.replace(attr, nlink=attr.nlink + 1, ctime_ns=now)
             await txn.put_inode(attr)
             await txn.put_dentry(d.parent, d.name, attr.inode, attr.type)
@@ -221,8 +259,9 @@ class DirOps(NamespaceBase):
                 raise StatusError(Status.ENOENT, path)
             if not r.is_dir:
                 raise StatusError(Status.ENOTDIR, path)
-            attr = dataclasses.replace(
-                await self._attr(txn, r.inode), layout=stored, ctime_ns=self.clock.now_ns()
-            )
+            attr = await self._attr_at(txn, r, r.inode)
+            if not perm.is_owner(attr, caller()):
+                raise StatusError(Status.EPERM, f"{path}: only the owner or root sets a directory's layout")
+            attr = dataclasses.replace(attr, layout=stored, ctime_ns=self.clock.now_ns())
             await txn.put_inode(attr)
             return attr

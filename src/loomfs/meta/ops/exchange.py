@@ -5,7 +5,9 @@ from __future__ import annotations
 import dataclasses
 
 from loomfs.errors import StatusError
-from loomfs.meta.ops.base import NamespaceBase
+from loomfs.meta import perm
+from loomfs.meta.caller import caller
+from loomfs.meta.ops.base import DIR, NamespaceBase
 from loomfs.meta.ops.walk import walk
 from loomfs.meta.paths import split_path
 from loomfs.wire.status import Status
@@ -29,8 +31,16 @@ class ExchangeOps(NamespaceBase):
                 return  # one entry, or two links of one file
             if s.inode in d.stack or d.inode in s.stack:
                 raise StatusError(Status.EINVAL, f"{a!r} and {b!r}: one holds the other")
+            sa, da = await self._attr_at(txn, s, s.inode), await self._attr_at(txn, d, d.inode)
+            who = caller()
+            if who.uid != 0:  # both names leave their directory; a directory changing parent needs write on it
+                perm.may_delete(await self._attr_at(txn, s, s.parent), sa, who, a)
+                perm.may_delete(await self._attr_at(txn, d, d.parent), da, who, b)
+                if s.parent != d.parent:
+                    for dir_attr, name in ((sa, a), (da, b)):
+                        if dir_attr.type == DIR:
+                            perm.may_move_dir(dir_attr, who, name)
             now = self.clock.now_ns()
-            sa, da = await self._attr(txn, s.inode), await self._attr(txn, d.inode)
             await txn.delete_dentry(s.parent, s.name)
             await txn.delete_dentry(d.parent, d.name)
             await txn.put_dentry(s.parent, s.name, d.inode, d.type)

@@ -15,8 +15,11 @@ from collections.abc import Sequence
 
 import crc32c
 
+from loomfs.common.identity import Identity, Right
 from loomfs.common.routing import Routing
 from loomfs.errors import StatusError
+from loomfs.meta import perm
+from loomfs.meta.caller import caller
 from loomfs.meta.ops.base import C_BYTES, C_SESSION, DIR, FILE, LINK
 from loomfs.meta.ops.inline import InlineOps, MigrationBusy
 from loomfs.meta.ops.walk import walk
@@ -104,6 +107,8 @@ class FileOps(InlineOps):
                 raise StatusError(Status.EINVAL, "a put needs O_CREAT|O_WRONLY and O_TRUNC or O_EXCL")
             if data_crc is not None and crc32c.crc32c(data) != data_crc:
                 raise StatusError(Status.CHECKSUM_MISMATCH, f"{path}: data fails its CRC32C")
+        if (creat or trunc or write) and not caller().rights & Right.WRITE:
+            raise StatusError(Status.EPERM, f"{path}: opening for writing needs the WRITE right (read-only token)")
         if not (creat or trunc or write):
             async with self.store.read() as txn:
                 r = await walk(txn, parts, follow_last=follow)
@@ -113,7 +118,10 @@ class FileOps(InlineOps):
                     raise StatusError(Status.ELOOP, f"{path!r} is a symbolic link (O_NOFOLLOW)")
                 if flags & O_DIRECTORY and not r.is_dir:
                     raise StatusError(Status.ENOTDIR, path)
-                attr = await self._attr(txn, r.inode)
+                attr = await self._attr_at(txn, r, r.inode)
+                who = caller()
+                if who.uid != 0:
+                    perm.need(attr, who, perm.R, path)
                 return Opened(attr, data=await self._inline_content(txn, attr))
         routing = await self._routing_for_create() if creat else None
         refreshed = False
@@ -159,6 +167,7 @@ class FileOps(InlineOps):
     ) -> Opened:
         write = flags & os.O_ACCMODE != os.O_RDONLY
         creat = bool(flags & os.O_CREAT)
+        who = caller()
         async with self.store.write() as txn:
             now = self.clock.now_ns()
             r = await walk(txn, parts, follow_last=follow)
@@ -168,7 +177,9 @@ class FileOps(InlineOps):
                 if write and session_id and r.type == FILE:
                     owner = await txn.session_client(r.inode, session_id)
                     if owner == client_id:
-                        attr = await self._attr(txn, r.inode)
+                        attr = await self._attr_at(txn, r, r.inode)
+                        if who.uid != 0:
+                            perm.need(attr, who, perm.open_bits(flags), path)
                         return Opened(attr, session_id, replayed=True,
                                       trunc_epoch=await txn.trunc_epoch(r.inode),
                                       settle=await self._must_settle(txn, r.inode),
@@ -182,10 +193,15 @@ class FileOps(InlineOps):
                 if r.type == DIR:
                     if write or creat or flags & os.O_TRUNC:
                         raise StatusError(Status.EISDIR, path)
-                    return Opened(await self._attr(txn, r.inode))
+                    attr = await self._attr_at(txn, r, r.inode)
+                    if who.uid != 0:
+                        perm.need(attr, who, perm.R, path)
+                    return Opened(attr)
                 if flags & O_DIRECTORY:
                     raise StatusError(Status.ENOTDIR, path)
-                attr = await self._attr(txn, r.inode)
+                attr = await self._attr_at(txn, r, r.inode)
+                if who.uid != 0:
+                    perm.need(attr, who, perm.open_bits(flags), path)
                 if flags & os.O_TRUNC and attr.type == FILE:
                     truncated_from = attr.size
                     attr = await self._truncate_at_open(txn, attr, data, chunked, now)
@@ -196,7 +212,9 @@ class FileOps(InlineOps):
                     raise StatusError(Status.ENOENT, path)
                 if r.must_be_dir or r.parent is None or r.name is None:
                     raise StatusError(Status.EISDIR, path)
-                parent = await self._attr(txn, r.parent)
+                parent = await self._attr_at(txn, r, r.parent)
+                perm.may_create(parent, who, path)
+                uid, gid, mode = self._owner(parent, who, FILE, mode, uid, gid)
                 limit = self.inline_limit(parent)
                 layout = dataclasses.replace(self._file_layout(routing, parent), inline_max_bytes=limit)
                 inline = limit > 0 and not chunked and (data is None or len(data) <= limit)
@@ -270,9 +288,13 @@ class FileOps(InlineOps):
         ``trunc_epoch``: the epoch the writer knows; an older one than the file's does not
         grow the length (``_report_length``). The file's pending trim is settled before the
         reply, which hands the writer the current epoch."""
+        who = caller()
         async with self.store.write() as txn:
+            held = False
             if end and session_id:
-                await txn.remove_session(inode, session_id)
+                held = await txn.remove_session(inode, session_id)
+            if who.uid != 0 and not held and length >= 0:
+                await self._may_write_inode(txn, inode, session_id, who)
             attr, epoch = await self._report_length(txn, inode, length, mtime_ns, trunc_epoch)
             settle = attr is not None and await self._must_settle(txn, inode)
         if settle:
@@ -283,6 +305,17 @@ class FileOps(InlineOps):
                     raise  # the writer goes on: it may write only once the trim is cut
                 logger.info("meta: close of inode %d leaves its trim to GC: %s", inode, exc)
         return Reported(attr, epoch)
+
+    async def _may_write_inode(self, txn: MetaTxn, inode: int, session_id: int, who: Identity) -> None:
+        """A call by inode number (no path to walk) that changes the file: the caller holds
+        the write session it names, or may write the file (EACCES). A gone inode passes (the
+        call answers that)."""
+        attr = await txn.get_inode(inode)
+        if attr is None or perm.allowed(attr, who, perm.W):
+            return
+        if session_id and await txn.session_client(inode, session_id) is not None:
+            return
+        raise StatusError(Status.EACCES, f"inode {inode}: permission denied")
 
     async def renew_sessions(self, client_id: int, session_ids: Sequence[int]) -> int:
         """A writer's lease renewal of the write sessions it holds. Returns how many of them
@@ -300,11 +333,15 @@ class FileOps(InlineOps):
 
     async def setattr(
         self, path: str, *, follow_symlinks: bool = True, mode: int = -1, uid: int = -1, gid: int = -1,
-        atime_ns: int = -1, mtime_ns: int = -1, size: int = -1, inode: int = 0,
+        atime_ns: int = -1, mtime_ns: int = -1, size: int = -1, inode: int = 0, times_now: bool = False,
     ) -> SetattrResult:
         """chmod/chown/utimes/truncate. A size change settles the file's trim: an extend
         before it commits (the bytes it exposes must read zeros), a shrink after (its own).
-        ``inode``: change that inode (an open file's), not what ``path`` names now."""
+        ``inode``: change that inode (an open file's), not what ``path`` names now.
+        ``times_now``: set atime and mtime to meta's clock (utimes(path, NULL): the owner or
+        a caller with write permission may; explicit times only the owner)."""
+        if times_now:
+            atime_ns = mtime_ns = self.clock.now_ns()
         parts = split_path(path) if not inode else []
         if inode < 0:
             raise StatusError(Status.EINVAL, f"bad inode {inode}")
@@ -312,7 +349,7 @@ class FileOps(InlineOps):
             raise StatusError(Status.EINVAL, f"negative size {size}")
         for _ in range(SETATTR_SETTLE_ROUNDS):
             r = await self._setattr(parts, path, follow_symlinks, mode, uid, gid, atime_ns, mtime_ns, size,
-                                    inode)
+                                    inode, times_now)
             if isinstance(r, _Migrate):
                 await self.migrate(r.inode)  # an extend past the inline limit
                 continue
@@ -327,7 +364,7 @@ class FileOps(InlineOps):
 
     async def _setattr(
         self, parts: list[str], path: str, follow_symlinks: bool, mode: int, uid: int, gid: int,
-        atime_ns: int, mtime_ns: int, size: int, inode: int = 0,
+        atime_ns: int, mtime_ns: int, size: int, inode: int = 0, times_now: bool = False,
     ) -> tuple[SetattrResult, bool] | int | _Migrate:
         """One try: the result and whether to settle the file's trim before replying; or an
         inode number: settle that file's trim first and try again; or ``_Migrate``: move the
@@ -344,20 +381,24 @@ class FileOps(InlineOps):
                 r = await walk(txn, parts, follow_last=follow_symlinks or size >= 0)
                 if r.inode is None:
                     raise StatusError(Status.ENOENT, path)
-                attr = await self._attr(txn, r.inode)
+                attr = await self._attr_at(txn, r, r.inode)
             if size >= 0:
                 if attr.type == DIR:
                     raise StatusError(Status.EISDIR, path)
                 if attr.type != FILE:
                     raise StatusError(Status.EINVAL, path)
+            who = caller()
             now = self.clock.now_ns()
             changes: dict[str, int] = {}
+            if size >= 0 and who.uid != 0:
+                perm.need(attr, who, perm.W, path)
+            if uid >= 0 or gid >= 0:
+                changes["uid"], changes["gid"], changes["mode"] = perm.chown_attrs(attr, who, uid, gid, path)
             if mode >= 0:
-                changes["mode"] = mode & 0o7777
-            if uid >= 0:
-                changes["uid"] = uid
-            if gid >= 0:
-                changes["gid"] = gid
+                regrouped = dataclasses.replace(attr, gid=changes["gid"]) if "gid" in changes else attr
+                changes["mode"] = perm.chmod_mode(regrouped, who, mode, path)
+            if atime_ns >= 0 or mtime_ns >= 0:
+                perm.may_set_times(attr, who, now=times_now, what=path)
             if atime_ns >= 0:
                 changes["atime_ns"] = atime_ns
             if mtime_ns >= 0:

@@ -41,6 +41,8 @@ from collections.abc import Sequence
 import crc32c
 
 from loomfs.errors import StatusError
+from loomfs.meta import perm
+from loomfs.meta.caller import caller
 from loomfs.meta.layout import INLINE_MAX_BYTES_CAP
 from loomfs.meta.ops.base import C_BYTES, FILE, NamespaceBase
 from loomfs.meta.ops.walk import walk
@@ -148,7 +150,10 @@ class InlineOps(NamespaceBase):
             r = await walk(txn, parts, follow_last=follow_symlinks)
             if r.inode is None:
                 raise StatusError(Status.ENOENT, path)
-            attr = await self._attr(txn, r.inode)
+            attr = await self._attr_at(txn, r, r.inode)
+            who = caller()
+            if who.uid != 0 and attr.type == FILE:
+                perm.need(attr, who, perm.R, path)
             return attr, await self._inline_content(txn, attr)
 
     async def write_inline(
@@ -157,8 +162,12 @@ class InlineOps(NamespaceBase):
         """Apply a writer's patches to an inline file in one transaction. A file in chunks
         (or one the patches would grow past its limit: migrated here first) answers
         ``applied=False`` and is left alone, session included."""
+        who = caller()
         async with self.store.write() as txn:
             attr = await txn.get_inode(inode)
+            if attr is not None and who.uid != 0 and not perm.allowed(attr, who, perm.W):
+                if not session_id or await txn.session_client(inode, session_id) is None:
+                    raise StatusError(Status.EACCES, f"inode {inode}: permission denied")
             if attr is None or attr.type != FILE or not attr.inline:
                 if attr is None and close and session_id:
                     await txn.remove_session(inode, session_id)
@@ -185,6 +194,9 @@ class InlineOps(NamespaceBase):
                     attr = await txn.get_inode(inode)
                     if attr is None:
                         raise StatusError(Status.ENOENT, f"inode {inode}")
+                    who = caller()
+                    if who.uid != 0 and not perm.allowed(attr, who, perm.W):
+                        raise StatusError(Status.EACCES, f"inode {inode}: permission denied")
                     if attr.type != FILE:
                         raise StatusError(Status.EINVAL, f"inode {inode} is not a file")
                     if not attr.inline:

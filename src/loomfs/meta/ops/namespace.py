@@ -13,10 +13,11 @@ from loomfs.meta.ops.dirs import DirOps, Statfs
 from loomfs.meta.ops.exchange import ExchangeOps
 from loomfs.meta.ops.files import FileOps, Opened, SetattrResult
 from loomfs.meta.ops.special import SpecialOps
+from loomfs.meta.ops.xattrs import XattrOps
 
 __all__ = ["Namespace", "Opened", "SetattrResult", "Statfs"]
 
 
-class Namespace(DirOps, FileOps, ExchangeOps, SpecialOps):
+class Namespace(DirOps, FileOps, ExchangeOps, SpecialOps, XattrOps):
     """All namespace operations (directory shape in DirOps, file data bookkeeping in FileOps,
-    small files' bytes in InlineOps)."""
+    small files' bytes in InlineOps, extended attributes in XattrOps)."""

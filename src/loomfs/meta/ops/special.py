@@ -7,6 +7,8 @@ from __future__ import annotations
 import dataclasses
 
 from loomfs.errors import StatusError
+from loomfs.meta import perm
+from loomfs.meta.caller import caller
 from loomfs.meta.ops.base import NamespaceBase
 from loomfs.meta.ops.walk import walk
 from loomfs.meta.paths import split_path
@@ -36,6 +38,12 @@ class SpecialOps(NamespaceBase):
             r = await walk(txn, parts, follow_last=False)
             if r.inode is not None or r.parent is None or r.name is None:
                 raise StatusError(Status.EEXIST, path)
+            who = caller()
+            parent = await self._attr_at(txn, r, r.parent)
+            perm.may_create(parent, who, path)
+            if type in DEVICE_TYPES and who.uid != 0:
+                raise StatusError(Status.EPERM, f"{path}: only root makes device nodes")
+            uid, gid, mode = self._owner(parent, who, type, mode, uid, gid)
             attr = await self._new_inode(
                 txn, r.parent, r.name, type=type, mode=mode, uid=uid, gid=gid, layout=None,
                 symlink_target=str(rdev) if type in DEVICE_TYPES else "", now=self.clock.now_ns(),

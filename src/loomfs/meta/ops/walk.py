@@ -3,6 +3,13 @@
 The walk keeps the physical chain of directories it went through (``stack``), so a ``..`` in
 a symlink target goes to the real parent, and rename can tell whether one path lies inside
 another.
+
+Search permission: for a caller other than root (``loomfs.meta.caller``), the walk notes
+every directory it looks a name up in and, at its end (or before it reports an error),
+loads their attributes in one ``get_inodes`` and checks the x bit on each, in walk order
+(EACCES). ``Resolved.attrs`` keeps those attributes and the final inode's, so an
+operation reuses them.
+Root walks as before: no extra work.
 """
 
 from __future__ import annotations
@@ -11,11 +18,14 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+from loomfs.common.identity import Identity
 from loomfs.errors import StatusError
+from loomfs.meta import perm
+from loomfs.meta.caller import CALLER
 from loomfs.meta.paths import split_target
 from loomfs.meta.store.base import DentryRow, MetaTxn
 from loomfs.wire.status import Status
-from loomfs.wire.types import ROOT_INODE, FileType
+from loomfs.wire.types import ROOT_INODE, Attr, FileType
 
 SYMLINK_HOPS_MAX = 40
 
@@ -39,6 +49,9 @@ class Resolved:
     type: int
     stack: list[int]
     must_be_dir: bool = False
+    # non-root callers: the attributes of the directories the walk searched (the parent
+    # among them) and of the inode it ended at, loaded with one ``get_inodes``
+    attrs: dict[int, Attr] | None = None
 
     @property
     def exists(self) -> bool:
@@ -78,7 +91,38 @@ async def _prefetched(txn: MetaTxn, parts: list[str]) -> Callable[[int, str], Aw
 
 
 async def walk(txn: MetaTxn, parts: list[str], *, follow_last: bool) -> Resolved:
-    """Resolve ``parts`` from the root. Intermediate symlinks are always followed."""
+    """Resolve ``parts`` from the root. Intermediate symlinks are always followed. A caller
+    without search permission on a directory the path crosses gets EACCES."""
+    who = CALLER.get()
+    if who.uid == 0:
+        return await _walk(txn, parts, follow_last, None)
+    searched: list[int] = []
+    try:
+        r = await _walk(txn, parts, follow_last, searched)
+    except StatusError:
+        await searchable(txn, searched, who)  # EACCES before what lies behind the directory
+        raise
+    r.attrs = await searchable(txn, searched, who, r.inode)
+    return r
+
+
+async def searchable(txn: MetaTxn, searched: list[int], who: Identity, also: int | None = None) -> dict[int, Attr]:
+    """The attributes of ``searched`` (directories) and of ``also``, after checking ``who`` may
+    search each of ``searched``."""
+    if not searched and also is None:
+        return {}
+    attrs = await txn.get_inodes(list(dict.fromkeys(searched if also is None else [*searched, also])))
+    dirs: list[Attr] = []
+    for ino in searched:
+        a = attrs.get(ino)
+        if a is None:
+            raise StatusError(Status.EIO, f"walk went through missing directory inode {ino}")
+        dirs.append(a)
+    perm.search(dirs, who, "path lookup")
+    return attrs
+
+
+async def _walk(txn: MetaTxn, parts: list[str], follow_last: bool, searched: list[int] | None) -> Resolved:
     stack = [ROOT_INODE]
     if not parts:
         return Resolved(None, None, ROOT_INODE, _DIR, stack)
@@ -100,6 +144,8 @@ async def walk(txn: MetaTxn, parts: list[str], *, follow_last: bool) -> Resolved
                 return Resolved(None, None, stack[-1], _DIR, stack)
             continue
         cur = stack[-1]
+        if searched is not None:
+            searched.append(cur)
         row = await lookup(cur, comp)
         if row is None:
             if last:
