@@ -1,0 +1,317 @@
+"""Hosts on one machine: Linux network namespaces on a private bridge (issue 12 item 4).
+
+``NetnsLab`` makes a bridge ``lf<run>b`` in the root namespace with the first address of a
+free private /24 (``10.77.X.1``: the "host side", where a test process or a PostgreSQL
+server on this machine is reached), and one namespace ``lfs-<run>-<name>`` per host, joined
+by a veth pair (``lf<run>h<i>`` on the bridge, ``eth0`` inside) with its own address
+(``10.77.X.10+i``) and loopback up. Processes run inside with ``ip netns exec`` (which
+execs: the pid we hold is the program's). A host can be killed (SIGKILL to every process
+in it), paused (SIGSTOP) and resumed, cut off (its veth set down: packets to and from it
+vanish, connects time out, nothing is refused) and healed.
+
+Everything is removed by ``close()`` (also from ``__exit__`` and, as a last resort, at
+interpreter exit). ``<run>`` is the owner's pid in hex plus a counter digit, so
+``cleanup_leftovers()`` (called by every new lab) removes what a dead owner left, and
+nothing of a live one. Needs root (CAP_NET_ADMIN) and ``ip`` from iproute2. No traffic
+leaves the machine: the bridge has no uplink and the subnet is private.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import fcntl
+import itertools
+import logging
+import os
+import re
+import shutil
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+NS_PREFIX = "lfs-"  # namespaces: lfs-<run>-<host>
+LINK_RE = re.compile(r"^lf([0-9a-f]{2,7})(b|h\d{1,3})$")  # bridges lf<run>b, veths lf<run>h<i>
+SUBNET_FIRST = "10.77"  # /24s 10.77.0.0 .. 10.77.255.0, the first free one per lab
+HOST_OFFSET = 10  # host i gets .10+i; .1 is the bridge (the root namespace)
+HOSTS_MAX = 240
+LOCK_PATH = "/run/lock/loomfs-netns.lock"
+_counter = itertools.count()
+
+
+class NetnsUnavailable(RuntimeError):
+    """Not root, or no ``ip`` (iproute2) here."""
+
+
+def available() -> str:
+    """'' when labs can be made here, else why not."""
+    if os.geteuid() != 0:
+        return "network namespaces need root (CAP_NET_ADMIN)"
+    if shutil.which("ip") is None:
+        return "`ip` not found (apt-get install iproute2)"
+    return ""
+
+
+def _ip(*args: str, check: bool = True, timeout_s: float = 20.0) -> str:
+    r = subprocess.run(["ip", *args], capture_output=True, text=True, timeout=timeout_s)
+    if check and r.returncode != 0:
+        raise RuntimeError(f"ip {' '.join(args)} failed ({r.returncode}): {r.stderr.strip()}")
+    return r.stdout
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _owner_of(run_id: str) -> int:
+    """The pid that made run ``run_id`` (hex pid + one counter digit)."""
+    return int(run_id[:-1], 16) if len(run_id) >= 2 else 0
+
+
+@contextlib.contextmanager
+def _locked() -> Iterator[None]:
+    """Serialises subnet choice and leftover cleanup between labs of concurrent test runs."""
+    path = LOCK_PATH if os.path.isdir(os.path.dirname(LOCK_PATH)) else "/tmp/loomfs-netns.lock"
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def namespace_pids(netns: str) -> list[int]:
+    out = _ip("netns", "pids", netns, check=False)
+    return [int(p) for p in out.split() if p.isdigit()]
+
+
+def _kill_namespace(netns: str, timeout_s: float = 10.0) -> None:
+    """SIGKILL every process in ``netns`` (a stopped one too) and wait until they are gone."""
+    end = time.monotonic() + timeout_s
+    while True:
+        pids = namespace_pids(netns)
+        if not pids:
+            return
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+            with contextlib.suppress(ChildProcessError, OSError):
+                os.waitpid(pid, os.WNOHANG)
+        if time.monotonic() > end:
+            raise RuntimeError(f"processes {pids} in {netns} survive SIGKILL")
+        time.sleep(0.02)
+
+
+def cleanup_leftovers(*, all_runs: bool = False) -> list[str]:
+    """Remove namespaces and links of labs whose owner process is gone (every lab's with
+    ``all_runs``). Returns what was removed."""
+    removed: list[str] = []
+    for line in _ip("netns", "list", check=False).splitlines():
+        name = line.split()[0] if line.split() else ""
+        if not name.startswith(NS_PREFIX):
+            continue
+        run_id = name[len(NS_PREFIX):].split("-", 1)[0]
+        if all_runs or not _pid_alive(_owner_of(run_id)):
+            with contextlib.suppress(RuntimeError):
+                _kill_namespace(name)
+            _ip("netns", "del", name, check=False)
+            removed.append(name)
+    for line in _ip("-o", "link", "show", check=False).splitlines():
+        parts = line.split(":", 2)
+        if len(parts) < 2:
+            continue
+        link = parts[1].strip().split("@", 1)[0]
+        m = LINK_RE.match(link)
+        if m and (all_runs or not _pid_alive(_owner_of(m.group(1)))):
+            _ip("link", "del", link, check=False)
+            removed.append(link)
+    if removed:
+        logger.warning("netns: removed leftovers %s", removed)
+    return removed
+
+
+@dataclass
+class Host:
+    """One network namespace with one address on the lab's bridge."""
+
+    name: str
+    index: int
+    netns: str
+    address: str
+    veth: str  # the root-namespace end, on the bridge
+    procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    cut_off: bool = False
+    paused: bool = False
+
+    def __repr__(self) -> str:
+        flags = "".join([" cut" if self.cut_off else "", " paused" if self.paused else ""])
+        return f"Host({self.name} {self.address} {self.netns}{flags})"
+
+
+class NetnsLab:
+    """A bridge and its hosts. ``with NetnsLab() as lab: h = lab.add_host("storage1")``."""
+
+    def __init__(self) -> None:
+        why = available()
+        if why:
+            raise NetnsUnavailable(why)
+        self.run_id = f"{os.getpid():x}{next(_counter) % 16:x}"
+        self.bridge = f"lf{self.run_id}b"
+        self.subnet = ""  # "10.77.X" once up
+        self.hosts: dict[str, Host] = {}
+        self._closed = False
+        self._up()
+        atexit.register(self.close)
+
+    # ---- set up ---------------------------------------------------------------------------
+    def _up(self) -> None:
+        with _locked():
+            cleanup_leftovers()
+            used = set(re.findall(rf"inet {re.escape(SUBNET_FIRST)}\.(\d+)\.", _ip("-4", "-o", "addr", "show")))
+            free = [x for x in range(256) if str(x) not in used]
+            if not free:
+                raise RuntimeError(f"no free /24 left in {SUBNET_FIRST}.0.0/16")
+            self.subnet = f"{SUBNET_FIRST}.{free[0]}"
+            try:
+                _ip("link", "add", self.bridge, "type", "bridge")
+                _ip("addr", "add", f"{self.gateway}/24", "dev", self.bridge)
+                _ip("link", "set", self.bridge, "up")
+            except BaseException:
+                self.close()
+                raise
+        logger.info("netns lab %s: bridge %s on %s.0/24", self.run_id, self.bridge, self.subnet)
+
+    @property
+    def gateway(self) -> str:
+        """The bridge's address in the root namespace (this process, a PostgreSQL here)."""
+        return f"{self.subnet}.1"
+
+    def add_host(self, name: str) -> Host:
+        if name in self.hosts:
+            raise ValueError(f"host {name} exists")
+        if not re.fullmatch(r"[a-z0-9]{1,20}", name):
+            raise ValueError(f"host name {name!r}: 1-20 of a-z 0-9")
+        index = len(self.hosts) + 1
+        if index > HOSTS_MAX:
+            raise ValueError(f"at most {HOSTS_MAX} hosts")
+        h = Host(name, index, f"{NS_PREFIX}{self.run_id}-{name}", f"{self.subnet}.{HOST_OFFSET + index}",
+                 f"lf{self.run_id}h{index}")
+        self.hosts[name] = h  # before creating anything: close() removes what exists of it
+        peer = f"lf{self.run_id}p{index}"
+        _ip("netns", "add", h.netns)
+        _ip("link", "add", h.veth, "type", "veth", "peer", "name", peer)
+        _ip("link", "set", peer, "netns", h.netns)
+        inside = ["netns", "exec", h.netns, "ip"]
+        _ip(*inside, "link", "set", peer, "name", "eth0")
+        _ip(*inside, "addr", "add", f"{h.address}/24", "dev", "eth0")
+        _ip(*inside, "link", "set", "eth0", "up")
+        _ip(*inside, "link", "set", "lo", "up")
+        _ip("link", "set", h.veth, "master", self.bridge)
+        _ip("link", "set", h.veth, "up")
+        return h
+
+    # ---- processes ------------------------------------------------------------------------
+    def command(self, host: Host | str, argv: list[str]) -> list[str]:
+        """``argv`` run inside ``host`` (``ip netns exec`` execs it: same pid)."""
+        return ["ip", "netns", "exec", self._host(host).netns, *argv]
+
+    def popen(self, host: Host | str, argv: list[str], **kwargs: Any) -> subprocess.Popen[bytes]:
+        h = self._host(host)
+        kwargs.setdefault("stdin", subprocess.DEVNULL)
+        kwargs.setdefault("start_new_session", True)
+        proc: subprocess.Popen[bytes] = subprocess.Popen(self.command(h, argv), **kwargs)
+        h.procs.append(proc)
+        return proc
+
+    def run(self, host: Host | str, argv: list[str], timeout_s: float = 60.0) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(self.command(host, argv), capture_output=True, text=True, timeout=timeout_s)
+
+    def pids(self, host: Host | str) -> list[int]:
+        return namespace_pids(self._host(host).netns)
+
+    # ---- faults ---------------------------------------------------------------------------
+    def kill(self, host: Host | str) -> None:
+        """SIGKILL every process on the host (a power cut); its network stays."""
+        h = self._host(host)
+        _kill_namespace(h.netns)
+        for p in h.procs:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                p.wait(timeout=5.0)
+        h.procs = [p for p in h.procs if p.poll() is None]
+        h.paused = False
+
+    def pause(self, host: Host | str) -> None:
+        """SIGSTOP every process on the host (a hung machine) until ``resume``."""
+        h = self._host(host)
+        for pid in self.pids(h):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGSTOP)
+        h.paused = True
+
+    def resume(self, host: Host | str) -> None:
+        h = self._host(host)
+        for pid in self.pids(h):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+        h.paused = False
+
+    def cut(self, host: Host | str) -> None:
+        """Cut the host off (its cable pulled): every packet to or from it is dropped."""
+        h = self._host(host)
+        _ip("link", "set", h.veth, "down")
+        h.cut_off = True
+
+    def heal(self, host: Host | str) -> None:
+        h = self._host(host)
+        _ip("link", "set", h.veth, "up")
+        h.cut_off = False
+
+    # ---- tear down ------------------------------------------------------------------------
+    def close(self) -> None:
+        """Kill every process on every host, remove the namespaces, the veths and the
+        bridge. Idempotent; goes on past errors and raises the first at the end."""
+        if self._closed:
+            return
+        self._closed = True
+        first: BaseException | None = None
+        for h in self.hosts.values():
+            try:
+                if Path("/run/netns", h.netns).exists():
+                    self.resume(h)  # a stopped process dies of SIGKILL too, but its children wait
+                    _kill_namespace(h.netns)
+                for p in h.procs:
+                    with contextlib.suppress(subprocess.TimeoutExpired):
+                        p.wait(timeout=5.0)
+                _ip("netns", "del", h.netns, check=False)
+                _ip("link", "del", h.veth, check=False)  # gone with the namespace's end, usually
+            except BaseException as exc:  # go on: remove the rest
+                first = first or exc
+        _ip("link", "del", self.bridge, check=False)
+        with contextlib.suppress(Exception):
+            atexit.unregister(self.close)
+        if first is not None:
+            raise first
+
+    def __enter__(self) -> NetnsLab:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _host(self, host: Host | str) -> Host:
+        return host if isinstance(host, Host) else self.hosts[host]
+
+    def __repr__(self) -> str:
+        return f"NetnsLab({self.run_id} {self.subnet}.0/24 hosts={len(self.hosts)}{' closed' if self._closed else ''})"

@@ -1,0 +1,161 @@
+"""A LocalCluster whose every service runs on its own network-namespace host (issue 12 item 4).
+
+Each mgmtd, meta and storage process gets a ``NetnsLab`` host of its own and binds (and
+registers with mgmtd) that host's address, on the production ports (mgmtd 8000, meta
+8100, storage 8200 on every host: the addresses differ, so nothing clashes). Client hosts
+run test programs. Everything else is LocalCluster's (configs, start order, waits,
+cluster.json, credentials): a client connects with ``loomfs.connect(cluster.root)`` from
+any host, or from this process (the root namespace reaches the bridge).
+
+PostgreSQL (metastore, mgmtd lease store) runs in the root namespace; services reach it by
+its unix socket (``PgServer.url()``: pathname unix sockets are not per network namespace),
+so a cut host still reaches the database. Cuts here are for storage, meta and client hosts.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from loomfs.errors import LoomError
+from loomfs.net.faults import ENV_VAR as FAULTS_ENV_VAR
+from loomfs.testing.cluster import LocalCluster, ServiceProc
+from loomfs.testing.netns import Host, NetnsLab
+
+PORTS = {"mgmtd": 8000, "meta": 8100, "storage": 8200}
+METRICS_OFFSET = 1  # /metrics on port + 1 (mgmtd 8001, meta 8101, storage 8201, as in deploy/k8s)
+
+
+@dataclass
+class HostedProc(ServiceProc):
+    host: str = "127.0.0.1"
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+
+class NetnsCluster(LocalCluster):
+    """``NetnsCluster(root, lab, storage_nodes=3, meta_nodes=2, mgmtd_servers=2, ...)``: the
+    LocalCluster options, each service on a host named after it (``mgmtd``, ``mgmtd2``,
+    ``meta1``, ``storage1``...). ``stop()`` stops the services; the lab is the caller's."""
+
+    def __init__(self, root: str | Path, lab: NetnsLab, **kwargs: Any):
+        super().__init__(root, **kwargs)
+        self.lab = lab
+        self.host_of: dict[str, Host] = {}
+
+    # ---- layout: one host per service, production ports --------------------------------------
+    def _plan(self) -> None:
+        self.base_port = PORTS["mgmtd"]  # (LocalCluster's mgmtd /metrics: base + 9, overridden below)
+        plan = [("mgmtd", "mgmtd", 0)]
+        plan += [(f"meta{i}", "meta", 100 + i) for i in range(1, self.meta_nodes + 1)]
+        plan += [(f"storage{i}", "storage", i) for i in range(1, self.storage_nodes + 1)]
+        plan += [(f"mgmtd{i}", "mgmtd", 0) for i in range(2, self.mgmtd_servers + 1)]
+        self.services = {}
+        for name, kind, node_id in plan:
+            self.services[name] = self._hosted(name, kind, node_id)
+
+    def _hosted(self, name: str, kind: str, node_id: int) -> HostedProc:
+        host = self.lab.hosts.get(name) or self.lab.add_host(name)
+        self.host_of[name] = host
+        return HostedProc(name, kind, PORTS[kind], node_id, str(self.root / name), host=host.address)
+
+    def _config(self, s: ServiceProc) -> dict[str, Any]:
+        cfg = super()._config(s)  # credentials and every other setting LocalCluster gives
+        assert isinstance(s, HostedProc)
+        cfg["host"] = s.host
+        cfg["metrics_port"] = s.port + METRICS_OFFSET if s.name == "mgmtd" or s.kind != "mgmtd" else -1
+        return cfg
+
+    @property
+    def mgmtd_metrics_port(self) -> int:
+        return PORTS["mgmtd"] + METRICS_OFFSET
+
+    # ---- processes ----------------------------------------------------------------------------
+    def start_service(self, name: str) -> ServiceProc:
+        s = self.services[name]
+        if s.alive():
+            return s
+        env = dict(os.environ)
+        env.update(self.extra_env)
+        src = str(Path(__file__).resolve().parents[2])
+        env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        if self.fault_injection:
+            env[FAULTS_ENV_VAR] = str(self.faults_path(name))
+            self._write_faults(name)
+        with open(s.log_path, "ab") as log:
+            proc = self.lab.popen(self.host_of[name], [sys.executable, "-m", f"loomfs.{s.kind}.server",
+                                                       "--config", s.config_path],
+                                  stdout=log, stderr=subprocess.STDOUT, env=env, cwd=s.dir)
+        s.pid = proc.pid
+        # alive() looks for the config path in the command line: ``ip netns exec`` has it too,
+        # before it execs python, so wait for python itself
+        end = time.monotonic() + 10.0
+        while proc.poll() is None and time.monotonic() < end and not _is_python(proc.pid):
+            time.sleep(0.002)
+        Path(s.dir, "pid").write_text(str(proc.pid))
+        self._write_state()
+        return s
+
+    def wait_listening(self, name: str, timeout_s: float = 30.0) -> None:
+        s = self.services[name]
+        assert isinstance(s, HostedProc)
+        end = time.monotonic() + timeout_s
+        while time.monotonic() < end:
+            if not s.alive():
+                self._check_crashed()
+            try:
+                with socket.create_connection((s.host, s.port), timeout=0.5):
+                    return
+            except OSError:
+                time.sleep(0.05)
+        raise LoomError(f"{name} is not listening on {s.address} after {timeout_s:.0f}s")
+
+    def add_storage_node(self, timeout_s: float = 30.0) -> ServiceProc:
+        raise NotImplementedError("NetnsCluster: plan the storage hosts up front (storage_nodes=N)")
+
+    # ---- hosts --------------------------------------------------------------------------------
+    def host(self, name: str) -> Host:
+        """The host of service ``name``, or a client host made by ``add_client_host``."""
+        return self.host_of.get(name) or self.lab.hosts[name]
+
+    def add_client_host(self, name: str) -> Host:
+        return self.lab.hosts.get(name) or self.lab.add_host(name)
+
+    def kill_host(self, name: str) -> None:
+        """SIGKILL everything on the host; a service on it counts as crashed, not stopped."""
+        self.lab.kill(self.host(name))
+        if name in self.services:
+            from loomfs.testing.cluster import _reap
+
+            _reap(self.services[name].pid)
+
+    def pause_host(self, name: str) -> None:
+        self.lab.pause(self.host(name))
+
+    def resume_host(self, name: str) -> None:
+        self.lab.resume(self.host(name))
+
+    def cut_host(self, name: str) -> None:
+        self.lab.cut(self.host(name))
+
+    def heal_host(self, name: str) -> None:
+        self.lab.heal(self.host(name))
+
+    def __repr__(self) -> str:
+        return f"NetnsCluster({self.root} {self.lab!r} services={len(self.services)})"
+
+
+def _is_python(pid: int) -> bool:
+    try:
+        exe = os.readlink(f"/proc/{pid}/exe")
+    except OSError:
+        return False
+    return "python" in os.path.basename(exe)

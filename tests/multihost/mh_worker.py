@@ -1,0 +1,72 @@
+"""A client program for the multi-host scenario, run on a client host (its own namespace).
+
+``python mh_worker.py CLUSTER_DIR NAME OUT_DIR``: writes new files /mh/NAME/fI with bytes that
+follow from (NAME, I) alone, and after each write reads back one earlier file and checks
+every byte. An acknowledged write (close returned) is appended to OUT_DIR/NAME.acked
+("path size", flushed) *after* the ack, so every line names bytes the cluster promised to
+keep. Errors that reach the program (past the client's retries) go to NAME.errors with
+the time. Stops when OUT_DIR/stop exists; OUT_DIR/NAME.done then holds the counts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import sys
+import time
+
+SIZES = (3_000, 48_000, 200_000, 1_300_000)  # inline in meta, and 1 chunk on a chain
+
+
+def content(name: str, i: int) -> bytes:
+    rng = random.Random(f"{name}/{i}")
+    return rng.randbytes(SIZES[i % len(SIZES)] + rng.randrange(1000))
+
+
+def main() -> None:
+    import loomfs
+
+    cluster, name, out = sys.argv[1], sys.argv[2], sys.argv[3]
+    fs = loomfs.connect(cluster)
+    rng = random.Random(name)
+    acked: list[int] = []
+    counts = {"writes": 0, "reads": 0, "errors": 0, "mismatches": 0}
+    fs.makedirs(f"/mh/{name}", exist_ok=True)
+    with open(os.path.join(out, f"{name}.acked"), "a") as log, open(os.path.join(out, f"{name}.errors"), "a") as err:
+        i = 0
+        while not os.path.exists(os.path.join(out, "stop")):
+            path = f"/mh/{name}/f{i}"
+            data = content(name, i)
+            try:
+                fs.pipe(path, data)
+            except Exception as exc:  # past the client's retries: recorded, the test judges
+                counts["errors"] += 1
+                err.write(f"{time.time():.3f} write {path}: {type(exc).__name__}: {exc}\n")
+                err.flush()
+                i += 1  # a failed write may still have landed: never reuse the name
+                continue
+            log.write(f"{path} {len(data)}\n")
+            log.flush()
+            acked.append(i)
+            counts["writes"] += 1
+            i += 1
+            j = rng.choice(acked)
+            try:
+                got = fs.cat(f"/mh/{name}/f{j}")
+            except Exception as exc:
+                counts["errors"] += 1
+                err.write(f"{time.time():.3f} read f{j}: {type(exc).__name__}: {exc}\n")
+                err.flush()
+                continue
+            counts["reads"] += 1
+            if got != content(name, j):
+                counts["mismatches"] += 1
+                err.write(f"{time.time():.3f} MISMATCH f{j}: {len(got)} bytes\n")
+                err.flush()
+    with open(os.path.join(out, f"{name}.done"), "w") as f:
+        json.dump(counts, f)
+
+
+if __name__ == "__main__":
+    main()
