@@ -17,11 +17,13 @@ import functools
 import inspect
 import logging
 import random
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import crc32c
 
+from loomfs.common import grants
 from loomfs.common.identity import TRUSTED
 from loomfs.common.retry import Backoff
 from loomfs.errors import StatusError
@@ -29,6 +31,7 @@ from loomfs.meta.caller import set_caller
 from loomfs.meta.ops.inline import Patch
 from loomfs.meta.ops.namespace import Namespace
 from loomfs.meta.store.base import OP_COMMITS, WRITE_ALONE, TxnConflict
+from loomfs.net.auth import process_grant_key
 from loomfs.net.rpc import CallContext, handles
 from loomfs.wire import meta as w
 from loomfs.wire.message import Empty
@@ -104,6 +107,19 @@ class ConflictRetrying:
         return f"ConflictRetrying({self._ns!r} retries={self.retries})"
 
 
+def grant_key() -> bytes | None:
+    """The key write grants are signed with; None when the cluster runs without a secret."""
+    return process_grant_key()
+
+
+def write_grant(inode: int, ctx: CallContext) -> bytes:
+    """A write grant for the caller's token on ``inode`` (b"" without a cluster secret)."""
+    key = grant_key()
+    if key is None:
+        return b""
+    return grants.mint(key, inode, ctx.identity.token_id, time.time() + grants.DEFAULT_GRANT_TTL_S)
+
+
 def act_for(ctx: CallContext, root_squash: bool) -> None:
     """The namespace acts for the connection's identity for the rest of this request (its own
     task); nothing to do for TRUSTED (auth off), the default."""
@@ -143,7 +159,8 @@ class MetaService:
         return w.OpenRsp(attr=o.attr, session_id=o.session_id, truncated_from=o.truncated_from,
                          session_lease_s=self.ns.session_lease_s if o.session_id else 0.0, replayed=o.replayed,
                          trunc_epoch=o.trunc_epoch, data=o.data,
-                         data_crc=crc32c.crc32c(o.data) if o.data is not None else 0)
+                         data_crc=crc32c.crc32c(o.data) if o.data is not None else 0,
+                         write_grant=write_grant(o.attr.inode, ctx) if o.session_id else b"")
 
     @handles(w.READ)
     async def read(self, req: w.PathReq, ctx: CallContext) -> w.ReadRsp:
@@ -167,7 +184,7 @@ class MetaService:
     async def migrate(self, req: w.InodeReq, ctx: CallContext) -> w.AttrRsp:
         act_for(ctx, self.root_squash)
         attr, epoch = await self.ns.migrate(req.inode)
-        return w.AttrRsp(attr=attr, trunc_epoch=epoch)
+        return w.AttrRsp(attr=attr, trunc_epoch=epoch, write_grant=write_grant(attr.inode, ctx))
 
     @handles(w.CLOSE)
     async def close(self, req: w.CloseReq, ctx: CallContext) -> w.AttrRsp:
@@ -179,7 +196,14 @@ class MetaService:
     @handles(w.RENEW_SESSIONS)
     async def renew_sessions(self, req: w.RenewSessionsReq, ctx: CallContext) -> w.RenewSessionsRsp:
         act_for(ctx, self.root_squash)
-        return w.RenewSessionsRsp(renewed=await self.ns.renew_sessions(req.client_id, req.session_ids))
+        renewed = await self.ns.renew_sessions(req.client_id, req.session_ids)
+        grants: list[bytes] = []
+        if req.inodes and grant_key() is not None:
+            if len(req.inodes) != len(req.session_ids):
+                raise StatusError(Status.BAD_REQUEST, f"{len(req.inodes)} inodes for {len(req.session_ids)} sessions")
+            held = await self.ns.sessions_held(req.client_id, list(zip(req.inodes, req.session_ids, strict=True)))
+            grants = [write_grant(ino, ctx) if h else b"" for ino, h in zip(req.inodes, held, strict=True)]
+        return w.RenewSessionsRsp(renewed=renewed, write_grants=grants)
 
     @handles(w.SYNC)
     async def sync(self, req: w.SyncReq, ctx: CallContext) -> w.AttrRsp:

@@ -27,6 +27,7 @@ class PathReq(Message):
 class AttrRsp(Message):
     attr: Attr | None = None
     trunc_epoch: int = 0  # SYNC/CLOSE: the file's truncate epoch now (other calls: 0)
+    write_grant: bytes = b""  # MIGRATE on a cluster with a secret: a write grant (as OpenRsp's)
 
 
 @message
@@ -72,6 +73,10 @@ class OpenRsp(Message):
     # inline files (attr.inline): their content, and its CRC32C (None for chunked files)
     data: bytes | None = None
     data_crc: int = 0
+    # write opens on a cluster with a secret: meta's signed permission for this connection's
+    # token to write this inode's chunks (``loomfs.common.grants``); sent with every chunk
+    # write; renewed with RENEW_SESSIONS. b"" without a secret.
+    write_grant: bytes = b""
 
 
 @message
@@ -144,11 +149,17 @@ class RenewSessionsReq(Message):
 
     client_id: int = 0
     session_ids: list[int] = many()  # at most RENEW_SESSIONS_MAX
+    # optional, parallel to session_ids: each session's inode, to get a fresh write grant
+    # for it (``RenewSessionsRsp.write_grants``); empty: no grants asked
+    inodes: list[int] = many()
 
 
 @message
 class RenewSessionsRsp(Message):
     renewed: int = 0  # how many of them meta still held (the others expired or were closed)
+    # with ``inodes`` on a cluster with a secret: per session id, in order, a fresh write grant
+    # for a session this client still holds, b"" for the others
+    write_grants: list[bytes] = many()
 
 
 RENEW_SESSIONS_MAX = 8192
@@ -282,7 +293,7 @@ RENEW_SESSIONS = method(SERVICE_META, 17, "renew_sessions", RenewSessionsReq, Re
 READ = method(SERVICE_META, 18, "read", PathReq, ReadRsp, idempotent=True)
 WRITE_INLINE = method(SERVICE_META, 19, "write_inline", InlineWriteReq, InlineWriteRsp, needs=_W)
 # an inline file's data moves to chunks (a writer is about to grow it past the limit)
-MIGRATE = method(SERVICE_META, 20, "migrate", InodeReq, AttrRsp, idempotent=True, needs=_W)
+MIGRATE = method(SERVICE_META, 20, "migrate", InodeReq, AttrRsp, idempotent=True, needs=_W)  # reply: write_grant
 
 
 GC_QUEUED_INODES_MAX = 4096  # per GC_QUEUED request

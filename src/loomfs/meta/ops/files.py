@@ -327,6 +327,13 @@ class FileOps(InlineOps):
         async with self.store.write() as txn:
             return await txn.renew_sessions(client_id, session_ids, self.clock.now_ns())
 
+    async def sessions_held(self, client_id: int, sessions: Sequence[tuple[int, int]]) -> list[bool]:
+        """Per (inode, session id): whether ``client_id`` holds that write session."""
+        if len(sessions) > RENEW_SESSIONS_MAX:
+            raise StatusError(Status.EINVAL, f"{len(sessions)} sessions in one call (max {RENEW_SESSIONS_MAX})")
+        async with self.store.read() as txn:
+            return [await txn.session_client(ino, sid) == client_id for ino, sid in sessions]
+
     async def getattr_inode(self, inode: int) -> Attr | None:
         async with self.store.read() as txn:
             return await txn.get_inode(inode)
