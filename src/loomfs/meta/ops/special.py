@@ -1,6 +1,7 @@
 """Special files: FIFOs, sockets and device nodes (mknod). They hold no data; the kernel
-that opens one serves it. A device's number is kept as decimal text in
-``Attr.symlink_target`` (the store has no rdev column yet); ``Attr.size`` stays 0."""
+that opens one serves it. A device's number is ``Attr.rdev`` (stores before the rdev column
+kept it as decimal text in ``Attr.symlink_target``, which ``rdev_of`` still reads);
+``Attr.size`` stays 0."""
 
 from __future__ import annotations
 
@@ -21,9 +22,11 @@ DEVICE_TYPES = frozenset({FileType.CHAR_DEVICE, FileType.BLOCK_DEVICE})
 
 def rdev_of(attr: Attr) -> int:
     """A device node's number (0 for anything else)."""
-    if attr.type in DEVICE_TYPES and attr.symlink_target.isdigit():
-        return int(attr.symlink_target)
-    return 0
+    if attr.type not in DEVICE_TYPES:
+        return 0
+    if attr.rdev:
+        return attr.rdev
+    return int(attr.symlink_target) if attr.symlink_target.isdigit() else 0
 
 
 class SpecialOps(NamespaceBase):
@@ -46,9 +49,9 @@ class SpecialOps(NamespaceBase):
             uid, gid, mode = self._owner(parent, who, type, mode, uid, gid)
             attr = await self._new_inode(
                 txn, r.parent, r.name, type=type, mode=mode, uid=uid, gid=gid, layout=None,
-                symlink_target=str(rdev) if type in DEVICE_TYPES else "", now=self.clock.now_ns(),
+                now=self.clock.now_ns(),
             )
-            if attr.size:
-                attr = dataclasses.replace(attr, size=0)
+            if type in DEVICE_TYPES and rdev:
+                attr = dataclasses.replace(attr, rdev=rdev)
                 await txn.put_inode(attr)
             return attr
