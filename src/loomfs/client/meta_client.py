@@ -27,6 +27,7 @@ from loomfs.errors import ConnectionFailed, LoomError, TimedOut
 from loomfs.net.rpc import Response, RpcClient
 from loomfs.net.transport import Address
 from loomfs.wire import meta as wm
+from loomfs.wire import meta_xattr as wx
 from loomfs.wire.message import Empty, Message, Method
 from loomfs.wire.status import Status
 from loomfs.wire.types import Attr, Layout, NodeKind
@@ -215,6 +216,28 @@ class MetaClient:
 
     async def set_layout(self, path: str, layout: Layout) -> Attr | None:
         rsp: wm.AttrRsp = await self.call(wm.SET_LAYOUT, wm.SetLayoutReq(path=path, layout=layout))
+        return rsp.attr
+
+    # extended attributes (``user.*``; ``loomfs.client.xattrs`` is the path-normalising API)
+
+    async def getxattr(self, path: str, name: bytes, follow_symlinks: bool = True) -> bytes:
+        req = wx.XattrNameReq(path=path, name=name, follow_symlinks=follow_symlinks)
+        rsp: wx.XattrValueRsp = await self.call(wx.GETXATTR, req)
+        return rsp.value
+
+    async def listxattr(self, path: str, follow_symlinks: bool = True) -> list[bytes]:
+        rsp: wx.XattrListRsp = await self.call(wx.LISTXATTR, wx.XattrListReq(path=path, follow_symlinks=follow_symlinks))
+        return rsp.names
+
+    async def setxattr(self, path: str, name: bytes, value: bytes, flags: int = 0,
+                       follow_symlinks: bool = True) -> Attr | None:
+        req = wx.XattrSetReq(path=path, name=name, value=value, flags=flags, follow_symlinks=follow_symlinks)
+        rsp: wx.XattrAttrRsp = await self.call(wx.SETXATTR, req)
+        return rsp.attr
+
+    async def removexattr(self, path: str, name: bytes, follow_symlinks: bool = True) -> Attr | None:
+        req = wx.XattrNameReq(path=path, name=name, follow_symlinks=follow_symlinks)
+        rsp: wx.XattrAttrRsp = await self.call(wx.REMOVEXATTR, req)
         return rsp.attr
 
     def __repr__(self) -> str:

@@ -27,7 +27,7 @@ from typing import Any, TypeVar
 
 import crc32c
 
-from loomfs.client import paths
+from loomfs.client import paths, xattrs
 from loomfs.client.core import LAZY_FLAGS, READDIR_PAGE, AsyncClient, info_of
 from loomfs.client.fastpath import SyncMetaPath, Unavailable
 from loomfs.client.file import AsyncFile, parse_mode
@@ -484,6 +484,22 @@ class LoomFS:
 
     def statfs(self) -> StatfsRsp:
         return self._run(lambda c: c.statfs())
+
+    # --- extended attributes (user.*; like os.getxattr & co.) ------------------------------
+
+    def getxattr(self, path: str, name: str | bytes, *, follow_symlinks: bool = True) -> bytes:
+        return self._run(lambda c: xattrs.getxattr(c, path, name, follow_symlinks=follow_symlinks))
+
+    def listxattr(self, path: str, *, follow_symlinks: bool = True) -> list[str]:
+        return self._run(lambda c: xattrs.listxattr(c, path, follow_symlinks=follow_symlinks))
+
+    def setxattr(self, path: str, name: str | bytes, value: bytes, flags: int = 0, *,
+                 follow_symlinks: bool = True) -> None:
+        """``flags``: ``os.XATTR_CREATE`` / ``os.XATTR_REPLACE``."""
+        self._run(lambda c: xattrs.setxattr(c, path, name, value, flags, follow_symlinks=follow_symlinks))
+
+    def removexattr(self, path: str, name: str | bytes, *, follow_symlinks: bool = True) -> None:
+        self._run(lambda c: xattrs.removexattr(c, path, name, follow_symlinks=follow_symlinks))
 
     # --- data ---------------------------------------------------------------------------
 

@@ -21,6 +21,7 @@ from loomfs.meta.ops.namespace import Namespace
 from loomfs.meta.service import ConflictRetrying, MetaService, retry_conflicts
 from loomfs.meta.store.base import MetaStore, StoreUnavailable
 from loomfs.meta.trim import TRIM_CALL_TIMEOUT_S, Trimmer
+from loomfs.meta.xattr_service import XattrService
 from loomfs.net.rpc import RpcClient, RpcServer
 from loomfs.net.tcp import default_transport
 from loomfs.net.transport import Address
@@ -146,6 +147,7 @@ async def serve(config: MetaConfig, *, ready: asyncio.Event | None = None) -> No
     server = RpcServer("meta", default_transport(max_payload_bytes=config.rpc.max_payload_bytes))
     server.add_service(MetaService(live))
     server.add_service(BatchService(live))
+    server.add_service(XattrService(live))
     tasks: list[asyncio.Task[object]] = []
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

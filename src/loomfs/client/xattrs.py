@@ -1,0 +1,67 @@
+"""Extended attributes on the async core, by path, shaped like ``os.getxattr`` & co.
+
+Names may be ``str`` (encoded with ``os.fsencode``) or ``bytes``; values are bytes. Only the
+``user.*`` namespace is stored (``loomfs.meta.ops.xattrs`` has the rules); the limits are
+checked here too so a bad call fails without a round trip: a name of 1..255 bytes (ERANGE),
+a value of at most 64 KiB (E2BIG). A change moves the file's ctime: the client's cached
+attributes of the path are dropped.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from typing import TYPE_CHECKING
+
+from loomfs.client import paths
+from loomfs.errors import error_for_errno
+from loomfs.wire.types import Attr
+
+if TYPE_CHECKING:
+    from loomfs.client.core import AsyncClient
+
+XATTR_NAME_MAX_BYTES = 255
+XATTR_VALUE_MAX_BYTES = 64 << 10
+
+NameLike = str | bytes
+
+
+def encode_name(name: NameLike, path: str) -> bytes:
+    raw = os.fsencode(name)
+    if not raw or len(raw) > XATTR_NAME_MAX_BYTES:
+        raise error_for_errno(errno.ERANGE, f"xattr name of {len(raw)} bytes (1..{XATTR_NAME_MAX_BYTES})", path)
+    return raw
+
+
+async def getxattr(client: AsyncClient, path: str, name: NameLike, *, follow_symlinks: bool = True) -> bytes:
+    p = paths.normalize(path)
+    return await client.meta.getxattr(p, encode_name(name, p), follow_symlinks)
+
+
+async def listxattr(client: AsyncClient, path: str, *, follow_symlinks: bool = True) -> list[str]:
+    """The names, decoded with ``os.fsdecode`` as ``os.listxattr`` does."""
+    p = paths.normalize(path)
+    return [os.fsdecode(n) for n in await client.meta.listxattr(p, follow_symlinks)]
+
+
+async def setxattr(client: AsyncClient, path: str, name: NameLike, value: bytes, flags: int = 0, *,
+                   follow_symlinks: bool = True) -> Attr | None:
+    """``flags``: ``os.XATTR_CREATE`` (EEXIST if set), ``os.XATTR_REPLACE`` (ENODATA if not)."""
+    p = paths.normalize(path)
+    raw = encode_name(name, p)
+    value = bytes(value)
+    if len(value) > XATTR_VALUE_MAX_BYTES:
+        raise error_for_errno(errno.E2BIG, f"xattr value of {len(value)} bytes (max {XATTR_VALUE_MAX_BYTES})", p)
+    try:
+        return await client.meta.setxattr(p, raw, value, flags, follow_symlinks)
+    finally:
+        client.caches.changed(p)
+
+
+async def removexattr(client: AsyncClient, path: str, name: NameLike, *, follow_symlinks: bool = True) -> Attr | None:
+    p = paths.normalize(path)
+    raw = encode_name(name, p)
+    try:
+        return await client.meta.removexattr(p, raw, follow_symlinks)
+    finally:
+        client.caches.changed(p)
