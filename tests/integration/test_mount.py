@@ -75,11 +75,17 @@ def snapshot(root: Path) -> dict[str, tuple[object, ...]]:
             if p.is_symlink():
                 out[rel] = ("l", os.readlink(p))
             elif p.is_dir():
-                out[rel] = ("d", oct(st.st_mode & 0o7777))
+                out[rel] = ("d", oct(st.st_mode & 0o7777), user_xattrs(p))
             else:
                 digest = hashlib.sha256(p.read_bytes()).hexdigest()
-                out[rel] = ("f", oct(st.st_mode & 0o7777), st.st_size, st.st_nlink, digest)
+                out[rel] = ("f", oct(st.st_mode & 0o7777), st.st_size, st.st_nlink, digest, user_xattrs(p))
     return out
+
+
+def user_xattrs(p: Path) -> tuple[tuple[str, bytes], ...]:
+    """The stored user.* attributes (not the mount's virtual layout one), sorted."""
+    names = sorted(n for n in os.listxattr(p) if n.startswith("user.") and n != "user.loomfs.layout")
+    return tuple((n, os.getxattr(p, n)) for n in names)
 
 
 def both(pair: tuple[Path, Path], fn: object) -> None:

@@ -1,6 +1,6 @@
 """Model-based test through a real mount: random POSIX calls (paths and descriptors held
 across steps: unlink and rename while open, O_APPEND, pread/pwrite, ftruncate, links,
-symlinks, chmod) applied to a local directory and to the mount with the same ``os`` calls;
+symlinks, chmod, user.* extended attributes) applied to a local directory and to the mount with the same ``os`` calls;
 results (bytes, sizes, link counts, types, modes, listings, errno) must agree, and so must
 the two trees after every step."""
 
@@ -38,6 +38,8 @@ DATA = st.one_of(st.binary(max_size=64), st.integers(1, 300_000).map(lambda n: b
 OPEN_FLAGS = st.sampled_from([os.O_RDONLY, os.O_RDWR, os.O_WRONLY | os.O_APPEND, os.O_RDWR | os.O_CREAT,
                               os.O_RDWR | os.O_APPEND | os.O_CREAT])
 FDS_MAX = 4
+XATTR_NAMES = st.sampled_from(["user.k", "user.é", "user." + "n" * 250])
+XATTR_FLAGS = st.sampled_from([0, os.XATTR_CREATE, os.XATTR_REPLACE])
 
 
 def outcome(fn: Callable[..., Any], *args: Any) -> tuple[str, Any]:
@@ -168,6 +170,25 @@ class MountVsLocal(RuleBasedStateMachine):
     @rule(p=st.one_of(st.just(""), PATHS))
     def listdir(self, p: str) -> None:
         self.both(lambda path: sorted(os.listdir(path)), p)
+
+    # --- extended attributes (user.*; the mount's virtual user.loomfs.layout left out) ------
+
+    @rule(p=PATHS, name=XATTR_NAMES, value=st.binary(max_size=300), flags=XATTR_FLAGS, follow=st.booleans())
+    def setxattr(self, p: str, name: str, value: bytes, flags: int, follow: bool) -> None:
+        self.both(lambda path: os.setxattr(path, name, value, flags, follow_symlinks=follow), p)
+
+    @rule(p=PATHS, name=XATTR_NAMES)
+    def getxattr(self, p: str, name: str) -> None:
+        self.both(os.getxattr, p, name)
+
+    @rule(p=PATHS, name=XATTR_NAMES, follow=st.booleans())
+    def removexattr(self, p: str, name: str, follow: bool) -> None:
+        self.both(lambda path: os.removexattr(path, name, follow_symlinks=follow), p)
+
+    @rule(p=PATHS, follow=st.booleans())
+    def listxattr(self, p: str, follow: bool) -> None:
+        self.both(lambda path: sorted(n for n in os.listxattr(path, follow_symlinks=follow)
+                                      if n != "user.loomfs.layout"), p)
 
     # --- descriptors held across steps -------------------------------------------------------
 

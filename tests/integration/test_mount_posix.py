@@ -464,10 +464,108 @@ def test_layout_xattr(roots: tuple[Path, Path], mnt: str) -> None:
         "other name get": err(lambda: os.getxattr(remote / "d" / "f", "user.other")),
         "other name set": err(lambda: os.setxattr(remote / "d" / "f", "user.other", b"v")),
         "remove layout": err(lambda: os.removexattr(remote / "d", name)),
+        "trusted": err(lambda: os.setxattr(remote / "d", "trusted.x", b"v")),
+        "security": err(lambda: os.setxattr(remote / "d", "security.x", b"v")),
     }
     assert errs == {"set on a file": "EPERM", "bad json": "EINVAL", "unknown field": "EINVAL",
-                    "other name get": "ENODATA", "other name set": "ENOTSUP", "remove layout": "EPERM"}
+                    "other name get": "ENODATA", "other name set": "ok", "remove layout": "EPERM",
+                    "trusted": "ENOTSUP", "security": "ENOTSUP"}
+    assert os.listxattr(remote / "d" / "f") == [name.decode(), "user.other"]  # the virtual one first
     assert (remote / "d" / "f").stat().st_size == 3 << 20
+
+
+def test_user_xattrs(roots: tuple[Path, Path]) -> None:
+    """user.* attributes: values, flags, errnos, files/directories/links/special files, hard
+    links and renames, ctime, and permissions for another user, as on a local directory."""
+    import stat
+
+    layout = "user.loomfs.layout"
+    script = r"""
+import errno, os, sys
+os.setgid(65534); os.setuid(65534)
+r = sys.argv[1]
+def err(fn):
+    try:
+        fn()
+    except OSError as exc:
+        return errno.errorcode[exc.errno]
+    return "ok"
+print(repr(sorted({
+    "get 0644": err(lambda: os.getxattr(r + "/public", "user.k")),
+    "get 0600": err(lambda: os.getxattr(r + "/private", "user.k")),
+    "list 0600": err(lambda: os.listxattr(r + "/private")),
+    "set 0644": err(lambda: os.setxattr(r + "/public", "user.k", b"x")),
+    "remove 0644": err(lambda: os.removexattr(r + "/public", "user.k")),
+    "set 0666": err(lambda: os.setxattr(r + "/open", "user.k", b"x")),
+    "set sticky dir": err(lambda: os.setxattr(r + "/sticky", "user.k", b"x")),
+    "set 0777 dir": err(lambda: os.setxattr(r + "/shared", "user.k", b"x")),
+}.items())))
+"""
+
+    def scenario(r: Path) -> list[object]:
+        f, d = r / "f", r / "d"
+        f.write_bytes(b"data")
+        d.mkdir()
+        seen: list[object] = []
+        before = f.stat().st_ctime_ns
+        time.sleep(0.01)  # ctime granularity of the local file system
+        os.setxattr(f, "user.a", b"1")
+        seen.append(("ctime moved", f.stat().st_ctime_ns > before))
+        os.setxattr(f, "user.empty", b"")
+        os.setxattr(f, "user.bin", bytes(range(256)))
+        os.setxattr(f, b"user.\xc3\xa9", b"e")
+        os.setxattr(d, "user.dir", b"D")
+        seen.append(sorted(n for n in os.listxattr(f) if n != layout))
+        seen.append([os.getxattr(f, n) for n in ("user.a", "user.empty", "user.bin", "user.é")])
+        seen.append({
+            "create existing": err(lambda: os.setxattr(f, "user.a", b"2", os.XATTR_CREATE)),
+            "replace missing": err(lambda: os.setxattr(f, "user.new", b"2", os.XATTR_REPLACE)),
+            "replace": err(lambda: os.setxattr(f, "user.a", b"3", os.XATTR_REPLACE)),
+            "create": err(lambda: os.setxattr(f, "user.new", b"4", os.XATTR_CREATE)),
+            "get missing": err(lambda: os.getxattr(f, "user.none")),
+            "remove missing": err(lambda: os.removexattr(f, "user.none")),
+            "name 256": err(lambda: os.setxattr(f, "user." + "n" * 251, b"v")),
+            "name 255": err(lambda: os.setxattr(f, "user." + "n" * 250, b"v")),
+            "value 64 KiB + 1": err(lambda: os.setxattr(f, "user.big", bytes((64 << 10) + 1))),
+            "no namespace": err(lambda: os.setxattr(f, "nonamespace", b"v")),
+            "user. alone": err(lambda: os.setxattr(f, "user.", b"v")),
+            "missing file": err(lambda: os.getxattr(r / "nope", "user.a")),
+        })
+        os.removexattr(f, "user." + "n" * 250)
+        seen.append(os.getxattr(f, "user.a"))
+        os.symlink("f", r / "l")
+        seen.append({
+            "through link": os.getxattr(r / "l", "user.a"),
+            "lset on link": err(lambda: os.setxattr(r / "l", "user.a", b"x", follow_symlinks=False)),
+            "lget on link": err(lambda: os.getxattr(r / "l", "user.a", follow_symlinks=False)),
+            "lremove on link": err(lambda: os.removexattr(r / "l", "user.a", follow_symlinks=False)),
+        })
+        os.mkfifo(r / "fifo")
+        seen.append(err(lambda: os.setxattr(r / "fifo", "user.a", b"x")))
+        os.unlink(r / "fifo")
+        os.link(f, r / "h")
+        os.rename(f, r / "moved")
+        seen.append(os.getxattr(r / "h", "user.a"))
+        os.removexattr(r / "moved", "user.a")
+        seen.append(err(lambda: os.getxattr(r / "h", "user.a")))
+        os.unlink(r / "l")
+        # another user: read needs r, change needs w, a sticky directory its owner
+        for name, mode in (("public", 0o644), ("private", 0o600), ("open", 0o666)):
+            (r / name).write_bytes(b"")
+            os.setxattr(r / name, "user.k", b"v")
+            os.chmod(r / name, mode)
+        (r / "sticky").mkdir()
+        os.chmod(r / "sticky", 0o1777)
+        (r / "shared").mkdir()
+        os.chmod(r / "shared", 0o777)
+        out = subprocess.run([sys.executable, "-c", script, str(r)], capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        seen.append(out.stdout)
+        seen.append(stat.S_IMODE((r / "open").stat().st_mode))
+        return seen
+
+    got = same(roots, scenario)
+    assert "('get 0600', 'EACCES')" in got[-2] and "('set sticky dir', 'EPERM')" in got[-2]
 
 
 def test_special_files(roots: tuple[Path, Path]) -> None:

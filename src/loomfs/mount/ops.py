@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 
 import pyfuse3
 
+from loomfs.client import xattrs
 from loomfs.client.core import AsyncClient
 from loomfs.meta.ops.special import rdev_of
 from loomfs.metrics.capacity import cluster_capacity
@@ -88,7 +89,7 @@ class LoomOperations(FileOps):
             size = len(os.fsencode(attr.symlink_target))
         elif attr.type != FileType.FILE:
             size = 0
-            e.st_rdev = rdev_of(attr)
+            e.st_rdev = attr.rdev or rdev_of(attr)  # rdev_of: the decimal text older meta servers kept
         e.st_size = size
         e.st_blksize = BLKSIZE_BYTES
         e.st_blocks = (size + 511) // 512
@@ -287,25 +288,34 @@ class LoomOperations(FileOps):
 
     @fuse_errors
     async def getxattr(self, inode: int, name: bytes, ctx: Any) -> bytes:
-        if name != LAYOUT_XATTR:
-            raise pyfuse3.FUSEError(errno.ENODATA)  # meta stores no others (docs/mount.md)
-        attr = await self._attr(self.inodes.path(inode))
+        path = self.inodes.path(inode)
+        if name != LAYOUT_XATTR:  # stored (user.*: meta answers ENOTSUP for other namespaces)
+            return await self.call(self.client.meta.getxattr(path, name, False))
+        attr = await self._attr(path)
         if attr.type == FileType.SYMLINK:
             raise pyfuse3.FUSEError(errno.ENODATA)
         return encode_layout(attr.layout)
 
     @fuse_errors
     async def listxattr(self, inode: int, ctx: Any) -> list[bytes]:
-        attr = await self._attr(self.inodes.path(inode))
-        return [] if attr.type == FileType.SYMLINK else [LAYOUT_XATTR]
+        path = self.inodes.path(inode)
+        attr = await self._attr(path)
+        if attr.type == FileType.SYMLINK:
+            return []
+        stored = await self.call(self.client.meta.listxattr(path, False))
+        return [LAYOUT_XATTR, *(n for n in stored if n != LAYOUT_XATTR)]
 
     @fuse_errors
     async def setxattr(self, inode: int, name: bytes, value: bytes, ctx: Any) -> None:
-        if name != LAYOUT_XATTR:
-            raise pyfuse3.FUSEError(errno.ENOTSUP)
+        # pyfuse3 answers XATTR_CREATE / XATTR_REPLACE itself, with a getxattr first (so two
+        # clients creating one name at once may both succeed); the kernel checked the
+        # caller's permission (default_permissions) and meta checks the mount's
         if self.options.read_only:
             raise pyfuse3.FUSEError(errno.EROFS)
         path = self.inodes.path(inode)
+        if name != LAYOUT_XATTR:
+            await self.call(xattrs.setxattr(self.client, path, name, value, follow_symlinks=False))
+            return
         attr = await self._attr(path)
         if attr.type != FileType.DIRECTORY:
             raise pyfuse3.FUSEError(errno.EPERM)  # a file's layout is fixed when it is created
@@ -315,7 +325,11 @@ class LoomOperations(FileOps):
 
     @fuse_errors
     async def removexattr(self, inode: int, name: bytes, ctx: Any) -> None:
-        raise pyfuse3.FUSEError(errno.EPERM if name == LAYOUT_XATTR else errno.ENODATA)
+        if name == LAYOUT_XATTR:
+            raise pyfuse3.FUSEError(errno.EPERM)
+        if self.options.read_only:
+            raise pyfuse3.FUSEError(errno.EROFS)
+        await self.call(xattrs.removexattr(self.client, self.inodes.path(inode), name, follow_symlinks=False))
 
     # --- directories ----------------------------------------------------------------------
 

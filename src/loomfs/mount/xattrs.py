@@ -2,8 +2,9 @@
 reads a file's or directory's layout and, on a directory, sets the layout new files inherit
 (JSON, the fields of ``loomfs.wire.types.Layout``). No I/O here.
 
-Other names: meta stores no extended attributes yet, so reading one answers ENODATA (as for
-a file that has none: ``cp -a``, ``tar`` and ``rsync -X`` go on) and setting one ENOTSUP.
+Other ``user.*`` names are stored by meta (``loomfs.meta.ops.xattrs``); other namespaces
+(``trusted.``, ``security.``, ``system.``) answer ENOTSUP, so ``cp -a``, ``tar`` and ``rsync -X``
+carry user attributes and go on past the rest.
 """
 
 from __future__ import annotations
