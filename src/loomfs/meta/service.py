@@ -31,7 +31,6 @@ from loomfs.meta.caller import set_caller
 from loomfs.meta.ops.inline import Patch
 from loomfs.meta.ops.namespace import Namespace
 from loomfs.meta.store.base import OP_COMMITS, WRITE_ALONE, TxnConflict
-from loomfs.net.auth import process_grant_key
 from loomfs.net.rpc import CallContext, handles
 from loomfs.wire import meta as w
 from loomfs.wire.message import Empty
@@ -108,8 +107,19 @@ class ConflictRetrying:
 
 
 def grant_key() -> bytes | None:
-    """The key write grants are signed with; None when the cluster runs without a secret."""
-    return process_grant_key()
+    """The key write grants are signed with; None when the cluster runs without a secret
+    (or without ``loomfs.net.auth``, which lands with authentication)."""
+    global _key_of
+    if _key_of is None:
+        try:
+            from loomfs.net import auth
+            _key_of = getattr(auth, "process_grant_key", lambda: None)
+        except ImportError:
+            _key_of = lambda: None  # noqa: E731
+    return _key_of()
+
+
+_key_of: Callable[[], bytes | None] | None = None
 
 
 def write_grant(inode: int, ctx: CallContext) -> bytes:
