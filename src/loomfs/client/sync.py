@@ -648,7 +648,10 @@ class CachedFile(io.BytesIO):
 
 
 _TYPE_BITS = {FileType.FILE: stat_mod.S_IFREG, FileType.DIRECTORY: stat_mod.S_IFDIR,
-              FileType.SYMLINK: stat_mod.S_IFLNK}
+              FileType.SYMLINK: stat_mod.S_IFLNK, FileType.FIFO: stat_mod.S_IFIFO,
+              FileType.SOCKET: stat_mod.S_IFSOCK, FileType.CHAR_DEVICE: stat_mod.S_IFCHR,
+              FileType.BLOCK_DEVICE: stat_mod.S_IFBLK}
+STAT_BLKSIZE_BYTES = 1 << 20  # st_blksize, as the mount answers (tools size buffers by it)
 
 
 async def _page(c: AsyncClient, top: str, after: str, detail: bool) -> tuple[list[Any], bool]:
@@ -664,6 +667,7 @@ def stat_result(a: Attr) -> os.stat_result:
         a.atime_ns // 10**9, a.mtime_ns // 10**9, a.ctime_ns // 10**9,
         a.atime_ns / 1e9, a.mtime_ns / 1e9, a.ctime_ns / 1e9,
         a.atime_ns, a.mtime_ns, a.ctime_ns,
+        STAT_BLKSIZE_BYTES, (a.size + 511) // 512, a.rdev,  # st_blksize, st_blocks, st_rdev
     ))
 
 

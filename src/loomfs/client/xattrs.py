@@ -33,21 +33,29 @@ def encode_name(name: NameLike, path: str) -> bytes:
     return raw
 
 
-async def getxattr(client: AsyncClient, path: str, name: NameLike, *, follow_symlinks: bool = True) -> bytes:
+async def _path(client: AsyncClient, path: str) -> str:
+    """``path`` normalised, with this client's pending "w" create of it made first."""
     p = paths.normalize(path)
+    if client.lazy:
+        await client.lazy.settle(p)
+    return p
+
+
+async def getxattr(client: AsyncClient, path: str, name: NameLike, *, follow_symlinks: bool = True) -> bytes:
+    p = await _path(client, path)
     return await client.meta.getxattr(p, encode_name(name, p), follow_symlinks)
 
 
 async def listxattr(client: AsyncClient, path: str, *, follow_symlinks: bool = True) -> list[str]:
     """The names, decoded with ``os.fsdecode`` as ``os.listxattr`` does."""
-    p = paths.normalize(path)
+    p = await _path(client, path)
     return [os.fsdecode(n) for n in await client.meta.listxattr(p, follow_symlinks)]
 
 
 async def setxattr(client: AsyncClient, path: str, name: NameLike, value: bytes, flags: int = 0, *,
                    follow_symlinks: bool = True) -> Attr | None:
     """``flags``: ``os.XATTR_CREATE`` (EEXIST if set), ``os.XATTR_REPLACE`` (ENODATA if not)."""
-    p = paths.normalize(path)
+    p = await _path(client, path)
     raw = encode_name(name, p)
     value = bytes(value)
     if len(value) > XATTR_VALUE_MAX_BYTES:
@@ -59,7 +67,7 @@ async def setxattr(client: AsyncClient, path: str, name: NameLike, value: bytes,
 
 
 async def removexattr(client: AsyncClient, path: str, name: NameLike, *, follow_symlinks: bool = True) -> Attr | None:
-    p = paths.normalize(path)
+    p = await _path(client, path)
     raw = encode_name(name, p)
     try:
         return await client.meta.removexattr(p, raw, follow_symlinks)
