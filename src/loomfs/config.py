@@ -23,6 +23,18 @@ class RpcConfig:
     call_timeout_s: float = 30.0
     retry_attempts_max: int = 6
     max_payload_bytes: int = 64 << 20
+    # authentication (docs/security.md). Services: the cluster secret file (hex, mode 0600);
+    # with it the service refuses peers that prove neither the secret nor a token, and proves
+    # the secret to the services it calls. Clients: a token file (``loomfs admin token create``;
+    # default $LOOMFS_TOKEN_FILE). revoked_file: token ids refused (one per line).
+    secret_file: str = ""
+    token_file: str = ""
+    revoked_file: str = ""
+    # TLS on every connection: this process's certificate and key (services), and the CA that
+    # signed the services' certificates (everyone). Empty = plain TCP.
+    tls_cert_file: str = ""
+    tls_key_file: str = ""
+    tls_ca_file: str = ""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -80,6 +92,9 @@ class StorageConfig:
     scrub_first_pass_after_s: float = 0.0  # first pass this long after start (0 = min(interval, 60 s))
     resync_bytes_per_s: int = 0  # 0 = unthrottled
     suspect_after_s: float = 5.0  # a forward unanswered this long reports the successor to mgmtd
+    # chunk writes from clients (not services) must carry a write grant meta issued for the inode
+    # (loomfs.common.grants); a grant that is present is always checked. Needs a cluster secret.
+    write_grants_required: bool = False
     metrics_port: int = 0  # Prometheus /metrics: 0 = any free port (advertised to mgmtd), -1 = off
     rpc: RpcConfig = field(default_factory=RpcConfig)
 

@@ -13,6 +13,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from loomfs.cli import admin_token
 from loomfs.cli.common import human_bytes, target
 from loomfs.common.routing import MgmtdSet, parse_addresses
 from loomfs.metrics.capacity import target_state_name
@@ -50,6 +51,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--targets-per-node", type=int, default=0,
                    help="use at most N free targets of each node (the rest stay spares; default: all)")
     c.set_defaults(func=cmd_create_table)
+    admin_token.register(asub)
 
 
 def mgmtd_addresses(args: argparse.Namespace) -> str:

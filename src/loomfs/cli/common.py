@@ -49,7 +49,18 @@ def target(args: argparse.Namespace, hint: str = START_HINT) -> str:
         return where
     if not (Path(where) / "cluster.json").is_file():
         raise NoCluster(where, hint)
+    use_cluster_token(Path(where))
     return where
+
+
+def use_cluster_token(root: Path) -> None:
+    """A local cluster directory's admin token for this command's connections, unless the
+    user gave one ($LOOMFS_TOKEN_FILE)."""
+    from loomfs.net import auth
+
+    token = root / auth.CLUSTER_TOKEN_FILE
+    if not os.environ.get(auth.TOKEN_FILE_ENV) and token.is_file():
+        os.environ[auth.TOKEN_FILE_ENV] = str(token)
 
 
 def looks_like_address(text: str) -> bool:

@@ -36,6 +36,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     up.add_argument("--base-port", type=int, default=8000,
                     help="mgmtd port; meta uses the next ones, storage base+10.. (default 8000)")
     up.add_argument("--gc-delay-s", type=float, default=30.0)
+    up.add_argument("--no-auth", action="store_true",
+                    help="no cluster secret: every peer is trusted (default: a secret and an admin token "
+                         "in the cluster directory, docs/security.md)")
     up.set_defaults(func=cmd_up)
 
     st = lsub.add_parser("status", help="show each service with its pid, address and state")
@@ -98,12 +101,15 @@ def cmd_up(args: argparse.Namespace) -> int:
             root, storage_nodes=args.storage_nodes, targets_per_node=args.targets_per_node,
             replicas=args.replicas, meta_nodes=args.meta_nodes, base_port=args.base_port,
             gc_delay_s=args.gc_delay_s, meta_store=args.meta_store,
-            mgmtd_servers=args.mgmtd_servers, mgmtd_store=args.mgmtd_store,
+            mgmtd_servers=args.mgmtd_servers, mgmtd_store=args.mgmtd_store, auth=not args.no_auth,
         )
     c.start()
     print(f"LoomFS local cluster up in {root}")
     _print_status(c, as_json=False)
     print(f"\nexport LOOMFS_CLUSTER={root}    # then: loomfs ls /, python -c 'import loomfs; fs = loomfs.connect()'")
+    if c.auth:
+        print(f"credentials: {c.secret_path} (cluster secret), {c.token_path} (admin token, used by "
+              "clients of LOOMFS_CLUSTER; more: loomfs admin token create)")
     return 0
 
 

@@ -25,11 +25,12 @@ from loomfs.client.file import AsyncFile, parse_mode
 from loomfs.client.inline import check_crc
 from loomfs.client.lazy import LazyCreates
 from loomfs.client.meta_client import MetaClient
-from loomfs.client.storage_client import ChunkStore, StorageClient
+from loomfs.client.storage_client import ChunkStore, StorageClient, note_grant
 from loomfs.client.writeback import ByteBudget
 from loomfs.common.routing import RoutingClient, parse_addresses
 from loomfs.config import ClientConfig
 from loomfs.errors import IsADirectory, LoomError, NotADirectory, NotFound
+from loomfs.net.auth import from_rpc_config, process_auth
 from loomfs.net.buffers import DEFAULT_POOL, BufferPool
 from loomfs.net.rpc import RetryPolicy, RpcClient
 from loomfs.net.tcp import default_transport
@@ -154,8 +155,11 @@ class AsyncClient:
         else:
             addrs = [a if isinstance(a, Address) else Address.parse(a) for a in mgmtd]
         rc = config.rpc
+        # credentials: the config's token (or secret, TLS), else the process's ($LOOMFS_TOKEN_FILE)
+        auth = from_rpc_config(rc, name="client") if (
+            rc.token_file or rc.secret_file or rc.tls_ca_file or rc.tls_cert_file) else process_auth()
         rpc = RpcClient(
-            default_transport(max_payload_bytes=rc.max_payload_bytes),
+            default_transport(max_payload_bytes=rc.max_payload_bytes, auth=auth),
             connect_timeout_s=rc.connect_timeout_s,
             call_timeout_s=rc.call_timeout_s,
             retry=RetryPolicy(attempts_max=rc.retry_attempts_max),
@@ -536,7 +540,7 @@ class AsyncClient:
             async def opener(data: bytes | None, chunked: bool) -> OpenRsp:
                 self.lazy.discard(p, f)
                 rsp = await self.meta.open(p, flags, perm, self.client_id, session_id, data=data, chunked=chunked)
-                self._check_opened(p, rsp)
+                note_grant(self.storage, self._check_opened(p, rsp).inode, rsp)
                 if rsp.session_id:
                     self._keep_sessions(rsp.session_lease_s)
                 return rsp
@@ -553,6 +557,7 @@ class AsyncClient:
             self.caches.changed(p)  # it may have been applied: forget what was learned meanwhile
             raise
         attr = self._check_opened(p, rsp)
+        note_grant(self.storage, attr.inode, rsp)
         self.caches.changed(p, inode=attr.inode)
         # O_TRUNC: meta cut the old chunks before it answered (a replayed open too)
         f = _WriteFile(attr=attr, session_id=rsp.session_id, trunc_epoch=rsp.trunc_epoch,
@@ -739,6 +744,7 @@ class AsyncClient:
         """A put that meta answered as an ordinary write open (too big for the directory's
         inline limit): write the bytes and close."""
         attr = self._check_opened(p, rsp)
+        note_grant(self.storage, attr.inode, rsp)
         f = _WriteFile(attr=attr, session_id=rsp.session_id, trunc_epoch=rsp.trunc_epoch,
                        inline_data=self._inline_bytes(p, rsp.data, rsp.data_crc), caches=self.caches,
                        **self._file_args(p, LAZY_FLAGS))

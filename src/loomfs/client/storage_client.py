@@ -85,6 +85,22 @@ def zero_fill(view: memoryview) -> None:
         pos += k
 
 
+
+WRITE_GRANTS_MAX = 65536  # inodes whose write grant a client keeps
+
+
+def note_grant(store: object, inode: int, reply: object) -> None:
+    """Keep the write grant of an open/create reply (none from a meta without auth) in
+    ``store.write_grants`` (a StorageClient; test fakes have none)."""
+    grant = getattr(reply, "write_grant", b"")
+    kept = getattr(store, "write_grants", None)
+    if not grant or kept is None:
+        return
+    kept.pop(inode, None)
+    kept[inode] = grant
+    while len(kept) > WRITE_GRANTS_MAX:  # bounded: the oldest go (opening again gets a new one)
+        del kept[next(iter(kept))]
+
 class _NoServingTarget(LoomError):
     """The chain has no serving target in our routing snapshot (refresh and retry)."""
 
@@ -136,6 +152,9 @@ class StorageClient:
     ):
         self.rpc = rpc
         self.clock = clock  # deadlines and watch intervals (the simulator passes virtual time)
+        # meta's write grants (loomfs.common.grants) by inode, from open replies; sent with every
+        # chunk change of that inode (storage checks them when the cluster has a secret)
+        self.write_grants: dict[int, bytes] = {}
         self.routing = routing
         self.client_id = client_id
         self.call_timeout_s = call_timeout_s
@@ -356,7 +375,7 @@ class StorageClient:
                 return WriteReq(
                     chain_id=chain_id, chain_version=version, chunk=chunk, offset=offset,
                     length=len(data), chunk_size=layout.chunk_size, data_crc=crc, tag=tag,
-                    durable=layout.durable,
+                    durable=layout.durable, grant=self.write_grants.get(inode, b""),
                 )
 
             await self._call_chain(chain_id, "head", WRITE, make, payload=data, payload_crc=crc)
@@ -378,6 +397,7 @@ class StorageClient:
                     return TruncateReq(
                         chain_id=chain_id, chain_version=version, chunk=chunk, length=length,
                         chunk_size=layout.chunk_size, tag=tag, if_ver_le=seen, durable=layout.durable,
+                        grant=self.write_grants.get(inode, b""),
                     )
 
                 await self._call_chain(chain_id, "head", TRUNCATE, make)
@@ -407,7 +427,7 @@ class StorageClient:
                     return RemoveChunksReq(
                         chain_id=chain_id, chain_version=version, inode=inode,
                         index_begin=index_begin, index_end=index_end, tag=tag, keep_versions=keep_versions,
-                        fenced=fenced, expect_vers=seen,
+                        fenced=fenced, expect_vers=seen, grant=self.write_grants.get(inode, b""),
                     )
 
                 await self._call_chain(chain_id, "head", REMOVE_CHUNKS, make)

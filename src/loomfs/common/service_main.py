@@ -9,6 +9,7 @@ from typing import Any, TypeVar
 
 from loomfs.common import logs
 from loomfs.config import load
+from loomfs.net import auth
 
 C = TypeVar("C")
 
@@ -26,4 +27,7 @@ def run_service(
     args = p.parse_args(argv)
     config = load(config_cls, args.config, env_prefix=name.upper())
     logs.setup(name)
+    rpc = getattr(config, "rpc", None)
+    if rpc is not None:  # credentials and TLS for every transport of this process
+        auth.set_process_auth(auth.from_rpc_config(rpc, name=name))
     asyncio.run(serve(config))

@@ -165,6 +165,7 @@ class FaultyTransport(Transport):
         self.inner = inner
         self.rules = rules
         self.max_payload_bytes = inner.max_payload_bytes
+        self.auth = inner.auth
 
     async def connect(self, address: Address, sink_factory: SinkFactory, *, timeout_s: float) -> Channel:
         rule = self.rules.match(address)

@@ -105,7 +105,8 @@ class FrameProtocol(asyncio.BufferedProtocol):
             except OSError:
                 pass
             loop = asyncio.get_running_loop()
-            if type(loop).__module__.startswith("asyncio"):  # uvloop refuses add_writer on its fds
+            # uvloop refuses add_writer on its fds; under TLS the bytes must go through the SSL layer
+            if type(loop).__module__.startswith("asyncio") and transport.get_extra_info("ssl_object") is None:
                 try:
                     self._raw = sock.dup()
                     self._raw.setblocking(False)

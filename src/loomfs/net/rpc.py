@@ -22,31 +22,47 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from loomfs.common import trace
 from loomfs.common.clock import LOOP_CLOCK, Clock
-from loomfs.common.identity import TRUSTED, Identity
+from loomfs.common.identity import TRUSTED, Identity, Right
 from loomfs.common.retry import Backoff
 from loomfs.errors import (
     ConnectionFailed,
     ConnectRefused,
     LoomError,
+    PermissionDenied,
     ProtocolError,
     StatusError,
     TimedOut,
     from_status,
     status_for_exception,
 )
+from loomfs.net.auth import UNAUTHENTICATED, AuthError, client_proof, new_nonce, server_proof
 from loomfs.net.budget import PROCESS_BUDGET, ByteBudget
 from loomfs.net.buffers import DEFAULT_POOL, Buffer, BufferPool
+from loomfs.net.credentials import Credential
 from loomfs.net.limits import IDLE_TIMEOUT_S, ServerLimits, sweep_forever
+from loomfs.net.policy import needs_of
 from loomfs.net.transport import Address, Channel, Listener, Transport
+from loomfs.wire import auth as wa
 from loomfs.wire import frame as fr
 from loomfs.wire.message import Message, Method
-from loomfs.wire.status import Status, status_of
+from loomfs.wire.status import AUTH_STATUSES, Status, status_of
 
 logger = logging.getLogger(__name__)
 
 M = TypeVar("M", bound=Message)
 
 _EMPTY = memoryview(b"")
+AUTH_CLOSE_DELAY_S = 1.0  # a peer refused for its credentials is closed this long after the answer
+
+
+def remote_error(code: int, message: str) -> LoomError:
+    """The exception for a non-OK reply; refused credentials are EACCES (PermissionError)."""
+    status = status_of(code)
+    if status in AUTH_STATUSES:
+        exc: LoomError = PermissionDenied(f"{status.name}: {message}")
+        exc.status = status
+        return exc
+    return from_status(code, message)
 
 
 @dataclass(slots=True)
@@ -116,7 +132,10 @@ class RpcServer:
         self.inflight_per_connection_max = limits.inflight_per_connection_max
         self.budget = budget
         self.pool = pool
-        self._handlers: dict[tuple[int, int], tuple[Method, Handler]] = {}
+        self._handlers: dict[tuple[int, int], tuple[Method, Handler, Right]] = {}
+        # checks credentials at connect when the transport has a cluster secret (None: TRUSTED)
+        self.verifier = transport.auth.verifier() if transport.auth is not None else None
+        self.auth_refused_total = 0  # handshakes and calls refused for credentials
         self._listener: Listener | None = None
         self._connections: set[_ServerConnection] = set()
         self._sweeper: asyncio.Task[None] | None = None
@@ -129,7 +148,7 @@ class RpcServer:
     def register(self, m: Method, handler: Handler) -> None:
         if m.key in self._handlers:
             raise ValueError(f"{m.name} registered twice")
-        self._handlers[m.key] = (m, handler)
+        self._handlers[m.key] = (m, handler, needs_of(m))
 
     def add_service(self, service: object) -> None:
         for attr in dir(service):
@@ -187,7 +206,11 @@ class _ServerConnection:
         self.server = server
         self.channel = channel
         # who the peer proved to be at connect time (``loomfs.net.auth``); TRUSTED without auth
-        self.identity: Identity = TRUSTED
+        self.authenticated = server.verifier is None
+        self.identity: Identity = TRUSTED if self.authenticated else UNAUTHENTICATED
+        self.expires_at_s = 0.0  # wall-clock expiry of the token the peer proved (0 = never)
+        self._auth_step = 0  # 1: HELLO answered, 2: proved
+        self._nonces = (b"", b"")  # (server, client) of this connection's handshake
         self.inflight = 0  # requests
         self.inflight_bytes = 0  # payload + header bytes of our requests, taken from the budget
         self.frames_in = 0
@@ -207,6 +230,9 @@ class _ServerConnection:
 
     # ---- admission -------------------------------------------------------------------------
     def payload_buffer(self, kind: int, header: fr.Header, length: int) -> memoryview | None:
+        if header.service == wa.SERVICE_AUTH:  # the handshake has no payloads
+            self._auth_refused(header, Status.AUTH_FAILED, "payload in a handshake frame")
+            return None
         cost = length + header.wire_bytes
         budget = self.server.budget
         used = budget.used_bytes
@@ -283,6 +309,9 @@ class _ServerConnection:
             self.channel.abort()
             return
         self.frames_in += 1
+        if header.service == wa.SERVICE_AUTH:
+            self._auth_frame(header)
+            return
         entry = self._bufs.pop(id(header), None)
         if entry is None:  # no payload: the header's bytes are charged now, admitted regardless
             buf, cost = None, header.wire_bytes
@@ -320,6 +349,59 @@ class _ServerConnection:
             self.server.budget.release(self._granted_bytes)
             self._granted_bytes = 0
 
+    # ---- authentication (``loomfs.wire.auth``) -------------------------------------------------
+    def _auth_frame(self, header: fr.Header) -> None:
+        """The handshake, answered inline: it completes before the next frame is looked at."""
+        verifier = self.server.verifier
+        try:
+            if header.method == wa.HELLO.method and self._auth_step == 0:
+                hello = wa.HelloReq.from_wire(header.body)
+                if len(hello.client_nonce) != wa.NONCE_BYTES:
+                    raise AuthError(Status.AUTH_FAILED, f"client nonce of {len(hello.client_nonce)} bytes")
+                self._nonces = (new_nonce(), hello.client_nonce)
+                self._auth_step = 1
+                rsp = wa.HelloRsp(server_nonce=self._nonces[0], auth_required=verifier is not None)
+                self._auth_send(header, Status.OK, "", rsp.to_wire(), close=False)
+                return
+            if header.method == wa.PROVE.method and self._auth_step == 1 and verifier is not None:
+                prove = wa.ProveReq.from_wire(header.body)
+                ok = verifier.verify(prove.claims, prove.proof, *self._nonces)
+                self.identity, self.expires_at_s, self.authenticated = ok.identity, ok.expires_at_s, True
+                self._auth_step = 2
+                logger.debug("%s: %s authenticated as %s", self.server.name, self.channel.peer,
+                             ok.identity.token_id)
+                rsp2 = wa.ProveRsp(server_proof=ok.server_proof, token_id=ok.identity.token_id)
+                self._auth_send(header, Status.OK, "", rsp2.to_wire(), close=False)
+                return
+            raise AuthError(Status.AUTH_FAILED, f"handshake step {header.method} out of order")
+        except StatusError as exc:
+            self._auth_refused(header, Status.AUTH_FAILED, f"malformed handshake: {exc}")
+        except AuthError as exc:
+            self._auth_refused(header, exc.status, exc.reason)
+
+    def _auth_refused(self, header: fr.Header, status: Status, reason: str) -> None:
+        """Say why (one reply), log it, and close: a refused peer gets nothing else."""
+        self.note_auth_refusal(status, reason)
+        self._auth_send(header, status, reason, {}, close=True)
+        self.refused = True  # read nothing more from this peer
+
+    def note_auth_refusal(self, status: Status, reason: str) -> None:
+        server = self.server
+        server.auth_refused_total += 1
+        n = server.auth_refused_total
+        if n <= 16 or n & (n - 1) == 0:  # the first ones, then 32, 64...: no log flood
+            logger.warning("%s: refused %s from %s: %s (%d refused so far)", server.name, status.name,
+                           self.channel.peer, reason, n)
+
+    def _auth_send(self, header: fr.Header, status: Status, message: str, body: dict[str, Any], *,
+                   close: bool) -> None:
+        out = fr.Header(header.service, header.method, header.request_id, 0, int(status), message, body)
+        task = asyncio.get_running_loop().create_task(
+            self._send_and_close(fr.encode(fr.KIND_RESPONSE, out)) if close else
+            self.channel.send(fr.encode(fr.KIND_RESPONSE, out), None))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
     # ---- limits ----------------------------------------------------------------------------
     def refuse(self) -> None:
         """Over the connection cap: say so (request id 0) and close; nothing is processed."""
@@ -330,6 +412,15 @@ class _ServerConnection:
         task = asyncio.get_running_loop().create_task(self._send_refusal(fr.encode(fr.KIND_RESPONSE, out)))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+    async def _send_and_close(self, frame: bytes) -> None:
+        """Answer a refused peer, then close a little later: an abort right away can reset the
+        connection before the peer read why (nothing more is read from it meanwhile)."""
+        try:
+            await asyncio.wait_for(self.channel.send(frame, None), 1.0)
+        except (ConnectionError, OSError, TimeoutError):
+            pass
+        asyncio.get_running_loop().call_later(AUTH_CLOSE_DELAY_S, self.channel.abort)
 
     async def _send_refusal(self, frame: bytes) -> None:
         try:
@@ -365,14 +456,19 @@ class _ServerConnection:
         entry = server._handlers.get((header.service, header.method))
         trace.TRACE.set(header.trace or trace.new_id())  # this task's context: logs and onward calls
         try:
+            if not self.authenticated:
+                raise StatusError(Status.AUTH_REQUIRED, f"{server.name} needs credentials: give the client a "
+                                  "token (LOOMFS_TOKEN_FILE or rpc.token_file), or the service the cluster secret")
+            if self.expires_at_s and time.time() > self.expires_at_s:
+                raise StatusError(Status.AUTH_EXPIRED, f"token {self.identity.token_id} expired; reconnect with a new one")
             if entry is None:
                 raise StatusError(
                     Status.UNKNOWN_METHOD, f"no method {header.service}.{header.method} on {server.name}"
                 )
-            m, handler = entry
+            m, handler, needs = entry
             identity = self.identity
-            if m.needs and not identity.can(m.needs):
-                raise StatusError(Status.EPERM, f"{m.name} needs {m.needs!r}; caller {identity.token_id or identity.uid} lacks it")
+            if needs and not identity.can(needs):
+                raise StatusError(Status.EPERM, f"{m.name} needs {needs!r}; caller {identity.token_id or identity.uid} lacks it")
             if not crc_ok:
                 raise StatusError(Status.CHECKSUM_MISMATCH, "request payload failed CRC32C")
             req = m.request.from_wire(header.body)
@@ -416,6 +512,9 @@ class _ServerConnection:
                 self._maybe_resume()
         if status is not Status.OK:
             server.errors_total += 1
+            if status in AUTH_STATUSES or status is Status.EPERM:
+                # logged; the connection stays (it may still authenticate), bounded by the limits
+                self.note_auth_refusal(status, message)
         body = reply.body.to_wire() if reply is not None and status is Status.OK else {}
         out = fr.Header(header.service, header.method, header.request_id, 0, int(status), message, body)
         pay = reply.payload if reply is not None and status is Status.OK else None
@@ -518,6 +617,21 @@ class ClientConnection:
         if self.channel is not None:
             self.channel.abort()
 
+    async def authenticate(self, cred: Credential, *, timeout_s: float) -> None:
+        """The handshake (``loomfs.wire.auth``): two round trips, once per connection."""
+        client_nonce = new_nonce()
+        hello = (await self.call(wa.HELLO, wa.HelloReq(client_nonce=client_nonce), timeout_s=timeout_s)).body
+        if not hello.auth_required:
+            return  # a server without a cluster secret: every caller is trusted there
+        if len(hello.server_nonce) != wa.NONCE_BYTES:
+            raise ProtocolError(f"{self.address}: bad server nonce in the handshake")
+        proof = client_proof(cred.key, hello.server_nonce, client_nonce)
+        rsp = (await self.call(wa.PROVE, wa.ProveReq(claims=cred.claims.to_wire(), proof=proof),
+                               timeout_s=timeout_s)).body
+        if rsp.server_proof != server_proof(cred.key, hello.server_nonce, client_nonce):
+            raise PermissionDenied(f"{self.address} did not prove the cluster secret: not a LoomFS server of "
+                                   "this cluster")
+
     async def call(
         self,
         m: Method,
@@ -565,7 +679,7 @@ class ClientConnection:
                 self.abort()
             raise
         if rh.status != Status.OK:
-            raise from_status(rh.status, rh.message)
+            raise remote_error(rh.status, rh.message)
         if not crc_ok:
             exc2 = from_status(Status.CHECKSUM_MISMATCH, f"{m.name} reply from {self.address} failed CRC32C")
             raise exc2
@@ -614,6 +728,8 @@ class RpcClient:
         self.call_timeout_s = call_timeout_s
         self.retry = retry or RetryPolicy()
         self._rng = rng or random.Random()
+        # what this client proves at connect (``loomfs.net.auth``): the service key or a token
+        self.credential = transport.auth.outgoing() if transport.auth is not None else None
         self._conns: dict[Address, ClientConnection] = {}
         self._connecting: dict[Address, asyncio.Future[ClientConnection]] = {}
         self.calls_total = 0
@@ -645,6 +761,12 @@ class RpcClient:
             conn.channel = await self.transport.connect(
                 address, lambda ch: conn, timeout_s=self.connect_timeout_s
             )
+            if self.credential is not None:
+                try:
+                    await conn.authenticate(self.credential, timeout_s=self.connect_timeout_s)
+                except BaseException:
+                    conn.abort()
+                    raise
             self._conns[address] = conn
             fut.set_result(conn)
             return conn

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import ssl
+from typing import Any
 
 from loomfs.errors import ConnectionFailed, ConnectRefused, TimedOut
+from loomfs.net.auth import AuthConfig, process_auth
 from loomfs.net.protocol import FrameProtocol
 from loomfs.net.transport import Address, Channel, Listener, SinkFactory, Transport
 from loomfs.wire import frame as fr
@@ -36,18 +39,28 @@ class _TcpListener(Listener):
             pass
 
 
+_PROCESS: Any = object()  # TcpTransport(auth=...) default: the process's (``net.auth.process_auth``)
+
+
 class TcpTransport(Transport):
-    def __init__(self, *, max_payload_bytes: int = fr.DEFAULT_MAX_PAYLOAD_BYTES):
+    def __init__(self, *, max_payload_bytes: int = fr.DEFAULT_MAX_PAYLOAD_BYTES,
+                 auth: AuthConfig | None = _PROCESS):
+        """``auth``: credentials and TLS of this transport's servers and clients (default: the
+        process's, from its config or $LOOMFS_TOKEN_FILE; None: no auth, plain TCP)."""
         self.max_payload_bytes = max_payload_bytes
+        self.auth = process_auth() if auth is _PROCESS else auth
 
     async def connect(self, address: Address, sink_factory: SinkFactory, *, timeout_s: float) -> Channel:
         loop = asyncio.get_running_loop()
+        tls = self.auth.tls_client if self.auth is not None else None
         try:
             _, proto = await asyncio.wait_for(
                 loop.create_connection(
                     lambda: FrameProtocol(sink_factory, max_payload_bytes=self.max_payload_bytes),
                     address.host,
                     address.port,
+                    ssl=tls,
+                    server_hostname=address.host if tls is not None else None,
                 ),
                 timeout_s,
             )
@@ -55,6 +68,8 @@ class TcpTransport(Transport):
             raise TimedOut(f"connect to {address} timed out") from exc
         except ConnectionRefusedError as exc:
             raise ConnectRefused(f"connect to {address}: connection refused") from exc
+        except ssl.SSLError as exc:
+            raise ConnectionFailed(f"connect to {address}: TLS: {exc.reason or exc}") from exc
         except OSError as exc:
             raise ConnectionFailed(f"connect to {address}: {exc.strerror or exc}") from exc
         _tune(proto.transport.get_extra_info("socket") if proto.transport else None)
@@ -66,6 +81,7 @@ class TcpTransport(Transport):
             lambda: FrameProtocol(sink_factory, max_payload_bytes=self.max_payload_bytes),
             address.host,
             address.port,
+            ssl=self.auth.tls_server if self.auth is not None else None,
             reuse_address=True,
             backlog=1024,
         )
@@ -75,9 +91,10 @@ class TcpTransport(Transport):
         return _TcpListener(server, Address(host, port))
 
 
-def default_transport(*, max_payload_bytes: int = fr.DEFAULT_MAX_PAYLOAD_BYTES) -> Transport:
-    """The transport services and clients use: TCP, wrapped in fault injection when
-    ``$LOOMFS_FAULTS_FILE`` is set (tests only; see ``net.faults``)."""
+def default_transport(*, max_payload_bytes: int = fr.DEFAULT_MAX_PAYLOAD_BYTES,
+                      auth: AuthConfig | None = _PROCESS) -> Transport:
+    """The transport services and clients use: TCP with the process's credentials (``auth``
+    overrides), wrapped in fault injection when ``$LOOMFS_FAULTS_FILE`` is set (tests only)."""
     from loomfs.net.faults import maybe_faulty
 
-    return maybe_faulty(TcpTransport(max_payload_bytes=max_payload_bytes))
+    return maybe_faulty(TcpTransport(max_payload_bytes=max_payload_bytes, auth=auth))

@@ -9,9 +9,12 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from loomfs.net.protocol import FrameSink
+
+if TYPE_CHECKING:
+    from loomfs.net.auth import AuthConfig
 
 
 class Channel(Protocol):
@@ -59,6 +62,8 @@ class Listener(ABC):
 
 class Transport(ABC):
     max_payload_bytes: int
+    # the credentials RPC servers and clients on this transport use (``loomfs.net.auth``); None: no auth
+    auth: AuthConfig | None = None
 
     @abstractmethod
     async def connect(self, address: Address, sink_factory: SinkFactory, *, timeout_s: float) -> Channel: ...

@@ -25,6 +25,7 @@ from loomfs.net.transport import Address, Transport
 from loomfs.storage import planted
 from loomfs.storage.chain import Position
 from loomfs.storage.engine.file import FileEngine
+from loomfs.storage.grantcheck import GrantCheck
 from loomfs.storage.resync import Resyncer
 from loomfs.storage.scrub import Scrubber
 from loomfs.storage.service import StorageService
@@ -108,6 +109,9 @@ class StorageNode:
         self.service.on_corrupt = self.scrubber.check_soon
         self.service.scrub_stats = self.scrubber.target_stats
         self.server = RpcServer(f"storage{config.node_id}", transport)
+        auth = transport.auth
+        self.service.grant_check = GrantCheck(auth.grant_key() if auth is not None else None,
+                                              required=config.write_grants_required)
         self.server.add_service(self.service)
         self.heartbeat_interval_s = 1.0
         self.lease_s = 5.0

@@ -23,6 +23,7 @@ from loomfs.storage import chain, planted
 from loomfs.storage.dedupe import TagCache, pack_tags, unpack_tags
 from loomfs.storage.engine.types import ChunkKey
 from loomfs.storage.foreground import ForegroundGate
+from loomfs.storage.grantcheck import GrantCheck
 from loomfs.storage.reads import ChunkReads
 from loomfs.storage.removals import ChunkRemovals
 from loomfs.storage.routing import RoutingSource, write_chain
@@ -79,6 +80,7 @@ class StorageService(ChunkReads, ChunkRemovals):
         self.forward_timeout_s = forward_timeout_s
         self.pool = pool
         self.tags = TagCache(dedupe_max)
+        self.grant_check = GrantCheck()  # chunk changes by clients need meta's write grant (server sets the key)
         self.forwards_total = 0
         self.reforwards_total = 0
         self.replaces_total = 0  # forwards redone as whole-chunk replaces (version gap at the successor)
@@ -123,6 +125,7 @@ class StorageService(ChunkReads, ChunkRemovals):
         if ctx.payload_crc != req.data_crc:  # the framing layer verified payload_crc already
             raise StatusError(Status.CHECKSUM_MISMATCH, "write payload does not match data_crc")
         self.check_writable()
+        self.grant_check.check(ctx.identity, req.grant, [req.chunk.inode if req.chunk else 0])
         if req.sync:
             return await self._sync_write(req, payload)
         with self.foreground.busy():
@@ -134,6 +137,7 @@ class StorageService(ChunkReads, ChunkRemovals):
     async def truncate(self, req: TruncateReq, ctx: CallContext) -> WriteRsp:
         self._check_bounds(req.length, req.chunk_size)
         self.check_writable()
+        self.grant_check.check(ctx.identity, req.grant, [req.chunk.inode if req.chunk else 0])
         with self.foreground.busy():
             if req.forwarded:
                 return await self._update(req, _EMPTY)

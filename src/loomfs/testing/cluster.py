@@ -24,6 +24,17 @@ import tomli_w
 
 from loomfs.common.routing import MgmtdSet, parse_addresses
 from loomfs.errors import LoomError
+from loomfs.net.auth import TOKEN_FILE_ENV, AuthConfig
+from loomfs.net.credentials import (
+    CredentialError,
+    create_token,
+    derive_key,
+    load_secret_file,
+    load_token_file,
+    rights_for,
+    write_secret_file,
+    write_token_file,
+)
 from loomfs.net.faults import ENV_VAR as FAULTS_ENV_VAR
 from loomfs.net.faults import Rule, write_rules
 from loomfs.net.rpc import RpcClient
@@ -35,6 +46,9 @@ from loomfs.wire.types import NodeKind, NodeState, RoutingInfo, TargetState
 logger = logging.getLogger(__name__)
 
 STATE_FILE = "cluster.json"
+SECRET_FILE = "cluster.secret"
+TOKEN_FILE = "admin.token"
+ADMIN_TOKEN_TTL_S = 365 * 86400.0  # a local cluster's admin token (renewed at start when under an hour is left)
 
 
 @dataclass
@@ -122,11 +136,15 @@ class LocalCluster:
         meta_store: str | None = None,
         mgmtd_servers: int = 1,
         mgmtd_store: str | None = None,
+        auth: bool = True,
     ):
         """``meta_store``: the metastore URL every meta server uses (``postgresql://...``: N
         stateless meta servers on one database); default one SQLite file in ``root``.
         ``mgmtd_servers``: mgmtd processes (more than one: ``mgmtd_store`` is a
-        ``postgresql://`` URL they share, one primary elected by lease, docs/mgmtd-ha.md)."""
+        ``postgresql://`` URL they share, one primary elected by lease, docs/mgmtd-ha.md).
+        ``auth``: the services share a cluster secret (``ROOT/cluster.secret``) and refuse peers
+        without credentials; ``ROOT/admin.token`` is an admin token, which this process's
+        clients use (``$LOOMFS_TOKEN_FILE`` while the cluster runs; docs/security.md)."""
         if mgmtd_servers > 1 and not (mgmtd_store or "").startswith(("postgresql://", "postgres://")):
             raise ValueError(f"{mgmtd_servers} mgmtd servers need a postgresql:// mgmtd_store")
         self.root = Path(root).resolve()
@@ -152,6 +170,9 @@ class LocalCluster:
         self.services: dict[str, ServiceProc] = {}
         # extra targets per node for a single-replica chain table (erasure-coded files, loomfs.ec)
         self.ec_targets_per_node = ec_targets_per_node
+        self.auth = auth
+        self._saved_token_env: str | None = None
+        self._env_set = False
 
     # ---- layout ---------------------------------------------------------------------------
     @property
@@ -190,7 +211,67 @@ class LocalCluster:
                  for i in range(2, self.mgmtd_servers + 1)]
         self.services = {s.name: s for s in svcs}
 
+    # ---- credentials (docs/security.md) ---------------------------------------------------
+    @property
+    def secret_path(self) -> Path:
+        return self.root / SECRET_FILE
+
+    @property
+    def token_path(self) -> Path:
+        """The admin token of this cluster (clients of the tests and of ``loomfs local up``)."""
+        return self.root / TOKEN_FILE
+
+    def _ensure_credentials(self) -> None:
+        """A cluster secret and an admin token (kept across restarts; mode 0600)."""
+        if not self.auth:
+            return
+        if not self.secret_path.exists():
+            write_secret_file(self.secret_path)
+        secret = load_secret_file(self.secret_path)
+        try:
+            cred = load_token_file(self.token_path)
+            fresh = cred.claims.expires_at_s > time.time() + 3600 and derive_key(secret, cred.claims) == cred.key
+        except CredentialError:
+            fresh = False
+        if not fresh:
+            write_token_file(self.token_path, create_token(secret, uid=0, gid=0, rights=rights_for(admin=True),
+                                                           ttl_s=ADMIN_TOKEN_TTL_S, now_s=time.time()))
+
+    def client_auth(self) -> AuthConfig | None:
+        """What this process's RPC clients of the cluster authenticate with (the admin token)."""
+        return AuthConfig(credential=load_token_file(self.token_path)) if self.auth else None
+
+    def _rpc(self, **kw: Any) -> RpcClient:
+        return RpcClient(TcpTransport(auth=self.client_auth()), **kw)
+
+    def _set_token_env(self) -> None:
+        """Clients made in this process (``loomfs.connect``) and the commands it runs use the
+        admin token while the cluster runs; the previous value comes back at stop()."""
+        if not self.auth or self._env_set:
+            return
+        self._saved_token_env = os.environ.get(TOKEN_FILE_ENV)
+        os.environ[TOKEN_FILE_ENV] = str(self.token_path)
+        self._env_set = True
+
+    def _restore_token_env(self) -> None:
+        if not self._env_set:
+            return
+        self._env_set = False
+        if os.environ.get(TOKEN_FILE_ENV) == str(self.token_path):
+            if self._saved_token_env is None:
+                os.environ.pop(TOKEN_FILE_ENV, None)
+            else:
+                os.environ[TOKEN_FILE_ENV] = self._saved_token_env
+
     def _config(self, s: ServiceProc) -> dict[str, Any]:
+        cfg = self._service_config(s)
+        if self.auth:
+            rpc = dict(cfg.get("rpc", {}))
+            rpc.setdefault("secret_file", str(self.secret_path))
+            cfg["rpc"] = rpc
+        return cfg
+
+    def _service_config(self, s: ServiceProc) -> dict[str, Any]:
         mg = self.mgmtd_addresses
         if s.kind == "mgmtd":
             ha = {"store_url": self.mgmtd_store, "mgmtd": mg} if self.mgmtd_store else {}
@@ -240,6 +321,8 @@ class LocalCluster:
         else:
             self.root.mkdir(parents=True, exist_ok=True)
             self._plan()
+        self._ensure_credentials()
+        self._set_token_env()
         for s in self.services.values():
             Path(s.dir).mkdir(parents=True, exist_ok=True)
             with open(s.config_path, "wb") as f:
@@ -424,6 +507,7 @@ class LocalCluster:
         for s in order:
             self.stop_service(s.name)
         self._write_state()
+        self._restore_token_env()
 
     @property
     def mgmtd_metrics_port(self) -> int:
@@ -473,6 +557,7 @@ class LocalCluster:
             "lease_s": self.lease_s,
             "replace_after_s": self.replace_after_s,
             "storage_config": self.storage_config,
+            "auth": self.auth,
             "services": [asdict(s) for s in self.services.values()],
         }
         tmp = self.state_path.with_suffix(".tmp")
@@ -494,6 +579,7 @@ class LocalCluster:
         self.lease_s = data.get("lease_s", self.lease_s)
         self.replace_after_s = data.get("replace_after_s", self.replace_after_s)
         self.storage_config = data.get("storage_config", self.storage_config)
+        self.auth = data.get("auth", False)  # clusters made before auth existed run without
         self.services = {d["name"]: ServiceProc(**d) for d in data["services"]}
 
     @classmethod
@@ -507,7 +593,7 @@ class LocalCluster:
     # ---- health ----------------------------------------------------------------------------
     def routing(self) -> RoutingInfo:
         async def go() -> RoutingInfo:
-            rpc = RpcClient(TcpTransport(), connect_timeout_s=1.0)
+            rpc = self._rpc(connect_timeout_s=1.0)
             try:
                 mgmtd = MgmtdSet(rpc, parse_addresses(self.mgmtd_addresses))
                 rsp = await mgmtd.call(wm.GET_ROUTING, wm.GetRoutingReq(), timeout_s=2.0, retry=False)
@@ -528,7 +614,7 @@ class LocalCluster:
                  if n.node_id in running and n.state == NodeState.ALIVE}
 
         async def go() -> list[tuple[int, Any]]:
-            rpc = RpcClient(TcpTransport(), connect_timeout_s=1.0)
+            rpc = self._rpc(connect_timeout_s=1.0)
             out: list[tuple[int, Any]] = []
             try:
                 for t in routing.targets:
@@ -571,7 +657,7 @@ class LocalCluster:
             return
 
         async def go() -> None:
-            rpc = RpcClient(TcpTransport())
+            rpc = self._rpc()
             try:
                 ec = self.ec_targets_per_node
                 mgmtd = MgmtdSet(rpc, parse_addresses(self.mgmtd_addresses))
@@ -592,7 +678,7 @@ class LocalCluster:
         from loomfs.wire.meta import META_PING
 
         async def go() -> None:
-            rpc = RpcClient(TcpTransport(), connect_timeout_s=1.0)
+            rpc = self._rpc(connect_timeout_s=1.0)
             end = time.monotonic() + timeout_s
             try:
                 for s in self.services.values():

@@ -57,6 +57,8 @@ class WriteReq(Message):
     # the file's layout is ``durable`` (checkpoints): every replica fsyncs the commit (data,
     # directory entry, index) before it acks, whatever its fsync_on_commit
     durable: bool = False
+    # the client's write grant for chunk.inode, from meta's open reply (loomfs.common.grants)
+    grant: bytes = b""
 
 
 @message
@@ -102,6 +104,7 @@ class TruncateReq(Message):
     update_ver: int = 0
     expect_length: int = -1  # as WriteReq
     expect_crc: int = 0
+    grant: bytes = b""  # as WriteReq
 
 
 @message
@@ -130,6 +133,7 @@ class RemoveChunksReq(Message):
     expect_vers: list[int] = many()
     # more inodes removed the same way in the same request (GC batches deleted files per chain)
     more_inodes: list[int] = many()
+    grant: bytes = b""  # a client's removal (a truncate): its write grant for ``inode``
 
 
 @message
