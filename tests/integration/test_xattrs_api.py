@@ -11,6 +11,7 @@ import stat
 import pytest
 
 import loomfs
+from loomfs.testing import LocalCluster
 from loomfs.wire.types import FileType
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
@@ -64,3 +65,18 @@ def test_device_numbers_in_stat(fs: loomfs.LoomFS, base: str) -> None:
     assert stat.S_ISBLK(st.st_mode) and st.st_rdev == dev and st.st_size == 0
     st = fs.lstat(f"{base}/fifo")
     assert stat.S_ISFIFO(st.st_mode) and st.st_rdev == 0
+
+
+def test_xattrs_through_fsspec(cluster: LocalCluster, fs: loomfs.LoomFS, base: str) -> None:
+    from loomfs.fsspec import LoomFileSystem
+
+    lfs = LoomFileSystem(cluster.mgmtd_address)
+    url = f"loom://{cluster.mgmtd_address}{base}/x"
+    lfs.pipe(url, b"x")
+    lfs.setxattr(url, "user.tag", b"train")
+    assert lfs.getxattr(url, "user.tag") == b"train" == fs.getxattr(f"{base}/x", "user.tag")
+    assert lfs.listxattr(url) == ["user.tag"]
+    with pytest.raises(FileExistsError):
+        lfs.setxattr(url, "user.tag", b"again", os.XATTR_CREATE)
+    lfs.removexattr(url, "user.tag")
+    assert lfs.listxattr(url) == []

@@ -1,16 +1,18 @@
 """``LoomFileSystem``: fsspec's ``AsyncFileSystem`` over the one async client core.
 
 Its parts: ``_base`` (the client and its loop, URLs, attributes), ``_namespace``
-(listings, removes, renames), ``_data`` (reads, writes, transfers, file objects).
+(listings, removes, renames), ``_data`` (reads, writes, transfers, file objects),
+``_xattrs`` (user.* extended attributes).
 """
 
 from __future__ import annotations
 
 from loomfs.fsspec._data import DataOps
 from loomfs.fsspec._namespace import NamespaceOps
+from loomfs.fsspec._xattrs import XattrOps
 
 
-class LoomFileSystem(DataOps, NamespaceOps):
+class LoomFileSystem(DataOps, NamespaceOps, XattrOps):
     """fsspec filesystem for ``loom://HOST:PORT/path`` (``loom:///path``: ``$LOOMFS_CLUSTER``).
 
     ``cluster``: mgmtd address(es) or a local cluster directory (default ``$LOOMFS_CLUSTER``);
