@@ -43,6 +43,7 @@ logger = logging.getLogger(__name__)
 
 TOKEN_FILE_ENV = "LOOMFS_TOKEN_FILE"
 SECRET_FILE_ENV = "LOOMFS_SECRET_FILE"
+TLS_CA_FILE_ENV = "LOOMFS_TLS_CA_FILE"  # clients: the CA of the services' certificates (TLS on)
 _CLIENT_LABEL = b"loomfs-auth-client\0"
 _SERVER_LABEL = b"loomfs-auth-server\0"
 REVOKED_RELOAD_S = 1.0  # the revocation file is re-read at most this often (on handshakes)
@@ -183,15 +184,16 @@ def auth_config(*, secret_file: str = "", token_file: str = "", revoked_file: st
 def from_rpc_config(rpc: Any, *, name: str = "service") -> AuthConfig:
     """An ``AuthConfig`` from a ``config.RpcConfig``; a client's token falls back to $LOOMFS_TOKEN_FILE."""
     token_file = rpc.token_file or ("" if rpc.secret_file else env_token_file())
+    ca_file = rpc.tls_ca_file or ("" if rpc.tls_cert_file else os.environ.get(TLS_CA_FILE_ENV, ""))
     return auth_config(secret_file=rpc.secret_file, token_file=token_file, revoked_file=rpc.revoked_file,
                        tls_cert_file=rpc.tls_cert_file, tls_key_file=rpc.tls_key_file,
-                       tls_ca_file=rpc.tls_ca_file, name=name)
+                       tls_ca_file=ca_file, name=name)
 
 
 # ---- the process's configuration ----------------------------------------------------------------
 _process: AuthConfig | None = None
 _process_set = False
-_from_env: tuple[tuple[str, str, float], AuthConfig | None] = (("", "", 0.0), None)
+_from_env: tuple[tuple[str, str, str, float], AuthConfig | None] = (("", "", "", 0.0), None)
 CLUSTER_TOKEN_FILE = "admin.token"  # in a ``loomfs local up`` directory
 
 
@@ -211,21 +213,22 @@ def env_token_file() -> str:
 
 
 def process_auth() -> AuthConfig | None:
-    """The process's AuthConfig: as set, else from $LOOMFS_SECRET_FILE / ``env_token_file()``
-    (read again when those change; None when there is none: no auth)."""
+    """The process's AuthConfig: as set, else from $LOOMFS_SECRET_FILE / ``env_token_file()`` /
+    $LOOMFS_TLS_CA_FILE (read again when those change; None when there is none: no auth)."""
     global _from_env
     if _process_set:
         return _process
     secret_file, token_file = os.environ.get(SECRET_FILE_ENV, ""), env_token_file()
-    if not secret_file and not token_file:
+    ca_file = os.environ.get(TLS_CA_FILE_ENV, "")
+    if not secret_file and not token_file and not ca_file:
         return None
     try:
-        mtime = os.stat(token_file or secret_file).st_mtime
+        mtime = os.stat(token_file or secret_file or ca_file).st_mtime
     except OSError:
         mtime = 0.0
-    key = (secret_file, token_file, mtime)
+    key = (secret_file, token_file, ca_file, mtime)
     if _from_env[0] != key:
-        _from_env = (key, auth_config(secret_file=secret_file, token_file=token_file))
+        _from_env = (key, auth_config(secret_file=secret_file, token_file=token_file, tls_ca_file=ca_file))
     return _from_env[1]
 
 

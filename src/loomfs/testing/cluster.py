@@ -24,7 +24,7 @@ import tomli_w
 
 from loomfs.common.routing import MgmtdSet, parse_addresses
 from loomfs.errors import LoomError
-from loomfs.net.auth import TOKEN_FILE_ENV, AuthConfig
+from loomfs.net.auth import TLS_CA_FILE_ENV, TOKEN_FILE_ENV, AuthConfig, tls_contexts
 from loomfs.net.credentials import (
     CredentialError,
     create_token,
@@ -40,6 +40,7 @@ from loomfs.net.faults import Rule, write_rules
 from loomfs.net.rpc import RpcClient
 from loomfs.net.tcp import TcpTransport
 from loomfs.net.transport import Address
+from loomfs.testing.certs import make_cert_set
 from loomfs.wire import mgmtd as wm
 from loomfs.wire.types import NodeKind, NodeState, RoutingInfo, TargetState
 
@@ -137,6 +138,7 @@ class LocalCluster:
         mgmtd_servers: int = 1,
         mgmtd_store: str | None = None,
         auth: bool = True,
+        tls: bool = False,
     ):
         """``meta_store``: the metastore URL every meta server uses (``postgresql://...``: N
         stateless meta servers on one database); default one SQLite file in ``root``.
@@ -144,7 +146,9 @@ class LocalCluster:
         ``postgresql://`` URL they share, one primary elected by lease, docs/mgmtd-ha.md).
         ``auth``: the services share a cluster secret (``ROOT/cluster.secret``) and refuse peers
         without credentials; ``ROOT/admin.token`` is an admin token, which this process's
-        clients use (``$LOOMFS_TOKEN_FILE`` while the cluster runs; docs/security.md)."""
+        clients use (``$LOOMFS_TOKEN_FILE`` while the cluster runs; docs/security.md).
+        ``tls``: every connection in TLS (a throw-away CA and certificate for 127.0.0.1 under
+        ``ROOT/tls``, made with openssl; clients of this process get ``$LOOMFS_TLS_CA_FILE``)."""
         if mgmtd_servers > 1 and not (mgmtd_store or "").startswith(("postgresql://", "postgres://")):
             raise ValueError(f"{mgmtd_servers} mgmtd servers need a postgresql:// mgmtd_store")
         self.root = Path(root).resolve()
@@ -171,7 +175,8 @@ class LocalCluster:
         # extra targets per node for a single-replica chain table (erasure-coded files, loomfs.ec)
         self.ec_targets_per_node = ec_targets_per_node
         self.auth = auth
-        self._saved_token_env: str | None = None
+        self.tls = tls
+        self._saved_env: dict[str, str | None] = {}
         self._env_set = False
 
     # ---- layout ---------------------------------------------------------------------------
@@ -237,9 +242,25 @@ class LocalCluster:
             write_token_file(self.token_path, create_token(secret, uid=0, gid=0, rights=rights_for(admin=True),
                                                            ttl_s=ADMIN_TOKEN_TTL_S, now_s=time.time()))
 
+    @property
+    def tls_dir(self) -> Path:
+        return self.root / "tls"
+
+    def _ensure_tls(self) -> None:
+        if self.tls and not (self.tls_dir / "server.pem").exists():
+            make_cert_set(self.tls_dir)
+
+    def _tls_settings(self) -> dict[str, str]:
+        d = self.tls_dir
+        return {"tls_cert_file": str(d / "server.pem"), "tls_key_file": str(d / "server.key"),
+                "tls_ca_file": str(d / "ca.pem")} if self.tls else {}
+
     def client_auth(self) -> AuthConfig | None:
         """What this process's RPC clients of the cluster authenticate with (the admin token)."""
-        return AuthConfig(credential=load_token_file(self.token_path)) if self.auth else None
+        if not self.auth and not self.tls:
+            return None
+        _, tls_client = tls_contexts("", "", str(self.tls_dir / "ca.pem")) if self.tls else (None, None)
+        return AuthConfig(credential=load_token_file(self.token_path) if self.auth else None, tls_client=tls_client)
 
     def _rpc(self, **kw: Any) -> RpcClient:
         return RpcClient(TcpTransport(auth=self.client_auth()), **kw)
@@ -247,27 +268,35 @@ class LocalCluster:
     def _set_token_env(self) -> None:
         """Clients made in this process (``loomfs.connect``) and the commands it runs use the
         admin token while the cluster runs; the previous value comes back at stop()."""
-        if not self.auth or self._env_set:
+        if not (self.auth or self.tls) or self._env_set:
             return
-        self._saved_token_env = os.environ.get(TOKEN_FILE_ENV)
-        os.environ[TOKEN_FILE_ENV] = str(self.token_path)
+        self._saved_env = {k: os.environ.get(k) for k in (TOKEN_FILE_ENV, TLS_CA_FILE_ENV)}
+        if self.auth:
+            os.environ[TOKEN_FILE_ENV] = str(self.token_path)
+        if self.tls:
+            os.environ[TLS_CA_FILE_ENV] = str(self.tls_dir / "ca.pem")
         self._env_set = True
 
     def _restore_token_env(self) -> None:
         if not self._env_set:
             return
         self._env_set = False
-        if os.environ.get(TOKEN_FILE_ENV) == str(self.token_path):
-            if self._saved_token_env is None:
-                os.environ.pop(TOKEN_FILE_ENV, None)
-            else:
-                os.environ[TOKEN_FILE_ENV] = self._saved_token_env
+        ours = {TOKEN_FILE_ENV: str(self.token_path), TLS_CA_FILE_ENV: str(self.tls_dir / "ca.pem")}
+        for k, saved in self._saved_env.items():
+            if os.environ.get(k) == ours[k]:
+                if saved is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = saved
 
     def _config(self, s: ServiceProc) -> dict[str, Any]:
         cfg = self._service_config(s)
-        if self.auth:
+        if self.auth or self.tls:
             rpc = dict(cfg.get("rpc", {}))
-            rpc.setdefault("secret_file", str(self.secret_path))
+            if self.auth:
+                rpc.setdefault("secret_file", str(self.secret_path))
+            for k, v in self._tls_settings().items():
+                rpc.setdefault(k, v)
             cfg["rpc"] = rpc
         return cfg
 
@@ -322,6 +351,7 @@ class LocalCluster:
             self.root.mkdir(parents=True, exist_ok=True)
             self._plan()
         self._ensure_credentials()
+        self._ensure_tls()
         self._set_token_env()
         for s in self.services.values():
             Path(s.dir).mkdir(parents=True, exist_ok=True)
@@ -558,6 +588,7 @@ class LocalCluster:
             "replace_after_s": self.replace_after_s,
             "storage_config": self.storage_config,
             "auth": self.auth,
+            "tls": self.tls,
             "services": [asdict(s) for s in self.services.values()],
         }
         tmp = self.state_path.with_suffix(".tmp")
@@ -580,6 +611,7 @@ class LocalCluster:
         self.replace_after_s = data.get("replace_after_s", self.replace_after_s)
         self.storage_config = data.get("storage_config", self.storage_config)
         self.auth = data.get("auth", False)  # clusters made before auth existed run without
+        self.tls = data.get("tls", False)
         self.services = {d["name"]: ServiceProc(**d) for d in data["services"]}
 
     @classmethod
