@@ -186,8 +186,17 @@ class Env:
         return self.run(self.ns.open(path, os.O_CREAT | os.O_WRONLY | os.O_TRUNC, mode=mode, data=data), who).attr
 
 
-@pytest.fixture
-def env() -> Iterator[Env]:
+@pytest.fixture(params=[False, True], ids=["get_inodes", "get_perms"])
+def env(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[Env]:
+    """Both ways the walk reads directory permissions (see test_perm_matrix.py)."""
+    from test_perm_matrix import _get_perms
+
+    from loomfs.meta.store.sqlite_txn import SqliteTxn
+
+    if request.param and not hasattr(SqliteTxn, "get_perms"):
+        monkeypatch.setattr(SqliteTxn, "get_perms", _get_perms, raising=False)
+    elif not request.param and hasattr(SqliteTxn, "get_perms"):
+        monkeypatch.delattr(SqliteTxn, "get_perms")
     e = Env()
     yield e
     e.run(e.store.close())

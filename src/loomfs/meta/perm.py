@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import stat
+from typing import NamedTuple, Protocol
 
 from loomfs.common.identity import Identity, Right
 from loomfs.errors import StatusError
@@ -33,6 +34,31 @@ _S_ISVTX = stat.S_ISVTX
 _S_IXGRP = stat.S_IXGRP
 
 
+class Owned(Protocol):
+    """What the rules read of an inode: ``Attr`` fits, and so does ``Perms``."""
+
+    @property
+    def type(self) -> int: ...
+
+    @property
+    def mode(self) -> int: ...
+
+    @property
+    def uid(self) -> int: ...
+
+    @property
+    def gid(self) -> int: ...
+
+
+class Perms(NamedTuple):
+    """The permission-relevant part of an inode (the store's light ``get_perms`` read)."""
+
+    type: int
+    mode: int
+    uid: int
+    gid: int
+
+
 def effective(who: Identity, *, root_squash: bool) -> Identity:
     """The identity permission checks use: with ``root_squash``, uid 0 from a credential
     without ADMIN (or SERVICE) rights acts as ``nobody``."""
@@ -41,7 +67,7 @@ def effective(who: Identity, *, root_squash: bool) -> Identity:
     return who
 
 
-def allowed(attr: Attr, who: Identity, want: int) -> bool:
+def allowed(attr: Owned, who: Identity, want: int) -> bool:
     """Whether ``who`` has every bit of ``want`` (R|W|X) on ``attr`` (the owner's bits for the
     owner, the group's for a member of the file's group, the others' otherwise)."""
     uid = who.uid
@@ -59,13 +85,13 @@ def allowed(attr: Attr, who: Identity, want: int) -> bool:
     return bits & want == want
 
 
-def need(attr: Attr, who: Identity, want: int, what: str) -> None:
+def need(attr: Owned, who: Identity, want: int, what: str) -> None:
     """``allowed`` or EACCES."""
     if not allowed(attr, who, want):
         raise StatusError(Status.EACCES, f"{what}: permission denied")
 
 
-def search(dirs: list[Attr], who: Identity, what: str) -> None:
+def search(dirs: list[Owned], who: Identity, what: str) -> None:
     """Search (x) permission on every directory a walk looked a name up in, in walk order."""
     if who.uid == 0:
         return

@@ -36,7 +36,7 @@ class DirOps(NamespaceBase):
             r = await walk(txn, parts, follow_last=follow_symlinks)
             if r.inode is None:
                 raise StatusError(Status.ENOENT, path)
-            return await self._attr(txn, r.inode)
+            return await self._attr_at(txn, r, r.inode)
 
     async def gc_queued(self, inodes: list[int]) -> list[int]:
         """The ones of ``inodes`` that wait in the GC queue (fsck: not orphans, just not removed yet)."""
@@ -70,7 +70,7 @@ class DirOps(NamespaceBase):
                 if exist_ok:
                     t = r if r.type != LINK else await walk(txn, parts, follow_last=True)
                     if t.is_dir and t.inode is not None:
-                        return await self._attr(txn, t.inode)
+                        return await self._attr_at(txn, t, t.inode)
                 raise StatusError(Status.EEXIST, path)
             return await self._mkdir_at(txn, r, mode, who, uid, gid, now, path)
 
@@ -225,7 +225,7 @@ class DirOps(NamespaceBase):
                 raise StatusError(Status.ENOENT, path)
             if r.type != LINK:
                 raise StatusError(Status.EINVAL, f"{path!r} is not a symbolic link")
-            return (await self._attr(txn, r.inode)).symlink_target
+            return (await self._attr_at(txn, r, r.inode)).symlink_target
 
     async def link(self, src: str, dst: str, *, follow_symlinks: bool = False) -> Attr:
         sp, dp = split_path(src), split_path(dst)

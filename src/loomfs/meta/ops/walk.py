@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Any
 
 from loomfs.common.identity import Identity
 from loomfs.errors import StatusError
@@ -100,10 +101,32 @@ async def walk(txn: MetaTxn, parts: list[str], *, follow_last: bool) -> Resolved
     try:
         r = await _walk(txn, parts, follow_last, searched)
     except StatusError:
-        await searchable(txn, searched, who)  # EACCES before what lies behind the directory
+        light = getattr(txn, "get_perms", None)
+        if light is not None:  # EACCES before what lies behind the directory
+            await searchable_light(light, searched, who)
+        else:
+            await searchable(txn, searched, who)
         raise
-    r.attrs = await searchable(txn, searched, who, r.inode)
+    light = getattr(txn, "get_perms", None)
+    if light is not None:  # (type, mode, uid, gid) tuples: no Attr objects to build
+        await searchable_light(light, searched, who)
+    else:
+        r.attrs = await searchable(txn, searched, who, r.inode)
     return r
+
+
+async def searchable_light(get_perms: Any, searched: list[int], who: Identity) -> None:
+    """``searchable`` through the store's light read (``MetaTxn.get_perms``)."""
+    if not searched:
+        return
+    rows = await get_perms(list(dict.fromkeys(searched)))
+    dirs: list[perm.Owned] = []
+    for ino in searched:
+        row = rows.get(ino)
+        if row is None:
+            raise StatusError(Status.EIO, f"walk went through missing directory inode {ino}")
+        dirs.append(perm.Perms(*row))
+    perm.search(dirs, who, "path lookup")
 
 
 async def searchable(txn: MetaTxn, searched: list[int], who: Identity, also: int | None = None) -> dict[int, Attr]:
@@ -112,7 +135,7 @@ async def searchable(txn: MetaTxn, searched: list[int], who: Identity, also: int
     if not searched and also is None:
         return {}
     attrs = await txn.get_inodes(list(dict.fromkeys(searched if also is None else [*searched, also])))
-    dirs: list[Attr] = []
+    dirs: list[perm.Owned] = []
     for ino in searched:
         a = attrs.get(ino)
         if a is None:
