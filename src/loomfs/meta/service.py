@@ -304,6 +304,19 @@ class MetaService:
         act_for(ctx, self.root_squash)
         return w.AttrRsp(attr=await self.ns.set_layout(req.path, req.layout))
 
+    @handles(w.TENANT_CREATE)
+    async def tenant_create(self, req: w.TenantCreateReq, ctx: CallContext) -> w.TenantInfo:
+        t = await self.ns.create_tenant(req.name, uid=req.uid, gid=req.gid, mode=req.mode)
+        logger.info("req %d: tenant %r created (number %d, root inode %d, owner %d:%d) by %s", ctx.request_id,
+                    t.name, t.number, t.root.inode if t.root else 0, req.uid, req.gid,
+                    ctx.identity.token_id or ctx.identity.uid)
+        return w.TenantInfo(name=t.name, number=t.number, root=t.root)
+
+    @handles(w.TENANT_LIST)
+    async def tenant_list(self, req: Empty, ctx: CallContext) -> w.TenantListRsp:
+        return w.TenantListRsp(tenants=[w.TenantInfo(name=t.name, number=t.number, root=t.root)
+                                        for t in await self.ns.list_tenants()])
+
     @handles(w.META_PING)
     async def ping(self, req: Empty, ctx: CallContext) -> Empty:
         return Empty()

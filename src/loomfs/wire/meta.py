@@ -312,3 +312,29 @@ class InodesRsp(Message):
 # which of these inodes wait in the GC queue (unlinked; chunks not removed yet): fsck's question
 GC_QUEUED = method(SERVICE_META, 40, "gc_queued", InodesReq, InodesRsp, idempotent=True, needs=Right.ADMIN)
 MKNOD = method(SERVICE_META, 21, "mknod", MknodReq, AttrRsp, needs=_W)
+
+
+# tenants (``loomfs.meta.tenancy``): administrators create a tenant's root directory; a token
+# naming the tenant then sees only that tree
+@message
+class TenantCreateReq(Message):
+    name: str = ""
+    uid: int = 0  # owner of the tenant's root directory
+    gid: int = 0
+    mode: int = 0o755
+
+
+@message
+class TenantInfo(Message):
+    name: str = ""
+    number: int = 0  # inode numbers of the tenant are number << 48 | n
+    root: Attr | None = None
+
+
+@message
+class TenantListRsp(Message):
+    tenants: list[TenantInfo] = many()
+
+
+TENANT_CREATE = method(SERVICE_META, 60, "tenant_create", TenantCreateReq, TenantInfo, needs=Right.ADMIN)
+TENANT_LIST = method(SERVICE_META, 61, "tenant_list", Empty, TenantListRsp, idempotent=True, needs=Right.ADMIN)

@@ -14,7 +14,8 @@ from loomfs.common.identity import Identity
 from loomfs.common.keylocks import KeyLocks
 from loomfs.common.routing import Routing
 from loomfs.errors import LoomError, StatusError
-from loomfs.meta import perm
+from loomfs.meta import perm, tenancy
+from loomfs.meta.caller import caller
 from loomfs.meta.gc import SESSION_LEASE_S
 from loomfs.meta.layout import ChainAllocator
 from loomfs.meta.ops.walk import Resolved
@@ -130,7 +131,8 @@ class NamespaceBase:
         inline: bytes | None = None,
     ) -> Attr:
         """``inline``: a file whose bytes live in meta, with this content."""
-        ino = await txn.next_id(C_INODE)
+        tenant = tenancy.tenant_of(parent)  # a tenant's objects number in its own range
+        ino = tenancy.inode_in(tenant, await txn.next_id(tenancy.counter_of(tenant)))
         size = len(inline) if inline is not None else len(symlink_target.encode("utf-8", "surrogatepass"))
         attr = Attr(
             inode=ino, type=type, mode=mode & 0o7777, nlink=2 if type == DIR else 1, uid=uid,
@@ -247,6 +249,19 @@ class NamespaceBase:
     async def _settle(self, inode: int) -> None:
         if self.trimmer is not None:
             await self.trimmer.settle(inode)
+
+    @staticmethod
+    async def _confine(txn: MetaTxn, inode: int) -> None:
+        """A call by inode number: ENOENT for an inode outside the caller's tenant."""
+        tenant = caller().tenant
+        if tenant:
+            await tenancy.confine(txn, tenant, inode)
+
+    @staticmethod
+    def _same_tenant(a: int, b: int) -> None:
+        """rename/link between two directories: EXDEV across tenants."""
+        if tenancy.tenant_of(a) != tenancy.tenant_of(b):
+            raise StatusError(Status.EXDEV, "rename or link across tenants")
 
     async def _attr_at(self, txn: MetaTxn, r: Resolved, inode: int) -> Attr:
         """``_attr``, answered from what the walk ``r`` loaded when it did (non-root callers)."""

@@ -125,6 +125,7 @@ class DirOps(NamespaceBase):
                 raise StatusError(Status.EINVAL, f"cannot move {src!r} into its own subtree")
             if d.inode is not None and d.inode in s.stack:
                 raise StatusError(Status.ENOTEMPTY, f"{dst!r} is an ancestor of {src!r}")
+            self._same_tenant(s.parent, d.parent)
             if d.inode == s.inode:
                 return  # same entry, or a hard link of it
             moved = await self._attr_at(txn, s, s.inode)
@@ -236,6 +237,7 @@ class DirOps(NamespaceBase):
             d = await walk(txn, dp, follow_last=False)
             if d.inode is not None or d.parent is None or d.name is None:
                 raise StatusError(Status.EEXIST, dst)
+            self._same_tenant(s.inode, d.parent)
             attr = await self._attr_at(txn, s, s.inode)
             who = caller()
             if who.uid != 0:

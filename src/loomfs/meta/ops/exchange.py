@@ -27,6 +27,7 @@ class ExchangeOps(NamespaceBase):
                 raise StatusError(Status.ENOENT, b)
             if s.parent is None or s.name is None or d.parent is None or d.name is None:
                 raise StatusError(Status.EBUSY, "cannot exchange the root")
+            self._same_tenant(s.parent, d.parent)
             if s.inode == d.inode:
                 return  # one entry, or two links of one file
             if s.inode in d.stack or d.inode in s.stack:

@@ -18,7 +18,7 @@ import crc32c
 from loomfs.common.identity import Identity, Right
 from loomfs.common.routing import Routing
 from loomfs.errors import StatusError
-from loomfs.meta import perm
+from loomfs.meta import perm, tenancy
 from loomfs.meta.caller import caller
 from loomfs.meta.ops.base import C_BYTES, C_SESSION, DIR, FILE, LINK
 from loomfs.meta.ops.inline import InlineOps, MigrationBusy
@@ -290,6 +290,7 @@ class FileOps(InlineOps):
         reply, which hands the writer the current epoch."""
         who = caller()
         async with self.store.write() as txn:
+            await self._confine(txn, inode)
             held = False
             if end and session_id:
                 held = await txn.remove_session(inode, session_id)
@@ -331,8 +332,11 @@ class FileOps(InlineOps):
         """Per (inode, session id): whether ``client_id`` holds that write session."""
         if len(sessions) > RENEW_SESSIONS_MAX:
             raise StatusError(Status.EINVAL, f"{len(sessions)} sessions in one call (max {RENEW_SESSIONS_MAX})")
+        tenant = caller().tenant
         async with self.store.read() as txn:
-            return [await txn.session_client(ino, sid) == client_id for ino, sid in sessions]
+            mine = await tenancy.tenant_number(txn, tenant) if tenant else None
+            return [(mine is None or tenancy.tenant_of(ino) == mine) and await txn.session_client(ino, sid) == client_id
+                    for ino, sid in sessions]
 
     async def getattr_inode(self, inode: int) -> Attr | None:
         async with self.store.read() as txn:
@@ -378,6 +382,7 @@ class FileOps(InlineOps):
         inline file to chunks first and try again."""
         async with self.store.write() as txn:
             if inode:
+                await self._confine(txn, inode)
                 found = await txn.get_inode(inode)
                 if found is None:
                     gc = await txn.gc_get(inode)

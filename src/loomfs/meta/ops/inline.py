@@ -164,6 +164,7 @@ class InlineOps(NamespaceBase):
         ``applied=False`` and is left alone, session included."""
         who = caller()
         async with self.store.write() as txn:
+            await self._confine(txn, inode)
             attr = await txn.get_inode(inode)
             if attr is not None and who.uid != 0 and not perm.allowed(attr, who, perm.W):
                 if not session_id or await txn.session_client(inode, session_id) is None:
@@ -191,6 +192,7 @@ class InlineOps(NamespaceBase):
         async with self._migrations.hold(inode):
             for _ in range(MIGRATE_ROUNDS):
                 async with self.store.write() as txn:
+                    await self._confine(txn, inode)
                     attr = await txn.get_inode(inode)
                     if attr is None:
                         raise StatusError(Status.ENOENT, f"inode {inode}")

@@ -21,7 +21,7 @@ from typing import Any
 
 from loomfs.common.identity import Identity
 from loomfs.errors import StatusError
-from loomfs.meta import perm
+from loomfs.meta import perm, tenancy
 from loomfs.meta.caller import CALLER
 from loomfs.meta.paths import split_target
 from loomfs.meta.store.base import DentryRow, MetaTxn
@@ -63,7 +63,7 @@ class Resolved:
         return self.inode is not None and self.type == _DIR
 
 
-async def _prefetched(txn: MetaTxn, parts: list[str]) -> Callable[[int, str], Awaitable[DentryRow | None]]:
+async def _prefetched(txn: MetaTxn, parts: list[str], root: int) -> Callable[[int, str], Awaitable[DentryRow | None]]:
     """``txn.lookup``, with the path's plain components (up to a ``.``/``..``) fetched in one
     ``lookup_path`` first (one round trip on PostgreSQL); a name found missing is known too."""
     names: list[str] = []
@@ -73,9 +73,9 @@ async def _prefetched(txn: MetaTxn, parts: list[str]) -> Callable[[int, str], Aw
         names.append(comp)
     if len(names) < 2:
         return txn.lookup
-    rows = await txn.lookup_path(ROOT_INODE, names)
+    rows = await txn.lookup_path(root, names)
     known: dict[tuple[int, str], DentryRow | None] = {}
-    parent = ROOT_INODE
+    parent = root
     for name, row in zip(names, rows, strict=False):
         known[(parent, name)] = row
         parent = row.inode
@@ -92,14 +92,16 @@ async def _prefetched(txn: MetaTxn, parts: list[str]) -> Callable[[int, str], Aw
 
 
 async def walk(txn: MetaTxn, parts: list[str], *, follow_last: bool) -> Resolved:
-    """Resolve ``parts`` from the root. Intermediate symlinks are always followed. A caller
-    without search permission on a directory the path crosses gets EACCES."""
+    """Resolve ``parts`` from the root (the caller's tenant's root, ``loomfs.meta.tenancy``).
+    Intermediate symlinks are always followed. A caller without search permission on a
+    directory the path crosses gets EACCES."""
     who = CALLER.get()
+    root = tenancy.root_of(await tenancy.tenant_number(txn, who.tenant)) if who.tenant else ROOT_INODE
     if who.uid == 0:
-        return await _walk(txn, parts, follow_last, None)
+        return await _walk(txn, parts, follow_last, None, root)
     searched: list[int] = []
     try:
-        r = await _walk(txn, parts, follow_last, searched)
+        r = await _walk(txn, parts, follow_last, searched, root)
     except StatusError:
         light = getattr(txn, "get_perms", None)
         if light is not None:  # EACCES before what lies behind the directory
@@ -145,14 +147,15 @@ async def searchable(txn: MetaTxn, searched: list[int], who: Identity, also: int
     return attrs
 
 
-async def _walk(txn: MetaTxn, parts: list[str], follow_last: bool, searched: list[int] | None) -> Resolved:
-    stack = [ROOT_INODE]
+async def _walk(txn: MetaTxn, parts: list[str], follow_last: bool, searched: list[int] | None,
+                root: int = ROOT_INODE) -> Resolved:
+    stack = [root]
     if not parts:
-        return Resolved(None, None, ROOT_INODE, _DIR, stack)
+        return Resolved(None, None, root, _DIR, stack)
     pending: deque[str] = deque(parts)
     hops = 0
     must_be_dir = False
-    lookup = await _prefetched(txn, parts) if isinstance(txn, MetaTxn) else txn.lookup
+    lookup = await _prefetched(txn, parts, root) if isinstance(txn, MetaTxn) else txn.lookup
     while pending:
         comp = pending.popleft()
         last = not pending
