@@ -92,9 +92,10 @@ class StorageConfig:
     scrub_first_pass_after_s: float = 0.0  # first pass this long after start (0 = min(interval, 60 s))
     resync_bytes_per_s: int = 0  # 0 = unthrottled
     suspect_after_s: float = 5.0  # a forward unanswered this long reports the successor to mgmtd
-    # chunk writes from clients (not services) must carry a write grant meta issued for the inode
-    # (loomfs.common.grants); a grant that is present is always checked. Needs a cluster secret.
-    write_grants_required: bool = False
+    # chunk writes from clients (not services or admin tokens) must carry a write grant meta issued
+    # for the inode (loomfs.common.grants); a grant that is present is always checked. Only with a
+    # cluster secret (without one nothing is checked). False: a transition for older meta servers.
+    write_grants_required: bool = True
     metrics_port: int = 0  # Prometheus /metrics: 0 = any free port (advertised to mgmtd), -1 = off
     rpc: RpcConfig = field(default_factory=RpcConfig)
 

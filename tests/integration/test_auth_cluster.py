@@ -19,9 +19,11 @@ from typing import Any
 
 import pytest
 
+import loomfs
 from loomfs.client.storage_client import StorageClient
 from loomfs.common import grants
 from loomfs.common.routing import RoutingClient, parse_addresses
+from loomfs.config import ClientConfig, RpcConfig
 from loomfs.errors import PermissionDenied
 from loomfs.net.auth import AuthConfig, client_proof, new_nonce
 from loomfs.net.credentials import (
@@ -52,7 +54,7 @@ def auth_cluster() -> Iterator[LocalCluster]:
     revoked = str(root / "revoked")
     rpc = {"revoked_file": revoked}
     c = LocalCluster(root, storage_nodes=3, targets_per_node=1, mgmtd_config={"rpc": rpc},
-                     storage_config={"rpc": rpc, "write_grants_required": True})
+                     storage_config={"rpc": rpc})  # write grants required: the default with a secret
     try:
         c.start(timeout_s=60)
         yield c
@@ -221,6 +223,28 @@ def test_storage_takes_client_writes_only_with_a_write_grant(auth_cluster: Local
     node = next(n for n in routing.nodes if n.node_id == head.node_id)
     name = next(s.name for s in c.services.values() if s.port == node.port)
     _wait_log(c, name, "refused a chunk change")
+
+
+def test_a_user_token_writes_through_meta_grants_end_to_end(auth_cluster: LocalCluster, tmp_path: Path) -> None:
+    """Meta grants the open, the client carries the grant, storage checks it (required here)."""
+    c = auth_cluster
+    with loomfs.connect(str(c.root)) as admin_fs:  # the admin token: a directory for uid 1000
+        admin_fs.makedirs("/home/u1000", exist_ok=True)
+        admin_fs.chown("/home/u1000", 1000, 1000)
+    tok = tmp_path / "u1000.token"
+    write_token_file(tok, _token(c))
+    data = os.urandom(5 << 20)  # two chunks of 4 MiB: chunk writes, not inline
+    cfg = ClientConfig(rpc=RpcConfig(token_file=str(tok)))
+    with loomfs.connect(str(c.root), config=cfg) as fs:
+        with fs.open("/home/u1000/big.bin", "wb") as f:
+            f.write(data)
+        with fs.open("/home/u1000/big.bin", "rb") as f:
+            assert f.read() == data
+        with fs.open("/home/u1000/big.bin", "r+b") as f:  # a second write open: a new grant
+            f.seek(4 << 20)
+            f.write(b"x" * 10)
+        fs.truncate("/home/u1000/big.bin", 1 << 20)  # chunk removal of a file open nowhere
+        assert fs.stat("/home/u1000/big.bin").st_size == 1 << 20
 
 
 def test_token_create_cli_writes_a_private_token_that_clients_use(auth_cluster: LocalCluster, tmp_path: Path) -> None:

@@ -27,6 +27,7 @@ from loomfs.client.lazy import LazyCreates
 from loomfs.client.meta_client import MetaClient
 from loomfs.client.storage_client import ChunkStore, StorageClient, note_grant
 from loomfs.client.writeback import ByteBudget
+from loomfs.common import grants
 from loomfs.common.routing import RoutingClient, parse_addresses
 from loomfs.config import ClientConfig
 from loomfs.errors import IsADirectory, LoomError, NotADirectory, NotFound
@@ -38,16 +39,25 @@ from loomfs.net.transport import Address
 from loomfs.wire.meta import (
     MKNOD,
     RENAME,
+    RENEW_SESSIONS,
+    RENEW_SESSIONS_MAX,
     MknodReq,
     OpenRsp,
     ReadRsp,
     RenameReq,
+    RenewSessionsReq,
+    RenewSessionsRsp,
     SetattrReq,
     StatfsRsp,
 )
 from loomfs.wire.types import Attr, DirEntry, FileType, Layout
 
 logger = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Granted:
+    write_grant: bytes  # a grant from a renewal, shaped like an open reply for note_grant
 
 READDIR_PAGE = 1024
 LAZY_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_TRUNC  # mode "w"/"wb": the create waits for the bytes
@@ -652,11 +662,40 @@ class AsyncClient:
         held = self._write_sessions()
         if not held:
             return 0
-        renewed = await self.meta.renew_sessions(self.client_id, held)
+        stale = self._grants_to_renew()
+        if stale:  # some write grants run out within half their life: fresh ones with the renewal
+            renewed = await self._renew_with_grants(stale)
+            renewed += await self.meta.renew_sessions(self.client_id, sorted(set(held) - set(stale)))
+        else:
+            renewed = await self.meta.renew_sessions(self.client_id, held)
         if renewed < len(held):
             self.sessions_lost_total += len(held) - renewed
             logger.warning("client %#x: meta held %d of our %d write sessions (the others expired)",
                            self.client_id, renewed, len(held))
+        return renewed
+
+    def _grants_to_renew(self) -> dict[int, int]:
+        """session id -> inode of open files whose write grant is past half its life."""
+        kept = getattr(self.storage, "write_grants", None)
+        if not kept:
+            return {}
+        soon = time.time() + grants.DEFAULT_GRANT_TTL_S / 2
+        return {f.session_id: f.inode for f in self._open_files
+                if f.session_id and not f.closed and f.inode in kept and grants.expires_at_s(kept[f.inode]) < soon}
+
+    async def _renew_with_grants(self, sessions: dict[int, int]) -> int:
+        """Renew ``sessions`` asking meta for fresh write grants of their inodes."""
+        renewed = 0
+        items = sorted(sessions.items())
+        for i in range(0, len(items), RENEW_SESSIONS_MAX):
+            part = items[i:i + RENEW_SESSIONS_MAX]
+            req = RenewSessionsReq(client_id=self.client_id, session_ids=[s for s, _ in part],
+                                   inodes=[n for _, n in part])
+            rsp: RenewSessionsRsp = await self.meta.call(RENEW_SESSIONS, req)
+            renewed += rsp.renewed
+            for (_, inode), grant in zip(part, rsp.write_grants, strict=False):
+                if grant:
+                    note_grant(self.storage, inode, _Granted(grant))
         return renewed
 
     async def _renew_loop(self) -> None:

@@ -378,6 +378,11 @@ class LocalCluster:
         self._wait_ping_meta(timeout_s)
         self._write_state()
 
+    def service_argv(self, s: ServiceProc) -> list[str]:
+        """The command that runs service ``s`` (a subclass may wrap it, e.g. in ``ip netns exec``);
+        credentials reach services through their config files, not this command."""
+        return [sys.executable, "-m", f"loomfs.{s.kind}.server", "--config", s.config_path]
+
     def start_service(self, name: str) -> ServiceProc:
         s = self.services[name]
         if s.alive():
@@ -391,7 +396,7 @@ class LocalCluster:
             self._write_faults(name)
         log = open(s.log_path, "ab")
         proc = subprocess.Popen(
-            [sys.executable, "-m", f"loomfs.{s.kind}.server", "--config", s.config_path],
+            self.service_argv(s),
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             start_new_session=True, env=env, cwd=s.dir,
         )
