@@ -19,6 +19,7 @@ import socket
 import types
 import typing
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -31,6 +32,7 @@ from loomfs.net.rpc import RpcClient
 from loomfs.net.tcp import TcpTransport
 from loomfs.net.transport import Address
 from loomfs.testing import LocalCluster
+from loomfs.testing.rawauth import authenticate_socket
 from loomfs.wire import frame as fr
 from loomfs.wire.message import METHODS, Empty, Message, Method
 from loomfs.wire.meta import META_PING, STAT, PathReq
@@ -144,12 +146,17 @@ def _read_replies(sock: socket.socket, want: int, timeout_s: float) -> dict[int,
     return got
 
 
-def _fuzz_service(address: str, service: int, rng: random.Random, statuses: Counter[str]) -> None:
+def _fuzz_service(address: str, service: int, rng: random.Random, statuses: Counter[str],
+                  token_path: Path | None) -> None:
+    """Hostile requests to one service, on a connection that proved ``token_path``'s token
+    (the admin token: every handler is reached) or on an unauthenticated one (None)."""
     methods = [m for m in METHODS if m.service == service]
     assert methods
     gen = Hostile(rng)
     host, port = address.rsplit(":", 1)
     with socket.create_connection((host, int(port)), timeout=10) as sock:
+        if token_path is not None:
+            authenticate_socket(sock, token_path)
         sent = 0
         for rid in range(1, REQUESTS_PER_SERVICE + 1):
             m = rng.choice(methods)
@@ -170,7 +177,7 @@ def _fuzz_service(address: str, service: int, rng: random.Random, statuses: Coun
 
 
 async def _answers(cluster: LocalCluster) -> None:
-    client = RpcClient(TcpTransport(), call_timeout_s=10)
+    client = RpcClient(TcpTransport(auth=cluster.client_auth()), call_timeout_s=10)
     try:
         for s in cluster.services.values():
             addr = Address.parse(s.address)
@@ -192,12 +199,29 @@ def test_hostile_field_values_leave_every_service_alive(own_cluster: LocalCluste
     rng = random.Random(seed)
     kinds = {"mgmtd": SERVICE_MGMTD, "meta": SERVICE_META, "storage": SERVICE_STORAGE}
     statuses: Counter[str] = Counter()
+    assert own_cluster.auth, "the fuzzer is meant to run against a cluster with authentication on"
     for s in own_cluster.services.values():
-        _fuzz_service(s.address, kinds[s.kind], rng, statuses)
+        _fuzz_service(s.address, kinds[s.kind], rng, statuses, own_cluster.token_path)
     print("reply statuses:", dict(statuses))
+    # the admin token's connection reaches the handlers: nothing is refused for want of a login
+    assert not statuses[Status.AUTH_REQUIRED.name], statuses
     for msg in sorted(set(INTERNAL_ERRORS)):
         print("INTERNAL:", msg)
     assert not INTERNAL_ERRORS, f"handlers failed on hostile values (seed {seed}): {sorted(set(INTERNAL_ERRORS))}"
     for s in own_cluster.services.values():
         assert s.alive(), f"{s.name} died (seed {seed})"
+    asyncio.run(_answers(own_cluster))
+
+
+def test_hostile_frames_without_credentials_reach_no_handler(own_cluster: LocalCluster) -> None:
+    """The same hostile requests on connections that never authenticated: every one is
+    answered AUTH_REQUIRED (no handler runs), and the services stay up."""
+    rng = random.Random(2)
+    kinds = {"mgmtd": SERVICE_MGMTD, "meta": SERVICE_META, "storage": SERVICE_STORAGE}
+    for s in own_cluster.services.values():
+        statuses: Counter[str] = Counter()
+        _fuzz_service(s.address, kinds[s.kind], rng, statuses, None)
+        assert set(statuses) == {Status.AUTH_REQUIRED.name}, (s.name, dict(statuses))
+    for s in own_cluster.services.values():
+        assert s.alive(), f"{s.name} died"
     asyncio.run(_answers(own_cluster))
