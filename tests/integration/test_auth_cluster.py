@@ -245,6 +245,18 @@ def test_a_user_token_writes_through_meta_grants_end_to_end(auth_cluster: LocalC
             f.write(b"x" * 10)
         fs.truncate("/home/u1000/big.bin", 1 << 20)  # chunk removal of a file open nowhere
         assert fs.stat("/home/u1000/big.bin").st_size == 1 << 20
+        # a grant past half its life is renewed with the write sessions
+        key = grants.grant_key(_secret(c))
+        tid = load_token_file(tok).claims.token_id
+        with fs.open("/home/u1000/long.bin", "wb") as f:
+            f.write(data[:4096])
+            f.flush()
+            inode = fs.stat("/home/u1000/long.bin").st_ino
+            kept = fs.client.storage.write_grants  # type: ignore[attr-defined]
+            kept[inode] = grants.mint(key, inode, tid, time.time() + 30)  # about to run out
+            assert fs.run(fs.client.renew_sessions()) >= 1
+            assert grants.expires_at_s(kept[inode]) > time.time() + grants.DEFAULT_GRANT_TTL_S - 60
+            f.write(data)  # chunk writes with the fresh grant
 
 
 def test_token_create_cli_writes_a_private_token_that_clients_use(auth_cluster: LocalCluster, tmp_path: Path) -> None:

@@ -138,3 +138,22 @@ def test_a_server_without_a_secret_trusts_everyone_and_a_client_checks_the_serve
         assert not seen2
 
     run_virtual(asyncio.wait_for(go(), 30))
+
+
+def test_a_token_that_expires_on_an_open_connection_is_refused_from_then_on() -> None:
+    async def go() -> None:
+        net = SimNetwork(seed=5)
+        server, addr, seen = await _serve(net)
+        assert server.verifier is not None
+        now = [time.time()]
+        server.verifier.wall_clock = lambda: now[0]
+        c = _client(net, "10.0.0.2", AuthConfig(credential=_token()))
+        await c.call(addr, wm.MGMTD_PING, Empty())
+        now[0] += 3601  # the token's hour is over; the connection is still open
+        with pytest.raises(PermissionDenied) as ei:
+            await c.call(addr, wm.MGMTD_PING, Empty())
+        assert ei.value.status is Status.AUTH_EXPIRED and len(seen) == 1
+        await c.close()
+        await server.close()
+
+    run_virtual(asyncio.wait_for(go(), 30))

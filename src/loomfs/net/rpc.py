@@ -459,7 +459,7 @@ class _ServerConnection:
             if not self.authenticated:
                 raise StatusError(Status.AUTH_REQUIRED, f"{server.name} needs credentials: give the client a "
                                   "token (LOOMFS_TOKEN_FILE or rpc.token_file), or the service the cluster secret")
-            if self.expires_at_s and time.time() > self.expires_at_s:
+            if self.expires_at_s and server.verifier is not None and server.verifier.wall_clock() > self.expires_at_s:
                 raise StatusError(Status.AUTH_EXPIRED, f"token {self.identity.token_id} expired; reconnect with a new one")
             if entry is None:
                 raise StatusError(
