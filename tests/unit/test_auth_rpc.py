@@ -5,14 +5,16 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import errno
+import os
 import time
+from pathlib import Path
 
 import pytest
 
 from loomfs.common.identity import SERVICE, TRUSTED, Identity, Right
 from loomfs.errors import PermissionDenied
-from loomfs.net.auth import AuthConfig
-from loomfs.net.credentials import Credential, create_token, rights_for
+from loomfs.net.auth import AuthConfig, auth_config
+from loomfs.net.credentials import Credential, create_token, rights_for, write_token_file
 from loomfs.net.rpc import CallContext, RpcClient, RpcServer
 from loomfs.net.sim import SimNetwork
 from loomfs.net.transport import Address
@@ -153,6 +155,32 @@ def test_a_token_that_expires_on_an_open_connection_is_refused_from_then_on() ->
         with pytest.raises(PermissionDenied) as ei:
             await c.call(addr, wm.MGMTD_PING, Empty())
         assert ei.value.status is Status.AUTH_EXPIRED and len(seen) == 1
+        await c.close()
+        await server.close()
+
+    run_virtual(asyncio.wait_for(go(), 30))
+
+
+def test_a_renewed_token_file_serves_the_next_connection(tmp_path: Path) -> None:
+    async def go() -> None:
+        net = SimNetwork(seed=6)
+        server, addr, seen = await _serve(net)
+        assert server.verifier is not None
+        now = [time.time()]
+        server.verifier.wall_clock = lambda: now[0]
+        path = tmp_path / "tok"
+        first = _token()
+        write_token_file(path, first)
+        c = _client(net, "10.0.0.2", auth_config(token_file=str(path)))
+        await c.call(addr, wm.MGMTD_PING, Empty())
+        now[0] += 3601
+        with pytest.raises(PermissionDenied):
+            await c.call(addr, wm.MGMTD_PING, Empty())
+        second = _token(now_s=now[0])
+        write_token_file(path, second)
+        os.utime(path, (now[0], now[0]))  # a new mtime, whatever the file system's resolution
+        await c.call(addr, wm.MGMTD_PING, Empty())  # the refused connection was dropped: a new one
+        assert [i.token_id for i in seen] == [first.claims.token_id, second.claims.token_id]
         await c.close()
         await server.close()
 

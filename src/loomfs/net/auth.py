@@ -128,6 +128,36 @@ class Verifier:
         return self._revoked
 
 
+class TokenSource:
+    """A token file, read again when it changes (a renewed token is used by the next connection)."""
+
+    def __init__(self, path: str, cred: Credential):
+        self.path = path
+        self._cred = cred
+        self._mtime = self._stat()
+
+    def _stat(self) -> float:
+        try:
+            return os.stat(self.path).st_mtime
+        except OSError:
+            return 0.0
+
+    def current(self) -> Credential:
+        mtime = self._stat()
+        if mtime != self._mtime:
+            self._mtime = mtime
+            try:
+                self._cred = load_token_file(self.path)
+                logger.info("token file %s changed: now token %s", self.path, self._cred.claims.token_id)
+            except CredentialError as exc:  # half-written or removed: keep the one we had
+                logger.warning("token file %s changed but cannot be used (keeping token %s): %s", self.path,
+                               self._cred.claims.token_id, exc)
+        return self._cred
+
+    def __repr__(self) -> str:
+        return f"TokenSource({self.path} token={self._cred.claims.token_id})"
+
+
 @dataclass(frozen=True, slots=True)
 class AuthConfig:
     """What one process authenticates with. ``secret``: servers verify peers with it and calls
@@ -140,6 +170,7 @@ class AuthConfig:
     tls_server: ssl.SSLContext | None = None
     tls_client: ssl.SSLContext | None = None
     name: str = "service"
+    token_source: TokenSource | None = None  # where ``credential`` came from (re-read when it changes)
 
     def verifier(self) -> Verifier | None:
         return Verifier(self.secret, revoked_file=self.revoked_file) if self.secret else None
@@ -148,6 +179,8 @@ class AuthConfig:
         """The credential this process proves when it calls a server."""
         if self.secret is not None:
             return service_credential(self.secret, self.name)
+        if self.token_source is not None:
+            return self.token_source.current()
         return self.credential
 
     def grant_key(self) -> bytes | None:
@@ -177,7 +210,8 @@ def auth_config(*, secret_file: str = "", token_file: str = "", revoked_file: st
     cred = load_token_file(token_file) if token_file else None
     tls_server, tls_client = tls_contexts(tls_cert_file, tls_key_file, tls_ca_file) if (
         tls_cert_file or tls_ca_file) else (None, None)
-    return AuthConfig(secret=secret, credential=cred, revoked_file=revoked_file, tls_server=tls_server,
+    source = TokenSource(token_file, cred) if cred is not None else None
+    return AuthConfig(secret=secret, credential=cred, token_source=source, revoked_file=revoked_file, tls_server=tls_server,
                       tls_client=tls_client, name=name)
 
 

@@ -729,12 +729,18 @@ class RpcClient:
         self.retry = retry or RetryPolicy()
         self._rng = rng or random.Random()
         # what this client proves at connect (``loomfs.net.auth``): the service key or a token
-        self.credential = transport.auth.outgoing() if transport.auth is not None else None
+        self._auth = transport.auth
         self._conns: dict[Address, ClientConnection] = {}
         self._connecting: dict[Address, asyncio.Future[ClientConnection]] = {}
         self.calls_total = 0
         self.retries_total = 0
         self.observers: list[RpcObserver] = []
+
+    @property
+    def credential(self) -> Credential | None:
+        """What this client proves at connect (``loomfs.net.auth``): the service key or a token
+        (its file read again when it changed, so a renewed token serves new connections)."""
+        return self._auth.outgoing() if self._auth is not None else None
 
     async def connection(self, address: Address) -> ClientConnection:
         while True:
@@ -761,9 +767,10 @@ class RpcClient:
             conn.channel = await self.transport.connect(
                 address, lambda ch: conn, timeout_s=self.connect_timeout_s
             )
-            if self.credential is not None:
+            credential = self.credential
+            if credential is not None:
                 try:
-                    await conn.authenticate(self.credential, timeout_s=self.connect_timeout_s)
+                    await conn.authenticate(credential, timeout_s=self.connect_timeout_s)
                 except BaseException:
                     conn.abort()
                     raise
@@ -823,6 +830,8 @@ class RpcClient:
                     )
                 except LoomError as exc:
                     self._observe(m, exc.status or Status.EIO, started, payload, 0)
+                    if exc.status in (Status.AUTH_EXPIRED, Status.AUTH_REVOKED):
+                        self.drop(address)  # the next call connects again (with a renewed token file)
                     raise
                 self._observe(m, Status.OK, started, payload, len(rsp.payload))
                 return rsp
