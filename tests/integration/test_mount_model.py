@@ -228,10 +228,13 @@ class MountVsLocal(RuleBasedStateMachine):
     @precondition(lambda self: self.fds)
     @rule(i=st.integers(0, FDS_MAX), size=st.integers(0, 300_000))
     def fd_ftruncate(self, i: int, size: int) -> None:
-        lfd, _, _ = self.fds[i % len(self.fds)]
-        if os.fstat(lfd).st_nlink == 0:
-            return  # the mount answers ENOENT once the last name is gone (docs/mount.md)
-        self.each_fd(i, os.ftruncate, size)
+        self.each_fd(i, os.ftruncate, size)  # also after the last unlink (loomfs.mount.orphans)
+
+    @precondition(lambda self: self.fds)
+    @rule(i=st.integers(0, FDS_MAX), mode=st.sampled_from([0o600, 0o640, 0o604]))
+    def fd_fchmod(self, i: int, mode: int) -> None:
+        self.each_fd(i, os.fchmod, mode)
+        self.each_fd(i, lambda fd: oct(stat.S_IMODE(os.fstat(fd).st_mode)))
 
     @precondition(lambda self: self.fds)
     @rule(i=st.integers(0, FDS_MAX))

@@ -222,6 +222,88 @@ def test_unlink_while_open(roots: tuple[Path, Path]) -> None:
     same(roots, scenario)
 
 
+def test_changes_by_descriptor_after_the_last_unlink(roots: tuple[Path, Path], mnt: str,
+                                                     cluster: LocalCluster) -> None:
+    """fchmod, ftruncate, futimens, fstat and writes on files whose last name went (unlinked, or
+    renamed over), from two descriptors; the name is reused meanwhile; hard links are not
+    orphans. The mount keeps such files under a hidden name until their last close."""
+    import stat
+
+    def scenario(r: Path) -> list[object]:
+        opened: list[int] = []  # closed at the end even when a step fails (no busy mount left)
+        try:
+            return steps(r, opened)
+        finally:
+            for fd in opened:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+
+    def steps(r: Path, opened: list[int]) -> list[object]:
+        def open_(p: Path, flags: int, mode: int = 0o644) -> int:
+            opened.append(os.open(p, flags, mode))
+            return opened[-1]
+
+        def close_(fd: int) -> None:
+            opened.remove(fd)
+            os.close(fd)
+
+        seen: list[object] = []
+        fd = open_(r / "t", os.O_CREAT | os.O_RDWR)
+        ro = open_(r / "t", os.O_RDONLY)
+        os.write(fd, b"0123456789")
+        os.unlink(r / "t")
+        os.fchmod(fd, 0o600)
+        os.ftruncate(fd, 4)
+        os.utime(fd, ns=(1_000_000_000, 2_000_000_000))
+        st = os.fstat(ro)
+        seen.append((stat.S_IMODE(st.st_mode), st.st_size, st.st_nlink, st.st_mtime_ns))
+        os.pwrite(fd, b"xy", 6)
+        seen.append(os.pread(ro, 100, 0))
+        (r / "t").write_bytes(b"a new file")  # the name is free
+        seen.append(sorted(os.listdir(r)))
+        close_(fd)
+        seen.append((os.pread(ro, 100, 0), os.fstat(ro).st_nlink))  # still readable
+        close_(ro)
+        # renamed over while open
+        (r / "old").write_bytes(b"old bytes")
+        fd = open_(r / "old", os.O_RDWR)
+        (r / "src").write_bytes(b"src")
+        os.rename(r / "src", r / "old")
+        os.ftruncate(fd, 3)
+        os.fchmod(fd, 0o640)
+        st = os.fstat(fd)
+        seen.append((stat.S_IMODE(st.st_mode), st.st_size, st.st_nlink, os.pread(fd, 10, 0)))
+        close_(fd)
+        seen.append((r / "old").read_bytes())
+        # a hard link left: not an orphan, the other name shows the changes
+        (r / "h1").write_bytes(b"linked")
+        os.link(r / "h1", r / "h2")
+        fd = open_(r / "h1", os.O_RDWR)
+        os.unlink(r / "h1")
+        os.fchmod(fd, 0o604)
+        st = os.fstat(fd)
+        seen.append((st.st_nlink, stat.S_IMODE((r / "h2").stat().st_mode)))
+        close_(fd)
+        return seen
+
+    same(roots, scenario)
+    assert ".loomfs-orphans" not in os.listdir(mnt)  # hidden by the mount
+    with pytest.raises(FileNotFoundError):
+        os.stat(Path(mnt) / ".loomfs-orphans")
+    import loomfs
+
+    fs = loomfs.connect(str(cluster.root))  # a native client sees the hidden directory
+    try:
+        deadline = time.monotonic() + 10  # its names went at the last close (release is async)
+        left = fs.listdir("/.loomfs-orphans")
+        while left and time.monotonic() < deadline:
+            time.sleep(0.05)
+            left = fs.listdir("/.loomfs-orphans")
+        assert left == []
+    finally:
+        fs.close()
+
+
 def test_o_append_from_two_descriptors(roots: tuple[Path, Path]) -> None:
     def scenario(r: Path) -> bytes:
         (r / "log").write_bytes(b"start\n")

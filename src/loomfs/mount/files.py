@@ -43,6 +43,8 @@ class FileOps(pyfuse3.Operations):
         async def _owned(self, path: str, attr: Attr, ctx: Any, parent_inode: int) -> Attr: ...
         def _known(self, attr: Attr, path: str) -> pyfuse3.EntryAttributes: ...
         def entry(self, attr: Attr) -> pyfuse3.EntryAttributes: ...
+        async def _last_close(self, inode: int) -> None: ...
+        async def _drop_orphans(self) -> None: ...
 
     def _writers(self, inode: int) -> list[Handle]:
         return [h for h in self.handles.values() if isinstance(h, Handle) and h.inode == inode and h.writable]
@@ -223,6 +225,7 @@ class FileOps(pyfuse3.Operations):
                     await self.call(h.file.close())
             finally:
                 self.inodes.closed(h.inode)
+            await self._last_close(h.inode)
 
     async def close_all(self) -> None:
         """At unmount: close every open file (their bytes reach storage and meta)."""
@@ -237,4 +240,5 @@ class FileOps(pyfuse3.Operations):
                     await self.call(h.file.close())
                 except OSError as exc:
                     logger.warning("closing %s at unmount: %s", h.file.path, exc)
+        await self._drop_orphans()
 

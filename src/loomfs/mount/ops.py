@@ -11,7 +11,6 @@ at the edge, with the cause kept.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import errno
 import os
 import stat
@@ -29,6 +28,7 @@ from loomfs.mount.edge import Handle, fuse_errors, join
 from loomfs.mount.files import FileOps
 from loomfs.mount.inodes import ROOT_INODE, InodeTable
 from loomfs.mount.options import MountOptions
+from loomfs.mount.orphans import OrphanOps, Orphans, hidden
 from loomfs.mount.xattrs import LAYOUT_XATTR, decode_layout, encode_layout
 from loomfs.wire.meta import SetattrReq
 from loomfs.wire.types import Attr, FileType
@@ -44,7 +44,7 @@ _SPECIAL_OF_BITS = {stat.S_IFIFO: FileType.FIFO, stat.S_IFSOCK: FileType.SOCKET,
                     stat.S_IFBLK: FileType.BLOCK_DEVICE}
 
 
-class LoomOperations(FileOps):
+class LoomOperations(OrphanOps, FileOps):
     supports_dot_lookup = False
 
     def __init__(self, client: AsyncClient, client_loop: asyncio.AbstractEventLoop, options: MountOptions):
@@ -59,6 +59,7 @@ class LoomOperations(FileOps):
         self._next_fh = 1
         self._read_buffers: dict[int, list[bytearray]] = {}  # request size -> free reply buffers
         self._dirs: dict[int, tuple[int, int]] = {}  # directory inode -> (mode, gid) last seen
+        self.orphans = Orphans()  # open files kept past their last name (loomfs.mount.orphans)
 
     def __repr__(self) -> str:
         return f"LoomOperations({self.inodes!r}, handles={len(self.handles)}, loop={self.options.loop})"
@@ -79,7 +80,7 @@ class LoomOperations(FileOps):
         e.st_ino = attr.inode
         e.generation = 0
         e.st_mode = _TYPE_BITS.get(FileType(attr.type), stat.S_IFREG) | (attr.mode & 0o7777)
-        e.st_nlink = attr.nlink
+        e.st_nlink = attr.nlink - 1 if attr.inode in self.orphans else attr.nlink  # not the hidden name
         e.st_uid, e.st_gid = self.options.uid_map.local(attr.uid), self.options.gid_map.local(attr.gid)
         size = attr.size
         writers = self._writers(attr.inode) if attr.type == FileType.FILE else []
@@ -107,7 +108,10 @@ class LoomOperations(FileOps):
 
     @fuse_errors
     async def lookup(self, parent_inode: int, name: bytes, ctx: Any = None) -> pyfuse3.EntryAttributes:
-        path = join(self.inodes.path(parent_inode), name)
+        parent = self.inodes.path(parent_inode)
+        if hidden(parent, name):
+            raise pyfuse3.FUSEError(errno.ENOENT)
+        path = join(parent, name)
         try:
             attr = await self._attr(path)
         except FileNotFoundError:
@@ -138,9 +142,9 @@ class LoomOperations(FileOps):
 
     @fuse_errors
     async def setattr(self, inode: int, attr: Any, fields: Any, fh: int | None, ctx: Any) -> pyfuse3.EntryAttributes:
-        # by inode (whatever names it has now, here or at another client); ENOENT once its
-        # last name is gone (meta drops an unlinked inode even while it is open)
-        path = self.inodes.path(inode)
+        # by inode (whatever names it has now, here or at another client; an open file whose
+        # last name went lives on under its hidden name, loomfs.mount.orphans)
+        path = self.orphans.path(inode) or self.inodes.path(inode)
         c = self.client
         last: Attr | None = None
         if fields.update_size:
@@ -173,13 +177,6 @@ class LoomOperations(FileOps):
         if last is not None:
             return self.entry(last)
         return self.entry(await self._attr(path))
-
-    async def _keep_if_open(self, path: str) -> None:
-        """Before a name goes: the attributes of an open file it names, for getattr after."""
-        inode = self.inodes.inode_of(path)
-        if inode is not None and self.inodes.is_open(inode):
-            with contextlib.suppress(FileNotFoundError):
-                self.inodes.seen(await self._attr(path))
 
     # --- names --------------------------------------------------------------------------
 
@@ -225,7 +222,8 @@ class LoomOperations(FileOps):
     @fuse_errors
     async def unlink(self, parent_inode: int, name: bytes, ctx: Any) -> None:
         path = join(self.inodes.path(parent_inode), name)
-        await self._keep_if_open(path)
+        if await self._keep_orphan(path):  # open here: moved to a hidden name until its last close
+            return
         await self.call(self.client.unlink(path))
         self.inodes.unlinked(path)
 
@@ -239,8 +237,8 @@ class LoomOperations(FileOps):
         if exchange:
             await self.call(self.client.exchange(src, dst))
         else:
-            if not no_replace:
-                await self._keep_if_open(dst)
+            if not no_replace and self.inodes.inode_of(dst) != self.inodes.inode_of(src):
+                await self._keep_orphan(dst)  # an open file replaced: kept under a hidden name
             await self.call(self.client.rename(src, dst, no_replace=no_replace))
         self.inodes.renamed(src, dst, exchange=exchange)
         moves = [(src, dst), (dst, src)] if exchange else [(src, dst)]
@@ -351,6 +349,9 @@ class LoomOperations(FileOps):
         base, page = await h.page_at(i)
         while page:
             for e in page[i - base:]:
+                if hidden(h.path, os.fsencode(e.name)):
+                    i += 1  # the orphans directory: its offset stays taken
+                    continue
                 path = join(h.path, os.fsencode(e.name))
                 attr = e.attr if e.attr is not None else await self._attr(path)
                 if not pyfuse3.readdir_reply(token, os.fsencode(e.name), self.entry(attr), i + 1):
