@@ -79,6 +79,10 @@ def test_hosts_reach_each_other_and_faults_act_on_one_host() -> None:
         assert _probe(lab, b, a.address) == "refused"
         run_id, bridge, netnses = lab.run_id, lab.bridge, [h.netns for h in (a, b, c)]
         _serve(lab, b)  # left running: close() must end it
+        # while a lab exists, its /16 never leaves the machine by the default route
+        gone = f"{netns.SUBNET_FIRST}.{(int(lab.subnet.split('.')[2]) + 128) % 256}.99"
+        r = subprocess.run(["ip", "route", "get", gone], capture_output=True, text=True)
+        assert r.returncode != 0 and "no route to host" in r.stderr.lower(), (r.stdout, r.stderr)
     ns, links = _names()
     assert not set(netnses) & ns and bridge not in links
     assert not [x for x in links if x.startswith(f"lf{run_id}")]

@@ -183,15 +183,15 @@ def test_faults_under_load_lose_no_acknowledged_byte(cluster: NetnsCluster) -> N
     assert all(counts[n]["mismatches"] == 0 for n in CLIENTS), errors
 
     # every acknowledged file, from a third client (this process), byte for byte
-    fs = loomfs.connect(str(c.root))
     checked = 0
-    for name in CLIENTS:
-        for path, size in _acked(out, name):
-            i = int(path.rsplit("/f", 1)[1])
-            expect = content(name, i)
-            assert size == len(expect)
-            assert fs.cat(path) == expect, f"{path}: acknowledged bytes lost"
-            checked += len(expect)
+    with loomfs.connect(str(c.root)) as fs:  # closed before the lab goes
+        for name in CLIENTS:
+            for path, size in _acked(out, name):
+                i = int(path.rsplit("/f", 1)[1])
+                expect = content(name, i)
+                assert size == len(expect)
+                assert fs.cat(path) == expect, f"{path}: acknowledged bytes lost"
+                checked += len(expect)
     print(f"hosts {len(c.lab.hosts)}, {sum(len(_acked(out, n)) for n in CLIENTS)} acked files "
           f"({checked / 1e6:.1f} MB) read back intact; counts {counts}; seconds per phase "
           f"{ {k: round(v, 1) for k, v in timings.items()} }, total {time.monotonic() - started_s:.0f}s")

@@ -13,7 +13,7 @@ from typing import Any
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from loomfs.bench import checkpoint, dataloader, kvcache, limits, metaservers, smallfiles
+from loomfs.bench import checkpoint, dataloader, hosts, kvcache, limits, metaservers, smallfiles
 from loomfs.bench import ec as ec_bench
 from loomfs.bench.parallel import parallel_bigfile, parallel_mdtest
 from loomfs.bench.rounds import median_limits, pair, summarize
@@ -34,9 +34,10 @@ READDIR_ENTRY_BYTES = 256  # an entry with its attributes on the wire (at most),
 # PyTorch DataLoader samples/s over files and shards, LoomFS vs local (issue 9, needs torch),
 # DCP checkpoint save/load and blocked time, LoomFS vs local (issue 10, needs torch).
 GROUPS = ("bigfile", "mdtest", "small", "lookup", "smallfiles", "dataloader", "checkpoint", "metaservers", "ec",
-          "kvcache")  # kvcache: KV cache put/get by value size and batch (issue 14)
+          "kvcache", "hosts")  # kvcache: KV cache put/get by value size and batch (issue 14)
+# hosts: aggregate read with 1, 2, 3 storage hosts in network namespaces (issue 12; root only)
 # ec: erasure coding vs 3 replicas on a 6-node cluster of its own that it kills servers of (issue 11)
-OPT_IN_GROUPS = ("metaservers", "ec", "kvcache")  # only with --only: clusters of their own (issue 12: 1 SQLite, 1-2 PostgreSQL metas)
+OPT_IN_GROUPS = ("metaservers", "ec", "kvcache", "hosts")  # only with --only: clusters of their own (issue 12: 1 SQLite, 1-2 PostgreSQL metas)
 PINNED_LIMIT_NAME = "raw round trips, 1 CPU"
 
 
@@ -195,6 +196,8 @@ def run_target(t: BenchTarget, plan: Plan, lim: dict[str, float], replicas: int,
         out += ec_bench.run_ec(plan.ec_bytes, lim, step, tag)
     if "metaservers" in groups and not local:  # clusters of its own: 1 meta on SQLite, 1 and 2 on PostgreSQL
         out += metaservers.run_metaservers(lim, files=plan.md_files, procs=plan.procs, step=step)
+    if "hosts" in groups and not local:  # clusters of its own, each service on its own namespace host
+        out += hosts.run_hosts(lim, size_bytes=max(64 << 20, min(plan.big_bytes, 512 << 20)), step=step)
     if "checkpoint" in groups:
         out += checkpoint.run_checkpoint(t, base, size_bytes=plan.ckpt_bytes, lim=lim,
                                          local_dir=disk_dir or tempfile.gettempdir(), step=step, tag=tag)
@@ -310,7 +313,7 @@ def steps_total(plan: Plan, targets: int) -> int:
                  "lookup": 1, "smallfiles": smallfiles.steps(tuple(plan.sf_threads)),
                  "dataloader": dataloader.steps(len(plan.dl_sets), len(plan.dl_workers)),
                  "checkpoint": checkpoint.steps(), "metaservers": metaservers.steps(),
-                 "ec": ec_bench.steps(), "kvcache": kvcache.steps(plan.big_bytes)}
+                 "ec": ec_bench.steps(), "kvcache": kvcache.steps(plan.big_bytes), "hosts": hosts.steps()}
     per_target = sum(per_group[g] for g in set(plan.groups))
     return ((4 if plan.network_and_disk() else 1) + per_target * targets) * plan.rounds
 

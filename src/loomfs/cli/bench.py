@@ -25,8 +25,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="files in the small-file benchmark, 4 KiB each in 100 directories (default 20000, --quick 400)")
     p.add_argument("--only", default=None,
                    help="run only these workload groups, comma list of bigfile, mdtest, small, lookup, "
-                        "smallfiles, dataloader, checkpoint, metaservers, ec, kvcache (default all but metaservers, ec and "
-                        "kvcache; dataloader "
+                        "smallfiles, dataloader, checkpoint, metaservers, ec, kvcache, hosts (default all but metaservers, "
+                        "ec, kvcache and hosts; hosts: read throughput with 1-3 storage hosts in network "
+                        "namespaces, needs root; dataloader "
                         "and checkpoint only where torch imports); "
                         "limits not needed by them are skipped")
     p.add_argument("--consumer-rate", type=float, default=None,
@@ -106,6 +107,12 @@ def plan_from_args(args: argparse.Namespace) -> Any:
         if why is not None:
             print(f"skipping the {group} group: {why}")
             plan.groups = [g for g in plan.groups if g != group]
+    if "hosts" in plan.groups:
+        from loomfs.bench.hosts import check_netns
+
+        why = check_netns()
+        if why is not None:
+            raise SystemExit(f"loomfs bench --only hosts: {why}")
     plan.rounds = max(1, args.rounds)
     return plan
 
@@ -151,11 +158,16 @@ def _bench(args: argparse.Namespace) -> int:
         if args.compare_dir:
             targets.append(LocalTarget(args.compare_dir))
         doc = run_bench(targets, plan, replicas, disk_dir, quick=args.quick, show_progress=not args.no_progress)
-    print("\n".join(table_lines(doc)))
+    from loomfs.bench.hosts import curve_lines, plot_curve
+
+    print("\n".join(table_lines(doc) + curve_lines(doc)))
     if args.json_path:
         Path(args.json_path).write_text(json.dumps(doc, indent=2))
         print(f"results written to {args.json_path}")
     if args.plot_path:
         plot(doc, args.plot_path)
         print(f"plot written to {args.plot_path}")
+        curve = str(Path(args.plot_path).with_suffix("")) + "-hosts.png"
+        if plot_curve(doc, curve):  # the storage-hosts curve (--only hosts), a figure of its own
+            print(f"storage-hosts curve written to {curve}")
     return 0

@@ -39,6 +39,10 @@ logger = logging.getLogger(__name__)
 NS_PREFIX = "lfs-"  # namespaces: lfs-<run>-<host>
 LINK_RE = re.compile(r"^lf([0-9a-f]{2,7})(b|h\d{1,3})$")  # bridges lf<run>b, veths lf<run>h<i>
 SUBNET_FIRST = "10.77"  # /24s 10.77.0.0 .. 10.77.255.0, the first free one per lab
+# while any lab exists, the whole /16 is unreachable in the root namespace except through a
+# lab's bridge (its /24 is more specific): a client still calling a closed lab's address
+# gets EHOSTUNREACH instead of its packets leaving the machine by the default route
+SAFETY_ROUTE = f"{SUBNET_FIRST}.0.0/16"
 HOST_OFFSET = 10  # host i gets .10+i; .1 is the bridge (the root namespace)
 HOSTS_MAX = 240
 LOCK_PATH = "/run/lock/loomfs-netns.lock"
@@ -117,6 +121,11 @@ def _kill_namespace(netns: str, timeout_s: float = 10.0) -> None:
 def cleanup_leftovers(*, all_runs: bool = False) -> list[str]:
     """Remove namespaces and links of labs whose owner process is gone (every lab's with
     ``all_runs``). Returns what was removed."""
+    with _locked():
+        return _cleanup_leftovers(all_runs)
+
+
+def _cleanup_leftovers(all_runs: bool) -> list[str]:
     removed: list[str] = []
     for line in _ip("netns", "list", check=False).splitlines():
         name = line.split()[0] if line.split() else ""
@@ -139,7 +148,20 @@ def cleanup_leftovers(*, all_runs: bool = False) -> list[str]:
             removed.append(link)
     if removed:
         logger.warning("netns: removed leftovers %s", removed)
+    _drop_safety_route_if_unused()
     return removed
+
+
+def _bridges() -> list[str]:
+    out = _ip("-o", "link", "show", "type", "bridge", check=False)
+    names = [line.split(":", 2)[1].strip() for line in out.splitlines() if line.count(":") >= 2]
+    return [n for n in names if (m := LINK_RE.match(n)) and m.group(2) == "b"]
+
+
+def _drop_safety_route_if_unused() -> None:
+    """(Under the lock.) The /16 safety route goes with the last lab's bridge."""
+    if not _bridges():
+        _ip("route", "del", "unreachable", SAFETY_ROUTE, check=False)
 
 
 @dataclass
@@ -178,18 +200,21 @@ class NetnsLab:
     # ---- set up ---------------------------------------------------------------------------
     def _up(self) -> None:
         with _locked():
-            cleanup_leftovers()
+            _cleanup_leftovers(False)
             used = set(re.findall(rf"inet {re.escape(SUBNET_FIRST)}\.(\d+)\.", _ip("-4", "-o", "addr", "show")))
             free = [x for x in range(256) if str(x) not in used]
             if not free:
                 raise RuntimeError(f"no free /24 left in {SUBNET_FIRST}.0.0/16")
             self.subnet = f"{SUBNET_FIRST}.{free[0]}"
             try:
+                _ip("route", "replace", "unreachable", SAFETY_ROUTE)
                 _ip("link", "add", self.bridge, "type", "bridge")
                 _ip("addr", "add", f"{self.gateway}/24", "dev", self.bridge)
                 _ip("link", "set", self.bridge, "up")
             except BaseException:
-                self.close()
+                _ip("link", "del", self.bridge, check=False)
+                _drop_safety_route_if_unused()
+                self._closed = True
                 raise
         logger.info("netns lab %s: bridge %s on %s.0/24", self.run_id, self.bridge, self.subnet)
 
@@ -298,7 +323,9 @@ class NetnsLab:
                 _ip("link", "del", h.veth, check=False)  # gone with the namespace's end, usually
             except BaseException as exc:  # go on: remove the rest
                 first = first or exc
-        _ip("link", "del", self.bridge, check=False)
+        with _locked():
+            _ip("link", "del", self.bridge, check=False)
+            _drop_safety_route_if_unused()
         with contextlib.suppress(Exception):
             atexit.unregister(self.close)
         if first is not None:
