@@ -4,6 +4,7 @@ verify, and the ``loomfs ckpt`` CLI."""
 
 from __future__ import annotations
 
+import copy
 import os
 import socket
 from pathlib import Path
@@ -19,6 +20,7 @@ import loomfs
 from loomfs.checkpoint import (
     LoomStorageReader,
     LoomStorageWriter,
+    Stager,
     Uploader,
     list_checkpoints,
     prune,
@@ -115,6 +117,25 @@ def test_async_save(fs: loomfs.LoomFS, base: str) -> None:
     got = make_state(4)
     dcp.load(got, storage_reader=LoomStorageReader(run, fs))
     assert_same(state, got)
+
+
+def test_async_saves_reuse_the_staged_copy_while_training_goes_on(fs: loomfs.LoomFS, base: str) -> None:
+    """Each async save holds the state as it was when async_save returned, although the live
+    state changes while it uploads; the second save copies into the first one's memory."""
+    run = f"{base}/run"
+    stager = Stager()
+    state = make_state(5)
+    for step in (1, 2):
+        fut = dcp.async_save(state, storage_writer=LoomStorageWriter(run, fs, step=step, stager=stager))
+        expected = copy.deepcopy(state)
+        for v in flatten(state).values():  # the training step goes on during the upload
+            if isinstance(v, torch.Tensor) and v.is_floating_point():
+                v.add_(1.0)
+        fut.result(timeout=60)
+        got = make_state(0)
+        dcp.load(got, storage_reader=LoomStorageReader(run, fs))
+        assert_same(expected, got)
+    assert (stager.allocated_total, stager.reused_total) == (1, 1)
 
 
 def test_tiered_save_through_local_dir(fs: loomfs.LoomFS, base: str, tmp_path: Path) -> None:

@@ -20,11 +20,13 @@ from loomfs.checkpoint._upload import Progress, Uploader
 
 if TYPE_CHECKING:
     from loomfs.checkpoint._reader import LoomStorageReader
+    from loomfs.checkpoint._staging import Stager, release_staging
     from loomfs.checkpoint._writer import LoomStorageWriter
 
 __all__ = [
-    "CheckpointInfo", "LoomStorageReader", "LoomStorageWriter", "Progress", "PrunePlan", "Uploader",
-    "VerifyReport", "list_checkpoints", "plan_prune", "prune", "read_latest", "resolve", "verify",
+    "CheckpointInfo", "LoomStorageReader", "LoomStorageWriter", "Progress", "PrunePlan", "Stager", "Uploader",
+    "VerifyReport", "list_checkpoints", "plan_prune", "prune", "read_latest", "release_staging", "resolve",
+    "verify",
 ]
 
 
@@ -37,4 +39,8 @@ def __getattr__(name: str) -> Any:  # torch only when the DCP classes are used
         from loomfs.checkpoint._reader import LoomStorageReader
 
         return LoomStorageReader
+    if name in ("Stager", "release_staging"):
+        from loomfs.checkpoint import _staging
+
+        return getattr(_staging, name)
     raise AttributeError(name)

@@ -5,10 +5,16 @@ offset, and split into ``threads`` runs of about equal bytes read concurrently (
 its own file handle, so the client's read-ahead follows it). A tensor that the plan wants
 whole lands with ``readinto`` straight in the destination tensor's memory; a slice of one
 (resharding) is read into a scratch tensor and copied.
+
+On a ``LoomFS`` client the reads run as coroutines on the client's loop instead: every item
+of a batch (up to ``batch_bytes``) is read with ``pread`` straight into its destination at
+once, ``inflight`` at a time, one hop from the caller's thread per batch; the caller then
+checks and commits the batch.
 """
 
 from __future__ import annotations
 
+import asyncio
 import io
 import os
 import pickle
@@ -46,12 +52,14 @@ class LoomStorageReader(StorageReader):
     directory (its ``latest``, else its newest complete checkpoint)."""
 
     def __init__(self, path: str | os.PathLike[str], fs: Any = None, *, threads: int = 8,
-                 verify: bool = False):
+                 verify: bool = False, inflight: int = 16, batch_bytes: int = 1 << 30):
         super().__init__()
         self.path = os.fspath(path)
         self.fs = _connect(fs)
         self.threads = threads
         self.verify = verify
+        self.inflight = inflight  # item reads in flight on the loop
+        self.batch_bytes = batch_bytes  # bytes resolved (and scratch allocated) per loop hop
         self.checkpoint_path: str | None = None
         self.storage_data: dict[Any, ItemLoc] = {}
         self._lock = threading.Lock()
@@ -88,6 +96,11 @@ class LoomStorageReader(StorageReader):
         return plans
 
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
+        if hasattr(self.fs, "loop") and hasattr(self.fs, "client"):
+            self._read_on_loop(plan.items, planner)
+            fut0: Future[None] = Future()
+            fut0.set_result(None)
+            return fut0
         runs = self._runs(plan.items)
         if runs:
             with ThreadPoolExecutor(max_workers=min(self.threads, len(runs)), thread_name_prefix="loomfs-ckpt-r") as pool:
@@ -153,6 +166,54 @@ class LoomStorageReader(StorageReader):
                 with self._lock:
                     planner.commit_tensor(item, dest)
 
+    def _read_on_loop(self, items: list[ReadItem], planner: LoadPlanner) -> None:
+        order = sorted(items, key=lambda i: (self.storage_data[i.storage_index].file,
+                                             self.storage_data[i.storage_index].offset))
+        batch: list[ReadItem] = []
+        size = 0
+        for item in order:
+            batch.append(item)
+            size += self.storage_data[item.storage_index].length
+            if size >= self.batch_bytes:
+                self._read_batch(batch, planner)
+                batch, size = [], 0
+        if batch:
+            self._read_batch(batch, planner)
+
+    def _read_batch(self, items: list[ReadItem], planner: LoadPlanner) -> None:
+        """Resolve destinations, read every item on the loop at once, check and commit."""
+        jobs: list[tuple[ReadItem, ItemLoc, Any, Any]] = []  # item, loc, destination, buffer read into
+        for item in items:
+            loc = self.storage_data[item.storage_index]
+            if item.type == LoadItemType.BYTE_IO:
+                buf = bytearray(loc.length)
+                jobs.append((item, loc, None, buf))
+                continue
+            dest = planner.resolve_tensor(item).detach()
+            shape, dtype = torch.Size(loc.shape), dtype_of(loc.dtype)
+            whole = (all(o == 0 for o in item.storage_offsets) and tuple(item.lengths) == tuple(shape)
+                     and dest.dtype == dtype and dest.device.type == "cpu" and dest.is_contiguous()
+                     and dest.shape == shape)
+            into = dest if whole else torch.empty(shape, dtype=dtype)
+            jobs.append((item, loc, dest, into))
+        reads: dict[str, list[tuple[int, memoryview]]] = {}
+        for _item, loc, _dest, into in jobs:
+            view = memoryview(into) if isinstance(into, bytearray) else tensor_bytes(into)
+            reads.setdefault(L.join(self._dir(), loc.file), []).append((loc.offset, view))
+        self.fs.run(read_files(self.fs.client, reads, self.inflight))
+        for item, loc, dest, into in jobs:
+            if dest is None:
+                self._check(loc, into)
+                planner.load_bytes(item, io.BytesIO(into))
+                continue
+            self._check(loc, tensor_bytes(into))
+            if into is not dest:
+                part = narrow_tensor_by_index(into, item.storage_offsets, item.lengths)
+                if dest.size() != part.size():
+                    raise ValueError(f"{item.storage_index}: size {tuple(part.size())} != {tuple(dest.size())}")
+                dest.copy_(part)
+            planner.commit_tensor(item, dest)
+
     def _check(self, loc: ItemLoc, data: Any) -> None:
         if self.verify and crc(data) != loc.crc32c:
             raise ChecksumError(5, f"checksum mismatch at {loc.file}@{loc.offset}", self._dir())
@@ -160,3 +221,29 @@ class LoomStorageReader(StorageReader):
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike[str]) -> bool:
         return False
+
+
+async def read_files(client: Any, reads: dict[str, list[tuple[int, memoryview]]], inflight: int) -> None:
+    """Read every (offset, buffer) of every file, ``inflight`` reads at a time; a short read
+    raises EOFError."""
+    sem = asyncio.Semaphore(max(1, inflight))
+
+    async def one(f: Any, path: str, offset: int, view: memoryview) -> None:
+        async with sem:
+            got = 0
+            while got < len(view):
+                n = await f.pread(offset + got, view[got:])
+                if not n:
+                    raise EOFError(f"{path}: short read ({got} of {len(view)} bytes at {offset})")
+                got += n
+
+    files = {path: await client.open(path, "rb") for path in reads}
+    try:
+        outcomes = await asyncio.gather(*(one(files[p], p, off, v) for p, rs in reads.items() for off, v in rs),
+                                        return_exceptions=True)
+    finally:
+        for f in files.values():
+            await f.close()
+    for out in outcomes:
+        if isinstance(out, BaseException):
+            raise out

@@ -11,10 +11,17 @@ name, then moves ``latest``. A crash before the rename leaves only a staging dir
 With ``local_dir``, ranks write to local disk and return; an ``Uploader`` copies the files
 to LoomFS in the background and the coordinator's upload commits once every rank's
 ``.rank-N.done`` marker is there (``wait()`` before exit).
+
+On a ``LoomFS`` client a rank's files are written by one coroutine per file on the client's
+loop (one hop from the caller's thread for the whole rank, not one per item), while the
+caller's thread computes the items' CRC32Cs meanwhile. For ``dcp.async_save`` the writer is
+its own stager (``loomfs.checkpoint._staging``): the staged CPU copy is reused from one save
+to the next.
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import io
 import json
@@ -42,6 +49,7 @@ from loomfs.checkpoint._format import (
     dtype_name,
     tensor_bytes,
 )
+from loomfs.checkpoint._staging import DEFAULT_STAGER, Stager
 from loomfs.checkpoint._upload import Uploader, commit_job, done_marker, rank_upload_job
 
 logger = logging.getLogger(__name__)
@@ -84,6 +92,40 @@ def split_items(items: list[WriteItem], bins: int) -> list[list[WriteItem]]:
     return [g for g in groups if g]
 
 
+def _item_buffer(item: WriteItem, data: Any) -> tuple[WriteItem, memoryview, ItemLoc]:
+    """The bytes to write for an item (kept alive with its tensor) and its location less
+    the file, offset and CRC."""
+    if item.type == WriteItemType.BYTE_IO:
+        assert isinstance(data, io.BytesIO)
+        buf = data.getbuffer()
+        return item, buf, ItemLoc("", 0, len(buf), 0, KIND_BYTES)
+    assert isinstance(data, torch.Tensor)
+    t = data.detach()
+    t = t.cpu() if t.device.type != "cpu" else t
+    t = t.contiguous()
+    buf = tensor_bytes(t)
+    return item, buf, ItemLoc("", 0, len(buf), 0, KIND_TENSOR, dtype_name(t.dtype), tuple(t.shape))
+
+
+async def write_files(client: Any, files: list[tuple[str, list[memoryview]]]) -> None:
+    """Write each file's buffers in order, all files at once; fsync and close each."""
+
+    async def one(path: str, bufs: list[memoryview]) -> None:
+        f = await client.open(path, "wb")
+        try:
+            for buf in bufs:
+                await f.write(buf)
+                _fault("item")
+            await f.fsync()
+        finally:
+            await f.close()
+
+    outcomes = await asyncio.gather(*(one(p, b) for p, b in files), return_exceptions=True)
+    for out in outcomes:
+        if isinstance(out, BaseException):
+            raise out
+
+
 class LoomStorageWriter(StorageWriter):
     """Writes a DCP checkpoint to LoomFS, atomically.
 
@@ -103,6 +145,7 @@ class LoomStorageWriter(StorageWriter):
         uploader: Uploader | None = None,
         commit_timeout_s: float = 3600.0,
         durable: bool = True,
+        stager: Stager | None = None,
     ):
         super().__init__()
         self.path = os.fspath(path)
@@ -117,9 +160,35 @@ class LoomStorageWriter(StorageWriter):
         self.rank = 0
         self.info: PlanInfo | None = None
         self.checkpoint_path: str | None = None  # set by finish (or the commit upload)
+        self.stager = stager if stager is not None else DEFAULT_STAGER  # dcp.async_save's staging copies
+        self._staged: object | None = None  # the staged copy this writer's save reads, until written
 
     def __repr__(self) -> str:
         return f"LoomStorageWriter({self.path!r}, step={self.step}, rank={self.rank})"
+
+    # --- the AsyncStager protocol (dcp.async_save stages through the writer) ---------------
+
+    _synchronize_after_execute = False  # stage() returns once the copy is done
+
+    @property
+    def should_synchronize_after_execute(self) -> bool:
+        return self._synchronize_after_execute
+
+    def stage(self, state_dict: dict[str, Any]) -> dict[str, Any]:
+        """A CPU copy of ``state_dict`` for ``dcp.async_save``, in memory reused across saves."""
+        staged, self._staged = self.stager.stage(state_dict)
+        return staged
+
+    def synchronize_staging(self) -> None:
+        """Nothing to wait for: ``stage`` copies before it returns."""
+
+    def close(self) -> None:
+        self._release_staged()
+
+    def _release_staged(self) -> None:
+        token, self._staged = self._staged, None
+        if token is not None:
+            self.stager.release(token)
 
     # --- the StorageWriter protocol -------------------------------------------------------
 
@@ -162,24 +231,58 @@ class LoomStorageWriter(StorageWriter):
         if not isinstance(info, PlanInfo):
             raise RuntimeError("LoomStorageWriter needs the coordinated save (use_collectives=True)")
         self.info = info
-        groups = split_items(plan.items, self.files_per_rank)
+        try:
+            results = self._write_items(info, split_items(plan.items, self.files_per_rank), planner)
+        finally:
+            self._release_staged()  # written (or failed): the staged copy may be reused
+        fut: Future[list[WriteResult]] = Future()
+        fut.set_result(results)
+        return fut
+
+    def _write_items(self, info: PlanInfo, groups: list[list[WriteItem]], planner: SavePlanner) -> list[WriteResult]:
+        names = [f"__{info.rank}_{i}.distcp" for i in range(len(groups))]
+        if self.local_dir is None and hasattr(self.fs, "loop") and hasattr(self.fs, "client"):
+            results = self._write_on_loop(info, names, groups, planner)
+            _fault("written")
+            return results
         local = L.join(self.local_dir, os.path.basename(info.staging)) if self.local_dir else None
         if local is not None:
             os.makedirs(local, exist_ok=True)
         opener = (lambda name: open(os.path.join(local, name), "wb")) if local else (  # noqa: E731
             lambda name: self.fs.open(L.join(info.staging, name), "wb"))
-        names = [f"__{info.rank}_{i}.distcp" for i in range(len(groups))]
         with ThreadPoolExecutor(max_workers=max(1, len(groups)), thread_name_prefix="loomfs-ckpt-w") as pool:
             parts = list(pool.map(lambda ng: self._write_file(opener, ng[0], ng[1], planner, local is None),
                                   zip(names, groups, strict=True)))
-        results = [r for part in parts for r in part]
         _fault("written")
         if local is not None:
             assert self.uploader is not None
             self.uploader.submit(rank_upload_job(self.fs, local, info, names), key=info.final)
-        fut: Future[list[WriteResult]] = Future()
-        fut.set_result(results)
-        return fut
+        return [r for part in parts for r in part]
+
+    def _write_on_loop(self, info: PlanInfo, names: list[str], groups: list[list[WriteItem]],
+                       planner: SavePlanner) -> list[WriteResult]:
+        """Every file of the rank written concurrently by coroutines on the client's loop; the
+        CRC32Cs are computed here meanwhile (crc32c releases the GIL)."""
+        files = [(name, [_item_buffer(item, planner.resolve_data(item)) for item in items])
+                 for name, items in zip(names, groups, strict=True)]
+        client = self.fs.client
+        paths = [L.join(info.staging, name) for name in names]
+        job = asyncio.run_coroutine_threadsafe(
+            write_files(client, [(p, [b for _i, b, _l in bufs]) for p, (_n, bufs) in zip(paths, files, strict=True)]),
+            self.fs.loop)
+        try:
+            results = []
+            for name, bufs in files:
+                offset = 0
+                for item, buf, loc in bufs:
+                    loc = dataclasses.replace(loc, file=name, offset=offset, crc32c=crc(buf))
+                    offset += loc.length
+                    results.append(WriteResult(index=item.index, size_in_bytes=loc.length, storage_data=loc))
+        except BaseException:
+            job.cancel()
+            raise
+        job.result()
+        return results
 
     def _write_file(self, opener: Callable[[str], Any], name: str, items: list[WriteItem],
                     planner: SavePlanner, sync: bool) -> list[WriteResult]:
@@ -187,18 +290,8 @@ class LoomStorageWriter(StorageWriter):
         offset = 0
         with opener(name) as f:
             for item in items:
-                data = planner.resolve_data(item)
-                if item.type == WriteItemType.BYTE_IO:
-                    assert isinstance(data, io.BytesIO)
-                    buf = data.getbuffer()
-                    loc = ItemLoc(name, offset, len(buf), crc(buf), KIND_BYTES)
-                else:
-                    assert isinstance(data, torch.Tensor)
-                    t = data.detach()
-                    t = t.cpu() if t.device.type != "cpu" else t
-                    t = t.contiguous()
-                    buf = tensor_bytes(t)
-                    loc = ItemLoc(name, offset, len(buf), crc(buf), KIND_TENSOR, dtype_name(t.dtype), tuple(t.shape))
+                _item, buf, loc = _item_buffer(item, planner.resolve_data(item))
+                loc = dataclasses.replace(loc, file=name, offset=offset, crc32c=crc(buf))
                 f.write(buf)
                 _fault("item")
                 offset += len(buf)
