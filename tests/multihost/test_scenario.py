@@ -35,6 +35,7 @@ from loomfs.testing import netns
 from loomfs.testing.netns_cluster import NetnsCluster
 from loomfs.testing.pgserver import PgServer
 from loomfs.wire import mgmtd as wm
+from loomfs.wire.status import Status
 from loomfs.wire.types import NodeKind, NodeState, TargetState
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -116,17 +117,18 @@ def _progress(c: NetnsCluster, out: Path, more: int, what: str) -> float:
                  f"both clients acknowledge {more} more writes after {what}")
 
 
-def _routing_version(address: str) -> int:
-    """The routing version ``address`` serves as primary; 0 when it does not answer as one."""
+def _routing_version(c: NetnsCluster, address: str, *, auth: bool = True) -> int:
+    """The routing version ``address`` serves as primary; 0 when it does not answer as one
+    (-1 when it refuses an unauthenticated caller)."""
 
     async def go() -> int:
-        rpc = RpcClient(TcpTransport(), connect_timeout_s=0.5)
+        rpc = RpcClient(TcpTransport(auth=c.client_auth() if auth else None), connect_timeout_s=0.5)
         try:
             rsp = await rpc.call(Address.parse(address), wm.GET_ROUTING, wm.GetRoutingReq(), timeout_s=1.0,
                                  retry=False)
             return int(rsp.body.routing.version) if rsp.body.routing is not None else 0
-        except (LoomError, OSError):
-            return 0
+        except (LoomError, OSError) as exc:
+            return -1 if getattr(exc, "status", None) is Status.AUTH_REQUIRED else 0
         finally:
             await rpc.close()
 
@@ -147,10 +149,11 @@ def test_faults_under_load_lose_no_acknowledged_byte(cluster: NetnsCluster) -> N
     addresses = {s.name: s.address for s in c.services.values()}
     assert len({a.split(":")[0] for a in addresses.values()}) == len(addresses)  # a host each
     assert not any(a.startswith("127.") for a in addresses.values())
+    assert _routing_version(c, c.services["mgmtd"].address, auth=False) == -1  # auth is on, across hosts
     registered = {(n.host, n.port) for n in c.routing().nodes}
     assert all(c.services[s].address.split(":")[0] in {h for h, _ in registered}
                for s in c.services if c.services[s].kind != "mgmtd")
-    env = dict(os.environ, PYTHONPATH=str(Path(loomfs.__file__).resolve().parents[1]))
+    env = c.client_env()  # this tree, the admin token (auth is on)
     for name in CLIENTS:
         host = c.add_client_host(name)
         with open(out / f"{name}.log", "ab") as log:
@@ -162,10 +165,10 @@ def test_faults_under_load_lose_no_acknowledged_byte(cluster: NetnsCluster) -> N
     timings["cut"] = _progress(c, out, 5, "storage3 cut off")
     _wait(lambda: _storage_state(c, 3)[0] != NodeState.ALIVE, NODE_LEASE_S + 10, "mgmtd marks storage3 dead")
 
-    before = _routing_version(c.services["mgmtd"].address)
-    assert before > 0 and _routing_version(c.services["mgmtd2"].address) == 0  # primary, standby
+    before = _routing_version(c, c.services["mgmtd"].address)
+    assert before > 0 and _routing_version(c, c.services["mgmtd2"].address) == 0  # primary, standby
     c.kill_host("mgmtd")
-    timings["takeover"] = _wait(lambda: _routing_version(c.services["mgmtd2"].address) > before,
+    timings["takeover"] = _wait(lambda: _routing_version(c, c.services["mgmtd2"].address) > before,
                                 PRIMARY_LEASE_S + 10, "mgmtd2 takes over, with a newer routing version")
     timings["mgmtd"] = _progress(c, out, 5, "the primary mgmtd's host killed")
 

@@ -96,12 +96,6 @@ def steps(configs: tuple[int, ...] = STORAGE_HOSTS) -> int:
     return 2 * len(configs)
 
 
-def _env() -> dict[str, str]:
-    src = str(Path(__file__).resolve().parents[2])
-    return dict(os.environ, PYTHONPATH=src + (os.pathsep + os.environ["PYTHONPATH"]
-                                              if os.environ.get("PYTHONPATH") else ""))
-
-
 def _gather(procs: list[subprocess.Popen[bytes]], go: Path, timeout_s: float) -> float:
     """Start the timed phase (the GO file), wait for every program; aggregate bytes/s."""
     time.sleep(0.3)  # let the programs reach their barrier (connect, open): not timed
@@ -163,7 +157,7 @@ def run_hosts(lim: dict[str, float], *, size_bytes: int, step: Callable[[str], N
                     go = c.root / "go"
                     raw = raw_tcp_Bps(lab, storage, clients, size_bytes // n, go)
                     readers = [lab.popen(h, [sys.executable, "-c", _READER, str(c.root), "/hosts.bin", str(go)],
-                                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=_env())
+                                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=c.client_env())
                                for h in clients]
                     time.sleep(1.0)  # imports and connects before the barrier (not timed)
                     got = _gather(readers, go, 300.0)

@@ -4,8 +4,9 @@ Each mgmtd, meta and storage process gets a ``NetnsLab`` host of its own and bin
 registers with mgmtd) that host's address, on the production ports (mgmtd 8000, meta
 8100, storage 8200 on every host: the addresses differ, so nothing clashes). Client hosts
 run test programs. Everything else is LocalCluster's (configs, start order, waits,
-cluster.json, credentials): a client connects with ``loomfs.connect(cluster.root)`` from
-any host, or from this process (the root namespace reaches the bridge).
+cluster.json, credentials: auth ON, each service's TOML names the cluster secret): a client connects with ``loomfs.connect(cluster.root)`` from
+any host (with ``client_env()``: the admin token), or from this process (the root namespace
+reaches the bridge; LocalCluster sets ``$LOOMFS_TOKEN_FILE`` while the cluster runs).
 
 PostgreSQL (metastore, mgmtd lease store) runs in the root namespace; services reach it by
 its unix socket (``PgServer.url()``: pathname unix sockets are not per network namespace),
@@ -16,15 +17,13 @@ from __future__ import annotations
 
 import os
 import socket
-import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from loomfs.errors import LoomError
-from loomfs.net.faults import ENV_VAR as FAULTS_ENV_VAR
+from loomfs.net.auth import TOKEN_FILE_ENV
 from loomfs.testing.cluster import LocalCluster, ServiceProc
 from loomfs.testing.netns import Host, NetnsLab
 
@@ -47,6 +46,8 @@ class NetnsCluster(LocalCluster):
     ``meta1``, ``storage1``...). ``stop()`` stops the services; the lab is the caller's."""
 
     def __init__(self, root: str | Path, lab: NetnsLab, **kwargs: Any):
+        if kwargs.get("tls"):
+            raise ValueError("NetnsCluster: tls=True makes a certificate for 127.0.0.1 only; not on hosts")
         super().__init__(root, **kwargs)
         self.lab = lab
         self.host_of: dict[str, Host] = {}
@@ -79,30 +80,20 @@ class NetnsCluster(LocalCluster):
         return PORTS["mgmtd"] + METRICS_OFFSET
 
     # ---- processes ----------------------------------------------------------------------------
-    def start_service(self, name: str) -> ServiceProc:
-        s = self.services[name]
-        if s.alive():
-            return s
-        env = dict(os.environ)
-        env.update(self.extra_env)
+    def service_argv(self, s: ServiceProc) -> list[str]:
+        """LocalCluster's command, inside the service's host (``ip netns exec`` execs it: the
+        pid LocalCluster holds is the service's)."""
+        return self.lab.command(self.host_of[s.name], super().service_argv(s))
+
+    def client_env(self) -> dict[str, str]:
+        """The environment for a client program on a client host: this source tree and the
+        cluster's admin token (``$LOOMFS_TOKEN_FILE``; without it an auth cluster refuses)."""
         src = str(Path(__file__).resolve().parents[2])
-        env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-        if self.fault_injection:
-            env[FAULTS_ENV_VAR] = str(self.faults_path(name))
-            self._write_faults(name)
-        with open(s.log_path, "ab") as log:
-            proc = self.lab.popen(self.host_of[name], [sys.executable, "-m", f"loomfs.{s.kind}.server",
-                                                       "--config", s.config_path],
-                                  stdout=log, stderr=subprocess.STDOUT, env=env, cwd=s.dir)
-        s.pid = proc.pid
-        # alive() looks for the config path in the command line: ``ip netns exec`` has it too,
-        # before it execs python, so wait for python itself
-        end = time.monotonic() + 10.0
-        while proc.poll() is None and time.monotonic() < end and not _is_python(proc.pid):
-            time.sleep(0.002)
-        Path(s.dir, "pid").write_text(str(proc.pid))
-        self._write_state()
-        return s
+        env = dict(os.environ, PYTHONPATH=src + (os.pathsep + os.environ["PYTHONPATH"]
+                                                  if os.environ.get("PYTHONPATH") else ""))
+        if self.auth:
+            env[TOKEN_FILE_ENV] = str(self.token_path)
+        return env
 
     def wait_listening(self, name: str, timeout_s: float = 30.0) -> None:
         s = self.services[name]
@@ -153,9 +144,3 @@ class NetnsCluster(LocalCluster):
         return f"NetnsCluster({self.root} {self.lab!r} services={len(self.services)})"
 
 
-def _is_python(pid: int) -> bool:
-    try:
-        exe = os.readlink(f"/proc/{pid}/exe")
-    except OSError:
-        return False
-    return "python" in os.path.basename(exe)
