@@ -34,10 +34,11 @@ READDIR_ENTRY_BYTES = 256  # an entry with its attributes on the wire (at most),
 # PyTorch DataLoader samples/s over files and shards, LoomFS vs local (issue 9, needs torch),
 # DCP checkpoint save/load and blocked time, LoomFS vs local (issue 10, needs torch).
 GROUPS = ("bigfile", "mdtest", "small", "lookup", "smallfiles", "dataloader", "checkpoint", "metaservers", "ec",
-          "kvcache", "hosts")  # kvcache: KV cache put/get by value size and batch (issue 14)
+          "kvcache", "hosts", "auth")  # kvcache: KV cache put/get by value size and batch (issue 14)
 # hosts: aggregate read with 1, 2, 3 storage hosts in network namespaces (issue 12; root only)
+# auth: 64 B RPC round trips and connection set-up, auth off / token / TLS + token (issue 13, bench/auth.py)
 # ec: erasure coding vs 3 replicas on a 6-node cluster of its own that it kills servers of (issue 11)
-OPT_IN_GROUPS = ("metaservers", "ec", "kvcache", "hosts")  # only with --only: clusters of their own (issue 12: 1 SQLite, 1-2 PostgreSQL metas)
+OPT_IN_GROUPS = ("metaservers", "ec", "kvcache", "hosts", "auth")  # only with --only: clusters of their own (issue 12: 1 SQLite, 1-2 PostgreSQL metas)
 PINNED_LIMIT_NAME = "raw round trips, 1 CPU"
 
 
@@ -198,6 +199,8 @@ def run_target(t: BenchTarget, plan: Plan, lim: dict[str, float], replicas: int,
         out += metaservers.run_metaservers(lim, files=plan.md_files, procs=plan.procs, step=step)
     if "hosts" in groups and not local:  # clusters of its own, each service on its own namespace host
         out += hosts.run_hosts(lim, size_bytes=max(64 << 20, min(plan.big_bytes, 512 << 20)), step=step)
+    if "auth" in groups and not local:  # a server process of its own per mode
+        out += _auth(plan, step)
     if "checkpoint" in groups:
         out += checkpoint.run_checkpoint(t, base, size_bytes=plan.ckpt_bytes, lim=lim,
                                          local_dir=disk_dir or tempfile.gettempdir(), step=step, tag=tag)
@@ -308,12 +311,27 @@ def _lookup(t: BenchTarget, plan: Plan, lim: dict[str, float], local: bool, base
     return out
 
 
+def _auth(plan: Plan, step: Callable[[str], None]) -> list[Result]:
+    """``loomfs.bench.auth`` (auth's module) as rows: each mode against the raw limits it measured."""
+    from loomfs.bench import auth
+
+    step("auth: 64 B RPC round trips and connects, off / token / tls+token")
+    out: list[Result] = []
+    for r in auth.run(count=min(plan.rtt_count, 5000), rounds=1):
+        mode = r["mode"].replace("+", "_")
+        out.append(Result(f"auth_rpc_64B_{mode}", r["rpc_64B_round_trips_per_s"], "ops/s",
+                          "raw round trips pinned, 64 B", r["raw_round_trips_per_s"], {"mode": r["mode"]}))
+        out.append(Result(f"auth_connects_{mode}", r["connects_per_s"], "connects/s", "raw TCP connects",
+                          r["raw_connects_per_s"], {"mode": r["mode"]}))
+    return out
+
+
 def steps_total(plan: Plan, targets: int) -> int:
     per_group = {"bigfile": 1 + 2 + 1, "mdtest": 2 * len(plan.md_procs), "small": len(plan.small),
                  "lookup": 1, "smallfiles": smallfiles.steps(tuple(plan.sf_threads)),
                  "dataloader": dataloader.steps(len(plan.dl_sets), len(plan.dl_workers)),
                  "checkpoint": checkpoint.steps(), "metaservers": metaservers.steps(),
-                 "ec": ec_bench.steps(), "kvcache": kvcache.steps(plan.big_bytes), "hosts": hosts.steps()}
+                 "ec": ec_bench.steps(), "kvcache": kvcache.steps(plan.big_bytes), "hosts": hosts.steps(), "auth": 1}
     per_target = sum(per_group[g] for g in set(plan.groups))
     return ((4 if plan.network_and_disk() else 1) + per_target * targets) * plan.rounds
 

@@ -25,9 +25,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="files in the small-file benchmark, 4 KiB each in 100 directories (default 20000, --quick 400)")
     p.add_argument("--only", default=None,
                    help="run only these workload groups, comma list of bigfile, mdtest, small, lookup, "
-                        "smallfiles, dataloader, checkpoint, metaservers, ec, kvcache, hosts (default all but metaservers, "
-                        "ec, kvcache and hosts; hosts: read throughput with 1-3 storage hosts in network "
-                        "namespaces, needs root; dataloader "
+                        "smallfiles, dataloader, checkpoint, metaservers, ec, kvcache, hosts, auth (default all but "
+                        "metaservers, ec, kvcache, hosts and auth; hosts: read throughput with 1-3 storage "
+                        "hosts in network namespaces, needs root; auth: RPC and connect cost of "
+                        "authentication and TLS; dataloader "
                         "and checkpoint only where torch imports); "
                         "limits not needed by them are skipped")
     p.add_argument("--consumer-rate", type=float, default=None,
