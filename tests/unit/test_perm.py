@@ -317,3 +317,18 @@ def test_every_class_of_user_is_exercised() -> None:
     seen = {tuple(perm.allowed(a, who, perm.R) for a in attrs) for who in (ALICE, BOB, NOBODY)}
     assert seen == {(True, False, False), (False, True, False), (False, False, True)}
     assert list(itertools.chain.from_iterable([[perm.allowed(a, ROOT, perm.R)] for a in attrs])) == [True] * 3
+
+
+def test_search_rows_agrees_with_allowed() -> None:
+    """The walk's light path (rows of the store's get_perms) decides as ``allowed`` does."""
+    for mode in range(0o1000):
+        for who in (ROOT, ALICE, BOB, NOBODY):
+            for owner, group in ((1000, 1000), (1001, 2000), (0, 0)):
+                row = (DIR, mode, owner, group)
+                try:
+                    perm.search_rows([row], who, "d")
+                    ok = True
+                except StatusError as exc:
+                    assert exc.errno == errno.EACCES
+                    ok = False
+                assert ok == perm.allowed(Attr(type=DIR, mode=mode, uid=owner, gid=group), who, perm.X)

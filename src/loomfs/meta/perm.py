@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import stat
-from typing import NamedTuple, Protocol
+from typing import Protocol
 
 from loomfs.common.identity import Identity, Right
 from loomfs.errors import StatusError
@@ -35,7 +35,7 @@ _S_IXGRP = stat.S_IXGRP
 
 
 class Owned(Protocol):
-    """What the rules read of an inode: ``Attr`` fits, and so does ``Perms``."""
+    """What the rules read of an inode (``Attr`` fits)."""
 
     @property
     def type(self) -> int: ...
@@ -48,15 +48,6 @@ class Owned(Protocol):
 
     @property
     def gid(self) -> int: ...
-
-
-class Perms(NamedTuple):
-    """The permission-relevant part of an inode (the store's light ``get_perms`` read)."""
-
-    type: int
-    mode: int
-    uid: int
-    gid: int
 
 
 def effective(who: Identity, *, root_squash: bool) -> Identity:
@@ -97,6 +88,18 @@ def search(dirs: list[Owned], who: Identity, what: str) -> None:
         return
     for d in dirs:
         if not allowed(d, who, X):
+            raise StatusError(Status.EACCES, f"{what}: search permission denied")
+
+
+def search_rows(rows: list[tuple[int, int, int, int]], who: Identity, what: str) -> None:
+    """``search`` over (type, mode, uid, gid) rows (the store's light read; all directories)."""
+    uid = who.uid
+    if uid == 0:
+        return
+    gid, groups = who.gid, who.groups
+    for _type, mode, o_uid, o_gid in rows:
+        bits = mode >> 6 if uid == o_uid else mode >> 3 if (o_gid == gid or o_gid in groups) else mode
+        if not bits & X:
             raise StatusError(Status.EACCES, f"{what}: search permission denied")
 
 

@@ -1,6 +1,6 @@
 """What permission checks cost meta per operation: ``python -m loomfs.meta.perm_cost``.
 
-Runs stat, read and put (O_TRUNC, inline) of files at depth 4 through a ``Namespace`` over an
+Runs stat, read, put (O_TRUNC, inline) and stat_many (per file) of files at depth 4 through a ``Namespace`` over an
 in-memory SQLite store, as root (no checks) and as uid 1000 (search on every directory, the
 file's own bits), and prints CPU microseconds per operation (best of ``--rounds``). No sockets:
 this is the meta-side CPU the checks add, the part of issue 16's per-request budget they take.
@@ -20,6 +20,7 @@ from typing import Any
 from loomfs.common.identity import TRUSTED, Identity
 from loomfs.common.routing import Routing
 from loomfs.meta.caller import acting_as
+from loomfs.meta.ops.batch import BatchOps
 from loomfs.meta.ops.namespace import Namespace
 from loomfs.meta.store.sqlite import SqliteStore
 from loomfs.wire.types import ChainInfo, ChainTable, Layout, RoutingInfo
@@ -47,6 +48,7 @@ async def measure(files: int, rounds: int) -> dict[tuple[str, str], float]:
     put = os.O_CREAT | os.O_WRONLY | os.O_TRUNC
     for p in paths:
         await ns.open(p, put, mode=0o666, data=b"x" * 64)
+    batch = BatchOps(ns)
     ops: list[tuple[str, Callable[[str], Awaitable[Any]]]] = [
         ("stat", ns.stat), ("read", ns.read), ("put", lambda p: ns.open(p, put, data=b"y" * 64)),
     ]
@@ -61,6 +63,11 @@ async def measure(files: int, rounds: int) -> dict[tuple[str, str], float]:
                             await fn(p)
                         us = (time.process_time() - t0) / files * 1e6
                         best[(name, who_name)] = min(best.get((name, who_name), us), us)
+                    t0 = time.process_time()
+                    for i in range(0, files, 256):  # 256 paths per call, as the client batches
+                        await batch.stat_many(paths[i : i + 256])
+                    us = (time.process_time() - t0) / files * 1e6
+                    best[("stat_many", who_name)] = min(best.get(("stat_many", who_name), us), us)
     finally:
         await store.close()
     return best
@@ -72,7 +79,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
     best = asyncio.run(measure(args.files, args.rounds))
-    for name in ("stat", "read", "put"):
+    for name in ("stat", "read", "put", "stat_many"):
         r, u = best[(name, "root")], best[(name, "uid1000")]
         print(f"{name:5s} root {r:6.1f} us/op   uid 1000 {u:6.1f} us/op   checks +{u - r:.1f} us (x{u / r:.2f})")
 

@@ -113,7 +113,9 @@ async def walk(txn: MetaTxn, parts: list[str], *, follow_last: bool) -> Resolved
     if light is not None:  # (type, mode, uid, gid) tuples: no Attr objects to build
         await searchable_light(light, searched, who)
     else:
-        r.attrs = await searchable(txn, searched, who, r.inode)
+        # a single operation reuses the final inode's attributes; a batch (its memo is no
+        # MetaTxn) reads its items' inodes in one query of its own
+        r.attrs = await searchable(txn, searched, who, r.inode if isinstance(txn, MetaTxn) else None)
     return r
 
 
@@ -122,13 +124,11 @@ async def searchable_light(get_perms: Any, searched: list[int], who: Identity) -
     if not searched:
         return
     rows = await get_perms(list(dict.fromkeys(searched)))
-    dirs: list[perm.Owned] = []
-    for ino in searched:
-        row = rows.get(ino)
-        if row is None:
-            raise StatusError(Status.EIO, f"walk went through missing directory inode {ino}")
-        dirs.append(perm.Perms(*row))
-    perm.search(dirs, who, "path lookup")
+    try:
+        ordered = [rows[ino] for ino in searched]
+    except KeyError as exc:
+        raise StatusError(Status.EIO, f"walk went through missing directory inode {exc}") from None
+    perm.search_rows(ordered, who, "path lookup")
 
 
 async def searchable(txn: MetaTxn, searched: list[int], who: Identity, also: int | None = None) -> dict[int, Attr]:
