@@ -123,3 +123,13 @@ def test_tenant_admin_and_errors(env: Env) -> None:
     assert tenancy.inode_in(3, 7) == (3 << 48) | 7
     with pytest.raises(OSError):
         tenancy.inode_in(3, 1 << 48)
+
+
+def test_live_inodes_answers_for_every_tenant(env: Env) -> None:
+    """fsck cannot walk tenants' trees from the shared root; it asks which inodes live."""
+    env.run(env.ns.create_tenant("acme", uid=1000, gid=1000))
+    f = env.put("/f", b"x", ACME)
+    g = env.put("/g", b"y", TRUSTED)
+    gone = env.put("/h", b"z", TRUSTED).inode
+    env.run(env.ns.unlink("/h"))
+    assert env.run(env.ns.live_inodes([f.inode, g.inode, gone, 1 << 60])) == [f.inode, g.inode]

@@ -299,6 +299,13 @@ class MetaService:
             raise StatusError(Status.EINVAL, f"gc_queued: at most {w.GC_QUEUED_INODES_MAX} inodes per call")
         return w.InodesRsp(inodes=await self.ns.gc_queued(list(req.inodes)))
 
+    @handles(w.INODES_LIVE)
+    async def inodes_live(self, req: w.InodesReq, ctx: CallContext) -> w.InodesRsp:
+        act_for(ctx, self.root_squash)
+        if len(req.inodes) > w.GC_QUEUED_INODES_MAX:
+            raise StatusError(Status.EINVAL, f"inodes_live: at most {w.GC_QUEUED_INODES_MAX} inodes per call")
+        return w.InodesRsp(inodes=await self.ns.live_inodes(list(req.inodes)))
+
     @handles(w.SET_LAYOUT)
     async def set_layout(self, req: w.SetLayoutReq, ctx: CallContext) -> w.AttrRsp:
         act_for(ctx, self.root_squash)

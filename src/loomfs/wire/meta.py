@@ -311,6 +311,9 @@ class InodesRsp(Message):
 
 # which of these inodes wait in the GC queue (unlinked; chunks not removed yet): fsck's question
 GC_QUEUED = method(SERVICE_META, 40, "gc_queued", InodesReq, InodesRsp, idempotent=True, needs=Right.ADMIN)
+# which of these inodes exist in meta (any tenant's): fsck's check before it calls chunks
+# orphans, since tenants' trees cannot be walked from the shared root
+INODES_LIVE = method(SERVICE_META, 41, "inodes_live", InodesReq, InodesRsp, idempotent=True, needs=Right.ADMIN)
 MKNOD = method(SERVICE_META, 21, "mknod", MknodReq, AttrRsp, needs=_W)
 
 

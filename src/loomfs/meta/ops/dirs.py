@@ -43,6 +43,13 @@ class DirOps(NamespaceBase):
         async with self.store.read() as txn:
             return [i for i in inodes if await txn.gc_get(i) is not None]
 
+    async def live_inodes(self, inodes: list[int]) -> list[int]:
+        """The ones of ``inodes`` meta holds (of every tenant): fsck asks before it calls the
+        chunks of the others orphans."""
+        async with self.store.read() as txn:
+            found = await txn.get_inodes(inodes)
+        return [i for i in inodes if i in found]
+
     async def statfs(self) -> Statfs:
         async with self.store.read() as txn:
             c = await txn.counters()
