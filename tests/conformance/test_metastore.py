@@ -495,3 +495,22 @@ def test_device_numbers_round_trip(store: MetaStore) -> None:
             assert [a.rdev for a in await t.scan_inodes(10, 5)] == [dev.rdev, blk.rdev]
 
     run(go())
+
+
+def test_get_perms_reads_type_mode_and_owner(store: MetaStore) -> None:
+    async def go() -> None:
+        d = Attr(inode=20, type=FileType.DIRECTORY, mode=0o1777, uid=5, gid=6)
+        f = Attr(inode=21, type=FileType.FILE, mode=0o4750, uid=1000, gid=100, layout=LAY)
+        async with store.write() as t:
+            await t.put_inode(d)
+            await t.put_inode(f)
+            for i in range(1000, 1600):
+                await t.put_inode(_attr(i))
+            assert await t.get_perms([21]) == {21: (int(FileType.FILE), 0o4750, 1000, 100)}  # its own write
+        async with store.read() as t:
+            got = await t.get_perms([20, 21, 22])
+            assert got == {20: (int(FileType.DIRECTORY), 0o1777, 5, 6), 21: (int(FileType.FILE), 0o4750, 1000, 100)}
+            assert await t.get_perms([]) == {}
+            assert len(await t.get_perms(list(range(1000, 1600)))) == 600  # past one statement's 500
+
+    run(go())

@@ -150,6 +150,12 @@ class MetaTxn(ABC):
     @abstractmethod
     async def get_inodes(self, inodes: Sequence[int]) -> dict[int, Attr]: ...
 
+    async def get_perms(self, inodes: Sequence[int]) -> dict[int, tuple[int, int, int, int]]:
+        """Per existing inode, ``(type, mode, uid, gid)``: what permission checks read (a walk's
+        directories), without building ``Attr`` objects; missing inodes are absent. Engines
+        answer it in one query; this default maps ``get_inodes``."""
+        return {i: (a.type, a.mode, a.uid, a.gid) for i, a in (await self.get_inodes(inodes)).items()}
+
     @abstractmethod
     async def put_inode(self, attr: Attr) -> None:
         """Insert or replace the whole inode row."""

@@ -189,6 +189,14 @@ class PostgresTxn(MetaTxn):
             return {}
         return {row[0]: _attr(row) for row in await (await self._r()).fetch(_GET_INODES, ids)}
 
+    async def get_perms(self, inodes: Sequence[int]) -> dict[int, tuple[int, int, int, int]]:
+        ids = list(inodes)
+        if not ids:
+            return {}
+        rows = await (await self._r()).fetch(
+            "SELECT id, type, mode, uid, gid FROM inodes WHERE id = ANY($1::bigint[])", ids)
+        return {r[0]: (r[1], r[2], r[3], r[4]) for r in rows}
+
     async def put_inode(self, attr: Attr) -> None:
         self._defer(
             _PUT_INODE, attr.inode, attr.type, attr.mode, attr.nlink, attr.uid, attr.gid, attr.size,

@@ -125,6 +125,16 @@ class SqliteTxn(MetaTxn):
                 out[row[0]] = _attr(row)
         return out
 
+    async def get_perms(self, inodes: Sequence[int]) -> dict[int, tuple[int, int, int, int]]:
+        out: dict[int, tuple[int, int, int, int]] = {}
+        ids = list(inodes)
+        for i in range(0, len(ids), 500):
+            part = ids[i : i + 500]
+            sql = f"SELECT id, type, mode, uid, gid FROM inodes WHERE id IN ({','.join('?' * len(part))})"
+            for ino, typ, mode, uid, gid in self._c.execute(sql, part):
+                out[ino] = (typ, mode, uid, gid)
+        return out
+
     async def put_inode(self, attr: Attr) -> None:
         self._w().execute(
             _PUT_INODE,
