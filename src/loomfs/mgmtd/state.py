@@ -49,6 +49,7 @@ from loomfs.wire.types import (
 logger = logging.getLogger(__name__)
 
 AUTO_NODE_ID_BASE = 1_000_000
+DOMAIN_MAX_CHARS = 128  # a node's failure-domain label (rack/room name)
 
 
 @dataclass(slots=True)
@@ -63,6 +64,7 @@ class NodeRecord:
     metrics_port: int = 0
     # suspect node id -> when this node last reported it unreachable (not persisted)
     accusations: dict[int, float] = field(default_factory=dict)
+    domain: str = ""  # failure domain (rack...) from its registration; "" = a domain of its own
 
 
 def _scrub_key(s: ScrubStats | None) -> tuple[object, ...]:
@@ -152,12 +154,14 @@ class ClusterState:
     # ---- events ----------------------------------------------------------------------------
     def register(
         self, *, node_id: int, kind: int, host: str, port: int, targets: list[TargetInfo], now_s: float,
-        metrics_port: int = 0,
+        metrics_port: int = 0, domain: str = "",
     ) -> int:
         if kind not in (NodeKind.META, NodeKind.STORAGE, NodeKind.MGMTD):
             raise InvalidArgument(f"unknown node kind {kind}")
         if not host or not (0 < port < 65536):
             raise InvalidArgument(f"bad node address {host}:{port}")
+        if len(domain) > DOMAIN_MAX_CHARS:
+            raise InvalidArgument(f"failure domain label longer than {DOMAIN_MAX_CHARS} characters")
         if node_id == 0:
             node_id = self._find_or_assign(kind, host, port)
         rec = self.nodes.get(node_id)
@@ -173,8 +177,10 @@ class ClusterState:
             for reports in self.suspicions.values():
                 for reporter in [r for r, x in reports.items() if x.reporter_node == node_id]:
                     del reports[reporter]
-        if (rec.host, rec.port, rec.metrics_port) != (host, port, metrics_port):
-            rec.host, rec.port, rec.metrics_port = host, port, metrics_port
+        if (rec.host, rec.port, rec.metrics_port, rec.domain) != (host, port, metrics_port, domain):
+            if rec.domain != domain:
+                logger.info("node %d: failure domain %r", node_id, domain)
+            rec.host, rec.port, rec.metrics_port, rec.domain = host, port, metrics_port, domain
             changed = True
         rec.last_heartbeat_s = now_s
         if rec.state != NodeState.ALIVE:
@@ -476,6 +482,7 @@ class ClusterState:
             offline_since_s=t.offline_since_s if t.state == TargetState.OFFLINE and t.offline_since_s else None,
             draining=node is not None and node.draining,
             fenced=self._alive(t.node_id) and t.fenced_until_s > self._now_s,
+            domain=node.domain if node is not None else "",
         )
 
     def reconcile(self, now_s: float, *, bump: bool = True) -> bool:
@@ -555,7 +562,7 @@ class ClusterState:
                 free.setdefault(t.node_id, []).append(t.target_id)
         if targets_per_node > 0:  # e.g. an EC table: one single-replica chain per node
             free = {n: ts[:targets_per_node] for n, ts in free.items()}
-        groups = plan_chains(free, replicas)
+        groups = plan_chains(free, replicas, {n: self.nodes[n].domain for n in free})
         if not groups:
             raise StatusError(
                 Status.NO_CHAIN_TABLE,
@@ -610,20 +617,41 @@ class ClusterState:
                 f"chains={len(self.chains)} tables={len(self.tables)})")
 
 
-def plan_chains(free: dict[int, list[int]], replicas: int) -> list[list[int]]:
-    """Group free targets (by node) into chains of ``replicas`` targets on distinct nodes.
+def plan_chains(free: dict[int, list[int]], replicas: int,
+                domains: dict[int, str] | None = None) -> list[list[int]]:
+    """Group free targets (by node) into chains of ``replicas`` targets on distinct nodes, and
+    on distinct failure domains (``domains``: node -> rack/room label; a node without one is a
+    domain of its own) whenever the domains left allow it.
 
-    Greedy: each chain takes one target from each of the ``replicas`` nodes with the most
-    targets left (ties broken by a rotating order), which balances chains over nodes and
-    spreads each node's targets over many peers (so recovery reads fan out).
+    Greedy: each chain takes the ``replicas`` domains with the most targets left, and in each
+    the node with the most targets left (ties broken by a rotating order); taking the largest
+    domains first leaves the most domain-distinct chains possible. Only when fewer domains than
+    ``replicas`` have targets left does a chain repeat a domain (on distinct nodes, the nodes
+    with the most targets left). Without domains this is the node-level rule: it balances
+    chains over nodes and spreads each node's targets over many peers (recovery fans out).
     """
     left = {n: list(ts) for n, ts in free.items() if ts}
+    labels = {n: d for n, d in (domains or {}).items() if d}  # unlabelled nodes: domains of their own
     chains: list[list[int]] = []
     rotation = 0
     while len(left) >= replicas:
         span = max(left) + 1  # once per chain, not once per node in the sort key (1,000 nodes: 233 s -> 1.3 s)
-        order = sorted(left, key=lambda n: (-len(left[n]), (n - rotation) % span))
-        nodes = order[:replicas]
+
+        def node_key(n: int, rotation: int = rotation, span: int = span) -> tuple[int, int]:
+            return -len(left[n]), (n - rotation) % span
+
+        if labels:
+            by_domain: dict[object, list[int]] = {}
+            for n in left:
+                by_domain.setdefault(labels.get(n) or ("node", n), []).append(n)
+            ranked = sorted(by_domain.values(),
+                            key=lambda ns: (-sum(len(left[n]) for n in ns), min(node_key(n)[1] for n in ns)))
+            nodes = [min(ns, key=node_key) for ns in ranked[:replicas]]
+            if len(nodes) < replicas:  # fewer domains than replicas: distinct nodes for the rest
+                nodes += sorted((n for n in left if n not in nodes), key=node_key)[: replicas - len(nodes)]
+            nodes.sort(key=node_key)
+        else:  # every node its own domain: the same choice, without the grouping (1,000 nodes: 8x faster)
+            nodes = sorted(left, key=lambda n: (-len(left[n]), (n - rotation) % span))[:replicas]
         group = [left[n].pop(0) for n in nodes]
         k = len(chains) % replicas  # rotate so chain heads (the busiest role) spread over nodes
         chains.append(group[k:] + group[:k])

@@ -67,7 +67,7 @@ def decode_rows(rows: Iterable[Sequence[Any]], state: ClusterState, now_s: float
         if kind == "node":
             state.nodes[v["node_id"]] = NodeRecord(v["node_id"], v["kind"], v["host"], v["port"],
                                                    v["state"], now_s, v.get("draining", False),
-                                                   v.get("metrics_port", 0))
+                                                   v.get("metrics_port", 0), domain=v.get("domain", ""))
         elif kind == "target":
             known = {k: x for k, x in v.items() if k in TargetRecord.__slots__ and k not in _NOT_PERSISTED}
             t = state.targets[v["target_id"]] = TargetRecord(**known)
@@ -92,7 +92,7 @@ def encode_rows(state: ClusterState) -> list[Row]:
     rows += [("node", n.node_id, msgpack.packb({"node_id": n.node_id, "kind": n.kind, "host": n.host,
                                                  "port": n.port, "state": n.state,
                                                  "draining": n.draining,
-                                                 "metrics_port": n.metrics_port}))
+                                                 "metrics_port": n.metrics_port, "domain": n.domain}))
              for n in state.nodes.values()]
     rows += [("target", t.target_id, msgpack.packb({f: getattr(t, f) for f in TargetRecord.__slots__
                                                      if f not in _NOT_PERSISTED}))

@@ -52,6 +52,11 @@ class Member:
     offline_since_s: float | None = None
     draining: bool = False
     fenced: bool = False  # alive, but reported unreachable by its predecessor (alive is False)
+    domain: str = ""  # its node's failure domain ("" = the node is a domain of its own)
+
+    @property
+    def domain_key(self) -> object:
+        return self.domain or ("node", self.node_id)
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,12 +135,16 @@ def _step_states(ms: list[Member], reasons: list[str]) -> None:
                 break
 
 
-def pick_spare(spares: list[Member], used_nodes: set[int], node_load: dict[int, int]) -> Member | None:
-    """An alive, non-draining spare on a node the chain does not use; least-loaded node first."""
+def pick_spare(spares: list[Member], used_nodes: set[int], node_load: dict[int, int],
+               used_domains: set[object] | None = None) -> Member | None:
+    """An alive, non-draining spare on a node the chain does not use; one in a failure domain
+    the chain does not use (``used_domains``, ``Member.domain_key``) first, then the
+    least-loaded node."""
     ok = [s for s in spares if s.alive and not s.draining and s.node_id not in used_nodes]
     if not ok:
         return None
-    return min(ok, key=lambda s: (node_load.get(s.node_id, 0), s.target_id))
+    used = used_domains or set()
+    return min(ok, key=lambda s: (s.domain_key in used, node_load.get(s.node_id, 0), s.target_id))
 
 
 def plan_chain(
@@ -161,7 +170,8 @@ def plan_chain(
                 continue
             if S.SERVING not in _states(ms):
                 break  # nothing to rebuild from
-            spare = pick_spare(pool, {x.node_id for x in ms if x is not m}, load)
+            others = [x for x in ms if x is not m]
+            spare = pick_spare(pool, {x.node_id for x in others}, load, {x.domain_key for x in others})
             if spare is None:
                 break
             pool.remove(spare)
@@ -181,7 +191,8 @@ def plan_chain(
                 removed.append(m.target_id)
             ms = [m for m in ms if not m.draining]
         elif all(m.state == S.SERVING for m in ms) and len(ms) < want + len(draining):
-            spare = pick_spare(pool, {x.node_id for x in ms}, load)
+            staying = [x for x in ms if not x.draining]
+            spare = pick_spare(pool, {x.node_id for x in ms}, load, {x.domain_key for x in staying})
             if spare is not None:
                 reasons.append(f"spare {spare.target_id} joins to replace draining target {draining[0].target_id}")
                 added.append(spare.target_id)

@@ -14,6 +14,9 @@ class RegisterNodeReq(Message):
     port: int = 0
     targets: list[TargetInfo] = many()  # storage nodes: the targets they serve
     metrics_port: int = 0  # where the node serves /metrics (0 = nowhere)
+    # storage: its failure domain (rack, room...); mgmtd keeps a chain's replicas in distinct
+    # domains when there are enough ("" = the node is a domain of its own)
+    domain: str = ""
 
 
 @message
