@@ -118,6 +118,14 @@ def test_chain_table_uses_registered_domains_and_the_store_keeps_them(tmp_path: 
         _register(st2, 7, "x" * 129)
 
 
+@pytest.mark.parametrize("host", ["0.0.0.0", "::"])
+def test_a_node_advertising_an_unspecified_address_is_refused(host: str) -> None:
+    st = ClusterState(lease_s=5.0)
+    with pytest.raises(InvalidArgument, match="not reachable"):
+        st.register(node_id=1, kind=NodeKind.STORAGE, host=host, port=8200, targets=[], now_s=0.0)
+    assert not st.nodes
+
+
 def _member(tid: int, node: int, domain: str, state: S = S.SERVING, **kw: object) -> Member:
     return Member(target_id=tid, node_id=node, state=state, domain=domain, **kw)  # type: ignore[arg-type]
 

@@ -50,6 +50,7 @@ logger = logging.getLogger(__name__)
 
 AUTO_NODE_ID_BASE = 1_000_000
 DOMAIN_MAX_CHARS = 128  # a node's failure-domain label (rack/room name)
+UNSPECIFIED_HOSTS = frozenset({"0.0.0.0", "::", "[::]"})
 
 
 @dataclass(slots=True)
@@ -160,6 +161,9 @@ class ClusterState:
             raise InvalidArgument(f"unknown node kind {kind}")
         if not host or not (0 < port < 65536):
             raise InvalidArgument(f"bad node address {host}:{port}")
+        if host in UNSPECIFIED_HOSTS:  # bound to every interface: peers cannot call that address
+            raise InvalidArgument(f"node address {host}:{port} is not reachable: set the service's host to "
+                                  "its address on the cluster network (it is both bound and advertised)")
         if len(domain) > DOMAIN_MAX_CHARS:
             raise InvalidArgument(f"failure domain label longer than {DOMAIN_MAX_CHARS} characters")
         if node_id == 0:
