@@ -186,17 +186,8 @@ class Env:
         return self.run(self.ns.open(path, os.O_CREAT | os.O_WRONLY | os.O_TRUNC, mode=mode, data=data), who).attr
 
 
-@pytest.fixture(params=[False, True], ids=["get_inodes", "get_perms"])
-def env(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[Env]:
-    """Both ways the walk reads directory permissions (see test_perm_matrix.py)."""
-    from test_perm_matrix import _get_perms
-
-    from loomfs.meta.store.sqlite_txn import SqliteTxn
-
-    if request.param and not hasattr(SqliteTxn, "get_perms"):
-        monkeypatch.setattr(SqliteTxn, "get_perms", _get_perms, raising=False)
-    elif not request.param and hasattr(SqliteTxn, "get_perms"):
-        monkeypatch.delattr(SqliteTxn, "get_perms")
+@pytest.fixture
+def env() -> Iterator[Env]:
     e = Env()
     yield e
     e.run(e.store.close())
@@ -320,7 +311,7 @@ def test_every_class_of_user_is_exercised() -> None:
 
 
 def test_search_rows_agrees_with_allowed() -> None:
-    """The walk's light path (rows of the store's get_perms) decides as ``allowed`` does."""
+    """The walk's check (rows of the store's get_perms) decides as ``allowed`` does."""
     for mode in range(0o1000):
         for who in (ROOT, ALICE, BOB, NOBODY):
             for owner, group in ((1000, 1000), (1001, 2000), (0, 0)):

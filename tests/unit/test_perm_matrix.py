@@ -354,17 +354,7 @@ def local() -> list[tuple[int, list[int] | None]]:
     return [(code, shown) for code, shown in json.loads(proc.stdout)]
 
 
-@pytest.mark.parametrize("light", [False, True], ids=["get_inodes", "get_perms"])
-def test_matrix_matches_local_directory(local: list[tuple[int, list[int] | None]], light: bool,
-                                        monkeypatch: pytest.MonkeyPatch) -> None:
-    """``light``: the walk's search check through the store's ``get_perms`` (a light read, here
-    added to the SQLite engine if it has none yet) rather than ``get_inodes``."""
-    from loomfs.meta.store.sqlite_txn import SqliteTxn
-
-    if light and not hasattr(SqliteTxn, "get_perms"):
-        monkeypatch.setattr(SqliteTxn, "get_perms", _get_perms, raising=False)
-    elif not light and hasattr(SqliteTxn, "get_perms"):
-        monkeypatch.delattr(SqliteTxn, "get_perms")
+def test_matrix_matches_local_directory(local: list[tuple[int, list[int] | None]]) -> None:
     cases = _cases()
     loop = asyncio.new_event_loop()
     try:
@@ -380,11 +370,6 @@ def test_matrix_matches_local_directory(local: list[tuple[int, list[int] | None]
     # the matrix is not trivial: both refusals and successes, for the unprivileged users too
     codes = {code for code, _ in local}
     assert {0, 1, 13} <= codes
-
-
-async def _get_perms(self: Any, inodes: list[int]) -> dict[int, tuple[int, int, int, int]]:
-    sql = f"SELECT id, type, mode, uid, gid FROM inodes WHERE id IN ({','.join('?' * len(inodes))})"
-    return {row[0]: tuple(row[1:]) for row in self._c.execute(sql, inodes)}
 
 
 def _fmt(code: int, shown: list[int] | None) -> str:

@@ -18,7 +18,6 @@ from loomfs.meta import perm, tenancy
 from loomfs.meta.caller import caller
 from loomfs.meta.gc import SESSION_LEASE_S
 from loomfs.meta.layout import ChainAllocator
-from loomfs.meta.ops.walk import Resolved
 from loomfs.meta.store.base import GcEntry, InlineData, MetaStore, MetaTxn, TrimEntry
 from loomfs.meta.trim import Trimmer, must_settle, queue_trim
 from loomfs.wire.status import Status
@@ -263,14 +262,6 @@ class NamespaceBase:
         if tenancy.tenant_of(a) != tenancy.tenant_of(b):
             raise StatusError(Status.EXDEV, "rename or link across tenants")
 
-    async def _attr_at(self, txn: MetaTxn, r: Resolved, inode: int) -> Attr:
-        """``_attr``, answered from what the walk ``r`` loaded when it did (non-root callers)."""
-        if r.attrs is not None:
-            a = r.attrs.get(inode)
-            if a is not None:
-                return a
-        return await self._attr(txn, inode)
-
     @staticmethod
     def _owner(parent: Attr, who: Identity, type: int, mode: int, uid: int, gid: int) -> tuple[int, int, int]:
         """(uid, gid, mode) of what ``who`` creates in ``parent`` (``perm.new_owner``). Root may
@@ -283,6 +274,11 @@ class NamespaceBase:
             if gid > 0:
                 o_gid = gid
         return o_uid, o_gid, mode
+
+    async def _attr_at(self, txn: MetaTxn, r: object, inode: int) -> Attr:
+        """``_attr`` (kept for callers written when the walk handed attributes on; it no
+        longer does: its permission read builds no ``Attr`` objects)."""
+        return await self._attr(txn, inode)
 
     async def _attr(self, txn: MetaTxn, inode: int) -> Attr:
         attr = await txn.get_inode(inode)

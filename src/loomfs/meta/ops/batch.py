@@ -85,31 +85,19 @@ class _Memo:
     """A read transaction whose repeated lookups come from memory (one snapshot: a lookup
     cannot change within it). Lives for one transaction."""
 
-    __slots__ = ("_txn", "_rows", "_attrs", "_perms", "get_perms")
+    __slots__ = ("_txn", "_rows", "_perms")
 
     def __init__(self, txn: MetaTxn):
         self._txn = txn
         self._rows: dict[tuple[int, str], DentryRow | None] = {}
         # a non-root caller's walks read the permissions of the same directories item after
-        # item: each inode is read once per transaction
-        self._attrs: dict[int, Attr | None] = {}
+        # item: each directory is read once per transaction
         self._perms: dict[int, tuple[int, int, int, int] | None] = {}
-        if hasattr(txn, "get_perms"):  # the walk looks for it (``loomfs.meta.ops.walk``)
-            self.get_perms = self._get_perms
 
-    async def get_inodes(self, inodes: Sequence[int]) -> dict[int, Attr]:
-        missing = [i for i in inodes if i not in self._attrs]
-        if missing:
-            got = await self._txn.get_inodes(missing)
-            for i in missing:
-                self._attrs[i] = got.get(i)
-        return {i: a for i in inodes if (a := self._attrs[i]) is not None}
-
-    async def _get_perms(self, inodes: Sequence[int]) -> dict[int, tuple[int, int, int, int]]:
+    async def get_perms(self, inodes: Sequence[int]) -> dict[int, tuple[int, int, int, int]]:
         missing = [i for i in inodes if i not in self._perms]
         if missing:
-            light: Any = self._txn  # get_perms: an optional engine method (see __init__)
-            got = await light.get_perms(missing)
+            got = await self._txn.get_perms(missing)
             for i in missing:
                 self._perms[i] = got.get(i)
         return {i: p for i in inodes if (p := self._perms[i]) is not None}

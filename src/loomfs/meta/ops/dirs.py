@@ -36,7 +36,7 @@ class DirOps(NamespaceBase):
             r = await walk(txn, parts, follow_last=follow_symlinks)
             if r.inode is None:
                 raise StatusError(Status.ENOENT, path)
-            return await self._attr_at(txn, r, r.inode)
+            return await self._attr(txn, r.inode)
 
     async def gc_queued(self, inodes: list[int]) -> list[int]:
         """The ones of ``inodes`` that wait in the GC queue (fsck: not orphans, just not removed yet)."""
@@ -77,14 +77,14 @@ class DirOps(NamespaceBase):
                 if exist_ok:
                     t = r if r.type != LINK else await walk(txn, parts, follow_last=True)
                     if t.is_dir and t.inode is not None:
-                        return await self._attr_at(txn, t, t.inode)
+                        return await self._attr(txn, t.inode)
                 raise StatusError(Status.EEXIST, path)
             return await self._mkdir_at(txn, r, mode, who, uid, gid, now, path)
 
     async def _mkdir_at(self, txn: MetaTxn, r: Resolved, mode: int, who: Identity, uid: int, gid: int, now: int,
                         path: str) -> Attr:
         assert r.parent is not None and r.name is not None
-        parent = await self._attr_at(txn, r, r.parent)
+        parent = await self._attr(txn, r.parent)
         perm.may_create(parent, who, path)
         uid, gid, mode = self._owner(parent, who, DIR, mode, uid, gid)
         layout = dataclasses.replace(parent.layout or self.default_layout, chains=[])
@@ -107,7 +107,7 @@ class DirOps(NamespaceBase):
                 raise StatusError(Status.ENOTDIR, path)
             who = caller()
             if who.uid != 0:
-                d_attr = await self._attr_at(txn, r, r.inode)
+                d_attr = await self._attr(txn, r.inode)
                 perm.may_list(d_attr, who, path)
                 with_attrs = with_attrs and perm.allowed(d_attr, who, perm.X)  # stat needs search
             rows = await txn.list_dentries(r.inode, after, limit + 1)
@@ -135,12 +135,12 @@ class DirOps(NamespaceBase):
             self._same_tenant(s.parent, d.parent)
             if d.inode == s.inode:
                 return  # same entry, or a hard link of it
-            moved = await self._attr_at(txn, s, s.inode)
-            replaced = await self._attr_at(txn, d, d.inode) if d.inode is not None else None
+            moved = await self._attr(txn, s.inode)
+            replaced = await self._attr(txn, d.inode) if d.inode is not None else None
             who = caller()
             if who.uid != 0:
-                perm.may_delete(await self._attr_at(txn, s, s.parent), moved, who, src)
-                d_parent = await self._attr_at(txn, d, d.parent)
+                perm.may_delete(await self._attr(txn, s.parent), moved, who, src)
+                d_parent = await self._attr(txn, d.parent)
                 if replaced is not None:
                     perm.may_delete(d_parent, replaced, who, dst)
                 else:
@@ -176,10 +176,10 @@ class DirOps(NamespaceBase):
                 raise StatusError(Status.ENOENT, path)
             if r.parent is None or r.name is None:
                 raise StatusError(Status.EISDIR, path)
-            attr = await self._attr_at(txn, r, r.inode)
+            attr = await self._attr(txn, r.inode)
             who = caller()
             if who.uid != 0:
-                perm.may_delete(await self._attr_at(txn, r, r.parent), attr, who, path)
+                perm.may_delete(await self._attr(txn, r.parent), attr, who, path)
             if r.is_dir:
                 raise StatusError(Status.EISDIR, path)
             now = self.clock.now_ns()
@@ -195,10 +195,10 @@ class DirOps(NamespaceBase):
                 raise StatusError(Status.ENOENT, path)
             if r.parent is None or r.name is None:
                 raise StatusError(Status.EBUSY, "cannot remove the root")
-            attr = await self._attr_at(txn, r, r.inode)
+            attr = await self._attr(txn, r.inode)
             who = caller()
             if who.uid != 0:
-                perm.may_delete(await self._attr_at(txn, r, r.parent), attr, who, path)
+                perm.may_delete(await self._attr(txn, r.parent), attr, who, path)
             if not r.is_dir:
                 raise StatusError(Status.ENOTDIR, path)
             if await txn.has_dentries(r.inode):
@@ -217,7 +217,7 @@ class DirOps(NamespaceBase):
             if r.inode is not None or r.parent is None or r.name is None:
                 raise StatusError(Status.EEXIST, path)
             who = caller()
-            parent = await self._attr_at(txn, r, r.parent)
+            parent = await self._attr(txn, r.parent)
             perm.may_create(parent, who, path)
             uid, gid, _ = self._owner(parent, who, LINK, 0o777, uid, gid)
             return await self._new_inode(
@@ -233,7 +233,7 @@ class DirOps(NamespaceBase):
                 raise StatusError(Status.ENOENT, path)
             if r.type != LINK:
                 raise StatusError(Status.EINVAL, f"{path!r} is not a symbolic link")
-            return (await self._attr_at(txn, r, r.inode)).symlink_target
+            return (await self._attr(txn, r.inode)).symlink_target
 
     async def link(self, src: str, dst: str, *, follow_symlinks: bool = False) -> Attr:
         sp, dp = split_path(src), split_path(dst)
@@ -245,11 +245,11 @@ class DirOps(NamespaceBase):
             if d.inode is not None or d.parent is None or d.name is None:
                 raise StatusError(Status.EEXIST, dst)
             self._same_tenant(s.inode, d.parent)
-            attr = await self._attr_at(txn, s, s.inode)
+            attr = await self._attr(txn, s.inode)
             who = caller()
             if who.uid != 0:
                 perm.may_link(attr, who, src)
-                perm.may_create(await self._attr_at(txn, d, d.parent), who, dst)
+                perm.may_create(await self._attr(txn, d.parent), who, dst)
             if s.type == DIR:
                 raise StatusError(Status.EPERM, f"hard link to directory {src!r}")
             now = self.clock.now_ns()
@@ -268,7 +268,7 @@ class DirOps(NamespaceBase):
                 raise StatusError(Status.ENOENT, path)
             if not r.is_dir:
                 raise StatusError(Status.ENOTDIR, path)
-            attr = await self._attr_at(txn, r, r.inode)
+            attr = await self._attr(txn, r.inode)
             if not perm.is_owner(attr, caller()):
                 raise StatusError(Status.EPERM, f"{path}: only the owner or root sets a directory's layout")
             attr = dataclasses.replace(attr, layout=stored, ctime_ns=self.clock.now_ns())

@@ -32,11 +32,11 @@ class ExchangeOps(NamespaceBase):
                 return  # one entry, or two links of one file
             if s.inode in d.stack or d.inode in s.stack:
                 raise StatusError(Status.EINVAL, f"{a!r} and {b!r}: one holds the other")
-            sa, da = await self._attr_at(txn, s, s.inode), await self._attr_at(txn, d, d.inode)
+            sa, da = await self._attr(txn, s.inode), await self._attr(txn, d.inode)
             who = caller()
             if who.uid != 0:  # both names leave their directory; a directory changing parent needs write on it
-                perm.may_delete(await self._attr_at(txn, s, s.parent), sa, who, a)
-                perm.may_delete(await self._attr_at(txn, d, d.parent), da, who, b)
+                perm.may_delete(await self._attr(txn, s.parent), sa, who, a)
+                perm.may_delete(await self._attr(txn, d.parent), da, who, b)
                 if s.parent != d.parent:
                     for dir_attr, name in ((sa, a), (da, b)):
                         if dir_attr.type == DIR:

@@ -118,7 +118,7 @@ class FileOps(InlineOps):
                     raise StatusError(Status.ELOOP, f"{path!r} is a symbolic link (O_NOFOLLOW)")
                 if flags & O_DIRECTORY and not r.is_dir:
                     raise StatusError(Status.ENOTDIR, path)
-                attr = await self._attr_at(txn, r, r.inode)
+                attr = await self._attr(txn, r.inode)
                 who = caller()
                 if who.uid != 0:
                     perm.need(attr, who, perm.R, path)
@@ -177,7 +177,7 @@ class FileOps(InlineOps):
                 if write and session_id and r.type == FILE:
                     owner = await txn.session_client(r.inode, session_id)
                     if owner == client_id:
-                        attr = await self._attr_at(txn, r, r.inode)
+                        attr = await self._attr(txn, r.inode)
                         if who.uid != 0:
                             perm.need(attr, who, perm.open_bits(flags), path)
                         return Opened(attr, session_id, replayed=True,
@@ -193,13 +193,13 @@ class FileOps(InlineOps):
                 if r.type == DIR:
                     if write or creat or flags & os.O_TRUNC:
                         raise StatusError(Status.EISDIR, path)
-                    attr = await self._attr_at(txn, r, r.inode)
+                    attr = await self._attr(txn, r.inode)
                     if who.uid != 0:
                         perm.need(attr, who, perm.R, path)
                     return Opened(attr)
                 if flags & O_DIRECTORY:
                     raise StatusError(Status.ENOTDIR, path)
-                attr = await self._attr_at(txn, r, r.inode)
+                attr = await self._attr(txn, r.inode)
                 if who.uid != 0:
                     perm.need(attr, who, perm.open_bits(flags), path)
                 if flags & os.O_TRUNC and attr.type == FILE:
@@ -212,7 +212,7 @@ class FileOps(InlineOps):
                     raise StatusError(Status.ENOENT, path)
                 if r.must_be_dir or r.parent is None or r.name is None:
                     raise StatusError(Status.EISDIR, path)
-                parent = await self._attr_at(txn, r, r.parent)
+                parent = await self._attr(txn, r.parent)
                 perm.may_create(parent, who, path)
                 uid, gid, mode = self._owner(parent, who, FILE, mode, uid, gid)
                 limit = self.inline_limit(parent)
@@ -393,7 +393,7 @@ class FileOps(InlineOps):
                 r = await walk(txn, parts, follow_last=follow_symlinks or size >= 0)
                 if r.inode is None:
                     raise StatusError(Status.ENOENT, path)
-                attr = await self._attr_at(txn, r, r.inode)
+                attr = await self._attr(txn, r.inode)
             if size >= 0:
                 if attr.type == DIR:
                     raise StatusError(Status.EISDIR, path)

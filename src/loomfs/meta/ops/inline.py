@@ -150,7 +150,7 @@ class InlineOps(NamespaceBase):
             r = await walk(txn, parts, follow_last=follow_symlinks)
             if r.inode is None:
                 raise StatusError(Status.ENOENT, path)
-            attr = await self._attr_at(txn, r, r.inode)
+            attr = await self._attr(txn, r.inode)
             who = caller()
             if who.uid != 0 and attr.type == FILE:
                 perm.need(attr, who, perm.R, path)

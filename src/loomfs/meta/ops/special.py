@@ -42,7 +42,7 @@ class SpecialOps(NamespaceBase):
             if r.inode is not None or r.parent is None or r.name is None:
                 raise StatusError(Status.EEXIST, path)
             who = caller()
-            parent = await self._attr_at(txn, r, r.parent)
+            parent = await self._attr(txn, r.parent)
             perm.may_create(parent, who, path)
             if type in DEVICE_TYPES and who.uid != 0:
                 raise StatusError(Status.EPERM, f"{path}: only root makes device nodes")

@@ -6,9 +6,8 @@ another.
 
 Search permission: for a caller other than root (``loomfs.meta.caller``), the walk notes
 every directory it looks a name up in and, at its end (or before it reports an error),
-loads their attributes in one ``get_inodes`` and checks the x bit on each, in walk order
-(EACCES). ``Resolved.attrs`` keeps those attributes and the final inode's, so an
-operation reuses them.
+reads their permission bits in one ``MetaTxn.get_perms`` and checks the x bit on each, in
+walk order (EACCES).
 Root walks as before: no extra work.
 """
 
@@ -17,7 +16,6 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
 
 from loomfs.common.identity import Identity
 from loomfs.errors import StatusError
@@ -26,7 +24,7 @@ from loomfs.meta.caller import CALLER
 from loomfs.meta.paths import split_target
 from loomfs.meta.store.base import DentryRow, MetaTxn
 from loomfs.wire.status import Status
-from loomfs.wire.types import ROOT_INODE, Attr, FileType
+from loomfs.wire.types import ROOT_INODE, FileType
 
 SYMLINK_HOPS_MAX = 40
 
@@ -50,9 +48,6 @@ class Resolved:
     type: int
     stack: list[int]
     must_be_dir: bool = False
-    # non-root callers: the attributes of the directories the walk searched (the parent
-    # among them) and of the inode it ended at, loaded with one ``get_inodes``
-    attrs: dict[int, Attr] | None = None
 
     @property
     def exists(self) -> bool:
@@ -103,48 +98,23 @@ async def walk(txn: MetaTxn, parts: list[str], *, follow_last: bool) -> Resolved
     try:
         r = await _walk(txn, parts, follow_last, searched, root)
     except StatusError:
-        light = getattr(txn, "get_perms", None)
-        if light is not None:  # EACCES before what lies behind the directory
-            await searchable_light(light, searched, who)
-        else:
-            await searchable(txn, searched, who)
+        await searchable(txn, searched, who)  # EACCES before what lies behind the directory
         raise
-    light = getattr(txn, "get_perms", None)
-    if light is not None:  # (type, mode, uid, gid) tuples: no Attr objects to build
-        await searchable_light(light, searched, who)
-    else:
-        # a single operation reuses the final inode's attributes; a batch (its memo is no
-        # MetaTxn) reads its items' inodes in one query of its own
-        r.attrs = await searchable(txn, searched, who, r.inode if isinstance(txn, MetaTxn) else None)
+    await searchable(txn, searched, who)
     return r
 
 
-async def searchable_light(get_perms: Any, searched: list[int], who: Identity) -> None:
-    """``searchable`` through the store's light read (``MetaTxn.get_perms``)."""
+async def searchable(txn: MetaTxn, searched: list[int], who: Identity) -> None:
+    """EACCES unless ``who`` may search every directory in ``searched`` (one ``get_perms``:
+    (type, mode, uid, gid) rows, no ``Attr`` objects)."""
     if not searched:
         return
-    rows = await get_perms(list(dict.fromkeys(searched)))
+    rows = await txn.get_perms(list(dict.fromkeys(searched)))
     try:
         ordered = [rows[ino] for ino in searched]
     except KeyError as exc:
         raise StatusError(Status.EIO, f"walk went through missing directory inode {exc}") from None
     perm.search_rows(ordered, who, "path lookup")
-
-
-async def searchable(txn: MetaTxn, searched: list[int], who: Identity, also: int | None = None) -> dict[int, Attr]:
-    """The attributes of ``searched`` (directories) and of ``also``, after checking ``who`` may
-    search each of ``searched``."""
-    if not searched and also is None:
-        return {}
-    attrs = await txn.get_inodes(list(dict.fromkeys(searched if also is None else [*searched, also])))
-    dirs: list[perm.Owned] = []
-    for ino in searched:
-        a = attrs.get(ino)
-        if a is None:
-            raise StatusError(Status.EIO, f"walk went through missing directory inode {ino}")
-        dirs.append(a)
-    perm.search(dirs, who, "path lookup")
-    return attrs
 
 
 async def _walk(txn: MetaTxn, parts: list[str], follow_last: bool, searched: list[int] | None,
