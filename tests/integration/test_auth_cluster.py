@@ -43,6 +43,7 @@ from loomfs.wire import auth as wa
 from loomfs.wire import mgmtd as wm
 from loomfs.wire.message import Empty
 from loomfs.wire.status import Status
+from loomfs.wire.storage import STORAGE_PING
 from loomfs.wire.types import Layout
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
@@ -257,6 +258,39 @@ def test_a_user_token_writes_through_meta_grants_end_to_end(auth_cluster: LocalC
             assert fs.run(fs.client.renew_sessions()) >= 1
             assert grants.expires_at_s(kept[inode]) > time.time() + grants.DEFAULT_GRANT_TTL_S - 60
             f.write(data)  # chunk writes with the fresh grant
+
+
+def test_a_token_revoked_through_mgmtd_is_refused_by_every_service(auth_cluster: LocalCluster,
+                                                                    tmp_path: Path) -> None:
+    c = auth_cluster
+    victim = _token(c)
+    tok = tmp_path / "victim.token"
+    write_token_file(tok, victim)
+    storage = next(s for s in c.services.values() if s.kind == "storage")
+
+    async def go() -> None:
+        rpc = _rpc(AuthConfig(credential=victim))
+        try:
+            await rpc.call(Address.parse(storage.address), STORAGE_PING, Empty())  # an open connection
+            cmd = [sys.executable, "-m", "loomfs.cli.main", "--dir", str(c.root), "admin", "token", "revoke",
+                   str(tok)]
+            res = await asyncio.to_thread(subprocess.run, cmd, capture_output=True, text=True, timeout=60)
+            assert res.returncode == 0, res
+            end = time.monotonic() + 15  # storage polls mgmtd's list every 2 s
+            while True:
+                try:
+                    await rpc.call(Address.parse(storage.address), STORAGE_PING, Empty(), retry=False)
+                except PermissionDenied as exc:
+                    assert exc.status is Status.AUTH_REVOKED
+                    break
+                assert time.monotonic() < end, "storage still takes the revoked token"
+                await asyncio.sleep(0.2)
+        finally:
+            await rpc.close()
+
+    asyncio.run(go())
+    assert _refused(AuthConfig(credential=victim), c.mgmtd_address).status is Status.AUTH_REVOKED
+    _wait_log(c, storage.name, "AUTH_REVOKED")
 
 
 def test_token_create_cli_writes_a_private_token_that_clients_use(auth_cluster: LocalCluster, tmp_path: Path) -> None:

@@ -152,3 +152,24 @@ def test_policy_gates_admin_and_service_methods() -> None:
     admin = _token(rights=rights_for(admin=True))[0].identity()
     assert not user.can(needs_of(wm.DRAIN_NODE)) and admin.can(needs_of(wm.DRAIN_NODE))
     assert not admin.can(needs_of(wm.HEARTBEAT)) and SERVICE.can(needs_of(wm.HEARTBEAT))
+
+
+def test_revocations_from_mgmtd_reach_the_verifier_and_expire_with_their_tokens() -> None:
+    from loomfs.net import revocations
+
+    claims, key = _token()
+    v = Verifier(SECRET, wall_clock=lambda: NOW + 10)
+    saved = revocations.PROCESS.snapshot()
+    try:
+        revocations.PROCESS.replace({claims.token_id: claims.expires_at_s})  # what a poll brings
+        with pytest.raises(AuthError) as ei:
+            _verify(v, claims, key)
+        assert ei.value.status is Status.AUTH_REVOKED and v.is_revoked(claims.token_id)
+        revocations.PROCESS.prune(claims.expires_at_s + 1)  # past the token's expiry: dropped
+        assert not v.is_revoked(claims.token_id)
+    finally:
+        revocations.PROCESS.replace(saved)
+    r = revocations.Revocations()
+    r.add("a", 10.0)
+    r.add("a", 5.0)  # the later expiry is kept
+    assert r.snapshot() == {"a": 10.0} and r.ids == {"a"}

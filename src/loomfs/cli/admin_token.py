@@ -67,9 +67,11 @@ def register(asub: argparse._SubParsersAction) -> None:
     s = tsub.add_parser("show", help="print a token file's claims (not its key)")
     s.add_argument("file")
     s.set_defaults(func=cmd_show)
-    r = tsub.add_parser("revoke", help="add a token id to a revocation file (rpc.revoked_file)")
-    r.add_argument("token_id")
-    r.add_argument("--revoked-file", required=True)
+    r = tsub.add_parser("revoke", help="refuse a token from now on, cluster-wide (mgmtd's list; every "
+                        "service polls it within seconds), or in a revocation file")
+    r.add_argument("token", help="a token id, or a token file")
+    r.add_argument("--revoked-file", default=None,
+                   help="append to this file (rpc.revoked_file) instead of telling mgmtd")
     r.set_defaults(func=cmd_revoke)
 
 
@@ -117,7 +119,24 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 
 def cmd_revoke(args: argparse.Namespace) -> int:
-    with open(args.revoked_file, "a") as f:
-        f.write(f"{args.token_id}\n")
-    print(f"token {args.token_id} revoked in {args.revoked_file} (services re-read it within a second)")
+    token_id, until_s = args.token, 0.0
+    if Path(args.token).is_file():
+        try:
+            cred = load_token_file(args.token)
+        except CredentialError as exc:
+            raise SystemExit(f"loomfs: {exc}") from None
+        token_id, until_s = cred.claims.token_id, float(cred.claims.expires_at_s)
+    if args.revoked_file:
+        with open(args.revoked_file, "a") as f:
+            f.write(f"{token_id}\n")
+        print(f"token {token_id} revoked in {args.revoked_file} (services re-read it within a second)")
+        return 0
+    import asyncio
+
+    from loomfs.cli.admin import _call
+    from loomfs.wire import auth as wa
+
+    rsp = asyncio.run(_call(args, wa.REVOKE_TOKEN, wa.RevokeTokenReq(token_id=token_id, until_s=until_s)))
+    print(f"token {token_id} revoked ({len(rsp.token_ids)} revoked tokens in the cluster; services "
+          "refuse it within a few seconds, on open connections too)")
     return 0

@@ -12,6 +12,7 @@ import logging
 import os
 import secrets
 import signal
+from pathlib import Path
 from typing import Any
 
 from loomfs.common.clock import SYSTEM_CLOCK
@@ -21,6 +22,7 @@ from loomfs.config import MgmtdConfig, resolve_under
 from loomfs.errors import LoomError
 from loomfs.mgmtd.lease import Election
 from loomfs.mgmtd.pgstore import PgHaStore, is_postgres_url
+from loomfs.mgmtd.revoked import RevokedTokens
 from loomfs.mgmtd.service import MgmtdService
 from loomfs.mgmtd.state import ClusterState
 from loomfs.mgmtd.store import MgmtdStore
@@ -80,6 +82,7 @@ async def serve(config: MgmtdConfig, *, ready: asyncio.Event | None = None) -> N
         store.load(state, service.clock.monotonic())
         service.persist()
     server.add_service(service)
+    server.add_service(RevokedTokens(Path(config.data_dir, "revoked.json")))  # loomfs admin token revoke
     address = await server.start(Address(config.host, config.port))
     if election is not None:
         election.address = f"{config.host}:{address.port}"

@@ -26,6 +26,7 @@ from typing import Any
 
 from loomfs.common import grants
 from loomfs.common.identity import Identity, Right
+from loomfs.net import revocations
 from loomfs.net.credentials import (
     KIND_SERVICE,
     Claims,
@@ -104,9 +105,13 @@ class Verifier:
             if claims.expires_at_s <= 0 or now > claims.expires_at_s:
                 raise AuthError(Status.AUTH_EXPIRED, f"token {claims.token_id} expired "
                                                      f"{now - claims.expires_at_s:.0f}s ago")
-            if claims.token_id in self.revoked(now):
+            if claims.token_id in self.revoked(now) or claims.token_id in revocations.PROCESS.ids:
                 raise AuthError(Status.AUTH_REVOKED, f"token {claims.token_id} is revoked")
         return Verified(claims.identity(), float(claims.expires_at_s), server_proof(key, server_nonce, client_nonce))
+
+    def is_revoked(self, token_id: str) -> bool:
+        """Per call of an open connection: the lists as last read (no file access here)."""
+        return token_id in self._revoked or token_id in revocations.PROCESS.ids
 
     def revoked(self, now: float) -> frozenset[str]:
         """Token ids in ``revoked_file`` (one per line, ``#`` comments), re-read when it changed."""

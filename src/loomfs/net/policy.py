@@ -23,6 +23,8 @@ POLICY: dict[tuple[int, str], Right] = {
     (SERVICE_MGMTD, "report_unreachable"): Right.SERVICE,  # fences a target out of its chain
     (SERVICE_MGMTD, "create_chain_table"): Right.ADMIN,
     (SERVICE_MGMTD, "drain_node"): Right.ADMIN,
+    (SERVICE_MGMTD, "revoke_token"): Right.ADMIN,
+    (SERVICE_MGMTD, "list_revoked"): Right.SERVICE,
     # meta: fsck's view of the GC queue
     (SERVICE_META, "gc_queued"): Right.ADMIN,
     # storage: chunk changes need WRITE (and a write grant, checked by storage), reads READ

@@ -456,11 +456,16 @@ class _ServerConnection:
         entry = server._handlers.get((header.service, header.method))
         trace.TRACE.set(header.trace or trace.new_id())  # this task's context: logs and onward calls
         try:
+            # nothing from a peer that has not authenticated is decoded or handled
             if not self.authenticated:
                 raise StatusError(Status.AUTH_REQUIRED, f"{server.name} needs credentials: give the client a "
                                   "token (LOOMFS_TOKEN_FILE or rpc.token_file), or the service the cluster secret")
-            if self.expires_at_s and server.verifier is not None and server.verifier.wall_clock() > self.expires_at_s:
-                raise StatusError(Status.AUTH_EXPIRED, f"token {self.identity.token_id} expired; reconnect with a new one")
+            if self.expires_at_s and server.verifier is not None:  # a token's connection
+                if server.verifier.wall_clock() > self.expires_at_s:
+                    raise StatusError(Status.AUTH_EXPIRED, f"token {self.identity.token_id} expired; "
+                                      "reconnect with a new one")
+                if server.verifier.is_revoked(self.identity.token_id):
+                    raise StatusError(Status.AUTH_REVOKED, f"token {self.identity.token_id} is revoked")
             if entry is None:
                 raise StatusError(
                     Status.UNKNOWN_METHOD, f"no method {header.service}.{header.method} on {server.name}"

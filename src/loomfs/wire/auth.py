@@ -15,7 +15,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from loomfs.wire.message import Message, message, method
+from loomfs.wire.message import Empty, Message, many, message, method
+from loomfs.wire.types import SERVICE_MGMTD
 
 SERVICE_AUTH = 0
 NONCE_BYTES = 16
@@ -47,3 +48,20 @@ class ProveRsp(Message):
 
 HELLO = method(SERVICE_AUTH, 1, "auth_hello", HelloReq, HelloRsp)
 PROVE = method(SERVICE_AUTH, 2, "auth_prove", ProveReq, ProveRsp)
+
+
+# ---- revoked tokens, kept by mgmtd (``loomfs.net.revocations``); ids 100+ of mgmtd are auth's --
+@message
+class RevokeTokenReq(Message):
+    token_id: str = ""
+    until_s: float = 0.0  # the token's expiry (unix s): kept until then; 0 = a year from now
+
+
+@message
+class RevokedRsp(Message):
+    token_ids: list[str] = many()
+    until_s: list[float] = many()  # parallel to token_ids
+
+
+REVOKE_TOKEN = method(SERVICE_MGMTD, 100, "revoke_token", RevokeTokenReq, RevokedRsp)
+LIST_REVOKED = method(SERVICE_MGMTD, 101, "list_revoked", Empty, RevokedRsp, idempotent=True)
