@@ -6,7 +6,8 @@ running ``mh_worker.py`` (new files with bytes that follow from their names, eac
 back after a later write). PostgreSQL runs in the root namespace (unix socket).
 
 Under that load: storage3's host is cut off (veth down), the primary mgmtd's host is killed
-(SIGKILL), meta1's host is killed, storage3 is healed and rejoins. After each fault both
+(SIGKILL), the host of the meta server the clients are connected to is killed, storage3 is
+healed and rejoins. After each fault both
 clients must acknowledge more writes within a deadline; no read may ever return other
 bytes; at the end every acknowledged file is read back from a third client (this process)
 and compared byte for byte.
@@ -135,6 +136,19 @@ def _routing_version(c: NetnsCluster, address: str, *, auth: bool = True) -> int
     return asyncio.run(go())
 
 
+def _busiest_meta(c: NetnsCluster) -> str:
+    """The meta server with the most established connections from the client hosts (each
+    client process picks one meta server; killing an idle one would test nothing)."""
+    clients = {c.host(n).address for n in CLIENTS}
+    count = {}
+    for name in ("meta1", "meta2"):
+        out = c.lab.run(c.host(name), ["ss", "-Htn", "state", "established", "sport", "=", ":8100"]).stdout
+        count[name] = sum(1 for line in out.splitlines() if line.split()[-1].rsplit(":", 1)[0] in clients)
+    busiest = max(count, key=lambda n: count[n])
+    assert count[busiest] > 0, count
+    return busiest
+
+
 def _storage_state(c: NetnsCluster, node_id: int) -> tuple[NodeState, set[TargetState]]:
     r = c.routing()
     node = next(n for n in r.nodes if n.kind == NodeKind.STORAGE and n.node_id == node_id)
@@ -172,8 +186,9 @@ def test_faults_under_load_lose_no_acknowledged_byte(cluster: NetnsCluster) -> N
                                 PRIMARY_LEASE_S + 10, "mgmtd2 takes over, with a newer routing version")
     timings["mgmtd"] = _progress(c, out, 5, "the primary mgmtd's host killed")
 
-    c.kill_host("meta1")
-    timings["meta"] = _progress(c, out, 5, "meta1's host killed")
+    meta = _busiest_meta(c)  # the meta server the client hosts are connected to
+    c.kill_host(meta)
+    timings["meta"] = _progress(c, out, 5, f"{meta}'s host killed")
 
     c.heal_host("storage3")
     timings["heal"] = _wait(lambda: c.fully_replicated(), 30, "storage3 back and every chain fully replicated")
