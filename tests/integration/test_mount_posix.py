@@ -259,6 +259,11 @@ def test_changes_by_descriptor_after_the_last_unlink(roots: tuple[Path, Path], m
         seen.append((stat.S_IMODE(st.st_mode), st.st_size, st.st_nlink, st.st_mtime_ns))
         os.pwrite(fd, b"xy", 6)
         seen.append(os.pread(ro, 100, 0))
+        os.setxattr(fd, "user.k", b"kept")  # attributes by descriptor
+        seen.append((os.getxattr(ro, "user.k"), os.listxattr(ro)[-1]))
+        again = open_(Path(f"/proc/self/fd/{ro}"), os.O_RDONLY)  # reopened with no name left
+        seen.append(os.pread(again, 100, 0))
+        close_(again)
         (r / "t").write_bytes(b"a new file")  # the name is free
         seen.append(sorted(os.listdir(r)))
         close_(fd)

@@ -45,6 +45,7 @@ class FileOps(pyfuse3.Operations):
         def entry(self, attr: Attr) -> pyfuse3.EntryAttributes: ...
         async def _last_close(self, inode: int) -> None: ...
         async def _drop_orphans(self) -> None: ...
+        def _inode_path(self, inode: int) -> str: ...
 
     def _writers(self, inode: int) -> list[Handle]:
         return [h for h in self.handles.values() if isinstance(h, Handle) and h.inode == inode and h.writable]
@@ -100,7 +101,7 @@ class FileOps(pyfuse3.Operations):
 
     @fuse_errors
     async def open(self, inode: int, flags: int, ctx: Any) -> pyfuse3.FileInfo:
-        path = self.inodes.path(inode)
+        path = self._inode_path(inode)  # an unlinked file open here: reopened by /proc/PID/fd/N
         acc = flags & os.O_ACCMODE
         if acc != os.O_RDONLY and self.options.read_only:
             raise pyfuse3.FUSEError(errno.EROFS)

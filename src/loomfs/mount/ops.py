@@ -144,7 +144,7 @@ class LoomOperations(OrphanOps, FileOps):
     async def setattr(self, inode: int, attr: Any, fields: Any, fh: int | None, ctx: Any) -> pyfuse3.EntryAttributes:
         # by inode (whatever names it has now, here or at another client; an open file whose
         # last name went lives on under its hidden name, loomfs.mount.orphans)
-        path = self.orphans.path(inode) or self.inodes.path(inode)
+        path = self._inode_path(inode)
         c = self.client
         last: Attr | None = None
         if fields.update_size:
@@ -286,7 +286,7 @@ class LoomOperations(OrphanOps, FileOps):
 
     @fuse_errors
     async def getxattr(self, inode: int, name: bytes, ctx: Any) -> bytes:
-        path = self.inodes.path(inode)
+        path = self._inode_path(inode)
         if name != LAYOUT_XATTR:  # stored (user.*: meta answers ENOTSUP for other namespaces)
             return await self.call(self.client.meta.getxattr(path, name, False))
         attr = await self._attr(path)
@@ -296,7 +296,7 @@ class LoomOperations(OrphanOps, FileOps):
 
     @fuse_errors
     async def listxattr(self, inode: int, ctx: Any) -> list[bytes]:
-        path = self.inodes.path(inode)
+        path = self._inode_path(inode)
         attr = await self._attr(path)
         if attr.type == FileType.SYMLINK:
             return []
@@ -310,7 +310,7 @@ class LoomOperations(OrphanOps, FileOps):
         # caller's permission (default_permissions) and meta checks the mount's
         if self.options.read_only:
             raise pyfuse3.FUSEError(errno.EROFS)
-        path = self.inodes.path(inode)
+        path = self._inode_path(inode)
         if name != LAYOUT_XATTR:
             await self.call(xattrs.setxattr(self.client, path, name, value, follow_symlinks=False))
             return
@@ -327,7 +327,7 @@ class LoomOperations(OrphanOps, FileOps):
             raise pyfuse3.FUSEError(errno.EPERM)
         if self.options.read_only:
             raise pyfuse3.FUSEError(errno.EROFS)
-        await self.call(xattrs.removexattr(self.client, self.inodes.path(inode), name, follow_symlinks=False))
+        await self.call(xattrs.removexattr(self.client, self._inode_path(inode), name, follow_symlinks=False))
 
     # --- directories ----------------------------------------------------------------------
 

@@ -116,6 +116,10 @@ class OrphanOps:
     if TYPE_CHECKING:  # LoomOperations's
         async def call(self, coro: Coroutine[Any, Any, T]) -> T: ...
 
+    def _inode_path(self, inode: int) -> str:
+        """A path of ``inode`` for calls on an open file: its hidden name once its last name went."""
+        return self.orphans.path(inode) or self.inodes.path(inode)
+
     async def _keep_orphan(self, path: str) -> bool:
         """Before ``path``'s name goes (unlink, a rename over it): when it is the last name of
         a regular file open here, move the file to a hidden name instead and forget ``path``;
