@@ -138,3 +138,27 @@ def test_tenants_cannot_see_each_other(fs: loomfs.LoomFS, user: Callable[..., lo
     assert _errno(lambda: a.run(a.client.meta.call(wmeta.TENANT_CREATE, wmeta.TenantCreateReq(name="x")))) == errno.EPERM
     for m in (wmeta.GC_QUEUED, wmeta.INODES_LIVE):
         assert _errno(lambda m=m: a.run(a.client.meta.call(m, wmeta.InodesReq(inodes=[ino])))) == errno.EPERM
+
+
+def test_tenant_cli(cluster: LocalCluster, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """``loomfs admin tenant create|list`` (cli/admin_tenant.py) with the cluster's admin token."""
+    import argparse
+    import json
+
+    from loomfs.cli import admin_tenant
+    from loomfs.net import auth
+
+    monkeypatch.setenv(auth.TOKEN_FILE_ENV, str(cluster.root / auth.CLUSTER_TOKEN_FILE))
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--dir", dest="cluster_dir")
+    admin_tenant.register(parser.add_subparsers(dest="cmd"))
+    name = f"cli{secrets.token_hex(3)}"
+    args = parser.parse_args(["--dir", str(cluster.root), "tenant", "create", name, "--uid", "1000", "--gid", "1000",
+                              "--mode", "750", "--json"])
+    assert args.func(args) == 0
+    made = json.loads(capsys.readouterr().out)
+    assert (made["name"], made["uid"], made["gid"], made["mode"]) == (name, 1000, 1000, "750")
+    assert args.func(args) == 1 and "exists" in capsys.readouterr().err.lower()  # EEXIST, said plainly
+    args = parser.parse_args(["--dir", str(cluster.root), "tenant", "list", "--json"])
+    assert args.func(args) == 0
+    assert name in {t["name"] for t in json.loads(capsys.readouterr().out)}

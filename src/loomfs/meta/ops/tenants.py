@@ -29,7 +29,7 @@ class TenantOps(NamespaceBase):
             raise StatusError(Status.EINVAL, f"uid {uid} / gid {gid}")
         async with self.store.write() as txn:
             if await txn.state_get(tenancy.TENANT_KEY + name) is not None:
-                raise StatusError(Status.EEXIST, f"tenant {name!r}")
+                raise StatusError(Status.EEXIST, f"tenant {name!r} exists")
             number = await txn.next_id(tenancy.TENANT_COUNTER)
             if number > tenancy.TENANT_MAX:
                 raise StatusError(Status.ENOSPC, f"at most {tenancy.TENANT_MAX} tenants")
