@@ -236,6 +236,8 @@ def test_inode_calls_need_write_or_the_session(env: Env) -> None:
     assert env.err(env.ns.setattr("/pub/f", inode=ino, size=0), BOB) == errno.EACCES
     # chmod 0444 after the open: the session still writes (POSIX: an open fd keeps its rights)
     env.run(env.ns.setattr("/pub/f", mode=0o444), ALICE)
+    env.run(env.ns.report(ino, o.session_id, 4), ALICE)  # SYNC through the session (SyncReq.session_id)
+    assert env.err(env.ns.report(ino, 0, 4), ALICE) == errno.EACCES  # without it: w needed
     assert env.run(env.ns.write_inline(ino, o.session_id, [Patch(3, b"d")], close=True), ALICE).applied
     assert env.run(env.ns.read("/pub/f"), ALICE)[1] == b"abcd"
 

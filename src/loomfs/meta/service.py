@@ -218,7 +218,7 @@ class MetaService:
     @handles(w.SYNC)
     async def sync(self, req: w.SyncReq, ctx: CallContext) -> w.AttrRsp:
         act_for(ctx, self.root_squash)
-        r = await self.ns.report(req.inode, 0, req.length, req.mtime_ns, trunc_epoch=req.trunc_epoch)
+        r = await self.ns.report(req.inode, req.session_id, req.length, req.mtime_ns, trunc_epoch=req.trunc_epoch)
         return w.AttrRsp(attr=r.attr, trunc_epoch=r.trunc_epoch)
 
     @handles(w.READDIR)

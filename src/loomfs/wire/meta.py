@@ -140,6 +140,9 @@ class SyncReq(Message):
     length: int = -1  # highest byte written + 1 since the writer last learned a new epoch
     mtime_ns: int = 0
     trunc_epoch: int = 0  # as CloseReq
+    # the writer's session: a caller who lost write permission since its open (chmod) still
+    # reports lengths through it, as an open fd keeps writing (0: write permission needed)
+    session_id: int = 0
 
 
 @message
