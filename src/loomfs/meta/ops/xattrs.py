@@ -121,7 +121,7 @@ class XattrOps(NamespaceBase):
         r = await walk(txn, split_path(path), follow_last=follow_symlinks)
         if r.inode is None:
             raise StatusError(Status.ENOENT, path)
-        return await self._attr_at(txn, r, r.inode)  # a non-root caller's walk loaded it
+        return await self._attr(txn, r.inode)
 
     @staticmethod
     def _may_change(attr: Attr, path: str, what: str) -> None:
