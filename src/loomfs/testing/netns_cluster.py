@@ -85,6 +85,18 @@ class NetnsCluster(LocalCluster):
         pid LocalCluster holds is the service's)."""
         return self.lab.command(self.host_of[s.name], super().service_argv(s))
 
+    def start_service(self, name: str) -> ServiceProc:
+        """LocalCluster's, then wait until ``ip`` has exec'd the service: LocalCluster's own wait
+        ends at ``ip netns exec ... --config`` (its command line names the config too), and while
+        the kernel swaps in python /proc/PID/cmdline reads empty, which would look like a crash."""
+        s = super().start_service(name)
+        end = time.monotonic() + 10.0
+        while time.monotonic() < end and s.pid and not (_exec_done(s.pid) and s.alive()):
+            if not os.path.exists(f"/proc/{s.pid}"):
+                break
+            time.sleep(0.002)
+        return s
+
     def client_env(self) -> dict[str, str]:
         """The environment for a client program on a client host: this source tree and the
         cluster's admin token (``$LOOMFS_TOKEN_FILE``; without it an auth cluster refuses)."""
@@ -144,3 +156,9 @@ class NetnsCluster(LocalCluster):
         return f"NetnsCluster({self.root} {self.lab!r} services={len(self.services)})"
 
 
+def _exec_done(pid: int) -> bool:
+    """``ip netns exec`` has become the program (``/proc/PID/exe`` is no longer ``ip``)."""
+    try:
+        return os.path.basename(os.readlink(f"/proc/{pid}/exe")) != "ip"
+    except OSError:
+        return False
