@@ -53,13 +53,23 @@ class NetnsUnavailable(RuntimeError):
     """Not root, or no ``ip`` (iproute2) here."""
 
 
+CAP_NET_ADMIN, CAP_SYS_ADMIN = 12, 21  # links and addresses; mounting /run/netns/<name>
+
+
 def available() -> str:
     """'' when labs can be made here, else why not."""
     if os.geteuid() != 0:
         return "network namespaces need root (CAP_NET_ADMIN)"
     if shutil.which("ip") is None:
         return "`ip` not found (apt-get install iproute2)"
-    return ""
+    try:  # root in an unprivileged container lacks them: ip netns add would fail
+        status = Path("/proc/self/status").read_text()
+        cap_eff = int(next(x.split()[1] for x in status.splitlines() if x.startswith("CapEff:")), 16)
+    except (OSError, StopIteration, ValueError):
+        return ""
+    missing = [n for n, bit in (("CAP_NET_ADMIN", CAP_NET_ADMIN), ("CAP_SYS_ADMIN", CAP_SYS_ADMIN))
+               if not cap_eff >> bit & 1]
+    return f"network namespaces need {' and '.join(missing)} (an unprivileged container?)" if missing else ""
 
 
 def _ip(*args: str, check: bool = True, timeout_s: float = 20.0) -> str:
