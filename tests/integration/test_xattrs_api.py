@@ -7,10 +7,14 @@ from __future__ import annotations
 import errno
 import os
 import stat
+import time
+from pathlib import Path
 
 import pytest
 
 import loomfs
+from loomfs.config import ClientConfig, RpcConfig
+from loomfs.net.credentials import create_token, load_secret_file, rights_for, write_token_file
 from loomfs.testing import LocalCluster
 from loomfs.wire.types import FileType
 
@@ -80,3 +84,39 @@ def test_xattrs_through_fsspec(cluster: LocalCluster, fs: loomfs.LoomFS, base: s
         lfs.setxattr(url, "user.tag", b"again", os.XATTR_CREATE)
     lfs.removexattr(url, "user.tag")
     assert lfs.listxattr(url) == []
+
+
+def _client_as(cluster: LocalCluster, tmp_path: Path, uid: int, gid: int, *, read_only: bool = False) -> loomfs.LoomFS:
+    cred = create_token(load_secret_file(cluster.secret_path), uid=uid, gid=gid,
+                        rights=rights_for(admin=False, read_only=read_only), ttl_s=600, now_s=time.time())
+    path = tmp_path / f"token-{uid}-{int(read_only)}"
+    write_token_file(path, cred)
+    return loomfs.connect(str(cluster.root), config=ClientConfig(rpc=RpcConfig(token_file=str(path))))
+
+
+def test_meta_checks_the_callers_permissions(cluster: LocalCluster, fs: loomfs.LoomFS, base: str,
+                                             tmp_path: Path) -> None:
+    """Over authenticated connections (no kernel in between): meta checks read permission for
+    getxattr, write permission for setxattr/removexattr, and a read-only token may not change
+    attributes at all (the methods need Right.WRITE)."""
+    fs.chmod(base, 0o777)
+    for name, mode in (("public", 0o644), ("private", 0o600), ("open", 0o666)):
+        fs.pipe(f"{base}/{name}", b"")
+        fs.setxattr(f"{base}/{name}", "user.k", b"v")
+        fs.chmod(f"{base}/{name}", mode)
+    user = _client_as(cluster, tmp_path, 1001, 1001)
+    ro = _client_as(cluster, tmp_path, 1001, 1001, read_only=True)
+    try:
+        assert user.getxattr(f"{base}/public", "user.k") == b"v"
+        assert errno_of(user.getxattr, f"{base}/private", "user.k") == errno.EACCES
+        assert user.listxattr(f"{base}/private") == ["user.k"]
+        assert errno_of(user.setxattr, f"{base}/public", "user.k", b"x") == errno.EACCES
+        assert errno_of(user.removexattr, f"{base}/public", "user.k") == errno.EACCES
+        user.setxattr(f"{base}/open", "user.k", b"by 1001")
+        assert fs.getxattr(f"{base}/open", "user.k") == b"by 1001"
+        assert ro.getxattr(f"{base}/open", "user.k") == b"by 1001"
+        assert errno_of(ro.setxattr, f"{base}/open", "user.k", b"x") == errno.EPERM
+        assert errno_of(ro.removexattr, f"{base}/open", "user.k") == errno.EPERM
+    finally:
+        user.close()
+        ro.close()
