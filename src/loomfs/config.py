@@ -72,6 +72,7 @@ class MetaConfig:
     # 0 = off). Capped at the chunk size and 1 MiB.
     default_inline_max_bytes: int = 64 << 10
     sqlite_synchronous: str = "NORMAL"  # FULL to fsync every commit
+    root_squash: bool = False  # uid 0 from a token without ADMIN acts as nobody (docs/security.md "Authorisation")
     metrics_port: int = 0  # Prometheus /metrics: 0 = any free port (advertised to mgmtd), -1 = off
     rpc: RpcConfig = field(default_factory=RpcConfig)
 
@@ -96,6 +97,7 @@ class StorageConfig:
     # for the inode (loomfs.common.grants); a grant that is present is always checked. Only with a
     # cluster secret (without one nothing is checked). False: a transition for older meta servers.
     write_grants_required: bool = True
+    domain: str = ""  # failure domain (rack, room...): chains keep their replicas in distinct domains when there are enough; "" = the node is its own domain
     metrics_port: int = 0  # Prometheus /metrics: 0 = any free port (advertised to mgmtd), -1 = off
     rpc: RpcConfig = field(default_factory=RpcConfig)
 

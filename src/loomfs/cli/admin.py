@@ -13,7 +13,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from loomfs.cli import admin_token
+from loomfs.cli import admin_tenant, admin_token
 from loomfs.cli.common import human_bytes, target
 from loomfs.common.routing import MgmtdSet, parse_addresses
 from loomfs.metrics.capacity import target_state_name
@@ -52,6 +52,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="use at most N free targets of each node (the rest stay spares; default: all)")
     c.set_defaults(func=cmd_create_table)
     admin_token.register(asub)
+    admin_tenant.register(asub)
 
 
 def mgmtd_addresses(args: argparse.Namespace) -> str:

@@ -139,6 +139,7 @@ class MgmtdService:
             node_id = self.state.register(
                 node_id=req.node_id, kind=req.kind, host=req.host, port=req.port,
                 targets=req.targets, now_s=self.clock.monotonic(), metrics_port=req.metrics_port,
+                domain=req.domain,
             )
             await self._commit()
             return self._registered(node_id)

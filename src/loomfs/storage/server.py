@@ -167,7 +167,7 @@ class StorageNode:
         req = RegisterNodeReq(
             node_id=self.config.node_id, kind=NodeKind.STORAGE, host=self.config.host,
             port=self.server.address.port, targets=self.service.target_infos(self.config.node_id),
-            metrics_port=self.metrics.port if self.metrics is not None else 0,
+            metrics_port=self.metrics.port if self.metrics is not None else 0, domain=self.config.domain,
         )
         attempt = 0
         mgmtd = self.routing.mgmtd_set
