@@ -45,11 +45,13 @@ class NetnsCluster(LocalCluster):
     LocalCluster options, each service on a host named after it (``mgmtd``, ``mgmtd2``,
     ``meta1``, ``storage1``...). ``stop()`` stops the services; the lab is the caller's."""
 
-    def __init__(self, root: str | Path, lab: NetnsLab, **kwargs: Any):
+    def __init__(self, root: str | Path, lab: NetnsLab, *, domains: dict[str, str] | None = None, **kwargs: Any):
+        """``domains``: storage service name -> failure-domain label (``StorageConfig.domain``)."""
         if kwargs.get("tls"):
             raise ValueError("NetnsCluster: tls=True makes a certificate for 127.0.0.1 only; not on hosts")
         super().__init__(root, **kwargs)
         self.lab = lab
+        self.domains = dict(domains or {})
         self.host_of: dict[str, Host] = {}
 
     # ---- layout: one host per service, production ports --------------------------------------
@@ -72,6 +74,8 @@ class NetnsCluster(LocalCluster):
         cfg = super()._config(s)  # credentials and every other setting LocalCluster gives
         assert isinstance(s, HostedProc)
         cfg["host"] = s.host
+        if s.kind == "storage" and s.name in self.domains:
+            cfg["domain"] = self.domains[s.name]
         cfg["metrics_port"] = s.port + METRICS_OFFSET if s.name == "mgmtd" or s.kind != "mgmtd" else -1
         return cfg
 
