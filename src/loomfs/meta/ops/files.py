@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import secrets
 from collections.abc import Sequence
 
 import crc32c
@@ -20,7 +21,7 @@ from loomfs.common.routing import Routing
 from loomfs.errors import StatusError
 from loomfs.meta import perm, tenancy
 from loomfs.meta.caller import caller
-from loomfs.meta.ops.base import C_BYTES, C_SESSION, DIR, FILE, LINK
+from loomfs.meta.ops.base import C_BYTES, DIR, FILE, LINK
 from loomfs.meta.ops.inline import InlineOps, MigrationBusy
 from loomfs.meta.ops.walk import walk
 from loomfs.meta.paths import split_path
@@ -228,7 +229,9 @@ class FileOps(InlineOps):
             if not write:
                 session_id = 0
             elif not session_id:
-                session_id = await txn.next_id(C_SESSION)
+                # unguessable (a session lets its holder write the file even without write
+                # permission, see _may_write_inode), below the ids clients pick (1 << 62 up)
+                session_id = secrets.randbits(62) or 1
             if session_id:
                 await txn.add_session(attr.inode, session_id, client_id, now)
             content = await self._inline_content(txn, attr)
