@@ -365,7 +365,7 @@ class FileOps(InlineOps):
             r = await self._setattr(parts, path, follow_symlinks, mode, uid, gid, atime_ns, mtime_ns, size,
                                     inode, times_now)
             if isinstance(r, _Migrate):
-                await self.migrate(r.inode)  # an extend past the inline limit
+                await self.migrate(r.inode, checked=True)  # an extend past the inline limit (checked)
                 continue
             if isinstance(r, int):
                 await self._settle(r)  # an extend waits for the file's pending trim
