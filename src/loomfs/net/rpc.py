@@ -134,7 +134,8 @@ class RpcServer:
         self.pool = pool
         self._handlers: dict[tuple[int, int], tuple[Method, Handler, Right]] = {}
         # checks credentials at connect when the transport has a cluster secret (None: TRUSTED)
-        self.verifier = transport.auth.verifier() if transport.auth is not None else None
+        auth = getattr(transport, "auth", None)
+        self.verifier = auth.verifier() if auth is not None else None
         self.auth_refused_total = 0  # handshakes and calls refused for credentials
         self._listener: Listener | None = None
         self._connections: set[_ServerConnection] = set()
@@ -734,7 +735,7 @@ class RpcClient:
         self.retry = retry or RetryPolicy()
         self._rng = rng or random.Random()
         # what this client proves at connect (``loomfs.net.auth``): the service key or a token
-        self._auth = transport.auth
+        self._auth = getattr(transport, "auth", None)
         self._conns: dict[Address, ClientConnection] = {}
         self._connecting: dict[Address, asyncio.Future[ClientConnection]] = {}
         self.calls_total = 0
