@@ -325,3 +325,30 @@ def test_search_rows_agrees_with_allowed() -> None:
                     assert exc.errno == errno.EACCES
                     ok = False
                 assert ok == perm.allowed(Attr(type=DIR, mode=mode, uid=owner, gid=group), who, perm.X)
+
+
+def test_service_acts_for_the_connection_and_squashes_root(env: Env) -> None:
+    """The RPC adapter (no sockets): the connection's identity, never the body's uid, and with
+    root squash a token's uid 0 without ADMIN is nobody."""
+    from loomfs.meta.service import MetaService
+    from loomfs.net.rpc import CallContext
+    from loomfs.wire import meta as w
+
+    env.run(env.ns.mkdir("/closed", mode=0o700))
+    token_root = Identity(uid=0, gid=0, rights=Right.user(), token_id="t-root")
+
+    def ctx(who: Identity) -> CallContext:
+        return CallContext(memoryview(b""), 1, "test", None, 0, who)
+
+    plain, squashing = MetaService(env.ns), MetaService(env.ns, root_squash=True)
+    env.run(plain.stat(w.PathReq(path="/closed"), ctx(token_root)))
+    env.run(plain.mkdir(w.MkdirReq(path="/closed/x", uid=1000), ctx(token_root)))
+    with pytest.raises(OSError) as ei:
+        env.run(squashing.mkdir(w.MkdirReq(path="/closed/y"), ctx(token_root)))
+    assert ei.value.errno == errno.EACCES
+    with pytest.raises(OSError) as ei:  # a body claiming uid 0 changes nothing
+        env.run(plain.mkdir(w.MkdirReq(path="/closed/z", uid=0, gid=0), ctx(ALICE)))
+    assert ei.value.errno == errno.EACCES
+    admin = Identity(uid=0, gid=0, rights=Right.all(), token_id="admin")
+    env.run(squashing.mkdir(w.MkdirReq(path="/closed/w"), ctx(admin)))  # ADMIN is not squashed
+    assert caller() is TRUSTED  # each request's identity stayed in its own task
