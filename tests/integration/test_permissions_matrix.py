@@ -32,7 +32,7 @@ M = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(M)
 
 OPS = {"stat", "listdir", "mkdir", "unlink", "rmdir", "rename", "link", "symlink", "chmod", "chown", "truncate",
-       "utime", "readlink"}
+       "utime", "utime_now", "readlink"}
 USERS = ("b_in_a_group",)  # uid, gid and a supplementary group, all from the token (nobody: unit level)
 
 
@@ -90,6 +90,8 @@ def _op(fs: loomfs.LoomFS, root: str, op: str, args: list[Any]) -> None:
         fs.truncate(p(0), args[1])
     elif op == "utime":
         fs.utime(p(0), ns=(1, 1))
+    elif op == "utime_now":
+        fs.utime(p(0))
     elif op == "readlink":
         fs.readlink(p(0))
     else:
