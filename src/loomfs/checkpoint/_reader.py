@@ -7,8 +7,8 @@ whole lands with ``readinto`` straight in the destination tensor's memory; a sli
 (resharding) is read into a scratch tensor and copied.
 
 On a ``LoomFS`` client the reads run as coroutines on the client's loop instead: every item
-of a batch (up to ``batch_bytes``) is read with ``pread`` straight into its destination at
-once, ``inflight`` at a time, one hop from the caller's thread per batch; the caller then
+of a batch (up to ``batch_bytes``) is read with ``pread`` straight into its destination, in
+pieces that stay within one chunk, ``inflight`` pieces at a time, one hop from the caller's thread per batch; the caller then
 checks and commits the batch.
 """
 
@@ -19,6 +19,7 @@ import io
 import os
 import pickle
 import threading
+from collections.abc import Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -32,6 +33,8 @@ from torch.futures import Future
 from loomfs.checkpoint import _layout as L
 from loomfs.checkpoint._format import ItemLoc, crc, dtype_of, tensor_bytes
 from loomfs.checkpoint._writer import _connect
+
+PIECE_BYTES = 4 << 20  # a read piece where the file's chunk size is unknown
 
 
 class ChecksumError(OSError):
@@ -58,7 +61,7 @@ class LoomStorageReader(StorageReader):
         self.fs = _connect(fs)
         self.threads = threads
         self.verify = verify
-        self.inflight = inflight  # item reads in flight on the loop
+        self.inflight = inflight  # chunk-sized read pieces in flight on the loop
         self.batch_bytes = batch_bytes  # bytes resolved (and scratch allocated) per loop hop
         self.checkpoint_path: str | None = None
         self.storage_data: dict[Any, ItemLoc] = {}
@@ -224,8 +227,9 @@ class LoomStorageReader(StorageReader):
 
 
 async def read_files(client: Any, reads: dict[str, list[tuple[int, memoryview]]], inflight: int) -> None:
-    """Read every (offset, buffer) of every file, ``inflight`` reads at a time; a short read
-    raises EOFError."""
+    """Read every (offset, buffer) of every file, in pieces that do not cross a chunk
+    boundary, ``inflight`` pieces at a time (so as many chunk reads are in flight, whatever
+    the items' sizes); a short read raises EOFError."""
     sem = asyncio.Semaphore(max(1, inflight))
 
     async def one(f: Any, path: str, offset: int, view: memoryview) -> None:
@@ -237,11 +241,32 @@ async def read_files(client: Any, reads: dict[str, list[tuple[int, memoryview]]]
                     raise EOFError(f"{path}: short read ({got} of {len(view)} bytes at {offset})")
                 got += n
 
-    files = {path: await client.open(path, "rb") for path in reads}
+    files: dict[str, Any] = {}
+    jobs: list[Coroutine[Any, Any, None]] = []
+    started = False
     try:
-        outcomes = await asyncio.gather(*(one(files[p], p, off, v) for p, rs in reads.items() for off, v in rs),
-                                        return_exceptions=True)
+        for path, rs in reads.items():
+            f = files[path] = await client.open(path, "rb")
+            layout = getattr(f, "layout", None)
+            chunk = int(getattr(layout, "chunk_size", 0) or PIECE_BYTES)
+            pieces = []
+            for offset, view in rs:
+                pos = 0
+                while pos < len(view):
+                    n = min(len(view) - pos, chunk - (offset + pos) % chunk)
+                    pieces.append((offset + pos, view[pos:pos + n]))
+                    pos += n
+            # last piece first: a pread that continues the previous one counts as a sequential
+            # stream, and the file then stages sub-chunk reads through its read-ahead cache (a
+            # copy, and refetches when many are in flight); every byte here is asked for already
+            pieces.sort(key=lambda p: p[0], reverse=True)
+            jobs.extend(one(f, path, off, v) for off, v in pieces)
+        started = True
+        outcomes = await asyncio.gather(*jobs, return_exceptions=True)
     finally:
+        if not started:  # an open failed: the reads never ran
+            for job in jobs:
+                job.close()
         for f in files.values():
             await f.close()
     for out in outcomes:
