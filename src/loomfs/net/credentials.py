@@ -166,8 +166,9 @@ def _read_private(path: str | Path, what: str) -> str:
     return text
 
 
-def write_secret_file(path: str | Path) -> bytes:
-    secret = secrets.token_bytes(SECRET_BYTES)
+def write_secret_file(path: str | Path, secret: bytes | None = None) -> bytes:
+    """A new cluster secret (or ``secret``) in ``path``, mode 0600; returns it."""
+    secret = secret if secret is not None else secrets.token_bytes(SECRET_BYTES)
     _write_private(Path(path), secret.hex() + "\n")
     return secret
 

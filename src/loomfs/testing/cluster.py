@@ -49,6 +49,7 @@ logger = logging.getLogger(__name__)
 STATE_FILE = "cluster.json"
 SECRET_FILE = "cluster.secret"
 TOKEN_FILE = "admin.token"
+_PROCESS_SECRET: bytes | None = None  # the secret new clusters of this process share
 ADMIN_TOKEN_TTL_S = 365 * 86400.0  # a local cluster's admin token (renewed at start when under an hour is left)
 
 
@@ -228,10 +229,13 @@ class LocalCluster:
 
     def _ensure_credentials(self) -> None:
         """A cluster secret and an admin token (kept across restarts; mode 0600)."""
+        global _PROCESS_SECRET
         if not self.auth:
             return
         if not self.secret_path.exists():
-            write_secret_file(self.secret_path)
+            # every new cluster of this process shares one secret: a client holding any of their
+            # tokens ($LOOMFS_TOKEN_FILE names the latest) is accepted by all of them
+            _PROCESS_SECRET = write_secret_file(self.secret_path, _PROCESS_SECRET)
         secret = load_secret_file(self.secret_path)
         try:
             cred = load_token_file(self.token_path)
