@@ -288,7 +288,7 @@ class LocalCluster:
         ours = {TOKEN_FILE_ENV: str(self.token_path), TLS_CA_FILE_ENV: str(self.tls_dir / "ca.pem")}
         for k, saved in self._saved_env.items():
             if os.environ.get(k) == ours[k]:
-                if saved is None:
+                if saved is None or not os.path.exists(saved):  # (an earlier cluster's, removed since)
                     os.environ.pop(k, None)
                 else:
                     os.environ[k] = saved
