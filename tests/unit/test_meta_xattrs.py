@@ -8,8 +8,9 @@ import asyncio
 import errno
 import os
 import random
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from test_meta_namespace import FakeRouting
@@ -229,3 +230,38 @@ def test_xattr_calls_over_rpc() -> None:
             await store.close()
 
     asyncio.run(go())
+
+
+def test_service_acts_for_the_connection_and_squashes_root() -> None:
+    """The RPC adapter (no sockets): each call acts for the connection's identity; with root
+    squash a token's uid 0 without ADMIN is nobody, an ADMIN one is not squashed."""
+    from loomfs.common.identity import Right
+    from loomfs.net.rpc import CallContext
+
+    def ctx(who: Identity) -> CallContext:
+        return CallContext(memoryview(b""), 1, "test", None, 0, who)
+
+    token_root = Identity(uid=0, gid=0, rights=Right.user(), token_id="t-root")
+    admin = Identity(uid=0, gid=0, rights=Right.all(), token_id="admin")
+
+    async def body(ns: Namespace, clock: ManualClock) -> None:
+        await put(ns, "/f")
+        await ns.setattr("/f", mode=0o600)
+        plain, squashing = XattrService(ns), XattrService(ns, root_squash=True)
+        set_req = wx.XattrSetReq(path="/f", name=b"user.k", value=b"v")
+
+        async def call(coro: Coroutine[Any, Any, object]) -> object:
+            return await asyncio.create_task(coro)  # its own task, as each request has
+
+        await call(plain.setxattr(set_req, ctx(token_root)))
+        with pytest.raises(OSError) as info:
+            await call(squashing.getxattr(wx.XattrNameReq(path="/f", name=b"user.k"), ctx(token_root)))
+        assert info.value.errno == errno.EACCES
+        with pytest.raises(OSError) as info:
+            await call(plain.setxattr(set_req, ctx(USER)))
+        assert info.value.errno == errno.EACCES
+        got = await call(squashing.getxattr(wx.XattrNameReq(path="/f", name=b"user.k"), ctx(admin)))
+        assert got == wx.XattrValueRsp(value=b"v")
+        assert "root_squash=True" in repr(squashing)
+
+    with_ns("sqlite://:memory:", body)

@@ -145,9 +145,10 @@ async def serve(config: MetaConfig, *, ready: asyncio.Event | None = None) -> No
     await _init_namespace(ns)
     live = cast(Namespace, ConflictRetrying(ns))  # operations re-run on a lost conflict
     server = RpcServer("meta", default_transport(max_payload_bytes=config.rpc.max_payload_bytes))
-    server.add_service(MetaService(live))
-    server.add_service(BatchService(live))
-    server.add_service(XattrService(live))
+    squash = config.root_squash  # uid 0 from a token without ADMIN acts as nobody
+    server.add_service(MetaService(live, root_squash=squash))
+    server.add_service(BatchService(live, root_squash=squash))
+    server.add_service(XattrService(live, root_squash=squash))
     tasks: list[asyncio.Task[object]] = []
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
