@@ -32,6 +32,7 @@ import logging
 from dataclasses import dataclass, field
 
 from loomfs.errors import InvalidArgument, StatusError
+from loomfs.mgmtd.placement import plan_chains
 from loomfs.mgmtd.transitions import ChainPlan, Member, Suspicion, pick_suspicion, plan_chain
 from loomfs.wire.status import Status
 from loomfs.wire.types import (
@@ -619,48 +620,3 @@ class ClusterState:
     def __repr__(self) -> str:
         return (f"ClusterState(v{self.version} nodes={len(self.nodes)} targets={len(self.targets)} "
                 f"chains={len(self.chains)} tables={len(self.tables)})")
-
-
-def plan_chains(free: dict[int, list[int]], replicas: int,
-                domains: dict[int, str] | None = None) -> list[list[int]]:
-    """Group free targets (by node) into chains of ``replicas`` targets on distinct nodes, and
-    on distinct failure domains (``domains``: node -> rack/room label; a node without one is a
-    domain of its own) whenever the domains left allow it.
-
-    Greedy: each chain takes the ``replicas`` domains with the most targets left, and in each
-    the node with the most targets left (ties broken by a rotating order); taking the largest
-    domains first leaves the most domain-distinct chains possible. Only when fewer domains than
-    ``replicas`` have targets left does a chain repeat a domain (on distinct nodes, the nodes
-    with the most targets left). Without domains this is the node-level rule: it balances
-    chains over nodes and spreads each node's targets over many peers (recovery fans out).
-    """
-    left = {n: list(ts) for n, ts in free.items() if ts}
-    labels = {n: d for n, d in (domains or {}).items() if d}  # unlabelled nodes: domains of their own
-    chains: list[list[int]] = []
-    rotation = 0
-    while len(left) >= replicas:
-        span = max(left) + 1  # once per chain, not once per node in the sort key (1,000 nodes: 233 s -> 1.3 s)
-
-        def node_key(n: int, rotation: int = rotation, span: int = span) -> tuple[int, int]:
-            return -len(left[n]), (n - rotation) % span
-
-        if labels:
-            by_domain: dict[object, list[int]] = {}
-            for n in left:
-                by_domain.setdefault(labels.get(n) or ("node", n), []).append(n)
-            ranked = sorted(by_domain.values(),
-                            key=lambda ns: (-sum(len(left[n]) for n in ns), min(node_key(n)[1] for n in ns)))
-            nodes = [min(ns, key=node_key) for ns in ranked[:replicas]]
-            if len(nodes) < replicas:  # fewer domains than replicas: distinct nodes for the rest
-                nodes += sorted((n for n in left if n not in nodes), key=node_key)[: replicas - len(nodes)]
-            nodes.sort(key=node_key)
-        else:  # every node its own domain: the same choice, without the grouping (1,000 nodes: 8x faster)
-            nodes = sorted(left, key=lambda n: (-len(left[n]), (n - rotation) % span))[:replicas]
-        group = [left[n].pop(0) for n in nodes]
-        k = len(chains) % replicas  # rotate so chain heads (the busiest role) spread over nodes
-        chains.append(group[k:] + group[:k])
-        for n in nodes:
-            if not left[n]:
-                del left[n]
-        rotation += 1
-    return chains
