@@ -104,6 +104,9 @@ def make_tree(root: Path) -> None:
     os.chmod(root / "src" / "pkg" / "m3.py", 0o600)
     os.symlink("pkg/m1.py", root / "src" / "link")
     os.link(root / "src" / "pkg" / "m2.py", root / "src" / "hard")
+    os.setxattr(root / "src" / "pkg" / "m4.py", "user.origin", b"dataset-v1")  # tools carry them (or not)
+    os.setxattr(root / "src" / "big.bin", "user.crc", bytes(range(32)))
+    os.setxattr(root / "src" / "pkg", "user.dir", b"d")
 
 
 def test_python_os_and_shutil(pair: tuple[Path, Path], cluster: LocalCluster) -> None:
@@ -312,14 +315,16 @@ def test_shell_tools(pair: tuple[Path, Path]) -> None:
     src = Path(tempfile.mkdtemp(prefix="loomfs-src-"))
     make_tree(src)
     archive = src.parent / f"{src.name}.tar"
-    subprocess.run(["tar", "cf", str(archive), "-C", str(src), "."], check=True)
+    subprocess.run(["tar", "--xattrs", "-cf", str(archive), "-C", str(src), "."], check=True)
     noise = src.parent / f"{src.name}.noise"
     noise.write_bytes(os.urandom(8192))
 
     def ops(root: Path) -> None:
         subprocess.run(["cp", "-a", str(src), str(root / "cpa")], check=True)
         (root / "x").mkdir()
-        subprocess.run(["tar", "xf", str(archive), "-C", str(root / "x")], check=True)
+        subprocess.run(["tar", "--xattrs", "-xf", str(archive), "-C", str(root / "x")], check=True)
+        (root / "nox").mkdir()  # without --xattrs: none restored
+        subprocess.run(["tar", "xf", str(archive), "-C", str(root / "nox"), "./src/big.bin"], check=True)
         subprocess.run(["tar", "cf", str(root / "again.tar"), "-C", str(root / "x"), "./src/pkg"], check=True)
         (root / "again.txt").write_text("".join(sorted(subprocess.run(
             ["tar", "tvf", str(root / "again.tar")], capture_output=True, text=True, check=True,
@@ -340,6 +345,10 @@ def test_shell_tools(pair: tuple[Path, Path]) -> None:
         archive.unlink()
         noise.unlink()
     assert "./cpa/src/pkg/m7.py" in (remote / "find.txt").read_text().split()
+    for tree in ("cpa", "x"):  # cp -a and tar --xattrs carried the user attributes into the mount
+        assert os.getxattr(remote / tree / "src" / "pkg" / "m4.py", "user.origin") == b"dataset-v1"
+        assert os.getxattr(remote / tree / "src" / "pkg", "user.dir") == b"d"
+    assert "user.crc" not in os.listxattr(remote / "nox" / "src" / "big.bin")
     r = subprocess.run(["cmp", str(remote / "cpa" / "src" / "big.bin"), str(local / "cpa" / "src" / "big.bin")])
     assert r.returncode == 0
     # cp -a keeps times
