@@ -510,15 +510,17 @@ class AsyncFile:
         self._pool.release(buf)
         return bytes(out)
 
-    async def pread(self, offset: int, into: memoryview) -> int:
-        """Positional read into ``into``; does not move the file position."""
+    async def pread(self, offset: int, into: memoryview, *, readahead: bool = True) -> int:
+        """Positional read into ``into``; does not move the file position. ``readahead=False``:
+        the read is not taken for part of a sequential stream (many concurrent preads that happen
+        to continue each other, e.g. a checkpoint restore, are not staged through read-ahead)."""
         self._check(read=True)
-        return await self._pread_into(offset, into)
+        return await self._pread_into(offset, into, readahead=readahead)
 
     async def _fetch_chunk(self, index: int, into: memoryview) -> int:
         return await self._storage.read_chunk(self.layout, self.inode, index, 0, len(into), into)
 
-    async def _pread_into(self, pos: int, view: memoryview) -> int:
+    async def _pread_into(self, pos: int, view: memoryview, *, readahead: bool = True) -> int:
         if self._inline is not None:
             n = self._inline.read_into(pos, view) if pos < self._length else 0
             self.bytes_read += n
@@ -533,13 +535,14 @@ class AsyncFile:
             await self._ec.read_into(pos, view)
             self.bytes_read += n
             return n
-        self._streak = self._streak + 1 if pos == self._seq_next else 0
-        self._seq_next = pos + n
+        if readahead:
+            self._streak = self._streak + 1 if pos == self._seq_next else 0
+            self._seq_next = pos + n
         cs = self._chunk_size
         # read-ahead serves streams of small reads; a request of a chunk or more already fans
         # out over the stripe straight into the caller's buffer, and staging it through the
         # cache would cost a copy of every byte
-        use_cache = self._streak >= 2 and self._config.readahead_chunks > 0 and n < cs
+        use_cache = readahead and self._streak >= 2 and self._config.readahead_chunks > 0 and n < cs
         pieces = list(split_range(self.layout, pos, n))
         sem = asyncio.Semaphore(max(1, self._config.parallel_chunks_max))
 
