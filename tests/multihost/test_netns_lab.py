@@ -69,7 +69,7 @@ def test_hosts_reach_each_other_and_faults_act_on_one_host() -> None:
         assert _probe(lab, b, a.address, timeout_s=5.0) == "ok"
 
         lab.pause(a)
-        assert Path(f"/proc/{srv.pid}/stat").read_text().split(") ", 1)[1][0] == "T"
+        assert Path(f"/proc/{srv.pid}/stat").read_text().rsplit(") ", 1)[1][0] == "T"  # pause() waited for it
         assert _probe(lab, b, a.address) == "timeout"  # the kernel accepts, nobody answers
         lab.resume(a)
         assert _probe(lab, b, a.address, timeout_s=5.0) == "ok"

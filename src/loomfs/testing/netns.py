@@ -174,6 +174,26 @@ def _drop_safety_route_if_unused() -> None:
         _ip("route", "del", "unreachable", SAFETY_ROUTE, check=False)
 
 
+def _stopped(pid: int) -> bool | None:
+    """Whether ``pid`` is stopped (state T); None when it is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1][:1] in ("T", "t")
+    except (OSError, IndexError):
+        return None
+
+
+def _wait_states(pids: list[int], *, stopped: bool, timeout_s: float) -> None:
+    end = time.monotonic() + timeout_s
+    while True:
+        waiting = [p for p in pids if _stopped(p) not in (None, stopped)]
+        if not waiting:
+            return
+        if time.monotonic() > end:
+            raise RuntimeError(f"processes {waiting} not {'stopped' if stopped else 'running'} "
+                               f"after {timeout_s:.0f}s")
+        time.sleep(0.002)
+
+
 @dataclass
 class Host:
     """One network namespace with one address on the lab's bridge."""
@@ -287,20 +307,25 @@ class NetnsLab:
         h.procs = [p for p in h.procs if p.poll() is None]
         h.paused = False
 
-    def pause(self, host: Host | str) -> None:
-        """SIGSTOP every process on the host (a hung machine) until ``resume``."""
+    def pause(self, host: Host | str, timeout_s: float = 10.0) -> None:
+        """SIGSTOP every process on the host (a hung machine) until ``resume``; returns once
+        each one is stopped (the signal lands asynchronously, on another CPU maybe)."""
         h = self._host(host)
-        for pid in self.pids(h):
+        pids = self.pids(h)
+        for pid in pids:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGSTOP)
         h.paused = True
+        _wait_states(pids, stopped=True, timeout_s=timeout_s)
 
-    def resume(self, host: Host | str) -> None:
+    def resume(self, host: Host | str, timeout_s: float = 10.0) -> None:
         h = self._host(host)
-        for pid in self.pids(h):
+        pids = self.pids(h)
+        for pid in pids:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGCONT)
         h.paused = False
+        _wait_states(pids, stopped=False, timeout_s=timeout_s)
 
     def cut(self, host: Host | str) -> None:
         """Cut the host off (its cable pulled): every packet to or from it is dropped."""
