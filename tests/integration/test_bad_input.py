@@ -6,19 +6,24 @@ import errno
 import socket
 import struct
 import time
+from pathlib import Path
 
 import msgpack
 import pytest
 
 import loomfs
+from loomfs.testing.rawauth import authenticate_socket
 from loomfs.wire import frame as fr
+from loomfs.wire.status import Status
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
 
-def _send(addr: str, data: bytes, read: bool = True) -> bytes:
+def _send(addr: str, data: bytes, read: bool = True, token: Path | None = None) -> bytes:
+    """``data`` on a fresh connection (after proving ``token``, when given) and the reply."""
     host, port = addr.split(":")
     with socket.create_connection((host, int(port)), timeout=5) as s:
+        authenticate_socket(s, token)
         s.sendall(data)
         if not read:
             return b""
@@ -54,6 +59,7 @@ def test_servers_survive_garbage(cluster, fs: loomfs.LoomFS, base: str) -> None:
     with fs.open(f"{base}/keep", "wb") as f:
         f.write(b"precious" * 1000)
     addrs = [s.address for s in cluster.services.values()]
+    token = cluster.token_path  # the admin token: hand-built frames reach the handlers
     for addr in addrs:
         assert _send(addr, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n") == b""  # closed, no reply
         # oversized payload claim: refused before allocating 4 GiB
@@ -66,16 +72,18 @@ def test_servers_survive_garbage(cluster, fs: loomfs.LoomFS, base: str) -> None:
         req[fr.PREFIX_SIZE + 2] ^= 0xFF
         assert _send(addr, bytes(req)) == b""
         # unknown method -> error status, connection fine
-        assert _reply_status(_send(addr, _request(77, 99, {}))) == 1001
+        assert _reply_status(_send(addr, _request(77, 99, {}), token=token)) == 1001
+        # the same without credentials: refused before any method is looked up
+        assert _reply_status(_send(addr, _request(77, 99, {}))) == Status.AUTH_REQUIRED
         # truncated frame then hang-up
         _send(addr, _request(1, 6, {})[:15], read=False)
     # storage: wrong payload CRC -> CHECKSUM_MISMATCH; malformed body -> BAD_REQUEST
     storage = cluster.services["storage1"].address
-    st = _reply_status(_send(storage, _request(3, 1, {"length": 4}, b"abcd", crc=12345)))
+    st = _reply_status(_send(storage, _request(3, 1, {"length": 4}, b"abcd", crc=12345), token=token))
     assert st == 1002
-    assert _reply_status(_send(storage, _request(3, 1, {"chunk": "nope"}))) == 1000
+    assert _reply_status(_send(storage, _request(3, 1, {"chunk": "nope"}), token=token)) == 1000
     meta = cluster.services["meta1"].address
-    assert _reply_status(_send(meta, _request(2, 1, {"path": 12}))) == 1000
+    assert _reply_status(_send(meta, _request(2, 1, {"path": 12}), token=token)) == 1000
     time.sleep(0.2)
     # everyone is still up and the data is intact
     for s in cluster.services.values():
