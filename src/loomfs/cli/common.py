@@ -33,6 +33,7 @@ def target(args: argparse.Namespace, hint: str = START_HINT) -> str:
     """What loomfs.connect() should get: a mgmtd address or a cluster directory. A directory
     that holds no ``cluster.json`` (and is not an address) ends the command with a one-line
     hint (``NoCluster``) instead of a traceback from deeper down."""
+    use_token_file(getattr(args, "token_file", None))
     if getattr(args, "mgmtd", None):
         return str(args.mgmtd)
     env = os.environ.get("LOOMFS_CLUSTER")
@@ -51,6 +52,14 @@ def target(args: argparse.Namespace, hint: str = START_HINT) -> str:
         raise NoCluster(where, hint)
     use_cluster_token(Path(where))
     return where
+
+
+def use_token_file(path: str | None) -> None:
+    """``--token-file FILE``: this command's connections (and the processes it starts) prove it."""
+    if path:
+        from loomfs.net import auth
+
+        os.environ[auth.TOKEN_FILE_ENV] = str(Path(path).resolve())
 
 
 def use_cluster_token(root: Path) -> None:
