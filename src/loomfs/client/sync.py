@@ -38,6 +38,7 @@ from loomfs.common import trace
 from loomfs.common.routing import parse_addresses
 from loomfs.config import ClientConfig
 from loomfs.errors import LoomError
+from loomfs.net.auth import CLUSTER_TOKEN_FILE, TOKEN_FILE_ENV
 from loomfs.wire import meta as wmeta
 from loomfs.wire.meta import StatfsRsp
 from loomfs.wire.types import Attr, FileType, Layout
@@ -89,6 +90,19 @@ def resolve_mgmtd(address: str | None) -> str:
     return text
 
 
+def with_cluster_token(address: str | None, config: ClientConfig | None) -> ClientConfig | None:
+    """A local cluster directory given as ``address`` (``loomfs local up``) holds its admin
+    token: use it when neither ``config.rpc.token_file`` nor $LOOMFS_TOKEN_FILE names one
+    (auth is on in such clusters; $LOOMFS_CLUSTER's token is found by ``net.auth`` already)."""
+    if not address or not os.path.isdir(address) or os.environ.get(TOKEN_FILE_ENV):
+        return config
+    token = os.path.join(address, CLUSTER_TOKEN_FILE)
+    if not os.path.isfile(token) or (config is not None and config.rpc.token_file):
+        return config
+    base = config or ClientConfig()
+    return dataclasses.replace(base, rpc=dataclasses.replace(base.rpc, token_file=os.path.abspath(token)))
+
+
 def _close_at_exit(ref: weakref.ref[LoomFS]) -> None:
     fs = ref()
     if fs is not None:
@@ -121,6 +135,7 @@ class LoomFS:
     ):
         if client_factory is None:
             mgmtd = resolve_mgmtd(address)
+            config = with_cluster_token(address, config)
             client_factory = lambda: AsyncClient.connect(mgmtd, config)  # noqa: E731
         self.address = address
         self._factory = client_factory
