@@ -629,6 +629,7 @@ print(repr(sorted({
         })
         os.mkfifo(r / "fifo")
         seen.append(err(lambda: os.setxattr(r / "fifo", "user.a", b"x")))
+        seen.append((os.listxattr(r / "fifo"), err(lambda: os.getxattr(r / "fifo", layout))))
         os.unlink(r / "fifo")
         os.link(f, r / "h")
         os.rename(f, r / "moved")

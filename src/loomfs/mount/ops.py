@@ -40,6 +40,7 @@ STATFS_FREE_BYTES = 1 << 50  # meta does not know the storage capacity yet
 _TYPE_BITS = {FileType.FILE: stat.S_IFREG, FileType.DIRECTORY: stat.S_IFDIR, FileType.SYMLINK: stat.S_IFLNK,
               FileType.FIFO: stat.S_IFIFO, FileType.SOCKET: stat.S_IFSOCK, FileType.CHAR_DEVICE: stat.S_IFCHR,
               FileType.BLOCK_DEVICE: stat.S_IFBLK}
+_XATTR_HOLDERS = (FileType.FILE, FileType.DIRECTORY)  # what user.* attributes live on (Linux)
 _SPECIAL_OF_BITS = {stat.S_IFIFO: FileType.FIFO, stat.S_IFSOCK: FileType.SOCKET, stat.S_IFCHR: FileType.CHAR_DEVICE,
                     stat.S_IFBLK: FileType.BLOCK_DEVICE}
 
@@ -290,7 +291,7 @@ class LoomOperations(OrphanOps, FileOps):
         if name != LAYOUT_XATTR:  # stored (user.*: meta answers ENOTSUP for other namespaces)
             return await self.call(self.client.meta.getxattr(path, name, False))
         attr = await self._attr(path)
-        if attr.type == FileType.SYMLINK:
+        if attr.type not in _XATTR_HOLDERS:  # symlinks, FIFOs, sockets, devices: no user attributes
             raise pyfuse3.FUSEError(errno.ENODATA)
         return encode_layout(attr.layout)
 
@@ -298,7 +299,7 @@ class LoomOperations(OrphanOps, FileOps):
     async def listxattr(self, inode: int, ctx: Any) -> list[bytes]:
         path = self._inode_path(inode)
         attr = await self._attr(path)
-        if attr.type == FileType.SYMLINK:
+        if attr.type not in _XATTR_HOLDERS:
             return []
         stored = await self.call(self.client.meta.listxattr(path, False))
         return [LAYOUT_XATTR, *(n for n in stored if n != LAYOUT_XATTR)]
