@@ -37,6 +37,7 @@ from typing import Any
 logger = logging.getLogger(__name__)
 
 NS_PREFIX = "lfs-"  # namespaces: lfs-<run>-<host>
+NS_RE = re.compile(r"^lfs-([0-9a-f]{2,7})-[a-z0-9]{1,20}$")
 LINK_RE = re.compile(r"^lf([0-9a-f]{2,7})(b|h\d{1,3})$")  # bridges lf<run>b, veths lf<run>h<i>
 SUBNET_FIRST = "10.77"  # /24s 10.77.0.0 .. 10.77.255.0, the first free one per lab
 # while any lab exists, the whole /16 is unreachable in the root namespace except through a
@@ -139,10 +140,10 @@ def _cleanup_leftovers(all_runs: bool) -> list[str]:
     removed: list[str] = []
     for line in _ip("netns", "list", check=False).splitlines():
         name = line.split()[0] if line.split() else ""
-        if not name.startswith(NS_PREFIX):
+        m = NS_RE.match(name)
+        if m is None:  # not a lab's
             continue
-        run_id = name[len(NS_PREFIX):].split("-", 1)[0]
-        if all_runs or not _pid_alive(_owner_of(run_id)):
+        if all_runs or not _pid_alive(_owner_of(m.group(1))):
             with contextlib.suppress(RuntimeError):
                 _kill_namespace(name)
             _ip("netns", "del", name, check=False)
@@ -175,11 +176,12 @@ def _drop_safety_route_if_unused() -> None:
 
 
 def _stopped(pid: int) -> bool | None:
-    """Whether ``pid`` is stopped (state T); None when it is gone."""
+    """Whether ``pid`` is stopped (state T); None when it is gone (or a zombie)."""
     try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1][:1] in ("T", "t")
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1][:1]
     except (OSError, IndexError):
         return None
+    return None if state in ("Z", "X") else state in ("T", "t")
 
 
 def _wait_states(pids: list[int], *, stopped: bool, timeout_s: float) -> None:
