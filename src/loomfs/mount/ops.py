@@ -238,9 +238,10 @@ class LoomOperations(OrphanOps, FileOps):
         if exchange:
             await self.call(self.client.exchange(src, dst))
         else:
-            if not no_replace and self.inodes.inode_of(dst) != self.inodes.inode_of(src):
-                await self._keep_orphan(dst)  # an open file replaced: kept under a hidden name
-            await self.call(self.client.rename(src, dst, no_replace=no_replace))
+            if no_replace:
+                await self.call(self.client.rename(src, dst, no_replace=True))
+            else:  # an open file replaced is kept under a hidden name (loomfs.mount.orphans)
+                await self._rename_over(src, dst)
         self.inodes.renamed(src, dst, exchange=exchange)
         moves = [(src, dst), (dst, src)] if exchange else [(src, dst)]
         for h in self.handles.values():  # open files under the old names go by the new ones

@@ -150,6 +150,45 @@ class OrphanOps:
         self.inodes.seen(attr)  # meta's attributes: the hidden name counts in nlink (entry() takes it off)
         return True
 
+    async def _rename_over(self, src: str, dst: str) -> None:
+        """``rename(src, dst)``; a regular file open here that ``dst`` names last is kept under a
+        hidden name first. Only when the rename can replace it (``src`` exists and is no
+        directory, another inode): otherwise meta answers the error with ``dst`` untouched. If
+        the rename still fails, ``dst`` is put back."""
+        inode = self.inodes.inode_of(dst)
+        if inode is None or not self.inodes.is_open(inode) or inode == self.inodes.inode_of(src):
+            await self.call(self.client.rename(src, dst))
+            return
+        try:
+            moved = await self.call(self.client.lstat(src))
+        except OSError:
+            moved = None
+        if moved is None or moved.type == FileType.DIRECTORY or moved.inode == inode:
+            await self.call(self.client.rename(src, dst))
+            return
+        kept = await self._keep_orphan(dst)
+        try:
+            await self.call(self.client.rename(src, dst))
+        except BaseException:
+            if kept:
+                await self._put_back(inode, dst)
+            raise
+
+    async def _put_back(self, inode: int, path: str) -> None:
+        hidden_path = self.orphans.release(inode)
+        if hidden_path is None:
+            return
+        try:
+            await self.call(self.client.rename(hidden_path, path, no_replace=True))
+        except OSError as exc:
+            self.orphans.kept(inode, hidden_path)  # still kept: removed at its last close
+            logger.error("putting %s back from %s after a failed rename: %s", path, hidden_path, exc)
+            return
+        self.inodes.remember(inode, path, count=0)
+        for h in self.handles.values():
+            if isinstance(h, Handle) and h.inode == inode:
+                h.file.path = path
+
     async def _orphans_dir(self) -> None:
         """The hidden directory exists; the first time, orphans of dead mounts of this host go."""
         if self.orphans.swept:
