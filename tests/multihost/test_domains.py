@@ -8,6 +8,7 @@ import os
 import shutil
 import tempfile
 import time
+import urllib.request
 from collections.abc import Iterator
 
 import pytest
@@ -46,6 +47,9 @@ def test_chains_span_racks_and_survive_a_whole_rack_cut_off(cluster: NetnsCluste
     node_of = {t.target_id: t.node_id for t in r.targets}
     assert len(r.chains) == 4
     assert all({rack_of[node_of[t]] for t in ch.targets} == {"a", "b"} for ch in r.chains)
+    urls = {row["name"]: row["metrics"] for row in c.status()}  # each on its own host, scraped over the bridge
+    assert urls["storage4"] == f"http://{c.host('storage4').address}:8201/metrics"
+    assert b"loomfs_" in urllib.request.urlopen(urls["storage4"], timeout=10).read()
     data = os.urandom(6 << 20)  # 2 chunks of 4 MiB: two chains
     with loomfs.connect(str(c.root)) as fs:
         fs.pipe("/before", data)

@@ -125,6 +125,21 @@ class NetnsCluster(LocalCluster):
                 time.sleep(0.05)
         raise LoomError(f"{name} is not listening on {s.address} after {timeout_s:.0f}s")
 
+    def status(self) -> list[dict[str, Any]]:
+        """LocalCluster's rows with each service's own address in its /metrics URL."""
+        rows = super().status()
+        ports: dict[tuple[str, int], int] = {}
+        try:
+            ports = {(n.host, n.port): n.metrics_port for n in self.routing().nodes}
+        except (LoomError, OSError):
+            pass  # no mgmtd: no metrics ports to show
+        for row in rows:
+            s = self.services[row["name"]]
+            assert isinstance(s, HostedProc)
+            port = self.mgmtd_metrics_port if s.kind == "mgmtd" else ports.get((s.host, s.port), 0)
+            row["metrics"] = f"http://{s.host}:{port}/metrics" if row["state"] == "running" and port else ""
+        return rows
+
     def add_storage_node(self, timeout_s: float = 30.0) -> ServiceProc:
         raise NotImplementedError("NetnsCluster: plan the storage hosts up front (storage_nodes=N)")
 
