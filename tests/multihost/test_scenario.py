@@ -6,8 +6,9 @@ running ``mh_worker.py`` (new files with bytes that follow from their names, eac
 back after a later write). PostgreSQL runs in the root namespace (unix socket).
 
 Under that load: storage3's host is cut off (veth down), the primary mgmtd's host is killed
-(SIGKILL), the host of the meta server the clients are connected to is killed, storage3 is
-healed and rejoins. After each fault both
+(SIGKILL), the host of the meta server the clients are connected to is killed, storage2's host
+is paused (SIGSTOP: a hung machine) until mgmtd drops it, then resumed with its stale lease and
+routing, and storage3 is healed; both rejoin until every chain is fully replicated. After each fault both
 clients must acknowledge more writes within a deadline; no read may ever return other
 bytes; at the end every acknowledged file is read back from a third client (this process)
 and compared byte for byte.
@@ -189,6 +190,11 @@ def test_faults_under_load_lose_no_acknowledged_byte(cluster: NetnsCluster) -> N
     meta = _busiest_meta(c)  # the meta server the client hosts are connected to
     c.kill_host(meta)
     timings["meta"] = _progress(c, out, 5, f"{meta}'s host killed")
+
+    c.pause_host("storage2")  # a hung machine: heartbeats stop, its process keeps its state
+    _wait(lambda: _storage_state(c, 2)[0] != NodeState.ALIVE, NODE_LEASE_S + 10, "mgmtd marks storage2 dead")
+    timings["pause"] = _progress(c, out, 3, "storage2 paused")
+    c.resume_host("storage2")  # back with a stale lease and routing: must catch up, not serve old data
 
     c.heal_host("storage3")
     timings["heal"] = _wait(lambda: c.fully_replicated(), 30, "storage3 back and every chain fully replicated")
