@@ -197,7 +197,7 @@ def test_faults_under_load_lose_no_acknowledged_byte(cluster: NetnsCluster) -> N
     c.resume_host("storage2")  # back with a stale lease and routing: must catch up, not serve old data
 
     c.heal_host("storage3")
-    timings["heal"] = _wait(lambda: c.fully_replicated(), 30, "storage3 back and every chain fully replicated")
+    timings["heal"] = _wait(lambda: c.fully_replicated(), 45, "storage3 back and every chain fully replicated")
     timings["after_heal"] = _progress(c, out, 3, "storage3 healed")
 
     (out / "stop").touch()
