@@ -474,7 +474,8 @@ class _ServerConnection:
             m, handler, needs = entry
             identity = self.identity
             if needs and not identity.can(needs):
-                raise StatusError(Status.EPERM, f"{m.name} needs {needs!r}; caller {identity.token_id or identity.uid} lacks it")
+                raise StatusError(Status.EPERM, f"{m.name} needs the {needs.name} right; token "
+                                  f"{identity.token_id or identity.uid} lacks it")
             if not crc_ok:
                 raise StatusError(Status.CHECKSUM_MISMATCH, "request payload failed CRC32C")
             req = m.request.from_wire(header.body)
