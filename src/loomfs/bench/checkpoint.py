@@ -147,15 +147,19 @@ def blocked(fs: Any, run: str, state: dict[str, Any]) -> dict[str, float]:
     staged = {k: v.detach().to("cpu", copy=True) for k, v in state.items()}
     out["staging_copy_s"] = time.perf_counter() - t0
     del staged
-    out["sync_s"] = _timed(lambda: dcp.save(state, storage_writer=LoomStorageWriter(run, fs, step=2)))
+    writer = LoomStorageWriter(run, fs, step=2)
+    out["sync_s"] = _timed(lambda: dcp.save(state, storage_writer=writer))
+    fs.rmtree(writer.checkpoint_path)  # one checkpoint on the cluster at a time (disk space)
     stager = Stager()
     for step, key in ((3, "async_first_s"), (4, "async_s")):
+        writer = LoomStorageWriter(run, fs, step=step, stager=stager)
         t0 = time.perf_counter()
-        fut = dcp.async_save(state, storage_writer=LoomStorageWriter(run, fs, step=step, stager=stager))
+        fut = dcp.async_save(state, storage_writer=writer)
         out[key] = time.perf_counter() - t0
         done: Any = getattr(fut, "upload_completion", fut)  # an AsyncSaveResponse, or the future itself
         done.result()
         out[key.replace("_s", "_total_s")] = time.perf_counter() - t0
+        fs.rmtree(writer.checkpoint_path)
     return out
 
 def _free_port() -> int:
@@ -254,6 +258,8 @@ def run_checkpoint(t: BenchTarget, base: str, *, size_bytes: int, lim: Mapping[s
             step(f"checkpoint: save/load {nbytes >> 20} MiB, 1 rank, LoomFS and local{tag}")
             t.makedirs(f"{base}/ckpt")
             one = one_rank(fs, where, f"{base}/ckpt/r1", os.path.join(made, "r1"), state)
+            t.rmtree(f"{base}/ckpt/r1")  # bounded disk use: 3 replicas of 2 GiB per checkpoint
+            shutil.rmtree(os.path.join(made, "r1"), ignore_errors=True)
             step(f"checkpoint: blocked time, sync vs async save{tag}")
             blk = blocked(fs, f"{base}/ckpt/blk", state)
             del state
