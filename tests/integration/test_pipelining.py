@@ -20,6 +20,7 @@ from loomfs.config import MetaConfig, load
 from loomfs.meta import server as meta_server
 from loomfs.meta.store.base import MetaStore
 from loomfs.meta.store.sqlite import SqliteStore
+from loomfs.net import auth
 from loomfs.testing import LocalCluster
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
@@ -86,6 +87,10 @@ def full_sync_cluster(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[LocalCl
         proc = cluster.services["meta1"]
         cluster.stop_service("meta1")
         config = load(MetaConfig, proc.config_path, sqlite_synchronous="FULL")
+        # the credentials service_main would give the meta process (the cluster secret), for this
+        # test only: the test's own clients then prove the secret too
+        monkeypatch.setattr(auth, "_process", auth.from_rpc_config(config.rpc, name="meta"))
+        monkeypatch.setattr(auth, "_process_set", True)
         meta = InProcessMeta(config, monkeypatch)
         meta.start()
         yield cluster, meta
