@@ -235,7 +235,7 @@ def test_local_up_with_postgres_and_two_meta_servers(pg_server: PgServer, tmp_pa
         assert c.meta_store == url
 
         async def via(addr: str, m: Method, req: Message) -> Any:
-            rpc = RpcClient(TcpTransport())
+            rpc = RpcClient(TcpTransport(auth=c.client_auth()))  # the cluster's admin token (auth is on)
             try:
                 return (await rpc.call(Address.parse(addr), m, req, timeout_s=30.0)).body
             finally:
