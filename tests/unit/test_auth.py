@@ -173,3 +173,21 @@ def test_revocations_from_mgmtd_reach_the_verifier_and_expire_with_their_tokens(
     r.add("a", 10.0)
     r.add("a", 5.0)  # the later expiry is kept
     assert r.snapshot() == {"a": 10.0} and r.ids == {"a"}
+
+
+def test_a_local_cluster_dir_uses_its_admin_token_unless_the_env_token_is_its_own(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from loomfs.net.auth import TOKEN_FILE_ENV, cluster_token_file
+
+    root = tmp_path / "cl"
+    secret = write_secret_file(root / "cluster.secret")
+    write_token_file(root / "admin.token", create_token(secret, uid=0, gid=0, ttl_s=60, now_s=NOW))
+    mine, other = tmp_path / "mine.token", tmp_path / "other.token"
+    write_token_file(mine, create_token(secret, uid=7, gid=7, ttl_s=60, now_s=NOW))
+    write_token_file(other, create_token(b"o" * 32, uid=0, gid=0, ttl_s=60, now_s=NOW))  # another cluster's
+    monkeypatch.delenv(TOKEN_FILE_ENV, raising=False)
+    assert cluster_token_file(root) == str(root / "admin.token")
+    monkeypatch.setenv(TOKEN_FILE_ENV, str(mine))
+    assert cluster_token_file(root) == str(mine)  # the user's token of this cluster stands
+    monkeypatch.setenv(TOKEN_FILE_ENV, str(other))
+    assert cluster_token_file(root) == str(root / "admin.token")  # another cluster's would be refused

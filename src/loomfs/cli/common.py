@@ -64,12 +64,12 @@ def use_token_file(path: str | None) -> None:
 
 def use_cluster_token(root: Path) -> None:
     """A local cluster directory's admin token for this command's connections, unless the
-    user gave one ($LOOMFS_TOKEN_FILE)."""
+    user gave a token of that cluster ($LOOMFS_TOKEN_FILE, --token-file; ``auth.cluster_token_file``)."""
     from loomfs.net import auth
 
-    token = root / auth.CLUSTER_TOKEN_FILE
-    if not os.environ.get(auth.TOKEN_FILE_ENV) and token.is_file():
-        os.environ[auth.TOKEN_FILE_ENV] = str(token)
+    token = auth.cluster_token_file(root)
+    if token:
+        os.environ[auth.TOKEN_FILE_ENV] = token
 
 
 def looks_like_address(text: str) -> bool:

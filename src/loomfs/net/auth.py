@@ -243,12 +243,30 @@ def set_process_auth(config: AuthConfig | None) -> None:
 
 
 def env_token_file() -> str:
-    """$LOOMFS_TOKEN_FILE, else the admin token of the local cluster $LOOMFS_CLUSTER names."""
-    token_file = os.environ.get(TOKEN_FILE_ENV, "")
+    """$LOOMFS_TOKEN_FILE, else the admin token of the local cluster $LOOMFS_CLUSTER names
+    (``cluster_token_file``)."""
     cluster = os.environ.get("LOOMFS_CLUSTER", "")
-    if not token_file and cluster and os.path.isfile(os.path.join(cluster, CLUSTER_TOKEN_FILE)):
-        token_file = os.path.join(cluster, CLUSTER_TOKEN_FILE)
-    return token_file
+    if cluster and os.path.isdir(cluster):
+        return cluster_token_file(cluster)
+    return os.environ.get(TOKEN_FILE_ENV, "")
+
+
+def cluster_token_file(root: str | os.PathLike[str]) -> str:
+    """The token to use with the local cluster directory ``root``: $LOOMFS_TOKEN_FILE when it is a
+    token of that cluster (or when its secret cannot be read to tell), else ``root/admin.token``.
+    (A $LOOMFS_TOKEN_FILE of another cluster, e.g. a test session's, would only be refused.)"""
+    env = os.environ.get(TOKEN_FILE_ENV, "")
+    admin = os.path.join(root, CLUSTER_TOKEN_FILE)
+    if not os.path.isfile(admin):
+        return env
+    if not env:
+        return admin
+    try:
+        secret = load_secret_file(os.path.join(root, "cluster.secret"))
+        cred = load_token_file(env)
+    except CredentialError:
+        return env  # cannot tell: the user's choice stands (a bad file is reported when used)
+    return env if derive_key(secret, cred.claims) == cred.key else admin
 
 
 def process_auth() -> AuthConfig | None:
