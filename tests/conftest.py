@@ -15,8 +15,15 @@ import tempfile
 from collections.abc import Iterator
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 from loomfs.testing.pgserver import PgServer
+
+# Property tests check behaviour, not speed: on a loaded 2-core CI machine one example can take
+# far longer than hypothesis's default 200 ms deadline, which then fails (or "flakes") a correct
+# test. No deadline, and no too-slow health check; a test that wants one sets its own.
+settings.register_profile("loomfs", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "loomfs"))
 
 _schemas = itertools.count(1)
 
