@@ -4,8 +4,6 @@ curve and the plot come from the rows."""
 
 from __future__ import annotations
 
-import os
-import re
 import subprocess
 from dataclasses import asdict
 from pathlib import Path
@@ -22,6 +20,7 @@ def test_read_throughput_by_storage_hosts_with_the_raw_limit_of_the_same_run(tmp
     why = netns.available()
     if why:
         pytest.skip(why)
+    before = _lab_names()
     steps: list[str] = []
     rows = hosts.run_hosts({}, size_bytes=8 << 20, step=steps.append, configs=(1, 2))
     assert len(steps) == hosts.steps((1, 2))
@@ -36,7 +35,18 @@ def test_read_throughput_by_storage_hosts_with_the_raw_limit_of_the_same_run(tmp
     png = tmp_path / "hosts.png"
     assert hosts.plot_curve(doc, str(png)) and png.read_bytes()[:4] == b"\x89PNG"
     assert not hosts.plot_curve({"results": []}, str(tmp_path / "none.png"))
-    names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout + \
-        subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
-    run = f"{os.getpid():x}[0-9a-f]"  # this process's labs: lfs-<run>-<host>, lf<run>b, lf<run>h<i>
-    assert not re.search(rf"\blfs-{run}-|\blf{run}(b|h\d)", names), names  # every lab closed
+    # nothing new of a closed lab is left (a concurrent run's live labs may come and go)
+    left = {run for run in _lab_names() - before if not netns._run_alive(run)}
+    assert not left, left
+
+
+def _lab_names() -> set[str]:
+    """Run ids of every lab namespace and link present now."""
+    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    runs = {m.group(1) for line in out.splitlines() if (m := netns.NS_RE.match(line.split()[0] if line else ""))}
+    out = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
+    for line in out.splitlines():
+        m = netns.LINK_RE.match(line.split(":", 2)[1].strip().split("@")[0]) if line.count(":") >= 2 else None
+        if m:
+            runs.add(m.group(1))
+    return runs

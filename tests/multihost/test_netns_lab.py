@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -88,23 +87,25 @@ def test_hosts_reach_each_other_and_faults_act_on_one_host() -> None:
     assert not [x for x in links if x.startswith(f"lf{run_id}")]
 
 
-def test_leftovers_of_a_dead_owner_are_removed_and_a_live_owners_kept() -> None:
-    # a child process makes a lab and dies without closing it (SIGKILL: no atexit)
-    code = ("import os,sys,signal\nfrom loomfs.testing import netns\nlab=netns.NetnsLab()\nlab.add_host('x')\n"
-            "print(lab.run_id,lab.bridge,lab.hosts['x'].netns,flush=True)\nos.kill(os.getpid(),signal.SIGKILL)\n")
+def test_leftovers_of_a_dead_lab_are_removed_and_a_live_labs_kept() -> None:
+    # a child process makes a lab, then dies without closing it (SIGKILL: no atexit)
+    code = ("import sys\nfrom loomfs.testing import netns\nlab=netns.NetnsLab()\nlab.add_host('x')\n"
+            "print(lab.run_id,lab.bridge,lab.hosts['x'].netns,flush=True)\nsys.stdin.readline()\n")
     env = dict(os.environ, PYTHONPATH=str(Path(netns.__file__).resolve().parents[2]))
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
-    run_id, bridge, ns_name = r.stdout.split()
-    ns, links = _names()
-    assert ns_name in ns and bridge in links  # left behind
-    with netns.NetnsLab() as mine:  # a new lab sweeps the dead owner's leftovers first
+    with netns.NetnsLab() as mine:
         mine.add_host("y")
+        child = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                 env=env)
+        assert child.stdout is not None
+        run_id, bridge, ns_name = child.stdout.readline().decode().split()
+        with netns._locked():  # what a new lab does first, here without another run's sweep in between
+            child.kill()
+            child.wait(10)
+            ns, links = _names()
+            assert ns_name in ns and bridge in links  # left behind
+            removed = netns._cleanup_leftovers(False)
+            assert ns_name in removed and bridge in removed  # its lock died with it
+            assert mine.hosts["y"].netns not in removed and mine.bridge not in removed  # ours lives
         ns, links = _names()
-        assert ns_name not in ns and bridge not in links
-        removed = netns.cleanup_leftovers()  # (another run's dead leftovers may go too)
-        assert mine.hosts["y"].netns not in removed and mine.bridge not in removed  # ours (alive) is kept
-        assert mine.hosts["y"].netns in _names()[0]
-    deadline = time.monotonic() + 10
-    while mine.bridge in _names()[1]:
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+        assert ns_name not in ns and bridge not in links and mine.hosts["y"].netns in ns
+    assert mine.bridge not in _names()[1]

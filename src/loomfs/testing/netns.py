@@ -10,9 +10,10 @@ in it), paused (SIGSTOP) and resumed, cut off (its veth set down: packets to and
 vanish, connects time out, nothing is refused) and healed.
 
 Everything is removed by ``close()`` (also from ``__exit__`` and, as a last resort, at
-interpreter exit). ``<run>`` is the owner's pid in hex plus a counter digit, so
-``cleanup_leftovers()`` (called by every new lab) removes what a dead owner left, and
-nothing of a live one. Needs root (CAP_NET_ADMIN) and ``ip`` from iproute2. No traffic
+interpreter exit). ``<run>`` is random; the lab holds an flock on
+``/run/lock/loomfs-netns-<run>.lock`` while it lives (the kernel drops it when its process
+dies, even by SIGKILL), so ``cleanup_leftovers()`` (called by every new lab) removes what a
+dead lab left and nothing of a live one, whichever run or PID namespace it came from. Needs root (CAP_NET_ADMIN) and ``ip`` from iproute2. No traffic
 leaves the machine: the bridge has no uplink and the subnet is private.
 """
 
@@ -21,10 +22,10 @@ from __future__ import annotations
 import atexit
 import contextlib
 import fcntl
-import itertools
 import logging
 import os
 import re
+import secrets
 import shutil
 import signal
 import subprocess
@@ -46,8 +47,7 @@ SUBNET_FIRST = "10.77"  # /24s 10.77.0.0 .. 10.77.255.0, the first free one per 
 SAFETY_ROUTE = f"{SUBNET_FIRST}.0.0/16"
 HOST_OFFSET = 10  # host i gets .10+i; .1 is the bridge (the root namespace)
 HOSTS_MAX = 240
-LOCK_PATH = "/run/lock/loomfs-netns.lock"
-_counter = itertools.count()
+LOCK_DIR = "/run/lock"  # (else /tmp) loomfs-netns.lock: subnet choice and sweeps; loomfs-netns-<run>.lock: a live lab
 
 
 class NetnsUnavailable(RuntimeError):
@@ -80,26 +80,36 @@ def _ip(*args: str, check: bool = True, timeout_s: float = 20.0) -> str:
     return r.stdout
 
 
-def _pid_alive(pid: int) -> bool:
+def _lock_dir() -> str:
+    return LOCK_DIR if os.path.isdir(LOCK_DIR) else "/tmp"
+
+
+def _run_lock_path(run_id: str) -> str:
+    return os.path.join(_lock_dir(), f"loomfs-netns-{run_id}.lock")
+
+
+def _run_alive(run_id: str) -> bool:
+    """Whether the lab ``run_id`` still lives: its process holds the run's lock file."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
+        fd = os.open(_run_lock_path(run_id), os.O_RDWR)
+    except OSError:
+        return False  # no lock file: no live lab made it
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
         return True
-    return True
-
-
-def _owner_of(run_id: str) -> int:
-    """The pid that made run ``run_id`` (hex pid + one counter digit)."""
-    return int(run_id[:-1], 16) if len(run_id) >= 2 else 0
+    else:
+        with contextlib.suppress(OSError):
+            os.unlink(_run_lock_path(run_id))
+        return False
+    finally:
+        os.close(fd)
 
 
 @contextlib.contextmanager
 def _locked() -> Iterator[None]:
     """Serialises subnet choice and leftover cleanup between labs of concurrent test runs."""
-    path = LOCK_PATH if os.path.isdir(os.path.dirname(LOCK_PATH)) else "/tmp/loomfs-netns.lock"
-    with open(path, "a") as f:
+    with open(os.path.join(_lock_dir(), "loomfs-netns.lock"), "a") as f:
         fcntl.flock(f, fcntl.LOCK_EX)
         try:
             yield
@@ -143,7 +153,7 @@ def _cleanup_leftovers(all_runs: bool) -> list[str]:
         m = NS_RE.match(name)
         if m is None:  # not a lab's
             continue
-        if all_runs or not _pid_alive(_owner_of(m.group(1))):
+        if all_runs or not _run_alive(m.group(1)):
             with contextlib.suppress(RuntimeError):
                 _kill_namespace(name)
             _ip("netns", "del", name, check=False)
@@ -154,7 +164,7 @@ def _cleanup_leftovers(all_runs: bool) -> list[str]:
             continue
         link = parts[1].strip().split("@", 1)[0]
         m = LINK_RE.match(link)
-        if m and (all_runs or not _pid_alive(_owner_of(m.group(1)))):
+        if m and (all_runs or not _run_alive(m.group(1))):
             _ip("link", "del", link, check=False)
             removed.append(link)
     if removed:
@@ -221,7 +231,8 @@ class NetnsLab:
         why = available()
         if why:
             raise NetnsUnavailable(why)
-        self.run_id = f"{os.getpid():x}{next(_counter) % 16:x}"
+        self.run_id = secrets.token_hex(4)[:7]
+        self._run_lock = -1  # held while this lab lives (taken in _up, under the sweepers' lock)
         self.bridge = f"lf{self.run_id}b"
         self.subnet = ""  # "10.77.X" once up
         self.hosts: dict[str, Host] = {}
@@ -232,6 +243,9 @@ class NetnsLab:
     # ---- set up ---------------------------------------------------------------------------
     def _up(self) -> None:
         with _locked():
+            # a sweeper able to take this lock knows the lab is dead; sweeps hold _locked()
+            self._run_lock = os.open(_run_lock_path(self.run_id), os.O_RDWR | os.O_CREAT, 0o600)
+            fcntl.flock(self._run_lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
             _cleanup_leftovers(False)
             used = set(re.findall(rf"inet {re.escape(SUBNET_FIRST)}\.(\d+)\.", _ip("-4", "-o", "addr", "show")))
             free = [x for x in range(256) if str(x) not in used]
@@ -247,6 +261,7 @@ class NetnsLab:
                 _ip("link", "del", self.bridge, check=False)
                 _drop_safety_route_if_unused()
                 self._closed = True
+                self._release_run_lock()
                 raise
         logger.info("netns lab %s: bridge %s on %s.0/24", self.run_id, self.bridge, self.subnet)
 
@@ -363,10 +378,20 @@ class NetnsLab:
         with _locked():
             _ip("link", "del", self.bridge, check=False)
             _drop_safety_route_if_unused()
+        self._release_run_lock()
         with contextlib.suppress(Exception):
             atexit.unregister(self.close)
         if first is not None:
             raise first
+
+    def _release_run_lock(self) -> None:
+        if self._run_lock < 0:
+            return
+        with contextlib.suppress(OSError):
+            os.unlink(_run_lock_path(self.run_id))
+        with contextlib.suppress(OSError):
+            os.close(self._run_lock)
+        self._run_lock = -1
 
     def __enter__(self) -> NetnsLab:
         return self
