@@ -79,7 +79,9 @@ def test_hosts_reach_each_other_and_faults_act_on_one_host() -> None:
         run_id, bridge, netnses = lab.run_id, lab.bridge, [h.netns for h in (a, b, c)]
         _serve(lab, b)  # left running: close() must end it
         # while a lab exists, its /16 never leaves the machine by the default route
-        gone = f"{netns.SUBNET_FIRST}.{(int(lab.subnet.split('.')[2]) + 128) % 256}.99"
+        used = subprocess.run(["ip", "-4", "-o", "addr", "show"], capture_output=True, text=True).stdout
+        free = next(x for x in range(255, -1, -1) if f"inet {netns.SUBNET_FIRST}.{x}." not in used)  # no lab's
+        gone = f"{netns.SUBNET_FIRST}.{free}.99"
         r = subprocess.run(["ip", "route", "get", gone], capture_output=True, text=True)
         assert r.returncode != 0 and "no route to host" in r.stderr.lower(), (r.stdout, r.stderr)
     ns, links = _names()
