@@ -191,3 +191,14 @@ def test_a_local_cluster_dir_uses_its_admin_token_unless_the_env_token_is_its_ow
     assert cluster_token_file(root) == str(mine)  # the user's token of this cluster stands
     monkeypatch.setenv(TOKEN_FILE_ENV, str(other))
     assert cluster_token_file(root) == str(root / "admin.token")  # another cluster's would be refused
+
+
+def test_an_environment_token_file_that_vanished_is_reported_not_raised(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    from loomfs.net import auth
+
+    monkeypatch.setattr(auth, "_process_set", False)
+    monkeypatch.delenv("LOOMFS_CLUSTER", raising=False)
+    monkeypatch.setenv(auth.TOKEN_FILE_ENV, str(tmp_path / "gone.token"))
+    assert auth.process_auth() is None
+    assert "unusable" in caplog.text

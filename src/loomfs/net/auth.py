@@ -285,7 +285,12 @@ def process_auth() -> AuthConfig | None:
         mtime = 0.0
     key = (secret_file, token_file, ca_file, mtime)
     if _from_env[0] != key:
-        _from_env = (key, auth_config(secret_file=secret_file, token_file=token_file, tls_ca_file=ca_file))
+        try:
+            cfg: AuthConfig | None = auth_config(secret_file=secret_file, token_file=token_file, tls_ca_file=ca_file)
+        except CredentialError as exc:  # e.g. a token file removed since: say so once, go on without
+            logger.warning("credentials from the environment unusable, connecting without them: %s", exc)
+            cfg = None
+        _from_env = (key, cfg)
     return _from_env[1]
 
 
