@@ -10,6 +10,7 @@ from loomfs.cli import (
     admin,
     bench,
     ckpt,
+    common,
     dashboard,
     demo,
     fs,
@@ -32,6 +33,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="local cluster directory (default: $LOOMFS_CLUSTER, else ./loomfs-local)",
     )
     p.add_argument("--mgmtd", default=None, help="mgmtd address HOST:PORT (instead of --dir)")
+    p.add_argument("--token-file", dest="token_file", default=None,
+                   help="client token (default $LOOMFS_TOKEN_FILE, else the local cluster's admin.token; "
+                        "docs/security.md)")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for mod in (local, fs, admin, layout, demo, bench, top, dashboard, service, pack, mount, ckpt):
         mod.register(sub)
@@ -40,7 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _cluster_options_everywhere(parser: argparse.ArgumentParser) -> None:
-    """``--dir``/``-C`` and ``--mgmtd`` also after the subcommand (``loomfs top --dir D``,
+    """``--dir``/``-C``, ``--mgmtd`` and ``--token-file`` also after the subcommand (``loomfs top --dir D``,
     ``loomfs admin targets --dir D``), as before it. A subcommand that has its own ``--dir``
     (``local up``) or ``--mgmtd`` (``mount``) keeps it. The copies default to SUPPRESS, so
     an option given before the subcommand is not overwritten by an absent one after it."""
@@ -55,6 +59,9 @@ def _cluster_options_everywhere(parser: argparse.ArgumentParser) -> None:
             if "--mgmtd" not in have:
                 child.add_argument("--mgmtd", dest="mgmtd", default=argparse.SUPPRESS,
                                    help="mgmtd address HOST:PORT (as before the command)")
+            if "--token-file" not in have:
+                child.add_argument("--token-file", dest="token_file", default=argparse.SUPPRESS,
+                                   help="client token (as before the command)")
             _cluster_options_everywhere(child)
 
 
@@ -86,6 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
+        common.use_token_file(getattr(args, "token_file", None))  # every command, target() or not
         rc = args.func(args)
         sys.stdout.flush()
     except KeyboardInterrupt:
