@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import sys
 from pathlib import Path
@@ -34,7 +35,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                     help="the postgresql://... store the mgmtd processes share (docs/mgmtd-ha.md; "
                          "default: one SQLite file, one mgmtd)")
     up.add_argument("--base-port", type=int, default=8000,
-                    help="mgmtd port; meta uses the next ones, storage base+10.. (default 8000)")
+                    help="mgmtd port; meta uses the next ones, storage base+10.. (default 8000; 0: free ports "
+                         "found at start)")
     up.add_argument("--gc-delay-s", type=float, default=30.0)
     up.add_argument("--no-auth", action="store_true",
                     help="no cluster secret: every peer is trusted (default: a secret and an admin token "
@@ -99,7 +101,7 @@ def cmd_up(args: argparse.Namespace) -> int:
             raise SystemExit(f"--replicas {args.replicas} needs at least that many --storage-nodes")
         c = LocalCluster(
             root, storage_nodes=args.storage_nodes, targets_per_node=args.targets_per_node,
-            replicas=args.replicas, meta_nodes=args.meta_nodes, base_port=args.base_port,
+            replicas=args.replicas, meta_nodes=args.meta_nodes, base_port=_base_port(args.base_port),
             gc_delay_s=args.gc_delay_s, meta_store=args.meta_store,
             mgmtd_servers=args.mgmtd_servers, mgmtd_store=args.mgmtd_store, auth=not args.no_auth,
         )
@@ -181,3 +183,12 @@ def _print_status(c: LocalCluster, *, as_json: bool) -> None:
         t.add_row(r["name"], r["kind"], str(r["pid"] or "-"), r["address"], f"[{color}]{r['state']}[/]",
                   (r.get("metrics") or "-").rsplit(":", 1)[-1].removesuffix("/metrics"))
     Console().print(t)
+
+
+def _base_port(port: int) -> int | None:
+    """``--base-port``: 0 picks free ports at start (None); otherwise a port with room above it."""
+    if port == 0:
+        return None
+    if not 1024 <= port <= 65000:
+        raise OSError(errno.EINVAL, f"--base-port {port}: choose 1024..65000 (or 0 for free ports)")
+    return port
