@@ -53,6 +53,9 @@ class FsckReport:
     removed: int = 0
     gc_queued: dict[int, int] = field(default_factory=dict)  # inode -> chunks waiting for the GC
     gc_done: int = 0  # chunks the GC removed while the check ran (not orphans)
+    # inode -> chunks of files meta holds that the walk from "/" did not reach (a tenant's tree,
+    # or a file made during the check): never orphans, never removed
+    held_elsewhere: dict[int, int] = field(default_factory=dict)
     unreachable: list[str] = field(default_factory=list)  # storage nodes that did not answer
 
     @property
@@ -129,10 +132,20 @@ def list_chunks(routing: RoutingInfo, inode: int = 0, unreachable: list[str] | N
 
 def gc_queued_inodes(fs: loomfs.LoomFS, inodes: list[int]) -> set[int]:
     """The ones of ``inodes`` that wait in meta's GC queue."""
+    return _ask_inodes(fs, wmeta.GC_QUEUED, inodes)
+
+
+def live_inodes(fs: loomfs.LoomFS, inodes: list[int]) -> set[int]:
+    """The ones of ``inodes`` meta still holds as files, in any tenant's tree (``INODES_LIVE``,
+    ADMIN): the walk from "/" does not enter tenants' roots."""
+    return _ask_inodes(fs, wmeta.INODES_LIVE, inodes)
+
+
+def _ask_inodes(fs: loomfs.LoomFS, method: Any, inodes: list[int]) -> set[int]:
     out: set[int] = set()
     step = wmeta.GC_QUEUED_INODES_MAX
     for i in range(0, len(inodes), step):
-        body = fs.run(fs.client.meta.call(wmeta.GC_QUEUED, wmeta.InodesReq(inodes=inodes[i:i + step])))
+        body = fs.run(fs.client.meta.call(method, wmeta.InodesReq(inodes=inodes[i:i + step])))
         out.update(body.inodes)
     return out
 
@@ -169,8 +182,9 @@ def fsck(fs: loomfs.LoomFS, cluster_chunks: Callable[[], list[tuple[int, Any]]] 
     if repair and rep.orphans:
         time.sleep(grace_s)
         still = _namespace(fs)
+        held = live_inodes(fs, sorted(rep.orphans))  # made in a tenant's tree meanwhile
         for inode, places in list(rep.orphans.items()):
-            if inode in still:
+            if inode in still or inode in held:
                 del rep.orphans[inode]
                 continue
             chains = sorted({chain for chain, _ in places})
@@ -188,6 +202,9 @@ def _sort_out_gc(fs: loomfs.LoomFS, routing: RoutingInfo, rep: FsckReport) -> No
     queued = gc_queued_inodes(fs, sorted(rep.orphans))
     for inode in queued:
         rep.gc_queued[inode] = len(rep.orphans.pop(inode))
+    # files the walk did not reach but meta holds (tenants' trees, files created meanwhile)
+    for inode in live_inodes(fs, sorted(rep.orphans)):
+        rep.held_elsewhere[inode] = len(rep.orphans.pop(inode))
     chain_of = {t.target_id: t.chain_id for t in routing.targets}
     for inode in list(rep.orphans):
         still = {(chain_of.get(tid, 0), m.chunk.index) for tid, m in list_chunks(routing, inode)
@@ -214,6 +231,9 @@ def cmd_fsck(args: argparse.Namespace) -> int:
     print(f"fsck: {sum(rep.gc_queued.values())} chunks of {len(rep.gc_queued)} unlinked files wait in the "
           f"GC queue (not orphans; removed after gc_delay_s), {rep.gc_done} chunks removed by the GC during the check")
     print(f"fsck: {rep.inline_files} inline files, {len(rep.bad_inline)} bad")
+    if rep.held_elsewhere:
+        print(f"fsck: {sum(rep.held_elsewhere.values())} chunks of {len(rep.held_elsewhere)} files outside the "
+              "tree from / (tenants' trees, or created during the check): not orphans, lengths not checked")
     for line in rep.unreachable[:20]:
         print("  unreachable: " + line)
     for line in rep.missing[:20] + rep.bad_lengths[:20] + rep.bad_inline[:20]:
