@@ -44,6 +44,8 @@ def test_chains_span_racks_and_survive_a_whole_rack_cut_off(cluster: NetnsCluste
     c = cluster
     r = c.routing()
     rack_of = {s.node_id: RACKS[s.name] for s in c.services.values() if s.kind == "storage"}
+    # routing shows each storage node's label (what `loomfs admin nodes` prints)
+    assert {n.node_id: n.domain for n in r.nodes if n.kind == NodeKind.STORAGE} == rack_of
     node_of = {t.target_id: t.node_id for t in r.targets}
     assert len(r.chains) == 4
     assert all({rack_of[node_of[t]] for t in ch.targets} == {"a", "b"} for ch in r.chains)

@@ -92,9 +92,9 @@ def _emit(args: argparse.Namespace, title: str, cols: list[str], rows: list[list
 
 def cmd_nodes(args: argparse.Namespace) -> int:
     r = fetch_routing(args)
-    rows = [[n.node_id, NodeKind(n.kind).name.lower(), f"{n.host}:{n.port}", NodeState(n.state).name.lower()]
-            for n in r.nodes]
-    _emit(args, f"nodes (routing v{r.version})", ["node", "kind", "address", "state"], rows)
+    rows = [[n.node_id, NodeKind(n.kind).name.lower(), f"{n.host}:{n.port}", NodeState(n.state).name.lower(),
+             n.domain] for n in r.nodes]
+    _emit(args, f"nodes (routing v{r.version})", ["node", "kind", "address", "state", "domain"], rows)
     return 0
 
 

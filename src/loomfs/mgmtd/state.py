@@ -593,7 +593,7 @@ class ClusterState:
             self._routing_cache = RoutingInfo(
                 version=self.version,
                 nodes=[NodeInfo(node_id=n.node_id, kind=n.kind, host=n.host, port=n.port, state=n.state,
-                                draining=n.draining, metrics_port=n.metrics_port)
+                                draining=n.draining, metrics_port=n.metrics_port, domain=n.domain)
                        for n in sorted(self.nodes.values(), key=lambda n: n.node_id)],
                 targets=[TargetInfo(target_id=t.target_id, node_id=t.node_id, path=t.path, state=t.state,
                                     chain_id=t.chain_id, used_bytes=t.used_bytes,

@@ -55,6 +55,7 @@ class NodeInfo(Message):
     last_heartbeat_ms: int = 0
     draining: bool = False  # `admin drain`: its replicas are moving to spares
     metrics_port: int = 0  # its Prometheus /metrics HTTP port (0 = none)
+    domain: str = ""  # storage: its failure domain (rack/room label; "" = a domain of its own)
 
 
 @message
