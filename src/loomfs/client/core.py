@@ -13,6 +13,7 @@ import dataclasses
 import logging
 import os
 import random
+import secrets
 import time
 import weakref
 from collections.abc import AsyncIterator, Sequence
@@ -543,7 +544,7 @@ class AsyncClient:
         if flags == os.O_RDONLY:
             return await self._open_read(p)
         # write opens name their session, so a re-sent OPEN (reply lost) is applied once
-        session_id = (1 << 62) | random.getrandbits(62)
+        session_id = (1 << 62) | secrets.randbits(62)  # the proof of an open file: unguessable
         common = {**self._file_args(p, flags), "caches": self.caches}
         self.caches.changed(p)  # whatever it was, this client is changing it
         if flags == LAZY_FLAGS and self.config.inline_put_max_bytes > 0:

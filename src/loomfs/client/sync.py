@@ -17,7 +17,7 @@ import io
 import json
 import logging
 import os
-import random
+import secrets
 import shutil
 import stat as stat_mod
 import threading
@@ -585,7 +585,7 @@ class LoomFS:
         if view.nbytes <= min(client.config.inline_put_max_bytes, INLINE_CAP_BYTES):
             body = view.tobytes()
             req = wmeta.OpenReq(path=p, flags=LAZY_FLAGS, mode=0o644, client_id=client.client_id,
-                                session_id=(1 << 62) | random.getrandbits(62), data=body,
+                                session_id=(1 << 62) | secrets.randbits(62), data=body,
                                 data_crc=crc32c.crc32c(body))
             rsp = self._fast_change(wmeta.OPEN, req, p)
             if rsp is not None:
