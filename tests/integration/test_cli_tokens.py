@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -67,3 +68,21 @@ def test_token_file_option_everywhere(cluster: LocalCluster, fs: loomfs.LoomFS, 
     bogus.chmod(0o600)
     r = _loomfs(cluster, "ls", base, "--token-file", str(bogus))
     assert r.returncode != 0 and "Traceback" not in r.stderr, r.stderr
+
+
+def test_revoke_from_the_cli(cluster: LocalCluster, fs: loomfs.LoomFS, base: str, tmp_path: Path) -> None:
+    """``loomfs admin token revoke FILE`` with the cluster's admin token (the command finds it
+    from --dir like every admin command); the revoked token is then refused, and the CLI says
+    'Permission denied', not that mgmtd is unreachable."""
+    user = _token(cluster, tmp_path / "user.token")
+    assert _loomfs(cluster, "ls", base, "--token-file", str(user)).returncode == 0
+    r = _loomfs(cluster, "admin", "token", "revoke", str(user))
+    assert r.returncode == 0 and "revoked" in r.stdout, r.stderr
+    deadline = time.monotonic() + 30  # services poll mgmtd's list every few seconds
+    while True:
+        r = _loomfs(cluster, "ls", base, "--token-file", str(user))
+        if r.returncode != 0:
+            break
+        assert time.monotonic() < deadline, "the revoked token is still accepted"
+        time.sleep(0.5)
+    assert "Permission denied" in r.stderr and "revoked" in r.stderr, r.stderr

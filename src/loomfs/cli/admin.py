@@ -64,10 +64,13 @@ def mgmtd_addresses(args: argparse.Namespace) -> str:
 
 
 async def _call(args: argparse.Namespace, m: Any, req: Any) -> Any:
+    # the target first: a cluster directory names the token this command proves, which the
+    # transport takes when it is made
+    addresses = parse_addresses(mgmtd_addresses(args))
     rpc = RpcClient(TcpTransport(), connect_timeout_s=2.0)
     try:
         # the primary first, a NOT_PRIMARY answer's hint followed, a dead mgmtd passed over at once
-        return (await MgmtdSet(rpc, parse_addresses(mgmtd_addresses(args))).call(m, req, timeout_s=10.0)).body
+        return (await MgmtdSet(rpc, addresses).call(m, req, timeout_s=10.0)).body
     finally:
         await rpc.close()
 

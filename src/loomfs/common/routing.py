@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from loomfs.common.retry import Backoff
-from loomfs.errors import LoomError, NotFound, StatusError, TimedOut
+from loomfs.errors import LoomError, NotFound, PermissionDenied, StatusError, TimedOut
 from loomfs.net.rpc import Response, RpcClient
 from loomfs.net.transport import Address
 from loomfs.wire.message import Message, Method
@@ -238,6 +238,8 @@ class RoutingClient:
             known = cur.version if cur is not None else 0
             try:
                 rsp = await self.mgmtd_set.call(GET_ROUTING, GetRoutingReq(known_version=known), timeout_s=5.0)
+            except PermissionDenied:
+                raise  # a refused credential is not an unreachable mgmtd: say so
             except (LoomError, OSError) as exc:
                 if self._current is not None:
                     logger.warning("routing refresh failed, keeping v%d: %s", self._current.version, exc)
