@@ -474,8 +474,9 @@ class _ServerConnection:
             m, handler, needs = entry
             identity = self.identity
             if needs and not identity.can(needs):
-                raise StatusError(Status.EPERM, f"{m.name} needs the {needs.name} right; token "
-                                  f"{identity.token_id or identity.uid} lacks it")
+                why = f"{m.name} needs the {needs.name} right; token {identity.token_id or identity.uid} lacks it"
+                self.note_auth_refusal(Status.EPERM, why)  # a credential's refusal (a handler's EPERM is not)
+                raise StatusError(Status.EPERM, why)
             if not crc_ok:
                 raise StatusError(Status.CHECKSUM_MISMATCH, "request payload failed CRC32C")
             req = m.request.from_wire(header.body)
@@ -519,7 +520,7 @@ class _ServerConnection:
                 self._maybe_resume()
         if status is not Status.OK:
             server.errors_total += 1
-            if status in AUTH_STATUSES or status is Status.EPERM:
+            if status in AUTH_STATUSES:
                 # logged; the connection stays (it may still authenticate), bounded by the limits
                 self.note_auth_refusal(status, message)
         body = reply.body.to_wire() if reply is not None and status is Status.OK else {}
