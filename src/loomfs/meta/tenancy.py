@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import re
 
+from loomfs.common.identity import TENANT_SHIFT as TENANT_SHIFT
 from loomfs.errors import StatusError
 from loomfs.meta.store.base import MetaTxn
 from loomfs.wire.status import Status
 from loomfs.wire.types import ROOT_INODE
 
-TENANT_SHIFT = 48  # 2^48 inodes per tenant; 15 bits of tenants below SQLite's int64 sign bit
+# TENANT_SHIFT (48, in common.identity: storage checks it too): 2^48 inodes per tenant; 15 bits of
+# tenants below SQLite's int64 sign bit
 TENANT_MAX = (1 << 15) - 1
 TENANT_KEY = "tenant/"
 TENANT_COUNTER = "tenants"

@@ -15,6 +15,7 @@ from loomfs.storage.engine.types import ChunkKey, ChunkState
 from loomfs.storage.fencing import Fencing
 from loomfs.storage.foreground import ForegroundGate
 from loomfs.storage.target import StorageTarget
+from loomfs.storage.tenantcheck import TenantCheck
 from loomfs.storage.updates import CHUNK_SIZE_ANY, ChunkUpdates, chunk_key, versions_of
 from loomfs.wire.message import Empty
 from loomfs.wire.status import Status
@@ -27,9 +28,15 @@ logger = logging.getLogger(__name__)
 class ChunkReads(ChunkUpdates, Fencing):
     corrupt_reports_total: int
     foreground: ForegroundGate
+    tenant_check: TenantCheck
 
     @handles(READ)
     async def read(self, req: ReadReq, ctx: CallContext) -> Reply:
+        ident = ctx.identity
+        if not ident.privileged:  # a client: only chunks of its tenant's inodes (storage/tenantcheck.py)
+            inodes = (req.chunk.inode if req.chunk else 0,)
+            if not self.tenant_check.check(ident, inodes, "read"):
+                await self.tenant_check.check_slow(ident, inodes, "read")
         with self.foreground.busy():
             return await self._read(req)
 
@@ -140,6 +147,8 @@ class ChunkReads(ChunkUpdates, Fencing):
     async def report_corrupt(self, req: ReportCorruptReq, ctx: CallContext) -> Empty:
         """A client found this target's copy of a chunk failing its CRC: check it now (the check
         reads the chunk itself, so a false report costs one read; checks are deduplicated)."""
+        if not ctx.identity.privileged:
+            await self.tenant_check.check_slow(ctx.identity, (req.chunk.inode if req.chunk else 0,), "corruption report")
         target = self.targets.get(req.target_id)
         if target is None:
             raise StatusError(Status.UNKNOWN_TARGET, f"target {req.target_id} is not on this node")

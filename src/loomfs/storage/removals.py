@@ -16,6 +16,7 @@ from loomfs.storage.fencing import Fencing
 from loomfs.storage.foreground import ForegroundGate
 from loomfs.storage.grantcheck import GrantCheck
 from loomfs.storage.target import StorageTarget
+from loomfs.storage.tenantcheck import TenantCheck
 from loomfs.storage.updates import CHUNK_SIZE_ANY, ChunkUpdates
 from loomfs.wire.status import Status
 from loomfs.wire.storage import (
@@ -55,13 +56,17 @@ def _chunks_of(target: StorageTarget, req: RemoveChunksReq) -> Iterator[ChunkSta
 
 class ChunkRemovals(ChunkUpdates, Fencing):
     grant_check: GrantCheck
+    tenant_check: TenantCheck
     tags: TagCache
     foreground: ForegroundGate
     _removing: dict[tuple[int, int], list[tuple[int, int]]]  # (target, inode) -> [begin, end) under way
 
     @handles(REMOVE_CHUNKS)
     async def remove_chunks(self, req: RemoveChunksReq, ctx: CallContext) -> RemoveChunksRsp:
-        self.grant_check.check(ctx.identity, req.grant, [req.inode, *req.more_inodes])
+        inodes = [req.inode, *req.more_inodes]
+        if not ctx.identity.privileged:
+            await self.tenant_check.check_slow(ctx.identity, inodes, "chunk removal")
+        self.grant_check.check(ctx.identity, req.grant, inodes)
         if req.forwarded:
             return await self._remove(req)
         return await self.tags.run(req.tag, lambda: self._remove(req))

@@ -30,7 +30,9 @@ from loomfs.storage.resync import Resyncer
 from loomfs.storage.scrub import Scrubber
 from loomfs.storage.service import StorageService
 from loomfs.storage.target import StorageTarget, target_id_for
-from loomfs.wire.message import Message, Method
+from loomfs.storage.tenantcheck import TenantCheck
+from loomfs.wire.message import Empty, Message, Method
+from loomfs.wire.meta import TENANT_LIST
 from loomfs.wire.mgmtd import (
     HEARTBEAT,
     REGISTER_NODE,
@@ -112,6 +114,7 @@ class StorageNode:
         auth = transport.auth
         self.service.grant_check = GrantCheck(auth.grant_key() if auth is not None else None,
                                               required=config.write_grants_required)
+        self.service.tenant_check = TenantCheck(self._tenant_number)
         self.server.add_service(self.service)
         self.heartbeat_interval_s = 1.0
         self.lease_s = 5.0
@@ -144,6 +147,22 @@ class StorageNode:
             logger.warning("routing v%d not fetched yet: lease not extended", routing_version)
             return
         self.service.lease_granted(sent_s, self.lease_s)
+
+    async def _tenant_number(self, name: str) -> int | None:
+        """Tenant ``name``'s number, asked of a meta server (as a service: TENANT_LIST needs
+        ADMIN); None when meta knows no such tenant. Every tenant listed is remembered."""
+        routing = await self.routing.get()
+        last: BaseException | None = None
+        for node in routing.alive_nodes(NodeKind.META):
+            try:
+                rsp = (await self.rpc.call(Address(node.host, node.port), TENANT_LIST, Empty(), timeout_s=5.0)).body
+            except (LoomError, OSError) as exc:
+                last = exc
+                continue
+            for t in rsp.tenants:
+                self.service.tenant_check.numbers.setdefault(t.name, t.number)
+            return next((t.number for t in rsp.tenants if t.name == name), None)
+        raise last if last is not None else ConnectionError("no meta server in routing")
 
     async def _call_mgmtd(self, m: Method, req: Message) -> Any:
         """One call to the primary mgmtd (``MgmtdSet``: followed on NOT_PRIMARY or a dead

@@ -28,6 +28,7 @@ from loomfs.storage.reads import ChunkReads
 from loomfs.storage.removals import ChunkRemovals
 from loomfs.storage.routing import RoutingSource, write_chain
 from loomfs.storage.target import StorageTarget
+from loomfs.storage.tenantcheck import TenantCheck
 from loomfs.storage.updates import chunk_key, write_rsp
 from loomfs.wire.message import Empty
 from loomfs.wire.status import Status
@@ -81,6 +82,7 @@ class StorageService(ChunkReads, ChunkRemovals):
         self.pool = pool
         self.tags = TagCache(dedupe_max)
         self.grant_check = GrantCheck()  # chunk changes by clients need meta's write grant (server sets the key)
+        self.tenant_check = TenantCheck()  # clients touch only their tenant's chunks (server sets the resolver)
         self.forwards_total = 0
         self.reforwards_total = 0
         self.replaces_total = 0  # forwards redone as whole-chunk replaces (version gap at the successor)
@@ -125,7 +127,10 @@ class StorageService(ChunkReads, ChunkRemovals):
         if ctx.payload_crc != req.data_crc:  # the framing layer verified payload_crc already
             raise StatusError(Status.CHECKSUM_MISMATCH, "write payload does not match data_crc")
         self.check_writable()
-        self.grant_check.check(ctx.identity, req.grant, [req.chunk.inode if req.chunk else 0])
+        inodes = [req.chunk.inode if req.chunk else 0]
+        if not ctx.identity.privileged and not self.tenant_check.check(ctx.identity, inodes, "write"):
+            await self.tenant_check.check_slow(ctx.identity, inodes, "write")
+        self.grant_check.check(ctx.identity, req.grant, inodes)
         if req.sync:
             return await self._sync_write(req, payload)
         with self.foreground.busy():
@@ -137,7 +142,10 @@ class StorageService(ChunkReads, ChunkRemovals):
     async def truncate(self, req: TruncateReq, ctx: CallContext) -> WriteRsp:
         self._check_bounds(req.length, req.chunk_size)
         self.check_writable()
-        self.grant_check.check(ctx.identity, req.grant, [req.chunk.inode if req.chunk else 0])
+        inodes = [req.chunk.inode if req.chunk else 0]
+        if not ctx.identity.privileged:
+            await self.tenant_check.check_slow(ctx.identity, inodes, "truncate")
+        self.grant_check.check(ctx.identity, req.grant, inodes)
         with self.foreground.busy():
             if req.forwarded:
                 return await self._update(req, _EMPTY)
@@ -173,6 +181,10 @@ class StorageService(ChunkReads, ChunkRemovals):
 
     @handles(QUERY_CHUNKS)
     async def query_chunks(self, req: QueryChunksReq, ctx: CallContext) -> QueryChunksRsp:
+        if not ctx.identity.privileged:  # a client lists one inode's chunks, of its own tenant
+            if not req.inode:
+                raise StatusError(Status.EACCES, "listing every chunk of a target needs ADMIN")
+            await self.tenant_check.check_slow(ctx.identity, (req.inode,), "chunk listing")
         target = self.targets.get(req.target_id) if req.target_id else next(iter(self.targets.values()), None)
         if target is None:
             raise StatusError(Status.UNKNOWN_TARGET, f"target {req.target_id} is not on this node")
