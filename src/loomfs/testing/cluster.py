@@ -133,6 +133,7 @@ class LocalCluster:
         storage_config: dict[str, Any] | None = None,
         client_config: dict[str, Any] | None = None,
         mgmtd_config: dict[str, Any] | None = None,
+        meta_config: dict[str, Any] | None = None,
         fault_injection: bool = False,
         ec_targets_per_node: int = 0,
         meta_store: str | None = None,
@@ -169,6 +170,7 @@ class LocalCluster:
         self.storage_config = dict(storage_config or {})  # extra StorageConfig settings (tests)
         self.client_config = dict(client_config or {})
         self.mgmtd_config = dict(mgmtd_config or {})
+        self.meta_config = dict(meta_config or {})  # extra MetaConfig settings (tests: root_squash)
         # every process reads network-fault rules from faults/<name>.json (see ``cut``)
         self.fault_injection = fault_injection
         self._fault_rules: dict[str, list[Rule]] = {}
@@ -318,7 +320,7 @@ class LocalCluster:
             # shared SQLite file on this host
             return {"host": "127.0.0.1", "port": s.port, "node_id": s.node_id, "mgmtd": mg,
                     "data_dir": s.dir, "gc_delay_s": self.gc_delay_s, "metrics_port": s.port + METRICS_OFFSET,
-                    "store_url": self.meta_store or f"sqlite:///{self.root / 'meta.db'}"}
+                    "store_url": self.meta_store or f"sqlite:///{self.root / 'meta.db'}", **self.meta_config}
         targets = [str(Path(s.dir, f"target{j}"))
                    for j in range(1, self.targets_per_node + self.ec_targets_per_node + 1)]
         return {"host": "127.0.0.1", "port": s.port, "node_id": s.node_id, "mgmtd": mg,
@@ -596,6 +598,7 @@ class LocalCluster:
             "lease_s": self.lease_s,
             "replace_after_s": self.replace_after_s,
             "storage_config": self.storage_config,
+            "meta_config": self.meta_config,
             "auth": self.auth,
             "tls": self.tls,
             "services": [asdict(s) for s in self.services.values()],
@@ -619,6 +622,7 @@ class LocalCluster:
         self.lease_s = data.get("lease_s", self.lease_s)
         self.replace_after_s = data.get("replace_after_s", self.replace_after_s)
         self.storage_config = data.get("storage_config", self.storage_config)
+        self.meta_config = data.get("meta_config", self.meta_config)
         self.auth = data.get("auth", False)  # clusters made before auth existed run without
         self.tls = data.get("tls", False)
         self.services = {d["name"]: ServiceProc(**d) for d in data["services"]}
