@@ -44,6 +44,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from loomfs.bench.dataloader import check_torch, drop_tree
+from loomfs.bench.procio import Cost, Meter, storage_pids
 from loomfs.bench.targets import BenchTarget, LoomTarget
 from loomfs.bench.workloads import Result
 
@@ -57,7 +58,9 @@ SPAWN_TIMEOUT_S = 1800.0
 def row_names() -> list[str]:
     """The rows ``run_checkpoint`` returns for a LoomFS target, in order."""
     return ["ckpt_save_1r", "ckpt_load_1r", "ckpt_local_save", "ckpt_local_load",
+            "ckpt_disk_save_1r", "ckpt_disk_local_save",
             "ckpt_save_2r", "ckpt_load_2r", "ckpt_local_save_2r", "ckpt_local_load_2r",
+            "ckpt_disk_save_2r", "ckpt_disk_local_save_2r",
             "ckpt_block_sync_s", "ckpt_block_async_s", "ckpt_staging_copy_s"]
 
 
@@ -107,6 +110,15 @@ def _timed(fn: Callable[[], Any]) -> float:
     return time.perf_counter() - t0
 
 
+def _costs(prefix: str, client: Cost, store: Cost | None) -> dict[str, float]:
+    """A save's costs: the saving processes' CPU seconds and disk bytes (``client``), and the
+    storage processes' (``store``, LoomFS saves only)."""
+    out = {f"{prefix}client_cpu_s": client.cpu_s, f"{prefix}client_disk_bytes": float(client.write_bytes)}
+    if store is not None:
+        out |= {f"{prefix}storage_cpu_s": store.cpu_s, f"{prefix}storage_disk_bytes": float(store.write_bytes)}
+    return out
+
+
 def one_rank(fs: Any, where: str, run: str, local: str, state: dict[str, Any]) -> dict[str, float]:
     """Save and load ``state`` once through LoomFS and once through DCP's local FileSystem pair."""
     import torch.distributed.checkpoint as dcp
@@ -116,14 +128,20 @@ def one_rank(fs: Any, where: str, run: str, local: str, state: dict[str, Any]) -
     from loomfs.checkpoint import LoomStorageReader, LoomStorageWriter
 
     out: dict[str, float] = {}
+    store, me = Meter(list(storage_pids(where))), Meter([None])
+    store.start()
+    me.start()
     out["save_s"] = _timed(lambda: dcp.save(state, storage_writer=LoomStorageWriter(run, fs, step=1)))
+    out |= _costs("", me.stop(), store.stop())
     dest = empty_like(state)
     cold(None, where)
     with loomfs.connect(where) as fresh:
         out["load_s"] = _timed(lambda: dcp.load(dest, storage_reader=LoomStorageReader(run, fresh)))
     check_equal(state, dest, "LoomFS")
+    me.start()
     out["local_save_s"] = _timed(lambda: dcp.save(
         state, storage_writer=FileSystemWriter(local, sync_files=True, thread_count=THREADS)))
+    out |= _costs("local_", me.stop(), None)
     dest = empty_like(state)
     cold(local, where)
     out["local_load_s"] = _timed(lambda: dcp.load(dest, storage_reader=FileSystemReader(local)))
@@ -169,10 +187,13 @@ def _free_port() -> int:
 
 
 def rank_main(rank: int, world: int, port: int, where: str, run: str, local: str, size_bytes: int,
-              tensors: int, out_path: str) -> None:
+              tensors: int, out_path: str, store_pids: list[int]) -> None:
     """One rank of the 2-rank run (spawned): its half of the tensors under its own names,
     saved and loaded through LoomFS and through the local FileSystem pair; rank 0 writes the
-    barrier-to-barrier seconds of each phase to ``out_path`` as JSON."""
+    barrier-to-barrier seconds of each phase to ``out_path`` as JSON, with the saves' costs:
+    both ranks' CPU seconds and disk bytes, and (rank 0 measures them) the storage
+    processes' ``store_pids``."""
+    import torch
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
@@ -186,12 +207,21 @@ def rank_main(rank: int, world: int, port: int, where: str, run: str, local: str
         state = make_state(size_bytes // world, tensors // world, prefix=f"rank{rank}.", seed=11 + rank)
         secs: dict[str, float] = {}
 
-        def phase(name: str, fn: Callable[[], Any]) -> None:
+        def phase(name: str, fn: Callable[[], Any], costs: str | None = None) -> None:
+            me, store = Meter([None]), Meter(list(store_pids) if rank == 0 and costs == "" else [])
             dist.barrier()
+            me.start()
+            store.start()
             t0 = time.perf_counter()
             fn()
             dist.barrier()
             secs[name] = time.perf_counter() - t0
+            if costs is not None:
+                c, s = me.stop(), store.stop()
+                both = torch.tensor([c.cpu_s, c.write_bytes, s.cpu_s, s.write_bytes], dtype=torch.float64)
+                dist.all_reduce(both)  # the job's sums
+                c_cpu, c_disk, s_cpu, s_disk = both.tolist()
+                secs.update(_costs(costs, Cost(c_cpu, int(c_disk)), Cost(s_cpu, int(s_disk)) if costs == "" else None))
 
         def drop(local_dir: str | None) -> None:
             if rank == 0:
@@ -199,14 +229,14 @@ def rank_main(rank: int, world: int, port: int, where: str, run: str, local: str
             dist.barrier()
 
         with loomfs.connect(where) as fs:
-            phase("save_s", lambda: dcp.save(state, storage_writer=LoomStorageWriter(run, fs, step=1)))
+            phase("save_s", lambda: dcp.save(state, storage_writer=LoomStorageWriter(run, fs, step=1)), "")
         dest = empty_like(state)
         drop(None)
         with loomfs.connect(where) as fs:
             phase("load_s", lambda: dcp.load(dest, storage_reader=LoomStorageReader(run, fs)))
         check_equal(state, dest, f"LoomFS, rank {rank}")
         phase("local_save_s", lambda: dcp.save(
-            state, storage_writer=FileSystemWriter(local, sync_files=True, thread_count=THREADS)))
+            state, storage_writer=FileSystemWriter(local, sync_files=True, thread_count=THREADS)), "local_")
         dest = empty_like(state)
         drop(local)
         phase("local_load_s", lambda: dcp.load(dest, storage_reader=FileSystemReader(local)))
@@ -224,7 +254,8 @@ def two_ranks(where: str, run: str, local: str, size_bytes: int, tensors: int) -
     fd, out_path = tempfile.mkstemp(prefix="bench-ckpt-", suffix=".json")
     os.close(fd)
     try:
-        ctx = mp.spawn(rank_main, args=(RANKS, _free_port(), where, run, local, size_bytes, tensors, out_path),
+        ctx = mp.spawn(rank_main, args=(RANKS, _free_port(), where, run, local, size_bytes, tensors, out_path,
+                                             storage_pids(where)),
                        nprocs=RANKS, join=False)
         deadline = time.monotonic() + SPAWN_TIMEOUT_S
         while not ctx.join(timeout=max(1.0, deadline - time.monotonic())):
@@ -288,6 +319,7 @@ def _rows(one: Mapping[str, float], blk: Mapping[str, float], two: Mapping[str, 
             v = total / r[f"{op}_s"]
             out.append(Result(f"ckpt_{op}_{ranks}r", v, "B/s", f"local DCP {op} {ranks}r", local_vals[op],
                               {**base_extra, "seconds": r[f"{op}_s"], "MBps": v / 1e6, "target_ratio": TARGETS[op]}))
+        out += _disk_rows(r, total, ranks, sfx, lim)
     out.sort(key=lambda res: row_names().index(res.name))
     stage = blk["staging_copy_s"]
     mem_s = nbytes / lim["memcpy_Bps"]
@@ -297,6 +329,30 @@ def _rows(one: Mapping[str, float], blk: Mapping[str, float], two: Mapping[str, 
     out.append(Result("ckpt_block_async_s", blk["async_s"], "s", "staging copy", stage,
                       {**extra, "target_ratio_max": 1.0}))
     out.append(Result("ckpt_staging_copy_s", stage, "s", "memcpy", mem_s, extra))
+    return out
+
+
+def _disk_rows(r: Mapping[str, float], total: int, ranks: int, sfx: str, lim: Mapping[str, float]) -> list[Result]:
+    """What each side of a save wrote to the disk, as bytes/s against the disk's fsync'd
+    write limit: the local writer writes one copy, LoomFS one per replica (the storage
+    processes' ``write_bytes``), all to the same disk here. ``copies`` says how many; the
+    extra ``disk_bound_Bps`` is the save rate the limit allows at that many copies, and
+    ``cpu_s_per_GiB`` what the processes spent per GiB saved (for LoomFS: the storage
+    processes; ``client_cpu_s_per_GiB`` the saving ranks)."""
+    out = []
+    gib = total / (1 << 30)
+    fsync_w = lim["disk_fsync_write_Bps"]
+    for name, prefix, who in ((f"ckpt_disk_save_{ranks}r", "", "storage"),
+                              (f"ckpt_disk_local_save{sfx}", "local_", "client")):
+        secs = r[f"{prefix}save_s"]
+        disk = float(r.get(f"{prefix}{who}_disk_bytes", 0.0))
+        copies = disk / total if total else 0.0
+        extra = {"bytes": total, "ranks": ranks, "disk_bytes": disk, "copies": copies, "seconds": secs,
+                 "MBps": disk / secs / 1e6, "disk_bound_Bps": fsync_w / copies if copies else 0.0,
+                 "save_vs_disk_bound": (total / secs) / (fsync_w / copies) if copies else 0.0,
+                 "cpu_s_per_GiB": r.get(f"{prefix}{who}_cpu_s", 0.0) / gib if gib else 0.0,
+                 "client_cpu_s_per_GiB": r.get(f"{prefix}client_cpu_s", 0.0) / gib if gib else 0.0}
+        out.append(Result(name, disk / secs, "B/s", "local disk write+fsync", fsync_w, extra))
     return out
 
 
