@@ -18,7 +18,7 @@ def test_fast_stat_matches_and_raises_errno(fs: loomfs.LoomFS, base: str) -> Non
     fs.stat(base)  # the first call may go the async way (picks the meta server)
     fast = fs._fast
     assert fast is not None
-    before = fast.calls
+    before, fell_back = fast.calls, fast.fallbacks
     st = fs.stat(f"{base}/l")
     assert st.st_size == 5
     slow = fs.run(fs.client.stat(f"{base}/l"))
@@ -29,6 +29,7 @@ def test_fast_stat_matches_and_raises_errno(fs: loomfs.LoomFS, base: str) -> Non
         fs.stat(f"{base}/f/x")
     assert fs.exists(f"{base}/f") and not fs.exists(f"{base}/nope")
     assert fast.calls >= before + 5  # all of those went the fast way
+    assert fast.fallbacks == fell_back  # answered there (authenticated as the async path is)
 
     errors: list[BaseException] = []
 

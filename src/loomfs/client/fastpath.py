@@ -8,6 +8,13 @@ calling thread, with the same frames and checks. Anything unusual (no meta serve
 yet, a broken connection, a malformed reply, a protocol status) raises ``Unavailable`` and
 the caller takes the ordinary async path, which owns failover and retries. POSIX errors
 (ENOENT, ENOTDIR, ...) are real answers and are raised as they are.
+
+A connection proves the same credential as the async core's (the HELLO/PROVE handshake of
+``loomfs.wire.auth``, inside TLS when the core uses TLS), so meta sees the same caller and
+applies the same permission checks on both paths. A refused or expired credential drops the
+socket (the next call shakes hands again, with the token file as it is then) and the call
+goes the async way, which reports the refusal. Under fault injection (a transport that is not
+plain TCP) the fast path stays off: the rules must see every connection.
 """
 
 from __future__ import annotations
@@ -15,16 +22,21 @@ from __future__ import annotations
 import itertools
 import logging
 import socket
+import ssl
 import struct
 import threading
 from typing import Any
 
 from loomfs.common import trace
 from loomfs.errors import from_status
+from loomfs.net.auth import client_proof, new_nonce, server_proof
+from loomfs.net.credentials import Credential
+from loomfs.net.tcp import TcpTransport
 from loomfs.net.transport import Address
+from loomfs.wire import auth as wa
 from loomfs.wire import frame as fr
 from loomfs.wire.message import Message, Method
-from loomfs.wire.status import Status
+from loomfs.wire.status import AUTH_STATUSES, RETRYABLE, Status
 
 logger = logging.getLogger(__name__)
 
@@ -38,10 +50,17 @@ class Unavailable(Exception):
 class _Conn:
     __slots__ = ("address", "sock", "buf")
 
-    def __init__(self, address: Address, timeout_s: float):
+    def __init__(self, address: Address, timeout_s: float, tls: ssl.SSLContext | None = None):
         self.address = address
-        self.sock = socket.create_connection((address.host, address.port), timeout=timeout_s)
-        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock = socket.create_connection((address.host, address.port), timeout=timeout_s)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if tls is not None:
+            try:
+                sock = tls.wrap_socket(sock, server_hostname=address.host)
+            except BaseException:
+                sock.close()
+                raise
+        self.sock = sock
         # the kernel keeps the deadline (each send/recv gives up after timeout_s): a Python
         # socket timeout would add a poll() before every send and every receive
         tv = struct.pack("ll", int(timeout_s), int((timeout_s % 1) * 1_000_000))
@@ -97,6 +116,60 @@ class SyncMetaPath:
         self.calls = 0
         self.fallbacks = 0
 
+    def _transport_parts(self) -> tuple[Credential | None, ssl.SSLContext | None]:
+        """The credential and TLS context the async core's connections use; ``Unavailable``
+        when its transport is not plain TCP (fault injection, the simulator)."""
+        rpc = self._meta.rpc
+        transport = getattr(rpc, "transport", None)
+        if not isinstance(transport, TcpTransport):
+            raise Unavailable(f"transport {type(transport).__name__}")
+        auth = transport.auth
+        return rpc.credential, (auth.tls_client if auth is not None else None)
+
+    def _connect(self, address: Address) -> _Conn:
+        """A new connection to ``address``, authenticated as the async core's connections are."""
+        cred, tls = self._transport_parts()
+        conn = _Conn(address, self.timeout_s, tls)
+        try:
+            if cred is not None:
+                self._handshake(conn, cred)
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    def _handshake(self, conn: _Conn, cred: Credential) -> None:
+        client_nonce = new_nonce()
+        h = self._exchange(conn, wa.HELLO, wa.HelloReq(client_nonce=client_nonce))
+        if h.status != Status.OK:
+            raise Unavailable(f"handshake: status {h.status}")
+        hello = wa.HelloRsp.from_wire(h.body)
+        if not hello.auth_required:
+            return  # a server without a cluster secret
+        if len(hello.server_nonce) != wa.NONCE_BYTES:
+            raise Unavailable("handshake: bad server nonce")
+        proof = client_proof(cred.key, hello.server_nonce, client_nonce)
+        h = self._exchange(conn, wa.PROVE, wa.ProveReq(claims=cred.claims.to_wire(), proof=proof))
+        if h.status != Status.OK:
+            raise Unavailable(f"handshake refused: status {h.status}")  # the async path reports it
+        rsp = wa.ProveRsp.from_wire(h.body)
+        if rsp.server_proof != server_proof(cred.key, hello.server_nonce, client_nonce):
+            raise Unavailable("the server did not prove the cluster secret")
+
+    def _exchange(self, conn: _Conn, m: Method, req: Message) -> fr.Header:
+        """Send one request and receive its reply's header (checked: kind, request id, CRCs)."""
+        rid = next(self._ids)
+        header = fr.Header(m.service, m.method, rid, int(self.timeout_s * 1000), 0, "", req.to_wire(),
+                           0, trace.outgoing())
+        conn.sock.sendall(fr.encode(fr.KIND_REQUEST, header))
+        prefix, rest = conn.recv_frame()
+        if prefix.kind != fr.KIND_RESPONSE:
+            raise fr.FrameError("not a response")
+        h = fr.decode_header(prefix, rest[: prefix.header_len])
+        if h.request_id != rid or (prefix.payload_len and fr.crc(rest[prefix.header_len:]) != prefix.payload_crc):
+            raise fr.FrameError("reply does not match the request")
+        return h
+
     def call(self, m: Method, req: Message, *, resend_safe: bool = False) -> Any:
         """``resend_safe``: the caller accepts that a call whose reply was lost (``Unavailable``
         after sending) is sent again by the async path, as ``MetaClient`` re-sends a
@@ -112,30 +185,26 @@ class SyncMetaPath:
             if conn is None or conn.address != address:
                 if conn is not None:
                     conn.close()
-                conn = self._local.conn = _Conn(address, self.timeout_s)
-            rid = next(self._ids)
-            header = fr.Header(m.service, m.method, rid, int(self.timeout_s * 1000), 0, "", req.to_wire(),
-                               0, trace.outgoing())
-            conn.sock.sendall(fr.encode(fr.KIND_REQUEST, header))
-            prefix, rest = conn.recv_frame()
-            if prefix.kind != fr.KIND_RESPONSE:
-                raise fr.FrameError("not a response")
-            h = fr.decode_header(prefix, rest[: prefix.header_len])
-            if h.request_id != rid or (prefix.payload_len and fr.crc(rest[prefix.header_len:]) != prefix.payload_crc):
-                raise fr.FrameError("reply does not match the request")
-        except (OSError, fr.FrameError) as exc:
+                    self._local.conn = None
+                conn = self._local.conn = self._connect(address)
+            h = self._exchange(conn, m, req)
+        except (OSError, fr.FrameError, Unavailable) as exc:
             if conn is not None:
                 conn.close()
             self._local.conn = None
             self.fallbacks += 1
-            raise Unavailable(str(exc)) from exc
-        self.calls += 1
+            raise exc if isinstance(exc, Unavailable) else Unavailable(str(exc)) from exc
         if h.status != Status.OK:
             status = Status(h.status) if h.status in Status._value2member_map_ else Status.INTERNAL
-            if status.is_errno:
+            if status.is_errno and status not in RETRYABLE:
+                self.calls += 1
                 raise from_status(h.status, h.message)
+            if status in AUTH_STATUSES:  # an expired or revoked token: shake hands again next time
+                conn.close()
+                self._local.conn = None
             self.fallbacks += 1
-            raise Unavailable(status.name)  # shutting down, ...: the async path handles it
+            raise Unavailable(status.name)  # shutting down, EAGAIN, ...: the async path handles it
+        self.calls += 1
         return m.response.from_wire(h.body)
 
     def close(self) -> None:
