@@ -168,6 +168,34 @@ def test_uid_gid_maps(cluster: LocalCluster) -> None:
         fs.rm(top, recursive=True)
 
 
+def _bdi_read_ahead_kb(mp: Path) -> int:
+    with open("/proc/self/mountinfo") as f:
+        dev = [line.split()[2] for line in f if line.split()[4] == str(mp)][-1]
+    return int(Path(f"/sys/class/bdi/{dev}/read_ahead_kb").read_text())
+
+
+def test_read_requests_are_read_ahead_sized(cluster: LocalCluster) -> None:
+    """The mount's bdi read-ahead outlives FUSE's INIT (whose reply lowers it to 128 KiB) and
+    the kernel sends 1 MiB reads (counted by the mount: user.loomfs.stats); read_ahead_kb=256
+    gives 256 KiB ones."""
+    import json
+
+    data = os.urandom(6 << 20)
+    for opts, kb in (((), 1024), (("-o", "read_ahead_kb=256"), 256)):
+        with mounted(cluster, *opts) as mp:
+            p = mp / f"ra-{os.getpid()}-{kb}"
+            with loomfs.connect(str(cluster.root)) as fs:
+                fs.pipe(f"/{p.name}", data)
+            assert _bdi_read_ahead_kb(mp) == kb
+            assert _read_through(p) == data
+            stats = json.loads(os.getxattr(mp, "user.loomfs.stats"))
+            sizes = {int(k): v for k, v in stats["read_sizes"].items()}
+            assert max(sizes) == kb << 10, sizes
+            assert stats["read_bytes"] >= len(data)
+            assert stats["requests"]["read"] == sum(sizes.values())
+            p.unlink()
+
+
 def test_bench_mount_runs(cluster: LocalCluster) -> None:
     """``loomfs bench --mount``'s code path on tiny sizes: every workload has a figure for
     the mount, the native client and the local directory (speed is not asserted here)."""

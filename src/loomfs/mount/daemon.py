@@ -123,8 +123,11 @@ def serve(target: str, mountpoint: str, options: MountOptions, pid_file: str | N
     clear_stale(mountpoint)
     fs = loomfs.connect(target, consistency=options.consistency)
     ops = LoomOperations(fs.client, fs.loop, options)
+    # the bdi read-ahead (the size of read requests) is set once INIT is answered: the reply
+    # lowers it to what the kernel offered when it mounted (128 KiB), so setting it any
+    # earlier is undone and every read stays a 128 KiB request
+    ops.after_init = lambda: _set_read_ahead(mountpoint, options.read_ahead_kb)
     pyfuse3.init(ops, mountpoint, options.fuse_options(f"loomfs:{target}"))
-    _set_read_ahead(mountpoint, options.read_ahead_kb)  # from mountinfo: a stat would wait for main()
     if options.loop == "shared":
         fuse_loop = fs.loop
         done = asyncio.run_coroutine_threadsafe(pyfuse3.main(max_tasks=options.max_tasks), fuse_loop)
@@ -176,7 +179,8 @@ def serve(target: str, mountpoint: str, options: MountOptions, pid_file: str | N
 
 
 def _set_read_ahead(mountpoint: str, kb: int) -> None:
-    """1 MiB read requests need the bdi's read-ahead raised (FUSE's default is 128 KiB)."""
+    """1 MiB read requests need the bdi's read-ahead raised (FUSE's default is 128 KiB).
+    Sync sysfs write on the loop: a few microseconds, once."""
     if kb <= 0:
         return
     try:
@@ -185,5 +189,6 @@ def _set_read_ahead(mountpoint: str, kb: int) -> None:
         if not devs:
             raise OSError(errno.ENOENT, "not in mountinfo", mountpoint)
         Path(f"/sys/class/bdi/{devs[-1]}/read_ahead_kb").write_text(str(kb))
+        logger.info("read_ahead_kb of bdi %s set to %d", devs[-1], kb)
     except OSError as exc:
         logger.info("read_ahead_kb not set (%s); reads stay in 128 KiB requests", exc)

@@ -22,8 +22,13 @@ P = ParamSpec("P")
 
 
 def fuse_errors(fn: Callable[P, Coroutine[Any, Any, T]]) -> Callable[P, Coroutine[Any, Any, T]]:
+    name = fn.__name__
+
     @functools.wraps(fn)
     async def wrapper(*args: P.args, **kw: P.kwargs) -> T:
+        stats = getattr(args[0], "stats", None)  # LoomOperations's MountStats
+        if stats is not None:
+            stats.requests[name] += 1
         try:
             return await fn(*args, **kw)
         except pyfuse3.FUSEError:

@@ -20,6 +20,7 @@ from loomfs.mount.dirs import DirStream
 from loomfs.mount.edge import Handle, fuse_errors, join
 from loomfs.mount.inodes import InodeTable
 from loomfs.mount.options import MountOptions
+from loomfs.mount.stats import MountStats
 from loomfs.wire.meta import SetattrReq
 from loomfs.wire.types import Attr
 
@@ -36,6 +37,7 @@ class FileOps(pyfuse3.Operations):
     _cached: dict[int, tuple[int, int, int] | None]  # inode -> the version its kernel pages hold
     _next_fh: int
     _read_buffers: dict[int, list[bytearray]]  # request size -> free reply buffers
+    stats: MountStats
 
     if TYPE_CHECKING:  # LoomOperations's
         async def call(self, coro: Coroutine[Any, Any, T]) -> T: ...
@@ -160,11 +162,16 @@ class FileOps(pyfuse3.Operations):
         free = self._read_buffers.setdefault(size, [])
         buf = free.pop() if free else bytearray(size)  # fresh memory costs a page fault per 4 KiB
         w = h if h.writable else self._writer(h.inode)
-        if w is not None:  # through the writer's file: what any descriptor here wrote
-            async with w.lock:
-                n = await self.call(w.file.pread(off, memoryview(buf)))
-        else:
-            n = await self.call(h.file.pread(off, memoryview(buf)))
+        self.stats.read_started(size)
+        n = 0
+        try:
+            if w is not None:  # through the writer's file: what any descriptor here wrote
+                async with w.lock:
+                    n = await self.call(w.file.pread(off, memoryview(buf)))
+            else:
+                n = await self.call(h.file.pread(off, memoryview(buf)))
+        finally:
+            self.stats.read_done(n)
         # pyfuse3 copies the reply to the kernel as soon as this returns, before any other
         # request handler runs on this loop: the buffer may go back to the free list now
         # (only after a read that finished: a failed one may still have fetches writing it)

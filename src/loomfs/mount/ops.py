@@ -14,7 +14,7 @@ import asyncio
 import errno
 import os
 import stat
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 import pyfuse3
@@ -29,6 +29,7 @@ from loomfs.mount.files import FileOps
 from loomfs.mount.inodes import ROOT_INODE, InodeTable
 from loomfs.mount.options import MountOptions
 from loomfs.mount.orphans import OrphanOps, Orphans, hidden
+from loomfs.mount.stats import STATS_XATTR, MountStats
 from loomfs.mount.xattrs import LAYOUT_XATTR, decode_layout, encode_layout
 from loomfs.wire.meta import SetattrReq
 from loomfs.wire.types import Attr, FileType
@@ -61,6 +62,15 @@ class LoomOperations(OrphanOps, FileOps):
         self._read_buffers: dict[int, list[bytearray]] = {}  # request size -> free reply buffers
         self._dirs: dict[int, tuple[int, int]] = {}  # directory inode -> (mode, gid) last seen
         self.orphans = Orphans()  # open files kept past their last name (loomfs.mount.orphans)
+        self.stats = MountStats()  # what the kernel sent (user.loomfs.stats on the root)
+        # run on this loop once the kernel's INIT is answered (the bdi read-ahead: INIT's
+        # reply sets it to min(itself, what the kernel offered at mount time, 128 KiB))
+        self.after_init: Callable[[], None] | None = None
+
+    def init(self) -> None:
+        # called inside INIT, before libfuse replies: the callback runs after the reply
+        if self.after_init is not None:
+            asyncio.get_running_loop().call_soon(self.after_init)
 
     def __repr__(self) -> str:
         return f"LoomOperations({self.inodes!r}, handles={len(self.handles)}, loop={self.options.loop})"
@@ -288,6 +298,8 @@ class LoomOperations(OrphanOps, FileOps):
 
     @fuse_errors
     async def getxattr(self, inode: int, name: bytes, ctx: Any) -> bytes:
+        if name == STATS_XATTR and inode == ROOT_INODE:
+            return self.stats.as_json()
         path = self._inode_path(inode)
         if name != LAYOUT_XATTR:  # stored (user.*: meta answers ENOTSUP for other namespaces)
             return await self.call(self.client.meta.getxattr(path, name, False))
