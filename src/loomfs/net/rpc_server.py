@@ -19,7 +19,7 @@ from loomfs.errors import (
     status_for_exception,
 )
 from loomfs.net.auth import UNAUTHENTICATED, AuthError, new_nonce
-from loomfs.net.budget import PROCESS_BUDGET, ByteBudget
+from loomfs.net.budget import PROCESS_BUDGET, TENANT_BUDGETS, ByteBudget, TenantBudgets
 from loomfs.net.buffers import DEFAULT_POOL, Buffer, BufferPool
 from loomfs.net.limits import ServerLimits, sweep_forever
 from loomfs.net.policy import needs_of
@@ -48,9 +48,11 @@ class RpcServer:
         pool: BufferPool = DEFAULT_POOL,
         limits: ServerLimits | None = None,
         budget: ByteBudget = PROCESS_BUDGET,
+        tenant_budgets: TenantBudgets = TENANT_BUDGETS,
     ):
         """``limits``: connection cap, per-connection bounds and timeouts; ``budget``: the
-        bytes of request payloads (and headers) all servers of this process may hold."""
+        bytes of request payloads (and headers) all servers of this process may hold;
+        ``tenant_budgets``: what one tenant's connections may hold of it (``net.budget``)."""
         self.name = name
         self.transport = transport
         limits = limits or ServerLimits()
@@ -59,6 +61,7 @@ class RpcServer:
         self.limits = limits
         self.inflight_per_connection_max = limits.inflight_per_connection_max
         self.budget = budget
+        self.tenant_budgets = tenant_budgets
         self.pool = pool
         self._handlers: dict[tuple[int, int], tuple[Method, Handler, Right]] = {}
         # checks credentials at connect when the transport has a cluster secret (None: TRUSTED)
@@ -150,7 +153,12 @@ class _ServerConnection:
         self._conn_bytes_max = server.limits.inflight_bytes_per_connection_max
         self._budget_cancel: Callable[[], None] | None = None  # queued at the process budget
         self._granted_bytes = 0  # the budget granted our queued payload; not yet taken
-        self._bufs: dict[int, tuple[Buffer, int]] = {}
+        # the budget this connection's tenant shares (a token's, not a service's or an admin's);
+        # set when the peer authenticates, taken before the process budget
+        self.tenant_budget: ByteBudget | None = None
+        self._tenant: str | None = None
+        self._tenant_held = 0  # a queued payload's bytes taken from the tenant budget, not yet the process's
+        self._bufs: dict[int, tuple[Buffer, int, ByteBudget | None]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         # sweeper state (net.limits)
         self.seen_frames = 0
@@ -164,11 +172,13 @@ class _ServerConnection:
             return None
         cost = length + header.wire_bytes
         budget = self.server.budget
+        tb = self.tenant_budget
         used = budget.used_bytes
         if self._granted_bytes:
-            self._granted_bytes = 0  # the budget took ``cost`` for us while we waited
+            self._granted_bytes = 0  # the budgets took ``cost`` for us while we waited
         elif (self.refused or budget.waiters or (used and used + cost > budget.limit_bytes)
-              or (self.inflight_bytes and self.inflight_bytes + cost > self._conn_bytes_max)):
+              or (self.inflight_bytes and self.inflight_bytes + cost > self._conn_bytes_max)
+              or (tb is not None and (tb.waiters or (tb.used_bytes and tb.used_bytes + cost > tb.limit_bytes)))):
             if self.refused or not self._admit(cost):
                 return None
         else:  # the common case, inlined (this runs for every request with a payload)
@@ -176,27 +186,66 @@ class _ServerConnection:
             budget.used_bytes = used
             if used > budget.peak_bytes:
                 budget.peak_bytes = used
+            if tb is not None:
+                tb.force(cost)
         self.inflight_bytes += cost
         buf = self.server.pool.acquire(length)
-        self._bufs[id(header)] = (buf, cost)
+        self._bufs[id(header)] = (buf, cost, tb)
         return memoryview(buf)[:length]
 
     def _admit(self, cost: int) -> bool:
+        """Take ``cost`` from the connection's bound, then its tenant's budget, then the
+        process's; else queue where it does not fit (reading stops until it does)."""
         server = self.server
         if self.inflight_bytes and self.inflight_bytes + cost > self._conn_bytes_max:
             self._conn_wait_bytes = cost
+        elif not self._take_tenant(cost):
+            pass  # queued at the tenant's budget
         elif server.budget.try_acquire(cost):
+            self._tenant_held = 0
             return True
         else:
             self._budget_cancel = server.budget.wait(cost, lambda: self._on_grant(cost))
         self._reading_stopped = True  # the channel stops reading until the bytes are there
         return False
 
+    def _take_tenant(self, cost: int) -> bool:
+        tb = self.tenant_budget
+        if tb is None or self._tenant_held:
+            return True
+        if tb.try_acquire(cost):
+            self._tenant_held = cost
+            return True
+        self._budget_cancel = tb.wait(cost, lambda: self._on_tenant_grant(cost))
+        return False
+
+    def _on_tenant_grant(self, cost: int) -> None:
+        """The tenant's budget granted ``cost``: now the process budget."""
+        self._budget_cancel = None
+        self._tenant_held = cost
+        if self.channel.closed:
+            self._drop_tenant_held()
+            return
+        budget = self.server.budget
+        if budget.try_acquire(cost):
+            self._tenant_held = 0
+            self._granted_bytes = cost
+            self._maybe_resume()
+        else:
+            self._budget_cancel = budget.wait(cost, lambda: self._on_grant(cost))
+
+    def _drop_tenant_held(self) -> None:
+        if self._tenant_held and self.tenant_budget is not None:
+            self.tenant_budget.release(self._tenant_held)
+        self._tenant_held = 0
+
     def _on_grant(self, cost: int) -> None:
         self._budget_cancel = None
         if self.channel.closed:
             self.server.budget.release(cost)
+            self._drop_tenant_held()
             return
+        self._tenant_held = 0
         self._granted_bytes = cost
         self._maybe_resume()
 
@@ -210,8 +259,10 @@ class _ServerConnection:
             self._reading_stopped = False
             self.channel.resume_reading()
 
-    def _release(self, cost: int) -> None:
+    def _release(self, cost: int, tb: ByteBudget | None) -> None:
         self.inflight_bytes -= cost
+        if tb is not None:
+            tb.release(cost)
         budget = self.server.budget
         budget.used_bytes -= cost
         if budget.waiters:
@@ -243,20 +294,26 @@ class _ServerConnection:
             return
         entry = self._bufs.pop(id(header), None)
         if entry is None:  # no payload: the header's bytes are charged now, admitted regardless
-            buf, cost = None, header.wire_bytes
+            buf, cost, tb = None, header.wire_bytes, self.tenant_budget
             self.inflight_bytes += cost
             budget = self.server.budget
             budget.used_bytes += cost
-            if budget.used_bytes >= budget.limit_bytes and self._budget_cancel is None:
-                self._budget_cancel = budget.wait(0, self._on_budget_below_limit)
-                self._stop_reading()
+            if tb is not None:
+                tb.force(cost)
+            if self._budget_cancel is None:
+                if budget.used_bytes >= budget.limit_bytes:
+                    self._budget_cancel = budget.wait(0, self._on_budget_below_limit)
+                    self._stop_reading()
+                elif tb is not None and tb.used_bytes >= tb.limit_bytes:
+                    self._budget_cancel = tb.wait(0, self._on_budget_below_limit)
+                    self._stop_reading()
         else:
-            buf, cost = entry
+            buf, cost, tb = entry
         self.inflight += 1
         if self.inflight >= self.server.limits.inflight_per_connection_max and not self._count_paused:
             self._count_paused = True
             self._stop_reading()
-        task = asyncio.get_running_loop().create_task(self._handle(header, payload, buf, crc_ok, cost))
+        task = asyncio.get_running_loop().create_task(self._handle(header, payload, buf, crc_ok, cost, tb))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
@@ -267,16 +324,22 @@ class _ServerConnection:
 
     def connection_lost(self, exc: BaseException | None) -> None:
         self.server._connections.discard(self)
-        for buf, cost in self._bufs.values():
+        for buf, cost, tb in self._bufs.values():
             self.server.pool.release(buf)
-            self._release(cost)
+            self._release(cost, tb)
         self._bufs.clear()
         if self._budget_cancel is not None:
             self._budget_cancel()
             self._budget_cancel = None
         if self._granted_bytes:
             self.server.budget.release(self._granted_bytes)
+            if self.tenant_budget is not None:
+                self.tenant_budget.release(self._granted_bytes)
             self._granted_bytes = 0
+        self._drop_tenant_held()
+        if self._tenant is not None:
+            self.server.tenant_budgets.detach(self._tenant)
+            self._tenant = None
 
     # ---- authentication (``loomfs.wire.auth``) -------------------------------------------------
     def _auth_frame(self, header: fr.Header) -> None:
@@ -296,6 +359,9 @@ class _ServerConnection:
                 prove = wa.ProveReq.from_wire(header.body)
                 ok = verifier.verify(prove.claims, prove.proof, *self._nonces)
                 self.identity, self.expires_at_s, self.authenticated = ok.identity, ok.expires_at_s, True
+                if not ok.identity.privileged and self._tenant is None and not self.channel.closed:
+                    self._tenant = ok.identity.tenant  # its connections share one budget
+                    self.tenant_budget = self.server.tenant_budgets.attach(self._tenant)
                 self._auth_step = 2
                 logger.debug("%s: %s authenticated as %s", self.server.name, self.channel.peer,
                              ok.identity.token_id)
@@ -375,7 +441,8 @@ class _ServerConnection:
         self.connection_lost(None)  # the transport may report it later; our books close now
 
     async def _handle(
-        self, header: fr.Header, payload: memoryview, buf: Buffer | None, crc_ok: bool, cost: int
+        self, header: fr.Header, payload: memoryview, buf: Buffer | None, crc_ok: bool, cost: int,
+        tb: ByteBudget | None,
     ) -> None:
         server = self.server
         server.requests_total += 1
@@ -437,6 +504,10 @@ class _ServerConnection:
                 server.pool.release(buf)
             self.inflight -= 1
             self.inflight_bytes -= cost  # _release, inlined
+            if tb is not None:
+                tb.used_bytes -= cost
+                if tb.waiters:
+                    tb.wake()
             budget = server.budget
             budget.used_bytes -= cost
             if budget.waiters:
