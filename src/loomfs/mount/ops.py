@@ -30,7 +30,7 @@ from loomfs.mount.inodes import ROOT_INODE, InodeTable
 from loomfs.mount.options import MountOptions
 from loomfs.mount.orphans import OrphanOps, Orphans, hidden
 from loomfs.mount.stats import STATS_XATTR, MountStats
-from loomfs.mount.xattrs import LAYOUT_XATTR, decode_layout, encode_layout
+from loomfs.mount.xattrs import LAYOUT_XATTR, XattrProbes, decode_layout, encode_layout
 from loomfs.wire.meta import SetattrReq
 from loomfs.wire.types import Attr, FileType
 
@@ -63,6 +63,7 @@ class LoomOperations(OrphanOps, FileOps):
         self._dirs: dict[int, tuple[int, int]] = {}  # directory inode -> (mode, gid) last seen
         self.orphans = Orphans()  # open files kept past their last name (loomfs.mount.orphans)
         self.stats = MountStats()  # what the kernel sent (user.loomfs.stats on the root)
+        self.xattr_probes = XattrProbes()  # setxattr's flags, from pyfuse3's check before it
         # run on this loop once the kernel's INIT is answered (the bdi read-ahead: INIT's
         # reply sets it to min(itself, what the kernel offered at mount time, 128 KiB))
         self.after_init: Callable[[], None] | None = None
@@ -302,7 +303,14 @@ class LoomOperations(OrphanOps, FileOps):
             return self.stats.as_json()
         path = self._inode_path(inode)
         if name != LAYOUT_XATTR:  # stored (user.*: meta answers ENOTSUP for other namespaces)
-            return await self.call(self.client.meta.getxattr(path, name, False))
+            try:
+                value = await self.call(self.client.meta.getxattr(path, name, False))
+            except OSError as exc:
+                if exc.errno == errno.ENODATA:
+                    self.xattr_probes.seen(ctx, inode, name, present=False)
+                raise
+            self.xattr_probes.seen(ctx, inode, name, present=True)
+            return value
         attr = await self._attr(path)
         if attr.type not in _XATTR_HOLDERS:  # symlinks, FIFOs, sockets, devices: no user attributes
             raise pyfuse3.FUSEError(errno.ENODATA)
@@ -319,14 +327,17 @@ class LoomOperations(OrphanOps, FileOps):
 
     @fuse_errors
     async def setxattr(self, inode: int, name: bytes, value: bytes, ctx: Any) -> None:
-        # pyfuse3 answers XATTR_CREATE / XATTR_REPLACE itself, with a getxattr first (so two
-        # clients creating one name at once may both succeed); the kernel checked the
-        # caller's permission (default_permissions) and meta checks the mount's
+        # pyfuse3 does not pass XATTR_CREATE / XATTR_REPLACE: it checks them with a getxattr
+        # first, in this request; what that check found says which flag it was, and meta
+        # applies that flag in its own transaction (two clients creating one name at once:
+        # one gets EEXIST). The kernel checked the caller's permission (default_permissions)
+        # and meta checks the mount's.
         if self.options.read_only:
             raise pyfuse3.FUSEError(errno.EROFS)
         path = self._inode_path(inode)
         if name != LAYOUT_XATTR:
-            await self.call(xattrs.setxattr(self.client, path, name, value, follow_symlinks=False))
+            flags = self.xattr_probes.flags_for(ctx, inode, name)
+            await self.call(xattrs.setxattr(self.client, path, name, value, flags, follow_symlinks=False))
             return
         attr = await self._attr(path)
         if attr.type != FileType.DIRECTORY:
