@@ -34,6 +34,8 @@ DATALOADER_LOCAL = {n.replace("dl_", "dl_local_", 1) for n in DATALOADER}
 CHECKPOINT = {
     *(f"ckpt_{op}_{r}r" for op in ("save", "load") for r in (1, 2)),
     "ckpt_local_save", "ckpt_local_load", "ckpt_local_save_2r", "ckpt_local_load_2r",
+    # what each side of a save wrote to the disk, against the disk's fsync'd-write limit
+    "ckpt_disk_save_1r", "ckpt_disk_local_save", "ckpt_disk_save_2r", "ckpt_disk_local_save_2r",
     "ckpt_block_sync_s", "ckpt_block_async_s", "ckpt_staging_copy_s",
 }
 LIMIT_KEYS = {"loopback_tcp_Bps", "loopback_tcp_2streams_Bps", "round_trips_per_s", "round_trips_2pairs_per_s",
