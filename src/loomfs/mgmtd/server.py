@@ -82,7 +82,11 @@ async def serve(config: MgmtdConfig, *, ready: asyncio.Event | None = None) -> N
         store.load(state, service.clock.monotonic())
         service.persist()
     server.add_service(service)
-    server.add_service(RevokedTokens(Path(config.data_dir, "revoked.json")))  # loomfs admin token revoke
+    # loomfs admin token revoke: the list is kept in the cluster state (the store), see mgmtd.revoked
+    revoked = RevokedTokens(service, Path(config.data_dir, "revoked.json"))
+    server.add_service(revoked)
+    if store is not None:
+        await revoked.adopt()
     address = await server.start(Address(config.host, config.port))
     if election is not None:
         election.address = f"{config.host}:{address.port}"
@@ -113,6 +117,7 @@ async def serve(config: MgmtdConfig, *, ready: asyncio.Event | None = None) -> N
                 await election.step()
                 if election.is_primary and service.loaded_term != election.term:
                     await service.take_over()
+                    await revoked.adopt()  # the store's revoked tokens, for this process's verifier too
                 await service.tick_ha()
             else:
                 service.tick()

@@ -60,8 +60,8 @@ class MgmtdService:
         self.clock = clock
         self._saved_version = state.version
 
-    def persist(self) -> None:
-        if self.store is not None and self.state.version != self._saved_version:
+    def persist(self, *, force: bool = False) -> None:
+        if self.store is not None and (force or self.state.version != self._saved_version):
             self.store.save(self.state)
             self._saved_version = self.state.version
 
@@ -84,12 +84,14 @@ class MgmtdService:
         self.state.clear()  # what was not saved must not be served: the next term loads the store
         self._saved_version = self.state.version
 
-    async def _commit(self) -> None:
+    async def _commit(self, *, force: bool = False) -> None:
+        """Save the state if its version moved (``force``: a change that does not touch routing,
+        such as a revoked token). HA: a conditional save; refused, this process stands down."""
         if self.election is None:
-            self.persist()
+            self.persist(force=force)
             return
         assert self.ha_store is not None
-        if self.state.version == self._saved_version:
+        if not force and self.state.version == self._saved_version:
             return
         try:
             ok = await self.ha_store.save(self.state, self.election.holder)

@@ -141,6 +141,9 @@ class ClusterState:
         self.targets: dict[int, TargetRecord] = {}
         self.chains: dict[int, ChainRecord] = {}
         self.tables: dict[int, TableRecord] = {}
+        # revoked token id -> wall-clock time it may be forgotten (``mgmtd.revoked``); saved with
+        # the rest, so with several mgmtd the primary's revocations survive a failover
+        self.revoked_tokens: dict[str, float] = {}
         self._routing_cache: RoutingInfo | None = None
 
     def clear(self) -> None:
@@ -151,6 +154,7 @@ class ClusterState:
         self.targets.clear()
         self.chains.clear()
         self.tables.clear()
+        self.revoked_tokens.clear()
         self._routing_cache = None
 
     # ---- events ----------------------------------------------------------------------------

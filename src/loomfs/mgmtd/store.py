@@ -85,6 +85,8 @@ def decode_rows(rows: Iterable[Sequence[Any]], state: ClusterState, now_s: float
             state.tables[v["table_id"]] = TableRecord(**v)
         elif kind == "version":
             state.version = v + 1  # a new incarnation always advertises a newer version
+        elif kind == "revoked":  # token id -> until (wall-clock s): mgmtd.revoked
+            state.revoked_tokens = {str(t): float(u) for t, u in v.items()}
 
 
 def encode_rows(state: ClusterState) -> list[Row]:
@@ -101,4 +103,6 @@ def encode_rows(state: ClusterState) -> list[Row]:
              for c in state.chains.values()]
     rows += [("table", t.table_id, msgpack.packb({f: getattr(t, f) for f in TableRecord.__slots__}))
              for t in state.tables.values()]
+    if state.revoked_tokens:
+        rows.append(("revoked", 0, msgpack.packb(state.revoked_tokens)))
     return rows
