@@ -11,6 +11,10 @@ resident only once touched, an idle connection can hand its buffer back
 connections goes back to the pool or, past its bound, to the OS. A sink may answer
 ``payload_buffer`` with ``None`` (no budget for the payload now): the protocol then stops
 reading and asks again on ``resume_reading``.
+
+With a ``bulk`` receiver (the client side), the rest of a large payload is received on a
+receive thread (``net.bulkrecv``) while this connection's reading is paused; the server side
+passes none and receives everything on its loop.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from loomfs.net.buffers import BufferPool
+from loomfs.net.bulkrecv import BULK_MIN_BYTES, BulkJob, BulkReceiver
 from loomfs.wire import frame as fr
 
 logger = logging.getLogger(__name__)
@@ -61,8 +66,11 @@ class FrameProtocol(asyncio.BufferedProtocol):
         sink_factory: Callable[[FrameProtocol], FrameSink],
         *,
         max_payload_bytes: int = fr.DEFAULT_MAX_PAYLOAD_BYTES,
+        bulk: BulkReceiver | None = None,
     ):
         self.max_payload_bytes = max_payload_bytes
+        self._bulk = bulk
+        self._bulk_job: BulkJob | None = None  # the payload being received on a receive thread
         self._sink_factory = sink_factory
         self.sink: FrameSink | None = None
         self.transport: asyncio.Transport | None = None
@@ -147,6 +155,7 @@ class FrameProtocol(asyncio.BufferedProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._closed = True
         self._stalled = None
+        self._cancel_bulk()
         self._give_back_buffer()
         if self._raw is not None:
             try:
@@ -235,6 +244,7 @@ class FrameProtocol(asyncio.BufferedProtocol):
             raise ConnectionResetError("connection closed")
 
     def abort(self, exc: BaseException | None = None) -> None:
+        self._cancel_bulk()  # before returning: nothing lands in a caller's buffer after abort
         if self.transport is not None and not self._closed:
             self.transport.abort()
         self._closed = True
@@ -264,7 +274,7 @@ class FrameProtocol(asyncio.BufferedProtocol):
                 return
             if self._reading_paused or self._stalled is not None or self._closed:
                 return  # the sink paused us again while frames were being parsed
-        if self.transport is not None:
+        if self.transport is not None and self._bulk_job is None:
             self.transport.resume_reading()
 
     @property
@@ -378,7 +388,36 @@ class FrameProtocol(asyncio.BufferedProtocol):
         self._p_acc = fr.crc(dest[:take]) if take else 0
         if take == plen:
             self._finish_payload()
+        elif self._bulk is not None and self._raw is not None and plen - take >= BULK_MIN_BYTES:
+            self._start_bulk()
         return True
+
+    # ---- large payloads on a receive thread ------------------------------------------------
+    def _start_bulk(self) -> None:
+        assert self._bulk is not None and self._raw is not None and self._p_dest is not None
+        if self.transport is not None:
+            self.transport.pause_reading()  # the receive thread owns the socket's input now
+        self._bulk_job = self._bulk.start(self._raw, self._p_dest, self._p_pos, self._p_acc, self._bulk_done)
+
+    def _bulk_done(self, job: BulkJob) -> None:
+        if job is not self._bulk_job:
+            return  # cancelled (the connection was aborted or lost meanwhile)
+        self._bulk_job = None
+        if self._closed:
+            return
+        if job.error is not None:
+            logger.warning("closing connection to %s: receiving a payload failed: %s", self.peer, job.error)
+            self.abort(job.error)
+            return
+        self._p_pos, self._p_acc = job.pos, job.acc
+        self._finish_payload()
+        if not self._closed and not self._reading_paused and self._stalled is None and self.transport is not None:
+            self.transport.resume_reading()
+
+    def _cancel_bulk(self) -> None:
+        job, self._bulk_job = self._bulk_job, None
+        if job is not None:
+            job.cancel()
 
     def _resume_stalled(self) -> bool:
         """Ask again for the stalled payload's buffer; True once it is being received."""

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
 import ssl
 from typing import Any
 
 from loomfs.errors import ConnectionFailed, ConnectRefused, TimedOut
 from loomfs.net.auth import AuthConfig, process_auth
+from loomfs.net.bulkrecv import DEFAULT_BULK, BulkReceiver
 from loomfs.net.protocol import FrameProtocol
 from loomfs.net.transport import Address, Channel, Listener, SinkFactory, Transport
 from loomfs.wire import frame as fr
@@ -40,15 +42,24 @@ class _TcpListener(Listener):
 
 
 _PROCESS: Any = object()  # TcpTransport(auth=...) default: the process's (``net.auth.process_auth``)
+BULK_ENV = "LOOMFS_BULK_RECV"  # "0": receive every payload on the event loop (A/B measurements)
+
+
+def _default_bulk() -> BulkReceiver | None:
+    return None if os.environ.get(BULK_ENV, "1") == "0" else DEFAULT_BULK
 
 
 class TcpTransport(Transport):
     def __init__(self, *, max_payload_bytes: int = fr.DEFAULT_MAX_PAYLOAD_BYTES,
-                 auth: AuthConfig | None = _PROCESS):
+                 auth: AuthConfig | None = _PROCESS, bulk: BulkReceiver | None = _PROCESS):
         """``auth``: credentials and TLS of this transport's servers and clients (default: the
-        process's, from its config or $LOOMFS_TOKEN_FILE; None: no auth, plain TCP)."""
+        process's, from its config or $LOOMFS_TOKEN_FILE; None: no auth, plain TCP).
+        ``bulk``: receive threads for large reply payloads on connections this transport
+        makes (``net.bulkrecv``; default: the process's pool unless $LOOMFS_BULK_RECV=0;
+        None: on the loop); connections it accepts always receive on the loop."""
         self.max_payload_bytes = max_payload_bytes
         self.auth = process_auth() if auth is _PROCESS else auth
+        self.bulk = _default_bulk() if bulk is _PROCESS else bulk
 
     async def connect(self, address: Address, sink_factory: SinkFactory, *, timeout_s: float) -> Channel:
         loop = asyncio.get_running_loop()
@@ -56,7 +67,7 @@ class TcpTransport(Transport):
         try:
             _, proto = await asyncio.wait_for(
                 loop.create_connection(
-                    lambda: FrameProtocol(sink_factory, max_payload_bytes=self.max_payload_bytes),
+                    lambda: FrameProtocol(sink_factory, max_payload_bytes=self.max_payload_bytes, bulk=self.bulk),
                     address.host,
                     address.port,
                     ssl=tls,
