@@ -33,6 +33,9 @@ from loomfs.wire.message import Message, Method
 from loomfs.wire.types import Layout
 
 
+KINDS = ("stat", "read", "put", "create")
+
+
 class _CountingTransport:
     """Enough of an asyncio transport for ``FrameProtocol``: replies are counted, not sent."""
 
@@ -68,7 +71,7 @@ def request_frame(m: Method, req: Message, rid: int) -> bytes:
     return fr.encode(fr.KIND_REQUEST, fr.Header(m.service, m.method, rid, 10_000, 0, "", req.to_wire()))
 
 
-async def measure(files: int, rounds: int) -> dict[tuple[str, str], float]:
+async def measure(files: int, rounds: int, kinds: tuple[str, ...] = KINDS) -> dict[tuple[str, str], float]:
     tmp = tempfile.mkdtemp(prefix="loomfs-metacost-")
     store = SqliteStore(os.path.join(tmp, "meta.db"))
     ns = Namespace(store, routing=cast(Any, _OneChain()), rng=random.Random(1),
@@ -98,8 +101,9 @@ async def measure(files: int, rounds: int) -> dict[tuple[str, str], float]:
                 out.append(request_frame(w.STAT, w.PathReq(path=p, follow_symlinks=True), rid[0]))
             elif kind == "read":
                 out.append(request_frame(w.READ, w.PathReq(path=p), rid[0]))
-            else:
-                out.append(request_frame(w.OPEN, w.OpenReq(path=p, flags=put, mode=0o644, client_id=7,
+            else:  # put: a new file each time (create), or the file again (O_TRUNC)
+                q = f"{p}.{rid[0]}" if kind == "create" else p
+                out.append(request_frame(w.OPEN, w.OpenReq(path=q, flags=put, mode=0o644, client_id=7,
                                                            data=data, data_crc=fr.crc(data)), rid[0]))
         return out
 
@@ -111,7 +115,7 @@ async def measure(files: int, rounds: int) -> dict[tuple[str, str], float]:
         for _ in range(rounds):
             for who_name, who in who_list:
                 conn.identity = who
-                for kind in ("stat", "read", "put"):
+                for kind in kinds:
                     batch = frames(kind)
                     t0 = time.process_time()
                     for f in batch:
@@ -131,9 +135,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--files", type=int, default=1000)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--only", default="", help="comma list of kinds (default all: stat,read,put,create)")
     args = ap.parse_args()
-    best = asyncio.run(measure(args.files, args.rounds))
-    for kind in ("stat", "read", "put"):
+    kinds = tuple(args.only.split(",")) if args.only else KINDS
+    best = asyncio.run(measure(args.files, args.rounds, kinds))
+    for kind in kinds:
         print(f"{kind:5s} " + "   ".join(f"{who} {best[(kind, who)]:6.1f} us" for who in ("trusted", "uid0", "uid1000")))
 
 

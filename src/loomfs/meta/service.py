@@ -52,10 +52,9 @@ async def retry_conflicts(fn: Callable[..., Awaitable[T]], *args: Any, attempts:
     """``await fn(*args, **kwargs)``, run again while it raises ``TxnConflict`` having stored
     nothing (at most ``attempts`` runs in all). After ``alone_after`` lost runs its write transactions run
     alone (``WRITE_ALONE``: PostgreSQL lets every other writer wait), so a hot directory
-    cannot starve one operation."""
-    backoff = Backoff(CONFLICT_BACKOFF_S, CONFLICT_BACKOFF_MAX_S, full_jitter=True)
-    for attempt in range(1, attempts + 1):
-        token = WRITE_ALONE.set(True) if attempt > alone_after else None
+    cannot starve one operation. The first run costs one context variable set (every meta
+    request comes through here; a conflict is rare)."""
+    if alone_after >= 1:
         commits = [0]
         commits_token = OP_COMMITS.set(commits)
         try:
@@ -63,6 +62,25 @@ async def retry_conflicts(fn: Callable[..., Awaitable[T]], *args: Any, attempts:
         except TxnConflict:
             # a run whose earlier transactions committed is not run again (its effects would
             # apply twice): the caller gets EAGAIN, as for any operation stored in part
+            if attempts <= 1 or commits[0]:
+                raise
+        finally:
+            OP_COMMITS.reset(commits_token)
+        first = 2
+    else:
+        first = 1
+    backoff = Backoff(CONFLICT_BACKOFF_S, CONFLICT_BACKOFF_MAX_S, full_jitter=True)
+    if first == 2:
+        if on_retry is not None:
+            on_retry()
+        await asyncio.sleep(backoff.delay_s(0, rng))
+    for attempt in range(first, attempts + 1):
+        token = WRITE_ALONE.set(True) if attempt > alone_after else None
+        commits = [0]
+        commits_token = OP_COMMITS.set(commits)
+        try:
+            return await fn(*args, **kwargs)
+        except TxnConflict:
             if attempt == attempts or commits[0]:
                 raise
             if on_retry is not None:
@@ -100,6 +118,7 @@ class ConflictRetrying:
                                              on_retry=self._count, **kwargs)
 
             wrapped = self._wrapped[name] = call
+            self.__dict__[name] = wrapped  # found directly from now on (no __getattr__, no inspect)
         return wrapped
 
     def __repr__(self) -> str:
