@@ -196,6 +196,52 @@ def test_read_requests_are_read_ahead_sized(cluster: LocalCluster) -> None:
             p.unlink()
 
 
+def test_prefetched_reads(cluster: LocalCluster) -> None:
+    """A sequential reader is served from chunks the mount fetched ahead (counted in
+    user.loomfs.stats); a write through the mount in the middle of the stream is what the
+    rest of the stream reads; random reads (prefetch_chunks=0 too) read the same bytes."""
+    import json
+    import random
+
+    for opts in ((), ("-o", "prefetch_chunks=0")):
+        with mounted(cluster, *opts) as mp:
+            chunk = json.loads(os.getxattr(mp, "user.loomfs.layout"))["chunk_size"]
+            size = 3 * chunk + 12345
+            data = bytearray(os.urandom(size))
+            p = mp / f"pf-{os.getpid()}-{len(opts)}"
+            with loomfs.connect(str(cluster.root)) as fs:
+                fs.pipe(f"/{p.name}", bytes(data))
+            fd = os.open(p, os.O_RDONLY)
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+                got = bytearray()
+                while len(got) < chunk + 5000:
+                    got += os.read(fd, 1 << 20)
+                patch = os.urandom(70000)
+                at = 2 * chunk - 1000  # ahead of the reader, across a chunk boundary
+                wfd = os.open(p, os.O_WRONLY)
+                try:
+                    assert os.pwrite(wfd, patch, at) == len(patch)
+                finally:
+                    os.close(wfd)
+                data[at:at + len(patch)] = patch
+                while b := os.read(fd, 1 << 20):
+                    got += b
+                assert got == data
+                rng = random.Random(7)
+                for _ in range(50):
+                    off = rng.randrange(size)
+                    assert os.pread(fd, 4096, off) == data[off:off + 4096]
+            finally:
+                os.close(fd)
+            stats = json.loads(os.getxattr(mp, "user.loomfs.stats"))
+            if opts:
+                assert stats["read_prefetched"] == 0
+            else:
+                assert stats["read_prefetched"] >= chunk // (1 << 20)
+            p.unlink()
+
+
 def test_bench_mount_runs(cluster: LocalCluster) -> None:
     """``loomfs bench --mount``'s code path on tiny sizes: every workload has a figure for
     the mount, the native client and the local directory (speed is not asserted here)."""

@@ -15,6 +15,7 @@ from typing import Any, ParamSpec, TypeVar
 import pyfuse3
 
 from loomfs.client.file import AsyncFile
+from loomfs.mount.prefetch import Prefetcher
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -64,4 +65,5 @@ class Handle:
     # utimens while open for writing (cp -a, tar x): meta stamps mtime at sync and close,
     # so the times are set again after those
     times_ns: tuple[int, int] | None = None
+    prefetch: Prefetcher | None = None  # read-only handles: sequential read-ahead (loomfs.mount.prefetch)
 

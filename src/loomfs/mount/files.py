@@ -20,6 +20,7 @@ from loomfs.mount.dirs import DirStream
 from loomfs.mount.edge import Handle, fuse_errors, join
 from loomfs.mount.inodes import InodeTable
 from loomfs.mount.options import MountOptions
+from loomfs.mount.prefetch import Budget, Prefetcher
 from loomfs.mount.stats import MountStats
 from loomfs.wire.meta import SetattrReq
 from loomfs.wire.types import Attr
@@ -38,6 +39,7 @@ class FileOps(pyfuse3.Operations):
     _next_fh: int
     _read_buffers: dict[int, list[bytearray]]  # request size -> free reply buffers
     stats: MountStats
+    prefetch_budget: Budget
 
     if TYPE_CHECKING:  # LoomOperations's
         async def call(self, coro: Coroutine[Any, Any, T]) -> T: ...
@@ -119,12 +121,31 @@ class FileOps(pyfuse3.Operations):
         await self._sync_writers(inode)
         if acc == os.O_RDONLY:
             f = await self.call(self.client.open(path, "rb"))
-        elif flags & os.O_TRUNC:
+            self.inodes.opened(inode)
+            return self._file_info(Handle(inode, f, False, append=append, prefetch=self._prefetcher(f)), flags)
+        self.drop_prefetched(inode)  # what readers here fetched ahead may be written over now
+        if flags & os.O_TRUNC:
             f = await self.call(self.client.open(path, "w+b"))
         else:
             f = await self.call(self.client.open(path, "r+b"))
         self.inodes.opened(inode)
-        return self._file_info(Handle(inode, f, acc != os.O_RDONLY, append=append), flags)
+        return self._file_info(Handle(inode, f, True, append=append), flags)
+
+    def _prefetcher(self, f: AsyncFile) -> Prefetcher | None:
+        if self.options.prefetch_chunks <= 0 or f.inline or f.layout is None or f.layout.chunk_size <= 0:
+            return None
+        return Prefetcher(f, self.client.pool, self.prefetch_budget, self.options.prefetch_chunks, self.call,
+                          self.stats)
+
+    def drop_prefetched(self, inode: int) -> None:
+        """Forget what read-only handles of ``inode`` fetched ahead (the mount's prefetch and
+        the client file's own read-ahead): a write or truncate here is about to change it,
+        and their next reads must see it, as with one kernel inode."""
+        for h in self.handles.values():
+            if isinstance(h, Handle) and h.inode == inode and not h.writable:
+                if h.prefetch is not None:
+                    h.prefetch.drop_all()
+                h.file.cache.clear()
 
     @fuse_errors
     async def create(self, parent_inode: int, name: bytes, mode: int, flags: int,
@@ -159,19 +180,29 @@ class FileOps(pyfuse3.Operations):
     async def read(self, fh: int, off: int, size: int) -> memoryview:
         h = self.handles[fh]
         assert isinstance(h, Handle)
-        free = self._read_buffers.setdefault(size, [])
-        buf = free.pop() if free else bytearray(size)  # fresh memory costs a page fault per 4 KiB
         w = h if h.writable else self._writer(h.inode)
         self.stats.read_started(size)
         n = 0
         try:
-            if w is not None:  # through the writer's file: what any descriptor here wrote
-                async with w.lock:
-                    n = await self.call(w.file.pread(off, memoryview(buf)))
+            if w is None and h.prefetch is not None:  # a view into a chunk fetched ahead
+                view = await h.prefetch.read(off, size, lambda: self._read_into_buffer(h, None, off, size))
             else:
-                n = await self.call(h.file.pread(off, memoryview(buf)))
+                if h.prefetch is not None:  # written here meanwhile: fetched chunks may be stale
+                    h.prefetch.drop_all()
+                view = await self._read_into_buffer(h, w, off, size)
+            n = len(view)
+            return view
         finally:
             self.stats.read_done(n)
+
+    async def _read_into_buffer(self, h: Handle, w: Handle | None, off: int, size: int) -> memoryview:
+        free = self._read_buffers.setdefault(size, [])
+        buf = free.pop() if free else bytearray(size)  # fresh memory costs a page fault per 4 KiB
+        if w is not None:  # through the writer's file: what any descriptor here wrote
+            async with w.lock:
+                n = await self.call(w.file.pread(off, memoryview(buf)))
+        else:
+            n = await self.call(h.file.pread(off, memoryview(buf)))
         # pyfuse3 copies the reply to the kernel as soon as this returns, before any other
         # request handler runs on this loop: the buffer may go back to the free list now
         # (only after a read that finished: a failed one may still have fetches writing it)
@@ -225,6 +256,8 @@ class FileOps(pyfuse3.Operations):
     async def release(self, fh: int) -> None:
         h = self.handles.pop(fh, None)
         if isinstance(h, Handle):
+            if h.prefetch is not None:
+                h.prefetch.close()
             try:
                 shared = any(isinstance(o, Handle) and o.file is h.file for o in self.handles.values())
                 if h.writable:
@@ -242,7 +275,9 @@ class FileOps(pyfuse3.Operations):
             h = self.handles.pop(fh)
             if isinstance(h, DirStream):
                 await h.close()
-            elif isinstance(h, Handle) and id(h.file) not in closed:
+            elif isinstance(h, Handle) and h.prefetch is not None:
+                h.prefetch.close()
+            if isinstance(h, Handle) and id(h.file) not in closed:
                 closed.add(id(h.file))
                 try:
                     await self.call(h.file.close())

@@ -29,6 +29,7 @@ from loomfs.mount.files import FileOps
 from loomfs.mount.inodes import ROOT_INODE, InodeTable
 from loomfs.mount.options import MountOptions
 from loomfs.mount.orphans import OrphanOps, Orphans, hidden
+from loomfs.mount.prefetch import Budget
 from loomfs.mount.stats import STATS_XATTR, MountStats
 from loomfs.mount.xattrs import LAYOUT_XATTR, XattrProbes, decode_layout, encode_layout
 from loomfs.wire.meta import SetattrReq
@@ -63,6 +64,7 @@ class LoomOperations(OrphanOps, FileOps):
         self._dirs: dict[int, tuple[int, int]] = {}  # directory inode -> (mode, gid) last seen
         self.orphans = Orphans()  # open files kept past their last name (loomfs.mount.orphans)
         self.stats = MountStats()  # what the kernel sent (user.loomfs.stats on the root)
+        self.prefetch_budget = Budget(options.prefetch_mb << 20)  # loomfs.mount.prefetch
         self.xattr_probes = XattrProbes()  # setxattr's flags, from pyfuse3's check before it
         # run on this loop once the kernel's INIT is answered (the bdi read-ahead: INIT's
         # reply sets it to min(itself, what the kernel offered at mount time, 128 KiB))
@@ -160,6 +162,7 @@ class LoomOperations(OrphanOps, FileOps):
         c = self.client
         last: Attr | None = None
         if fields.update_size:
+            self.drop_prefetched(inode)
             h = self.handles.get(fh) if fh is not None else None
             writers = [h] if isinstance(h, Handle) and h.writable else self._writers(inode)
             if writers:  # through the open file, so its own idea of the length follows

@@ -20,6 +20,8 @@ class MountOptions:
     max_tasks: int = 64  # FUSE requests served at once
     read_ahead_kb: int = 1024  # the mount's bdi read-ahead (1 MiB requests; 0 = leave it)
     readdir_page: int = 1024  # directory entries read from meta per READDIR (huge directories stream)
+    prefetch_chunks: int = 8  # chunks a sequential reader's handle fetches ahead (0: the client's read-ahead)
+    prefetch_mb: int = 256  # prefetch buffers of all handles together
     consistency: str = "strict"  # the mount's client: "strict" (close-to-open) or "relaxed"
     # the kernel page cache at open: "auto" keeps it when the file is the version it held
     # (strict) or always (relaxed paths); "keep" always; "none" drops it at every open
@@ -44,7 +46,7 @@ class MountOptions:
                     if value not in ("shared", "separate"):
                         raise ValueError(f"loop={value!r}: use shared or separate")
                     kw["loop"] = value
-                elif key in ("max_tasks", "read_ahead_kb", "readdir_page"):
+                elif key in ("max_tasks", "read_ahead_kb", "readdir_page", "prefetch_chunks", "prefetch_mb"):
                     kw[key] = int(value)
                 elif key == "consistency":
                     if value not in ("strict", "relaxed"):
