@@ -340,6 +340,14 @@ class StorageClient:
         Returns how many bytes the chunk had there; the rest of ``into[:length]`` is zeroed
         (a missing or short chunk reads as zeros).
         """
+        return (await self.read_chunk_crc(layout, inode, index, offset, length, into))[0]
+
+    async def read_chunk_crc(
+        self, layout: Layout, inode: int, index: int, offset: int, length: int, into: memoryview
+    ) -> tuple[int, int | None]:
+        """``read_chunk`` and the CRC32C of ``into[:length]`` when the chunk had all ``length``
+        bytes: the reply's payload CRC, checked on arrival (a caller holding its own CRC of
+        those bytes compares instead of hashing them again); None when part was zero-filled."""
         into = into[:length]
         chain_id = layout.chains[index % len(layout.chains)]
         chunk = ChunkId(inode=inode, index=index)
@@ -359,7 +367,8 @@ class StorageClient:
             into[:n] = rsp.payload  # the transport could not use our buffer
         if n < length:
             zero_fill(into[n:])
-        return n
+            return n, None
+        return n, rsp.payload_crc if n else None
 
     async def write_chunk(
         self, layout: Layout, inode: int, index: int, offset: int, data: memoryview

@@ -33,6 +33,9 @@ from loomfs.wire import frame as fr
 logger = logging.getLogger(__name__)
 
 INITIAL_RECV_BYTES = 256 << 10
+# with a bulk receiver, a read that starts a new frame takes at most this much: the loop copies
+# only the head of a large payload (the rest goes to a receive thread), not 256 KiB of it
+BULK_HEAD_RECV_BYTES = 64 << 10
 LARGE_PAYLOAD_BYTES = 128 << 10
 RECV_POOL = BufferPool(max_cached_bytes=16 << 20)  # receive buffers of idle/closed connections
 KEEPALIVE_IDLE_S = 60  # TCP keepalive: a peer that vanished (half-open) is found in ~90 s
@@ -130,6 +133,8 @@ class FrameProtocol(asyncio.BufferedProtocol):
             self._take_buffer(INITIAL_RECV_BYTES)
         if self._end == len(self._mv):
             self._make_room(len(self._mv) - (self._end - self._start) or 1)
+        if self._bulk is not None and self._end == self._start:
+            return self._mv[self._end : self._end + BULK_HEAD_RECV_BYTES]
         return self._mv[self._end :]
 
     def buffer_updated(self, nbytes: int) -> None:

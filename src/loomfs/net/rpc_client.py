@@ -48,6 +48,7 @@ logger = logging.getLogger("loomfs.net.rpc")
 class Response(Generic[M]):
     body: M
     payload: memoryview  # a view of recv_into when one was given
+    payload_crc: int = 0  # CRC32C of the payload as sent and checked on arrival (0: no payload)
 
 
 @dataclass(slots=True)
@@ -191,7 +192,9 @@ class ClientConnection:
             body = m.response.from_wire(rh.body)
         except StatusError as exc:
             raise ProtocolError(f"bad {m.name} reply from {self.address}: {exc}") from exc
-        return Response(body, rpayload if len(rpayload) else _EMPTY)
+        if not len(rpayload):
+            return Response(body, _EMPTY)
+        return Response(body, rpayload, rh.payload_crc)
 
 
 @dataclass(frozen=True, slots=True)
