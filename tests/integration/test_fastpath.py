@@ -61,3 +61,28 @@ def test_fast_path_falls_back_when_meta_restarts(own_cluster: LocalCluster) -> N
         assert fs.stat("/fp").st_nlink >= 2  # and the fast path reconnects
     finally:
         fs.close()
+
+
+def test_fast_path_with_polling_before_sleep(fs: loomfs.LoomFS, base: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """LOOMFS_FASTPATH_SPIN_US: replies are polled for before the thread sleeps; answers agree."""
+    from loomfs.client import fastpath
+
+    monkeypatch.setattr(fastpath, "SPIN_US", 2000)
+    fs.pipe(f"{base}/s", b"abc")
+    fs.stat(base)
+    result: list[object] = []
+
+    def worker() -> None:  # a new thread: a new connection, made with polling on
+        try:
+            result.extend(fs.stat(f"{base}/s").st_size for _ in range(50))
+            result.append(fs.cat(f"{base}/s"))
+            conn = fs._fast._local.conn  # type: ignore[union-attr]
+            result.append(conn.spin_hits + conn.spin_misses + conn.spin_paused)
+        except BaseException as exc:
+            result.append(exc)
+
+    t = threading.Thread(target=worker)
+    t.start()
+    t.join(60)
+    assert result[:50] == [3] * 50 and result[50] == b"abc"
+    assert isinstance(result[51], int) and result[51] > 0  # it polled
