@@ -22,6 +22,7 @@ import pyfuse3
 from loomfs.client import xattrs
 from loomfs.client.core import AsyncClient
 from loomfs.meta.ops.special import rdev_of
+from loomfs.meta.ops.xattrs import check_name
 from loomfs.metrics.capacity import cluster_capacity
 from loomfs.mount.dirs import DirStream, Pages
 from loomfs.mount.edge import Handle, fuse_errors, join
@@ -304,8 +305,11 @@ class LoomOperations(OrphanOps, FileOps):
     async def getxattr(self, inode: int, name: bytes, ctx: Any) -> bytes:
         if name == STATS_XATTR and inode == ROOT_INODE:
             return self.stats.as_json()
+        # meta's answer for a name it never stores, without asking it: the kernel asks for
+        # security.capability before the first write of every open file
+        check_name(name)
         path = self._inode_path(inode)
-        if name != LAYOUT_XATTR:  # stored (user.*: meta answers ENOTSUP for other namespaces)
+        if name != LAYOUT_XATTR:  # stored (user.*)
             try:
                 value = await self.call(self.client.meta.getxattr(path, name, False))
             except OSError as exc:
@@ -337,6 +341,7 @@ class LoomOperations(OrphanOps, FileOps):
         # and meta checks the mount's.
         if self.options.read_only:
             raise pyfuse3.FUSEError(errno.EROFS)
+        check_name(name)  # ENOTSUP for trusted.*, security.*, system.* (cp -a, tar --xattrs)
         path = self._inode_path(inode)
         if name != LAYOUT_XATTR:
             flags = self.xattr_probes.flags_for(ctx, inode, name)
@@ -355,6 +360,7 @@ class LoomOperations(OrphanOps, FileOps):
             raise pyfuse3.FUSEError(errno.EPERM)
         if self.options.read_only:
             raise pyfuse3.FUSEError(errno.EROFS)
+        check_name(name)
         await self.call(xattrs.removexattr(self.client, self._inode_path(inode), name, follow_symlinks=False))
 
     # --- directories ----------------------------------------------------------------------
