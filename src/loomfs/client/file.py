@@ -56,6 +56,10 @@ _MODES = {
     "x": os.O_WRONLY | os.O_CREAT | os.O_EXCL,
 }
 READLINE_BLOCK_BYTES = 64 << 10
+# chunk writes one file keeps in flight (within the client's dirty budget): enough to keep
+# every chain of a stripe busy, few enough that a stream cycles a few pooled buffers instead
+# of first-touching the whole 256 MiB budget (fresh memory costs 3-5 us per 4 KiB page here)
+FLUSHES_INFLIGHT_MAX = 8
 # a file opened with "w" but not created yet: OPEN with (data, chunked) -> the reply
 Opener = Callable[[bytes | None, bool], Awaitable[OpenRsp]]
 
@@ -361,6 +365,8 @@ class AsyncFile:
             self._pool.release(cur.buf)
             return
         try:
+            while len(self._flushes) >= FLUSHES_INFLIGHT_MAX:
+                await asyncio.wait(list(self._flushes), return_when=asyncio.FIRST_COMPLETED)
             await self._budget.acquire(self._chunk_size)
         except BaseException:
             self._pool.release(cur.buf)

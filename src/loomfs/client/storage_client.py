@@ -74,6 +74,16 @@ _REFRESH = frozenset(
 _BACKOFF = frozenset({Status.SHUTTING_DOWN, Status.EAGAIN, Status.CHECKSUM_MISMATCH})
 
 _ZEROS = bytes(1 << 20)
+# a write's CRC32C is taken on a worker thread from this size on (the library releases the GIL:
+# the chunks of a flush hash on several cores while the loop sends); below it, on the loop
+CRC_OFF_LOOP_BYTES = 1 << 20
+
+
+async def payload_crc(data: memoryview) -> int:
+    """CRC32C of ``data``; big ones on the loop's default executor."""
+    if len(data) < CRC_OFF_LOOP_BYTES:
+        return crc32c.crc32c(data)
+    return await asyncio.get_running_loop().run_in_executor(None, crc32c.crc32c, data)
 
 
 def zero_fill(view: memoryview) -> None:
@@ -375,7 +385,7 @@ class StorageClient:
     ) -> None:
         """Write ``data`` at ``offset`` of chunk ``index`` through the chain head."""
         chain_id = layout.chains[index % len(layout.chains)]
-        crc = crc32c.crc32c(data)
+        crc = await payload_crc(data)
         chunk = ChunkId(inode=inode, index=index)
         async with self._chunk_updates.hold((inode, index)):
             tag = self._tag()
