@@ -153,10 +153,12 @@ class ChunkUpdates(ChainForwarder):
             return req.length - old
         return max(old, req.offset + req.length) - old
 
-    def _stage(self, target: StorageTarget, key: ChunkKey, req: WriteReq | TruncateReq, payload: memoryview,
-               action: chain.Apply) -> ChunkState:
+    async def _stage(self, target: StorageTarget, key: ChunkKey, req: WriteReq | TruncateReq, payload: memoryview,
+                     action: chain.Apply) -> ChunkState:
         """Stage ``req`` as version ``action.update_ver``; a repair first drops the committed
-        version it replaces. Fails (nothing staged) on a full disk or an engine error."""
+        version it replaces. Fails (nothing staged) on a full disk or an engine error. A big
+        write's disk I/O runs off the event loop (``astage_write``); a durable one starts
+        flushing its data at once, while it is forwarded (its commit waits for the flush)."""
         engine, ver = target.engine, action.update_ver
         st = engine.get(key)
         tags: tuple[ChunkTag, ...] | None
@@ -168,8 +170,8 @@ class ChunkUpdates(ChainForwarder):
             if planted.on("stage_fails") and not (isinstance(req, WriteReq) and req.full_replace):
                 raise OSError(errno.EIO, "planted: stage fails")
             if isinstance(req, WriteReq):
-                return engine.stage_write(key, ver, req.offset, payload, data_crc=req.data_crc,
-                                          full_replace=req.full_replace, tags=tags)
+                return await engine.astage_write(key, ver, req.offset, payload, data_crc=req.data_crc,
+                                                 full_replace=req.full_replace, tags=tags, sync=req.durable)
             return engine.stage_truncate(key, ver, req.length, tags=tags)
         except StatusError as exc:
             engine.abort(key)
@@ -213,7 +215,7 @@ class ChunkUpdates(ChainForwarder):
                 req.expect_length >= 0 and (cur.pending_length, cur.pending_crc) == (req.expect_length, req.expect_crc):
             staged = cur  # the same version pushed again (a leftover): keep it, never risk losing it to a restage
         else:
-            staged = self._stage(target, key, req, payload, action)
+            staged = await self._stage(target, key, req, payload, action)
         if req.forwarded and req.expect_length >= 0 and (staged.pending_length, staged.pending_crc) != (
                 req.expect_length, req.expect_crc) and not planted.on("no_content_check"):
             engine.abort(key)
@@ -249,7 +251,7 @@ class ChunkUpdates(ChainForwarder):
         task = asyncio.ensure_future(self._forward_chain(pos, m, fwd, payload or None, crc))
         await asyncio.sleep(0)
         try:
-            self._stage(target, key, req, payload, action)
+            await self._stage(target, key, req, payload, action)
         except BaseException:
             task.cancel()
             raise

@@ -111,8 +111,11 @@ class ChunkEngine(ABC):
         data_crc: int | None = None,
         full_replace: bool = False,
         tags: tuple[ChunkTag, ...] | None = None,
+        sync: bool = False,
     ) -> ChunkState:
-        """``stage_write`` that may run its disk write off the event loop."""
+        """``stage_write`` that may run its disk write off the event loop; ``sync`` (a durable
+        write): the engine may start making the staged data durable at once, ahead of
+        ``commit(durable=True)``, which still waits for all of it."""
         return self.stage_write(key, version, offset, data, data_crc=data_crc, full_replace=full_replace, tags=tags)
 
     @abstractmethod

@@ -54,7 +54,7 @@ import struct
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass
 from heapq import merge
@@ -86,6 +86,7 @@ from loomfs.storage.engine.blocks import (
     unpack_blocks,
 )
 from loomfs.storage.engine.chunkmap import ChunkMap
+from loomfs.storage.engine.durable import DurableCommits
 from loomfs.storage.engine.file_index import ChunkIndex
 from loomfs.storage.engine.file_io import (
     DIRECT_ALIGN_BYTES,
@@ -131,6 +132,7 @@ class _Pending:
     in_place: bool  # appended to the committed file past its committed length
     blocks: bytes
     tags: bytes
+    synced: Future[None] | None = None  # the data file's flush, started at staging (durable writes)
 
 
 class FileEngine(ChunkEngine):
@@ -166,8 +168,7 @@ class FileEngine(ChunkEngine):
         self._hasher_lock = threading.Lock()
         self._used_bytes = 0
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="chunk-fsync") if fsync_on_commit else None
-        self._durable: ThreadPoolExecutor | None = None  # durable commits when not every one fsyncs
-        self.durable_commits_total = 0
+        self._durable = DurableCommits(self._index, self._chunks_dir)  # when not every commit fsyncs
         self._load()
 
     # ---- start-up -----------------------------------------------------------------------
@@ -210,6 +211,7 @@ class FileEngine(ChunkEngine):
             return os.open(p, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
         except FileNotFoundError:
             p.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            self._durable.new_dirs.add(p.parent)  # a durable commit in it syncs chunks/ too
             return os.open(p, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
 
     def _fd(self, key: ChunkKey, file_ver: int) -> int:
@@ -685,25 +687,42 @@ class FileEngine(ChunkEngine):
         data_crc: int | None = None,
         full_replace: bool = False,
         tags: tuple[ChunkTag, ...] | None = None,
+        sync: bool = False,
     ) -> ChunkState:
+        """``stage_write``; a whole chunk of at least ``OFFLOAD_MIN_BYTES`` is written on an I/O
+        thread. ``sync``: start flushing the staged data file at once (``DurableCommits``), so
+        ``commit(durable=True)`` mostly finds it done. A cancelled caller still waits for the
+        thread (it reads ``data``, which the caller's buffer pool may reuse) before the file
+        is dropped."""
         m = self._m(key)
         committed_len = m.length if m else 0
         whole = full_replace or (offset == 0 and len(data) >= committed_len)
         if not whole or len(data) < OFFLOAD_MIN_BYTES:
-            return self.stage_write(key, version, offset, data, data_crc=data_crc, full_replace=full_replace, tags=tags)
+            st = self.stage_write(key, version, offset, data, data_crc=data_crc, full_replace=full_replace, tags=tags)
+            if sync:
+                self._start_sync(key)
+            return st
         check_range(offset, len(data))
         packed = self._new_tags(key, tags)
         self._begin(key, version)
         fd = self._create(key, version)
+        job = asyncio.get_running_loop().run_in_executor(self._io_pool(), self._write_whole, key, version, fd, data)
         try:
-            blocks = await asyncio.get_running_loop().run_in_executor(
-                self._io_pool(), self._write_whole, key, version, fd, data
-            )
+            blocks = await asyncio.shield(job)
         except BaseException:
+            if not job.done():
+                await asyncio.wait({job})
             self._drop_new(key, version, fd)
             raise
         crc = data_crc if data_crc is not None else crc32c.crc32c(data)
-        return self._stage(key, _Pending(version, len(data), crc, version, fd, False, blocks, packed))
+        st = self._stage(key, _Pending(version, len(data), crc, version, fd, False, blocks, packed))
+        if sync:
+            self._start_sync(key)
+        return st
+
+    def _start_sync(self, key: ChunkKey) -> None:
+        p = self._pending[key]
+        p.synced = self._durable.start_sync(p.fd)
 
     def _direct_fd(self, key: ChunkKey, file_ver: int) -> int:
         ck = (key, file_ver)
@@ -739,39 +758,47 @@ class FileEngine(ChunkEngine):
             os.fsync(p.fd)
         self._index.put(key.inode, key.index, p.ver, p.length, p.crc, p.file_ver, p.blocks, p.tags)
 
-    def _write_durable(self, key: ChunkKey, p: _Pending) -> None:
-        """A commit that must survive a power loss although the engine does not fsync every
-        commit: the data file, its directory entry and the index's WAL reach the disk."""
-        os.fsync(p.fd)
-        dir_fd = os.open(self._file(key, p.file_ver).parent, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
-        self._index.put(key.inode, key.index, p.ver, p.length, p.crc, p.file_ver, p.blocks, p.tags)
-        self._index.sync()
-
-    def _durable_pool(self) -> ThreadPoolExecutor:
-        if self._durable is None:
-            self._durable = ThreadPoolExecutor(1, thread_name_prefix="chunk-durable")
-        return self._durable
+    @property
+    def durable_commits_total(self) -> int:
+        return self._durable.commits_total
 
     async def commit(self, key: ChunkKey, version: int, *, durable: bool = False) -> ChunkState:
+        """Commit; a durable one (``DurableCommits``: data file, directory entry, index row on
+        disk) or one of an engine that fsyncs every commit runs to its end on its own task, so
+        a cancelled caller never leaves the index ahead of memory."""
         p = self._pending.get(key)
         if p is None or p.ver != version:
             raise no_pending(key, version)
         del self._pending[key]
+        if self._executor is None and not durable:
+            try:
+                self._write_row(key, p, False)
+            except BaseException:
+                self._pending.setdefault(key, p)
+                raise
+            return self._install(key, p)
+        task = asyncio.ensure_future(self._commit_synced(key, p, durable))
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            if not task.done():
+                await asyncio.wait({task})
+            raise
+
+    async def _commit_synced(self, key: ChunkKey, p: _Pending, durable: bool) -> ChunkState:
         try:
             if self._executor is not None:
                 await asyncio.get_running_loop().run_in_executor(self._executor, self._write_row, key, p, True)
-            elif durable:
-                await asyncio.get_running_loop().run_in_executor(self._durable_pool(), self._write_durable, key, p)
-                self.durable_commits_total += 1
             else:
-                self._write_row(key, p, False)
+                await self._durable.commit(p.fd, p.synced, self._file(key, p.file_ver).parent,
+                                           lambda: self._write_row(key, p, False))
         except BaseException:
             self._pending.setdefault(key, p)
             raise
+        return self._install(key, p)
+
+    def _install(self, key: ChunkKey, p: _Pending) -> ChunkState:
+        """Memory follows the index row just written: ``p`` is the committed version."""
         old = self._m(key)
         if old is not None:
             self._used_bytes -= old.length
@@ -870,8 +897,7 @@ class FileEngine(ChunkEngine):
         self._index.close()
         if self._executor is not None:
             self._executor.shutdown(wait=True)
-        if self._durable is not None:
-            self._durable.shutdown(wait=True)
+        self._durable.close()
 
     def __repr__(self) -> str:
         return f"FileEngine({self.path} chunks={len(self._meta)} used={self._used_bytes}B pending={len(self._pending)})"

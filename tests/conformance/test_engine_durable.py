@@ -1,0 +1,148 @@
+"""Durable commits of the file engine (issue 10): a durable write's data is flushed from its
+staging on, commits that wait together share one directory fsync and one WAL fsync (group
+commit), and none returns before its own data file, its directory entry and a WAL fsync that
+follows its row are on disk."""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import mmap
+import os
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from loomfs.storage.engine.file import FileEngine
+from loomfs.storage.engine.types import ChunkKey
+
+DEADLINE_S = 20.0
+
+
+def _aligned(data: bytes) -> memoryview:
+    m = mmap.mmap(-1, len(data))
+    m[:] = data
+    return memoryview(m)
+
+
+class FsyncLog:
+    """Records every fsync (what the fd names, in order); may hold directory fsyncs until
+    ``release`` is set, or fail them."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch):
+        self.events: list[str] = []
+        self.lock = threading.Lock()
+        self.hold_dirs = threading.Event()
+        self.hold_dirs.set()
+        self.fail_dirs = False
+        real = os.fsync
+
+        def spy(fd: int) -> None:
+            path = os.readlink(f"/proc/self/fd/{fd}")
+            if os.path.isdir(path):
+                assert self.hold_dirs.wait(DEADLINE_S), "directory fsync held past the deadline"
+                if self.fail_dirs:
+                    raise OSError(errno.EIO, "injected: directory fsync failed")
+            real(fd)
+            with self.lock:
+                self.events.append(path)
+
+        monkeypatch.setattr(os, "fsync", spy)
+
+    def index_of(self, pred) -> int:  # type: ignore[no-untyped-def]
+        with self.lock:
+            return next(i for i, p in enumerate(self.events) if pred(p))
+
+
+async def _until(cond, what: str) -> None:  # type: ignore[no-untyped-def]
+    end = time.monotonic() + DEADLINE_S
+    while not cond():
+        assert time.monotonic() < end, f"timed out waiting for {what}"
+        await asyncio.sleep(0.005)
+
+
+def test_waiting_durable_commits_share_one_batch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    log = FsyncLog(monkeypatch)
+    e = FileEngine(tmp_path / "t", fsync_on_commit=False)
+    keys = [ChunkKey(7, i) for i in range(12)]
+
+    async def go() -> None:
+        for i, k in enumerate(keys):
+            await e.astage_write(k, 1, 0, _aligned(bytes([i]) * (1 << 20)), sync=True)
+        log.hold_dirs.clear()  # the first batch waits in its directory fsync ...
+        first = asyncio.ensure_future(e.commit(keys[0], 1, durable=True))
+        await _until(lambda: e._durable.batches_total == 0 and e._durable._flusher is not None
+                     and not e._durable._waiting, "the first batch to start")
+        rest = [asyncio.ensure_future(e.commit(k, 1, durable=True)) for k in keys[1:]]
+        await _until(lambda: len(e._durable._waiting) == len(keys) - 1, "the other commits to wait")
+        assert not first.done() and not any(t.done() for t in rest)  # nothing acked before its WAL fsync
+        log.hold_dirs.set()  # ... while the others gather into the next one
+        await asyncio.gather(first, *rest)
+
+    try:
+        asyncio.run(go())
+        assert e._durable.batches_total == 2 and e.durable_commits_total == len(keys)
+        wal = [i for i, p in enumerate(log.events) if p.endswith("index.sqlite-wal")]
+        assert len(wal) == 2  # one WAL fsync per batch, not per commit
+        for k in keys:  # every data file flushed before the WAL fsync of its batch
+            name = f"{k.inode:x}.{k.index:x}.1"
+            assert log.index_of(lambda p, n=name: p.endswith(n)) < wal[-1]
+            st = e.get(k)
+            assert st is not None and st.commit_ver == 1 and not st.pending_ver
+    finally:
+        e.close()
+    again = FileEngine(tmp_path / "t")  # what the index says after a restart
+    try:
+        assert [(s.key, s.commit_ver, s.length) for s in again.list_chunks(7)] == [(k, 1, 1 << 20) for k in keys]
+    finally:
+        again.close()
+
+
+def test_a_durable_stage_flushes_before_its_commit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The data file's flush starts at staging (the replica forwards meanwhile)."""
+    log = FsyncLog(monkeypatch)
+    e = FileEngine(tmp_path / "t", fsync_on_commit=False)
+    key = ChunkKey(9, 3)
+
+    async def go() -> None:
+        await e.astage_write(key, 1, 0, _aligned(os.urandom(1 << 20)), sync=True)
+        await _until(lambda: any(p.endswith("9.3.1") for p in log.events), "the staged file's flush")
+        assert not any(p.endswith("index.sqlite-wal") for p in log.events)
+        st = e.get(key)
+        assert st is not None and st.pending_ver == 1 and st.commit_ver == 0  # flushed, not committed
+        await e.commit(key, 1, durable=True)
+
+    try:
+        asyncio.run(go())
+        assert sum(p.endswith("9.3.1") for p in log.events) == 1  # not flushed a second time
+        assert log.index_of(lambda p: p.endswith("index.sqlite-wal")) > log.index_of(lambda p: p.endswith("9.3.1"))
+    finally:
+        e.close()
+
+
+def test_a_failed_durable_batch_keeps_the_update_pending(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    log = FsyncLog(monkeypatch)
+    e = FileEngine(tmp_path / "t", fsync_on_commit=False)
+    key = ChunkKey(4, 0)
+
+    async def go() -> None:
+        await e.astage_write(key, 1, 0, _aligned(b"a" * (1 << 20)), sync=True)
+        await e.commit(key, 1, durable=True)
+        await e.astage_write(key, 2, 0, _aligned(b"b" * (1 << 20)), sync=True)
+        log.fail_dirs = True
+        with pytest.raises(OSError) as err:
+            await e.commit(key, 2, durable=True)
+        assert err.value.errno == errno.EIO
+        st = e.get(key)
+        assert st is not None and (st.commit_ver, st.pending_ver) == (1, 2)  # not acked, still pending
+        log.fail_dirs = False
+        await e.commit(key, 2, durable=True)  # the same version commits once the disk works
+        st = e.get(key)
+        assert st is not None and (st.commit_ver, st.pending_ver) == (2, 0)
+
+    try:
+        asyncio.run(go())
+    finally:
+        e.close()
