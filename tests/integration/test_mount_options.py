@@ -257,6 +257,9 @@ def test_bench_mount_runs(cluster: LocalCluster) -> None:
     assert names == ["seq_write", "seq_read", "rand_4k_1t", "rand_4k_2t", "small_create", "small_stat",
                      "small_read"]
     assert all(r[k] > 0 for r in doc["rows"] for k in ("mount", "native", "local"))
-    assert len(table_lines(doc)) == 2 + len(names)
+    assert len(table_lines(doc)) == 2 + len(names) + 4  # and the big read's CPU per GiB, per target
+    cpu = doc["seq_read_cpu_s_per_gib"]
+    assert set(cpu) == {"mount", "native", "local"}
+    assert {"daemon_user", "daemon_sys", "reader_sys"} <= set(cpu["mount"])
     with loomfs.connect(str(cluster.root)) as fs:
         assert not [n for n in fs.listdir("/.bench") if n.startswith("bench-mount-")]

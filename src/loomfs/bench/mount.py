@@ -64,8 +64,11 @@ class Row:
 class _Files:
     """One target's file operations: plain paths (mount, local) or the client API (native)."""
 
-    def __init__(self, root: str, *, fs: Any = None, where: str = "", block_bytes: int = MOUNT_BLOCK_BYTES):
+    def __init__(self, root: str, *, fs: Any = None, where: str = "", block_bytes: int = MOUNT_BLOCK_BYTES,
+                 daemon_pid: int | None = None):
         self.root, self.fs, self.where, self.block_bytes = root, fs, where, block_bytes
+        self.daemon_pid = daemon_pid  # the mount's: its CPU is counted with the reader's
+        self.read_cpu: dict[str, float] = {}  # CPU seconds per GiB of the last read_big
 
     def p(self, rel: str) -> str:
         return f"{self.root}/{rel}"
@@ -88,23 +91,36 @@ class _Files:
             os.close(fd)
         return total / (time.perf_counter() - t0)
 
-    def read_big(self, rel: str) -> float:
+    def read_big(self, rel: str, size: int) -> float:
+        """Bytes/s of a cold sequential read; ``read_cpu``: CPU seconds per GiB it took (user
+        and system, of this process: the reader, or the native client with its threads; and
+        of the mount daemon)."""
+        d0 = _proc_cpu_s(self.daemon_pid)
+        t0_cpu = os.times()
         if self.fs is not None:
             from loomfs.bench.workloads import seq_read
 
             with loomfs.connect(self.where) as cold:  # its caches empty
-                return seq_read(cold, self.p(rel), NATIVE_BLOCK_BYTES)
-        buf = bytearray(self.block_bytes)
-        fd = os.open(self.p(rel), os.O_RDONLY)
-        try:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            total = 0
-            t0 = time.perf_counter()
-            while n := os.readv(fd, [buf]):
-                total += n
-            return total / (time.perf_counter() - t0)
-        finally:
-            os.close(fd)
+                rate = seq_read(cold, self.p(rel), NATIVE_BLOCK_BYTES)
+        else:
+            buf = bytearray(self.block_bytes)
+            fd = os.open(self.p(rel), os.O_RDONLY)
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+                total = 0
+                t0 = time.perf_counter()
+                while n := os.readv(fd, [buf]):
+                    total += n
+                rate = total / (time.perf_counter() - t0)
+            finally:
+                os.close(fd)
+        t1_cpu, d1 = os.times(), _proc_cpu_s(self.daemon_pid)
+        gib = size / (1 << 30)
+        self.read_cpu = {"reader_user": (t1_cpu.user - t0_cpu.user) / gib,
+                         "reader_sys": (t1_cpu.system - t0_cpu.system) / gib}
+        if d0 is not None and d1 is not None:
+            self.read_cpu |= {"daemon_user": (d1[0] - d0[0]) / gib, "daemon_sys": (d1[1] - d0[1]) / gib}
+        return rate
 
     def random_reads(self, rel: str, size: int, threads: int, count: int) -> float:
         """``count`` 4 KiB reads at random aligned offsets, split over ``threads``; IOPS."""
@@ -180,6 +196,19 @@ class _Files:
         return rates[0], rates[1], rates[2]
 
 
+def _proc_cpu_s(pid: int | None) -> tuple[float, float] | None:
+    """(user, system) CPU seconds of process ``pid`` so far (None: no such process)."""
+    if pid is None:
+        return None
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    tick = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / tick, int(fields[12]) / tick
+
+
 @contextlib.contextmanager
 def mounted(where: str, mgmtd: bool, options: str) -> Iterator[str]:
     """``loomfs mount`` (the daemon, as users run it) at a fresh directory; unmounted after."""
@@ -213,16 +242,21 @@ def run_mount_bench(where: str, plan: MountPlan, local_dir: str, *, mgmtd: bool 
         fs.makedirs(native.root, exist_ok=True)
         try:
             with mounted(where, mgmtd, plan.mount_options) as mp:
-                mnt = _Files(f"{mp}/.bench/{tag}/mnt")
+                from loomfs.mount import daemon
+
+                pid_text = daemon.state_files(mp)[0].read_text().strip()
+                mnt = _Files(f"{mp}/.bench/{tag}/mnt", daemon_pid=int(pid_text) if pid_text.isdigit() else None)
                 os.makedirs(mnt.root)
                 loc = _Files(local_root, block_bytes=LOCAL_BLOCK_BYTES)
                 targets = (("mount", mnt), ("native", native), ("local", loc))
                 vals: dict[str, dict[str, float]] = {}
+                cpu: dict[str, dict[str, float]] = {}
                 for label, t in targets:
                     step(f"big file write/read, {plan.big_bytes >> 20} MiB: {label}")
                     v = vals.setdefault(label, {})
                     v["seq_write"] = t.write_big("big", plan.big_bytes)
-                    v["seq_read"] = t.read_big("big")
+                    v["seq_read"] = t.read_big("big", plan.big_bytes)
+                    cpu[label] = t.read_cpu
                     for n in plan.threads:
                         step(f"4 KiB random reads, {n} thread(s): {label}")
                         v[f"rand_4k_{n}t"] = t.random_reads("big", plan.big_bytes, n, plan.rand_count)
@@ -238,7 +272,8 @@ def run_mount_bench(where: str, plan: MountPlan, local_dir: str, *, mgmtd: bool 
         finally:
             fs.rmtree(f"/.bench/{tag}")
             shutil.rmtree(local_root, ignore_errors=True)
-    return {"plan": plan.__dict__, "limits": lim, "rows": [r.__dict__ | {"vs_native": r.vs_native} for r in rows]}
+    return {"plan": plan.__dict__, "limits": lim, "rows": [r.__dict__ | {"vs_native": r.vs_native} for r in rows],
+            "seq_read_cpu_s_per_gib": cpu}
 
 
 def table_lines(doc: dict[str, Any]) -> list[str]:
@@ -255,6 +290,13 @@ def table_lines(doc: dict[str, Any]) -> list[str]:
             limit = f"{r['mount'] * 1e6 / lim['loopback_tcp_Bps']:.2f} TCP"
         out.append(f"{r['name']:<16} {r['unit']:<8} {r['mount']:>10.1f} {r['native']:>10.1f} {r['local']:>10.1f} "
                    f"{r['vs_native']:>13.2f} {limit:>12}")
+    cpu = doc.get("seq_read_cpu_s_per_gib") or {}
+    if cpu:
+        def fmt(d: dict[str, float]) -> str:
+            return ", ".join(f"{k} {v:.2f}" for k, v in d.items())
+        out.append("big read, CPU seconds per GiB (user/sys; the mount's reader's system time is the copy out of "
+                   "the page cache, the daemon's mostly the copy into it):")
+        out += [f"  {label}: {fmt(d)}" for label, d in cpu.items()]
     return out
 
 
