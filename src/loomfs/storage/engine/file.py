@@ -43,6 +43,10 @@ Request tags (see ``base``): the committed version's, packed (``tags`` BLOB of l
 CRCs, so ``commit`` writes them in its one ``INSERT OR REPLACE`` (no extra statement or fsync).
 In memory they stay packed (24 bytes a tag) and are decoded by ``get``. A pending update's tags
 live in memory only, like the rest of it: a crash drops them.
+
+Modules: ``file_rows`` (what is kept per chunk), ``file_fds`` (fd caches), ``file_crc`` (block
+CRC scans, checks and checked reads), ``file_index`` (the SQLite index), ``file_io`` (I/O
+policy), ``durable`` (durable commits: early data flushes and group commit).
 """
 
 from __future__ import annotations
@@ -50,13 +54,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import struct
 import threading
 from collections import OrderedDict
-from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
-from dataclasses import dataclass
 from heapq import merge
 from itertools import islice
 from pathlib import Path
@@ -68,18 +69,12 @@ from loomfs.storage.engine.base import ChunkEngine
 from loomfs.storage.engine.blocks import (
     bad_blocks,
     block_count,
-    block_crc,
     block_crcs_of,
-    block_mismatch,
-    check_blocks,
     check_range,
     check_stage_version,
-    crc_of_blocks,
     crc_zeros,
     extend_blocks,
-    first_changed,
     kept_blocks,
-    kept_why,
     missing_chunk,
     no_pending,
     restage_blocks,
@@ -87,6 +82,7 @@ from loomfs.storage.engine.blocks import (
 )
 from loomfs.storage.engine.chunkmap import ChunkMap
 from loomfs.storage.engine.durable import DurableCommits
+from loomfs.storage.engine.file_crc import BlockChecks
 from loomfs.storage.engine.file_index import ChunkIndex
 from loomfs.storage.engine.file_io import (
     DIRECT_ALIGN_BYTES,
@@ -99,43 +95,19 @@ from loomfs.storage.engine.file_io import (
     _pread,
     _pwrite_at,
 )
+from loomfs.storage.engine.file_rows import Meta, Pending
 from loomfs.storage.engine.tags import decode_tags, encode_tags, tags_ok
 from loomfs.storage.engine.types import (
-    BLOCK_BYTES,
     INDEX_END,
     ChunkKey,
     ChunkState,
     ChunkTag,
     Usage,
 )
-from loomfs.wire.status import Status
 
 logger = logging.getLogger(__name__)
 
-@dataclass(slots=True)
-class _Meta:
-    commit_ver: int
-    length: int
-    crc: int
-    file_ver: int
-    blocks: bytes | None  # packed block CRCs; None = not known yet (a row from schema 0)
-    tags: bytes  # packed request tags
-
-
-@dataclass(slots=True)
-class _Pending:
-    ver: int
-    length: int
-    crc: int
-    file_ver: int
-    fd: int
-    in_place: bool  # appended to the committed file past its committed length
-    blocks: bytes
-    tags: bytes
-    synced: Future[None] | None = None  # the data file's flush, started at staging (durable writes)
-
-
-class FileEngine(ChunkEngine):
+class FileEngine(BlockChecks, ChunkEngine):
     def __init__(
         self,
         path: str | os.PathLike[str],
@@ -159,8 +131,8 @@ class FileEngine(ChunkEngine):
         for d in (self.path, self._chunks_dir):  # data at rest: only the service's user (issue 13)
             os.chmod(d, 0o700)
         self._index = ChunkIndex(self.path / "index.sqlite", synchronous_full=fsync_on_commit)
-        self._meta: ChunkMap[_Meta] = ChunkMap()
-        self._pending: dict[ChunkKey, _Pending] = {}
+        self._meta: ChunkMap[Meta] = ChunkMap()
+        self._pending: dict[ChunkKey, Pending] = {}
         self._fds: OrderedDict[tuple[ChunkKey, int], int] = OrderedDict()
         self._scratch = bytearray(SCRATCH_BYTES)  # loop-thread only; pool threads have their own
         self._tls = threading.local()
@@ -182,7 +154,7 @@ class FileEngine(ChunkEngine):
                 tags = b""  # committed before tags
             elif not tags_ok(tags):
                 tags, bad_tags = b"", bad_tags + 1  # malformed: no dedupe for this version
-            self._meta.put(inode, idx, _Meta(ver, length, crc, file_ver, blocks, tags))
+            self._meta.put(inode, idx, Meta(ver, length, crc, file_ver, blocks, tags))
             self._used_bytes += length
         orphans = 0
         for bucket in self._chunks_dir.iterdir():
@@ -214,30 +186,6 @@ class FileEngine(ChunkEngine):
             self._durable.new_dirs.add(p.parent)  # a durable commit in it syncs chunks/ too
             return os.open(p, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
 
-    def _fd(self, key: ChunkKey, file_ver: int) -> int:
-        ck = (key, file_ver)
-        fd = self._fds.get(ck)
-        if fd is not None:
-            self._fds.move_to_end(ck)
-            return fd
-        fd = os.open(self._file(key, file_ver), os.O_RDWR)
-        self._cache_fd(ck, fd)
-        return fd
-
-    def _cache_fd(self, ck: tuple[ChunkKey, int], fd: int) -> None:
-        old = self._fds.pop(ck, None)
-        if old is not None and old != fd:
-            os.close(old)
-        self._fds[ck] = fd
-        while len(self._fds) > self.fd_cache_max:
-            os.close(self._fds.popitem(last=False)[1])
-
-    def _forget_fd(self, key: ChunkKey, file_ver: int) -> None:
-        for cache in (self._fds, self._direct_fds):
-            fd = cache.pop((key, file_ver), None)
-            if fd is not None:
-                os.close(fd)
-
     def _copy(self, src: int, dst: int, count: int) -> None:
         pos = 0
         while pos < count:
@@ -250,91 +198,8 @@ class FileEngine(ChunkEngine):
                 break
             pos += n
 
-    def _crc_of(self, fd: int, length: int) -> int:
-        value, pos, mv = 0, 0, memoryview(self._scratch)
-        while pos < length:
-            n = os.preadv(fd, [mv[: min(SCRATCH_BYTES, length - pos)]], pos)
-            if n <= 0:
-                raise OSError(5, f"short chunk file while computing CRC at {pos}/{length}")
-            value = crc32c.crc32c(mv[:n], value)
-            pos += n
-        return value
-
-    def _crc_range(self, fd: int, start: int, end: int) -> int:
-        """CRC32C of bytes [start, end) of a file (an edge block read back after a write)."""
-        view = memoryview(self._scratch)[: end - start]
-        _pread(fd, view, start)
-        return crc32c.crc32c(view)
-
-    def _scan_blocks(self, fd: int, length: int, *, whole: bool) -> tuple[bytes, int]:
-        """(block CRCs, whole-chunk CRC if ``whole`` else 0) of the file's first ``length`` bytes
-        (every byte hashed once: the whole-chunk CRC is joined from the block CRCs)."""
-        crcs: list[int] = []
-        mv = memoryview(self._scratch)
-        for pos in range(0, length, SCRATCH_BYTES):
-            piece = mv[: min(SCRATCH_BYTES, length - pos)]
-            _pread(fd, piece, pos)
-            crcs += [crc32c.crc32c(piece[off : off + BLOCK_BYTES]) for off in range(0, len(piece), BLOCK_BYTES)]
-        blocks = struct.pack(f"<{len(crcs)}I", *crcs)
-        return blocks, crc_of_blocks(blocks, length) if whole else 0
-
-    def _check_old_blocks(self, key: ChunkKey, m: _Meta, old_blocks: bytes, indexes: list[int], version: int) -> None:
-        """Read the committed content of blocks ``indexes`` (those an update keeps only in part,
-        at most two) and refuse the update if one no longer matches its stored CRC."""
-        fd = self._fd(key, m.file_ver)
-        for i in indexes:
-            start = i * BLOCK_BYTES
-            view = memoryview(self._scratch)[: min(BLOCK_BYTES, m.length - start)]
-            _pread(fd, view, start)
-            check_blocks(key, old_blocks, i, view, kept_why(version))
-
-    def _check_copy(
-        self, key: ChunkKey, fd: int, length: int, old_blocks: bytes, blocks: bytes, kept: tuple[range, range],
-        version: int,
-    ) -> int:
-        """The whole-chunk CRC of a copy-on-write file just written, read back in one pass and
-        checked against the CRC its new block CRCs (``blocks``: the stored ones of the blocks
-        ``kept`` as they were) add up to. A difference means copied bytes were rotten: the block
-        is found (a second pass, on this failure path only) and the stage refused."""
-        crc = self._crc_of(fd, length)
-        expect = crc_of_blocks(blocks, length)
-        if crc == expect:
-            return crc
-        computed, _ = self._scan_blocks(fd, length, whole=False)
-        i = first_changed(old_blocks, computed, kept)
-        if i >= 0:
-            raise block_mismatch(key, i, block_crc(old_blocks, i), block_crc(computed, i), kept_why(version))
-        raise StatusError(
-            Status.CHECKSUM_MISMATCH,
-            f"chunk {key}: the new file of update v{version} does not match its block CRCs "
-            f"(CRC {crc:08x}, expected {expect:08x}): refused",
-        )
-
-    def _known_blocks(self, key: ChunkKey, m: _Meta) -> bytes:
-        """``m``'s block CRCs; for a row from before block CRCs, computed from the file now
-        (checked against the whole-chunk CRC) and stored in the index."""
-        if m.blocks is not None:
-            return m.blocks
-        blocks, crc = self._scan_blocks(self._fd(key, m.file_ver), m.length, whole=True)
-        if crc != m.crc:
-            raise StatusError(
-                Status.CHECKSUM_MISMATCH,
-                f"chunk {key}: CRC mismatch (stored {m.crc:08x}, computed {crc:08x}) while computing "
-                "its first block CRCs (index from before block CRCs)",
-            )
-        m.blocks = blocks
-        self._index.set_blocks(key.inode, key.index, m.commit_ver, blocks)
-        return blocks
-
-    def _thread_scratch(self) -> memoryview:
-        """Two blocks of scratch owned by the calling pool thread (allocated once per thread)."""
-        buf = getattr(self._tls, "scratch", None)
-        if buf is None:
-            buf = self._tls.scratch = memoryview(bytearray(2 * BLOCK_BYTES))
-        return buf
-
     # ---- reads --------------------------------------------------------------------------
-    def _m(self, key: ChunkKey) -> _Meta | None:
+    def _m(self, key: ChunkKey) -> Meta | None:
         return self._meta.get(key.inode, key.index)
 
     def get(self, key: ChunkKey) -> ChunkState | None:
@@ -381,67 +246,6 @@ class FileEngine(ChunkEngine):
             self._read_checked(key, fd, direct_fd, into[:want], offset, m.length, blocks, memoryview(self._scratch))
         return want
 
-    def _fill(self, fd: int, direct_fd: Callable[[], int], view: memoryview, pos: int) -> None:
-        """Read ``view`` from ``pos``: its 4 KiB-aligned body with O_DIRECT when it is big and
-        aligned (``direct_fd()`` gives the fd, or -1), the rest through the page cache."""
-        got = 0
-        if self.direct_io and len(view) >= DIRECT_READ_MIN_BYTES and _direct_ok(view, pos):
-            dfd = direct_fd()
-            body = len(view) - len(view) % DIRECT_ALIGN_BYTES
-            try:
-                while 0 <= dfd and got < body:
-                    n = os.preadv(dfd, [view[got:body]], pos + got)
-                    got += max(0, n)
-                    if n <= 0 or n % DIRECT_ALIGN_BYTES:
-                        break  # end of file
-            except OSError:
-                self.direct_io = False
-                got = 0
-        _pread(fd, view[got:], pos + got)
-
-    def _read_checked(
-        self,
-        key: ChunkKey,
-        fd: int,
-        direct_fd: Callable[[], int],
-        into: memoryview,
-        offset: int,
-        length: int,
-        blocks: bytes,
-        scratch: memoryview,
-    ) -> None:
-        """Fill ``into`` from ``offset`` (not past ``length``), checking every block it touches:
-        the blocks it covers whole are read into ``into`` and hashed there, the (at most two)
-        it covers in part are read whole into ``scratch`` (2 blocks) and copied from."""
-        end = offset + len(into)
-        first, last = offset // BLOCK_BYTES, (end - 1) // BLOCK_BYTES
-        last_end = min((last + 1) * BLOCK_BYTES, length)
-        lo = first if offset % BLOCK_BYTES == 0 else first + 1  # blocks [lo, hi) are covered whole
-        hi = last + 1 if end == last_end else last
-        if lo >= hi:  # one or two partly covered blocks: one read of both
-            start = first * BLOCK_BYTES
-            view = scratch[: last_end - start]
-            _pread(fd, view, start)
-            check_blocks(key, blocks, first, view)
-            into[:] = view[offset - start : end - start]
-            return
-        inner_start, inner_end = lo * BLOCK_BYTES, min(hi * BLOCK_BYTES, length)
-        inner = into[inner_start - offset : inner_end - offset]
-        self._fill(fd, direct_fd, inner, inner_start)
-        check_blocks(key, blocks, lo, inner)
-        if lo > first:  # head block: a whole one (blocks follow it)
-            start = first * BLOCK_BYTES
-            view = scratch[:BLOCK_BYTES]
-            _pread(fd, view, start)
-            check_blocks(key, blocks, first, view)
-            into[: inner_start - offset] = view[offset - start :]
-        if hi <= last:  # tail block
-            start = last * BLOCK_BYTES
-            view = scratch[: last_end - start]
-            _pread(fd, view, start)
-            check_blocks(key, blocks, last, view)
-            into[start - offset :] = view[: end - start]
-
     def block_crcs(self, key: ChunkKey, *, pending: bool = False) -> list[int]:
         if pending:
             p = self._pending.get(key)
@@ -468,7 +272,7 @@ class FileEngine(ChunkEngine):
         return bad_blocks(m.blocks, computed)
 
     # ---- updates ------------------------------------------------------------------------
-    def _begin(self, key: ChunkKey, version: int) -> _Meta | None:
+    def _begin(self, key: ChunkKey, version: int) -> Meta | None:
         check_stage_version(self.get(key), key, version)
         self.abort(key)
         return self._m(key)
@@ -480,7 +284,7 @@ class FileEngine(ChunkEngine):
         m = self._m(key)
         return m.tags if m is not None else b""
 
-    def _stage(self, key: ChunkKey, p: _Pending) -> ChunkState:
+    def _stage(self, key: ChunkKey, p: Pending) -> ChunkState:
         self._pending[key] = p
         st = self.get(key)
         assert st is not None
@@ -510,7 +314,7 @@ class FileEngine(ChunkEngine):
                 self._drop_new(key, version, fd)
                 raise
             crc = data_crc if data_crc is not None else crc32c.crc32c(data)
-            return self._stage(key, _Pending(version, n, crc, version, fd, False, blocks, packed))
+            return self._stage(key, Pending(version, n, crc, version, fd, False, blocks, packed))
         if m is not None and offset >= committed_len:  # append (maybe past a gap), in place
             old_blocks = self._known_blocks(key, m)
             fd = os.open(self._file(key, m.file_ver), os.O_RDWR)
@@ -523,7 +327,7 @@ class FileEngine(ChunkEngine):
                 raise
             crc = crc32c.crc32c(data, crc_zeros(offset - committed_len, m.crc))
             blocks = extend_blocks(old_blocks, committed_len, offset + n, data, offset)
-            return self._stage(key, _Pending(version, offset + n, crc, m.file_ver, fd, True, blocks, packed))
+            return self._stage(key, Pending(version, offset + n, crc, m.file_ver, fd, True, blocks, packed))
         old_blocks = self._known_blocks(key, m) if m is not None else b""
         kept, part = kept_blocks(committed_len, offset, offset + n)
         if m is not None:  # the old bytes of the blocks it changes in part: checked before copying
@@ -551,7 +355,7 @@ class FileEngine(ChunkEngine):
         except BaseException:
             self._drop_new(key, version, fd)
             raise
-        return self._stage(key, _Pending(version, length, crc, version, fd, False, blocks, packed))
+        return self._stage(key, Pending(version, length, crc, version, fd, False, blocks, packed))
 
     def stage_truncate(
         self, key: ChunkKey, version: int, length: int, *, tags: tuple[ChunkTag, ...] | None = None
@@ -570,7 +374,7 @@ class FileEngine(ChunkEngine):
                 raise
             crc = crc_zeros(length - m.length, m.crc)
             blocks = extend_blocks(old_blocks, m.length, length, b"", length)
-            return self._stage(key, _Pending(version, length, crc, m.file_ver, fd, True, blocks, packed))
+            return self._stage(key, Pending(version, length, crc, m.file_ver, fd, True, blocks, packed))
         old_blocks = self._known_blocks(key, m) if m is not None else b""
         old_len = m.length if m is not None else 0
         kept, part = kept_blocks(old_len, length, old_len)
@@ -591,7 +395,7 @@ class FileEngine(ChunkEngine):
         except BaseException:
             self._drop_new(key, version, fd)
             raise
-        return self._stage(key, _Pending(version, length, crc, version, fd, False, blocks, packed))
+        return self._stage(key, Pending(version, length, crc, version, fd, False, blocks, packed))
 
     def _write_whole(self, key: ChunkKey, file_ver: int, fd: int, data: memoryview | bytes) -> bytes:
         """Write a whole new chunk file; returns its block CRCs. A big chunk is hashed on the
@@ -715,7 +519,7 @@ class FileEngine(ChunkEngine):
             self._drop_new(key, version, fd)
             raise
         crc = data_crc if data_crc is not None else crc32c.crc32c(data)
-        st = self._stage(key, _Pending(version, len(data), crc, version, fd, False, blocks, packed))
+        st = self._stage(key, Pending(version, len(data), crc, version, fd, False, blocks, packed))
         if sync:
             self._start_sync(key)
         return st
@@ -724,28 +528,6 @@ class FileEngine(ChunkEngine):
         p = self._pending[key]
         p.synced = self._durable.start_sync(p.fd)
 
-    def _direct_fd(self, key: ChunkKey, file_ver: int) -> int:
-        ck = (key, file_ver)
-        fd = self._direct_fds.get(ck)
-        if fd is not None:
-            self._direct_fds.move_to_end(ck)
-            return fd
-        fd = os.open(self._file(key, file_ver), os.O_RDONLY | os.O_DIRECT)
-        self._direct_fds[ck] = fd
-        while len(self._direct_fds) > self.fd_cache_max:
-            os.close(self._direct_fds.popitem(last=False)[1])
-        return fd
-
-    def _direct_fd_or_none(self, key: ChunkKey, file_ver: int) -> int:
-        """The cached O_DIRECT fd, or -1 when O_DIRECT is off or refused (then off for good)."""
-        if not self.direct_io:
-            return -1
-        try:
-            return self._direct_fd(key, file_ver)
-        except OSError:
-            self.direct_io = False
-            return -1
-
     def _drop_new(self, key: ChunkKey, file_ver: int, fd: int) -> None:
         os.close(fd)
         try:
@@ -753,7 +535,7 @@ class FileEngine(ChunkEngine):
         except FileNotFoundError:
             pass
 
-    def _write_row(self, key: ChunkKey, p: _Pending, fsync: bool) -> None:
+    def _write_row(self, key: ChunkKey, p: Pending, fsync: bool) -> None:
         if fsync:
             os.fsync(p.fd)
         self._index.put(key.inode, key.index, p.ver, p.length, p.crc, p.file_ver, p.blocks, p.tags)
@@ -785,7 +567,7 @@ class FileEngine(ChunkEngine):
                 await asyncio.wait({task})
             raise
 
-    async def _commit_synced(self, key: ChunkKey, p: _Pending, durable: bool) -> ChunkState:
+    async def _commit_synced(self, key: ChunkKey, p: Pending, durable: bool) -> ChunkState:
         try:
             if self._executor is not None:
                 await asyncio.get_running_loop().run_in_executor(self._executor, self._write_row, key, p, True)
@@ -797,7 +579,7 @@ class FileEngine(ChunkEngine):
             raise
         return self._install(key, p)
 
-    def _install(self, key: ChunkKey, p: _Pending) -> ChunkState:
+    def _install(self, key: ChunkKey, p: Pending) -> ChunkState:
         """Memory follows the index row just written: ``p`` is the committed version."""
         old = self._m(key)
         if old is not None:
@@ -806,7 +588,7 @@ class FileEngine(ChunkEngine):
                 self._forget_fd(key, old.file_ver)
                 self._file(key, old.file_ver).unlink(missing_ok=True)
         self._used_bytes += p.length
-        self._meta.put(key.inode, key.index, _Meta(p.ver, p.length, p.crc, p.file_ver, p.blocks, p.tags))
+        self._meta.put(key.inode, key.index, Meta(p.ver, p.length, p.crc, p.file_ver, p.blocks, p.tags))
         self._cache_fd((key, p.file_ver), p.fd)
         st = self.get(key)
         assert st is not None
@@ -886,10 +668,7 @@ class FileEngine(ChunkEngine):
         self._release()
 
     def _release(self) -> None:
-        while self._fds:
-            os.close(self._fds.popitem()[1])
-        while self._direct_fds:
-            os.close(self._direct_fds.popitem()[1])
+        self._close_fds()
         for pool in (self._io, self._hasher):
             if pool is not None:
                 pool.shutdown(wait=True)
