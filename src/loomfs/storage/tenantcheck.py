@@ -32,7 +32,8 @@ from loomfs.wire.status import Status
 logger = logging.getLogger(__name__)
 
 Resolver = Callable[[str], Awaitable["int | None"]]
-NAMES_MAX = 4096  # tenant names kept (resolved and unknown); TENANT_MAX is 32767
+# unknown names remembered (for retry_s); known ones are real tenants, at most TENANT_MAX (32767)
+UNKNOWN_MAX = 4096
 
 
 class TenantCheck:
@@ -78,11 +79,8 @@ class TenantCheck:
         if running is None:  # one question to meta per name at a time
             running = self._lookups[name] = asyncio.ensure_future(self._ask(name))
         number = await asyncio.shield(running)
-        if number is None:
-            return
-        if len(self.numbers) >= NAMES_MAX:
-            self.numbers = {"": 0}
-        self.numbers[name] = number
+        if number is not None:
+            self.numbers[name] = number
 
     async def _ask(self, name: str) -> int | None:
         assert self.resolve is not None
@@ -95,7 +93,7 @@ class TenantCheck:
         finally:
             self._lookups.pop(name, None)
         if number is None:
-            if len(self._unknown_until) >= NAMES_MAX:
+            if len(self._unknown_until) >= UNKNOWN_MAX:
                 self._unknown_until.clear()
             self._unknown_until[name] = self.monotonic() + self.retry_s
         return number
