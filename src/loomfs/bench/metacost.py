@@ -29,11 +29,13 @@ from loomfs.net.protocol import FrameProtocol
 from loomfs.net.rpc import RpcServer
 from loomfs.wire import frame as fr
 from loomfs.wire import meta as w
+from loomfs.wire import meta_batch as wb
 from loomfs.wire.message import Message, Method
 from loomfs.wire.types import Layout
 
 
-KINDS = ("stat", "read", "put", "create")
+KINDS = ("stat", "read", "put", "create", "read_many", "stat_many")
+BATCH_FILES = 100  # paths per READ_MANY / STAT_MANY (as the bench sends them)
 
 
 class _CountingTransport:
@@ -71,7 +73,8 @@ def request_frame(m: Method, req: Message, rid: int) -> bytes:
     return fr.encode(fr.KIND_REQUEST, fr.Header(m.service, m.method, rid, 10_000, 0, "", req.to_wire()))
 
 
-async def measure(files: int, rounds: int, kinds: tuple[str, ...] = KINDS) -> dict[tuple[str, str], float]:
+async def measure(files: int, rounds: int, kinds: tuple[str, ...] = KINDS, *,
+                  metrics: bool = False) -> dict[tuple[str, str], float]:
     tmp = tempfile.mkdtemp(prefix="loomfs-metacost-")
     store = SqliteStore(os.path.join(tmp, "meta.db"))
     ns = Namespace(store, routing=cast(Any, _OneChain()), rng=random.Random(1),
@@ -82,6 +85,11 @@ async def measure(files: int, rounds: int, kinds: tuple[str, ...] = KINDS) -> di
     server = RpcServer("meta", cast(Any, None))
     server.add_service(MetaService(live))
     server.add_service(BatchService(live))
+    if metrics:  # as meta.server does: RPC observers and timed store transactions
+        from loomfs.metrics import instrument_meta_store, start_service_metrics
+
+        served = await start_service_metrics("meta", server, None, port=-1)
+        instrument_meta_store(store, served.registry)
     proto = FrameProtocol(server._new_connection)  # noqa: SLF001  (the server's own sink factory)
     tr = _CountingTransport()
     proto.connection_made(cast(Any, tr))
@@ -95,6 +103,12 @@ async def measure(files: int, rounds: int, kinds: tuple[str, ...] = KINDS) -> di
 
     def frames(kind: str) -> list[bytes]:
         out = []
+        if kind in ("read_many", "stat_many"):
+            m = wb.READ_MANY if kind == "read_many" else wb.STAT_MANY
+            for i in range(0, len(paths), BATCH_FILES):
+                rid[0] += 1
+                out.append(request_frame(m, wb.PathsReq(paths=paths[i : i + BATCH_FILES]), rid[0]))
+            return out
         for p in paths:
             rid[0] += 1
             if kind == "stat":
@@ -135,10 +149,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--files", type=int, default=1000)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--metrics", action="store_true", help="with meta's Prometheus instrumentation")
     ap.add_argument("--only", default="", help="comma list of kinds (default all: stat,read,put,create)")
     args = ap.parse_args()
     kinds = tuple(args.only.split(",")) if args.only else KINDS
-    best = asyncio.run(measure(args.files, args.rounds, kinds))
+    best = asyncio.run(measure(args.files, args.rounds, kinds, metrics=args.metrics))
     for kind in kinds:
         print(f"{kind:5s} " + "   ".join(f"{who} {best[(kind, who)]:6.1f} us" for who in ("trusted", "uid0", "uid1000")))
 
