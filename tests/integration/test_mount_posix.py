@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 from test_mount import _mount, _umount, snapshot
 
+import loomfs
 from loomfs.testing import LocalCluster
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
@@ -791,3 +792,32 @@ def test_mmap_read_and_shared_write(roots: tuple[Path, Path]) -> None:
         return seen
 
     same(roots, scenario)
+
+
+def test_descriptor_used_after_a_close(roots: tuple[Path, Path], cluster: LocalCluster) -> None:
+    """The close(2) of a file's only descriptor closes its client file (one round trip for a
+    small file); a dup'd descriptor and a shared mapping made before the close go on writing
+    (the open file is reopened), and what they wrote is what another client reads."""
+    import mmap
+
+    def scenario(r: Path) -> list[object]:
+        p = r / "d"
+        fd = os.open(p, os.O_RDWR | os.O_CREAT, 0o644)
+        fd2 = os.dup(fd)
+        os.write(fd, b"first.")
+        os.close(fd)  # FLUSH: the file is closed, fd2 still open
+        seen: list[object] = [p.read_bytes()]
+        os.write(fd2, b"second.")
+        seen.append(os.pread(fd2, 64, 0))
+        m = mmap.mmap(fd2, 13)
+        os.close(fd2)
+        seen.append(p.read_bytes())
+        m[0:5] = b"FIRST"  # through the mapping, after its descriptors are gone
+        m.flush()
+        m.close()
+        seen.append(p.read_bytes())
+        return seen
+
+    same(roots, scenario)
+    with loomfs.connect(str(cluster.root)) as fs:
+        assert fs.cat(f"/{roots[1].name}/d") == b"FIRST.second."

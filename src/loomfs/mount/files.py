@@ -52,16 +52,27 @@ class FileOps(pyfuse3.Operations):
         def _inode_path(self, inode: int) -> str: ...
 
     def _writers(self, inode: int) -> list[Handle]:
-        return [h for h in self.handles.values() if isinstance(h, Handle) and h.inode == inode and h.writable]
+        """Write handles of ``inode`` with an open client file (not one a close(2) closed)."""
+        return [h for h in self.handles.values()
+                if isinstance(h, Handle) and h.inode == inode and h.writable and not h.file.closed]
 
     def _writer(self, inode: int) -> Handle | None:
         """A write handle of ``inode``: every write open of a file here shares one client
         file (and its lock), so each descriptor reads, sizes and appends what the others
         wrote, as with one kernel inode."""
         for h in self.handles.values():
-            if isinstance(h, Handle) and h.inode == inode and h.writable:
+            if isinstance(h, Handle) and h.inode == inode and h.writable and not h.file.closed:
                 return h
         return None
+
+    async def _usable(self, h: Handle) -> None:
+        """Reopen ``h``'s client file when the close(2) of its only descriptor closed it
+        (``flush``) and the open file is used again: a dup'd descriptor, or the writeback
+        of a shared mapping made before the close."""
+        if h.file.closed:
+            async with h.lock:
+                if h.file.closed:
+                    h.file = await self.call(self.client.open(self._inode_path(h.inode), "r+b"))
 
     def _new_handle(self, h: Handle | DirStream) -> int:
         fh = self._next_fh
@@ -180,6 +191,8 @@ class FileOps(pyfuse3.Operations):
     async def read(self, fh: int, off: int, size: int) -> memoryview:
         h = self.handles[fh]
         assert isinstance(h, Handle)
+        if h.writable:
+            await self._usable(h)
         w = h if h.writable else self._writer(h.inode)
         self.stats.read_started(size)
         n = 0
@@ -214,6 +227,7 @@ class FileOps(pyfuse3.Operations):
     async def write(self, fh: int, off: int, buf: bytes) -> int:
         h = self.handles[fh]
         assert isinstance(h, Handle)
+        await self._usable(h)
         if h.append:  # the end as the kernel knows it, or as this mount's writer does
             off = max(off, h.file.length)
         async with h.lock:
@@ -241,15 +255,20 @@ class FileOps(pyfuse3.Operations):
 
     @fuse_errors
     async def flush(self, fh: int) -> None:
-        """close(2) of a descriptor: the bytes and the length reach meta (close-to-open)."""
+        """close(2) of a descriptor: the bytes and the length reach meta (close-to-open).
+        When no other open of this mount shares the client file, it is closed here, in one
+        round trip for a small file (its last bytes with the session's end) instead of a
+        sync now and a CLOSE at release; ``_usable`` reopens it if the open file is used
+        again (a dup'd descriptor, a shared mapping's writeback)."""
         h = self.handles[fh]
-        if isinstance(h, Handle) and h.writable:
-            await self._synced(h)
+        if isinstance(h, Handle) and h.writable and not h.file.closed:
+            shared = any(isinstance(o, Handle) and o is not h and o.file is h.file for o in self.handles.values())
+            await self._synced(h, close=not shared)
 
     @fuse_errors
     async def fsync(self, fh: int, datasync: bool) -> None:
         h = self.handles[fh]
-        if isinstance(h, Handle) and h.writable:
+        if isinstance(h, Handle) and h.writable and not h.file.closed:  # closed: all synced
             await self._synced(h)
 
     @fuse_errors
@@ -260,7 +279,7 @@ class FileOps(pyfuse3.Operations):
                 h.prefetch.close()
             try:
                 shared = any(isinstance(o, Handle) and o.file is h.file for o in self.handles.values())
-                if h.writable:
+                if h.writable and not h.file.closed:  # closed: by the flush of its close(2)
                     await self._synced(h, close=not shared)  # the last descriptor closes it
                 elif not shared:
                     await self.call(h.file.close())

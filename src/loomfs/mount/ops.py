@@ -165,7 +165,7 @@ class LoomOperations(OrphanOps, FileOps):
         if fields.update_size:
             self.drop_prefetched(inode)
             h = self.handles.get(fh) if fh is not None else None
-            writers = [h] if isinstance(h, Handle) and h.writable else self._writers(inode)
+            writers = [h] if isinstance(h, Handle) and h.writable and not h.file.closed else self._writers(inode)
             if writers:  # through the open file, so its own idea of the length follows
                 async with writers[0].lock:
                     writers[0].file.path = path  # the file truncates by path: its name now
