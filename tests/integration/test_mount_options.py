@@ -97,6 +97,31 @@ def test_cache_none_and_direct_io(cluster: LocalCluster) -> None:
         p.unlink()
 
 
+def test_direct_read(cluster: LocalCluster) -> None:
+    """direct_read: read-only opens bypass the page cache (a shared mapping of one is refused,
+    a private one works); a write open still goes through it."""
+    import json
+
+    data = os.urandom(3 << 20)
+    with mounted(cluster, "-o", "direct_read") as mp:
+        p = mp / f"dread-{os.getpid()}"
+        p.write_bytes(data)
+        assert _read_through(p) == data
+        assert resident_pages(p) == 0  # the read left nothing cached (mincore's open is read-only too)
+        with open(p, "rb") as f:
+            with pytest.raises(OSError) as exc:
+                mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+            assert exc.value.errno == errno.ENODEV
+            with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY) as m:
+                assert m[:4096] == data[:4096]
+        with open(p, "r+b") as f, mmap.mmap(f.fileno(), 0) as m:  # a write open: page cache, shared maps
+            m[:4] = b"ABCD"
+        assert p.read_bytes()[:8] == b"ABCD" + data[4:8]
+        stats = json.loads(os.getxattr(mp, "user.loomfs.stats"))
+        assert stats["read_prefetched"] > 0  # the direct reads are a sequential stream too
+        p.unlink()
+
+
 def test_o_direct(cluster: LocalCluster) -> None:
     with mounted(cluster) as mp:
         p = mp / f"odirect-{os.getpid()}"

@@ -83,7 +83,8 @@ class FileOps(pyfuse3.Operations):
     def _file_info(self, h: Handle, flags: int) -> pyfuse3.FileInfo:
         fi = pyfuse3.FileInfo()
         fi.fh = self._new_handle(h)
-        fi.direct_io = self.options.direct_io or bool(flags & os.O_DIRECT)
+        fi.direct_io = (self.options.direct_io or bool(flags & os.O_DIRECT)
+                        or (self.options.direct_read and not h.writable))
         fi.keep_cache = self._keep_cache(h)
         return fi
 

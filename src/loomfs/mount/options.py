@@ -27,6 +27,9 @@ class MountOptions:
     # (strict) or always (relaxed paths); "keep" always; "none" drops it at every open
     cache: str = "auto"
     direct_io: bool = False  # every read and write goes to the mount (no page cache, no read-ahead)
+    # read-only opens bypass the page cache (streamed datasets: no copy into and out of it;
+    # a MAP_SHARED mmap of such an open fails with ENODEV, MAP_PRIVATE works)
+    direct_read: bool = False
     read_only: bool = False  # ro: the kernel refuses writes (EROFS) and so does the mount
     uid_map: IdMap = field(default_factory=IdMap)  # local <-> stored uids (loomfs.mount.idmap)
     gid_map: IdMap = field(default_factory=IdMap)
@@ -58,8 +61,8 @@ class MountOptions:
                     kw["cache"] = value
                 elif key in ("uid_map", "gid_map"):
                     kw[key] = IdMap.parse(value)
-                elif key == "direct_io":
-                    kw["direct_io"] = True
+                elif key in ("direct_io", "direct_read"):
+                    kw[key] = True
                 elif key == "ro":
                     kw["read_only"] = True
                     kernel.add(opt)
