@@ -14,7 +14,7 @@ from loomfs.meta.ops.walk import Resolved, walk
 from loomfs.meta.paths import check_symlink_target, split_path
 from loomfs.meta.store.base import MetaTxn
 from loomfs.wire.status import Status
-from loomfs.wire.types import Attr, DirEntry, Layout
+from loomfs.wire.types import ROOT_INODE, Attr, DirEntry, Layout
 
 READDIR_LIMIT_DEFAULT = 1024
 READDIR_LIMIT_MAX = 8192
@@ -32,6 +32,11 @@ class Statfs:
 class DirOps(NamespaceBase):
     async def stat(self, path: str, *, follow_symlinks: bool = True) -> Attr:
         parts = split_path(path)
+        who = caller()
+        if who.uid == 0 and not who.tenant:  # root checks nothing: one statement when the engine can
+            hit = self.store.quick_attr(ROOT_INODE, parts, follow_last=follow_symlinks)
+            if hit is not None:
+                return hit[0]
         async with self.store.read() as txn:
             r = await walk(txn, parts, follow_last=follow_symlinks)
             if r.inode is None:

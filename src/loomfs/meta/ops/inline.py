@@ -50,7 +50,7 @@ from loomfs.meta.paths import split_path
 from loomfs.meta.store.base import GcEntry, InlineData, MetaTxn, TrimEntry
 from loomfs.meta.trim import queue_trim
 from loomfs.wire.status import Status
-from loomfs.wire.types import Attr
+from loomfs.wire.types import ROOT_INODE, Attr
 
 logger = logging.getLogger(__name__)
 
@@ -146,6 +146,12 @@ class InlineOps(NamespaceBase):
     async def read(self, path: str, *, follow_symlinks: bool = True) -> tuple[Attr, bytes | None]:
         """A file's attributes and, when it is inline, its content (READ)."""
         parts = split_path(path)
+        who = caller()
+        if who.uid == 0 and not who.tenant:  # root checks nothing: one statement when the engine can
+            hit = self.store.quick_attr(ROOT_INODE, parts, follow_last=follow_symlinks, with_inline=True)
+            if hit is not None:
+                attr, row = hit
+                return attr, (check_crc(attr.inode, row) if row is not None else None)
         async with self.store.read() as txn:
             r = await walk(txn, parts, follow_last=follow_symlinks)
             if r.inode is None:

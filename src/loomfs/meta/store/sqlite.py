@@ -38,14 +38,22 @@ import logging
 import os
 import sqlite3
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from typing import Any
 
 from loomfs.common.retry import Backoff
-from loomfs.meta.store.base import CommitFailed, MetaStore, MetaTxn, note_commit
-from loomfs.meta.store.sqlite_txn import ReadOnlyTxn, SqliteTxn, migrate_schema
+from loomfs.meta.store.base import CommitFailed, InlineData, MetaStore, MetaTxn, note_commit
+from loomfs.meta.store.sqlite_txn import (
+    LOOKUP_PATH_MAX,
+    ReadOnlyTxn,
+    SqliteTxn,
+    migrate_schema,
+    quick_attr_row,
+    quick_attr_sql,
+)
+from loomfs.wire.types import Attr
 
 __all__ = ["ReadOnlyTxn", "SqliteStore", "SqliteTxn"]
 
@@ -165,6 +173,7 @@ class SqliteStore(MetaStore):
         self.commits = 0
         self.groups = 0
         self.groups_failed = 0
+        self.quick_reads = 0  # stat/READ answered by ``quick_attr`` (one statement, no transaction)
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> SqliteStore:
@@ -224,6 +233,26 @@ class SqliteStore(MetaStore):
                         self._readers.append(c)
                     else:
                         c.close()
+
+    def quick_attr(self, root: int, names: Sequence[str], *, follow_last: bool,
+                   with_inline: bool = False) -> tuple[Attr, InlineData | None] | None:
+        """One statement on the write connection while it holds nothing uncommitted (the
+        condition ``read`` runs there under), so it sees committed data only; a statement is
+        its own snapshot. Nothing awaits here: no writer can start in between."""
+        n = len(names)
+        if not 0 < n <= LOOKUP_PATH_MAX or self._closed:
+            return None
+        if self._single:
+            if self._lock.locked():
+                return None
+        elif self._conn_reading or self._in_body or self._group or self._committing:
+            return None
+        c = self._conn
+        if c.in_transaction:
+            return None
+        row = c.execute(quick_attr_sql(n, with_inline), (root, *names)).fetchone()
+        self.quick_reads += 1
+        return quick_attr_row(row, n, follow_last, with_inline)
 
     def _open_reader(self) -> sqlite3.Connection:
         c = _connect(self.path, self._busy_timeout_s)

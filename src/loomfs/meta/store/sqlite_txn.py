@@ -64,7 +64,7 @@ _PUT_INODE = f"INSERT OR REPLACE INTO inodes ({_INODE_COLS}) VALUES (?,?,?,?,?,?
 _TOUCH = "UPDATE inodes SET mtime_ns = ?, ctime_ns = ?, nlink = nlink + ? WHERE id = ?"
 _DEL_INODE = "DELETE FROM inodes WHERE id = ?"
 _LOOKUP = "SELECT inode, type FROM dentries WHERE parent = ? AND name = ?"
-_LOOKUP_PATH_MAX = 16  # deeper paths: a statement per component (``MetaTxn.lookup_path``)
+LOOKUP_PATH_MAX = 16  # deeper paths: a statement per component (``MetaTxn.lookup_path``)
 _DIR_TYPE = int(FileType.DIRECTORY)
 
 
@@ -81,6 +81,40 @@ def _lookup_path_sql(n: int) -> str:
     return f"SELECT {cols} FROM dentries d0 {joins} WHERE d0.parent = ?1 AND d0.name = ?2"
 
 
+@functools.cache
+def quick_attr_sql(n: int, with_inline: bool) -> str:
+    """``n`` entries along the names from ?1 (inner joins: no row unless all are there), their
+    types, then the last one's inode row (and inline row) : see ``MetaStore.quick_attr``."""
+    types = ", ".join(f"d{k}.type" for k in range(n))
+    joins = " ".join(f"JOIN dentries d{k} ON d{k}.parent = d{k - 1}.inode AND d{k}.name = ?{k + 2}"
+                     for k in range(1, n))
+    cols = ", ".join(f"i.{c.strip()}" for c in _INODE_COLS.split(","))
+    extra = ", x.data, x.crc, x.version, x.chunks_dirty" if with_inline else ""
+    inline_join = " LEFT JOIN inline_data x ON x.inode = i.id" if with_inline else ""
+    return (f"SELECT {types}, {cols}{extra} FROM dentries d0 {joins} JOIN inodes i ON i.id = d{n - 1}.inode"
+            f"{inline_join} WHERE d0.parent = ?1 AND d0.name = ?2")
+
+
+def quick_attr_row(row: tuple[Any, ...] | None, n: int, follow_last: bool,
+                   with_inline: bool) -> tuple[Attr, InlineData | None] | None:
+    """``quick_attr_sql``'s row as ``MetaStore.quick_attr``'s answer (None: not a clean hit)."""
+    if row is None:
+        return None
+    for k in range(n - 1):
+        if row[k] != _DIR_TYPE:
+            return None
+    if follow_last and row[n - 1] == _LINK_TYPE:
+        return None
+    attr = _attr(row[n : n + 14])
+    inline = None
+    if with_inline and attr.inline:
+        if row[n + 14] is None:
+            return None  # an inline inode without its row: the walk's path reports it (EIO)
+        inline = InlineData(bytes(row[n + 14]), row[n + 15], row[n + 16], bool(row[n + 17]))
+    return attr, inline
+
+
+_LINK_TYPE = int(FileType.SYMLINK)
 _LIST = "SELECT name, inode, type FROM dentries WHERE parent = ? AND name > ? ORDER BY name LIMIT ?"
 _HAS = "SELECT 1 FROM dentries WHERE parent = ? LIMIT 1"
 _PUT_DENTRY = "INSERT OR REPLACE INTO dentries (parent, name, inode, type) VALUES (?,?,?,?)"
@@ -209,7 +243,7 @@ class SqliteTxn(MetaTxn):
         """One statement for the whole path (a join per component; each next entry only under
         a directory): the same rows as one ``lookup`` per name, a fifth of the statements."""
         n = len(names)
-        if n < 2 or n > _LOOKUP_PATH_MAX:
+        if n < 2 or n > LOOKUP_PATH_MAX:
             return await super().lookup_path(parent, names)
         row = self._c.execute(_lookup_path_sql(n), (parent, *names)).fetchone()
         out: list[DentryRow] = []
