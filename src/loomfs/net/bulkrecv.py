@@ -121,13 +121,17 @@ class BulkReceiver:
         with self._lock:
             if self._pid != os.getpid():
                 self._reset()
-            self.jobs_total += 1
             if self._idle <= 0 and self._threads < self.threads_max:
+                try:
+                    threading.Thread(target=self._work, args=(self._queue,), name=f"loomfs-recv-{self._threads + 1}",
+                                     daemon=True).start()
+                except RuntimeError as exc:  # can't start new thread
+                    job.sock.close()
+                    raise OSError(f"no receive thread: {exc}") from exc
                 self._threads += 1
-                threading.Thread(target=self._work, args=(self._queue,), name=f"loomfs-recv-{self._threads}",
-                                 daemon=True).start()
             else:
                 self._idle -= 1  # taken by a waiting thread (or queued behind a busy one)
+            self.jobs_total += 1
             self._queue.put(job)
         return job
 
