@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 import pytest
 from test_perm import _OneChain
 
-from loomfs.common.identity import TRUSTED, Identity
+from loomfs.common.identity import TRUSTED, Identity, Right
 from loomfs.meta import tenancy
 from loomfs.meta.caller import acting_as
 from loomfs.meta.ops.inline import Patch
@@ -133,3 +133,23 @@ def test_live_inodes_answers_for_every_tenant(env: Env) -> None:
     gone = env.put("/h", b"z", TRUSTED).inode
     env.run(env.ns.unlink("/h"))
     assert env.run(env.ns.live_inodes([f.inode, g.inode, gone, 1 << 60])) == [f.inode, g.inode]
+
+
+def test_a_tenantless_user_reaches_only_the_shared_range_by_number(env: Env) -> None:
+    """A tenant-less user token is confined to the shared namespace (tenant 0) for calls by
+    inode number, as storage confines its chunk access; admins and services reach every inode."""
+    env.run(env.ns.create_tenant("acme", uid=1000, gid=1000))
+    o = env.run(env.ns.open("/f", os.O_CREAT | os.O_WRONLY, mode=0o666), ACME)
+    ino, sid = o.attr.inode, o.session_id
+    shared_user = Identity(uid=1000, gid=1000)  # no tenant, no ADMIN
+    for victim in (ino, tenancy.root_of(1)):
+        assert env.err(env.ns.write_inline(victim, sid, [Patch(0, b"x")]), shared_user) == errno.ENOENT
+        assert env.err(env.ns.setattr("/", inode=victim, mode=0o777), shared_user) == errno.ENOENT
+        assert env.err(env.ns.sync(victim, 5), shared_user) == errno.ENOENT
+    env.run(env.ns.setattr("/", mode=0o777))  # (root's "/" is 0755)
+    mine = env.put("/mine", b"m", shared_user)  # its own range still works by number
+    env.run(env.ns.setattr("/", inode=mine.inode, mode=0o600), shared_user)
+    admin = Identity(uid=0, gid=0, rights=Right.user() | Right.ADMIN)
+    assert admin.privileged
+    env.run(env.ns.setattr("/", inode=ino, mode=0o640), admin)
+    assert env.run(env.ns.stat("/f"), ACME).mode & 0o777 == 0o640

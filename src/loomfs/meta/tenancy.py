@@ -73,6 +73,7 @@ async def tenant_number(txn: MetaTxn, name: str) -> int:
 
 
 async def confine(txn: MetaTxn, name: str, inode: int) -> None:
-    """A call by inode number from a caller of tenant ``name``: ENOENT outside its range."""
-    if name and tenant_of(inode) != await tenant_number(txn, name):
+    """A call by inode number from a (non-privileged) caller of tenant ``name``: ENOENT outside
+    its range; a tenant-less caller's range is the shared namespace's (tenant 0)."""
+    if tenant_of(inode) != await tenant_number(txn, name):
         raise StatusError(Status.ENOENT, f"inode {inode}")
