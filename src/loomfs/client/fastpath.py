@@ -162,7 +162,9 @@ class SyncMetaPath:
     def _transport_parts(self) -> tuple[Credential | None, ssl.SSLContext | None]:
         """The credential and TLS context the async core's connections use; ``Unavailable``
         when its transport is not plain TCP (fault injection, the simulator)."""
-        rpc = self._meta.rpc
+        rpc = getattr(self._meta, "rpc", None)
+        if rpc is None:  # nothing to prove (a bare address: tests)
+            return None, None
         transport = getattr(rpc, "transport", None)
         if not isinstance(transport, TcpTransport):
             raise Unavailable(f"transport {type(transport).__name__}")
