@@ -7,6 +7,11 @@ write, truncate and remove it sends for that inode; storage verifies it (unless 
 LoomFS service: a chain peer forwarding, meta's GC, a resync). A grant is bound to the token
 that opened the file, so one copied off the wire is useless on another token's connection.
 
+Read grants have the same form under another key (``read_grant_key``): meta mints one after
+its read-permission check (READ_GRANTS, ``meta/readgrants.py``), the client sends it with every
+chunk READ of that inode, and storage checks it (``storage/grantcheck.py: ReadGrantCheck``). A
+write grant is never a read grant, nor the reverse (the keys differ).
+
 Pure: no I/O, no clocks (the caller passes ``now_s``, wall-clock seconds).
 """
 
@@ -22,6 +27,7 @@ MAC_BYTES = 16
 GRANT_BYTES = _HEAD.size + MAC_BYTES  # 33
 DEFAULT_GRANT_TTL_S = 3600.0  # meta's default; the client renews before it runs out
 _KEY_LABEL = b"loomfs-write-grant-v1"
+_READ_KEY_LABEL = b"loomfs-read-grant-v1"
 
 
 class GrantError(Exception):
@@ -36,6 +42,11 @@ class GrantError(Exception):
 def grant_key(secret: bytes) -> bytes:
     """The key grants are signed with (its own label: a grant is never a valid token proof)."""
     return hmac.new(secret, _KEY_LABEL, hashlib.sha256).digest()
+
+
+def read_grant_key(secret: bytes) -> bytes:
+    """The key read grants are signed with (not the write grants' key)."""
+    return hmac.new(secret, _READ_KEY_LABEL, hashlib.sha256).digest()
 
 
 def _mac(key: bytes, head: bytes, token_id: str) -> bytes:

@@ -191,6 +191,9 @@ class AuthConfig:
     def grant_key(self) -> bytes | None:
         return grants.grant_key(self.secret) if self.secret else None
 
+    def read_grant_key(self) -> bytes | None:
+        return grants.read_grant_key(self.secret) if self.secret else None
+
 
 def tls_contexts(cert_file: str, key_file: str, ca_file: str) -> tuple[ssl.SSLContext | None, ssl.SSLContext | None]:
     """(server, client) contexts. The server presents ``cert_file``; clients verify servers
@@ -298,3 +301,9 @@ def process_grant_key() -> bytes | None:
     """The key meta signs write grants with (``loomfs.common.grants``); None without a secret."""
     cfg = process_auth()
     return cfg.grant_key() if cfg is not None else None
+
+
+def process_read_grant_key() -> bytes | None:
+    """The key meta signs read grants with; None without a secret."""
+    cfg = process_auth()
+    return cfg.read_grant_key() if cfg is not None else None

@@ -27,6 +27,8 @@ POLICY: dict[tuple[int, str], Right] = {
     (SERVICE_MGMTD, "list_revoked"): Right.SERVICE,
     # meta: fsck's view of the GC queue
     (SERVICE_META, "gc_queued"): Right.ADMIN,
+    # meta: read grants for storage (meta/readgrants.py) are for callers that may read
+    (SERVICE_META, "read_grants"): Right.READ,
     # storage: chunk changes need WRITE (and a write grant, checked by storage), reads READ
     (SERVICE_STORAGE, "write"): Right.WRITE,
     (SERVICE_STORAGE, "truncate"): Right.WRITE,

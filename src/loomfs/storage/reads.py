@@ -14,6 +14,7 @@ from loomfs.storage import chain, planted
 from loomfs.storage.engine.types import ChunkKey, ChunkState
 from loomfs.storage.fencing import Fencing
 from loomfs.storage.foreground import ForegroundGate
+from loomfs.storage.grantcheck import ReadGrantCheck
 from loomfs.storage.target import StorageTarget
 from loomfs.storage.tenantcheck import TenantCheck
 from loomfs.storage.updates import CHUNK_SIZE_ANY, ChunkUpdates, chunk_key, versions_of
@@ -29,6 +30,7 @@ class ChunkReads(ChunkUpdates, Fencing):
     corrupt_reports_total: int
     foreground: ForegroundGate
     tenant_check: TenantCheck
+    read_grants: ReadGrantCheck
 
     @handles(READ)
     async def read(self, req: ReadReq, ctx: CallContext) -> Reply:
@@ -37,6 +39,8 @@ class ChunkReads(ChunkUpdates, Fencing):
             inodes = (req.chunk.inode if req.chunk else 0,)
             if not self.tenant_check.check(ident, inodes, "read"):
                 await self.tenant_check.check_slow(ident, inodes, "read")
+            # ... and of inodes meta let it read (POSIX r): a read grant (storage/grantcheck.py)
+            self.read_grants.check(ident, getattr(req, "grant", b""), inodes[0])
         with self.foreground.busy():
             return await self._read(req)
 

@@ -25,7 +25,7 @@ from loomfs.net.transport import Address, Transport
 from loomfs.storage import planted
 from loomfs.storage.chain import Position
 from loomfs.storage.engine.file import FileEngine
-from loomfs.storage.grantcheck import GrantCheck
+from loomfs.storage.grantcheck import GrantCheck, ReadGrantCheck
 from loomfs.storage.resync import Resyncer
 from loomfs.storage.scrub import Scrubber
 from loomfs.storage.service import StorageService
@@ -115,6 +115,9 @@ class StorageNode:
         self.service.grant_check = GrantCheck(auth.grant_key() if auth is not None else None,
                                               required=config.write_grants_required)
         self.service.tenant_check = TenantCheck(self._tenant_number)
+        # read grants: present ones always checked; missing ones refused once required
+        self.service.read_grants = ReadGrantCheck(auth.read_grant_key() if auth is not None else None,
+                                                  required=bool(getattr(config, "read_grants_required", False)))
         self.server.add_service(self.service)
         self.heartbeat_interval_s = 1.0
         self.lease_s = 5.0

@@ -23,7 +23,7 @@ from loomfs.storage import chain, planted
 from loomfs.storage.dedupe import TagCache, pack_tags, unpack_tags
 from loomfs.storage.engine.types import ChunkKey
 from loomfs.storage.foreground import ForegroundGate
-from loomfs.storage.grantcheck import GrantCheck
+from loomfs.storage.grantcheck import GrantCheck, ReadGrantCheck
 from loomfs.storage.reads import ChunkReads
 from loomfs.storage.removals import ChunkRemovals
 from loomfs.storage.routing import RoutingSource, write_chain
@@ -83,6 +83,7 @@ class StorageService(ChunkReads, ChunkRemovals):
         self.tags = TagCache(dedupe_max)
         self.grant_check = GrantCheck()  # chunk changes by clients need meta's write grant (server sets the key)
         self.tenant_check = TenantCheck()  # clients touch only their tenant's chunks (server sets the resolver)
+        self.read_grants = ReadGrantCheck()  # clients read chunks with meta's read grant (server sets the key)
         self.forwards_total = 0
         self.reforwards_total = 0
         self.replaces_total = 0  # forwards redone as whole-chunk replaces (version gap at the successor)
