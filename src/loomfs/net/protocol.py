@@ -400,14 +400,16 @@ class FrameProtocol(asyncio.BufferedProtocol):
     # ---- large payloads on a receive thread ------------------------------------------------
     def _start_bulk(self) -> None:
         assert self._bulk is not None and self._raw is not None and self._p_dest is not None
-        try:
-            job = self._bulk.start(self._raw, self._p_dest, self._p_pos, self._p_acc, self._bulk_done)
-        except OSError as exc:  # no fd for the dup (EMFILE), no thread: receive it on the loop
-            logger.debug("receiving a payload from %s on the loop: %s", self.peer, exc)
-            return
-        self._bulk_job = job
+        # stop reading first: the epoll change is done before a receive thread wakes up and
+        # competes for the GIL
         if self.transport is not None:
             self.transport.pause_reading()  # the receive thread owns the socket's input now
+        try:
+            self._bulk_job = self._bulk.start(self._raw, self._p_dest, self._p_pos, self._p_acc, self._bulk_done)
+        except OSError as exc:  # no fd for the dup (EMFILE), no thread: receive it on the loop
+            logger.debug("receiving a payload from %s on the loop: %s", self.peer, exc)
+            if self.transport is not None and not self._reading_paused:
+                self.transport.resume_reading()
 
     def _bulk_done(self, job: BulkJob) -> None:
         if job is not self._bulk_job:
