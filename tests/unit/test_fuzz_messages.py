@@ -16,6 +16,7 @@ import msgpack
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import loomfs.wire.grants
 import loomfs.wire.meta
 import loomfs.wire.meta_batch
 import loomfs.wire.mgmtd
