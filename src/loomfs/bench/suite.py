@@ -130,8 +130,13 @@ class _Limits:
     def read(self, streams: int) -> tuple[str, float, dict[str, Any]]:
         if self.local:
             return "local disk read", self.lim["disk_fsync_read_Bps"], {}
+        # issue 15 item 21: a cold read is held against min(raw TCP, the disk's O_DIRECT read)
         tcp = self.lim["loopback_tcp_Bps" if streams == 1 else "loopback_tcp_2streams_Bps"]
-        return f"raw TCP x{min(streams, 2)}", tcp, {"disk_bound_Bps": self.lim["disk_read_Bps"]}
+        disk = self.lim["disk_read_Bps"]
+        extra = {"tcp_Bps": tcp, "disk_bound_Bps": disk}
+        if disk < tcp:
+            return f"min(raw TCP x{min(streams, 2)}, disk O_DIRECT read) = disk", disk, extra
+        return f"min(raw TCP x{min(streams, 2)}, disk O_DIRECT read) = TCP", tcp, extra
 
     def readdir(self, procs: int = 1) -> tuple[str, float]:
         """What a listing could reach: one round trip per page of ``READDIR_PAGE`` entries plus
