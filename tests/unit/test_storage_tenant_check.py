@@ -34,7 +34,7 @@ from loomfs.wire.storage import (
 from loomfs.wire.types import ChainInfo, NodeInfo, NodeKind, RoutingInfo, TargetInfo, TargetState
 
 TID = target_id_for(1, 0)
-CHUNK_SIZE = 1 << 16
+CHUNK_SIZE = 4 << 20
 T2 = 2 << TENANT_SHIFT | 17  # an inode of tenant 2 ("alpha")
 T3 = 3 << TENANT_SHIFT | 17  # the same number in tenant 3 ("beta")
 SHARED = 17  # the shared namespace (tenant 0)

@@ -5,8 +5,11 @@ clients report chunks that failed their CRC."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
+
+import crc32c
 
 from loomfs.errors import InvalidArgument, StatusError
 from loomfs.net.rpc import CallContext, Reply, handles
@@ -24,6 +27,11 @@ from loomfs.wire.storage import READ, REPORT_CORRUPT, ReadReq, ReadRsp, ReportCo
 from loomfs.wire.types import TargetState
 
 logger = logging.getLogger(__name__)
+
+# a partial read at least this big has its payload CRC computed on the executor (crc32c releases
+# the GIL): the frame encoder would otherwise hash it on the event loop (as the client does for
+# big writes; whole-chunk reads send the stored CRC and hash nothing)
+CRC_OFF_LOOP_BYTES = 1 << 20
 
 
 class ChunkReads(ChunkUpdates, Fencing):
@@ -82,8 +90,14 @@ class ChunkReads(ChunkUpdates, Fencing):
             raise
         whole = req.offset == 0 and n == st.length
         rsp = rsp_base if n == want else dataclasses.replace(rsp_base, length=n)
-        return Reply(rsp, payload=memoryview(buf)[:n], payload_crc=st.crc if whole else None,
-                     on_sent=lambda: self.pool.release(buf))
+        crc: int | None = st.crc if whole else None
+        if crc is None and n >= CRC_OFF_LOOP_BYTES:
+            try:
+                crc = await asyncio.get_running_loop().run_in_executor(None, crc32c.crc32c, memoryview(buf)[:n])
+            except BaseException:
+                self.pool.release(buf)
+                raise
+        return Reply(rsp, payload=memoryview(buf)[:n], payload_crc=crc, on_sent=lambda: self.pool.release(buf))
 
     async def _read_exact(self, req: ReadReq, key: ChunkKey) -> Reply:
         """A repair read: version ``exact_ver`` of the chunk, committed or still pending, from a
