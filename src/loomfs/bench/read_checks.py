@@ -4,7 +4,9 @@ of a chunk in a memory engine, no sockets, no disk), pinned to one CPU, for
 * ``none``: a privileged caller (services, admins, auth off): no check;
 * ``tenant``: a tenant's token: the tenant check (``storage/tenantcheck.py``);
 * ``tenant+grant``: and an HMAC-SHA256 read grant (``common.grants``) verified on every read;
-* ``tenant+grant cached``: and the grant verified once, then a (token, inode) -> expiry look-up.
+* ``tenant+grant cached``: and the grant verified once, then a (token, inode) -> expiry look-up;
+* ``tenant+ReadGrantCheck``: the shipped check (``storage/grantcheck.py``), inside the handler,
+  after its first verify (what every later read of an inode by a token pays).
 
     python -m loomfs.bench.read_checks [--reads N] [--rounds R]
 
@@ -28,6 +30,7 @@ from loomfs.errors import StatusError
 from loomfs.net.rpc import CallContext, Reply, RpcClient
 from loomfs.net.sim import SimNetwork
 from loomfs.storage.engine.memory import MemoryEngine
+from loomfs.storage.grantcheck import ReadGrantCheck
 from loomfs.storage.service import StorageService
 from loomfs.storage.target import StorageTarget, target_id_for
 from loomfs.storage.tenantcheck import TenantCheck
@@ -36,7 +39,7 @@ from loomfs.wire.status import Status
 from loomfs.wire.storage import ChunkId, ReadReq, WriteReq
 from loomfs.wire.types import ChainInfo, NodeInfo, NodeKind, RoutingInfo, TargetInfo, TargetState
 
-MODES = ("none", "tenant", "tenant+grant", "tenant+grant cached")
+MODES = ("none", "tenant", "tenant+grant", "tenant+grant cached", "tenant+ReadGrantCheck")
 TID = target_id_for(1, 0)
 INODE = 2 << TENANT_SHIFT | 5
 CHUNK_BYTES = 64 << 10
@@ -93,6 +96,9 @@ async def _round(svc: StorageService, mode: str, reads: int) -> float:
     if mode.startswith("tenant+grant"):
         check = _GrantReads(cached=mode.endswith("cached")).check
     grant = grants.mint(KEY, INODE, ident.token_id, time.time() + 3600)
+    svc.read_grants = ReadGrantCheck(KEY if mode == "tenant+ReadGrantCheck" else None, required=True)
+    if mode == "tenant+ReadGrantCheck":
+        svc.read_grants.check(ident, grant, INODE)  # the first read's verify; the rest hit the table
     req = ReadReq(chain_id=1, chain_version=1, chunk=ChunkId(inode=INODE), offset=4096, length=READ_BYTES,
                   target_id=TID)
     ctx = CallContext(memoryview(b""), 1, "bench", None, 0, ident)
@@ -114,10 +120,12 @@ def _alone(svc: StorageService, reads: int) -> dict[str, float]:
     now_s = time.time()
     inodes = (INODE,)
     tenant, hmac_once, cached = svc.tenant_check, _GrantReads(cached=False), _GrantReads(cached=True)
+    shipped = ReadGrantCheck(KEY, required=True)
     out: dict[str, float] = {}
     for name, fn in (("tenant check", lambda: ident.privileged or tenant.check(ident, inodes, "read")),
                      ("grant HMAC verify", lambda: hmac_once.check(ident, grant, INODE, now_s)),
                      ("grant cached", lambda: cached.check(ident, grant, INODE, now_s)),
+                     ("ReadGrantCheck, kept", lambda: shipped.check(ident, grant, INODE)),
                      ("empty call", lambda: None)):
         start = time.process_time()
         for _ in range(reads):
