@@ -13,11 +13,11 @@ from __future__ import annotations
 import dataclasses
 import logging
 
-from loomfs.client.storage_client import StorageClient, zero_fill
+from loomfs.client.storage_client import StorageClient, read_req, zero_fill
 from loomfs.ec.stripe import HEADER_BYTES, Geometry
 from loomfs.errors import LoomError
 from loomfs.wire.status import Status
-from loomfs.wire.storage import READ, ChunkId, ReadReq, ReadRsp
+from loomfs.wire.storage import READ, ChunkId, ReadRsp
 from loomfs.wire.types import Layout
 
 logger = logging.getLogger(__name__)
@@ -82,9 +82,10 @@ class FragmentIO:
                 if not targets:
                     raise FragmentUnavailable(f"chain {chain_id} has no serving target")
                 target = targets[-1]
-                req = ReadReq(chain_id=chain_id, chain_version=routing.chain(chain_id).version,
-                              chunk=ChunkId(inode=self.inode, index=index), offset=offset, length=length,
-                              target_id=target)
+                req = read_req(await sc.read_grant(self.inode), chain_id=chain_id,
+                               chain_version=routing.chain(chain_id).version,
+                               chunk=ChunkId(inode=self.inode, index=index), offset=offset, length=length,
+                               target_id=target)
                 rsp = await sc.rpc.call(routing.address_of(target), READ, req, recv_into=into,
                                         timeout_s=self.read_timeout_s, retry=False)
             except FragmentUnavailable:

@@ -23,6 +23,7 @@ from typing import Any, Protocol
 
 import crc32c
 
+from loomfs.client.readgrants import ReadGrants
 from loomfs.common.clock import LOOP_CLOCK, Clock
 from loomfs.common.keylocks import KeyLocks
 from loomfs.common.retry import Backoff
@@ -59,6 +60,19 @@ QUERY_PAGE = 10_000
 REMOVE_BATCH = 1024  # deleted files per removal request (storage takes up to 4097)
 CORRUPT_ROUNDS_MAX = 2  # a chunk failing its CRC on every serving replica this often is EIO
 CORRUPT_REREAD_S = 0.5  # ... waiting this long between (the replicas were told to repair it)
+
+# ReadReq.grant (issue 13's read grants) is being added to the wire types: until it is there,
+# reads carry no grant and none is fetched
+READ_REQ_HAS_GRANT = "grant" in getattr(ReadReq, "__dataclass_fields__", {})
+_GRANT_REFUSED = frozenset({Status.EACCES, Status.AUTH_EXPIRED})  # a READ whose grant storage refused
+
+
+def read_req(grant: bytes, **fields: Any) -> ReadReq:
+    """A ReadReq with ``fields``, carrying ``grant`` when there is one (and the field exists)."""
+    if grant and READ_REQ_HAS_GRANT:
+        fields["grant"] = grant
+    return ReadReq(**fields)
+
 
 # statuses after which routing is refreshed before the next try
 _REFRESH = frozenset(
@@ -165,6 +179,9 @@ class StorageClient:
         # meta's write grants (loomfs.common.grants) by inode, from open replies; sent with every
         # chunk change of that inode (storage checks them when the cluster has a secret)
         self.write_grants: dict[int, bytes] = {}
+        # meta's read grants by inode, sent with every chunk READ (core sets fetch_many when it
+        # has a token; without one nothing is fetched and reads carry none)
+        self.read_grants = ReadGrants()
         self.routing = routing
         self.client_id = client_id
         self.call_timeout_s = call_timeout_s
@@ -361,14 +378,23 @@ class StorageClient:
         into = into[:length]
         chain_id = layout.chains[index % len(layout.chains)]
         chunk = ChunkId(inode=inode, index=index)
+        grants = self.read_grants
+        grant = await self.read_grant(inode)
 
         def make(version: int, target: int) -> Message:
-            return ReadReq(
-                chain_id=chain_id, chain_version=version, chunk=chunk, offset=offset,
-                length=length, target_id=target,
-            )
+            return read_req(grant, chain_id=chain_id, chain_version=version, chunk=chunk, offset=offset,
+                            length=length, target_id=target)
 
-        rsp = await self._call_chain(chain_id, "any", READ, make, recv_into=into)
+        try:
+            rsp = await self._call_chain(chain_id, "any", READ, make, recv_into=into)
+        except LoomError as exc:
+            if exc.status not in _GRANT_REFUSED or not READ_REQ_HAS_GRANT or grants.fetch_many is None:
+                raise
+            grants.drop(inode)  # refused (expired, revoked key): once more with a fresh one
+            grant = await grants.fetch(inode)
+            if not grant:
+                raise
+            rsp = await self._call_chain(chain_id, "any", READ, make, recv_into=into)
         body: ReadRsp = rsp.body
         n = len(rsp.payload) if body.exists else 0
         if n > length:
@@ -379,6 +405,13 @@ class StorageClient:
             zero_fill(into[n:])
             return n, None
         return n, rsp.payload_crc if n else None
+
+    async def read_grant(self, inode: int) -> bytes:
+        """The read grant to send with a READ of ``inode`` (kept, else fetched from meta; b""
+        without one)."""
+        if not READ_REQ_HAS_GRANT:
+            return b""
+        return self.read_grants.get(inode) or await self.read_grants.grant_for(inode)
 
     async def write_chunk(
         self, layout: Layout, inode: int, index: int, offset: int, data: memoryview
