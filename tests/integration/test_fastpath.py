@@ -86,3 +86,19 @@ def test_fast_path_with_polling_before_sleep(fs: loomfs.LoomFS, base: str, monke
     t.join(60)
     assert result[:50] == [3] * 50 and result[50] == b"abc"
     assert isinstance(result[51], int) and result[51] > 0  # it polled
+
+
+def test_fast_path_replaces_an_idle_connection(fs: loomfs.LoomFS, base: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A connection unused past IDLE_RECONNECT_S is replaced before the call (meta may be closing
+    it for idleness), with a new handshake; the call still goes the fast way."""
+    from loomfs.client import fastpath
+
+    fs.pipe(f"{base}/idle", b"1")
+    fs.stat(base)
+    fast = fs._fast
+    assert fast is not None
+    before = fast._local.conn
+    monkeypatch.setattr(fastpath, "IDLE_RECONNECT_S", -1.0)
+    fell_back = fast.fallbacks
+    assert fs.stat(f"{base}/idle").st_size == 1
+    assert fast._local.conn is not before and fast.fallbacks == fell_back

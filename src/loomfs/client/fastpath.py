@@ -37,6 +37,7 @@ from loomfs.common import trace
 from loomfs.errors import from_status
 from loomfs.net.auth import client_proof, new_nonce, server_proof
 from loomfs.net.credentials import Credential
+from loomfs.net.limits import IDLE_TIMEOUT_S
 from loomfs.net.tcp import TcpTransport
 from loomfs.net.transport import Address
 from loomfs.wire import auth as wa
@@ -61,8 +62,13 @@ SPIN_MISSES_MAX = 8
 SPIN_PAUSE_CALLS = 256
 
 
+# a connection unused this long is replaced before the next call, as RpcClient does, so a call
+# never races meta closing it for idleness (``net.limits.IDLE_TIMEOUT_S``)
+IDLE_RECONNECT_S = IDLE_TIMEOUT_S / 2
+
+
 class _Conn:
-    __slots__ = ("address", "sock", "buf", "spin_ns", "spin_misses", "spin_paused", "spin_hits")
+    __slots__ = ("address", "sock", "buf", "spin_ns", "spin_misses", "spin_paused", "spin_hits", "used_at")
 
     def __init__(self, address: Address, timeout_s: float, tls: ssl.SSLContext | None = None):
         self.address = address
@@ -86,6 +92,7 @@ class _Conn:
         self.spin_misses = 0
         self.spin_paused = 0
         self.spin_hits = 0
+        self.used_at = time.monotonic()
 
     def _poll_first(self, view: memoryview) -> int:
         """The first bytes of the reply if they come within the spin time, else 0."""
@@ -227,11 +234,13 @@ class SyncMetaPath:
             raise Unavailable("no meta server chosen yet")
         conn: _Conn | None = getattr(self._local, "conn", None)
         try:
-            if conn is None or conn.address != address:
+            now = time.monotonic()
+            if conn is None or conn.address != address or now - conn.used_at > IDLE_RECONNECT_S:
                 if conn is not None:
                     conn.close()
                     self._local.conn = None
                 conn = self._local.conn = self._connect(address)
+            conn.used_at = now
             h = self._exchange(conn, m, req)
         except (OSError, fr.FrameError, Unavailable) as exc:
             if conn is not None:
