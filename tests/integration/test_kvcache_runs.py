@@ -28,3 +28,29 @@ def test_values_from_a_coalesced_read_survive_the_next_gets(fs: loomfs.LoomFS, b
         assert all(np.array_equal(g, want) for g, want in zip(got_a, arrays.values(), strict=True))
         assert all(torch.equal(g, want) for g, want in zip(got_t, tensors.values(), strict=True))
         assert [bytes(g) for g in got_b] == list(blobs.values())
+
+
+def test_two_halves_of_a_chunk_read_whole_and_a_torn_one_is_a_miss(fs: loomfs.LoomFS, base: str) -> None:
+    import os
+
+    from loomfs.kvcache import _entry as E
+
+    kv_dir = f"{base}/kvw"
+    fs.makedirs(kv_dir, exist_ok=True)
+    fs.set_layout(kv_dir, chunk_size=4 << 20)
+    with KVCache(fs, kv_dir, background_interval_s=0) as kv:
+        values = {b"h%d" % i: os.urandom(2 << 20) for i in range(4)}  # two chunks, two halves each
+        kv.put_many(values)
+        bufs = [bytearray(2 << 20) for _ in values]
+        got = kv.get_many(list(values), into=bufs)
+        assert [bytes(g) for g in got] == list(values.values())
+        e = E.decode(fs.cat(f"{kv_dir}/index/{b'h1'.hex()}"))
+        names = fs.listdir(f"{kv_dir}/seg")
+        seg = f"{kv_dir}/seg/" + next(n for n in names if n in (e.seg_name, e.seg_name + ".open"))
+        with fs.open(seg, "r+b") as f:  # as a write that half landed
+            f.seek(e.seg_offset + 4096)
+            f.write(b"\x00" * 100)
+        corrupt = kv.stats.corrupt
+        got = kv.get_many(list(values), into=bufs)
+        assert got[1] is None and kv.stats.corrupt == corrupt + 1
+        assert [bytes(g) for i, g in enumerate(got) if i != 1] == [v for k, v in values.items() if k != b"h1"]

@@ -5,6 +5,11 @@ of one segment (a batch put lays them out back to back) are read with one chunk 
 ``[start, end)`` of one segment and the entries inside it. A value bigger than
 ``coalesce_value_max_bytes``, or alone in its range, is a run of its own (read straight into
 the caller's buffer); a run of several is read into one scratch buffer and sliced.
+
+Big values that together fill a whole chunk (two 2 MiB values of a 4 MiB chunk) are one run
+too (``whole_chunk_runs``): storage serves a whole chunk with its stored CRC, without checking
+block CRCs and hashing the reply as it must for a part of a chunk, and it is one request
+instead of several; the client pays a copy and a CRC pass per value.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from loomfs.kvcache._entry import Entry
 
 COALESCE_VALUE_MAX_BYTES = 256 << 10
 COALESCE_GAP_MAX_BYTES = 64 << 10  # bytes of other values read and thrown away to join two reads
+WHOLE_CHUNK_RUNS = True
 
 
 @dataclass
@@ -29,20 +35,31 @@ class Run:
 
 
 def plan_reads(entries: Sequence[Entry | None], *, value_max_bytes: int = COALESCE_VALUE_MAX_BYTES,
-               gap_max_bytes: int = COALESCE_GAP_MAX_BYTES) -> tuple[list[int], list[Run]]:
+               gap_max_bytes: int = COALESCE_GAP_MAX_BYTES,
+               whole_chunk_runs: bool | None = None) -> tuple[list[int], list[Run]]:
     """(indexes read alone, runs of two or more) for the segment entries among ``entries``
     (None and inline entries are left out)."""
+    whole = WHOLE_CHUNK_RUNS if whole_chunk_runs is None else whole_chunk_runs
     alone: list[int] = []
     by_chunk: dict[tuple[int, int], list[int]] = defaultdict(list)
+    big_by_chunk: dict[tuple[int, int], list[int]] = defaultdict(list)
     for i, e in enumerate(entries):
         if e is None or e.inline is not None:
             continue
         index, off = divmod(e.seg_offset, e.chunk_size)
-        if e.value_bytes == 0 or e.value_bytes > value_max_bytes or off + e.value_bytes > e.chunk_size:
+        if e.value_bytes == 0 or off + e.value_bytes > e.chunk_size:
             alone.append(i)
+        elif e.value_bytes > value_max_bytes:
+            (big_by_chunk[(e.seg_inode, index)] if whole else alone).append(i)
         else:
             by_chunk[(e.seg_inode, index)].append(i)
     runs: list[Run] = []
+    for (inode, index), members in big_by_chunk.items():
+        run = _whole_chunk_run(entries, inode, index, members, gap_max_bytes)
+        if run is None:
+            alone += members
+        else:
+            runs.append(run)
     for (inode, index), members in by_chunk.items():
         members.sort(key=lambda i: entries[i].seg_offset % entries[i].chunk_size)  # type: ignore[union-attr]
         cur: Run | None = None
@@ -61,3 +78,23 @@ def plan_reads(entries: Sequence[Entry | None], *, value_max_bytes: int = COALES
             runs.append(cur)
     alone += [r.members[0] for r in runs if len(r.members) == 1]
     return sorted(alone), [r for r in runs if len(r.members) > 1]
+
+
+def _whole_chunk_run(entries: Sequence[Entry | None], inode: int, index: int, members: list[int],
+                     gap_max_bytes: int) -> Run | None:
+    """One run of ``members`` (big values of one chunk) when together they fill the chunk from
+    its first byte to its last (gaps of at most ``gap_max_bytes`` read and thrown away)."""
+    if len(members) < 2:
+        return None
+    spans = sorted((e.seg_offset % e.chunk_size, e.seg_offset % e.chunk_size + e.value_bytes, i)
+                   for i in members if (e := entries[i]) is not None)
+    first = entries[members[0]]
+    assert first is not None
+    end = 0
+    for start, stop, _ in spans:
+        if start - end > gap_max_bytes:
+            return None
+        end = max(end, stop)
+    if spans[0][0] != 0 or end != first.chunk_size:
+        return None
+    return Run(inode, index, 0, end, [i for _, _, i in spans])

@@ -1,0 +1,39 @@
+"""Read planning: big values that together fill a whole chunk are one whole-chunk read."""
+
+from __future__ import annotations
+
+from loomfs.kvcache import _entry as E
+from loomfs.kvcache._reads import plan_reads
+
+CS = 4 << 20
+HALF = 2 << 20
+
+
+def seg(off: int, n: int = HALF, inode: int = 5) -> E.Entry:
+    return E.Entry(key=b"k", touched_s=0, value_bytes=n, value_crc=0, seg_name="s", seg_inode=inode,
+                   seg_offset=off, chunk_size=CS, chains=(1,))
+
+
+def test_two_halves_of_a_chunk_are_one_whole_chunk_read() -> None:
+    entries = [seg(CS + HALF), seg(0), seg(HALF), seg(CS), seg(2 * CS)]  # chunk 2: only one half
+    alone, runs = plan_reads(entries)
+    assert alone == [4]
+    got = sorted((r.seg_inode, r.chunk_index, r.start, r.end, r.members) for r in runs)
+    assert got == [(5, 0, 0, CS, [1, 2]), (5, 1, 0, CS, [3, 0])]
+
+
+def test_big_values_not_filling_their_chunk_are_read_alone() -> None:
+    third = CS // 3
+    entries = [seg(0, third), seg(third, third),  # a third of the chunk is not asked for
+               seg(CS, HALF - (256 << 10)), seg(CS + HALF, HALF),  # a 256 KiB hole: too big a gap
+               seg(2 * CS + 10, HALF - 10), seg(2 * CS + HALF, HALF),  # does not start at byte 0
+               seg(3 * CS, HALF, inode=6), seg(3 * CS + HALF, HALF, inode=7)]  # other segments
+    alone, runs = plan_reads(entries)
+    assert alone == list(range(8)) and runs == []
+
+
+def test_whole_chunk_runs_can_be_turned_off() -> None:
+    alone, runs = plan_reads([seg(0), seg(HALF)], whole_chunk_runs=False)
+    assert alone == [0, 1] and runs == []
+    alone, runs = plan_reads([seg(0), seg(HALF)])
+    assert alone == [] and [(r.start, r.end) for r in runs] == [(0, CS)]
