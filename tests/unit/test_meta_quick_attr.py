@@ -65,11 +65,33 @@ def test_quick_attr_agrees_with_the_walk(tmp_path: Path, url: str) -> None:
             assert store.quick_reads > before  # the shortcut did answer
             small = await ns.read("/a/b/c/small")
             assert small[1] == b"inline bytes"
-            # a caller other than root, or a group being written: the ordinary walk
+            # other callers: the search checks on every directory crossed and the file's read
+            # bit, as the walk makes them (EACCES where it would be)
+            await ns.mkdir("/p/closed/inner", parents=True, mode=0o755)
+            await ns.open("/p/closed/inner/f", PUT, mode=0o640, data=b"secret", uid=1000, gid=2000)
+            await ns.open("/p/closed/inner/g", PUT, mode=0o600, data=b"other's")
+            await ns.setattr("/p/closed", mode=0o700)
+            await ns.setattr("/p/closed/inner", mode=0o711)
+            users = [Identity(uid=1000, gid=1000), Identity(uid=1001, gid=2000), Identity(uid=1002, gid=3000),
+                     Identity(uid=1003, gid=3000, groups=(2000,))]
+            targets = [*paths, "/p/closed/inner/f", "/p/closed/inner/g", "/p/closed", "/p/closed/inner",
+                       "/p/closed/missing"]
             n = store.quick_reads
-            with acting_as(Identity(uid=1000, gid=1000)):
-                await ns.stat("/a/b/c/small")
-            assert store.quick_reads == n
+            for who in users:
+                with acting_as(who):
+                    for p in targets:
+                        fast = (await _outcome(ns.stat, p), await _outcome(ns.read, p))
+                        quick = store.quick_attr
+                        store.quick_attr = lambda *a, **k: None  # type: ignore[method-assign]
+                        try:
+                            walk = (await _outcome(ns.stat, p), await _outcome(ns.read, p))
+                        finally:
+                            store.quick_attr = quick  # type: ignore[method-assign]
+                        assert fast == walk, (who, p)
+            assert store.quick_reads > n  # non-root callers take the shortcut too
+            await ns.setattr("/p/closed", mode=0o755)
+            with acting_as(Identity(uid=1001, gid=2000)):
+                assert (await ns.read("/p/closed/inner/f"))[1] == b"secret"  # group read through 0o711
             if url == "file":
                 async with store.write() as txn:  # uncommitted work on the write connection
                     await txn.add_counter("x", 1)

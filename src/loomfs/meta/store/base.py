@@ -383,16 +383,27 @@ class MetaStore(ABC):
     @abstractmethod
     async def close(self) -> None: ...
 
-    def quick_attr(self, root: int, names: Sequence[str], *, follow_last: bool,
-                   with_inline: bool = False) -> tuple[Attr, InlineData | None] | None:
-        """A shortcut for the commonest read, root's stat/READ of a plain path: the attributes
-        of the inode ``names`` lead to from directory ``root`` (and, ``with_inline``, its
-        inline row), read in one consistent snapshot without opening a transaction; None
-        whenever the engine cannot answer so (none here: the caller walks as usual). Only a
-        clean hit is answered: every component found, each but the last a directory, the last
-        not a symlink to follow, its inode row (and, for an inline inode, its inline row) there.
-        Everything else (errors included) is the caller's ordinary walk."""
+    def quick_attr(self, root: int, names: Sequence[str], *, follow_last: bool, with_inline: bool = False,
+                   perms: bool = False) -> QuickHit | None:
+        """A shortcut for the commonest reads, stat and READ of a plain path: the attributes of
+        the inode ``names`` lead to from directory ``root`` (``with_inline``: and its inline
+        row; ``perms``: and the (type, mode, uid, gid) of ``root`` and of every directory
+        crossed, in walk order, for the search checks), read in one consistent snapshot
+        without opening a transaction; None whenever the engine cannot answer so (none here:
+        the caller walks as usual). Only a clean hit is answered: every component found, each
+        but the last a directory, the last not a symlink to follow, its inode row (and, for an
+        inline inode, its inline row) there. Everything else (errors included) is the caller's
+        ordinary walk."""
         return None
+
+
+@dataclass(frozen=True, slots=True)
+class QuickHit:
+    """``MetaStore.quick_attr``'s answer."""
+
+    attr: Attr
+    inline: InlineData | None = None
+    dirs: list[tuple[int, int, int, int]] | None = None  # (type, mode, uid, gid), root first
 
 
 # Layout codec shared by engines: a compact msgpack list, decoded through a bounded cache

@@ -44,7 +44,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from loomfs.common.retry import Backoff
-from loomfs.meta.store.base import CommitFailed, InlineData, MetaStore, MetaTxn, note_commit
+from loomfs.meta.store.base import CommitFailed, MetaStore, MetaTxn, QuickHit, note_commit
 from loomfs.meta.store.sqlite_txn import (
     LOOKUP_PATH_MAX,
     ReadOnlyTxn,
@@ -53,7 +53,6 @@ from loomfs.meta.store.sqlite_txn import (
     quick_attr_row,
     quick_attr_sql,
 )
-from loomfs.wire.types import Attr
 
 __all__ = ["ReadOnlyTxn", "SqliteStore", "SqliteTxn"]
 
@@ -234,8 +233,8 @@ class SqliteStore(MetaStore):
                     else:
                         c.close()
 
-    def quick_attr(self, root: int, names: Sequence[str], *, follow_last: bool,
-                   with_inline: bool = False) -> tuple[Attr, InlineData | None] | None:
+    def quick_attr(self, root: int, names: Sequence[str], *, follow_last: bool, with_inline: bool = False,
+                   perms: bool = False) -> QuickHit | None:
         """One statement on the write connection while it holds nothing uncommitted (the
         condition ``read`` runs there under), so it sees committed data only; a statement is
         its own snapshot. Nothing awaits here: no writer can start in between."""
@@ -250,9 +249,9 @@ class SqliteStore(MetaStore):
         c = self._conn
         if c.in_transaction:
             return None
-        row = c.execute(quick_attr_sql(n, with_inline), (root, *names)).fetchone()
+        row = c.execute(quick_attr_sql(n, with_inline, perms), (root, *names)).fetchone()
         self.quick_reads += 1
-        return quick_attr_row(row, n, follow_last, with_inline)
+        return quick_attr_row(row, n, follow_last, with_inline, perms)
 
     def _open_reader(self) -> sqlite3.Connection:
         c = _connect(self.path, self._busy_timeout_s)

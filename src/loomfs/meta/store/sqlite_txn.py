@@ -16,6 +16,7 @@ from loomfs.meta.store.base import (
     GcEntry,
     InlineData,
     MetaTxn,
+    QuickHit,
     TrimEntry,
     decode_layout,
     encode_layout,
@@ -82,21 +83,28 @@ def _lookup_path_sql(n: int) -> str:
 
 
 @functools.cache
-def quick_attr_sql(n: int, with_inline: bool) -> str:
+def quick_attr_sql(n: int, with_inline: bool, perms: bool) -> str:
     """``n`` entries along the names from ?1 (inner joins: no row unless all are there), their
-    types, then the last one's inode row (and inline row) : see ``MetaStore.quick_attr``."""
+    types, then the last one's inode row (and inline row), then (``perms``) the permission
+    columns of ?1 and of the ``n - 1`` directories crossed: see ``MetaStore.quick_attr``."""
     types = ", ".join(f"d{k}.type" for k in range(n))
     joins = " ".join(f"JOIN dentries d{k} ON d{k}.parent = d{k - 1}.inode AND d{k}.name = ?{k + 2}"
                      for k in range(1, n))
     cols = ", ".join(f"i.{c.strip()}" for c in _INODE_COLS.split(","))
     extra = ", x.data, x.crc, x.version, x.chunks_dirty" if with_inline else ""
     inline_join = " LEFT JOIN inline_data x ON x.inode = i.id" if with_inline else ""
-    return (f"SELECT {types}, {cols}{extra} FROM dentries d0 {joins} JOIN inodes i ON i.id = d{n - 1}.inode"
-            f"{inline_join} WHERE d0.parent = ?1 AND d0.name = ?2")
+    perm_cols = perm_joins = ""
+    if perms:
+        dirs = ["r", *(f"p{k}" for k in range(n - 1))]
+        perm_cols = "".join(f", {t}.type, {t}.mode, {t}.uid, {t}.gid" for t in dirs)
+        perm_joins = " JOIN inodes r ON r.id = ?1" + "".join(
+            f" JOIN inodes p{k} ON p{k}.id = d{k}.inode" for k in range(n - 1))
+    return (f"SELECT {types}, {cols}{extra}{perm_cols} FROM dentries d0 {joins} JOIN inodes i ON i.id = d{n - 1}.inode"
+            f"{inline_join}{perm_joins} WHERE d0.parent = ?1 AND d0.name = ?2")
 
 
-def quick_attr_row(row: tuple[Any, ...] | None, n: int, follow_last: bool,
-                   with_inline: bool) -> tuple[Attr, InlineData | None] | None:
+def quick_attr_row(row: tuple[Any, ...] | None, n: int, follow_last: bool, with_inline: bool,
+                   perms: bool) -> QuickHit | None:
     """``quick_attr_sql``'s row as ``MetaStore.quick_attr``'s answer (None: not a clean hit)."""
     if row is None:
         return None
@@ -106,12 +114,19 @@ def quick_attr_row(row: tuple[Any, ...] | None, n: int, follow_last: bool,
     if follow_last and row[n - 1] == _LINK_TYPE:
         return None
     attr = _attr(row[n : n + 14])
+    pos = n + 14
     inline = None
-    if with_inline and attr.inline:
-        if row[n + 14] is None:
-            return None  # an inline inode without its row: the walk's path reports it (EIO)
-        inline = InlineData(bytes(row[n + 14]), row[n + 15], row[n + 16], bool(row[n + 17]))
-    return attr, inline
+    if with_inline:
+        if attr.inline:
+            if row[pos] is None:
+                return None  # an inline inode without its row: the walk's path reports it (EIO)
+            inline = InlineData(bytes(row[pos]), row[pos + 1], row[pos + 2], bool(row[pos + 3]))
+        pos += 4
+    dirs = None
+    if perms:
+        dirs = [(row[pos + 4 * k], row[pos + 4 * k + 1], row[pos + 4 * k + 2], row[pos + 4 * k + 3])
+                for k in range(n)]
+    return QuickHit(attr, inline, dirs)
 
 
 _LINK_TYPE = int(FileType.SYMLINK)
