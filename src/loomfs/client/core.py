@@ -186,6 +186,10 @@ class AsyncClient:
         caches = ClientCaches.from_config(config, namespace=",".join(map(str, addrs)))
         self = cls(MetaClient(rpc, routing), storage, config=config, client_id=client_id, rpc=rpc,
                    routing=routing, caches=caches)
+        if auth is not None and auth.credential is not None and getattr(storage, "read_grants", None) is not None:
+            from loomfs.client.readgrants import meta_fetcher  # a token: storage wants read grants
+
+            storage.read_grants.fetch_many = meta_fetcher(self.meta)
         self._routing_task = asyncio.get_running_loop().create_task(routing.run())
         logger.info("client %#x connected to %s (%r)", client_id, ",".join(map(str, addrs)), routing.current)
         return self

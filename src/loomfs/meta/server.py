@@ -18,6 +18,7 @@ from loomfs.errors import LoomError
 from loomfs.meta.batch_service import BatchService
 from loomfs.meta.gc import ChunkRemover, GcWorker, remover_client_id
 from loomfs.meta.ops.namespace import Namespace
+from loomfs.meta.readgrants import ReadGrantService
 from loomfs.meta.service import ConflictRetrying, MetaService, retry_conflicts
 from loomfs.meta.store.base import MetaStore, StoreUnavailable
 from loomfs.meta.trim import TRIM_CALL_TIMEOUT_S, Trimmer
@@ -149,6 +150,7 @@ async def serve(config: MetaConfig, *, ready: asyncio.Event | None = None) -> No
     server.add_service(MetaService(live, root_squash=squash))
     server.add_service(BatchService(live, root_squash=squash))
     server.add_service(XattrService(live, root_squash=squash))
+    server.add_service(ReadGrantService(live, root_squash=squash))  # READ_GRANTS (read grants)
     tasks: list[asyncio.Task[object]] = []
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
