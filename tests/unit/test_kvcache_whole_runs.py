@@ -37,3 +37,34 @@ def test_whole_chunk_runs_can_be_turned_off() -> None:
     assert alone == [0, 1] and runs == []
     alone, runs = plan_reads([seg(0), seg(HALF)])
     assert alone == [] and [(r.start, r.end) for r in runs] == [(0, CS)]
+
+
+def test_crc_of_a_concatenation_from_its_parts() -> None:
+    import os
+
+    import crc32c
+
+    from loomfs.kvcache._crccat import crc_cat
+
+    for la, lb in [(0, 0), (1, 1), (5, 3), (1000, 70_000), (3, (1 << 20) + 5), (HALF, HALF)]:
+        a, b = os.urandom(la), os.urandom(lb)
+        assert crc_cat(crc32c.crc32c(a), crc32c.crc32c(b), lb) == crc32c.crc32c(a + b)
+
+
+def test_tiled_crc_only_for_values_back_to_back() -> None:
+    import dataclasses
+    import os
+
+    import crc32c
+
+    from loomfs.kvcache._crccat import tiled_crc
+    from loomfs.kvcache._reads import Run
+
+    a, b = os.urandom(HALF), os.urandom(HALF)
+    ea = dataclasses.replace(seg(0), value_crc=crc32c.crc32c(a))
+    eb = dataclasses.replace(seg(HALF), value_crc=crc32c.crc32c(b))
+    assert tiled_crc(Run(5, 0, 0, CS, [1, 0]), [eb, ea]) == crc32c.crc32c(a + b)
+    assert tiled_crc(Run(5, 0, 0, CS, [0, 0]), [ea]) is None  # the same value twice
+    gap = dataclasses.replace(eb, seg_offset=HALF + 4096, value_bytes=HALF - 4096)
+    assert tiled_crc(Run(5, 0, 0, CS, [0, 1]), [ea, gap]) is None
+    assert tiled_crc(Run(5, 0, 0, CS, [0]), [ea]) is None  # does not reach the run's end
