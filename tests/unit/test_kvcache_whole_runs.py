@@ -51,20 +51,31 @@ def test_crc_of_a_concatenation_from_its_parts() -> None:
         assert crc_cat(crc32c.crc32c(a), crc32c.crc32c(b), lb) == crc32c.crc32c(a + b)
 
 
-def test_tiled_crc_only_for_values_back_to_back() -> None:
+def test_tiled_crc_only_for_big_values_back_to_back() -> None:
     import dataclasses
     import os
+    import time
 
     import crc32c
 
-    from loomfs.kvcache._crccat import tiled_crc
+    from loomfs.kvcache import _crccat
     from loomfs.kvcache._reads import Run
 
     a, b = os.urandom(HALF), os.urandom(HALF)
     ea = dataclasses.replace(seg(0), value_crc=crc32c.crc32c(a))
     eb = dataclasses.replace(seg(HALF), value_crc=crc32c.crc32c(b))
-    assert tiled_crc(Run(5, 0, 0, CS, [1, 0]), [eb, ea]) == crc32c.crc32c(a + b)
-    assert tiled_crc(Run(5, 0, 0, CS, [0, 0]), [ea]) is None  # the same value twice
+    whole = Run(5, 0, 0, CS, [1, 0])
+    _crccat._TABLES.pop(HALF, None)
+    _crccat._WARMING.discard(HALF)
+    assert _crccat.tiled_crc(whole, [eb, ea]) is None  # the 2 MiB table is being computed
+    deadline = time.monotonic() + 30
+    while HALF not in _crccat._TABLES:  # a background thread computes it
+        assert time.monotonic() < deadline, "the 2 MiB shift table was never computed"
+        time.sleep(0.01)
+    assert _crccat.tiled_crc(whole, [eb, ea]) == crc32c.crc32c(a + b)
+    assert _crccat.tiled_crc(Run(5, 0, 0, CS, [0, 0]), [ea]) is None  # the same value twice
     gap = dataclasses.replace(eb, seg_offset=HALF + 4096, value_bytes=HALF - 4096)
-    assert tiled_crc(Run(5, 0, 0, CS, [0, 1]), [ea, gap]) is None
-    assert tiled_crc(Run(5, 0, 0, CS, [0]), [ea]) is None  # does not reach the run's end
+    assert _crccat.tiled_crc(Run(5, 0, 0, CS, [0, 1]), [ea, gap]) is None
+    assert _crccat.tiled_crc(Run(5, 0, 0, CS, [0]), [ea]) is None  # does not reach the run's end
+    small = [dataclasses.replace(seg(i * 4096, 4096), value_crc=0) for i in range(2)]
+    assert _crccat.tiled_crc(Run(5, 0, 0, 8192, [0, 1]), small) is None  # small values: hashed
