@@ -182,3 +182,41 @@ def test_client_fetches_once_per_inode_batches_and_stops_without_grants() -> Non
         assert "kept=0" in repr(bad)
 
     asyncio.run(go())
+
+
+def test_grants_in_replies_need_no_round_trip(monkeypatch: pytest.MonkeyPatch) -> None:
+    """meta puts a read grant into replies that checked r already (open for reading, READ,
+    READ_MANY: ``meta.readgrants.read_grant``); the client keeps it (``ReadGrants.note``)."""
+    import time as _time
+
+    from loomfs.meta import readgrants
+    from loomfs.wire.types import Attr, FileType
+
+    monkeypatch.setattr(readgrants, "_process_key", lambda: KEY)
+    ctx = CallContext(payload=memoryview(b""), request_id=1, peer="t", deadline=None, identity=ALICE)
+    chunked = Attr(inode=42, type=FileType.FILE)
+    g = readgrants.read_grant(chunked, ctx)
+    grants.verify(KEY, g, 42, ALICE.token_id, _time.time())
+    assert readgrants.read_grant(Attr(inode=42, type=FileType.FILE, inline=True), ctx) == b""  # read through meta
+    assert readgrants.read_grant(Attr(inode=43, type=FileType.DIRECTORY), ctx) == b""
+    admin = CallContext(payload=memoryview(b""), request_id=1, peer="t", deadline=None,
+                        identity=Identity(uid=0, gid=0, rights=Right.user() | Right.ADMIN))
+    assert readgrants.read_grant(chunked, admin) == b""
+    monkeypatch.setattr(readgrants, "_process_key", lambda: None)
+    assert readgrants.read_grant(chunked, ctx) == b""  # no secret
+
+    asked: list[list[int]] = []
+
+    async def fetch_many(inodes: list[int]) -> tuple[list[bytes], float]:
+        asked.append(inodes)
+        return [b""] * len(inodes), 3600.0
+
+    async def go() -> None:
+        rg = ReadGrants(fetch_many)
+        rg.note(42, g)
+        rg.note(43, b"")  # nothing to keep
+        assert rg.get(42) == g and await rg.grant_for(42) == g and asked == []
+        rg.note(44, grants.mint(KEY, 44, ALICE.token_id, _time.time() - 1))  # already expired: not kept
+        assert rg.get(44) == b""
+
+    asyncio.run(go())

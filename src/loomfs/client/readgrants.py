@@ -17,6 +17,8 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 
+from loomfs.common import grants
+
 READ_GRANTS_MAX = 65536  # inodes whose read grant a client keeps (the oldest go first)
 DENIED_KEEP_S = 5.0  # an inode meta granted nothing for is not asked about again for this long
 BATCH_MAX = 1024  # inodes per READ_GRANTS (wire.grants.READ_GRANTS_INODES_MAX)
@@ -92,6 +94,18 @@ class ReadGrants:
             fut = self._asking.pop(inode, None)
             if fut is not None and not fut.done():
                 fut.set_result(got[i] if i < len(got) else b"")
+
+    def note(self, inode: int, grant: bytes) -> None:
+        """Keep a grant meta put into an open / READ / READ_MANY reply (no round trip of its own)."""
+        if not grant:
+            return
+        left_s = grants.expires_at_s(grant) - time.time()
+        if left_s <= 0:
+            return
+        self._kept.pop(inode, None)
+        self._kept[inode] = (grant, self.monotonic() + left_s / 2)
+        while len(self._kept) > READ_GRANTS_MAX:
+            del self._kept[next(iter(self._kept))]
 
     def drop(self, inode: int) -> None:
         self._kept.pop(inode, None)
