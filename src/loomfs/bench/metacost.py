@@ -33,7 +33,6 @@ from loomfs.wire import meta_batch as wb
 from loomfs.wire.message import Message, Method
 from loomfs.wire.types import Layout
 
-
 KINDS = ("stat", "read", "put", "create", "read_many", "stat_many")
 BATCH_FILES = 100  # paths per READ_MANY / STAT_MANY (as the bench sends them)
 
