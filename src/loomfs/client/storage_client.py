@@ -115,7 +115,12 @@ WRITE_GRANTS_MAX = 65536  # inodes whose write grant a client keeps
 
 def note_grant(store: object, inode: int, reply: object) -> None:
     """Keep the write grant of an open/create reply (none from a meta without auth) in
-    ``store.write_grants`` (a StorageClient; test fakes have none)."""
+    ``store.write_grants`` (a StorageClient; test fakes have none), and its read grant, when meta
+    put one in (``read_grant``), in ``store.read_grants`` (no READ_GRANTS round trip then)."""
+    read_grant = getattr(reply, "read_grant", b"")
+    read_kept = getattr(store, "read_grants", None)
+    if read_grant and isinstance(read_kept, ReadGrants):
+        read_kept.note(inode, read_grant)
     grant = getattr(reply, "write_grant", b"")
     kept = getattr(store, "write_grants", None)
     if not grant or kept is None:
