@@ -53,6 +53,58 @@ def seq_read(fs: Any, path: str, block_bytes: int = 16 << 20) -> float:
     return total / (time.perf_counter() - t0)
 
 
+THREAD_ROLES = (("loomfs-io", "loop"), ("loomfs-recv", "recv"), ("MainThread", "main"))
+
+
+def thread_cpu_s() -> dict[int, tuple[str, float]]:
+    """CPU seconds so far of each thread of this process (Linux ``/proc``; {} elsewhere), by
+    native id, with its role: ``loop`` (the client's event loop), ``recv`` (receive threads,
+    ``net.bulkrecv``), ``main`` or ``other``."""
+    import threading
+
+    names = {t.native_id: t.name for t in threading.enumerate()}
+    tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    out: dict[int, tuple[str, float]] = {}
+    try:
+        tids = os.listdir("/proc/self/task")
+    except OSError:
+        return out
+    for tid in tids:
+        try:
+            with open(f"/proc/self/task/{tid}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue  # the thread ended meanwhile
+        fields = stat[stat.rindex(")") + 2 :].split()
+        name = names.get(int(tid), "")
+        role = next((r for prefix, r in THREAD_ROLES if name.startswith(prefix)), "other")
+        out[int(tid)] = (role, (int(fields[11]) + int(fields[12])) / tick)
+    return out
+
+
+def cpu_by_role(before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]]) -> dict[str, float]:
+    """CPU seconds each role spent between two ``thread_cpu_s`` snapshots."""
+    out: dict[str, float] = {}
+    for tid, (role, cpu_s) in after.items():
+        out[role] = out.get(role, 0.0) + cpu_s - before.get(tid, (role, 0.0))[1]
+    return out
+
+
+def seq_read_cpu(fs: Any, path: str, block_bytes: int = 16 << 20) -> tuple[float, dict[str, float]]:
+    """``seq_read`` and what it cost this process: CPU-s per GiB in all (``total``, getrusage)
+    and by thread role (``loop``, ``recv``, ``main``, ``other``)."""
+    import resource
+
+    r0, t0 = resource.getrusage(resource.RUSAGE_SELF), thread_cpu_s()
+    start = time.perf_counter()
+    bps = seq_read(fs, path, block_bytes)
+    gib = bps * (time.perf_counter() - start) / (1 << 30)
+    r1, t1 = resource.getrusage(resource.RUSAGE_SELF), thread_cpu_s()
+    total = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
+    per = {role: cpu_s / gib for role, cpu_s in cpu_by_role(t0, t1).items()} if gib else {}
+    return bps, {"total": total / gib if gib else 0.0, **per}
+
+
 def percentile(sorted_values: list[float], q: float) -> float:
     if not sorted_values:
         return 0.0
