@@ -183,3 +183,15 @@ def test_abort_mid_payload_stops_writing_into_the_buffer() -> None:
             peer.close()
 
     asyncio.run(run())
+
+
+def test_a_forked_child_gets_a_fresh_pool_lock() -> None:
+    from loomfs.net.bulkrecv import DEFAULT_BULK
+
+    with DEFAULT_BULK._lock:  # as if a receive thread held it when a DataLoader worker forked
+        pid = os.fork()
+        if pid == 0:  # the child: the lock must be free, the pool empty
+            ok = DEFAULT_BULK._lock.acquire(timeout=5) and DEFAULT_BULK._threads == 0
+            os._exit(0 if ok else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0

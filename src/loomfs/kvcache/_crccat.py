@@ -15,6 +15,7 @@ process) and the values are hashed as before; from then on the table serves.
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Sequence
 
@@ -29,6 +30,16 @@ _ZEROS = bytes(1 << 20)
 _TABLES: dict[int, tuple[int, ...]] = {}
 _WARMING: set[int] = set()
 _LOCK = threading.Lock()
+
+
+def _after_fork_in_child() -> None:
+    global _LOCK
+    _LOCK = threading.Lock()  # a parent thread may have held it at the fork
+    _WARMING.difference_update(set(_WARMING) - set(_TABLES))  # those threads are not here
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _crc_of_zeros(n: int, value: int) -> int:

@@ -149,3 +149,14 @@ class BulkReceiver:
 
 
 DEFAULT_BULK = BulkReceiver()
+
+
+def _after_fork_in_child() -> None:
+    """A forked child (DataLoader workers) starts with a fresh pool and lock: a parent thread
+    may have held the lock at the fork, and none of its threads exist here."""
+    DEFAULT_BULK._lock = threading.Lock()
+    DEFAULT_BULK._reset()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
