@@ -336,7 +336,8 @@ def _disk_rows(r: Mapping[str, float], total: int, ranks: int, sfx: str, lim: Ma
     """What each side of a save wrote to the disk, as bytes/s against the disk's fsync'd
     write limit: the local writer writes one copy, LoomFS one per replica (the storage
     processes' ``write_bytes``), all to the same disk here. ``copies`` says how many; the
-    extra ``disk_bound_Bps`` is the save rate the limit allows at that many copies, and
+    extra ``disk_bound_Bps`` is the save rate the limit allows at that many copies
+    (``disk_direct_bound_Bps``: the same for the disk's O_DIRECT write rate), and
     ``cpu_s_per_GiB`` what the processes spent per GiB saved (for LoomFS: the storage
     processes; ``client_cpu_s_per_GiB`` the saving ranks)."""
     out = []
@@ -350,6 +351,8 @@ def _disk_rows(r: Mapping[str, float], total: int, ranks: int, sfx: str, lim: Ma
         extra = {"bytes": total, "ranks": ranks, "disk_bytes": disk, "copies": copies, "seconds": secs,
                  "MBps": disk / secs / 1e6, "disk_bound_Bps": fsync_w / copies if copies else 0.0,
                  "save_vs_disk_bound": (total / secs) / (fsync_w / copies) if copies else 0.0,
+                 # the O_DIRECT write rate of the same disk (how LoomFS writes chunks) per copy
+                 "disk_direct_bound_Bps": lim.get("disk_write_Bps", 0.0) / copies if copies else 0.0,
                  "cpu_s_per_GiB": r.get(f"{prefix}{who}_cpu_s", 0.0) / gib if gib else 0.0,
                  "client_cpu_s_per_GiB": r.get(f"{prefix}client_cpu_s", 0.0) / gib if gib else 0.0}
         out.append(Result(name, disk / secs, "B/s", "local disk write+fsync", fsync_w, extra))
