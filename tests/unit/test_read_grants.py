@@ -154,6 +154,8 @@ def test_client_fetches_once_per_inode_batches_and_stops_without_grants() -> Non
     async def go() -> None:
         rg = ReadGrants(fetch_many, monotonic=lambda: now[0])
         assert rg.get(1) == b""
+        assert await rg.grant_for(1) == b"" and asked == []  # lazy: storage has not asked for grants
+        rg.eager = True  # (what the first fetch after a refusal does)
         got = await asyncio.gather(rg.grant_for(1), rg.grant_for(1), rg.grant_for(2), rg.grant_for(3))
         assert got == [b"g1", b"g1", b"g2", b""] and asked == [[1, 2, 3]]  # one request, deduplicated
         assert rg.get(1) == b"g1" and await rg.grant_for(3) == b"" and len(asked) == 1  # denied: kept a while
@@ -170,6 +172,7 @@ def test_client_fetches_once_per_inode_batches_and_stops_without_grants() -> Non
             return [b""] * len(inodes), 0.0
 
         off = ReadGrants(no_grants)
+        off.eager = True
         assert await off.grant_for(5) == b"" and off.fetch_many is None  # ttl 0: never asks again
         assert await off.grant_for(6) == b"" and asked[-1] == [5]
 
@@ -178,7 +181,8 @@ def test_client_fetches_once_per_inode_batches_and_stops_without_grants() -> Non
 
         bad = ReadGrants(failing)
         with pytest.raises(ConnectionError):
-            await bad.grant_for(9)
+            await bad.fetch(9)
+        assert bad.eager
         assert "kept=0" in repr(bad)
 
     asyncio.run(go())

@@ -5,6 +5,11 @@ life, sent with every chunk READ of that inode (``ReadReq.grant``).
 ``get(inode)`` is the hot path (a dict look-up and a clock comparison); ``fetch(inode)`` asks meta
 (concurrent readers of one inode share one question, and inodes asked at the same moment go in
 one request); ``drop(inode)`` forgets a grant storage refused (then fetch again, once).
+
+Lazy until storage asks: grants come free in meta's open / READ / READ_MANY replies (``note``),
+and ``grant_for`` fetches one for an inode without a kept grant only once this client has seen
+storage refuse a read for want of one (``fetch`` after a refusal turns that on). So while
+storage does not require read grants, a client never pays a READ_GRANTS round trip.
 Without ``fetch_many`` (a client of a cluster without auth, tests' fakes) nothing is fetched
 and reads carry no grant, as before read grants. A reply with ``ttl_s == 0`` means meta issues
 no grants to this caller (no cluster secret, or an admin token, which storage lets through):
@@ -34,6 +39,7 @@ class ReadGrants:
         self._asking: dict[int, asyncio.Future[bytes]] = {}
         self._queued: list[int] = []
         self.fetches_total = 0  # READ_GRANTS requests sent
+        self.eager = False  # storage refused a read without a grant: fetch before reading from now on
 
     def get(self, inode: int) -> bytes:
         """The grant to send with a READ of ``inode`` (b"" when none is kept or it is due for renewal)."""
@@ -47,13 +53,16 @@ class ReadGrants:
         kept = self._kept.get(inode)
         if kept is not None and self.monotonic() <= kept[1]:
             return kept[0]  # (b"": meta denied it a moment ago)
-        if self.fetch_many is None:
+        if self.fetch_many is None or not self.eager:
             return b""
         return await self.fetch(inode)
 
     async def fetch(self, inode: int) -> bytes:
+        """Ask meta for ``inode``'s grant now (a read was refused for want of one: from now on
+        ``grant_for`` fetches before reading)."""
         if self.fetch_many is None:
             return b""
+        self.eager = True
         fut = self._asking.get(inode)
         if fut is None:
             fut = self._asking[inode] = asyncio.get_running_loop().create_future()
