@@ -223,6 +223,10 @@ def table_lines(doc: dict[str, Any]) -> list[str]:
         if r["name"].startswith("rand_read"):
             e = r["extra"]
             lines.append(f"{'':<26} p50 {e['p50_ms']:.2f} ms, p95 {e['p95_ms']:.2f} ms, p99 {e['p99_ms']:.2f} ms")
+        cpu = r["extra"].get("reader_cpu_s_per_gib")
+        if cpu:
+            roles = ", ".join(f"{k} {v:.2f}" for k, v in cpu.items() if k != "total")
+            lines.append(f"{'':<26} reader CPU-s/GiB {cpu.get('total', 0.0):.2f} ({roles})")
     return (lines + cold_read_lines(doc) + smallfile_lines(doc) + dataloader_lines(doc)
             + checkpoint_lines(doc))
 

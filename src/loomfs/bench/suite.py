@@ -22,7 +22,7 @@ from loomfs.bench.workloads import (
     Result,
     lookup_scaling,
     random_reads,
-    seq_read,
+    seq_read_cpu,
     seq_write,
     small_files,
 )
@@ -226,11 +226,12 @@ def _bigfile(t: BenchTarget, plan: Plan, L: _Limits, base: str, tag: str,
     caches = t.drop_caches(f"{base}/big")
     c = t.cold([f"{base}/big"])
     try:
-        r = seq_read(c, f"{base}/big")
+        # this process's CPU-s per GiB read, in all and by thread role (loop, recv, main, other)
+        r, cpu = seq_read_cpu(c, f"{base}/big")
     finally:
         c.close()
     n, v, ex = L.read(1)
-    out.append(Result("seq_read", r, "B/s", n, v, {**ex, "caches": caches}))
+    out.append(Result("seq_read", r, "B/s", n, v, {**ex, "caches": caches, "reader_cpu_s_per_gib": cpu}))
 
     rtt = L.lim["round_trips_per_s"]
     for io, count in ((4096, plan.rand_4k_count), (64 << 10, plan.rand_64k_count)):
