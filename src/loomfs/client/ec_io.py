@@ -13,7 +13,13 @@ from __future__ import annotations
 import dataclasses
 import logging
 
-from loomfs.client.storage_client import StorageClient, read_req, zero_fill
+from loomfs.client.storage_client import (
+    GRANT_REFUSED,
+    READ_REQ_HAS_GRANT,
+    StorageClient,
+    read_req,
+    zero_fill,
+)
 from loomfs.ec.stripe import HEADER_BYTES, Geometry
 from loomfs.errors import LoomError
 from loomfs.wire.status import Status
@@ -75,15 +81,17 @@ class FragmentIO:
         into = into[:length]
         chain_id = self.chain_of(index)
         sc = self.storage
-        for attempt in range(2):
+        grant = await sc.read_grant(self.inode)
+        grant_renewed = False
+        attempt = 0
+        while attempt < 2:
             try:
                 routing = await sc.routing.get() if attempt == 0 else await sc.routing.refresh(min_version=0)
                 targets = routing.serving_targets(chain_id)
                 if not targets:
                     raise FragmentUnavailable(f"chain {chain_id} has no serving target")
                 target = targets[-1]
-                req = read_req(await sc.read_grant(self.inode), chain_id=chain_id,
-                               chain_version=routing.chain(chain_id).version,
+                req = read_req(grant, chain_id=chain_id, chain_version=routing.chain(chain_id).version,
                                chunk=ChunkId(inode=self.inode, index=index), offset=offset, length=length,
                                target_id=target)
                 rsp = await sc.rpc.call(routing.address_of(target), READ, req, recv_into=into,
@@ -93,7 +101,18 @@ class FragmentIO:
                 raise
             except (TimeoutError, LoomError, OSError) as exc:
                 st = getattr(exc, "status", None)
+                if (st in GRANT_REFUSED and not grant_renewed and READ_REQ_HAS_GRANT
+                        and sc.read_grants.fetch_many is not None):
+                    grant_renewed = True  # storage wants a (fresh) read grant: once more with one
+                    sc.read_grants.drop(self.inode)
+                    try:
+                        grant = await sc.read_grants.fetch(self.inode)
+                    except (LoomError, OSError):
+                        grant = b""  # meta could not say: this fragment is unavailable, as before
+                    if grant:
+                        continue
                 if attempt == 0 and st in _REFRESH:
+                    attempt += 1
                     continue
                 self.reads_failed_total += 1
                 err = FragmentUnavailable(f"fragment chunk {self.inode}:{index} on chain {chain_id}: {exc}")

@@ -64,7 +64,7 @@ CORRUPT_REREAD_S = 0.5  # ... waiting this long between (the replicas were told 
 # ReadReq.grant (issue 13's read grants) is being added to the wire types: until it is there,
 # reads carry no grant and none is fetched
 READ_REQ_HAS_GRANT = "grant" in getattr(ReadReq, "__dataclass_fields__", {})
-_GRANT_REFUSED = frozenset({Status.EACCES, Status.AUTH_EXPIRED})  # a READ whose grant storage refused
+GRANT_REFUSED = frozenset({Status.EACCES, Status.AUTH_EXPIRED})  # a READ whose grant storage refused
 
 
 def read_req(grant: bytes, **fields: Any) -> ReadReq:
@@ -393,7 +393,7 @@ class StorageClient:
         try:
             rsp = await self._call_chain(chain_id, "any", READ, make, recv_into=into)
         except LoomError as exc:
-            if exc.status not in _GRANT_REFUSED or not READ_REQ_HAS_GRANT or grants.fetch_many is None:
+            if exc.status not in GRANT_REFUSED or not READ_REQ_HAS_GRANT or grants.fetch_many is None:
                 raise
             grants.drop(inode)  # refused (expired, revoked key): once more with a fresh one
             grant = await grants.fetch(inode)
