@@ -48,7 +48,7 @@ class ChunkReads(ChunkUpdates, Fencing):
             if not self.tenant_check.check(ident, inodes, "read"):
                 await self.tenant_check.check_slow(ident, inodes, "read")
             # ... and of inodes meta let it read (POSIX r): a read grant (storage/grantcheck.py)
-            self.read_grants.check(ident, getattr(req, "grant", b""), inodes[0])
+            self.read_grants.check(ident, req.grant, inodes[0])
         with self.foreground.busy():
             return await self._read(req)
 

@@ -155,6 +155,8 @@ class StorageNode:
         """Tenant ``name``'s number, asked of a meta server (as a service: TENANT_LIST needs
         ADMIN); None when meta knows no such tenant. Every tenant listed is remembered."""
         routing = await self.routing.get()
+        if not routing.alive_nodes(NodeKind.META):  # ours may predate the meta servers' registration
+            routing = await self.routing.refresh()
         last: BaseException | None = None
         for node in routing.alive_nodes(NodeKind.META):
             try:

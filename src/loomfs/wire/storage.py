@@ -80,6 +80,9 @@ class ReadReq(Message):
     # replica's state or lease (the reader checks it against the length and CRC it recorded
     # for that version; a version names one content)
     exact_ver: int = 0
+    # meta's read grant for chunk.inode (loomfs.common.grants: READ_GRANTS, or an open/READ reply);
+    # storage checks it for clients (storage/grantcheck.py ReadGrantCheck); services send none
+    grant: bytes = b""
 
 
 @message
