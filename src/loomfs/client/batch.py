@@ -35,6 +35,7 @@ import crc32c
 
 from loomfs.client import paths as P
 from loomfs.client.layout import split_range
+from loomfs.client.readgrants import ReadGrants
 from loomfs.errors import (
     ChecksumError,
     ConnectionFailed,
@@ -92,6 +93,10 @@ async def read_many(client: AsyncClient, paths: Sequence[str]) -> list[bytes | O
                 if pos != len(payload):
                     raise ProtocolError("read_many reply: payload longer than its items")
                 _item_errors(body.errors, items, count, out)
+                kept = getattr(client.storage, "read_grants", None)
+                for c, grant in zip(body.chunked, body.read_grants, strict=False):
+                    if grant and c.attr is not None and isinstance(kept, ReadGrants):
+                        kept.note(c.attr.inode, grant)  # its chunk READs need no READ_GRANTS first
                 for c in body.chunked:
                     if not 0 <= c.index < count or c.attr is None:
                         raise ProtocolError(f"read_many reply: bad chunked item {c.index}")

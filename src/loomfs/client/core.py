@@ -604,6 +604,8 @@ class AsyncClient:
             raise
         attr = self._check_opened(p, rsp)
         self.caches.learn_attr(p, True, attr, asked_at=asked)
+        if rsp.read_grant:
+            note_grant(self.storage, attr.inode, rsp)
         if rsp.data is not None:
             data = check_crc(p, rsp.data, rsp.data_crc)
             if self.caches.relaxed(p):  # strict reads get inline bytes with every OPEN/READ
@@ -749,9 +751,12 @@ class AsyncClient:
         return rsp
 
     def learn_read(self, p: str, rsp: ReadRsp, asked_at: float) -> None:
-        """Let the caches learn a READ reply for ``p`` (sent at ``asked_at``)."""
+        """Let the caches learn a READ reply for ``p`` (sent at ``asked_at``), and the storage
+        client its read grant (a chunked file: no READ_GRANTS round trip before its chunks)."""
         if rsp.attr is not None:
             self.caches.learn_attr(p, True, rsp.attr, asked_at=asked_at)
+            if rsp.read_grant:
+                note_grant(self.storage, rsp.attr.inode, rsp)
 
     def content_of_read(self, p: str, rsp: ReadRsp) -> bytes | None:
         """What a READ reply gives without storage: an inline file's bytes (checked), or the

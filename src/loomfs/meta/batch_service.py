@@ -13,6 +13,7 @@ import crc32c
 from loomfs.errors import StatusError
 from loomfs.meta.ops.batch import BatchOps, Failed, Put, PutItem
 from loomfs.meta.ops.namespace import Namespace
+from loomfs.meta.readgrants import read_grant
 from loomfs.meta.service import act_for
 from loomfs.net.rpc import CallContext, Reply, handles
 from loomfs.wire import meta_batch as wb
@@ -78,7 +79,8 @@ class BatchService:
         payload = b"".join(contents)
         logger.debug("req %d: read_many %d/%d paths, %d inline (%d bytes), %d chunked, %d errors", ctx.request_id,
                      len(results), len(req.paths), len(contents), len(payload), len(chunked), len(errors))
-        rsp = wb.ReadManyRsp(count=len(results), lengths=lengths, crcs=crcs, chunked=chunked, errors=errors)
+        rsp = wb.ReadManyRsp(count=len(results), lengths=lengths, crcs=crcs, chunked=chunked, errors=errors,
+                             read_grants=[read_grant(c.attr, ctx) for c in chunked])
         return Reply(rsp, payload or None)
 
     @handles(wb.PUT_MANY)

@@ -16,6 +16,7 @@ import asyncio
 import functools
 import inspect
 import logging
+import os
 import random
 import time
 from collections.abc import Awaitable, Callable
@@ -30,6 +31,7 @@ from loomfs.errors import StatusError
 from loomfs.meta.caller import set_caller
 from loomfs.meta.ops.inline import Patch
 from loomfs.meta.ops.namespace import Namespace
+from loomfs.meta.readgrants import read_grant
 from loomfs.meta.store.base import OP_COMMITS, WRITE_ALONE, TxnConflict
 from loomfs.net.rpc import CallContext, handles
 from loomfs.wire import meta as w
@@ -189,13 +191,16 @@ class MetaService:
                          session_lease_s=self.ns.session_lease_s if o.session_id else 0.0, replayed=o.replayed,
                          trunc_epoch=o.trunc_epoch, data=o.data,
                          data_crc=crc32c.crc32c(o.data) if o.data is not None else 0,
-                         write_grant=write_grant(o.attr.inode, ctx) if o.session_id else b"")
+                         write_grant=write_grant(o.attr.inode, ctx) if o.session_id else b"",
+                         read_grant=read_grant(o.attr, ctx)
+                         if (req.flags & os.O_ACCMODE) != os.O_WRONLY and o.data is None else b"")
 
     @handles(w.READ)
     async def read(self, req: w.PathReq, ctx: CallContext) -> w.ReadRsp:
         act_for(ctx, self.root_squash)
         attr, data = await self.ns.read(req.path, follow_symlinks=req.follow_symlinks)
-        return w.ReadRsp(attr=attr, data=data, data_crc=crc32c.crc32c(data) if data is not None else 0)
+        return w.ReadRsp(attr=attr, data=data, data_crc=crc32c.crc32c(data) if data is not None else 0,
+                         read_grant=read_grant(attr, ctx) if data is None else b"")
 
     @handles(w.WRITE_INLINE)
     async def write_inline(self, req: w.InlineWriteReq, ctx: CallContext) -> w.InlineWriteRsp:

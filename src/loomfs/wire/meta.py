@@ -77,6 +77,9 @@ class OpenRsp(Message):
     # token to write this inode's chunks (``loomfs.common.grants``); sent with every chunk
     # write; renewed with RENEW_SESSIONS. b"" without a secret.
     write_grant: bytes = b""
+    # opens for reading a chunked file on a cluster with a secret: meta's read grant for this
+    # token (``loomfs.common.grants``), sent with every chunk READ; b"" otherwise
+    read_grant: bytes = b""
 
 
 @message
@@ -87,6 +90,7 @@ class ReadRsp(Message):
     attr: Attr | None = None
     data: bytes | None = None
     data_crc: int = 0
+    read_grant: bytes = b""  # a chunked file: as OpenRsp.read_grant
 
 
 @message

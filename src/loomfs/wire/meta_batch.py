@@ -78,6 +78,7 @@ class ReadManyRsp(Message):
     crcs: list[int] = many()  # CRC32C of item i's content (0 where none)
     chunked: list[IndexedAttr] = many()
     errors: list[ItemError] = many()
+    read_grants: list[bytes] = many()  # parallel to ``chunked``: each file's read grant (b"" without a secret)
 
 
 @message
