@@ -98,9 +98,9 @@ class StorageConfig:
     # cluster secret (without one nothing is checked). False: a transition for older meta servers.
     write_grants_required: bool = True
     # chunk READs from clients must carry a read grant meta issued for the inode (POSIX r checked
-    # there); a present one is always checked. Only with a cluster secret. Off until every read
-    # path of the client carries one (issue 13: docs/security.md "Read grants").
-    read_grants_required: bool = False
+    # there); a present one is always checked. Only with a cluster secret; services and admin
+    # tokens need none. False: a transition for older clients (docs/security.md "Read grants").
+    read_grants_required: bool = True
     domain: str = ""  # failure domain (rack, room...): chains keep their replicas in distinct domains when there are enough; "" = the node is its own domain
     metrics_port: int = 0  # Prometheus /metrics: 0 = any free port (advertised to mgmtd), -1 = off
     rpc: RpcConfig = field(default_factory=RpcConfig)

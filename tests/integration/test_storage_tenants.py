@@ -6,6 +6,7 @@ ordinary client reads and writes work."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import errno
 import os
 import secrets
@@ -27,6 +28,8 @@ from loomfs.net.tcp import TcpTransport
 from loomfs.net.transport import Address
 from loomfs.testing import LocalCluster
 from loomfs.wire import meta as wmeta
+from loomfs.wire.grants import READ_GRANTS
+from loomfs.wire.meta import InodesReq
 from loomfs.wire.storage import (
     QUERY_CHUNKS,
     READ,
@@ -38,6 +41,7 @@ from loomfs.wire.storage import (
     RemoveChunksReq,
     WriteReq,
 )
+from loomfs.wire.types import NodeKind
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 CHUNK_BYTES = 4 << 20  # the default layout's chunk size
@@ -114,7 +118,10 @@ def test_tenant_cannot_touch_another_tenants_chunks(cluster: LocalCluster, fs: l
                    chunk=chunk, length=meta.length, target_id=target_id)
 
     async def do_read(rpc: RpcClient) -> bytes:
-        return bytes((await rpc.call(addr, READ, read)).payload)
+        # storage also wants meta's read grant (storage/grantcheck.py); the tenant check comes first
+        meta_node = next(n for n in routing.nodes if n.kind == NodeKind.META)
+        got = (await rpc.call(Address(meta_node.host, meta_node.port), READ_GRANTS, InodesReq(inodes=[ino]))).body
+        return bytes((await rpc.call(addr, READ, dataclasses.replace(read, grant=got.grants[0]))).payload)
 
     # the owning tenant, by raw RPC: served (the chunk's bytes are the file's)
     got = _raw(tok_a, do_read)
