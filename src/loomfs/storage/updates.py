@@ -133,6 +133,8 @@ class ChunkUpdates(ChainForwarder):
                 if isinstance(action, chain.AckCommitted):
                     if ev.seen is not chain.TagSeen.NO:
                         self.dedupes_total += 1
+                    if isinstance(req, WriteReq | TruncateReq) and req.durable:
+                        await engine.make_durable(key)  # a retry of a durable write: acked only on disk
                     return write_rsp(engine.get(key))
                 if isinstance(action, chain.Reforward):
                     pos = await self._reforward(target, pos, key, action, req.chunk_size)  # type: ignore[arg-type]
@@ -230,7 +232,7 @@ class ChunkUpdates(ChainForwarder):
                                   expect_crc=staged.pending_crc)
 
         async def whole(p: chain.Position) -> Status:
-            return await self._send_whole(target, p, key, ver, req.chunk_size)
+            return await self._send_whole(target, p, key, ver, req.chunk_size, durable=req.durable)
 
         self._leftovers.setdefault(target.target_id, set()).add(key)
         status, pos = await self._forward_chain(pos, m, fwd, payload or None, crc, whole)
@@ -283,8 +285,9 @@ class ChunkUpdates(ChainForwarder):
         if left is not None:
             left.discard(key)
 
-    def _whole_req(self, pos: chain.Position, key: ChunkKey, st: ChunkState, ver: int, chunk_size: int) -> WriteReq:
-        return WriteReq(
+    def _whole_req(self, pos: chain.Position, key: ChunkKey, st: ChunkState, ver: int, chunk_size: int,
+                   durable: bool = False) -> WriteReq:
+        return WriteReq(durable=durable,
             chain_id=pos.chain_id, chain_version=pos.chain_version, chunk=ChunkId(inode=key.inode, index=key.index),
             offset=0, length=st.pending_length, chunk_size=max(chunk_size, st.pending_length),
             data_crc=st.pending_crc, forwarded=True, update_ver=ver, full_replace=True,
@@ -292,7 +295,7 @@ class ChunkUpdates(ChainForwarder):
         )
 
     async def _send_whole(self, target: StorageTarget, pos: chain.Position, key: ChunkKey, ver: int,
-                          chunk_size: int) -> Status:
+                          chunk_size: int, *, durable: bool = False) -> Status:
         """Forward the staged update ``ver`` as a whole-chunk replace (under the chunk lock)."""
         engine = target.engine
         st = engine.get(key)
@@ -303,7 +306,8 @@ class ChunkUpdates(ChainForwarder):
             mv = memoryview(buf)[: st.pending_length]
             engine.read(key, 0, mv, pending=True)
             routing = await self.routing.get()
-            return await self._forward(routing, pos.successor, WRITE, self._whole_req(pos, key, st, ver, chunk_size),
+            return await self._forward(routing, pos.successor, WRITE, self._whole_req(pos, key, st, ver, chunk_size,
+                                                                                  durable or engine.pending_durable(key)),
                                        mv, st.pending_crc)
         finally:
             self.pool.release(buf)
@@ -317,13 +321,14 @@ class ChunkUpdates(ChainForwarder):
         engine = target.engine
         st = engine.get(key)
         assert st is not None and st.pending_ver == action.update_ver
+        durable = engine.pending_durable(key)  # staged for a durable write: committed durably everywhere
         self.reforwards_total += 1
         if pos.successor is not None:
             buf = self.pool.acquire(max(1, st.pending_length))
             try:
                 mv = memoryview(buf)[: st.pending_length]
                 engine.read(key, 0, mv, pending=True)
-                fwd = self._whole_req(pos, key, st, action.update_ver, chunk_size)
+                fwd = self._whole_req(pos, key, st, action.update_ver, chunk_size, engine.pending_durable(key))
                 status, pos = await self._forward_chain(pos, WRITE, fwd, mv, st.pending_crc)
             finally:
                 self.pool.release(buf)
@@ -333,7 +338,7 @@ class ChunkUpdates(ChainForwarder):
         else:
             logger.info("chunk %s on target %d: committing leftover v%d as the tail", key, target.target_id,
                         action.update_ver)
-        await self._commit(target, key, action.update_ver)
+        await self._commit(target, key, action.update_ver, durable=durable)
         return pos
 
     @property

@@ -131,6 +131,15 @@ class ChunkEngine(ABC):
         on stable storage before this returns) when the engine fsyncs every commit or when
         ``durable`` asks for it (a write to a directory with the ``durable`` layout flag)."""
 
+    def pending_durable(self, key: ChunkKey) -> bool:
+        """Whether the pending update of ``key`` was staged for a durable write (every commit
+        of it is then durable, and a forward of it asks successors for a durable commit)."""
+        return False
+
+    async def make_durable(self, key: ChunkKey) -> None:  # noqa: B027 - optional hook
+        """Make the committed version of ``key`` durable (data, directory entry, index row on
+        stable storage): before a durable write's retry is acked as already committed."""
+
     @abstractmethod
     def abort(self, key: ChunkKey) -> None:
         """Drop the pending update (and its tags), if any."""

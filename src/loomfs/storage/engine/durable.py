@@ -22,6 +22,7 @@ for a WAL fsync that follows its row.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -29,6 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from loomfs.storage.engine.file_index import ChunkIndex
+
+logger = logging.getLogger(__name__)
 
 SYNC_THREADS = 1  # data-file flushes at once per engine (see above)
 
@@ -38,6 +41,11 @@ def _flush_and_close(fd: int) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def _log_flush_error(fut: Future[None]) -> None:
+    if not fut.cancelled() and fut.exception() is not None:  # also when nobody waits for it
+        logger.error("flush of a staged chunk file failed: %s", fut.exception())
 
 
 def fsync_dir(path: Path) -> None:
@@ -77,10 +85,12 @@ class DurableCommits:
             self._sync = ThreadPoolExecutor(SYNC_THREADS, thread_name_prefix="chunk-sync")
         dup = os.dup(fd)
         try:
-            return self._sync.submit(_flush_and_close, dup)
+            fut = self._sync.submit(_flush_and_close, dup)
         except BaseException:
             os.close(dup)
             raise
+        fut.add_done_callback(_log_flush_error)
+        return fut
 
     async def commit(self, fd: int, synced: Future[None] | None, directory: Path,
                      write_row: Callable[[], None]) -> None:

@@ -551,6 +551,7 @@ class FileEngine(BlockChecks, ChunkEngine):
         p = self._pending.get(key)
         if p is None or p.ver != version:
             raise no_pending(key, version)
+        durable = durable or p.synced is not None  # staged for a durable write: always durable
         del self._pending[key]
         if self._executor is None and not durable:
             try:
@@ -569,15 +570,28 @@ class FileEngine(BlockChecks, ChunkEngine):
 
     async def _commit_synced(self, key: ChunkKey, p: Pending, durable: bool) -> ChunkState:
         try:
-            if self._executor is not None:
+            if not durable:  # an engine that fsyncs every commit
                 await asyncio.get_running_loop().run_in_executor(self._executor, self._write_row, key, p, True)
-            else:
+            else:  # data (flushed once), directory entry, row, WAL: whatever fsync_on_commit says
                 await self._durable.commit(p.fd, p.synced, self._file(key, p.file_ver).parent,
                                            lambda: self._write_row(key, p, False))
         except BaseException:
+            if durable:
+                p.row_maybe = True  # the row may be in the index: abort must keep the file
             self._pending.setdefault(key, p)
             raise
         return self._install(key, p)
+
+    def pending_durable(self, key: ChunkKey) -> bool:
+        p = self._pending.get(key)
+        return p is not None and p.synced is not None
+
+    async def make_durable(self, key: ChunkKey) -> None:
+        m = self._m(key)
+        if m is None:
+            return
+        await self._durable.commit(self._fd(key, m.file_ver), None, self._file(key, m.file_ver).parent,
+                                   lambda: None)
 
     def _install(self, key: ChunkKey, p: Pending) -> ChunkState:
         """Memory follows the index row just written: ``p`` is the committed version."""
@@ -598,7 +612,11 @@ class FileEngine(BlockChecks, ChunkEngine):
         p = self._pending.pop(key, None)
         if p is None:
             return
-        if p.in_place:
+        if p.row_maybe:  # a failed durable commit may have left its row: keep what it names
+            os.close(p.fd)
+            logger.error("chunk %s: pending v%d dropped after a failed durable commit; its file is kept "
+                         "(the index may name it)", key, p.ver)
+        elif p.in_place:
             m = self._m(key)
             if m is not None:
                 os.ftruncate(p.fd, m.length)
@@ -673,10 +691,10 @@ class FileEngine(BlockChecks, ChunkEngine):
             if pool is not None:
                 pool.shutdown(wait=True)
         self._io = self._hasher = None
-        self._index.close()
+        self._durable.close()  # before the index it writes to
         if self._executor is not None:
             self._executor.shutdown(wait=True)
-        self._durable.close()
+        self._index.close()
 
     def __repr__(self) -> str:
         return f"FileEngine({self.path} chunks={len(self._meta)} used={self._used_bytes}B pending={len(self._pending)})"

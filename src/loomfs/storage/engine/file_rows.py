@@ -28,3 +28,4 @@ class Pending:
     blocks: bytes
     tags: bytes
     synced: Future[None] | None = None  # the data file's flush, started at staging (durable writes)
+    row_maybe: bool = False  # a durable commit of it failed after its index row may have been written

@@ -69,6 +69,7 @@ class MemoryEngine(ChunkEngine):
         self._used_bytes = 0
         self._committed = 0  # chunks with a committed version
         self.crashes = 0
+        self._durable_pending: dict[ChunkKey, int] = {}  # chunk -> pending version staged for a durable write
 
     # ---- state ------------------------------------------------------------------------
     def _state(self, key: ChunkKey, slot: _Slot) -> ChunkState:
@@ -201,6 +202,27 @@ class MemoryEngine(ChunkEngine):
         blocks = restage_blocks(c.blocks, old_len, length, length, length,
                                 lambda i, s, e: crc32c.crc32c(view[s:e]))
         return self._stage(key, version, base, crc32c.crc32c(base), blocks, tags)
+
+    async def astage_write(
+        self,
+        key: ChunkKey,
+        version: int,
+        offset: int,
+        data: memoryview | bytes,
+        *,
+        data_crc: int | None = None,
+        full_replace: bool = False,
+        tags: tuple[ChunkTag, ...] | None = None,
+        sync: bool = False,
+    ) -> ChunkState:
+        st = self.stage_write(key, version, offset, data, data_crc=data_crc, full_replace=full_replace, tags=tags)
+        if sync:
+            self._durable_pending[key] = version
+        return st
+
+    def pending_durable(self, key: ChunkKey) -> bool:
+        slot = self._slots.get(key.inode, key.index)
+        return slot is not None and slot.pending is not None and self._durable_pending.get(key) == slot.pending.ver
 
     async def commit(self, key: ChunkKey, version: int, *, durable: bool = False) -> ChunkState:
         slot = self._slots.get(key.inode, key.index)
