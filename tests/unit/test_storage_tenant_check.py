@@ -195,3 +195,38 @@ def test_meta_unreachable_refuses_for_now() -> None:
         _refused(ei)
 
     _run(body)
+
+
+def test_forwarded_and_resync_updates_are_for_chain_peers_only() -> None:
+    """A client token (even an admin's) may not send what only a chain peer sends: a forwarded
+    write/truncate/removal, a resync copy, a rollback (it would skip the head's ordering and
+    give one version two contents)."""
+    async def body(n: Node) -> None:
+        data = b"x" * 8
+        crc = crc32c.crc32c(data)
+        reqs = [
+            ("write", dict(forwarded=True, update_ver=5)),
+            ("write", dict(sync=True, from_target=TID)),
+            ("write", dict(full_replace=True, update_ver=3)),
+            ("truncate", dict(forwarded=True, update_ver=5)),
+            ("remove", dict(forwarded=True)),
+            ("remove", dict(sync=True, from_target=TID)),
+        ]
+        for who in (_ident(""), _ident("", USER | Right.ADMIN)):
+            for kind, extra in reqs:
+                with pytest.raises(StatusError) as ei:
+                    if kind == "write":
+                        await n.svc.write(WriteReq(chain_id=1, chain_version=1, chunk=ChunkId(inode=SHARED), length=8,
+                                                   chunk_size=CHUNK_SIZE, data_crc=crc, **extra), _ctx(who, data))
+                    elif kind == "truncate":
+                        await n.svc.truncate(TruncateReq(chain_id=1, chain_version=1, chunk=ChunkId(inode=SHARED),
+                                                         length=0, chunk_size=CHUNK_SIZE, **extra), _ctx(who))
+                    else:
+                        await n.svc.remove_chunks(RemoveChunksReq(chain_id=1, chain_version=1, inode=SHARED, **extra),
+                                                  _ctx(who))
+                assert ei.value.status is Status.EPERM and "chain peers only" in str(ei.value), (who, kind, extra)
+        # a plain client write still works (the tenant check passes; no key: no grant check)
+        await n.write(SHARED, data, _ident(""))
+        assert await n.read(SHARED, SERVICE) == data
+
+    _run(body)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from loomfs.common.identity import Right
 from loomfs.errors import InvalidArgument, StatusError
 from loomfs.net.rpc import CallContext, handles
 from loomfs.storage import chain
@@ -63,6 +64,9 @@ class ChunkRemovals(ChunkUpdates, Fencing):
 
     @handles(REMOVE_CHUNKS)
     async def remove_chunks(self, req: RemoveChunksReq, ctx: CallContext) -> RemoveChunksRsp:
+        if (req.forwarded or req.sync or req.from_target) and not ctx.identity.can(Right.SERVICE):
+            raise StatusError(Status.EPERM, "a forwarded or resync chunk removal is for chain peers only "
+                              f"(token {ctx.identity.token_id or ctx.identity.uid})")
         inodes = [req.inode, *req.more_inodes]
         if not ctx.identity.privileged:
             await self.tenant_check.check_slow(ctx.identity, inodes, "chunk removal")

@@ -16,6 +16,7 @@ import math
 from collections.abc import Awaitable, Callable
 
 from loomfs.common.clock import SYSTEM_CLOCK, Clock
+from loomfs.common.identity import Identity, Right
 from loomfs.errors import InvalidArgument, StatusError
 from loomfs.net.buffers import DEFAULT_POOL, BufferPool
 from loomfs.net.rpc import CallContext, RpcClient, handles
@@ -54,6 +55,14 @@ __all__ = ["StorageService", "pack_tags", "write_chain"]
 _EMPTY = memoryview(b"")
 REMOVE_PAGE = 1024
 READ_LEASE_FRACTION = 0.8
+
+
+def chain_peers_only(identity: Identity, what: str) -> None:
+    """Forwarded updates, resync copies and rollbacks come from chain peers (the head orders a
+    chunk's versions and dedupes retries): EPERM for anyone without SERVICE, admins included."""
+    if not identity.can(Right.SERVICE):
+        raise StatusError(Status.EPERM, f"a forwarded or resync {what} is for chain peers only "
+                          f"(token {identity.token_id or identity.uid})")
 
 
 class StorageService(ChunkReads, ChunkRemovals):
@@ -128,6 +137,8 @@ class StorageService(ChunkReads, ChunkRemovals):
         if ctx.payload_crc != req.data_crc:  # the framing layer verified payload_crc already
             raise StatusError(Status.CHECKSUM_MISMATCH, "write payload does not match data_crc")
         self.check_writable()
+        if req.forwarded or req.sync or req.full_replace or req.rollback or req.from_target or req.update_ver:
+            chain_peers_only(ctx.identity, "write")
         inodes = [req.chunk.inode if req.chunk else 0]
         if not ctx.identity.privileged and not self.tenant_check.check(ctx.identity, inodes, "write"):
             await self.tenant_check.check_slow(ctx.identity, inodes, "write")
@@ -143,6 +154,8 @@ class StorageService(ChunkReads, ChunkRemovals):
     async def truncate(self, req: TruncateReq, ctx: CallContext) -> WriteRsp:
         self._check_bounds(req.length, req.chunk_size)
         self.check_writable()
+        if req.forwarded or req.update_ver:
+            chain_peers_only(ctx.identity, "truncate")
         inodes = [req.chunk.inode if req.chunk else 0]
         if not ctx.identity.privileged:
             await self.tenant_check.check_slow(ctx.identity, inodes, "truncate")
