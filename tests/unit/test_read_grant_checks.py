@@ -25,8 +25,7 @@ from loomfs.meta.store.sqlite import SqliteStore
 from loomfs.net.policy import needs_of
 from loomfs.net.rpc import CallContext
 from loomfs.storage.grantcheck import ReadGrantCheck
-from loomfs.wire.grants import READ_GRANTS, READ_GRANTS_INODES_MAX
-from loomfs.wire.meta import InodesReq
+from loomfs.wire.grants import PROOF_MAX_AGE_S, READ_GRANTS, READ_GRANTS_INODES_MAX, ReadGrantsReq
 from loomfs.wire.status import Status
 from loomfs.wire.types import Layout
 
@@ -94,9 +93,13 @@ class _Env:
             o = self.run(self.ns.open(path, os.O_CREAT | os.O_WRONLY | os.O_TRUNC, mode=mode, data=b"x"))
         return int(o.attr.inode)
 
-    def ask(self, who: Identity, inodes: list[int]) -> Any:
+    def ask(self, who: Identity, inodes: list[int], proofs: list[bytes] | None = None) -> Any:
+        """READ_GRANTS as ``who``; by default each inode with a proof (a grant meta minted for it
+        earlier, from a reply that walked the path; expired a moment ago)."""
         ctx = CallContext(payload=memoryview(b""), request_id=1, peer="t", deadline=None, identity=who)
-        return self.run(self.svc.read_grants(InodesReq(inodes=inodes), ctx))
+        if proofs is None:
+            proofs = [grants.mint(KEY, i, who.token_id, NOW - 10) for i in inodes]
+        return self.run(self.svc.read_grants(ReadGrantsReq(inodes=inodes, proofs=proofs), ctx))
 
     def close(self) -> None:
         self.run(self.store.close())
@@ -128,13 +131,23 @@ def test_meta_grants_what_the_caller_may_read() -> None:
         assert all(env.ask(root, [mine, private]).grants)  # root reads everything ...
         squashed = ReadGrantService(env.ns, key=lambda: KEY, root_squash=True)
         ctx = CallContext(payload=memoryview(b""), request_id=1, peer="t", deadline=None, identity=root)
-        assert not any(env.run(squashed.read_grants(InodesReq(inodes=[mine, private]), ctx)).grants)  # ... unless squashed
+        req = ReadGrantsReq(inodes=[mine, private], proofs=[grants.mint(KEY, i, root.token_id, NOW) for i in (mine, private)])
+        assert not any(env.run(squashed.read_grants(req, ctx)).grants)  # ... unless squashed
         admin = Identity(uid=0, gid=0, rights=Right.user() | Right.ADMIN, token_id="adm")
         rsp = env.ask(admin, [mine])
         assert rsp.grants == [b""] and rsp.ttl_s == 0.0  # admins need none: the client stops asking
         no_secret = ReadGrantService(env.ns, key=lambda: None)
         ctx = CallContext(payload=memoryview(b""), request_id=1, peer="t", deadline=None, identity=ALICE)
-        assert env.run(no_secret.read_grants(InodesReq(inodes=[mine]), ctx)).ttl_s == 0.0
+        assert env.run(no_secret.read_grants(ReadGrantsReq(inodes=[mine]), ctx)).ttl_s == 0.0
+        # an inode number alone earns nothing (a file in a directory the caller cannot search
+        # would be readable by guessing it); nor does a proof for another token, another inode,
+        # or one that ran out too long ago
+        assert [bool(g) for g in env.ask(ALICE, [mine, public], proofs=[]).grants] == [True, False]  # her own only
+        bad = [grants.mint(KEY, public, BOB.token_id, NOW), grants.mint(KEY, mine, ALICE.token_id, NOW),
+               grants.mint(KEY, public, ALICE.token_id, NOW - PROOF_MAX_AGE_S - 1),
+               grants.mint(grants.grant_key(SECRET), public, ALICE.token_id, NOW)]  # a write grant
+        assert env.ask(ALICE, [public] * 4, proofs=bad).grants == [b""] * 4
+        assert env.ask(ALICE, [public], proofs=[grants.mint(KEY, public, ALICE.token_id, NOW - 3600)]).grants[0]
         with pytest.raises(OSError) as ei:
             env.ask(ALICE, list(range(READ_GRANTS_INODES_MAX + 1)))
         assert ei.value.errno == errno.EINVAL
@@ -146,7 +159,7 @@ def test_client_fetches_once_per_inode_batches_and_stops_without_grants() -> Non
     asked: list[list[int]] = []
     now = [0.0]
 
-    async def fetch_many(inodes: list[int]) -> tuple[list[bytes], float]:
+    async def fetch_many(inodes: list[int], proofs: list[bytes]) -> tuple[list[bytes], float]:
         asked.append(list(inodes))
         await asyncio.sleep(0)
         return [b"g%d" % i if i != 3 else b"" for i in inodes], 100.0
@@ -167,7 +180,7 @@ def test_client_fetches_once_per_inode_batches_and_stops_without_grants() -> Non
         assert rg.get(1) == b""
         assert await rg.fetch(1) == b"g1" and len(asked) == 4
 
-        async def no_grants(inodes: list[int]) -> tuple[list[bytes], float]:
+        async def no_grants(inodes: list[int], proofs: list[bytes]) -> tuple[list[bytes], float]:
             asked.append(list(inodes))
             return [b""] * len(inodes), 0.0
 
@@ -176,7 +189,7 @@ def test_client_fetches_once_per_inode_batches_and_stops_without_grants() -> Non
         assert await off.grant_for(5) == b"" and off.fetch_many is None  # ttl 0: never asks again
         assert await off.grant_for(6) == b"" and asked[-1] == [5]
 
-        async def failing(inodes: list[int]) -> tuple[list[bytes], float]:
+        async def failing(inodes: list[int], proofs: list[bytes]) -> tuple[list[bytes], float]:
             raise ConnectionError("meta unreachable")
 
         bad = ReadGrants(failing)
@@ -210,9 +223,11 @@ def test_grants_in_replies_need_no_round_trip(monkeypatch: pytest.MonkeyPatch) -
     assert readgrants.read_grant(chunked, ctx) == b""  # no secret
 
     asked: list[list[int]] = []
+    sent: list[list[bytes]] = []
 
-    async def fetch_many(inodes: list[int]) -> tuple[list[bytes], float]:
+    async def fetch_many(inodes: list[int], proofs: list[bytes]) -> tuple[list[bytes], float]:
         asked.append(inodes)
+        sent.append(proofs)
         return [b""] * len(inodes), 3600.0
 
     async def go() -> None:
@@ -222,5 +237,7 @@ def test_grants_in_replies_need_no_round_trip(monkeypatch: pytest.MonkeyPatch) -
         assert rg.get(42) == g and await rg.grant_for(42) == g and asked == []
         rg.note(44, grants.mint(KEY, 44, ALICE.token_id, _time.time() - 1))  # already expired: not kept
         assert rg.get(44) == b""
+        rg.drop(42)  # storage refused it: not sent again, but shown as the proof of a renewal
+        assert rg.get(42) == b"" and await rg.fetch(42) == b"" and sent[-1] == [g]
 
     asyncio.run(go())

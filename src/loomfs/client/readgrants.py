@@ -28,7 +28,8 @@ READ_GRANTS_MAX = 65536  # inodes whose read grant a client keeps (the oldest go
 DENIED_KEEP_S = 5.0  # an inode meta granted nothing for is not asked about again for this long
 BATCH_MAX = 1024  # inodes per READ_GRANTS (wire.grants.READ_GRANTS_INODES_MAX)
 
-FetchMany = Callable[[list[int]], Awaitable[tuple[list[bytes], float]]]  # inodes -> (grants, ttl_s)
+# (inodes, proofs: the grants held for them, maybe expired) -> (new grants, ttl_s)
+FetchMany = Callable[[list[int], list[bytes]], Awaitable[tuple[list[bytes], float]]]
 
 
 class ReadGrants:
@@ -36,6 +37,8 @@ class ReadGrants:
         self.fetch_many = fetch_many
         self.monotonic = monotonic
         self._kept: dict[int, tuple[bytes, float]] = {}  # inode -> (grant, renew after; monotonic s)
+        # inode -> the last grant meta gave (kept past a refusal): READ_GRANTS renews only with it
+        self._proofs: dict[int, bytes] = {}
         self._asking: dict[int, asyncio.Future[bytes]] = {}
         self._queued: list[int] = []
         self.fetches_total = 0  # READ_GRANTS requests sent
@@ -80,8 +83,9 @@ class ReadGrants:
     async def _ask(self, inodes: list[int]) -> None:
         assert self.fetch_many is not None
         self.fetches_total += 1
+        proofs = [self._proof(inode) for inode in inodes]
         try:
-            got, ttl_s = await self.fetch_many(inodes)
+            got, ttl_s = await self.fetch_many(inodes, proofs)
         except BaseException as exc:  # the readers see meta's error (and retry as they would)
             for inode in inodes:
                 fut = self._asking.pop(inode, None)
@@ -104,6 +108,10 @@ class ReadGrants:
             if fut is not None and not fut.done():
                 fut.set_result(got[i] if i < len(got) else b"")
 
+    def _proof(self, inode: int) -> bytes:
+        kept = self._kept.get(inode)
+        return kept[0] if kept is not None and kept[0] else self._proofs.get(inode, b"")
+
     def note(self, inode: int, grant: bytes) -> None:
         """Keep a grant meta put into an open / READ / READ_MANY reply (no round trip of its own)."""
         if not grant:
@@ -117,7 +125,12 @@ class ReadGrants:
             del self._kept[next(iter(self._kept))]
 
     def drop(self, inode: int) -> None:
-        self._kept.pop(inode, None)
+        """Storage refused the kept grant: not sent again, but kept as the proof a renewal shows."""
+        kept = self._kept.pop(inode, None)
+        if kept is not None and kept[0]:
+            self._proofs[inode] = kept[0]
+            while len(self._proofs) > READ_GRANTS_MAX:
+                del self._proofs[next(iter(self._proofs))]
 
     def __len__(self) -> int:
         return len(self._kept)
@@ -128,11 +141,10 @@ class ReadGrants:
 
 def meta_fetcher(meta: object) -> FetchMany:
     """``fetch_many`` through a ``MetaClient`` (READ_GRANTS; failover and retries are its own)."""
-    from loomfs.wire.grants import READ_GRANTS
-    from loomfs.wire.meta import InodesReq
+    from loomfs.wire.grants import READ_GRANTS, ReadGrantsReq
 
-    async def fetch_many(inodes: list[int]) -> tuple[list[bytes], float]:
-        rsp = await meta.call(READ_GRANTS, InodesReq(inodes=inodes))  # type: ignore[attr-defined]
+    async def fetch_many(inodes: list[int], proofs: list[bytes]) -> tuple[list[bytes], float]:
+        rsp = await meta.call(READ_GRANTS, ReadGrantsReq(inodes=inodes, proofs=proofs))  # type: ignore[attr-defined]
         return list(rsp.grants), float(rsp.ttl_s)
 
     return fetch_many

@@ -1,16 +1,19 @@
-"""READ_GRANTS: meta mints read grants (``loomfs.common.grants``) for the inodes a caller may read.
+"""Read grants (``loomfs.common.grants``) from meta: in replies that walked the path, and renewed
+by READ_GRANTS.
 
 Storage checks tenants itself but cannot check POSIX permissions; a client that reads a
 chunked file sends meta's read grant for its inode with every chunk READ
-(``storage/grantcheck.py: ReadGrantCheck``). The client asks for grants by inode number when it
-has none for a file it reads (or storage says its grant ran out), so every read path (open,
-READ/READ_MANY, relaxed-mode attributes from the cache, EC, the mount) gets one the same way.
-
-A grant is minted when the caller (its token's identity, root-squashed like every meta call)
-has POSIX r on the inode itself, the inode is a regular file and it lies in the caller's
-tenant (a tenant-less user: the shared namespace). Like an open file descriptor, the path's
-search permissions are not walked again. Services and admins need no grants (storage lets
-them through): they get empty ones. One store read per request, one HMAC per granted inode.
+(``storage/grantcheck.py: ReadGrantCheck``). ``read_grant`` mints one for a reply that walked
+the path and checked r (open for reading, READ, READ_MANY). READ_GRANTS renews: for each inode
+the caller shows a grant meta minted for it and that inode earlier (its MAC checked, expired up
+to ``PROOF_MAX_AGE_S`` ago), and gets a fresh one when it still has POSIX r on the inode (its
+token's identity, root-squashed like every meta call), the inode is a regular file in its
+tenant. Without a proof it gets one only for its own files (the KV cache reads its segment
+files by inode) or as root (whose search permission never fails): another user's inode number
+alone never earns a grant, so a token cannot read a file in a directory it cannot search by
+guessing the number. Services and
+admins need no grants (storage lets them through): they get empty ones. One store read per
+request, one HMAC per proof and per granted inode.
 """
 
 from __future__ import annotations
@@ -25,8 +28,13 @@ from loomfs.meta import tenancy
 from loomfs.meta.ops.namespace import Namespace
 from loomfs.meta.perm import R, allowed, effective
 from loomfs.net.rpc import CallContext, handles
-from loomfs.wire.grants import READ_GRANTS, READ_GRANTS_INODES_MAX, ReadGrantsRsp
-from loomfs.wire.meta import InodesReq
+from loomfs.wire.grants import (
+    PROOF_MAX_AGE_S,
+    READ_GRANTS,
+    READ_GRANTS_INODES_MAX,
+    ReadGrantsReq,
+    ReadGrantsRsp,
+)
 from loomfs.wire.types import FileType
 
 _FILE = int(FileType.FILE)
@@ -43,6 +51,19 @@ def _process_key() -> bytes | None:
     from loomfs.net.auth import process_read_grant_key
 
     return process_read_grant_key()
+
+
+def _proven(key: bytes, proof: bytes, inode: int, token_id: str, now_s: float) -> bool:
+    """Whether ``proof`` is a read grant meta minted for ``token_id`` and ``inode``, expired at
+    most ``PROOF_MAX_AGE_S`` ago (the caller reached the inode through a path walk then)."""
+    expires_at_s = grants.expires_at_s(proof)
+    if not proof or now_s - expires_at_s > PROOF_MAX_AGE_S:
+        return False
+    try:
+        grants.verify(key, proof, inode, token_id, expires_at_s)  # the MAC, inode and token; not the expiry
+    except grants.GrantError:
+        return False
+    return True
 
 
 def read_grant(attr: object, ctx: CallContext) -> bytes:
@@ -72,7 +93,7 @@ class ReadGrantService:
         self.denied_total = 0
 
     @handles(READ_GRANTS)
-    async def read_grants(self, req: InodesReq, ctx: CallContext) -> ReadGrantsRsp:
+    async def read_grants(self, req: ReadGrantsReq, ctx: CallContext) -> ReadGrantsRsp:
         n = len(req.inodes)
         if n > READ_GRANTS_INODES_MAX:
             raise InvalidArgument(f"{n} inodes in one READ_GRANTS (at most {READ_GRANTS_INODES_MAX})")
@@ -84,11 +105,18 @@ class ReadGrantService:
         async with self.ns.store.read() as txn:
             perms = await txn.get_perms(req.inodes)
             tenant = await tenancy.tenant_number(txn, who.tenant)  # EACCES for a tenant nobody made
-        expires_at_s = self.wall_clock() + self.ttl_s
+        now_s = self.wall_clock()
+        expires_at_s = now_s + self.ttl_s
         out: list[bytes] = []
-        for inode in req.inodes:
+        for i, inode in enumerate(req.inodes):
+            proof = req.proofs[i] if i < len(req.proofs) else b""
             p = perms.get(inode)
-            if p is None or p[0] != _FILE or tenancy.tenant_of(inode) != tenant or not allowed(_Perms(*p), who, R):
+            # reachable: proven by an earlier grant (a path walk), or the caller's own file, or
+            # root (whose search permission never fails)
+            reachable = p is not None and (who.uid == 0 or p[2] == who.uid
+                                           or _proven(key, proof, inode, caller.token_id, now_s))
+            if not reachable or p is None or p[0] != _FILE or tenancy.tenant_of(inode) != tenant \
+                    or not allowed(_Perms(*p), who, R):
                 self.denied_total += 1
                 out.append(b"")
                 continue
