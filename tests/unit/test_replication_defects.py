@@ -555,3 +555,33 @@ def test_scrub_drops_a_pending_version_that_carries_the_rot() -> None:
         assert st is not None and (st.commit_ver, st.pending_ver) == (1, 0) and c.content(1) == b"x" * 100
 
     run(body)
+
+# A durable write whose first forward failed (the head keeps it as a leftover) and whose retry
+# is then acked: every replica's commit of it must be durable (reviewer's D1, session 7: the
+# reforward and its whole-chunk replace used to commit non-durably everywhere).
+def test_durable_retry_after_failed_forward_commits_durably_everywhere(monkeypatch: pytest.MonkeyPatch) -> None:
+    log: list[tuple[int, int, bool]] = []
+    orig_commit = FlakyEngine.commit
+
+    async def commit(self, key, version, *, durable=False):  # type: ignore[no-untyped-def]
+        log.append((id(self), version, durable))
+        return await orig_commit(self, key, version, durable=durable)
+
+    monkeypatch.setattr(FlakyEngine, "commit", commit)
+
+    async def body(c: Chain3) -> None:
+        data = b"ckpt" * 100
+        req = WriteReq(chain_id=1, chain_version=c.version, chunk=CHUNK, offset=0, length=len(data),
+                       chunk_size=CHUNK_SIZE, data_crc=crc32c.crc32c(data),
+                       tag=RequestTag(client_id=5, request_id=1), durable=True)
+        c.engine(2).fail_stages = 1  # the successor's disk fails once: the head keeps v1 as a leftover
+        with pytest.raises(Exception):  # noqa: B017 - CHAIN_UNAVAILABLE (or its retry's outcome)
+            await c.client.call(c.nodes[0].address, WRITE, req, payload=memoryview(data),
+                                payload_crc=crc32c.crc32c(data))
+        await c.client.call(c.nodes[0].address, WRITE, req, payload=memoryview(data), payload_crc=crc32c.crc32c(data))
+        engines = {id(c.engine(n)) for n in (1, 2, 3)}
+        committed = {e for e, v, _ in log if v == 1}
+        assert committed == engines  # every replica committed v1 ...
+        assert all(d for _, _, d in log), log  # ... and every commit was durable
+
+    run(body)
