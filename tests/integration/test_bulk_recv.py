@@ -195,3 +195,34 @@ def test_a_forked_child_gets_a_fresh_pool_lock() -> None:
             os._exit(0 if ok else 1)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_a_stalled_peer_does_not_hold_up_other_connections_large_replies() -> None:
+    """Every receive thread busy with a peer that stopped mid-payload: another connection's large
+    reply is received on the loop at once (the reviewer's R1: it used to queue behind the stalled
+    one until that call's deadline)."""
+    pool = BulkReceiver(1)
+    size = 4 << 20
+
+    async def run() -> None:
+        slow, fast = Peer(), Peer()
+        try:
+            proto1, sink1 = await _connect(slow, pool)
+            proto2, sink2 = await _connect(fast, pool)
+            stalled = _frame(1, os.urandom(size))
+            slow.send(stalled[: len(stalled) // 2])  # the only receive thread waits for the rest
+            await sink1.until(lambda: pool.jobs_total == 1)
+            big = os.urandom(size)
+            fast.send(_frame(2, big))
+            await sink2.until(lambda: len(sink2.frames) == 1)
+            assert sink2.frames == [(2, big, True)] and pool.busy_total == 1 and sink1.frames == []
+            slow.send(stalled[len(stalled) // 2 :])  # the stalled one still completes on its thread
+            await sink1.until(lambda: len(sink1.frames) == 1)
+            assert sink1.frames[0][0] == 1 and sink1.frames[0][2] is True
+            proto1.abort()
+            proto2.abort()
+        finally:
+            slow.close()
+            fast.close()
+
+    asyncio.run(run())

@@ -67,9 +67,9 @@ class BulkJob:
     def run(self) -> None:
         fd = self.sock.fileno()
         total = len(self.dest)
-        poller = select.poll()
-        poller.register(fd, select.POLLIN | select.POLLERR | select.POLLHUP)
         try:
+            poller = select.poll()
+            poller.register(fd, select.POLLIN | select.POLLERR | select.POLLHUP)
             while self.pos < total:
                 with self.lock:
                     if self.cancelled:
@@ -97,6 +97,12 @@ class BulkJob:
             pass
 
 
+class BulkBusy(OSError):
+    """Every receive thread is busy: the caller receives this payload on its loop instead (a
+    job holds its thread until its payload is in, so a queued job could wait behind slow or
+    stalled peers for as long as their calls' deadlines)."""
+
+
 class BulkReceiver:
     """A pool of at most ``threads_max`` receive threads, started on demand (and again in a
     forked child, which inherits the pool but not its threads)."""
@@ -106,6 +112,7 @@ class BulkReceiver:
         self._lock = threading.Lock()
         self._reset()
         self.jobs_total = 0
+        self.busy_total = 0  # payloads received on the loop because every thread was busy
 
     def _reset(self) -> None:
         self._pid = os.getpid()
@@ -121,7 +128,13 @@ class BulkReceiver:
         with self._lock:
             if self._pid != os.getpid():
                 self._reset()
-            if self._idle <= 0 and self._threads < self.threads_max:
+            if self._idle > 0:
+                self._idle -= 1  # taken by a waiting thread
+            elif self._threads >= self.threads_max:
+                self.busy_total += 1
+                job.sock.close()
+                raise BulkBusy(f"all {self.threads_max} receive threads busy")
+            else:
                 try:
                     threading.Thread(target=self._work, args=(self._queue,), name=f"loomfs-recv-{self._threads + 1}",
                                      daemon=True).start()
@@ -129,8 +142,6 @@ class BulkReceiver:
                     job.sock.close()
                     raise OSError(f"no receive thread: {exc}") from exc
                 self._threads += 1
-            else:
-                self._idle -= 1  # taken by a waiting thread (or queued behind a busy one)
             self.jobs_total += 1
             self._queue.put(job)
         return job
@@ -145,7 +156,8 @@ class BulkReceiver:
                 self._idle += 1
 
     def __repr__(self) -> str:
-        return f"BulkReceiver(threads={self._threads}/{self.threads_max} jobs={self.jobs_total})"
+        return (f"BulkReceiver(threads={self._threads}/{self.threads_max} jobs={self.jobs_total} "
+                f"busy={self.busy_total})")
 
 
 DEFAULT_BULK = BulkReceiver()
