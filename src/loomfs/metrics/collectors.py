@@ -10,6 +10,7 @@ instance methods to time disk operations and store transactions.
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
@@ -242,19 +243,26 @@ def instrument_engines(targets: Iterable[Any], registry: CollectorRegistry) -> H
     for t in targets:
         engine = t.engine
         for op in ("read", "stage_write"):
-            _wrap_sync(engine, op, hist.labels(str(t.target_id), op))
+            _wrap_sync(engine, op, hist.labels(str(t.target_id), op), op)
         for op in ("aread", "astage_write", "commit"):
-            _wrap_async(engine, op, hist.labels(str(t.target_id), op.removeprefix("a")))
+            _wrap_async(engine, op, hist.labels(str(t.target_id), op.removeprefix("a")), op.removeprefix("a"))
     return hist
 
 
-def _wrap_sync(obj: Any, name: str, child: Histogram) -> None:
+# the op an async wrapper is timing in this task: the sync call of the same op inside it (an
+# ``astage_write`` that stages on the loop calls ``stage_write``) is not counted a second time
+_TIMING: contextvars.ContextVar[str] = contextvars.ContextVar("loomfs_engine_op_timed", default="")
+
+
+def _wrap_sync(obj: Any, name: str, child: Histogram, op: str = "") -> None:
     fn = getattr(obj, name, None)
     if fn is None or getattr(fn, "__loomfs_timed__", False):
         return
 
     @functools.wraps(fn)
     def timed(*a: Any, **kw: Any) -> Any:
+        if op and _TIMING.get() == op:
+            return fn(*a, **kw)  # inside the async form of the same op: timed there
         t0 = time.perf_counter()
         try:
             return fn(*a, **kw)
@@ -265,7 +273,7 @@ def _wrap_sync(obj: Any, name: str, child: Histogram) -> None:
     setattr(obj, name, timed)
 
 
-def _wrap_async(obj: Any, name: str, child: Histogram) -> None:
+def _wrap_async(obj: Any, name: str, child: Histogram, op: str = "") -> None:
     fn = getattr(obj, name, None)
     if fn is None or getattr(fn, "__loomfs_timed__", False):
         return
@@ -273,9 +281,11 @@ def _wrap_async(obj: Any, name: str, child: Histogram) -> None:
     @functools.wraps(fn)
     async def timed(*a: Any, **kw: Any) -> Any:
         t0 = time.perf_counter()
+        token = _TIMING.set(op)
         try:
             return await fn(*a, **kw)
         finally:
+            _TIMING.reset(token)
             child.observe(time.perf_counter() - t0)
 
     timed.__loomfs_timed__ = True  # type: ignore[attr-defined]
