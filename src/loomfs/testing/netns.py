@@ -122,8 +122,10 @@ def namespace_pids(netns: str) -> list[int]:
     return [int(p) for p in out.split() if p.isdigit()]
 
 
-def _kill_namespace(netns: str, timeout_s: float = 10.0) -> None:
-    """SIGKILL every process in ``netns`` (a stopped one too) and wait until they are gone."""
+def _kill_namespace(netns: str, timeout_s: float = 10.0, popen_pids: frozenset[int] = frozenset()) -> None:
+    """SIGKILL every process in ``netns`` (a stopped one too) and wait until they are gone.
+    ``popen_pids`` (children a ``Popen`` holds) are not reaped here: their ``Popen`` must get
+    the status (reaped behind its back it reports returncode 0, not -9)."""
     end = time.monotonic() + timeout_s
     while True:
         pids = namespace_pids(netns)
@@ -132,6 +134,8 @@ def _kill_namespace(netns: str, timeout_s: float = 10.0) -> None:
         for pid in pids:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+            if pid in popen_pids:
+                continue
             with contextlib.suppress(ChildProcessError, OSError):
                 os.waitpid(pid, os.WNOHANG)
         if time.monotonic() > end:
@@ -317,7 +321,7 @@ class NetnsLab:
     def kill(self, host: Host | str) -> None:
         """SIGKILL every process on the host (a power cut); its network stays."""
         h = self._host(host)
-        _kill_namespace(h.netns)
+        _kill_namespace(h.netns, popen_pids=frozenset(p.pid for p in h.procs))
         for p in h.procs:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 p.wait(timeout=5.0)
@@ -367,7 +371,7 @@ class NetnsLab:
             try:
                 if Path("/run/netns", h.netns).exists():
                     self.resume(h)  # a stopped process dies of SIGKILL too, but its children wait
-                    _kill_namespace(h.netns)
+                    _kill_namespace(h.netns, popen_pids=frozenset(p.pid for p in h.procs))
                 for p in h.procs:
                     with contextlib.suppress(subprocess.TimeoutExpired):
                         p.wait(timeout=5.0)
