@@ -174,9 +174,6 @@ class FileEngine(BlockChecks, ChunkEngine):
             logger.warning("engine %s: %d index rows had malformed request tags (dropped)", self.path, bad_tags)
 
     # ---- files --------------------------------------------------------------------------
-    def _file(self, key: ChunkKey, file_ver: int) -> Path:
-        return self._chunks_dir / f"{key.inode & 0xFF:02x}" / f"{key.inode:x}.{key.index:x}.{file_ver:x}"
-
     def _create(self, key: ChunkKey, file_ver: int) -> int:
         p = self._file(key, file_ver)
         try:

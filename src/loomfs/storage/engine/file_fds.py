@@ -15,11 +15,13 @@ class FdCache:
 
     direct_io: bool
     fd_cache_max: int
+    _chunks_dir: Path
     _fds: OrderedDict[tuple[ChunkKey, int], int]
     _direct_fds: OrderedDict[tuple[ChunkKey, int], int]
 
     def _file(self, key: ChunkKey, file_ver: int) -> Path:
-        raise NotImplementedError
+        """A chunk's data file of one version: chunks/<inode's low byte>/<inode>.<index>.<version>."""
+        return self._chunks_dir / f"{key.inode & 0xFF:02x}" / f"{key.inode:x}.{key.index:x}.{file_ver:x}"
 
     def _fd(self, key: ChunkKey, file_ver: int) -> int:
         ck = (key, file_ver)
