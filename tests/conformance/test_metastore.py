@@ -514,3 +514,38 @@ def test_get_perms_reads_type_mode_and_owner(store: MetaStore) -> None:
             assert len(await t.get_perms(list(range(1000, 1600)))) == 600  # past one statement's 500
 
     run(go())
+
+
+def test_read_holds_and_orphans(store: MetaStore) -> None:
+    """Read holds are leases beside write sessions (renewed, expired and removed with them)
+    that grant no write; orphans list nameless files, and those with no holder left."""
+    async def go() -> None:
+        async with store.write() as t:
+            await t.add_session(7, 1, 100, 0)
+            await t.add_hold(7, 2, 100, 0)
+            await t.add_hold(8, 3, 101, 0)
+            await t.add_hold(9, 4, 102, 50)
+            for ino in (7, 8, 9, 10):
+                await t.orphan_put(ino, 1000 + ino)
+        async with store.read() as t:
+            assert [await t.holders(i) for i in (7, 8, 9, 10)] == [2, 1, 1, 0]
+            assert await t.session_count(7) == 1 and not await t.has_session(8)  # holds are no write sessions
+            assert await t.session_client(8, 3) is None
+            assert await t.orphan_since(8) == 1008 and await t.orphan_since(11) is None
+            assert await t.orphans_unheld(10) == [10]
+            assert await t.orphan_list(7, 2) == [(8, 1008), (9, 1009)]
+        async with store.write() as t:
+            assert await t.renew_sessions(100, [1, 2], 40) == 2  # a session and a hold of client 100
+            assert await t.remove_hold(8, 3) and not await t.remove_hold(8, 3)
+            gone = await t.expire_sessions(45, 10)  # hold 4 was renewed at 50
+            assert sorted(gone) == [(7, 1, 100), (7, 2, 100)]
+        async with store.read() as t:
+            assert sorted(await t.orphans_unheld(10)) == [7, 8, 10]
+        async with store.write() as t:
+            assert await t.remove_client_sessions(102) == 1
+            await t.orphan_delete(10)
+        async with store.read() as t:
+            assert sorted(await t.orphans_unheld(10)) == [7, 8, 9]
+            assert await t.orphan_since(10) is None
+
+    run(go())

@@ -11,6 +11,10 @@ reply was lost in a meta crash, a CLOSE that never arrived, a crashed client) ca
 unlinked file's chunks forever. For one lease after the worker starts nothing expires: the
 clients of a meta that was down longer than a lease get the time to renew.
 
+Orphans (``loomfs.meta.orphans``: files kept with no name while clients hold them) are dropped
+when their last holder goes; an orphan whose last holder went by a path that did not drop it
+is dropped by this worker's sweep, each round.
+
 Trims (``loomfs.meta.trim``) are due at once, unless claimed by a performer that may still
 be cutting (a crashed meta's claim runs out); idle ones once no write session is open. An
 unlinked file's chunks are removed only once it has no trim left, so a late cut cannot leave
@@ -27,6 +31,7 @@ from typing import Protocol
 
 from loomfs.common.clock import SYSTEM_CLOCK, Clock
 from loomfs.errors import LoomError
+from loomfs.meta import orphans
 from loomfs.meta.store.base import MetaStore
 from loomfs.meta.trim import Trimmer
 from loomfs.wire.types import Layout
@@ -80,6 +85,7 @@ class GcWorker:
         self.removed_total = 0
         self.failures_total = 0
         self.sessions_expired_total = 0
+        self.orphans_dropped_total = 0  # nameless files dropped once their last holder went
         self._started_ns = clock.now_ns()
         self._next_expiry_ns = self._started_ns + int(session_lease_s * 1e9)
 
@@ -95,6 +101,9 @@ class GcWorker:
         self._next_expiry_ns = now + lease_ns // 8
         async with self.store.write() as txn:
             gone = await txn.expire_sessions(now - lease_ns, SESSIONS_EXPIRED_MAX)
+            for inode in sorted({g[0] for g in gone}):  # a nameless file's last holder may be gone
+                if await orphans.release_if_unheld(txn, inode, now, Layout()):
+                    self.orphans_dropped_total += 1
         for inode, session_id, client_id in gone:
             logger.info("gc: write session %d of client %#x on inode %d expired (not renewed for %.0fs)",
                         session_id, client_id, inode, self.session_lease_s)
@@ -102,6 +111,23 @@ class GcWorker:
             self._next_expiry_ns = now  # more to drop: next round
         self.sessions_expired_total += len(gone)
         return len(gone)
+
+    async def drop_orphans(self) -> int:
+        """Drop orphans (files kept nameless for their holders, ``loomfs.meta.orphans``) that
+        have no holder left, one bounded batch: a holder ended by a call that did not drop it
+        (a WRITE_INLINE that closed, a client's sessions removed at once). Returns how many."""
+        async with self.store.read() as txn:
+            due = await txn.orphans_unheld(self.batch_max)
+        if not due:
+            return 0
+        dropped = 0
+        async with self.store.write() as txn:
+            now = self.clock.now_ns()
+            for inode in due:
+                if await orphans.release_if_unheld(txn, inode, now, Layout()):
+                    dropped += 1
+        self.orphans_dropped_total += dropped
+        return dropped
 
     async def trim_once(self) -> int:
         """Cut one bounded batch of due trims; returns how many were settled."""
@@ -126,6 +152,7 @@ class GcWorker:
         """Expire stale sessions, cut due trims, then remove one bounded batch of due
         entries; returns how many trims and removals were done."""
         await self.expire_sessions()
+        await self.drop_orphans()
         trimmed = await self.trim_once()
         due_before_ns = self.clock.now_ns() - int(self.delay_s * 1e9)
         async with self.store.read() as txn:
@@ -180,4 +207,5 @@ class GcWorker:
     def __repr__(self) -> str:
         trims = self.trimmer.trims_total if self.trimmer is not None else 0
         return (f"GcWorker(delay={self.delay_s}s removed={self.removed_total} trims={trims} "
-                f"failures={self.failures_total} sessions_expired={self.sessions_expired_total})")
+                f"failures={self.failures_total} sessions_expired={self.sessions_expired_total} "
+                f"orphans_dropped={self.orphans_dropped_total})")

@@ -14,11 +14,11 @@ from loomfs.common.identity import Identity
 from loomfs.common.keylocks import KeyLocks
 from loomfs.common.routing import Routing
 from loomfs.errors import LoomError, StatusError
-from loomfs.meta import perm, tenancy
+from loomfs.meta import orphans, perm, tenancy
 from loomfs.meta.caller import caller
 from loomfs.meta.gc import SESSION_LEASE_S
 from loomfs.meta.layout import ChainAllocator
-from loomfs.meta.store.base import GcEntry, InlineData, MetaStore, MetaTxn, TrimEntry
+from loomfs.meta.store.base import InlineData, MetaStore, MetaTxn, TrimEntry
 from loomfs.meta.trim import Trimmer, must_settle, queue_trim
 from loomfs.wire.status import Status
 from loomfs.wire.types import ROOT_INODE, Attr, FileType, Layout
@@ -152,7 +152,9 @@ class NamespaceBase:
         return attr
 
     async def _drop_link(self, txn: MetaTxn, attr: Attr, now: int) -> bool:
-        """One name of ``attr`` is gone. Returns True when the file's data went to the GC queue."""
+        """One name of ``attr`` is gone. Returns True when the file's data went to the GC queue.
+        A file whose last name goes while a client holds it open stays, nameless, as an
+        orphan until its last holder lets go (``loomfs.meta.orphans``)."""
         if attr.type == DIR:
             await txn.delete_inode(attr.inode)
             await txn.add_counter(C_DIRS, -1)
@@ -160,26 +162,9 @@ class NamespaceBase:
         if attr.nlink > 1:
             await txn.put_inode(dataclasses.replace(attr, nlink=attr.nlink - 1, ctime_ns=now))
             return False
-        await txn.delete_inode(attr.inode)
-        if attr.type != FILE:
+        if await orphans.keep_if_held(txn, attr, now):
             return False
-        await txn.set_trunc_epoch(attr.inode, 0)
-        trim = await txn.trim_get(attr.inode)
-        if trim is not None and trim.claim_until_ns <= now:
-            await txn.trim_delete(attr.inode)  # a claimed one is its performer's to drop (GC waits)
-        await txn.add_counter(C_FILES, -1)
-        if attr.size:
-            await txn.add_counter(C_BYTES, -attr.size)
-        if attr.inline:
-            row = await txn.get_inline(attr.inode)
-            await txn.delete_inline(attr.inode)
-            if (row is None or not row.chunks_dirty) and trim is None and not await txn.has_session(attr.inode):
-                return False  # storage holds nothing of it
-            # chunks a migration or an earlier life in chunks left: GC removes every chunk
-            await txn.gc_put(GcEntry(attr.inode, attr.layout or self.default_layout, 0, now))
-            return True
-        await txn.gc_put(GcEntry(attr.inode, attr.layout or self.default_layout, attr.size, now))
-        return True
+        return await orphans.drop_file(txn, attr, now, self.default_layout)
 
     async def _report_length(
         self, txn: MetaTxn, inode: int, length: int, mtime_ns: int, trunc_epoch: int

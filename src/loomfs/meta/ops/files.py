@@ -19,7 +19,7 @@ import crc32c
 from loomfs.common.identity import Identity, Right
 from loomfs.common.routing import Routing
 from loomfs.errors import StatusError
-from loomfs.meta import perm, tenancy
+from loomfs.meta import orphans, perm, tenancy
 from loomfs.meta.caller import caller
 from loomfs.meta.ops.base import C_BYTES, DIR, FILE, LINK
 from loomfs.meta.ops.inline import InlineOps, MigrationBusy
@@ -46,6 +46,7 @@ class Opened:
     trunc_epoch: int = 0  # write opens: the file's truncate epoch
     settle: bool = False  # a trim must be cut before the reply
     data: bytes | None = None  # an inline file's content (not for a put: the caller has it)
+    held: bool = False  # a read-only open took a read hold (``session_id`` stays 0: it grants no write)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -91,6 +92,13 @@ class FileOps(InlineOps):
         and no write session is opened (``session_id`` 0 in the result); otherwise this is an
         ordinary write open and the caller writes the bytes to chunks. ``chunked``: create
         (or O_TRUNC) the file in chunks, not inline (the caller is writing a big file).
+
+        A read-only open of a file in chunks that names ``session_id`` and ``client_id`` takes a
+        *read hold* under that id (``held`` in the result): should the file's last name go
+        while it is held, the file stays, nameless, until the hold ends (CLOSE with that id,
+        or the lease runs out: holds are renewed with the client's write sessions); see
+        ``loomfs.meta.orphans``. An inline file's content comes with the reply, so it takes
+        none. Clients that do not ask (session_id 0 on read opens) pay nothing.
         """
         parts = split_path(path)
         acc = flags & os.O_ACCMODE
@@ -123,7 +131,10 @@ class FileOps(InlineOps):
                 who = caller()
                 if who.uid != 0:
                     perm.need(attr, who, perm.R, path)
-                return Opened(attr, data=await self._inline_content(txn, attr))
+                content = await self._inline_content(txn, attr)
+            if session_id and client_id and attr.type == FILE and not attr.inline:
+                return await self._open_held(path, parts, follow, session_id, client_id)
+            return Opened(attr, data=content)
         routing = await self._routing_for_create() if creat else None
         refreshed = False
         for _ in range(MIGRATION_WAITS):
@@ -157,9 +168,29 @@ class FileOps(InlineOps):
                 if o.session_id:  # the open failed: its session would only wait to expire
                     async with self.store.write() as txn:
                         await txn.remove_session(o.attr.inode, o.session_id)
+                        await orphans.release_if_unheld(txn, o.attr.inode, self.clock.now_ns(),
+                                                        self.default_layout)
                 raise
             o = dataclasses.replace(o, settle=False)
         return o
+
+    async def _open_held(self, path: str, parts: list[str], follow: bool, hold_id: int, client_id: int) -> Opened:
+        """A read-only open that takes a read hold (``open``): walked again in a write
+        transaction, so the hold is on what the name names when it commits."""
+        async with self.store.write() as txn:
+            r = await walk(txn, parts, follow_last=follow)
+            if r.inode is None:
+                raise StatusError(Status.ENOENT, path)
+            if r.type == LINK:
+                raise StatusError(Status.ELOOP, f"{path!r} is a symbolic link (O_NOFOLLOW)")
+            attr = await self._attr(txn, r.inode)
+            who = caller()
+            if who.uid != 0:
+                perm.need(attr, who, perm.R, path)
+            if attr.type != FILE or attr.inline:  # changed meanwhile: nothing to hold
+                return Opened(attr, data=await self._inline_content(txn, attr))
+            await txn.add_hold(attr.inode, hold_id, client_id, self.clock.now_ns())
+            return Opened(attr, held=True)
 
     async def _open_write(
         self, path: str, parts: list[str], flags: int, mode: int, uid: int, gid: int, client_id: int,
@@ -294,12 +325,16 @@ class FileOps(InlineOps):
         who = caller()
         async with self.store.write() as txn:
             await self._confine(txn, inode)
-            held = False
+            held = released = False
             if end and session_id:
                 held = await txn.remove_session(inode, session_id)
+                # or the end of a read hold (it proves nothing about writing: checked below)
+                released = held or await txn.remove_hold(inode, session_id)
             if who.uid != 0 and not held and length >= 0:
                 await self._may_write_inode(txn, inode, session_id, who)
             attr, epoch = await self._report_length(txn, inode, length, mtime_ns, trunc_epoch)
+            if released and await orphans.release_if_unheld(txn, inode, self.clock.now_ns(), self.default_layout):
+                attr = None  # the last holder of a nameless file: it is gone now
             settle = attr is not None and await self._must_settle(txn, inode)
         if settle:
             try:

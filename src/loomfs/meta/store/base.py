@@ -1,6 +1,7 @@
 """The MetaStore seam: a narrow transactional engine under the namespace.
 
-An engine stores inodes, their extended attributes, directory entries, write sessions, the GC queue, the trim queue,
+An engine stores inodes, their extended attributes, directory entries, write sessions, read holds,
+orphans, the GC queue, the trim queue,
 truncate epochs, counters and workers' state, and runs reads and writes inside transactions.
 It knows nothing about POSIX: every namespace
 rule (errno choice, nlink accounting, layouts, symlinks) lives once in ``loomfs.meta.ops``.
@@ -254,12 +255,13 @@ class MetaTxn(ABC):
 
     @abstractmethod
     async def renew_sessions(self, client_id: int, session_ids: Sequence[int], now_ns: int) -> int:
-        """Set the time of those sessions of ``client_id`` to ``now_ns``; returns how many exist."""
+        """Set the time of those sessions (and read holds) of ``client_id`` to ``now_ns``;
+        returns how many exist."""
 
     @abstractmethod
     async def expire_sessions(self, renewed_before_ns: int, limit: int) -> list[tuple[int, int, int]]:
-        """Delete at most ``limit`` sessions last renewed before the time; returns their
-        (inode, session_id, client_id)."""
+        """Delete at most ``limit`` sessions (and at most ``limit`` read holds) last renewed
+        before the time; returns their (inode, session_id, client_id)."""
 
     @abstractmethod
     async def remove_session(self, inode: int, session_id: int) -> bool: ...
@@ -273,6 +275,44 @@ class MetaTxn(ABC):
 
     @abstractmethod
     async def remove_client_sessions(self, client_id: int) -> int: ...
+
+    # read holds -------------------------------------------------------------------------
+    # A client that keeps a file open for reading and wants it kept if its last name goes
+    # (the FUSE mount: POSIX unlink-while-open) holds it. Holds are leases like write
+    # sessions, in the same id space: ``renew_sessions`` renews both, ``expire_sessions``
+    # expires both, ``remove_client_sessions`` removes both. A hold grants nothing else:
+    # ``session_client``, ``has_session`` and ``session_count`` see write sessions only.
+    @abstractmethod
+    async def add_hold(self, inode: int, hold_id: int, client_id: int, opened_ns: int) -> None: ...
+
+    @abstractmethod
+    async def remove_hold(self, inode: int, hold_id: int) -> bool: ...
+
+    @abstractmethod
+    async def holders(self, inode: int) -> int:
+        """How many write sessions and read holds ``inode`` has."""
+
+    # orphans ----------------------------------------------------------------------------
+    # An orphan: a file whose last name went while it had holders (write sessions or read
+    # holds). Its inode row stays (``nlink`` 0), so calls by inode go on working; once no
+    # holder is left the namespace drops it like an unlinked file (``loomfs.meta.orphans``).
+    @abstractmethod
+    async def orphan_put(self, inode: int, since_ns: int) -> None: ...
+
+    @abstractmethod
+    async def orphan_since(self, inode: int) -> int | None:
+        """When ``inode`` became an orphan (its last name went), None if it is none."""
+
+    @abstractmethod
+    async def orphan_delete(self, inode: int) -> None: ...
+
+    @abstractmethod
+    async def orphans_unheld(self, limit: int) -> list[int]:
+        """Orphans with neither a write session nor a read hold left, at most ``limit``."""
+
+    @abstractmethod
+    async def orphan_list(self, after: int, limit: int) -> list[tuple[int, int]]:
+        """Orphans with inode > ``after`` in inode order, as (inode, since_ns), at most ``limit``."""
 
     # GC queue -------------------------------------------------------------------------
     @abstractmethod

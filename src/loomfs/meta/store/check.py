@@ -9,7 +9,9 @@ Walks every directory from the root, in one read transaction (one snapshot), and
   differs from 2 + its subdirectories;
 * counters: the store's ``files``/``directories`` counters against what the walk found (a
   directory cut off from the root in a cycle, or an inode no entry names, shows up here);
-* directory entries whose parent is not a directory.
+* directory entries whose parent is not a directory;
+* orphans (``loomfs.meta.orphans``): each a nameless file with ``nlink`` 0, counted in
+  ``files``.
 
 Used by the multi-meta concurrency tests (``tests/test_multimeta.py``) after a storm of
 renames, exclusive creates and link/unlink from several meta servers at once.
@@ -34,6 +36,7 @@ class NamespaceReport:
     files: int = 0
     symlinks: int = 0
     entries: int = 0
+    orphans: int = 0  # nameless files kept for the clients that hold them open
     problems: list[str] = field(default_factory=list)
 
     @property
@@ -42,7 +45,7 @@ class NamespaceReport:
 
     def __str__(self) -> str:
         head = (f"{self.directories} directories, {self.files} files, {self.symlinks} symlinks, "
-                f"{self.entries} entries")
+                f"{self.entries} entries" + (f", {self.orphans} orphans" if self.orphans else ""))
         if self.clean:
             return head + ": clean"
         return head + f": {len(self.problems)} problems\n  " + "\n  ".join(self.problems[:50])
@@ -107,9 +110,31 @@ async def check_namespace(store: MetaStore, *, problems_max: int = 1000) -> Name
             else:
                 r.symlinks += 1
         r.directories = len(seen_dirs)
+        orphaned = 0  # files kept with no name while clients hold them (loomfs.meta.orphans)
+        after_ino = 0
+        while True:
+            held = await txn.orphan_list(after_ino, PAGE)
+            if not held:
+                break
+            after_ino = held[-1][0]
+            found = await txn.get_inodes([i for i, _ in held])
+            for ino, _since in held:
+                a = found.get(ino)
+                if a is None:
+                    bad(f"orphan {ino}: no such inode")
+                    continue
+                if ino in names_of:
+                    bad(f"orphan {ino}: named by {names_of[ino]} entries")
+                elif a.nlink != 0 or a.type != _FILE:
+                    bad(f"orphan {ino}: nlink {a.nlink}, type {a.type} (a nameless file has nlink 0)")
+                else:
+                    orphaned += 1
+            if len(held) < PAGE:
+                break
+        r.orphans = orphaned
         counters = await txn.counters()
-        if counters.get("files", 0) != r.files:
-            bad(f"files counter {counters.get('files', 0)}, {r.files} files reachable")
+        if counters.get("files", 0) != r.files + orphaned:
+            bad(f"files counter {counters.get('files', 0)}, {r.files} files reachable + {orphaned} orphans")
         if counters.get("directories", 0) != r.directories:
             bad(f"directories counter {counters.get('directories', 0)}, {r.directories} reachable")
     return r

@@ -22,7 +22,7 @@ import hashlib
 import re
 from typing import Any
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 ADVISORY_LOCK_KEY = 0x4C4F4F4D_46530001  # "LOOMFS" + 1: migrations
 WRITE_GATE_KEY = 0x4C4F4F4D_46530002  # every write passes it shared; a lone writer holds it alone
 
@@ -67,6 +67,16 @@ MIGRATIONS: list[list[str]] = [
         "ALTER TABLE inodes ADD COLUMN rdev bigint NOT NULL DEFAULT 0",
         "UPDATE inodes SET rdev = symlink::bigint, symlink = '' WHERE type IN (6, 7) "
         "AND symlink ~ '^[0-9]{1,18}$'",
+    ],
+    # 4: read holds (leased like write sessions) and orphans (files open somewhere whose last
+    # name went): POSIX unlink-while-open across clients
+    [
+        """CREATE TABLE holds (
+            inode bigint NOT NULL, hold_id bigint NOT NULL, client_id bigint NOT NULL,
+            opened_ns bigint NOT NULL, PRIMARY KEY (inode, hold_id))""",
+        "CREATE INDEX holds_by_client ON holds (client_id)",
+        "CREATE INDEX holds_by_time ON holds (opened_ns)",
+        "CREATE TABLE orphans (inode bigint PRIMARY KEY, since_ns bigint NOT NULL)",
     ],
 ]
 assert len(MIGRATIONS) == SCHEMA_VERSION

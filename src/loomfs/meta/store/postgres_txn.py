@@ -79,6 +79,14 @@ _ADD_SESSION = (
     "INSERT INTO sessions (inode, session_id, client_id, opened_ns) VALUES ($1,$2,$3,$4) "
     "ON CONFLICT (inode, session_id) DO UPDATE SET client_id = excluded.client_id, opened_ns = excluded.opened_ns"
 )
+_ADD_HOLD = (
+    "INSERT INTO holds (inode, hold_id, client_id, opened_ns) VALUES ($1,$2,$3,$4) "
+    "ON CONFLICT (inode, hold_id) DO UPDATE SET client_id = excluded.client_id, opened_ns = excluded.opened_ns"
+)
+_ORPHANS_UNHELD = (
+    "SELECT inode FROM orphans o WHERE NOT EXISTS (SELECT 1 FROM sessions s WHERE s.inode = o.inode) "
+    "AND NOT EXISTS (SELECT 1 FROM holds h WHERE h.inode = o.inode) ORDER BY since_ns LIMIT $1"
+)
 _GC_COLS = "inode, layout, length, enqueued_ns"
 _GC_PUT = (
     f"INSERT INTO gc_queue ({_GC_COLS}) VALUES ($1,$2,$3,$4) ON CONFLICT (inode) DO UPDATE SET "
@@ -299,16 +307,25 @@ class PostgresTxn(MetaTxn):
         return None if v is None else int(v)
 
     async def renew_sessions(self, client_id: int, session_ids: Sequence[int], now_ns: int) -> int:
-        status = await (await self._w()).execute(
+        conn = await self._w()
+        ids = list(session_ids)
+        n = _count(await conn.execute(
             "UPDATE sessions SET opened_ns = $1 WHERE client_id = $2 AND session_id = ANY($3::bigint[])",
-            now_ns, client_id, list(session_ids))
-        return _count(status)
+            now_ns, client_id, ids))
+        return n + _count(await conn.execute(
+            "UPDATE holds SET opened_ns = $1 WHERE client_id = $2 AND hold_id = ANY($3::bigint[])",
+            now_ns, client_id, ids))
 
     async def expire_sessions(self, renewed_before_ns: int, limit: int) -> list[tuple[int, int, int]]:
-        rows = await (await self._w()).fetch(
+        conn = await self._w()
+        rows = list(await conn.fetch(
             "DELETE FROM sessions WHERE (inode, session_id) IN "
             "(SELECT inode, session_id FROM sessions WHERE opened_ns < $1 LIMIT $2) "
-            "RETURNING inode, session_id, client_id", renewed_before_ns, limit)
+            "RETURNING inode, session_id, client_id", renewed_before_ns, limit))
+        rows += await conn.fetch(
+            "DELETE FROM holds WHERE (inode, hold_id) IN "
+            "(SELECT inode, hold_id FROM holds WHERE opened_ns < $1 LIMIT $2) "
+            "RETURNING inode, hold_id, client_id", renewed_before_ns, limit)
         return [(int(a), int(b), int(c)) for a, b, c in rows]
 
     async def remove_session(self, inode: int, session_id: int) -> bool:
@@ -323,7 +340,42 @@ class PostgresTxn(MetaTxn):
         return int(await (await self._r()).fetchval("SELECT count(*) FROM sessions WHERE inode = $1", inode))
 
     async def remove_client_sessions(self, client_id: int) -> int:
-        return _count(await (await self._w()).execute("DELETE FROM sessions WHERE client_id = $1", client_id))
+        conn = await self._w()
+        n = _count(await conn.execute("DELETE FROM sessions WHERE client_id = $1", client_id))
+        return n + _count(await conn.execute("DELETE FROM holds WHERE client_id = $1", client_id))
+
+    # read holds and orphans ---------------------------------------------------------------
+
+    async def add_hold(self, inode: int, hold_id: int, client_id: int, opened_ns: int) -> None:
+        self._defer(_ADD_HOLD, inode, hold_id, client_id, opened_ns)
+
+    async def remove_hold(self, inode: int, hold_id: int) -> bool:
+        status = await (await self._w()).execute("DELETE FROM holds WHERE inode = $1 AND hold_id = $2", inode, hold_id)
+        return _count(status) > 0
+
+    async def holders(self, inode: int) -> int:
+        return int(await (await self._r()).fetchval(
+            "SELECT (SELECT count(*) FROM sessions WHERE inode = $1) + (SELECT count(*) FROM holds WHERE inode = $1)",
+            inode))
+
+    async def orphan_put(self, inode: int, since_ns: int) -> None:
+        self._defer("INSERT INTO orphans (inode, since_ns) VALUES ($1,$2) "
+                    "ON CONFLICT (inode) DO UPDATE SET since_ns = excluded.since_ns", inode, since_ns)
+
+    async def orphan_since(self, inode: int) -> int | None:
+        v = await (await self._r()).fetchval("SELECT since_ns FROM orphans WHERE inode = $1", inode)
+        return None if v is None else int(v)
+
+    async def orphan_delete(self, inode: int) -> None:
+        self._defer("DELETE FROM orphans WHERE inode = $1", inode)
+
+    async def orphans_unheld(self, limit: int) -> list[int]:
+        return [int(r[0]) for r in await (await self._r()).fetch(_ORPHANS_UNHELD, limit)]
+
+    async def orphan_list(self, after: int, limit: int) -> list[tuple[int, int]]:
+        rows = await (await self._r()).fetch(
+            "SELECT inode, since_ns FROM orphans WHERE inode > $1 ORDER BY inode LIMIT $2", after, limit)
+        return [(int(a), int(b)) for a, b in rows]
 
     # GC queue -----------------------------------------------------------------------------
 

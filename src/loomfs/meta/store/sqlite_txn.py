@@ -144,6 +144,10 @@ _GC_DUE = (
     "AND NOT EXISTS (SELECT 1 FROM sessions s WHERE s.inode = g.inode) "
     "ORDER BY enqueued_ns LIMIT ?"
 )
+_ORPHANS_UNHELD = (
+    "SELECT inode FROM orphans o WHERE NOT EXISTS (SELECT 1 FROM sessions s WHERE s.inode = o.inode) "
+    "AND NOT EXISTS (SELECT 1 FROM holds h WHERE h.inode = o.inode) ORDER BY since_ns LIMIT ?"
+)
 _TRIM_COLS = "inode, layout, length, old_length, idle, generation, enqueued_ns, claim_owner, claim_until_ns"
 _TRIM_DUE = (
     f"SELECT {_TRIM_COLS} FROM trim_queue t WHERE claim_until_ns <= ? "
@@ -318,16 +322,24 @@ class SqliteTxn(MetaTxn):
         n = 0
         for i in range(0, len(ids), 500):
             part = ids[i : i + 500]
-            sql = (f"UPDATE sessions SET opened_ns = ? WHERE client_id = ? "
-                   f"AND session_id IN ({','.join('?' * len(part))})")
-            n += c.execute(sql, [now_ns, client_id, *part]).rowcount
+            marks = ",".join("?" * len(part))
+            for table, col in (("sessions", "session_id"), ("holds", "hold_id")):
+                sql = f"UPDATE {table} SET opened_ns = ? WHERE client_id = ? AND {col} IN ({marks})"
+                n += c.execute(sql, [now_ns, client_id, *part]).rowcount
         return n
 
     async def expire_sessions(self, renewed_before_ns: int, limit: int) -> list[tuple[int, int, int]]:
-        rows = self._w().execute(
+        c = self._w()
+        rows = c.execute(
             "DELETE FROM sessions WHERE (inode, session_id) IN "
             "(SELECT inode, session_id FROM sessions WHERE opened_ns < ? LIMIT ?) "
             "RETURNING inode, session_id, client_id",
+            (renewed_before_ns, limit),
+        ).fetchall()
+        rows += c.execute(
+            "DELETE FROM holds WHERE (inode, hold_id) IN "
+            "(SELECT inode, hold_id FROM holds WHERE opened_ns < ? LIMIT ?) "
+            "RETURNING inode, hold_id, client_id",
             (renewed_before_ns, limit),
         ).fetchall()
         return [(int(a), int(b), int(c)) for a, b, c in rows]
@@ -346,7 +358,43 @@ class SqliteTxn(MetaTxn):
         return int(self._c.execute("SELECT COUNT(*) FROM sessions WHERE inode = ?", (inode,)).fetchone()[0])
 
     async def remove_client_sessions(self, client_id: int) -> int:
-        return self._w().execute("DELETE FROM sessions WHERE client_id = ?", (client_id,)).rowcount
+        c = self._w()
+        n = c.execute("DELETE FROM sessions WHERE client_id = ?", (client_id,)).rowcount
+        return n + c.execute("DELETE FROM holds WHERE client_id = ?", (client_id,)).rowcount
+
+    async def add_hold(self, inode: int, hold_id: int, client_id: int, opened_ns: int) -> None:
+        self._w().execute(
+            "INSERT OR REPLACE INTO holds (inode, hold_id, client_id, opened_ns) VALUES (?,?,?,?)",
+            (inode, hold_id, client_id, opened_ns),
+        )
+
+    async def remove_hold(self, inode: int, hold_id: int) -> bool:
+        return self._w().execute("DELETE FROM holds WHERE inode = ? AND hold_id = ?", (inode, hold_id)).rowcount > 0
+
+    async def holders(self, inode: int) -> int:
+        row = self._c.execute(
+            "SELECT (SELECT COUNT(*) FROM sessions WHERE inode = ?1) + (SELECT COUNT(*) FROM holds WHERE inode = ?1)",
+            (inode,),
+        ).fetchone()
+        return int(row[0])
+
+    async def orphan_put(self, inode: int, since_ns: int) -> None:
+        self._w().execute("INSERT OR REPLACE INTO orphans (inode, since_ns) VALUES (?,?)", (inode, since_ns))
+
+    async def orphan_since(self, inode: int) -> int | None:
+        row = self._c.execute("SELECT since_ns FROM orphans WHERE inode = ?", (inode,)).fetchone()
+        return None if row is None else int(row[0])
+
+    async def orphan_delete(self, inode: int) -> None:
+        self._w().execute("DELETE FROM orphans WHERE inode = ?", (inode,))
+
+    async def orphans_unheld(self, limit: int) -> list[int]:
+        return [int(r[0]) for r in self._c.execute(_ORPHANS_UNHELD, (limit,))]
+
+    async def orphan_list(self, after: int, limit: int) -> list[tuple[int, int]]:
+        rows = self._c.execute("SELECT inode, since_ns FROM orphans WHERE inode > ? ORDER BY inode LIMIT ?",
+                               (after, limit))
+        return [(int(a), int(b)) for a, b in rows]
 
     async def gc_put(self, entry: GcEntry) -> None:
         self._w().execute(
@@ -432,7 +480,7 @@ def _gc(row: tuple[Any, ...]) -> GcEntry:
     return GcEntry(row[0], layout, row[2], row[3])
 
 
-SCHEMA_VERSION = 4  # PRAGMA user_version of a store this code wrote
+SCHEMA_VERSION = 5  # PRAGMA user_version of a store this code wrote
 
 
 class SchemaTooNew(sqlite3.DatabaseError):
@@ -473,6 +521,17 @@ def _add_xattrs_and_rdev(conn: sqlite3.Connection) -> None:
         logger.info("metastore: added the inodes.rdev column (%d device numbers moved)", moved)
 
 
+def _add_holds_and_orphans(conn: sqlite3.Connection) -> None:
+    """Read holds (leased like write sessions) and orphans (files open somewhere whose last
+    name went): POSIX unlink-while-open across clients."""
+    conn.execute(
+        "CREATE TABLE IF NOT EXISTS holds (inode INTEGER NOT NULL, hold_id INTEGER NOT NULL, "
+        "client_id INTEGER NOT NULL, opened_ns INTEGER NOT NULL, PRIMARY KEY (inode, hold_id)) WITHOUT ROWID"
+    )
+    conn.execute("CREATE INDEX IF NOT EXISTS holds_by_client ON holds (client_id)")
+    conn.execute("CREATE TABLE IF NOT EXISTS orphans (inode INTEGER PRIMARY KEY, since_ns INTEGER NOT NULL)")
+
+
 _DEVICE_TYPES = f"{int(FileType.CHAR_DEVICE)}, {int(FileType.BLOCK_DEVICE)}"
 
 # MIGRATIONS[n] brings a store at version n to n + 1 (version 1: the tables of SCHEMA
@@ -483,6 +542,7 @@ MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [
     _add_inline_column,  # 1 -> 2: inline files
     _add_worker_state,  # 2 -> 3: background workers' progress (the EC rebuild)
     _add_xattrs_and_rdev,  # 3 -> 4: extended attributes, device numbers
+    _add_holds_and_orphans,  # 4 -> 5: read holds, orphan inodes
 ]
 assert len(MIGRATIONS) == SCHEMA_VERSION
 
