@@ -74,7 +74,7 @@ class BatchService:
                     chunked.append(wb.IndexedAttr(index=i, attr=r.attr))
             else:
                 lengths.append(len(r.data))
-                crcs.append(crc32c.crc32c(r.data))
+                crcs.append(r.crc if r.crc >= 0 else crc32c.crc32c(r.data))
                 contents.append(r.data)
         payload = b"".join(contents)
         logger.debug("req %d: read_many %d/%d paths, %d inline (%d bytes), %d chunked, %d errors", ctx.request_id,

@@ -31,14 +31,16 @@ import os
 from collections.abc import Sequence
 from typing import Any, cast
 
+from loomfs.common.identity import Identity
 from loomfs.errors import LoomError, StatusError, status_for_exception
 from loomfs.meta import perm
 from loomfs.meta.caller import caller
 from loomfs.meta.ops.base import DIR, FILE
+from loomfs.meta.ops.inline import check_crc
 from loomfs.meta.ops.namespace import Namespace
-from loomfs.meta.ops.walk import walk
+from loomfs.meta.ops.walk import searchable, walk
 from loomfs.meta.paths import split_path
-from loomfs.meta.store.base import DentryRow, MetaTxn
+from loomfs.meta.store.base import DentryRow, InlineData, MetaTxn
 from loomfs.wire import meta_batch as wb
 from loomfs.wire.status import Status
 from loomfs.wire.types import Attr
@@ -67,6 +69,32 @@ class Content:
 
     attr: Attr
     data: bytes | None
+    crc: int = -1  # the data's CRC32C where known (checked against the stored one), else -1
+
+
+class _NotRead(enum.Enum):
+    NOT_READ = 0  # the inline row was not fetched: ``Namespace._inline_content`` answers it
+
+
+_NOT_READ = _NotRead.NOT_READ
+_UNSEEN = object()
+_Found = tuple[Attr, InlineData | None | _NotRead]
+
+
+def _content_of(path: str, attr: Attr, inline: InlineData | None, who: Identity) -> Content | Failed:
+    """READ's answer for a clean hit whose inline row came with it (``_Found``)."""
+    try:
+        if attr.type != FILE:
+            raise StatusError(Status.EISDIR if attr.type == DIR else Status.ELOOP, path)
+        if who.uid != 0:
+            perm.need(attr, who, perm.R, path)
+        if not attr.inline:
+            return Content(attr, None)
+        if inline is None:
+            raise StatusError(Status.EIO, f"inode {attr.inode} is inline but has no data")
+        return Content(attr, check_crc(attr.inode, inline), inline.crc)
+    except LoomError as exc:
+        return Failed.of(exc)
 
 
 class Put(enum.Enum):
@@ -110,6 +138,10 @@ class _Memo:
             row = self._rows[key] = await self._txn.lookup(parent, name)
             return row
 
+    @property
+    def txn(self) -> MetaTxn:
+        return self._txn
+
     def __getattr__(self, name: str) -> Any:
         return getattr(self._txn, name)
 
@@ -134,7 +166,9 @@ class BatchOps:
             if start:
                 await asyncio.sleep(0)  # let other calls at the store between groups
             async with self.ns.store.read() as txn:
-                for item in await self._attrs(txn, paths[start : start + READ_TXN_ITEMS], follow_symlinks):
+                group = paths[start : start + READ_TXN_ITEMS]
+                for found in await self._attrs(txn, group, follow_symlinks, False):
+                    item = found if isinstance(found, Failed) else found[0]
                     cost = wb.ITEM_ERROR_BYTES_MAX if isinstance(item, Failed) else wb.attr_bytes_max(item)
                     if out and used + cost > body_bytes_max:
                         return out
@@ -150,13 +184,19 @@ class BatchOps:
         bounds; a directory is EISDIR, a symlink not followed ELOOP."""
         out: list[Content | Failed] = []
         used = data = 0
+        who = caller()
         for start in range(0, len(paths), READ_TXN_ITEMS):
             if start:
                 await asyncio.sleep(0)
             async with self.ns.store.read() as txn:
                 group = paths[start : start + READ_TXN_ITEMS]
-                for path, found in zip(group, await self._attrs(txn, group, follow_symlinks), strict=True):
-                    item = found if isinstance(found, Failed) else await self._content(txn, path, found)
+                for path, found in zip(group, await self._attrs(txn, group, follow_symlinks, True), strict=True):
+                    if isinstance(found, Failed):
+                        item: Content | Failed = found
+                    elif found[1] is _NOT_READ:
+                        item = await self._content(txn, path, found[0])
+                    else:
+                        item = _content_of(path, found[0], found[1], who)
                     cost = 2 * wb.INDEX_BYTES_MAX  # its length and CRC
                     size = 0
                     if isinstance(item, Failed):
@@ -183,34 +223,90 @@ class BatchOps:
         except LoomError as exc:
             return Failed.of(exc)
 
-    async def _attrs(self, txn: MetaTxn, paths: Sequence[str], follow_symlinks: bool) -> list[Attr | Failed]:
-        """The attributes each path resolves to, in one transaction: the walks, then the
-        inodes in one query."""
-        memo = cast(MetaTxn, _Memo(txn))
-        found: list[int | Failed] = []
-        for path in paths:
+    async def _attrs(self, txn: MetaTxn, paths: Sequence[str], follow_symlinks: bool,
+                     with_inline: bool) -> list[_Found | Failed]:
+        """What each path resolves to, in one transaction: (attributes, inline row or
+        ``_NOT_READ``). Clean hits come from the engine's batch lookup (``entries_in``:
+        the names of one directory in one statement, once the directory is resolved); the
+        rest walk one by one, then their inodes come in one query."""
+        memo = _Memo(txn)
+        out: list[_Found | Failed | None] = [None] * len(paths)
+        entries_in = getattr(self.ns.store, "entries_in", None)
+        if entries_in is not None:
+            await self._quick(memo, entries_in, paths, with_inline, out)
+        found: list[tuple[int, int | Failed]] = []
+        for k, path in enumerate(paths):
+            if out[k] is not None:
+                continue
             try:
-                r = await walk(memo, split_path(path), follow_last=follow_symlinks)
+                r = await walk(cast(MetaTxn, memo), split_path(path), follow_last=follow_symlinks)
                 if r.inode is None:
                     raise StatusError(Status.ENOENT, path)
-                found.append(r.inode)
+                found.append((k, r.inode))
             except LoomError as exc:
-                found.append(Failed.of(exc))
-        attrs = await txn.get_inodes([f for f in found if not isinstance(f, Failed)])
-        out: list[Attr | Failed] = []
-        for f in found:
+                found.append((k, Failed.of(exc)))
+        if not found:
+            return cast(list[_Found | Failed], out)
+        attrs = await txn.get_inodes([f for _, f in found if not isinstance(f, Failed)])
+        for k, f in found:
             if isinstance(f, Failed):
-                out.append(f)
+                out[k] = f
                 continue
             attr = attrs.get(f)
             if attr is None:
                 try:
                     attr = await self.ns._attr(txn, f)  # the namespace's answer to a dangling entry
                 except LoomError as exc:
-                    out.append(Failed.of(exc))
+                    out[k] = Failed.of(exc)
                     continue
-            out.append(attr)
-        return out
+            out[k] = (attr, _NOT_READ)
+        return cast(list[_Found | Failed], out)
+
+    async def _quick(self, memo: _Memo, entries_in: Any, paths: Sequence[str], with_inline: bool,
+                     out: list[_Found | Failed | None]) -> None:
+        """Fill ``out`` with the clean hits: each path's directory resolved once (a walk, as
+        the path's own walk would go), then each directory's names in one ``entries_in``.
+        Anything else (an error on the way, a symlink last, a missing entry) stays None: the
+        item's own walk answers it. The last component is never followed here: a symlink is
+        not a clean hit."""
+        dirs: dict[str, int | None] = {}
+        by_dir: dict[int, list[tuple[int, str]]] = {}
+        for k, path in enumerate(paths):
+            try:
+                parts = split_path(path)
+            except LoomError:
+                continue
+            if not parts:
+                continue  # the root
+            cut = path.rfind("/")
+            parent = path[:cut] or "/"
+            d = dirs.get(parent, _UNSEEN)
+            if d is _UNSEEN:
+                d = dirs[parent] = await self._dir_of(memo, parts[:-1])
+            if d is not None:
+                by_dir.setdefault(cast(int, d), []).append((k, parts[-1]))
+        for d, items in by_dir.items():
+            hits = entries_in(memo.txn, d, [name for _, name in items], with_inline=with_inline)
+            if hits is None:
+                return  # not this engine's transaction
+            for k, name in items:
+                hit = hits.get(name)
+                if hit is not None:
+                    out[k] = hit
+
+    async def _dir_of(self, memo: _Memo, parts: list[str]) -> int | None:
+        """The directory ``parts`` leads to, if the caller may search it; None for anything
+        else (the items under it walk on their own and meet the error themselves)."""
+        try:
+            r = await walk(cast(MetaTxn, memo), parts, follow_last=True)
+            if r.inode is None or r.type != DIR:
+                return None
+            who = caller()
+            if who.uid != 0:
+                await searchable(cast(MetaTxn, memo), [r.inode], who)
+        except LoomError:
+            return None
+        return r.inode
 
     async def put_many(
         self, items: Sequence[PutItem], *, mode: int = 0o644, uid: int = 0, gid: int = 0, client_id: int = 0,

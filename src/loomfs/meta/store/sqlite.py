@@ -44,7 +44,15 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from loomfs.common.retry import Backoff
-from loomfs.meta.store.base import CommitFailed, MetaStore, MetaTxn, QuickHit, note_commit
+from loomfs.meta.store import sqlite_quick
+from loomfs.meta.store.base import (
+    CommitFailed,
+    InlineData,
+    MetaStore,
+    MetaTxn,
+    QuickHit,
+    note_commit,
+)
 from loomfs.meta.store.sqlite_txn import (
     LOOKUP_PATH_MAX,
     ReadOnlyTxn,
@@ -53,6 +61,7 @@ from loomfs.meta.store.sqlite_txn import (
     quick_attr_row,
     quick_attr_sql,
 )
+from loomfs.wire.types import Attr
 
 __all__ = ["ReadOnlyTxn", "SqliteStore", "SqliteTxn"]
 
@@ -252,6 +261,14 @@ class SqliteStore(MetaStore):
         row = c.execute(quick_attr_sql(n, with_inline, perms), (root, *names)).fetchone()
         self.quick_reads += 1
         return quick_attr_row(row, n, follow_last, with_inline, perms)
+
+    def entries_in(self, txn: MetaTxn, parent: int, names: Sequence[str], *,
+                   with_inline: bool) -> dict[str, tuple[Attr, InlineData | None]] | None:
+        """Many names of directory ``parent`` in one statement, in ``txn`` (one of this store's
+        transactions): the clean hits (``sqlite_quick.entries``); None for any other ``txn``."""
+        if not isinstance(txn, SqliteTxn):
+            return None
+        return sqlite_quick.entries(txn._c, parent, names, with_inline)  # noqa: SLF001  (this engine's own)
 
     def _open_reader(self) -> sqlite3.Connection:
         c = _connect(self.path, self._busy_timeout_s)
