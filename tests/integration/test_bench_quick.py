@@ -14,7 +14,7 @@ import pytest
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
 EXPECTED = {
-    "seq_write", "seq_read", "rand_read_4k", "rand_read_64k", "seq_write_2p", "seq_read_2p",
+    "seq_write", "seq_read", "seq_write_durable", "rand_read_4k", "rand_read_64k", "seq_write_2p", "seq_read_2p",
     *(f"md_{ph}_{p}p_{mode}" for ph in ("create", "stat", "readdir", "unlink") for p in (1, 4)
       for mode in ("shared", "perproc")),
     *(f"small_{s}_{ph}" for s in ("4k", "128k") for ph in ("create", "stat", "read")),
@@ -69,6 +69,11 @@ def test_bench_quick_json_plot_and_compare(cluster, tmp_path: Path) -> None:  # 
     assert e["cdf_ms"] == sorted(e["cdf_ms"])
     seq = next(r for r in doc["results"] if r["name"] == "seq_write" and r["target"] == "loomfs")
     assert seq["extra"]["disk_bound_Bps"] > 0  # the "vs disk" column
+    # issue 15 item 21: a durable layout dir, on 2-replica chains where the cluster has them
+    # (this one has only its 3-replica table: the row says so)
+    dur = {r["target"]: r for r in doc["results"] if r["name"] == "seq_write_durable"}
+    assert dur["loomfs"]["extra"]["replicas"] == cluster.replicas and "O_DIRECT" in dur["loomfs"]["limit_name"]
+    assert dur[f"compare:{cmp_dir}"]["extra"]["replicas"] == 0
     assert "vs disk" in proc.stdout and "x compare" in proc.stdout and "seq_read_2p" in proc.stdout
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 20_000
     assert not list(cmp_dir.joinpath(".bench").iterdir())  # the compare run cleaned up after itself

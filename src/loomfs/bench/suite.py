@@ -20,6 +20,7 @@ from loomfs.bench.rounds import median_limits, pair, summarize
 from loomfs.bench.targets import BenchTarget
 from loomfs.bench.workloads import (
     Result,
+    durable_dir,
     lookup_scaling,
     random_reads,
     seq_read_cpu,
@@ -127,6 +128,19 @@ class _Limits:
         name = f"raw TCP x{min(streams, 2)} / {self.replicas} replicas"
         return name, tcp / self.replicas, {"disk_bound_Bps": self.lim["disk_write_Bps"] / self.replicas}
 
+    def durable_write(self, replicas: int) -> tuple[str, float, dict[str, Any]]:
+        """A durable write: every replica writes its copy to this host's disk (storage writes
+        chunk files with O_DIRECT, then fsyncs), so min(raw TCP, disk O_DIRECT write) / replicas
+        (all replicas share one disk here); the buffered write+fsync figure rides along."""
+        if self.local or not replicas:
+            return "local disk write+fsync", self.lim["disk_fsync_write_Bps"], {}
+        tcp, disk = self.lim["loopback_tcp_Bps"], self.lim["disk_write_Bps"]
+        extra = {"tcp_Bps": tcp, "disk_bound_Bps": disk / replicas,
+                 "disk_fsync_write_Bps": self.lim["disk_fsync_write_Bps"]}
+        which = "disk" if disk < tcp else "TCP"
+        return (f"min(raw TCP, disk O_DIRECT write) / {replicas} replicas = {which}", min(tcp, disk) / replicas,
+                extra)
+
     def read(self, streams: int) -> tuple[str, float, dict[str, Any]]:
         if self.local:
             return "local disk read", self.lim["disk_fsync_read_Bps"], {}
@@ -232,6 +246,7 @@ def _bigfile(t: BenchTarget, plan: Plan, L: _Limits, base: str, tag: str,
         c.close()
     n, v, ex = L.read(1)
     out.append(Result("seq_read", r, "B/s", n, v, {**ex, "caches": caches, "reader_cpu_s_per_gib": cpu}))
+    out.append(_durable_write(t, plan, L, base, tag, step))
 
     rtt = L.lim["round_trips_per_s"]
     for io, count in ((4096, plan.rand_4k_count), (64 << 10, plan.rand_64k_count)):
@@ -257,6 +272,20 @@ def _bigfile(t: BenchTarget, plan: Plan, L: _Limits, base: str, tag: str,
     t.rmtree(f"{base}/par")
     t.rmtree(f"{base}/big")
     return out
+
+
+def _durable_write(t: BenchTarget, plan: Plan, L: _Limits, base: str, tag: str,
+                   step: Callable[[str], None]) -> Result:
+    """``seq_write_durable`` (issue 15 item 21): the big file written into a ``durable`` layout
+    directory on 2-replica chains (every replica fsyncs before the ack), against the compare
+    directory's write with fsync before close (MooseFS: goal 2)."""
+    d = f"{base}/durable"
+    replicas = durable_dir(t, d)
+    step(f"durable big file write, {replicas or 'fsync before close'}{' replicas' if replicas else ''}{tag}")
+    w, _ = seq_write(t, f"{d}/big", plan.big_bytes)
+    t.rmtree(d)
+    n, v, ex = L.durable_write(replicas)
+    return Result("seq_write_durable", w, "B/s", n, v, {**ex, "replicas": replicas, "durability": t.durability()})
 
 
 def _mdtest(t: BenchTarget, plan: Plan, lim: dict[str, float], L: _Limits, base: str, tag: str,
@@ -333,7 +362,7 @@ def _auth(plan: Plan, step: Callable[[str], None]) -> list[Result]:
 
 
 def steps_total(plan: Plan, targets: int) -> int:
-    per_group = {"bigfile": 1 + 2 + 1, "mdtest": 2 * len(plan.md_procs), "small": len(plan.small),
+    per_group = {"bigfile": 1 + 1 + 2 + 1, "mdtest": 2 * len(plan.md_procs), "small": len(plan.small),
                  "lookup": 1, "smallfiles": smallfiles.steps(tuple(plan.sf_threads)),
                  "dataloader": dataloader.steps(len(plan.dl_sets), len(plan.dl_workers)),
                  "checkpoint": checkpoint.steps(), "metaservers": metaservers.steps(),

@@ -53,6 +53,31 @@ def seq_read(fs: Any, path: str, block_bytes: int = 16 << 20) -> float:
     return total / (time.perf_counter() - t0)
 
 
+DURABLE_REPLICAS = 2  # issue 15 item 21: durable (fsync) 2-replica writes, vs a goal-2 MooseFS
+
+
+def durable_dir(t: Any, path: str, replicas: int = DURABLE_REPLICAS) -> int:
+    """Make ``path`` a directory whose new files are written durably: on a LoomFS target its
+    layout gets the ``durable`` flag (every replica fsyncs a write before the ack) and a chain
+    table with ``replicas`` replicas where the cluster has one (else its default table). Returns
+    the replicas its files get; 0 for a ``--compare`` directory, whose writes the bench fsyncs
+    before close anyway."""
+    t.makedirs(path)
+    fs = getattr(t, "fs", None)
+    if t.spec[0] != "loomfs" or fs is None:
+        return 0
+    tables = fs.client.routing.current.tables
+    if any(tb.replicas == replicas for tb in tables.values()):
+        lay = fs.set_layout(path, replicas=replicas, table_id=0, durable=True)
+    else:
+        lay = fs.set_layout(path, durable=True)
+    if lay is None or not lay.durable:
+        raise OSError(f"could not make {path} durable: layout {lay!r}")
+    if lay.replicas:
+        return int(lay.replicas)
+    return int(fs.client.routing.current.table(lay.table_id).replicas)
+
+
 THREAD_ROLES = (("loomfs-io", "loop"), ("loomfs-recv", "recv"), ("MainThread", "main"))
 
 
