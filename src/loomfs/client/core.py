@@ -28,7 +28,7 @@ from loomfs.client.lazy import LazyCreates
 from loomfs.client.meta_client import MetaClient
 from loomfs.client.storage_client import ChunkStore, StorageClient, note_grant
 from loomfs.client.writeback import ByteBudget
-from loomfs.common import grants
+from loomfs.common import grants, malloc_tune
 from loomfs.common.routing import RoutingClient, parse_addresses
 from loomfs.config import ClientConfig
 from loomfs.errors import IsADirectory, LoomError, NotADirectory, NotFound
@@ -161,6 +161,7 @@ class AsyncClient:
     ) -> AsyncClient:
         """Connect to a cluster through its mgmtd(s): ``'host:port'``, a comma list, or Addresses."""
         config = config or ClientConfig()
+        malloc_tune.tune(library=True)  # only with LOOMFS_MALLOC_TUNE=1: the host process's allocator
         if isinstance(mgmtd, str):
             addrs = parse_addresses(mgmtd)
         else:
