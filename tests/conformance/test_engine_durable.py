@@ -122,9 +122,15 @@ def test_a_durable_stage_flushes_before_its_commit(tmp_path: Path, monkeypatch: 
         e.close()
 
 
-def test_a_failed_durable_batch_keeps_the_update_pending(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_failed_durable_batch_fails_the_target_until_verified(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A failed fsync (here: the batch's directory fsync) leaves the disk state unknown
+    (fsyncgate): the update is not acked, the engine refuses every commit from then on (no
+    retry of the fsync), and only a new engine that verified the chunks against their rows
+    (the FSYNC_FAILED marker) commits again."""
     log = FsyncLog(monkeypatch)
     e = FileEngine(tmp_path / "t", fsync_on_commit=False)
+    failed: list[str] = []
+    e.on_failed = failed.append
     key = ChunkKey(4, 0)
 
     async def go() -> None:
@@ -137,12 +143,30 @@ def test_a_failed_durable_batch_keeps_the_update_pending(tmp_path: Path, monkeyp
         assert err.value.errno == errno.EIO
         st = e.get(key)
         assert st is not None and (st.commit_ver, st.pending_ver) == (1, 2)  # not acked, still pending
+        assert e.failed and failed == [e.failed]
         log.fail_dirs = False
-        await e.commit(key, 2, durable=True)  # the same version commits once the disk works
-        st = e.get(key)
-        assert st is not None and (st.commit_ver, st.pending_ver) == (2, 0)
+        with pytest.raises(OSError) as err:  # the disk "works" again: no matter, the target is out
+            await e.commit(key, 2, durable=True)
+        assert err.value.errno == errno.EIO and "out of service" in str(err.value)
 
     try:
         asyncio.run(go())
     finally:
         e.close()
+    assert (tmp_path / "t" / "FSYNC_FAILED").exists()
+    e2 = FileEngine(tmp_path / "t", fsync_on_commit=False)  # the next process verifies, then serves
+    try:
+        assert not e2.failed and not (tmp_path / "t" / "FSYNC_FAILED").exists()
+        st = e2.get(key)
+        assert st is not None and st.commit_ver == 1
+        buf = bytearray(1 << 20)
+        assert e2.read(key, 0, memoryview(buf)) == 1 << 20 and bytes(buf) == b"a" * (1 << 20)
+
+        async def again() -> None:
+            await e2.astage_write(key, 2, 0, _aligned(b"c" * (1 << 20)), sync=True)
+            await e2.commit(key, 2, durable=True)
+
+        asyncio.run(again())
+        assert e2.get(key).commit_ver == 2  # type: ignore[union-attr]
+    finally:
+        e2.close()

@@ -103,6 +103,9 @@ class TargetRecord:
     revoke_version: int = 0
     fence_count: int = 0  # fences in a row (each doubles the hold); reset after a quiet period
     last_fence_s: float = 0.0
+    # its node reported it OFFLINE: a failed fsync took it out of service (storage.engine.diskfail);
+    # not usable until the node reports it serving again (a new process that verified it)
+    failed: bool = False
 
 
 @dataclass(slots=True)
@@ -205,12 +208,14 @@ class ClusterState:
                     t.target_id, node_id, t.path, TargetState.SERVING, 0,
                     t.used_bytes, t.capacity_bytes, t.chunk_count, t.disk_id,
                 )
+                self.targets[t.target_id].failed = t.state == TargetState.OFFLINE
                 changed = True
             else:
                 if tr.node_id != node_id:
                     raise StatusError(Status.EEXIST, f"target {t.target_id} belongs to node {tr.node_id}")
                 tr.used_bytes, tr.capacity_bytes, tr.chunk_count = t.used_bytes, t.capacity_bytes, t.chunk_count
                 tr.disk_id = t.disk_id
+                tr.failed = t.state == TargetState.OFFLINE
                 tr.restarted = tr.chain_id != 0
                 # persisted before the node hears back (a new routing version saves the state):
                 # a mgmtd that dies before acting on it must not forget that this process lost
@@ -246,6 +251,16 @@ class ClusterState:
             logger.info("node %d is back", rec.node_id)
             self.reconcile(now_s, bump=False)
             self._bump()
+        failed_changed = False
+        for t in targets:
+            tr = self.targets.get(t.target_id)
+            if tr is not None and tr.node_id == node_id and tr.failed != (t.state == TargetState.OFFLINE):
+                tr.failed = t.state == TargetState.OFFLINE
+                failed_changed = True
+                logger.warning("target %d (node %d): %s", tr.target_id, node_id,
+                               "disk failure reported: out of service" if tr.failed else "reported serving again")
+        if failed_changed and self.reconcile(now_s, bump=False):
+            self._bump()
         for t in targets:
             tr = self.targets.get(t.target_id)
             if tr is not None and tr.node_id == node_id:
@@ -274,8 +289,9 @@ class ClusterState:
         held = False
         for x in chain.targets:
             t = self.targets[x]
+            # (a failed target's node has stopped serving it already: nothing to revoke)
             leaving = t.state == TargetState.SERVING and after.get(x) != TargetState.SERVING \
-                and not t.restarted and self._alive(t.node_id)
+                and not t.restarted and not t.failed and self._alive(t.node_id)
             if not leaving:
                 if t.revoke_deadline_s and not t.revoke_version:
                     t.revoke_deadline_s, t.revoke_acked = 0.0, False  # not leaving after all
@@ -479,8 +495,8 @@ class ClusterState:
         return n is not None and n.state == NodeState.ALIVE
 
     def _usable(self, t: TargetRecord) -> bool:
-        """Alive and not fenced off after an unreachability report."""
-        return self._alive(t.node_id) and t.fenced_until_s <= self._now_s
+        """Alive, not fenced off after an unreachability report, not failed (disk)."""
+        return self._alive(t.node_id) and t.fenced_until_s <= self._now_s and not t.failed
 
     def _member(self, t: TargetRecord, chain: ChainRecord) -> Member:
         node = self.nodes.get(t.node_id)
@@ -491,6 +507,7 @@ class ClusterState:
             offline_since_s=t.offline_since_s if t.state == TargetState.OFFLINE and t.offline_since_s else None,
             draining=node is not None and node.draining,
             fenced=self._alive(t.node_id) and t.fenced_until_s > self._now_s,
+            failed=t.failed,
             domain=node.domain if node is not None else "",
         )
 

@@ -52,6 +52,7 @@ class Member:
     offline_since_s: float | None = None
     draining: bool = False
     fenced: bool = False  # alive, but reported unreachable by its predecessor (alive is False)
+    failed: bool = False  # its node reported a disk failure (a failed fsync; alive is False)
     domain: str = ""  # its node's failure domain ("" = the node is a domain of its own)
 
     @property
@@ -81,6 +82,8 @@ def _states(ms: list[Member]) -> list[S]:
 
 
 def _why_gone(m: Member) -> str:
+    if m.failed:
+        return "disk failure (fsync): out of service"
     return "unreachable from its chain: fenced" if m.fenced else "lease lapsed"
 
 

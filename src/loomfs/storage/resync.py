@@ -241,6 +241,7 @@ class Resyncer:
         if planted.on("unfenced_resync"):
             return
         svc.check_writable()
+        svc.targets[job.source].check_in_service()
         if job not in sync_jobs(await svc.routing.get(), {job.source}):
             raise StatusError(Status.STALE_CHAIN_VERSION, f"resync {job}: the chain changed")
 

@@ -66,6 +66,8 @@ class Scrubber:
             self._next_pass_at_s = None
             started = self.service.clock.monotonic()
             for target in list(self.service.targets.values()):
+                if target.failed:
+                    continue  # out of service: verified when its process restarts (engine.diskfail)
                 try:
                     await self.scrub_target(target)
                 except Exception as exc:  # a failing disk (or a bug) must not end scrubbing

@@ -109,6 +109,9 @@ class StorageNode:
                                  interval_s=config.scrub_interval_s,
                                  first_pass_after_s=config.scrub_first_pass_after_s)
         self.service.on_corrupt = self.scrubber.check_soon
+        self.service.on_target_failed = self._target_failed
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._failure_beats: set[asyncio.Task[None]] = set()
         self.service.scrub_stats = self.scrubber.target_stats
         self.server = RpcServer(f"storage{config.node_id}", transport)
         auth = transport.auth
@@ -128,6 +131,7 @@ class StorageNode:
         self._settle_again = False
 
     async def start(self) -> Address:
+        self._loop = asyncio.get_running_loop()
         address = await self.server.start(Address(self.config.host, self.config.port))
         if self.config.metrics_port >= 0:
             from loomfs.metrics import StorageCollector, instrument_engines, start_service_metrics
@@ -279,6 +283,28 @@ class StorageNode:
         if self.service.has_leftovers:
             self._settle_soon()  # retries what the last chain change could not settle
 
+    def _target_failed(self, target_id: int, why: str) -> None:
+        """A failed fsync took a target out of service (any thread): heartbeat now, so mgmtd
+        takes it out of its chain at once (the heartbeat says OFFLINE for it)."""
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            return
+        try:
+            here = asyncio.get_running_loop()
+        except RuntimeError:
+            here = None
+        if here is loop:
+            self._heartbeat_now()
+        else:
+            loop.call_soon_threadsafe(self._heartbeat_now)
+
+    def _heartbeat_now(self) -> None:
+        if not self._ready_at_version:
+            return  # not registered yet: the registration reports the target
+        task = asyncio.ensure_future(self._heartbeat_once())
+        self._failure_beats.add(task)
+        task.add_done_callback(self._failure_beats.discard)
+
     def _settle_soon(self) -> None:
         """A chain changed: push leftover pending versions down (one task at a time)."""
         if self._settling is not None and not self._settling.done():
@@ -311,6 +337,8 @@ class StorageNode:
                 logger.exception("heartbeat failed unexpectedly; going on")
 
     async def close(self) -> None:
+        for beat in list(self._failure_beats):
+            beat.cancel()
         if self._settling is not None:
             self._settling.cancel()
             await asyncio.gather(self._settling, return_exceptions=True)

@@ -11,6 +11,7 @@ its state, write and truncate handlers, resync copies, chunk listings.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 from collections.abc import Awaitable, Callable
@@ -46,7 +47,7 @@ from loomfs.wire.storage import (
     WriteReq,
     WriteRsp,
 )
-from loomfs.wire.types import ScrubStats, TargetInfo
+from loomfs.wire.types import ScrubStats, TargetInfo, TargetState
 
 logger = logging.getLogger(__name__)
 
@@ -126,6 +127,16 @@ class StorageService(ChunkReads, ChunkRemovals):
         self._gapped: dict[int, set[ChunkKey]] = {}  # see ChunkUpdates._gapped
         self.replacing: set[tuple[int, ChunkKey]] = set()
         self.foreground = ForegroundGate()  # clients' I/O in flight: background work yields to it
+        # told (from any thread) when a failed fsync takes a target out of service: the node
+        # heartbeats at once so mgmtd drops it from its chain (server.StorageNode sets it)
+        self.on_target_failed: Callable[[int, str], None] | None = None
+        for t in targets:
+            t.engine.on_failed = functools.partial(self._target_failed, t.target_id)
+
+    def _target_failed(self, target_id: int, why: str) -> None:
+        logger.critical("target %d is out of service: %s", target_id, why)
+        if self.on_target_failed is not None:
+            self.on_target_failed(target_id, why)
 
     # ---- writes -----------------------------------------------------------------------
     @handles(WRITE)
@@ -172,8 +183,14 @@ class StorageService(ChunkReads, ChunkRemovals):
         key = chunk_key(req.chunk)
         target, pos, routing = await self._locate(req.chain_id, req.chain_version, for_update=True)
         self._check_sync_sender(target, pos, routing, req.chain_version, req.from_target)
+        with target.disk_errors():
+            return await self._sync_write_at(target, key, req, payload)
+
+    async def _sync_write_at(self, target: StorageTarget, key: ChunkKey, req: WriteReq,
+                             payload: memoryview) -> WriteRsp:
         engine = target.engine
         async with target.locks.hold(key):
+            target.check_in_service()
             st = engine.get(key)
             if st is not None and not st.has_pending and (st.commit_ver, st.length, st.crc) == (
                     req.update_ver, req.length, req.data_crc):
@@ -202,6 +219,7 @@ class StorageService(ChunkReads, ChunkRemovals):
         target = self.targets.get(req.target_id) if req.target_id else next(iter(self.targets.values()), None)
         if target is None:
             raise StatusError(Status.UNKNOWN_TARGET, f"target {req.target_id} is not on this node")
+        target.check_in_service()
         limit = max(0, min(req.limit, 100_000))
         after = ChunkKey(req.after.inode, req.after.index) if req.after is not None and not req.inode else None
         states = target.engine.list_chunks(req.inode, req.index_begin, req.index_end, limit + 1, after=after)
@@ -222,9 +240,11 @@ class StorageService(ChunkReads, ChunkRemovals):
         for t in self.targets.values():
             u = t.engine.usage()
             scrub = self.scrub_stats(t.target_id) if self.scrub_stats is not None else ScrubStats()
+            # a failed target says so (mgmtd takes it out of its chain at once)
+            state = TargetState.OFFLINE if t.failed else TargetState.SERVING
             out.append(TargetInfo(target_id=t.target_id, node_id=node_id, path=t.path, used_bytes=u.used_bytes,
                                   capacity_bytes=u.capacity_bytes, chunk_count=u.chunk_count, disk_id=t.disk_id,
-                                  scrub=scrub))
+                                  scrub=scrub, state=state))
         return out
 
     def __repr__(self) -> str:

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import sqlite3
+from collections.abc import Iterator
 
 from loomfs.common.keylocks import KeyLocks
+from loomfs.errors import LoomError, StatusError
 from loomfs.storage.engine.base import ChunkEngine
 from loomfs.storage.engine.types import ChunkKey
+from loomfs.wire.status import Status
 
 ChunkLocks = KeyLocks[ChunkKey]  # a lock per chunk: updates of one chunk are serialised
 
@@ -34,5 +39,29 @@ class StorageTarget:
         self.locks = ChunkLocks()
         self.disk_id = _disk_id(path)
 
+    @property
+    def failed(self) -> str:
+        """Why a failed fsync took this target out of service ("" = it serves)."""
+        return self.engine.failed
+
+    def check_in_service(self) -> None:
+        """A failed target serves nothing: its disk may not hold what its memory says."""
+        if self.engine.failed:
+            raise StatusError(Status.TARGET_NOT_SERVING,
+                              f"target {self.target_id} is out of service ({self.engine.failed})")
+
+    @contextlib.contextmanager
+    def disk_errors(self) -> Iterator[None]:
+        """A disk error that failed the target reaches the caller as TARGET_NOT_SERVING (the
+        client, or the predecessor, retries on the chain without it), not as EIO."""
+        try:
+            yield
+        except (OSError, sqlite3.Error) as exc:
+            if self.engine.failed and not isinstance(exc, LoomError):
+                raise StatusError(Status.TARGET_NOT_SERVING,
+                                  f"target {self.target_id} is out of service ({self.engine.failed})") from exc
+            raise
+
     def __repr__(self) -> str:
-        return f"StorageTarget({self.target_id} {self.engine!r} locks={len(self.locks)})"
+        failed = " FAILED" if self.engine.failed else ""
+        return f"StorageTarget({self.target_id}{failed} {self.engine!r} locks={len(self.locks)})"

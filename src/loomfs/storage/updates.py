@@ -93,6 +93,7 @@ class ChunkUpdates(ChainForwarder):
             target = found
         if target.target_id in self.revoked and not planted.on("reads_ignore_lease"):
             raise StatusError(Status.TARGET_NOT_SERVING, f"target {target.target_id} is leaving its chain (mgmtd)")
+        target.check_in_service()
         members = write_chain(routing, chain_id) if for_update else routing.serving_targets(chain_id)
         return target, chain.position_of(chain_id, info.version, members, target.target_id), routing
 
@@ -114,9 +115,15 @@ class ChunkUpdates(ChainForwarder):
         key = chunk_key(req.chunk)
         if isinstance(req, TruncateReq) and req.if_ver_le < -1:
             raise InvalidArgument(f"if_ver_le {req.if_ver_le}: a version (>= 0) or -1 (any)")
-        target, pos, routing = await self._locate(req.chain_id, req.chain_version, for_update=True)
+        target, pos, _ = await self._locate(req.chain_id, req.chain_version, for_update=True)
+        with target.disk_errors():
+            return await self._update_at(target, pos, key, req, payload)
+
+    async def _update_at(self, target: StorageTarget, pos: chain.Position | None, key: ChunkKey,
+                         req: WriteReq | TruncateReq, payload: memoryview) -> WriteRsp:
         engine = target.engine
         async with target.locks.hold(key):
+            target.check_in_service()  # it may have failed while this waited for the lock
             st = engine.get(key)
             full = isinstance(req, WriteReq) and req.full_replace
             expect_length = -1 if planted.on("no_content_check") else req.expect_length
@@ -355,6 +362,8 @@ class ChunkUpdates(ChainForwarder):
             return 0
         for target_id, keys in list(self._leftovers.items()):
             target = self.targets[target_id]
+            if target.failed:
+                continue  # out of service: its chain went on without it
             for key in sorted(keys):
                 try:
                     settled += await self._settle_one(target, key)

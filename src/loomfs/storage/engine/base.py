@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import struct
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 
 from loomfs.storage.engine.blocks import bad_blocks, block_crcs_of, missing_chunk
 from loomfs.storage.engine.types import INDEX_END, ChunkKey, ChunkState, ChunkTag, Usage
@@ -52,6 +53,11 @@ from loomfs.storage.engine.types import INDEX_END, ChunkKey, ChunkState, ChunkTa
 
 class ChunkEngine(ABC):
     """Chunk storage for one target. Reads are synchronous (page cache); commit may fsync."""
+
+    # why a failed fsync took this target out of service ("" = healthy; see engine.diskfail)
+    failed: str = ""
+    # told (once, from any thread) when ``failed`` is set: the service stops serving the target
+    on_failed: Callable[[str], None] | None = None
 
     @abstractmethod
     def get(self, key: ChunkKey) -> ChunkState | None:

@@ -29,6 +29,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from loomfs.storage.engine.diskfail import Fsync, fsync_path
 from loomfs.storage.engine.file_index import ChunkIndex
 
 logger = logging.getLogger(__name__)
@@ -36,24 +37,15 @@ logger = logging.getLogger(__name__)
 SYNC_THREADS = 1  # data-file flushes at once per engine (see above)
 
 
-def _flush_and_close(fd: int) -> None:
+def _flush_and_close(fd: int, fsync: Fsync) -> None:
     try:
-        os.fsync(fd)
+        fsync(fd)
     finally:
         os.close(fd)
 
 
-def _log_flush_error(fut: Future[None]) -> None:
-    if not fut.cancelled() and fut.exception() is not None:  # also when nobody waits for it
-        logger.error("flush of a staged chunk file failed: %s", fut.exception())
-
-
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+def fsync_dir(path: Path, fsync: Fsync = os.fsync) -> None:
+    fsync_path(path, fsync)
 
 
 @dataclass(slots=True)
@@ -67,9 +59,14 @@ class DurableCommits:
     """Data-file flushes and batched (group) durable commits for one target's engine. All
     methods but the batch work run on the event loop thread."""
 
-    def __init__(self, index: ChunkIndex, chunks_dir: Path):
+    def __init__(self, index: ChunkIndex, chunks_dir: Path, *, fsync: Fsync = os.fsync,
+                 on_error: Callable[[BaseException], None] | None = None):
+        """``fsync``: the engine's (``diskfail.fsync_for``); ``on_error``: told of every failed
+        flush or batch, from whichever thread saw it (the engine fails the target)."""
         self._index = index
         self._chunks_dir = chunks_dir
+        self._fsync = fsync
+        self._on_error = on_error
         self._sync: ThreadPoolExecutor | None = None
         self._rows: ThreadPoolExecutor | None = None
         self._waiting: list[_Waiting] = []
@@ -85,12 +82,19 @@ class DurableCommits:
             self._sync = ThreadPoolExecutor(SYNC_THREADS, thread_name_prefix="chunk-sync")
         dup = os.dup(fd)
         try:
-            fut = self._sync.submit(_flush_and_close, dup)
+            fut = self._sync.submit(_flush_and_close, dup, self._fsync)
         except BaseException:
             os.close(dup)
             raise
-        fut.add_done_callback(_log_flush_error)
+        fut.add_done_callback(self._flush_done)
         return fut
+
+    def _flush_done(self, fut: Future[None]) -> None:
+        exc = None if fut.cancelled() else fut.exception()
+        if exc is not None:  # also when nobody waits for it
+            logger.error("flush of a staged chunk file failed: %s", exc)
+            if self._on_error is not None:
+                self._on_error(exc)
 
     async def commit(self, fd: int, synced: Future[None] | None, directory: Path,
                      write_row: Callable[[], None]) -> None:
@@ -118,6 +122,8 @@ class DurableCommits:
                 try:
                     await loop.run_in_executor(self._rows, self._write_batch, batch, dirs, parent)
                 except BaseException as exc:
+                    if self._on_error is not None and isinstance(exc, Exception):
+                        self._on_error(exc)
                     if parent:
                         self.new_dirs |= dirs
                     for w in batch:
@@ -135,12 +141,12 @@ class DurableCommits:
 
     def _write_batch(self, batch: list[_Waiting], dirs: set[Path], parent: bool) -> None:
         for d in sorted(dirs):
-            fsync_dir(d)
+            fsync_dir(d, self._fsync)
         if parent:
-            fsync_dir(self._chunks_dir)
+            fsync_dir(self._chunks_dir, self._fsync)
         for w in batch:
             w.write_row()
-        self._index.sync()
+        self._index.sync(self._fsync)
 
     def close(self) -> None:
         for pool in (self._sync, self._rows):

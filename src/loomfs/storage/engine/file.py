@@ -52,8 +52,10 @@ policy), ``durable`` (durable commits: early data flushes and group commit).
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import os
+import sqlite3
 import threading
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
@@ -81,6 +83,14 @@ from loomfs.storage.engine.blocks import (
     unpack_blocks,
 )
 from loomfs.storage.engine.chunkmap import ChunkMap
+from loomfs.storage.engine.diskfail import (
+    Fsync,
+    bad_chunks,
+    clear_marker,
+    fsync_for,
+    marker_present,
+    write_marker,
+)
 from loomfs.storage.engine.durable import DurableCommits
 from loomfs.storage.engine.file_crc import BlockChecks
 from loomfs.storage.engine.file_index import ChunkIndex
@@ -115,8 +125,13 @@ class FileEngine(BlockChecks, ChunkEngine):
         fsync_on_commit: bool = False,
         fd_cache_max: int = 256,
         direct_io: bool = True,
+        fsync: Fsync | None = None,
     ):
+        """``fsync``: what flushes a file (default ``diskfail.fsync_for``: ``os.fsync`` but
+        for injected faults); one failure fails the target (``diskfail``)."""
         self.path = Path(path)
+        self._fsync = fsync or fsync_for(self.path)
+        self.failed = ""
         # Whole-chunk writes and aligned reads bypass the page cache (as 3FS does): on this VM
         # fresh page-cache pages cost 3-5 us each, so buffered writes of new data crawl at
         # ~0.4 GB/s while O_DIRECT moves ~1.5 GB/s. Falls back to buffered I/O when the file
@@ -140,8 +155,11 @@ class FileEngine(BlockChecks, ChunkEngine):
         self._hasher_lock = threading.Lock()
         self._used_bytes = 0
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="chunk-fsync") if fsync_on_commit else None
-        self._durable = DurableCommits(self._index, self._chunks_dir)  # when not every commit fsyncs
+        self._durable = DurableCommits(self._index, self._chunks_dir, fsync=self._fsync,
+                                       on_error=self._fail)  # when not every commit fsyncs
         self._load()
+        if marker_present(self.path):
+            self._verify_after_failure()
 
     # ---- start-up -----------------------------------------------------------------------
     def _load(self) -> None:
@@ -172,6 +190,44 @@ class FileEngine(BlockChecks, ChunkEngine):
                     self.path, len(self._meta), unknown, self._used_bytes, orphans)
         if bad_tags:
             logger.warning("engine %s: %d index rows had malformed request tags (dropped)", self.path, bad_tags)
+
+    def _verify_after_failure(self) -> None:
+        """The last process saw an fsync fail here: drop every committed chunk whose file does
+        not hold its row's content (resync copies it back), then clear the marker. A check
+        that cannot finish leaves the target failed (it registers OFFLINE)."""
+        chunks = [(key, self._file(key, m.file_ver), m.length, m.crc) for key, m in self._meta.items()]
+        bad = bad_chunks(chunks)
+        try:
+            for key in bad:
+                assert isinstance(key, ChunkKey)
+                m = self._meta.pop(key.inode, key.index)
+                assert m is not None
+                self._index.delete_range(key.inode, key.index, key.index + 1)
+                self._file(key, m.file_ver).unlink(missing_ok=True)
+                self._used_bytes -= m.length
+            self._index.sync(self._fsync)
+            clear_marker(self.path, self._fsync)
+        except (OSError, sqlite3.Error) as exc:
+            self._fail(exc)
+            return
+        logger.warning("engine %s: verified %d chunks after a failed fsync: %d did not match their index row "
+                       "and were dropped (resync copies them back)", self.path, len(chunks), len(bad))
+
+    def _fail(self, exc: BaseException) -> None:
+        """A flush failed: the disk state is unknown. Out of service from now on (any thread)."""
+        if self.failed:
+            return
+        self.failed = f"fsync failed: {exc}"
+        logger.critical("engine %s: %s: the target stops serving and leaves its chain; it comes back only "
+                        "verified and resynced (restart its storage process once the disk is checked)",
+                        self.path, self.failed)
+        write_marker(self.path, self.failed)
+        if self.on_failed is not None:
+            self.on_failed(self.failed)
+
+    def _check_failed(self) -> None:
+        if self.failed:
+            raise OSError(errno.EIO, f"target at {self.path} is out of service: {self.failed}")
 
     # ---- files --------------------------------------------------------------------------
     def _create(self, key: ChunkKey, file_ver: int) -> int:
@@ -534,7 +590,7 @@ class FileEngine(BlockChecks, ChunkEngine):
 
     def _write_row(self, key: ChunkKey, p: Pending, fsync: bool) -> None:
         if fsync:
-            os.fsync(p.fd)
+            self._fsync(p.fd)
         self._index.put(key.inode, key.index, p.ver, p.length, p.crc, p.file_ver, p.blocks, p.tags)
 
     @property
@@ -545,6 +601,7 @@ class FileEngine(BlockChecks, ChunkEngine):
         """Commit; a durable one (``DurableCommits``: data file, directory entry, index row on
         disk) or one of an engine that fsyncs every commit runs to its end on its own task, so
         a cancelled caller never leaves the index ahead of memory."""
+        self._check_failed()
         p = self._pending.get(key)
         if p is None or p.ver != version:
             raise no_pending(key, version)
@@ -572,10 +629,12 @@ class FileEngine(BlockChecks, ChunkEngine):
             else:  # data (flushed once), directory entry, row, WAL: whatever fsync_on_commit says
                 await self._durable.commit(p.fd, p.synced, self._file(key, p.file_ver).parent,
                                            lambda: self._write_row(key, p, False))
-        except BaseException:
+        except BaseException as exc:
             if durable:
                 p.row_maybe = True  # the row may be in the index: abort must keep the file
             self._pending.setdefault(key, p)
+            if isinstance(exc, OSError | sqlite3.Error):
+                self._fail(exc)
             raise
         return self._install(key, p)
 
@@ -584,11 +643,16 @@ class FileEngine(BlockChecks, ChunkEngine):
         return p is not None and p.synced is not None
 
     async def make_durable(self, key: ChunkKey) -> None:
+        self._check_failed()
         m = self._m(key)
         if m is None:
             return
-        await self._durable.commit(self._fd(key, m.file_ver), None, self._file(key, m.file_ver).parent,
-                                   lambda: None)
+        try:
+            await self._durable.commit(self._fd(key, m.file_ver), None, self._file(key, m.file_ver).parent,
+                                       lambda: None)
+        except (OSError, sqlite3.Error) as exc:
+            self._fail(exc)
+            raise
 
     def _install(self, key: ChunkKey, p: Pending) -> ChunkState:
         """Memory follows the index row just written: ``p`` is the committed version."""

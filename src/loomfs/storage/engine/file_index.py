@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import os
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 logger = logging.getLogger(__name__)
@@ -99,7 +99,7 @@ class ChunkIndex:
         self._db.execute("DELETE FROM chunks WHERE inode = ? AND idx >= ? AND idx < ?",
                          (_signed(inode), index_begin, index_end))
 
-    def sync(self) -> None:
+    def sync(self, fsync: Callable[[int], None] = os.fsync) -> None:
         """Make every statement so far durable (fsync the WAL), whatever ``synchronous`` is."""
         wal = Path(f"{self.path}-wal")
         try:
@@ -107,7 +107,7 @@ class ChunkIndex:
         except FileNotFoundError:
             return  # checkpointed into the main file, which SQLite synced
         try:
-            os.fsync(fd)
+            fsync(fd)
         finally:
             os.close(fd)
 

@@ -11,6 +11,7 @@ Request tags are kept packed, as the file engine keeps them, and follow their ve
 
 from __future__ import annotations
 
+import errno
 from dataclasses import dataclass
 from itertools import islice
 
@@ -70,6 +71,12 @@ class MemoryEngine(ChunkEngine):
         self._committed = 0  # chunks with a committed version
         self.crashes = 0
         self._durable_pending: dict[ChunkKey, int] = {}  # chunk -> pending version staged for a durable write
+        self.failed = ""
+        # simulator/test seam: the next this many durable commits fail their fsync (EIO), which
+        # takes the target out of service (engine.diskfail) until the next crash (a restart
+        # that verified it: memory holds exactly what was committed)
+        self.fail_fsyncs = 0
+        self.fsync_every_commit = False  # the fault above hits every commit, not only durable ones
 
     # ---- state ------------------------------------------------------------------------
     def _state(self, key: ChunkKey, slot: _Slot) -> ChunkState:
@@ -225,9 +232,17 @@ class MemoryEngine(ChunkEngine):
         return slot is not None and slot.pending is not None and self._durable_pending.get(key) == slot.pending.ver
 
     async def commit(self, key: ChunkKey, version: int, *, durable: bool = False) -> ChunkState:
+        if self.failed:
+            raise OSError(errno.EIO, f"target out of service: {self.failed}")
         slot = self._slots.get(key.inode, key.index)
         if slot is None or slot.pending is None or slot.pending.ver != version:
             raise no_pending(key, version)
+        if self.fail_fsyncs and (durable or self.fsync_every_commit or self._durable_pending.get(key) == version):
+            self.fail_fsyncs -= 1
+            self.failed = "fsync failed: injected EIO"
+            if self.on_failed is not None:
+                self.on_failed(self.failed)
+            raise OSError(errno.EIO, "injected fsync failure")
         old = len(slot.committed.data) if slot.committed else 0
         self._used_bytes += len(slot.pending.data) - old
         self._committed += slot.committed is None
@@ -273,6 +288,7 @@ class MemoryEngine(ChunkEngine):
         self.crashes += 1
         for key, _ in list(self._slots.items()):
             self.abort(key)
+        self.failed = ""  # the next process verified the target (memory lost no committed page)
 
     def corrupt(self, key: ChunkKey, offset: int) -> None:
         """Tests: flip every bit of one committed byte, updating no CRC (bit rot on disk)."""

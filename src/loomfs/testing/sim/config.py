@@ -4,8 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-FAULT_KINDS = ("crash", "pause", "partition", "link", "disk", "flip", "mgmtd")
-FAULT_WEIGHTS = (3, 2, 3, 3, 2, 1, 1)
+FAULT_KINDS = ("crash", "pause", "partition", "link", "disk", "flip", "mgmtd", "fsync")
+FAULT_WEIGHTS = (3, 2, 3, 3, 2, 1, 1, 2)
+# the kinds the "ci" and "soak" profiles draw from: "fsync" (a failed fsync takes a target out
+# of service until its process restarts, storage.engine.diskfail) came later and has its own
+# profile, so the seeds in tests/sim keep the fault schedules they were measured with (a kind
+# left out has weight 0, which leaves every other draw unchanged)
+CLASSIC_KINDS = FAULT_KINDS[:7]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -34,7 +39,7 @@ class SimConfig:
     converge_s: float = 30.0  # after faults stop, chains must converge within this
     # faults
     faults: bool = True
-    fault_kinds: tuple[str, ...] = FAULT_KINDS  # a subset turns the others off
+    fault_kinds: tuple[str, ...] = CLASSIC_KINDS  # a subset turns the others off
     fault_gap_s_mean: float = 0.6
     fault_len_s_max: float = 3.0
     restart_delay_s_max: float = 2.5
@@ -47,3 +52,4 @@ class SimConfig:
 
 CI = SimConfig()
 SOAK = SimConfig(duration_s=20.0, clients=4)
+FSYNC = SimConfig(fault_kinds=FAULT_KINDS)  # ci plus failed fsyncs

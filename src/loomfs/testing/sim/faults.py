@@ -4,7 +4,8 @@ Kinds: storage process crash (optionally tearing its newest commit) and restart 
 delay; pause (a frozen process and NIC: gray failure); two-way and one-way partitions between
 any two hosts; link faults on every link of one host (delay spikes, reordering, duplicated
 requests, connection resets); disk faults (EIO or ENOSPC on stage); a bit flip in committed
-data; mgmtd crash and restart.
+data; mgmtd crash and restart; a failed fsync (the target leaves service until its process
+restarts; profile "fsync" only).
 
 Budget: a fault may only hit storage nodes if afterwards every chain still has a member that
 mgmtd lists as serving on a node no fault touches (nor touched within ``grace_s``, nor holding
@@ -384,6 +385,31 @@ class FaultInjector:
         name = f"disk s{n} " + ("enospc" if enospc else f"eio={eio_rate:.2f}")
         self._start(Fault(name, frozenset({n}), frozenset({f"disk:{sh.host}"}), undo), duration_s)
         self.log.add(f"fault: {name} for {duration_s:.3f}s")
+
+    async def _fsync(self) -> None:
+        """A failed fsync (storage.engine.diskfail): the next commit on one target of a node
+        fails with EIO and takes the target out of service; the node keeps running and reports
+        it OFFLINE until an operator restarts it (the fault's end: crash and restart), which
+        brings the target back verified and resynced."""
+        c = self.cluster
+        n = self._victim()
+        sh = c.storage[n]
+        if not sh.up or self._busy(f"proc:{sh.host}", f"disk:{sh.host}") or not self.allowed({n}):
+            return self._refuse("fsync")
+        engine = sh.engines[self.rng.randrange(len(sh.engines))]
+        engine.fail_fsyncs, engine.fsync_every_commit = 1, True
+        duration_s = self.rng.uniform(0.5, self.cfg.fault_len_s_max)
+
+        async def undo() -> None:
+            engine.fail_fsyncs, engine.fsync_every_commit = 0, False
+            if engine.failed and c.storage[n].up:
+                self.log.add(f"fsync s{n}: target {engine.target_id} failed: restarting the process")
+                await c.crash_storage(n)
+                c.start_storage(n)
+
+        name = f"fsync s{n} t{engine.target_id}"
+        self._start(Fault(name, frozenset({n}), frozenset({f"proc:{sh.host}", f"disk:{sh.host}"}), undo), duration_s)
+        self.log.add(f"fault: {name} fails its next commit's fsync; restart after {duration_s:.3f}s")
 
     async def _flip(self) -> None:
         c = self.cluster
