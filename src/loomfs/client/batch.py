@@ -160,14 +160,25 @@ async def stat_many(
     async def request(items: list[_Item]) -> None:
         async with request_slots:
             while items:
-                req = wb.PathsReq(paths=[p for _, p in items], follow_symlinks=follow_symlinks)
+                req = wb.PathsReq(paths=[p for _, p in items], follow_symlinks=follow_symlinks, compact=True)
                 body: wb.StatManyRsp = (await _call(client, wb.STAT_MANY, req)).body
                 count = _answered(body.count, len(items), wb.STAT_MANY)
-                if len(body.attrs) != count:
-                    raise ProtocolError(f"stat_many reply: {count} items, {len(body.attrs)} attributes")
-                for k in range(count):
-                    if body.attrs[k] is not None:
-                        out[items[k][0]] = body.attrs[k]
+                if body.rows or not body.attrs:  # compact (a server that predates it sends attrs)
+                    if len(body.rows) != count:
+                        raise ProtocolError(f"stat_many reply: {count} items, {len(body.rows)} rows")
+                    layouts = body.layouts
+                    try:
+                        for k, row in enumerate(body.rows):
+                            if row is not None:
+                                out[items[k][0]] = wb.attr_of_row(row, layouts)
+                    except ValueError as exc:
+                        raise ProtocolError(f"stat_many reply: {exc}") from None
+                else:
+                    if len(body.attrs) != count:
+                        raise ProtocolError(f"stat_many reply: {count} items, {len(body.attrs)} attributes")
+                    for k in range(count):
+                        if body.attrs[k] is not None:
+                            out[items[k][0]] = body.attrs[k]
                 _item_errors(body.errors, items, count, out)
                 items = items[count:]
 

@@ -7,6 +7,7 @@ A second service object on the meta RPC server, next to ``MetaService``; the log
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import crc32c
 
@@ -18,7 +19,7 @@ from loomfs.meta.service import act_for
 from loomfs.net.rpc import CallContext, Reply, handles
 from loomfs.wire import meta_batch as wb
 from loomfs.wire.status import Status
-from loomfs.wire.types import Attr
+from loomfs.wire.types import Attr, Layout
 
 logger = logging.getLogger(__name__)
 
@@ -42,16 +43,26 @@ class BatchService:
         act_for(ctx, self.root_squash)
         _check_count(len(req.paths))
         results = await self.ops.stat_many(req.paths, follow_symlinks=req.follow_symlinks)
-        attrs: list[Attr | None] = []
         errors: list[wb.ItemError] = []
+        logger.debug("req %d: stat_many %d/%d paths", ctx.request_id, len(results), len(req.paths))
+        if req.compact:
+            rows: list[list[Any] | None] = []
+            layouts: list[Layout] = []
+            index: dict[int, int] = {}
+            for i, r in enumerate(results):
+                if isinstance(r, Failed):
+                    rows.append(None)
+                    errors.append(_error(i, r))
+                else:
+                    rows.append(wb.attr_row(r, layouts, index))
+            return wb.StatManyRsp(count=len(results), errors=errors, rows=rows, layouts=layouts)
+        attrs: list[Attr | None] = []
         for i, r in enumerate(results):
             if isinstance(r, Failed):
                 attrs.append(None)
                 errors.append(_error(i, r))
             else:
                 attrs.append(r)
-        logger.debug("req %d: stat_many %d/%d paths, %d errors", ctx.request_id, len(results), len(req.paths),
-                     len(errors))
         return wb.StatManyRsp(count=len(results), attrs=attrs, errors=errors)
 
     @handles(wb.READ_MANY)

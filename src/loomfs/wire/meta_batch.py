@@ -20,6 +20,8 @@ concatenated in item order.
 
 from __future__ import annotations
 
+from typing import Any
+
 import msgpack
 
 from loomfs.common.identity import Right
@@ -58,6 +60,16 @@ class PathsReq(Message):
 
     paths: list[str] = many()
     follow_symlinks: bool = True
+    # STAT_MANY: answer in ``rows``/``layouts`` (``ATTR_ROW_FIELDS``) instead of ``attrs`` (a
+    # server that predates them ignores this and answers ``attrs``)
+    compact: bool = False
+
+
+# the fields of an ``Attr`` row, in order; ``layout`` is an index into the reply's ``layouts``
+# (-1: none). A row is a msgpack array: decoding it is one C call, where an ``Attr`` map (with
+# its ``Layout`` map, the same for most files) cost ~10 us per file in Python.
+ATTR_ROW_FIELDS = ("inode", "type", "mode", "nlink", "uid", "gid", "size", "atime_ns", "mtime_ns", "ctime_ns",
+                   "layout", "symlink_target", "inline", "rdev")
 
 
 @message
@@ -65,6 +77,10 @@ class StatManyRsp(Message):
     count: int = 0  # answers paths[:count]; ask again for the rest
     attrs: list[Attr | None] = many()  # one per answered path; None where ``errors`` has it
     errors: list[ItemError] = many()
+    # asked ``compact``: instead of ``attrs``, one row per answered path (``ATTR_ROW_FIELDS``;
+    # None where ``errors`` has it) and the distinct layouts the rows point at
+    rows: list[Any] = many()
+    layouts: list[Layout] = many()
 
 
 @message
@@ -135,6 +151,39 @@ ITEM_ERROR_BYTES_MAX = len(msgpack.packb(
     ItemError(index=_U64, status=_U64, message="x" * ITEM_MESSAGE_BYTES_MAX).to_wire()
 )) + 5
 INDEX_BYTES_MAX = 9  # a msgpack uint64
+
+
+def attr_row(attr: Attr, layouts: list[Layout], index: dict[int, int]) -> list[Any]:
+    """``attr`` as a row (``ATTR_ROW_FIELDS``); its layout is added to ``layouts`` unless the
+    same object is there already (``index``: id(layout) -> position; meta's layouts are
+    shared objects, one per distinct stored layout)."""
+    lay = attr.layout
+    if lay is None:
+        at = -1
+    else:
+        at = index.get(id(lay), -1)
+        if at < 0 or layouts[at] is not lay:
+            at = index[id(lay)] = len(layouts)
+            layouts.append(lay)
+    return [attr.inode, int(attr.type), attr.mode, attr.nlink, attr.uid, attr.gid, attr.size, attr.atime_ns,
+            attr.mtime_ns, attr.ctime_ns, at, attr.symlink_target, attr.inline, attr.rdev]
+
+
+def attr_of_row(row: Any, layouts: list[Layout]) -> Attr:
+    """``attr_row``'s inverse; a malformed row raises ``ValueError``."""
+    if type(row) is not list or len(row) != len(ATTR_ROW_FIELDS):
+        raise ValueError("attribute row of the wrong shape")
+    ino, typ, mode, nlink, uid, gid, size, atime, mtime, ctime, at, target, inline, rdev = row
+    for v in (ino, typ, mode, nlink, uid, gid, size, atime, mtime, ctime, at, rdev):
+        if type(v) is not int:
+            raise ValueError("attribute row: a number field is not an integer")
+    if type(target) is not str or type(inline) is not bool:
+        raise ValueError("attribute row: bad symlink target or inline flag")
+    if not -1 <= at < len(layouts):
+        raise ValueError(f"attribute row: layout {at} of {len(layouts)}")
+    return Attr(inode=ino, type=typ, mode=mode, nlink=nlink, uid=uid, gid=gid, size=size, atime_ns=atime,
+                mtime_ns=mtime, ctime_ns=ctime, layout=layouts[at] if at >= 0 else None, symlink_target=target,
+                inline=inline, rdev=rdev)
 
 
 def attr_bytes_max(attr: Attr) -> int:
