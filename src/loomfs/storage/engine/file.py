@@ -610,8 +610,10 @@ class FileEngine(BlockChecks, ChunkEngine):
         if self._executor is None and not durable:
             try:
                 self._write_row(key, p, False)
-            except BaseException:
+            except BaseException as exc:
                 self._pending.setdefault(key, p)
+                if getattr(exc, "sqlite_errorname", "").startswith("SQLITE_IOERR"):
+                    self._fail(exc)  # e.g. a WAL checkpoint's fsync failed inside SQLite
                 raise
             return self._install(key, p)
         task = asyncio.ensure_future(self._commit_synced(key, p, durable))
