@@ -41,7 +41,7 @@ from collections.abc import Sequence
 import crc32c
 
 from loomfs.errors import StatusError
-from loomfs.meta import perm
+from loomfs.meta import orphans, perm
 from loomfs.meta.caller import caller
 from loomfs.meta.layout import INLINE_MAX_BYTES_CAP
 from loomfs.meta.ops.base import C_BYTES, FILE, NamespaceBase
@@ -183,6 +183,7 @@ class InlineOps(NamespaceBase):
             if attr is None or attr.type != FILE or not attr.inline:
                 if attr is None and close and session_id:
                     await txn.remove_session(inode, session_id)
+                    await orphans.release_if_unheld(txn, inode, self.clock.now_ns(), self.default_layout)
                 epoch = await txn.trunc_epoch(inode) if attr is not None else 0
                 return InlineWritten(attr, False, epoch)
             limit = attr.layout.inline_max_bytes if attr.layout is not None else 0
@@ -193,6 +194,8 @@ class InlineOps(NamespaceBase):
                 attr = await self._set_inline(txn, attr, apply_patches(data, patches), now, mtime_ns=mtime_ns)
                 if close and session_id:
                     await txn.remove_session(inode, session_id)
+                    # the last holder of a nameless file: it goes now, not at GC's next sweep
+                    await orphans.release_if_unheld(txn, inode, now, self.default_layout)
                 return InlineWritten(attr, True, await txn.trunc_epoch(inode))
         attr, epoch = await self.migrate(inode, checked=True)  # its writer passed the check above
         return InlineWritten(attr, False, epoch)
