@@ -67,3 +67,28 @@ def test_gc_queue_is_not_orphans_and_fsck_works_by_address(slow_gc_cluster: Loca
         assert fs.cat("/storm/keep") == b"k" * 200_000
     finally:
         fs.close()
+
+
+def test_a_file_held_open_after_its_unlink_is_no_orphan(slow_gc_cluster: LocalCluster) -> None:
+    """Meta keeps a file whose last name went while a client holds it (loomfs.meta.orphans):
+    fsck counts its chunks apart (meta holds the inode), --repair leaves them; after the
+    holder's close it waits in the GC queue like any unlinked file."""
+    c = slow_gc_cluster
+    fs = loomfs.connect(str(c.root))
+    try:
+        fs.makedirs("/held", exist_ok=True)
+        fs.set_layout("/held", chunk_size=64 << 10, stripe=2)
+        f = fs.open("/held/f", "xb")
+        f.write(b"h" * 200_000)
+        f.flush()
+        ino = fs.attr("/held/f").inode
+        fs.unlink("/held/f")
+        rep = fsck(fs, None, c.routing(), repair=True, grace_s=0.1)
+        assert ino not in rep.orphans and ino not in rep.gc_queued and ino in rep.held_elsewhere
+        assert rep.removed == 0
+        f.write(b"more")  # the holder goes on writing: its chunks are still there
+        f.close()
+        rep = fsck(fs, None, c.routing())
+        assert ino in rep.gc_queued and ino not in rep.orphans and ino not in rep.held_elsewhere
+    finally:
+        fs.close()

@@ -66,4 +66,5 @@ class Handle:
     # so the times are set again after those
     times_ns: tuple[int, int] | None = None
     prefetch: Prefetcher | None = None  # read-only handles: sequential read-ahead (loomfs.mount.prefetch)
+    hold_id: int = 0  # read-only handles of files in chunks: the read hold at meta (loomfs.mount.holds)
 

@@ -47,9 +47,10 @@ class FileOps(pyfuse3.Operations):
         async def _owned(self, path: str, attr: Attr, ctx: Any, parent_inode: int) -> Attr: ...
         def _known(self, attr: Attr, path: str) -> pyfuse3.EntryAttributes: ...
         def entry(self, attr: Attr) -> pyfuse3.EntryAttributes: ...
-        async def _last_close(self, inode: int) -> None: ...
-        async def _drop_orphans(self) -> None: ...
         def _inode_path(self, inode: int) -> str: ...
+        async def _take_hold(self, path: str, f: AsyncFile) -> int: ...
+        async def _release_hold(self, hold_id: int) -> None: ...
+        async def _drop_holds(self) -> None: ...
 
     def _writers(self, inode: int) -> list[Handle]:
         """Write handles of ``inode`` with an open client file (not one a close(2) closed)."""
@@ -72,7 +73,13 @@ class FileOps(pyfuse3.Operations):
         if h.file.closed:
             async with h.lock:
                 if h.file.closed:
-                    h.file = await self.call(self.client.open(self._inode_path(h.inode), "r+b"))
+                    if not self.inodes.has_name(h.inode):
+                        raise OSError(errno.ENOENT, "the file's last name went after its close", h.file.path)
+                    f = await self.call(self.client.open(self._inode_path(h.inode), "r+b"))
+                    if f.inode != h.inode:  # the name is another file's now
+                        await self.call(f.close())
+                        raise OSError(errno.ENOENT, "the file's name went to another file", f.path)
+                    h.file = f
 
     def _new_handle(self, h: Handle | DirStream) -> int:
         fh = self._next_fh
@@ -117,8 +124,10 @@ class FileOps(pyfuse3.Operations):
 
     @fuse_errors
     async def open(self, inode: int, flags: int, ctx: Any) -> pyfuse3.FileInfo:
-        path = self._inode_path(inode)  # an unlinked file open here: reopened by /proc/PID/fd/N
         acc = flags & os.O_ACCMODE
+        if not self.inodes.has_name(inode):  # its last name went, open here: /proc/PID/fd/N
+            return self._open_nameless(inode, flags)
+        path = self._inode_path(inode)
         if acc != os.O_RDONLY and self.options.read_only:
             raise pyfuse3.FUSEError(errno.EROFS)
         append = bool(flags & os.O_APPEND)
@@ -133,8 +142,10 @@ class FileOps(pyfuse3.Operations):
         await self._sync_writers(inode)
         if acc == os.O_RDONLY:
             f = await self.call(self.client.open(path, "rb"))
+            hold_id = await self._take_hold(path, f)  # kept by meta if unlinked while open
             self.inodes.opened(inode)
-            return self._file_info(Handle(inode, f, False, append=append, prefetch=self._prefetcher(f)), flags)
+            return self._file_info(Handle(inode, f, False, append=append, prefetch=self._prefetcher(f),
+                                          hold_id=hold_id), flags)
         self.drop_prefetched(inode)  # what readers here fetched ahead may be written over now
         if flags & os.O_TRUNC:
             f = await self.call(self.client.open(path, "w+b"))
@@ -142,6 +153,18 @@ class FileOps(pyfuse3.Operations):
             f = await self.call(self.client.open(path, "r+b"))
         self.inodes.opened(inode)
         return self._file_info(Handle(inode, f, True, append=append), flags)
+
+    def _open_nameless(self, inode: int, flags: int) -> pyfuse3.FileInfo:
+        """An open of a file open here whose last name went (``/proc/PID/fd/N``): no path
+        reaches it at meta, so the new descriptor shares an open one's client file (a write
+        open needs a writable one)."""
+        writable = flags & os.O_ACCMODE != os.O_RDONLY
+        for h in list(self.handles.values()):
+            if isinstance(h, Handle) and h.inode == inode and not h.file.closed and (h.writable or not writable):
+                self.inodes.opened(inode)
+                shared = Handle(inode, h.file, h.writable, append=bool(flags & os.O_APPEND), lock=h.lock)
+                return self._file_info(shared, flags)
+        raise OSError(errno.ENOENT, "no open descriptor of this nameless file to share", str(inode))
 
     def _prefetcher(self, f: AsyncFile) -> Prefetcher | None:
         if self.options.prefetch_chunks <= 0 or f.inline or f.layout is None or f.layout.chunk_size <= 0:
@@ -242,9 +265,9 @@ class FileOps(pyfuse3.Operations):
     async def _synced(self, h: Handle, *, close: bool = False) -> None:
         async with h.lock:
             await self.call(h.file.close() if close else h.file.fsync())
-            path = self._path_of(h)
-            if h.times_ns is not None and path is not None:
-                req = SetattrReq(path=path, follow_symlinks=False,
+            if h.times_ns is not None:  # by inode: also after its last name went
+                path = self._path_of(h) or h.file.path
+                req = SetattrReq(path=path, inode=h.inode, follow_symlinks=False,
                                  atime_ns=h.times_ns[0], mtime_ns=h.times_ns[1])
                 await self.call(self.client._setattr(req))
 
@@ -264,7 +287,9 @@ class FileOps(pyfuse3.Operations):
         h = self.handles[fh]
         if isinstance(h, Handle) and h.writable and not h.file.closed:
             shared = any(isinstance(o, Handle) and o is not h and o.file is h.file for o in self.handles.values())
-            await self._synced(h, close=not shared)
+            # a file whose last name went stays open until release: its write session is
+            # what keeps it at meta, and no path could reopen it for a dup'd descriptor
+            await self._synced(h, close=not shared and self.inodes.has_name(h.inode))
 
     @fuse_errors
     async def fsync(self, fh: int, datasync: bool) -> None:
@@ -286,7 +311,8 @@ class FileOps(pyfuse3.Operations):
                     await self.call(h.file.close())
             finally:
                 self.inodes.closed(h.inode)
-            await self._last_close(h.inode)
+                if h.hold_id:
+                    await self._release_hold(h.hold_id)
 
     async def close_all(self) -> None:
         """At unmount: close every open file (their bytes reach storage and meta)."""
@@ -303,5 +329,5 @@ class FileOps(pyfuse3.Operations):
                     await self.call(h.file.close())
                 except OSError as exc:
                     logger.warning("closing %s at unmount: %s", h.file.path, exc)
-        await self._drop_orphans()
+        await self._drop_holds()
 

@@ -11,6 +11,7 @@ at the edge, with the cause kept.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import errno
 import os
 import stat
@@ -27,9 +28,9 @@ from loomfs.metrics.capacity import cluster_capacity
 from loomfs.mount.dirs import DirStream, Pages
 from loomfs.mount.edge import Handle, fuse_errors, join
 from loomfs.mount.files import FileOps
+from loomfs.mount.holds import HoldOps, Holds
 from loomfs.mount.inodes import ROOT_INODE, InodeTable
 from loomfs.mount.options import MountOptions
-from loomfs.mount.orphans import OrphanOps, Orphans, hidden
 from loomfs.mount.prefetch import Budget
 from loomfs.mount.stats import STATS_XATTR, MountStats
 from loomfs.mount.xattrs import LAYOUT_XATTR, XattrProbes, decode_layout, encode_layout
@@ -48,7 +49,7 @@ _SPECIAL_OF_BITS = {stat.S_IFIFO: FileType.FIFO, stat.S_IFSOCK: FileType.SOCKET,
                     stat.S_IFBLK: FileType.BLOCK_DEVICE}
 
 
-class LoomOperations(OrphanOps, FileOps):
+class LoomOperations(HoldOps, FileOps):
     supports_dot_lookup = False
 
     def __init__(self, client: AsyncClient, client_loop: asyncio.AbstractEventLoop, options: MountOptions):
@@ -63,7 +64,8 @@ class LoomOperations(OrphanOps, FileOps):
         self._next_fh = 1
         self._read_buffers: dict[int, list[bytearray]] = {}  # request size -> free reply buffers
         self._dirs: dict[int, tuple[int, int]] = {}  # directory inode -> (mode, gid) last seen
-        self.orphans = Orphans()  # open files kept past their last name (loomfs.mount.orphans)
+        self.holds = Holds()  # read holds at meta of read-only opens (loomfs.mount.holds)
+        self._renew_task: asyncio.Task[None] | None = None
         self.stats = MountStats()  # what the kernel sent (user.loomfs.stats on the root)
         self.prefetch_budget = Budget(options.prefetch_mb << 20)  # loomfs.mount.prefetch
         self.xattr_probes = XattrProbes()  # setxattr's flags, from pyfuse3's check before it
@@ -95,7 +97,7 @@ class LoomOperations(OrphanOps, FileOps):
         e.st_ino = attr.inode
         e.generation = 0
         e.st_mode = _TYPE_BITS.get(FileType(attr.type), stat.S_IFREG) | (attr.mode & 0o7777)
-        e.st_nlink = attr.nlink - 1 if attr.inode in self.orphans else attr.nlink  # not the hidden name
+        e.st_nlink = attr.nlink  # 0 for a file open somewhere whose last name went (meta's orphan)
         e.st_uid, e.st_gid = self.options.uid_map.local(attr.uid), self.options.gid_map.local(attr.gid)
         size = attr.size
         writers = self._writers(attr.inode) if attr.type == FileType.FILE else []
@@ -123,10 +125,7 @@ class LoomOperations(OrphanOps, FileOps):
 
     @fuse_errors
     async def lookup(self, parent_inode: int, name: bytes, ctx: Any = None) -> pyfuse3.EntryAttributes:
-        parent = self.inodes.path(parent_inode)
-        if hidden(parent, name):
-            raise pyfuse3.FUSEError(errno.ENOENT)
-        path = join(parent, name)
+        path = join(self.inodes.path(parent_inode), name)
         try:
             attr = await self._attr(path)
         except FileNotFoundError:
@@ -147,18 +146,54 @@ class LoomOperations(OrphanOps, FileOps):
 
     @fuse_errors
     async def getattr(self, inode: int, ctx: Any = None) -> pyfuse3.EntryAttributes:
-        kept = self.inodes.kept(inode)
-        if not self.inodes.has_name(inode) and kept is not None:
-            return self.entry(kept)  # open, its last name unlinked: what was seen, the writer's length
-        attr = await self._attr(self.inodes.path(inode))
-        if attr.inode != inode and kept is not None:
-            return self.entry(kept)  # the name went to another file meanwhile
-        return self.entry(attr)
+        return self.entry(await self._attr_of(inode))
+
+    async def _attr_of(self, inode: int) -> Attr:
+        """``inode``'s attributes: by its name here, or by inode when it is open here and the
+        name is gone or names another file now."""
+        if not self.inodes.has_name(inode) and self.inodes.is_open(inode):
+            return await self._attr_of_open(inode)  # its last name went: by inode
+        try:
+            attr = await self._attr(self.inodes.path(inode))
+        except FileNotFoundError:
+            if not self.inodes.is_open(inode):
+                raise
+            attr = await self._attr_of_open(inode)  # unlinked elsewhere while open here
+        if attr.inode != inode and self.inodes.is_open(inode):
+            attr = await self._attr_of_open(inode)  # the name went to another file meanwhile
+        return attr
+
+    async def _attr_of_open(self, inode: int) -> Attr:
+        """An open file's attributes by inode: a SETATTR that changes nothing answers them,
+        also for a file whose last name went (meta keeps it while it is open: an orphan).
+        The last ones seen if meta no longer has it."""
+        req = SetattrReq(path=self._inode_path(inode), inode=inode)
+        try:
+            rsp = await self.call(self.client.meta.setattr(req))
+        except (FileNotFoundError, PermissionError):  # gone; a read-only token
+            rsp = None
+        attr = rsp.attr if rsp is not None else None
+        if attr is None:
+            kept = self.inodes.kept(inode)
+            if kept is None:
+                raise OSError(errno.ENOENT, "open file is gone", str(inode))
+            return dataclasses.replace(kept, nlink=0)
+        return attr
+
+    def _inode_path(self, inode: int) -> str:
+        """A path of ``inode``; for an open file whose last name went, the name it was opened
+        by (calls on it go by inode: the path only names it in errors)."""
+        if self.inodes.has_name(inode):
+            return self.inodes.path(inode)
+        for h in self.handles.values():
+            if isinstance(h, Handle) and h.inode == inode:
+                return h.file.path
+        return self.inodes.path(inode)  # ENOENT
 
     @fuse_errors
     async def setattr(self, inode: int, attr: Any, fields: Any, fh: int | None, ctx: Any) -> pyfuse3.EntryAttributes:
         # by inode (whatever names it has now, here or at another client; an open file whose
-        # last name went lives on under its hidden name, loomfs.mount.orphans)
+        # last name went lives on at meta as an orphan, loomfs.meta.orphans)
         path = self._inode_path(inode)
         c = self.client
         last: Attr | None = None
@@ -192,7 +227,7 @@ class LoomOperations(OrphanOps, FileOps):
             last = rsp.attr
         if last is not None:
             return self.entry(last)
-        return self.entry(await self._attr(path))
+        return self.entry(await self._attr_of(inode))
 
     # --- names --------------------------------------------------------------------------
 
@@ -238,8 +273,8 @@ class LoomOperations(OrphanOps, FileOps):
     @fuse_errors
     async def unlink(self, parent_inode: int, name: bytes, ctx: Any) -> None:
         path = join(self.inodes.path(parent_inode), name)
-        if await self._keep_orphan(path):  # open here: moved to a hidden name until its last close
-            return
+        # a file open here (or anywhere) stays usable without a name: meta keeps it while
+        # held (loomfs.meta.orphans; read-only opens here hold it, loomfs.mount.holds)
         await self.call(self.client.unlink(path))
         self.inodes.unlinked(path)
 
@@ -252,11 +287,8 @@ class LoomOperations(OrphanOps, FileOps):
         no_replace = bool(flags & pyfuse3.RENAME_NOREPLACE)
         if exchange:
             await self.call(self.client.exchange(src, dst))
-        else:
-            if no_replace:
-                await self.call(self.client.rename(src, dst, no_replace=True))
-            else:  # an open file replaced is kept under a hidden name (loomfs.mount.orphans)
-                await self._rename_over(src, dst)
+        else:  # an open file replaced lives on at meta while held (loomfs.meta.orphans)
+            await self.call(self.client.rename(src, dst, no_replace=no_replace))
         self.inodes.renamed(src, dst, exchange=exchange)
         moves = [(src, dst), (dst, src)] if exchange else [(src, dst)]
         for h in self.handles.values():  # open files under the old names go by the new ones
@@ -383,9 +415,6 @@ class LoomOperations(OrphanOps, FileOps):
         base, page = await h.page_at(i)
         while page:
             for e in page[i - base:]:
-                if hidden(h.path, os.fsencode(e.name)):
-                    i += 1  # the orphans directory: its offset stays taken
-                    continue
                 path = join(h.path, os.fsencode(e.name))
                 attr = e.attr if e.attr is not None else await self._attr(path)
                 if not pyfuse3.readdir_reply(token, os.fsencode(e.name), self.entry(attr), i + 1):

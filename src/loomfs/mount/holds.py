@@ -1,0 +1,137 @@
+"""Read holds: the mount's read-only opens of files in chunks are registered at meta, so that a
+file unlinked (or renamed over) by anyone, on any node, while it is open here stays readable.
+
+Meta keeps a file whose last name goes while a client holds it as a nameless *orphan*
+(``loomfs.meta.orphans``): write opens hold it through their write session; a read-only open
+asks for a read hold, a read-only OPEN naming a hold id (a second OPEN of the same path after
+the client's, checked to name the same inode). An inline file needs none: its whole content
+came with the open. Holds are leases: this module renews them every third of the lease, and a
+hold ends at the handle's release (a CLOSE naming it), or with the lease if the mount dies, so
+a dead mount keeps nothing for longer than a lease.
+
+``Holds`` is the bookkeeping (no I/O); ``HoldOps`` the mount's calls, mixed into
+``LoomOperations``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import secrets
+from collections.abc import Coroutine
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from loomfs.client.core import AsyncClient
+from loomfs.client.file import AsyncFile
+from loomfs.errors import LoomError
+from loomfs.meta.gc import SESSION_LEASE_S
+from loomfs.wire.types import FileType
+
+logger = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+def new_hold_id() -> int:
+    """Unguessable, in the range clients pick session ids from (meta's own are below it)."""
+    return (1 << 62) | secrets.randbits(62)
+
+
+class Holds:
+    """hold id -> inode of this mount's read holds at meta."""
+
+    def __init__(self) -> None:
+        self._inodes: dict[int, int] = {}
+        self.lease_s = SESSION_LEASE_S  # meta's (OPEN's reply says it when meta sends it)
+        self.taken_total = 0
+        self.lost_total = 0  # holds meta no longer had at a renewal (the mount could not reach it)
+
+    def __repr__(self) -> str:
+        return f"Holds(held={len(self._inodes)} taken_total={self.taken_total} lost_total={self.lost_total})"
+
+    def __len__(self) -> int:
+        return len(self._inodes)
+
+    def add(self, hold_id: int, inode: int) -> None:
+        self._inodes[hold_id] = inode
+        self.taken_total += 1
+
+    def pop(self, hold_id: int) -> int | None:
+        return self._inodes.pop(hold_id, None)
+
+    def ids(self) -> list[int]:
+        return sorted(self._inodes)
+
+    def items(self) -> list[tuple[int, int]]:
+        return sorted(self._inodes.items())
+
+
+class HoldOps:
+    client: AsyncClient
+    holds: Holds
+    _renew_task: asyncio.Task[None] | None
+
+    if TYPE_CHECKING:  # LoomOperations's
+        async def call(self, coro: Coroutine[Any, Any, T]) -> T: ...
+
+    async def _take_hold(self, path: str, f: AsyncFile) -> int:
+        """A read-only open of ``path`` got ``f``: hold it at meta unless it is inline. Returns
+        the hold id (0: none; the file then lives only while it has a name, as before)."""
+        attr = f.opened_attr
+        if f.inline or attr is None or attr.type != FileType.FILE:
+            return 0
+        hold_id = new_hold_id()
+        meta = self.client.meta
+        try:
+            rsp = await self.call(meta.open(path, os.O_RDONLY, 0, self.client.client_id, hold_id))
+        except (LoomError, OSError) as exc:  # renamed or unlinked meanwhile: no hold
+            logger.info("read hold on %s: %s", path, exc)
+            return 0
+        if rsp.session_lease_s:
+            self.holds.lease_s = min(self.holds.lease_s, rsp.session_lease_s)
+        if rsp.attr is None or rsp.attr.inode != f.inode:  # the name went to another file meanwhile
+            await self._end_hold(rsp.attr.inode if rsp.attr is not None else f.inode, hold_id)
+            return 0
+        self.holds.add(hold_id, f.inode)
+        self._keep_renewing()
+        return hold_id
+
+    async def _release_hold(self, hold_id: int) -> None:
+        inode = self.holds.pop(hold_id)
+        if inode is not None:
+            await self._end_hold(inode, hold_id)
+
+    async def _end_hold(self, inode: int, hold_id: int) -> None:
+        try:
+            await self.call(self.client.meta.close(inode, hold_id, -1))
+        except (LoomError, OSError) as exc:  # it ends with its lease
+            logger.warning("ending read hold %#x on inode %d: %s", hold_id, inode, exc)
+
+    def _keep_renewing(self) -> None:
+        task = self._renew_task
+        if task is None or task.done():
+            self._renew_task = asyncio.get_running_loop().create_task(self._renew_loop(), name="loomfs-mount-holds")
+
+    async def _renew_loop(self) -> None:
+        while len(self.holds):
+            await asyncio.sleep(self.holds.lease_s / 3)
+            ids = self.holds.ids()
+            if not ids:
+                return
+            try:
+                held = await self.call(self.client.meta.renew_sessions(self.client.client_id, ids))
+            except (LoomError, OSError) as exc:  # meta down: next period
+                logger.warning("renewing %d read holds: %s", len(ids), exc)
+                continue
+            if held < len(ids):
+                self.holds.lost_total += len(ids) - held
+                logger.warning("meta held %d of our %d read holds (the others expired)", held, len(ids))
+
+    async def _drop_holds(self) -> None:
+        """At unmount: every hold ends."""
+        for hold_id, inode in self.holds.items():
+            self.holds.pop(hold_id)
+            await self._end_hold(inode, hold_id)
+        task, self._renew_task = self._renew_task, None
+        if task is not None:
+            task.cancel()
