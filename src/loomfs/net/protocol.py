@@ -28,6 +28,7 @@ from typing import Protocol
 
 from loomfs.net.buffers import BufferPool
 from loomfs.net.bulkrecv import BULK_MIN_BYTES, BulkJob, BulkReceiver
+from loomfs.net.sendfile import FileRegion, sendfile_some
 from loomfs.wire import frame as fr
 
 logger = logging.getLogger(__name__)
@@ -187,29 +188,62 @@ class FrameProtocol(asyncio.BufferedProtocol):
         self._drain_waiters.clear()
 
     # ---- sending ---------------------------------------------------------------------------
-    async def send(self, prefix_and_header: bytes, payload: bytes | bytearray | memoryview | None) -> None:
+    async def send(self, prefix_and_header: bytes,
+                   payload: bytes | bytearray | memoryview | FileRegion | None) -> None:
         """Send one frame; when this returns the payload may be reused.
 
         Frames go out one at a time (a lock keeps them whole). Small ones go through the
         asyncio transport. A large payload is sent with ``socket.send`` on a dup of the
         socket, straight from the caller's buffer, once the transport's own buffer is empty:
         on Python 3.11 the transport would copy whatever the kernel does not take at once
-        into a freshly grown buffer, and fresh memory is slow on this VM.
+        into a freshly grown buffer, and fresh memory is slow on this VM. A ``FileRegion``
+        payload goes out with ``os.sendfile`` on that dup (page cache -> socket), or is read
+        into memory first where there is no dup (TLS, uvloop).
         """
         if self._closed or self.transport is None:
             raise ConnectionResetError("connection closed")
+        if isinstance(payload, FileRegion) and self._raw is None:
+            payload = bytes(payload)
         async with self._send_lock:
             if self._closed:
                 raise ConnectionResetError("connection closed")
-            large = payload is not None and len(payload) >= LARGE_PAYLOAD_BYTES and self._raw is not None
+            region = payload if isinstance(payload, FileRegion) else None
+            large = payload is not None and (region is not None or (
+                len(payload) >= LARGE_PAYLOAD_BYTES and self._raw is not None))
             self.transport.write(prefix_and_header)
             if payload is not None and len(payload) and not large:
-                self.transport.write(payload)
+                self.transport.write(payload)  # type: ignore[arg-type]  # not a FileRegion: large
             if self._write_paused:
                 await self._drained()
-            if large:
-                assert payload is not None
+            if region is not None:
+                await self._raw_sendfile(region)
+            elif large:
+                assert payload is not None and not isinstance(payload, FileRegion)
                 await self._raw_send(memoryview(payload).cast("B"))
+
+    async def _raw_sendfile(self, region: FileRegion) -> None:
+        """``region`` with ``os.sendfile`` on the dup of the socket; a failure midway (the
+        file ended early, the socket broke) leaves a torn frame: the connection is aborted."""
+        assert self._raw is not None
+        loop = asyncio.get_running_loop()
+        fd = self._raw.fileno()
+        off, total = 0, len(region)
+        while off < total:
+            if self._closed:
+                raise ConnectionResetError("connection closed")
+            try:
+                off += sendfile_some(fd, region, off)
+            except OSError as exc:
+                self.abort(exc)
+                raise ConnectionResetError(f"sendfile failed: {exc}") from exc
+            if off < total:
+                fut: asyncio.Future[None] = loop.create_future()
+                loop.add_writer(fd, _set_once, fut)
+                self._drain_waiters.append(fut)
+                try:
+                    await fut
+                finally:
+                    loop.remove_writer(fd)
 
     async def _drained(self) -> None:
         """Wait until the transport's buffer is empty (write limits are high=low=0)."""

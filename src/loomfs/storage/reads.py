@@ -8,16 +8,20 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import os
+from typing import Any
 
 import crc32c
 
 from loomfs.errors import InvalidArgument, StatusError
 from loomfs.net.rpc import CallContext, Reply, handles
+from loomfs.net.sendfile import FileRegion
 from loomfs.storage import chain, planted
 from loomfs.storage.engine.types import ChunkKey, ChunkState
 from loomfs.storage.fencing import Fencing
 from loomfs.storage.foreground import ForegroundGate
 from loomfs.storage.grantcheck import ReadGrantCheck
+from loomfs.storage.hotchunks import SENDFILE_MIN_BYTES, HotChunks, Plan, open_region
 from loomfs.storage.target import StorageTarget
 from loomfs.storage.tenantcheck import TenantCheck
 from loomfs.storage.updates import CHUNK_SIZE_ANY, ChunkUpdates, chunk_key, versions_of
@@ -77,6 +81,10 @@ class ChunkReads(ChunkUpdates, Fencing):
         rsp_base = ReadRsp(commit_ver=st.commit_ver, length=want, chunk_length=st.length)
         if want == 0:
             return Reply(rsp_base)
+        if req.offset == 0 and want == st.length and want >= SENDFILE_MIN_BYTES:
+            hot = await self._read_whole_hot(target, key, st, rsp_base)
+            if hot is not None:
+                return hot
         buf = self.pool.acquire(want)
         try:
             n = await engine.aread(key, req.offset, memoryview(buf)[:want])
@@ -97,6 +105,54 @@ class ChunkReads(ChunkUpdates, Fencing):
             except BaseException:
                 self.pool.release(buf)
                 raise
+        return Reply(rsp, payload=memoryview(buf)[:n], payload_crc=crc, on_sent=lambda: self.pool.release(buf))
+
+    @property
+    def hot_chunks(self) -> HotChunks:
+        """Recently read whole chunks, served from the page cache (``storage.hotchunks``)."""
+        hot: HotChunks | None = self.__dict__.get("_hot_chunks")
+        if hot is None:
+            hot = self.__dict__["_hot_chunks"] = HotChunks()
+        return hot
+
+    async def _read_whole_hot(self, target: StorageTarget, key: ChunkKey, st: ChunkState,
+                              rsp: ReadRsp) -> Reply | None:
+        """A whole-chunk read of a chunk read recently: from the page cache (``os.sendfile``
+        of the committed file when it is resident, else a buffered read that fills the page
+        cache); None: read it as usual (first read, or an engine without files). Like every
+        whole-chunk read it is not hashed here: the frame carries the stored CRC and the
+        client checks the bytes against it (docs/datapath.md)."""
+        region = open_region(target.engine, key)
+        if region is None:
+            return None
+        fd, length, crc = region
+        if length != st.length or crc != st.crc:  # not the version st names: read as usual
+            os.close(fd)
+            return None
+        plan = self.hot_chunks.plan((target.target_id, key), fd, length)
+        if plan is Plan.DIRECT:
+            os.close(fd)
+            return None
+        file = FileRegion(fd, 0, length)
+        if plan is Plan.SENDFILE:
+            payload: Any = file  # a FileRegion: the transport sends it with os.sendfile
+            return Reply(rsp, payload=payload, payload_crc=crc, on_sent=file.close)
+        buf = self.pool.acquire(length)
+
+        def fill() -> int:
+            try:
+                return file.read_into(memoryview(buf))
+            finally:
+                file.close()
+
+        try:
+            n = await asyncio.get_running_loop().run_in_executor(None, fill)
+        except BaseException:
+            self.pool.release(buf)
+            raise
+        if n != length:
+            self.pool.release(buf)
+            raise StatusError(Status.CHECKSUM_MISMATCH, f"chunk {key}: {n} of {length} bytes in its file")
         return Reply(rsp, payload=memoryview(buf)[:n], payload_crc=crc, on_sent=lambda: self.pool.release(buf))
 
     async def _read_exact(self, req: ReadReq, key: ChunkKey) -> Reply:

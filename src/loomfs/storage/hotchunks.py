@@ -1,0 +1,113 @@
+"""Which whole chunks a storage server serves from its page cache, with ``os.sendfile``.
+
+Storage reads big chunks with O_DIRECT (``engine.file_io``): a chunk read once (a big file
+streamed by a training job) would only evict useful pages, and on this kind of VM filling fresh
+page-cache pages costs more CPU than the O_DIRECT read (``bench.sendcost``: 0.44 vs 0.29
+CPU-s/GiB for the sender). A chunk read again soon after (a KV-cache block many requests share)
+is worth keeping in memory: the disk (~1 GB/s here) is slower than the network, and a resident
+chunk goes page cache -> socket with no copy through user space.
+
+``HotChunks`` is a bounded LRU of recently read whole chunks. ``plan`` says, per whole-chunk
+read: ``DIRECT`` (first read: O_DIRECT as before), ``FILL`` (read again: a buffered read on
+the executor fills the page cache and answers from the buffer) or ``SENDFILE`` (read again and
+resident: a ``FileRegion`` reply). Residency is checked, not assumed (the kernel may have
+evicted the pages): a non-blocking read (``RWF_NOWAIT``) of the first, middle and last page,
+so a ``sendfile`` on the event loop does not wait for the disk.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+from collections import OrderedDict
+from collections.abc import Hashable
+from typing import Any
+
+HOT_CHUNKS_MAX = 512  # whole chunks remembered per storage process (2 GiB of 4 MiB chunks)
+HOT_CHUNKS_ENV = "LOOMFS_HOT_CHUNKS"  # overrides HOT_CHUNKS_MAX; "0": every read as before (A/B)
+SENDFILE_MIN_BYTES = 256 << 10  # smaller reads go through the page cache already (file_io)
+_PROBE = bytearray(1)
+_PROBE_VIEW = memoryview(_PROBE)
+
+
+class Plan(enum.Enum):
+    DIRECT = "direct"
+    FILL = "fill"
+    SENDFILE = "sendfile"
+
+
+class HotChunks:
+    """A bounded LRU of chunks read whole; counts what each plan was used for."""
+
+    def __init__(self, entries_max: int | None = None):
+        if entries_max is None:
+            entries_max = int(os.environ.get(HOT_CHUNKS_ENV, HOT_CHUNKS_MAX))
+        self.entries_max = entries_max
+        self._seen: OrderedDict[Hashable, None] = OrderedDict()
+        self.counts = {p: 0 for p in Plan}
+
+    def note(self, key: Hashable) -> bool:
+        """Record a whole-chunk read of ``key``; whether it was read recently before."""
+        if self.entries_max <= 0:
+            return False
+        if key in self._seen:
+            self._seen.move_to_end(key)
+            return True
+        self._seen[key] = None
+        if len(self._seen) > self.entries_max:
+            self._seen.popitem(last=False)
+        return False
+
+    def forget(self, key: Hashable) -> None:
+        self._seen.pop(key, None)
+
+    def plan(self, key: Hashable, fd: int, length: int) -> Plan:
+        """How to serve a whole-chunk read of ``key`` (``length`` bytes in ``fd``)."""
+        if not self.note(key):
+            p = Plan.DIRECT
+        else:
+            p = Plan.SENDFILE if resident(fd, length) else Plan.FILL
+        self.counts[p] += 1
+        return p
+
+    def __repr__(self) -> str:
+        return (f"HotChunks({len(self._seen)}/{self.entries_max} direct={self.counts[Plan.DIRECT]} "
+                f"fill={self.counts[Plan.FILL]} sendfile={self.counts[Plan.SENDFILE]})")
+
+
+def resident(fd: int, length: int) -> bool:
+    """Whether ``fd``'s first, middle and last byte of ``[0, length)`` are in the page cache
+    (a read that would wait for the disk fails with EAGAIN under RWF_NOWAIT); False where the
+    kernel or Python lacks RWF_NOWAIT."""
+    flag: Any = getattr(os, "RWF_NOWAIT", None)
+    if flag is None or length <= 0:
+        return False
+    for pos in {0, length // 2, length - 1}:
+        try:
+            if os.preadv(fd, [_PROBE_VIEW], pos, flag) != 1:
+                return False
+        except OSError:  # BlockingIOError: not resident; EOPNOTSUPP: file system without it
+            return False
+    return True
+
+
+def open_region(engine: Any, key: Any) -> tuple[int, int, int] | None:
+    """(fd, length, crc) of ``key``'s committed version from ``engine.open_region`` (the
+    caller owns the fd); None where the engine has no such hook (the memory engine) or no
+    committed file."""
+    hook = getattr(engine, "open_region", None)
+    if hook is not None:
+        region: tuple[int, int, int] | None = hook(key)
+        return region
+    # FileEngine before its open_region hook (asked of the engine's owner): the committed
+    # file's fd as its own aread takes it (copy-on-write: [0, length) is never rewritten)
+    m_of, fd_of, pending = (getattr(engine, a, None) for a in ("_m", "_fd", "_pending"))
+    if m_of is None or fd_of is None or pending is None:
+        return None
+    m = m_of(key)
+    if m is None or m.length == 0 or key in pending:
+        return None
+    try:
+        return os.dup(fd_of(key, m.file_ver)), int(m.length), int(m.crc)
+    except OSError:
+        return None

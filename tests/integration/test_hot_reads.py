@@ -1,0 +1,81 @@
+"""Whole-chunk reads of recently read chunks come from the storage page cache (``os.sendfile``
+of the chunk file, ``storage.hotchunks``): the bytes are right every time, a chunk read again is
+left in the page cache (reads before it used O_DIRECT), and a replica whose cached copy went bad
+is caught by the client's end-to-end CRC check, reported and read from another replica."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import crc32c
+import pytest
+
+import loomfs
+from loomfs.storage.hotchunks import resident
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+
+READS_MAX = 40
+
+
+def _chunk_files(root: Path, inode: int, index: int) -> list[Path]:
+    return sorted(root.glob(f"storage*/target*/chunks/*/{inode:x}.{index:x}.*"))
+
+
+def _resident(p: Path, length: int) -> bool:
+    fd = os.open(p, os.O_RDONLY)
+    try:
+        return resident(fd, length)
+    finally:
+        os.close(fd)
+
+
+def test_hot_whole_chunk_reads_from_page_cache_and_checked(own_cluster) -> None:  # type: ignore[no-untyped-def]
+    fs = loomfs.connect(str(own_cluster.root))
+    try:
+        path = "/hot/one_chunk.bin"
+        fs.makedirs("/hot", exist_ok=True)
+        data = os.urandom(4 << 20)
+        with fs.open(path, "wb") as f:
+            f.write(data)
+        layout = fs.get_layout(path)
+        cs = layout.chunk_size
+        assert cs == len(data)
+        inode = fs.stat(path).st_ino
+        files = _chunk_files(Path(own_cluster.root), inode, 0)
+        assert len(files) == own_cluster.replicas, files
+        for p in files:  # written with O_DIRECT; make sure nothing of it is cached
+            fd = os.open(p, os.O_RDONLY)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            os.close(fd)
+        assert not any(_resident(p, cs) for p in files)
+        storage = fs.client.storage
+        buf = bytearray(cs)
+
+        def read() -> int | None:
+            n, crc = fs.run(storage.read_chunk_crc(layout, inode, 0, 0, cs, memoryview(buf)))
+            assert n == cs and bytes(buf) == data
+            return crc
+
+        want_crc = crc32c.crc32c(data)
+        for _ in range(12):  # each replica serves some: first O_DIRECT, then the page cache
+            assert read() == want_crc
+        hot = [p for p in files if _resident(p, cs)]
+        assert hot, "no replica kept a chunk it served twice in its page cache"
+        # rot in one replica's cached copy: the client's CRC check catches it, reports it and
+        # reads another replica; it never returns the bad bytes
+        with open(hot[0], "r+b") as f:
+            f.seek(cs // 2)
+            flipped = bytes(b ^ 0xFF for b in f.read(16))
+            f.seek(cs // 2)
+            f.write(flipped)
+        assert hot[0].read_bytes() != data
+        before = storage.corrupt_reports_total
+        for _ in range(READS_MAX):
+            assert read() == want_crc
+            if storage.corrupt_reports_total > before:
+                break
+        assert storage.corrupt_reports_total > before, "the bad replica was never read (or not caught)"
+    finally:
+        fs.close()
