@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import random
 import signal
 from typing import TYPE_CHECKING, Any, cast
@@ -100,6 +101,16 @@ def _make_rebuilder(store: MetaStore, rpc: RpcClient, routing: RoutingClient, no
     return RebuildWorker(store, StorageClient(rpc, routing, client_id=remover_client_id(node_id)), routing)
 
 
+def eager_handlers(store: MetaStore) -> bool:
+    """Whether meta's RpcServer runs handlers eagerly (``net.rpc_serve``): on SQLite, whose
+    handlers answer most requests without suspending and never need a current task before
+    they do; not on PostgreSQL (asyncpg uses ``asyncio.timeout``). ``LOOMFS_RPC_EAGER=0`` turns
+    it off (A/B measurements)."""
+    from loomfs.meta.store.sqlite import SqliteStore
+
+    return isinstance(store, SqliteStore) and os.environ.get("LOOMFS_RPC_EAGER", "1") != "0"
+
+
 STORE_WAIT_S = 60.0  # at start-up, how long a meta server waits for its database
 
 
@@ -145,7 +156,8 @@ async def serve(config: MetaConfig, *, ready: asyncio.Event | None = None) -> No
     )
     await _init_namespace(ns)
     live = cast(Namespace, ConflictRetrying(ns))  # operations re-run on a lost conflict
-    server = RpcServer("meta", default_transport(max_payload_bytes=config.rpc.max_payload_bytes))
+    server = RpcServer("meta", default_transport(max_payload_bytes=config.rpc.max_payload_bytes),
+                       eager=eager_handlers(store))
     squash = config.root_squash  # uid 0 from a token without ADMIN acts as nobody
     server.add_service(MetaService(live, root_squash=squash))
     server.add_service(BatchService(live, root_squash=squash))

@@ -147,6 +147,11 @@ class ClientConnection:
         recv_into: memoryview | None = None,
         timeout_s: float,
     ) -> Response[Any]:
+        if asyncio.current_task() is None:
+            # called from an eager handler's first step (``net.rpc_eager``): ``asyncio.timeout``
+            # needs a task to cancel, so the call runs in one of its own (cancelled with its waiter)
+            return await asyncio.ensure_future(self.call(
+                m, req, payload=payload, payload_crc=payload_crc, recv_into=recv_into, timeout_s=timeout_s))
         if self.closed or self.channel is None or self.channel.closed:
             if self._refusal:
                 raise ConnectRefused(f"{self.address} refused: {self._refusal}")

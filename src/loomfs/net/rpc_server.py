@@ -1,4 +1,5 @@
-"""RPC server: dispatch by (service, method), one task per request, bounded per connection;
+"""RPC server: dispatch by (service, method), one task per request (or none: ``eager``,
+``net.rpc_serve``), bounded per connection;
 unknown methods, undecodable bodies and bad payload CRCs get an error status; handler
 exceptions become status codes (never pickled); a broken peer only loses its own connection."""
 
@@ -7,34 +8,25 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import time
 from collections.abc import Callable
 from typing import Any
 
-from loomfs.common import trace
 from loomfs.common.identity import TRUSTED, Identity, Right
 from loomfs.errors import (
-    LoomError,
     StatusError,
-    status_for_exception,
 )
 from loomfs.net.auth import UNAUTHENTICATED, AuthError, new_nonce
 from loomfs.net.budget import PROCESS_BUDGET, TENANT_BUDGETS, ByteBudget, TenantBudgets
 from loomfs.net.buffers import DEFAULT_POOL, Buffer, BufferPool
 from loomfs.net.limits import ServerLimits, sweep_forever
 from loomfs.net.policy import needs_of
-from loomfs.net.rpc_base import (
-    AUTH_CLOSE_DELAY_S,
-    CallContext,
-    Handler,
-    Reply,
-    RpcObserver,
-)
+from loomfs.net.rpc_base import AUTH_CLOSE_DELAY_S, Handler, RpcObserver
+from loomfs.net.rpc_serve import RequestRunner
 from loomfs.net.transport import Address, Channel, Listener, Transport
 from loomfs.wire import auth as wa
 from loomfs.wire import frame as fr
 from loomfs.wire.message import Method
-from loomfs.wire.status import AUTH_STATUSES, Status
+from loomfs.wire.status import Status
 
 logger = logging.getLogger("loomfs.net.rpc")
 
@@ -49,11 +41,21 @@ class RpcServer:
         limits: ServerLimits | None = None,
         budget: ByteBudget = PROCESS_BUDGET,
         tenant_budgets: TenantBudgets = TENANT_BUDGETS,
+        eager: bool = False,
     ):
         """``limits``: connection cap, per-connection bounds and timeouts; ``budget``: the
         bytes of request payloads (and headers) all servers of this process may hold;
-        ``tenant_budgets``: what one tenant's connections may hold of it (``net.budget``)."""
+        ``tenant_budgets``: what one tenant's connections may hold of it (``net.budget``);
+        ``eager``: run each handler's first step at once and make a Task only if it suspends
+        (``net.rpc_serve``; for services whose handlers need no current task before their
+        first suspension: meta on SQLite)."""
         self.name = name
+        # not under TLS for now: asyncio's SSL transport pauses writing with an empty buffer at the
+        # write limits FrameProtocol sets (high=0) and toggles at every call; a reply sent at once can
+        # then wait behind one stuck in FrameProtocol._drained (a hang seen in test_fastpath_tls)
+        tls = getattr(getattr(transport, "auth", None), "tls_server", None) is not None
+        self.eager = eager and not tls
+        self.eager_running = False  # an eager request is being served now (they do not nest)
         self.transport = transport
         limits = limits or ServerLimits()
         if inflight_per_connection_max is not None:
@@ -133,10 +135,11 @@ class RpcServer:
         return f"RpcServer({self.name} conns={len(self._connections)} requests={self.requests_total})"
 
 
-class _ServerConnection:
+class _ServerConnection(RequestRunner):
     def __init__(self, server: RpcServer, channel: Channel):
         self.server = server
         self.channel = channel
+        self._loop = asyncio.get_running_loop()
         # who the peer proved to be at connect time (``loomfs.net.auth``); TRUSTED without auth
         self.authenticated = server.verifier is None
         self.identity: Identity = TRUSTED if self.authenticated else UNAUTHENTICATED
@@ -162,7 +165,7 @@ class _ServerConnection:
         self._tasks: set[asyncio.Task[None]] = set()
         # sweeper state (net.limits)
         self.seen_frames = 0
-        self.active_at = asyncio.get_running_loop().time()
+        self.active_at = self._loop.time()
         self.partial_since: float | None = None
 
     # ---- admission -------------------------------------------------------------------------
@@ -313,9 +316,7 @@ class _ServerConnection:
         if self.inflight >= self.server.limits.inflight_per_connection_max and not self._count_paused:
             self._count_paused = True
             self._stop_reading()
-        task = asyncio.get_running_loop().create_task(self._handle(header, payload, buf, crc_ok, cost, tb))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self.start_request(header, payload, buf, crc_ok, cost, tb)
 
     def _stop_reading(self) -> None:
         if not self._reading_stopped:
@@ -439,105 +440,3 @@ class _ServerConnection:
         logger.info("%s: closing connection from %s: %s", self.server.name, self.channel.peer, reason)
         self.channel.abort()
         self.connection_lost(None)  # the transport may report it later; our books close now
-
-    async def _handle(
-        self, header: fr.Header, payload: memoryview, buf: Buffer | None, crc_ok: bool, cost: int,
-        tb: ByteBudget | None,
-    ) -> None:
-        server = self.server
-        server.requests_total += 1
-        reply: Reply | None = None
-        status, message = Status.OK, ""
-        started = time.perf_counter()
-        entry = server._handlers.get((header.service, header.method))
-        trace.TRACE.set(header.trace or trace.new_id())  # this task's context: logs and onward calls
-        try:
-            # nothing from a peer that has not authenticated is decoded or handled
-            if not self.authenticated:
-                raise StatusError(Status.AUTH_REQUIRED, f"{server.name} needs credentials: give the client a "
-                                  "token (LOOMFS_TOKEN_FILE or rpc.token_file), or the service the cluster secret")
-            if self.expires_at_s and server.verifier is not None:  # a token's connection
-                if server.verifier.wall_clock() > self.expires_at_s:
-                    raise StatusError(Status.AUTH_EXPIRED, f"token {self.identity.token_id} expired; "
-                                      "reconnect with a new one")
-                if server.verifier.is_revoked(self.identity.token_id):
-                    raise StatusError(Status.AUTH_REVOKED, f"token {self.identity.token_id} is revoked")
-            if entry is None:
-                raise StatusError(
-                    Status.UNKNOWN_METHOD, f"no method {header.service}.{header.method} on {server.name}"
-                )
-            m, handler, needs = entry
-            identity = self.identity
-            if needs and not identity.can(needs):
-                why = f"{m.name} needs the {needs.name} right; token {identity.token_id or identity.uid} lacks it"
-                self.note_auth_refusal(Status.EPERM, why)  # a credential's refusal (a handler's EPERM is not)
-                raise StatusError(Status.EPERM, why)
-            if not crc_ok:
-                raise StatusError(Status.CHECKSUM_MISMATCH, "request payload failed CRC32C")
-            req = m.request.from_wire(header.body)
-            loop = asyncio.get_running_loop()
-            deadline = loop.time() + header.deadline_ms / 1000 if header.deadline_ms > 0 else None
-            ctx = CallContext(payload, header.request_id, self.channel.peer, deadline, header.payload_crc, identity)
-            if deadline is not None:
-                async with asyncio.timeout_at(deadline):
-                    result = await handler(req, ctx)
-            else:
-                result = await handler(req, ctx)
-            reply = result if isinstance(result, Reply) else Reply(result)
-        except TimeoutError:
-            status, message = Status.DEADLINE_EXCEEDED, "deadline exceeded on server"
-        except LoomError as exc:
-            status, message = status_for_exception(exc), str(exc.strerror or exc)
-        except OSError as exc:
-            status, message = status_for_exception(exc), str(exc)
-        except asyncio.CancelledError:
-            status, message = Status.SHUTTING_DOWN, "server shutting down"
-        except OverflowError as exc:  # an integer from the request does not fit (e.g. SQLite's int64)
-            logger.warning("%s: %s.%s from %s: value out of range: %s", server.name, header.service,
-                           header.method, self.channel.peer, exc)
-            status, message = Status.BAD_REQUEST, f"value out of range: {exc}"
-        except Exception as exc:
-            logger.exception("%s: handler for %s.%s failed", server.name, header.service, header.method)
-            status, message = Status.INTERNAL, f"{type(exc).__name__}: {exc}"
-        finally:
-            if buf is not None:
-                server.pool.release(buf)
-            self.inflight -= 1
-            self.inflight_bytes -= cost  # _release, inlined
-            if tb is not None:
-                tb.used_bytes -= cost
-                if tb.waiters:
-                    tb.wake()
-            budget = server.budget
-            budget.used_bytes -= cost
-            if budget.waiters:
-                budget.wake()
-            if self._conn_wait_bytes:
-                self._conn_bytes_freed()
-            if self._count_paused and self.inflight < server.limits.inflight_per_connection_max // 2:
-                self._count_paused = False
-                self._maybe_resume()
-        if status is not Status.OK:
-            server.errors_total += 1
-            if status in AUTH_STATUSES:
-                # logged; the connection stays (it may still authenticate), bounded by the limits
-                self.note_auth_refusal(status, message)
-        body = reply.body.to_wire() if reply is not None and status is Status.OK else {}
-        out = fr.Header(header.service, header.method, header.request_id, 0, int(status), message, body)
-        pay = reply.payload if reply is not None and status is Status.OK else None
-        try:
-            if not self.channel.closed:
-                await self.channel.send(
-                    fr.encode(fr.KIND_RESPONSE, out, pay, reply.payload_crc if reply else None), pay
-                )
-        except (ConnectionError, OSError):
-            pass
-        finally:
-            if reply is not None and reply.on_sent is not None:
-                reply.on_sent()
-        if server.observers:
-            name = entry[0].name if entry is not None else "unknown"
-            elapsed = time.perf_counter() - started
-            sent = len(pay) if pay is not None else 0
-            for obs in server.observers:
-                obs.on_call("server", name, int(status), elapsed, len(payload), sent)

@@ -1,0 +1,253 @@
+"""RpcServer(eager=True): handlers start at once, a Task only when they suspend (no sockets).
+
+The same requests are served eagerly and the ordinary way (a Task each) and must get the same
+answers: replies, error statuses, deadlines, cancellations, budgets, observers, contexts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+
+import pytest
+
+from loomfs.common import trace
+from loomfs.errors import NotFound, RemoteError, TimedOut
+from loomfs.net.budget import ByteBudget
+from loomfs.net.rpc import CallContext, RpcClient, RpcServer, handles
+from loomfs.net.rpc_eager import first_step, resume
+from loomfs.net.sim import LinkFaults, SimNetwork
+from loomfs.net.transport import Address
+from loomfs.testing.simloop import run_virtual
+from loomfs.wire.message import Method
+from loomfs.wire.meta import STAT, AttrRsp, PathReq
+from loomfs.wire.status import Status
+from loomfs.wire.storage import WRITE, WriteReq, WriteRsp
+from loomfs.wire.types import Attr
+
+VAR: contextvars.ContextVar[str] = contextvars.ContextVar("test_rpc_eager_var", default="")
+FWD = Method(STAT.service, 98, "eager_fwd", PathReq, AttrRsp)
+
+
+class Svc:
+    def __init__(self) -> None:
+        self.in_task: list[bool] = []  # per request: was a Task current when the handler started
+        self.cancelled = 0
+        self.leaked: list[str] = []
+        self.onward: tuple[RpcClient, Address] | None = None
+        self.hanging = asyncio.Event()
+
+    @handles(STAT)
+    async def stat(self, req: PathReq, ctx: CallContext) -> AttrRsp:
+        self.in_task.append(asyncio.current_task() is not None)
+        self.leaked.append(VAR.get())
+        path = req.path
+        if path == "/raise":
+            raise RuntimeError("bug before any await")
+        if path == "/missing":
+            raise NotFound("no such file", path=path)
+        if path.startswith("/wait"):
+            token = VAR.set(path)  # reset after the suspension: only works in the same context
+            try:
+                await asyncio.sleep(0.01)
+                if path == "/wait-missing":
+                    raise NotFound("gone while we waited", path=path)
+                return AttrRsp(attr=Attr(inode=len(VAR.get())))
+            finally:
+                VAR.reset(token)
+        if path == "/hang":
+            self.hanging.set()
+            try:
+                await asyncio.sleep(100)
+            except asyncio.CancelledError:
+                self.cancelled += 1
+                raise
+        if path == "/onward":
+            assert self.onward is not None
+            client, addr = self.onward
+            rsp = await client.call(addr, FWD, PathReq(path="/back"), timeout_s=1.0)
+            return rsp.body  # type: ignore[no-any-return]
+        VAR.set("set by " + path)  # never seen by the next request
+        return AttrRsp(attr=Attr(inode=len(path)))
+
+    @handles(WRITE)
+    async def write(self, req: WriteReq, ctx: CallContext) -> WriteRsp:
+        if req.offset == 1:
+            await asyncio.sleep(0.01)
+        return WriteRsp(chunk_length=len(ctx.payload))
+
+
+class Back:
+    @handles(FWD)
+    async def fwd(self, req: PathReq, ctx: CallContext) -> AttrRsp:
+        await asyncio.sleep(0.02)
+        return AttrRsp(attr=Attr(inode=trace.current() & 0xFFFF))
+
+
+def run(coro):  # type: ignore[no-untyped-def]
+    return run_virtual(asyncio.wait_for(coro, 30))
+
+
+async def _setup(eager: bool, budget: ByteBudget | None = None):  # type: ignore[no-untyped-def]
+    net = SimNetwork(seed=5, faults=LinkFaults())
+    kw = {"budget": budget} if budget is not None else {}
+    server = RpcServer("svc", net.transport("10.0.0.1"), eager=eager, **kw)  # type: ignore[arg-type]
+    svc = Svc()
+    server.add_service(svc)
+    addr = await server.start(Address("10.0.0.1", 7000))
+    client = RpcClient(net.transport("10.0.0.2"), call_timeout_s=1.0)
+    return net, server, svc, addr, client
+
+
+@pytest.mark.parametrize("eager", [True, False])
+def test_answers_are_the_same_both_ways(eager: bool) -> None:
+    seen: list[tuple[str, int]] = []
+
+    class Obs:
+        def on_call(self, side: str, method: str, status: int, seconds: float, bytes_in: int,
+                    bytes_out: int) -> None:
+            seen.append((method, status))
+
+    async def go() -> None:
+        net, server, svc, addr, client = await _setup(eager)
+        server.observers.append(Obs())
+        assert (await client.call(addr, STAT, PathReq(path="/abc"))).body.attr.inode == 4
+        with pytest.raises(RemoteError) as ei:
+            await client.call(addr, STAT, PathReq(path="/raise"))
+        assert ei.value.status is Status.INTERNAL
+        with pytest.raises(NotFound):
+            await client.call(addr, STAT, PathReq(path="/missing"))
+        # suspends: continues in a Task, in the context the first step ran in
+        assert (await client.call(addr, STAT, PathReq(path="/wait"))).body.attr.inode == 5
+        with pytest.raises(NotFound):
+            await client.call(addr, STAT, PathReq(path="/wait-missing"))
+        # a context variable a request set is not seen by the next one
+        await client.call(addr, STAT, PathReq(path="/x"))
+        assert svc.leaked == [""] * 6
+        # eagerly, only a handler that suspended ever ran in a Task, and none started in one
+        assert svc.in_task == [not eager] * 6
+        assert server.errors_total == 3
+        conn = next(iter(server._connections))
+        assert conn.inflight == 0 and conn.inflight_bytes == 0 and server.budget.used_bytes == 0
+        await asyncio.sleep(0)
+        assert not conn._tasks
+
+    run(go())
+    assert seen == [("stat", 0), ("stat", int(Status.INTERNAL)), ("stat", int(Status.ENOENT)), ("stat", 0),
+                    ("stat", int(Status.ENOENT)), ("stat", 0)]
+
+
+@pytest.mark.parametrize("eager", [True, False])
+def test_a_suspended_handler_is_cancelled_at_its_deadline(eager: bool) -> None:
+    statuses: list[int] = []
+    answered = asyncio.Event()
+
+    class Obs:
+        def on_call(self, side: str, method: str, status: int, seconds: float, bytes_in: int,
+                    bytes_out: int) -> None:
+            statuses.append(status)
+            answered.set()
+
+    async def go() -> None:
+        net, server, svc, addr, client = await _setup(eager)
+        server.observers.append(Obs())
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        with pytest.raises(TimedOut):
+            await client.call(addr, STAT, PathReq(path="/hang"), timeout_s=0.5, retry=False)
+        # the server gave up at the request's deadline (not 100 s later), and said so
+        await answered.wait()
+        assert loop.time() - t0 < 1.0
+        assert svc.cancelled == 1 and statuses == [int(Status.DEADLINE_EXCEEDED)]
+        conn = next(iter(server._connections))
+        assert conn.inflight == 0 and server.budget.used_bytes == 0
+        # and goes on serving
+        assert (await client.call(addr, STAT, PathReq(path="/ok"))).body.attr.inode == 3
+
+    run(go())
+
+
+@pytest.mark.parametrize("eager", [True, False])
+def test_a_cancelled_handler_answers_shutting_down(eager: bool) -> None:
+    async def go() -> None:
+        net, server, svc, addr, client = await _setup(eager)
+        call = asyncio.ensure_future(client.call(addr, STAT, PathReq(path="/hang"), timeout_s=5.0, retry=False))
+        await svc.hanging.wait()
+        conn = next(iter(server._connections))
+        assert len(conn._tasks) == 1
+        for t in list(conn._tasks):
+            t.cancel()
+        with pytest.raises(RemoteError) as ei:
+            await call
+        assert ei.value.status is Status.SHUTTING_DOWN and svc.cancelled == 1
+        assert conn.inflight == 0
+
+    run(go())
+
+
+@pytest.mark.parametrize("eager", [True, False])
+def test_payload_bytes_go_back_to_the_budget(eager: bool) -> None:
+    async def go() -> None:
+        budget = ByteBudget(1 << 20)
+        net, server, svc, addr, client = await _setup(eager, budget)
+        rsps = await asyncio.gather(*(
+            client.call(addr, WRITE, WriteReq(length=1000, offset=i % 2), payload=bytes(1000))
+            for i in range(20)))
+        assert [r.body.chunk_length for r in rsps] == [1000] * 20
+        assert budget.used_bytes == 0 and budget.peak_bytes >= 1000
+
+    run(go())
+
+
+def test_an_onward_call_from_the_first_step_runs_in_a_task_of_its_own() -> None:
+    """``asyncio.timeout`` needs a current task; the client makes one when there is none."""
+
+    async def go() -> None:
+        net, server, svc, addr, client = await _setup(True)
+        back = RpcServer("back", net.transport("10.0.0.3"), eager=True)
+        back.add_service(Back())
+        svc.onward = (RpcClient(net.transport("10.0.0.1")), await back.start(Address("10.0.0.3", 7001)))
+        trace.TRACE.set(0x1234)
+        # the first connects (suspends before the call); the second calls in the first step
+        for _ in range(2):
+            assert (await client.call(addr, STAT, PathReq(path="/onward"))).body.attr.inode == 0x1234
+        assert svc.in_task == [False, False]
+
+    run(go())
+
+
+def test_resume_forwards_results_throws_and_close() -> None:
+    async def inner(fut: asyncio.Future[int]) -> int:
+        try:
+            return await fut + 1
+        except ZeroDivisionError:
+            return -1
+
+    async def go() -> None:
+        loop = asyncio.get_running_loop()
+        done, value = first_step(inner(loop.create_future()))
+        assert not done
+        fut: asyncio.Future[int] = loop.create_future()
+        coro = inner(fut)
+        done, value = first_step(coro)
+        assert not done and value is fut
+        task = loop.create_task(_await(resume(coro, value)))
+        loop.call_soon(fut.set_result, 41)
+        assert await task == 42
+        # a throw from the Task reaches the coroutine
+        fut2: asyncio.Future[int] = loop.create_future()
+        coro2 = inner(fut2)
+        _, y = first_step(coro2)
+        task2 = loop.create_task(_await(resume(coro2, y)))
+        loop.call_soon(fut2.set_exception, ZeroDivisionError())
+        assert await task2 == -1
+        # finished at once
+        assert first_step(_const()) == (True, 7)
+
+    async def _await(aw):  # type: ignore[no-untyped-def]
+        return await aw
+
+    async def _const() -> int:
+        return 7
+
+    run(go())
