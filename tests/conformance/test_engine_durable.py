@@ -170,3 +170,62 @@ def test_a_failed_durable_batch_fails_the_target_until_verified(tmp_path: Path, 
         assert e2.get(key).commit_ver == 2  # type: ignore[union-attr]
     finally:
         e2.close()
+
+
+def test_index_checkpoints_are_explicit_and_a_failed_one_fails_the_target(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Reviewer's R1: SQLite's automatic WAL checkpoint ignores its own failed fsync, so the index
+    turns it off and checkpoints itself every CHECKPOINT_STATEMENTS rows; a failed checkpoint
+    fails the target (even on a plain, non-durable commit). The WAL is fsynced through one
+    long-lived fd (a fresh one would not see a writeback error SQLite's fd saw first)."""
+    from loomfs.storage.engine import file_index
+    from loomfs.storage.engine.file_index import IndexSyncError
+
+    monkeypatch.setattr(file_index, "CHECKPOINT_STATEMENTS", 5)
+    synced: list[int] = []
+
+    def fsync(fd: int) -> None:
+        synced.append(os.fstat(fd).st_ino)
+        os.fsync(fd)
+
+    e = FileEngine(tmp_path / "t", fsync_on_commit=False, fsync=fsync)
+    idx = e._index
+    assert idx._db.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == 0
+    checkpoints: list[int] = []
+    real = file_index.ChunkIndex.checkpoint
+
+    def spy(self: file_index.ChunkIndex) -> None:
+        checkpoints.append(1)
+        if len(checkpoints) == 2:
+            raise IndexSyncError(errno.EIO, "injected: WAL checkpoint failed")
+        real(self)
+
+    monkeypatch.setattr(file_index.ChunkIndex, "checkpoint", spy)
+
+    async def go() -> None:
+        for i in range(4):  # 4 rows (+ nothing before): no checkpoint yet
+            e.stage_write(ChunkKey(9, i), 1, 0, b"x" * 100)
+            await e.commit(ChunkKey(9, i), 1)
+        assert checkpoints == []
+        e.stage_write(ChunkKey(9, 4), 1, 0, b"x" * 100)
+        await e.commit(ChunkKey(9, 4), 1)
+        assert checkpoints == [1] and not e.failed
+        await e.astage_write(ChunkKey(9, 5), 1, 0, _aligned(b"d" * (1 << 20)), sync=True)
+        await e.commit(ChunkKey(9, 5), 1, durable=True)
+        await e.astage_write(ChunkKey(9, 6), 1, 0, _aligned(b"d" * (1 << 20)), sync=True)
+        await e.commit(ChunkKey(9, 6), 1, durable=True)
+        wal_ino = os.stat(f"{tmp_path / 't' / 'index.sqlite'}-wal").st_ino
+        assert synced and synced[-1] == wal_ino
+        for i in range(7, 10):  # the 10th statement's checkpoint fails: a plain commit, not acked
+            e.stage_write(ChunkKey(9, i), 1, 0, b"x" * 100)
+            if i < 9:
+                await e.commit(ChunkKey(9, i), 1)
+        with pytest.raises(OSError):
+            await e.commit(ChunkKey(9, 9), 1)
+        assert e.failed and "checkpoint" in e.failed
+        assert (tmp_path / "t" / "FSYNC_FAILED").exists()
+
+    try:
+        asyncio.run(go())
+    finally:
+        e.close()

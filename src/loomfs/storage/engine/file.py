@@ -93,7 +93,7 @@ from loomfs.storage.engine.diskfail import (
 )
 from loomfs.storage.engine.durable import DurableCommits
 from loomfs.storage.engine.file_crc import BlockChecks
-from loomfs.storage.engine.file_index import ChunkIndex
+from loomfs.storage.engine.file_index import ChunkIndex, IndexSyncError
 from loomfs.storage.engine.file_io import (
     DIRECT_ALIGN_BYTES,
     DIRECT_READ_MIN_BYTES,
@@ -612,8 +612,8 @@ class FileEngine(BlockChecks, ChunkEngine):
                 self._write_row(key, p, False)
             except BaseException as exc:
                 self._pending.setdefault(key, p)
-                if getattr(exc, "sqlite_errorname", "").startswith("SQLITE_IOERR"):
-                    self._fail(exc)  # e.g. a WAL checkpoint's fsync failed inside SQLite
+                if isinstance(exc, IndexSyncError) or getattr(exc, "sqlite_errorname", "").startswith("SQLITE_IOERR"):
+                    self._fail(exc)  # the index's WAL checkpoint (or an fsync inside SQLite) failed
                 raise
             return self._install(key, p)
         task = asyncio.ensure_future(self._commit_synced(key, p, durable))

@@ -14,9 +14,11 @@ write NULL tags.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import sqlite3
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -55,9 +57,25 @@ def private_db_file(path: Path | str) -> None:
             pass
 
 
+# statements between two explicit WAL checkpoints (SQLite's automatic one runs every ~1000 pages;
+# every statement here is its own transaction, so at least one page)
+CHECKPOINT_STATEMENTS = 1000
+
+
+class IndexSyncError(OSError):
+    """A WAL checkpoint (or its fsync) failed: the index's disk state is unknown (the engine fails
+    the target, engine.diskfail)."""
+
+
 class ChunkIndex:
     """The index file of one target. Statements may run on the loop thread or on one helper
-    thread (fsyncing commits); SQLite serialises them on the connection."""
+    thread (fsyncing commits); SQLite serialises them on the connection.
+
+    WAL checkpoints are explicit (``wal_autocheckpoint=0``): SQLite's automatic checkpoint
+    ignores its own result, so a failed fsync of the WAL inside it would pass unnoticed and a
+    later durable commit's row could sit behind frames that never reached the disk (reviewer's
+    R1). ``sync`` fsyncs the WAL through one long-lived fd, which sees every writeback error
+    since it was opened even when SQLite's own fd saw it first (errseq)."""
 
     def __init__(self, path: Path, *, synchronous_full: bool):
         self.path = path
@@ -65,8 +83,27 @@ class ChunkIndex:
         self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute(f"PRAGMA synchronous={'FULL' if synchronous_full else 'NORMAL'}")
+        self._db.execute("PRAGMA wal_autocheckpoint=0")
         self._db.execute(_SCHEMA)
         self._migrate()
+        self._statements = 0
+        self._wal_fd = -1
+        self._wal_lock = threading.Lock()
+
+    def _wrote(self, *, checkpoint: bool = True) -> None:
+        """Count a statement; checkpoint when due (only on the commit path, ``put``, whose
+        caller fails the target on IndexSyncError)."""
+        self._statements += 1
+        if checkpoint and self._statements >= CHECKPOINT_STATEMENTS:
+            self._statements = 0
+            self.checkpoint()
+
+    def checkpoint(self) -> None:
+        """Copy the WAL into the main file now (PASSIVE); any error raises IndexSyncError."""
+        try:
+            self._db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+        except sqlite3.Error as exc:
+            raise IndexSyncError(errno.EIO, f"index {self.path}: WAL checkpoint failed: {exc}") from exc
 
     def _migrate(self) -> None:
         """Add the columns an older index lacks; old rows keep NULL. Schema 0 -> 1: ``blocks``
@@ -89,27 +126,37 @@ class ChunkIndex:
             f"INSERT OR REPLACE INTO chunks ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
             (_signed(inode), index, ver, length, crc, file_ver, blocks, tags),
         )
+        self._wrote()
 
     def set_blocks(self, inode: int, index: int, commit_ver: int, blocks: bytes) -> None:
         """Store block CRCs computed late for a row that had none (only if still that version)."""
         self._db.execute("UPDATE chunks SET blocks = ? WHERE inode = ? AND idx = ? AND commit_ver = ?",
                          (blocks, _signed(inode), index, commit_ver))
+        self._wrote(checkpoint=False)
 
     def delete_range(self, inode: int, index_begin: int, index_end: int) -> None:
         self._db.execute("DELETE FROM chunks WHERE inode = ? AND idx >= ? AND idx < ?",
                          (_signed(inode), index_begin, index_end))
+        self._wrote(checkpoint=False)
 
     def sync(self, fsync: Callable[[int], None] = os.fsync) -> None:
         """Make every statement so far durable (fsync the WAL), whatever ``synchronous`` is."""
-        wal = Path(f"{self.path}-wal")
-        try:
-            fd = os.open(wal, os.O_RDONLY)
-        except FileNotFoundError:
-            return  # checkpointed into the main file, which SQLite synced
-        try:
-            fsync(fd)
-        finally:
-            os.close(fd)
+        with self._wal_lock:
+            wal = Path(f"{self.path}-wal")
+            try:
+                ino = os.stat(wal).st_ino
+            except FileNotFoundError:
+                return  # checkpointed into the main file, which SQLite synced
+            if self._wal_fd >= 0 and os.fstat(self._wal_fd).st_ino != ino:
+                os.close(self._wal_fd)  # a new WAL file (not while this connection is open)
+                self._wal_fd = -1
+            if self._wal_fd < 0:
+                self._wal_fd = os.open(wal, os.O_RDONLY)
+            fsync(self._wal_fd)
 
     def close(self) -> None:
+        with self._wal_lock:
+            if self._wal_fd >= 0:
+                os.close(self._wal_fd)
+                self._wal_fd = -1
         self._db.close()
