@@ -24,6 +24,16 @@ connections only after its frames are written and, with FULL, synced). ``:memory
 (tests), and files where WAL is refused, keep one connection instead: every write commits on
 its own, and reads wait behind the writer.
 
+Checkpoints (copying the WAL back into the database file, and fsyncs of both) run on a
+checkpoint thread with its own connection after every ``CHECKPOINT_EVERY_WRITES`` committed
+writers (``_Checkpointer``), instead of inside the COMMIT that happens to pass SQLite's
+automatic threshold: that COMMIT stalled the loop, reads included, for a copy of ~1000 pages
+and two fsyncs (measured: COMMIT mean 44 us against a median of 26 and max 12 ms at NORMAL;
+p99 14 ms, max 50-150 ms at FULL). Now a writer may wait for the last part of a checkpoint
+(polling, like any busy write lock) while the loop serves everything else. The
+write connection keeps SQLite's automatic checkpoint at ``AUTOCHECKPOINT_PAGES`` as a backstop
+should the thread fall behind.
+
 Nothing here waits inside SQLite while the loop stands still: another process holding the
 file's write lock (meta servers sharing one file) makes a ``BEGIN IMMEDIATE`` fail at once
 (the write connection has no busy timeout) and the writer polls with backoff, awaiting between
@@ -37,6 +47,7 @@ import asyncio
 import logging
 import os
 import sqlite3
+import threading
 import time
 from collections.abc import AsyncIterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -78,6 +89,11 @@ READ_CONNECTIONS_MAX = 4  # read transactions open at once (more wait)
 BUSY_POLL_MIN_S = 0.0005
 BUSY_POLL_MAX_S = 0.02
 BUSY_POLL = Backoff(BUSY_POLL_MIN_S, BUSY_POLL_MAX_S)
+# a checkpoint on the checkpoint thread after this many committed writers (a small-file create
+# writes ~6 pages: ~800 pages, under SQLite's default automatic threshold of 1000)
+CHECKPOINT_EVERY_WRITES = 128
+AUTOCHECKPOINT_PAGES = 8000  # the write connection's own checkpoints: a backstop only
+CHECKPOINT_BUSY_S = 2.0  # a RESTART checkpoint waits this long for the writer and readers of the moment
 
 _SYNC_MODES = ("OFF", "NORMAL", "FULL", "EXTRA")
 
@@ -97,6 +113,74 @@ class _Group:
 
     def __repr__(self) -> str:
         return f"_Group(writers={self.writers} ok={self.ok} settled={self.settled})"
+
+
+class _Checkpointer:
+    """A thread with its own connection that checkpoints when woken (SQLite's calls release
+    the GIL, so the loop goes on meanwhile). Started on the first wake."""
+
+    def __init__(self, store: SqliteStore):
+        self._path = store.path
+        self._store = store
+        self._wake = threading.Event()
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def wake(self) -> None:
+        """Called on the loop (a COMMIT settled): checkpoint soon."""
+        if self._thread is None:
+            self._loop = asyncio.get_running_loop()
+            self._thread = threading.Thread(target=self._run, name="loomfs-meta-checkpoint", daemon=True)
+            self._thread.start()
+        self._wake.set()
+
+    def _run(self) -> None:
+        conn = _connect(self._path, CHECKPOINT_BUSY_S)
+        try:
+            while True:
+                self._wake.wait()
+                self._wake.clear()
+                if self._stopping:
+                    return
+                try:
+                    self._checkpoint(conn)
+                except sqlite3.Error as exc:  # the write connection's backstop takes over
+                    logger.warning("metastore %s: checkpoint failed: %s", self._path, exc)
+                except RuntimeError:  # the loop closed under us: the store is closing
+                    return
+        finally:
+            conn.close()
+
+    def _checkpoint(self, conn: sqlite3.Connection) -> None:
+        """The bulk of the copy beside the writers (PASSIVE), then, with the loop's writers
+        held off (``SqliteStore._hold``), a RESTART for the frames they added meanwhile,
+        which starts the WAL over so it stays small (a PASSIVE alone never catches up with a
+        steady stream of writers, and a RESTART beside them starves)."""
+        conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+        held = threading.Event()
+        assert self._loop is not None
+        self._loop.call_soon_threadsafe(self._store._hold, held)  # noqa: SLF001
+        try:
+            if not held.wait(CHECKPOINT_BUSY_S) or self._stopping:
+                self._store.checkpoints_busy += 1
+                return
+            busy = conn.execute("PRAGMA wal_checkpoint(RESTART)").fetchone()[0]
+        finally:
+            self._loop.call_soon_threadsafe(self._store._unhold)  # noqa: SLF001
+        self._store.checkpoints += 1
+        if busy:
+            self._store.checkpoints_busy += 1
+
+    def stop(self) -> None:
+        """End the thread (a checkpoint under way finishes first)."""
+        self._stopping = True
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join()
+
+    def __repr__(self) -> str:
+        return f"_Checkpointer({self._path!r} running={self._thread is not None and self._thread.is_alive()})"
 
 
 def _connect(path: str, busy_timeout_s: float) -> sqlite3.Connection:
@@ -161,6 +245,14 @@ class SqliteStore(MetaStore):
         self.schema_found = migrate_schema(self._conn)  # the version the file was at
         if not self._single:  # a busy write lock is waited for by polling (_join_group), never here
             self._conn.execute("PRAGMA busy_timeout = 0")
+        self.checkpoints = 0  # checkpoints the checkpoint thread ran
+        self.checkpoints_busy = 0  # of which could not start the WAL over (readers or a writer held on)
+        self._writes_since_checkpoint = 0
+        self._checkpointer: _Checkpointer | None = None
+        self._holding: threading.Event | None = None  # writers wait: the checkpoint thread's RESTART
+        if not self._single:
+            self._conn.execute(f"PRAGMA wal_autocheckpoint = {AUTOCHECKPOINT_PAGES}")
+            self._checkpointer = _Checkpointer(self)
         self.busy_waits = 0  # BEGIN IMMEDIATEs that found another process writing
         self.group_commit_max = group_commit_max
         self.commit_in_thread = commit_in_thread
@@ -341,7 +433,7 @@ class SqliteStore(MetaStore):
         polls = 0
         deadline: float | None = None
         while True:
-            while self._in_body or self._committing is not None or self._conn_reading:
+            while self._in_body or self._committing is not None or self._conn_reading or self._holding:
                 await self._wait_for_connection()
             self._check_open()
             group = self._group
@@ -414,7 +506,7 @@ class SqliteStore(MetaStore):
         if self._in_body:  # a body awaited something foreign: commit when it ends
             group.flush_after_body = True
             return
-        if self._waiting and group.writers < self.group_commit_max:
+        if self._waiting and group.writers < self.group_commit_max and self._holding is None:
             asyncio.get_running_loop().call_soon(self._flush, group)  # let them join first
             return
         self._group = None
@@ -459,6 +551,22 @@ class SqliteStore(MetaStore):
                     logger.error("metastore: ROLLBACK after a failed COMMIT failed: %s", exc)
             raise
 
+    def _hold(self, held: threading.Event) -> None:
+        """(On the loop, for the checkpoint thread.) Hold new writers off; ``held`` is set once
+        no group is open or committing."""
+        self._holding = held
+        self._held_if_idle()
+
+    def _held_if_idle(self) -> None:
+        held = self._holding
+        if held is not None and self._group is None and self._committing is None and not self._in_body:
+            held.set()
+
+    def _unhold(self) -> None:
+        self._holding = None
+        if self._waiting:
+            self._open_gate()
+
     def _commit_now(self) -> None:
         """The COMMIT statement itself (tests replace it to inject failures)."""
         self._conn.execute("COMMIT")
@@ -470,6 +578,10 @@ class SqliteStore(MetaStore):
         if exc is None:
             self.commits += group.ok
             self.groups += 1
+            self._writes_since_checkpoint += group.ok
+            if self._writes_since_checkpoint >= CHECKPOINT_EVERY_WRITES and self._checkpointer is not None:
+                self._writes_since_checkpoint = 0
+                self._checkpointer.wake()
         else:
             self.groups_failed += 1
             logger.error("metastore: a group of %d writes failed to commit: %s", group.writers, exc)
@@ -480,6 +592,7 @@ class SqliteStore(MetaStore):
                 fut.set_result(None)
             else:
                 fut.set_exception(exc)
+        self._held_if_idle()
 
     async def _settled(self, done: asyncio.Future[None]) -> None:
         try:
@@ -520,6 +633,8 @@ class SqliteStore(MetaStore):
         for c in self._readers:
             c.close()
         self._readers.clear()
+        if self._checkpointer is not None:
+            await asyncio.get_running_loop().run_in_executor(None, self._checkpointer.stop)
         self._conn.close()
         if self._executor is not None:
             self._executor.shutdown(wait=True)
