@@ -76,6 +76,13 @@ class ChunkEngine(ABC):
     def block_crcs(self, key: ChunkKey, *, pending: bool = False) -> list[int]:
         """The stored CRC32C of each BLOCK_BYTES block of the committed (or pending) content."""
 
+    def open_region(self, key: ChunkKey) -> tuple[int, int, int] | None:
+        """(fd, length, crc) of ``key``'s committed version for a zero-copy send: ``fd`` is the
+        caller's own (a dup; it closes it), its bytes [0, length) are the committed content
+        (copy-on-write: never rewritten in place); None where the engine keeps no file, there is
+        no committed version, or the target is out of service."""
+        return None
+
     def verify(self, key: ChunkKey) -> list[int]:
         """Check the committed content against its block CRCs; returns the bad block indexes
         (empty: good). Generic version: one whole-chunk read into a fresh buffer."""

@@ -640,6 +640,15 @@ class FileEngine(BlockChecks, ChunkEngine):
             raise
         return self._install(key, p)
 
+    def open_region(self, key: ChunkKey) -> tuple[int, int, int] | None:
+        m = self._m(key)
+        if m is None or m.length == 0 or key in self._pending or self.failed:
+            return None  # (a pending update may append to the committed file in place)
+        try:
+            return os.dup(self._fd(key, m.file_ver)), m.length, m.crc
+        except OSError:
+            return None
+
     def pending_durable(self, key: ChunkKey) -> bool:
         p = self._pending.get(key)
         return p is not None and p.synced is not None
