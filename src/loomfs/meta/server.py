@@ -10,6 +10,7 @@ import random
 import signal
 from typing import TYPE_CHECKING, Any, cast
 
+from loomfs.common import malloc_tune
 from loomfs.common.clock import SYSTEM_CLOCK
 from loomfs.common.retry import Backoff
 from loomfs.common.routing import MgmtdSet, RoutingClient, parse_addresses
@@ -133,6 +134,7 @@ async def _init_namespace(ns: Namespace) -> None:
 
 
 async def serve(config: MetaConfig, *, ready: asyncio.Event | None = None) -> None:
+    malloc_tune.tune()  # freed memory kept for reuse: no fresh pages per big reply (common/malloc_tune)
     store = MetaStore.open(
         resolve_under(config.data_dir, config.store_url), synchronous=config.sqlite_synchronous
     )

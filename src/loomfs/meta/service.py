@@ -188,7 +188,7 @@ class MetaService:
             chunked=req.chunked,
         )
         return w.OpenRsp(attr=o.attr, session_id=o.session_id, truncated_from=o.truncated_from,
-                         session_lease_s=self.ns.session_lease_s if o.session_id else 0.0, replayed=o.replayed,
+                         session_lease_s=self.ns.session_lease_s if o.session_id or o.held else 0.0, replayed=o.replayed,
                          trunc_epoch=o.trunc_epoch, data=o.data,
                          data_crc=crc32c.crc32c(o.data) if o.data is not None else 0,
                          write_grant=write_grant(o.attr.inode, ctx) if o.session_id else b"",
