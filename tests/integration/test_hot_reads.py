@@ -59,7 +59,7 @@ def test_hot_whole_chunk_reads_from_page_cache_and_checked(own_cluster) -> None:
             return crc
 
         want_crc = crc32c.crc32c(data)
-        for _ in range(12):  # each replica serves some: first O_DIRECT, then the page cache
+        for _ in range(18):  # each replica serves some: first O_DIRECT (twice), then the page cache
             assert read() == want_crc
         hot = [p for p in files if _resident(p, cs)]
         assert hot, "no replica kept a chunk it served twice in its page cache"
