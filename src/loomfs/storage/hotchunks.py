@@ -97,21 +97,9 @@ def resident(fd: int, length: int) -> bool:
 
 def open_region(engine: Any, key: Any) -> tuple[int, int, int] | None:
     """(fd, length, crc) of ``key``'s committed version from ``engine.open_region`` (the
-    caller owns the fd); None where the engine has no such hook (the memory engine) or no
-    committed file."""
+    caller owns the fd); None for no committed file (or an engine without the hook)."""
     hook = getattr(engine, "open_region", None)
-    if hook is not None:
-        region: tuple[int, int, int] | None = hook(key)
-        return region
-    # FileEngine before its open_region hook (asked of the engine's owner): the committed
-    # file's fd as its own aread takes it (copy-on-write: [0, length) is never rewritten)
-    m_of, fd_of, pending = (getattr(engine, a, None) for a in ("_m", "_fd", "_pending"))
-    if m_of is None or fd_of is None or pending is None:
+    if hook is None:
         return None
-    m = m_of(key)
-    if m is None or m.length == 0 or key in pending:
-        return None
-    try:
-        return os.dup(fd_of(key, m.file_ver)), int(m.length), int(m.crc)
-    except OSError:
-        return None
+    region: tuple[int, int, int] | None = hook(key)
+    return region

@@ -162,6 +162,7 @@ class ChunkReads(ChunkUpdates, Fencing):
         target = self.targets.get(req.target_id)
         if target is None:
             raise StatusError(Status.UNKNOWN_TARGET, f"target {req.target_id} is not on this node")
+        target.check_in_service()
         if (target.target_id, key) in self.replacing:
             raise StatusError(Status.EAGAIN, f"chunk {key} on target {target.target_id} is being replaced (repair)")
         routing = await self.routing.get()
