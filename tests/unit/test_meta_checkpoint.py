@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import os
+import sqlite3
 import time
 from pathlib import Path
 
+import pytest
+
 from loomfs.meta.store import sqlite as sq
-from loomfs.meta.store.base import InlineData
+from loomfs.meta.store.base import CommitFailed, InlineData
 from loomfs.meta.store.sqlite import SqliteStore
 
 WRITES = 3072
@@ -26,7 +29,7 @@ async def _write_many(store: SqliteStore) -> None:
                 await txn.put_inline(1000 + r * sq.CHECKPOINT_EVERY_WRITES + i, InlineData(BLOB, 1))
                 await txn.add_counter("n", 1)
         deadline = time.monotonic() + 10
-        while store.checkpoints == before and time.monotonic() < deadline:
+        while store.checkpoints == before and time.monotonic() < deadline:  # noqa: ASYNC110 (a thread's counter)
             await asyncio.sleep(0.005)
 
 
@@ -37,7 +40,7 @@ def test_checkpoints_run_on_the_thread_and_keep_the_wal_small(tmp_path: Path) ->
         store = SqliteStore(path)
         try:
             await _write_many(store)
-            return store.checkpoints, os.path.getsize(path + "-wal")
+            return store.checkpoints, os.path.getsize(path + "-wal")  # noqa: ASYNC240
         finally:
             await store.close()
 
@@ -61,9 +64,69 @@ def test_checkpoints_run_on_the_thread_and_keep_the_wal_small(tmp_path: Path) ->
     assert n == WRITES
 
 
-def test_backstop_is_sqlites_own_checkpoint(tmp_path: Path) -> None:
-    store = SqliteStore(str(tmp_path / "m.db"))
-    try:
-        assert store._conn.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == sq.AUTOCHECKPOINT_PAGES  # noqa: SLF001
-    finally:
-        asyncio.run(store.close())
+def test_the_loop_checkpoints_when_the_thread_falls_behind(tmp_path: Path) -> None:
+    """SQLite's own automatic checkpoint is off (it ignores its result); without the thread
+    the loop checkpoints itself every ``BACKSTOP_WRITES`` writers."""
+    path = str(tmp_path / "m.db")
+
+    async def go() -> tuple[int, int]:
+        store = SqliteStore(path)
+        assert store._conn.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == 0  # noqa: SLF001
+        store._checkpointer = None  # noqa: SLF001  (as if its thread could not keep up at all)
+        try:
+            for i in range(3 * sq.BACKSTOP_WRITES):
+                async with store.write() as txn:
+                    await txn.put_inline(1000 + i, InlineData(BLOB, 1))
+            return store.checkpoints, os.path.getsize(path + "-wal")  # noqa: ASYNC240
+        finally:
+            await store.close()
+
+    checkpoints, wal_bytes = asyncio.run(go())
+    assert checkpoints == 3
+    assert wal_bytes < sq.BACKSTOP_WRITES * 4 * 4096  # about 3 pages a write, never more than one backstop's worth
+
+
+@pytest.mark.parametrize("code", [sqlite3.SQLITE_IOERR_FSYNC, sqlite3.SQLITE_IOERR_WRITE, sqlite3.SQLITE_BUSY])
+def test_a_checkpoint_io_error_fails_the_store(tmp_path: Path, code: int) -> None:
+    """A checkpoint the disk refused (a failed write or fsync) fails the store for good: no
+    later write is acknowledged and ``on_fatal`` is called once; SQLITE_BUSY is tried again."""
+    async def go() -> None:
+        store = SqliteStore(str(tmp_path / "m.db"))
+        fatal: list[BaseException] = []
+        store.on_fatal = fatal.append
+        checkpointer = store._checkpointer  # noqa: SLF001
+        assert checkpointer is not None
+
+        tries: list[int] = []
+
+        def refused(conn: sqlite3.Connection) -> None:  # the disk's answer, injected
+            tries.append(code)
+            exc = sqlite3.OperationalError("disk I/O error")
+            exc.sqlite_errorcode = code  # type: ignore[attr-defined]
+            raise exc
+
+        checkpointer._checkpoint = refused  # type: ignore[method-assign]  # noqa: SLF001
+        try:
+            for i in range(sq.CHECKPOINT_EVERY_WRITES):
+                async with store.write() as txn:
+                    await txn.put_inline(1000 + i, InlineData(b"x", 1))
+            deadline = time.monotonic() + 10
+            while not (fatal if code != sqlite3.SQLITE_BUSY else tries) and time.monotonic() < deadline:  # noqa: ASYNC110
+                await asyncio.sleep(0.005)  # the checkpoint thread's turn
+            assert tries
+            if code == sqlite3.SQLITE_BUSY:
+                await asyncio.sleep(0)  # a failure would be reported through the loop by now
+                assert store.failed is None and not fatal
+                async with store.write() as txn:  # still writable
+                    await txn.put_inline(1, InlineData(b"y", 1))
+                return
+            assert len(fatal) == 1 and store.failed is fatal[0]
+            with pytest.raises(CommitFailed):
+                async with store.write() as txn:
+                    await txn.put_inline(1, InlineData(b"y", 1))
+            async with store.read() as txn:  # what was acknowledged is still readable
+                assert (await txn.get_inline(1000)) is not None
+        finally:
+            await store.close()
+
+    asyncio.run(go())

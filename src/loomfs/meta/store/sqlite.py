@@ -31,8 +31,12 @@ automatic threshold: that COMMIT stalled the loop, reads included, for a copy of
 and two fsyncs (measured: COMMIT mean 44 us against a median of 26 and max 12 ms at NORMAL;
 p99 14 ms, max 50-150 ms at FULL). Now a writer may wait for the last part of a checkpoint
 (polling, like any busy write lock) while the loop serves everything else. The
-write connection keeps SQLite's automatic checkpoint at ``AUTOCHECKPOINT_PAGES`` as a backstop
-should the thread fall behind.
+write connection's automatic checkpoint is off (SQLite ignores its result); should the thread
+fall ``BACKSTOP_WRITES`` behind, the loop checkpoints itself between groups. A checkpoint that
+fails with an I/O error (a write or fsync the disk refused) fails the store for good
+(``failed``): every later write raises ``CommitFailed``, and ``on_fatal`` (the meta server
+exits there) is called once: after a failed fsync the kernel may have dropped the pages it
+could not write, so the restart's WAL recovery must read what the disk really holds.
 
 Nothing here waits inside SQLite while the loop stands still: another process holding the
 file's write lock (meta servers sharing one file) makes a ``BEGIN IMMEDIATE`` fail at once
@@ -49,7 +53,7 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from typing import Any
@@ -92,7 +96,14 @@ BUSY_POLL = Backoff(BUSY_POLL_MIN_S, BUSY_POLL_MAX_S)
 # a checkpoint on the checkpoint thread after this many committed writers (a small-file create
 # writes ~6 pages: ~800 pages, under SQLite's default automatic threshold of 1000)
 CHECKPOINT_EVERY_WRITES = 128
-AUTOCHECKPOINT_PAGES = 8000  # the write connection's own checkpoints: a backstop only
+# should the thread fall behind by this many committed writers, the loop checkpoints itself
+# (between groups; its result checked like the thread's)
+BACKSTOP_WRITES = 8 * CHECKPOINT_EVERY_WRITES
+# a checkpoint that fails with one of these (the disk refused a write or an fsync) fails the
+# store: after a failed fsync the kernel may have dropped the pages it could not write, so no
+# later checkpoint can be trusted to copy what was acknowledged (PostgreSQL's 2018 answer)
+_FATAL_CODES = (sqlite3.SQLITE_IOERR, sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_FULL, sqlite3.SQLITE_CANTOPEN,
+                sqlite3.SQLITE_NOTADB)
 CHECKPOINT_BUSY_S = 2.0  # a RESTART checkpoint waits this long for the writer and readers of the moment
 
 _SYNC_MODES = ("OFF", "NORMAL", "FULL", "EXTRA")
@@ -145,8 +156,11 @@ class _Checkpointer:
                     return
                 try:
                     self._checkpoint(conn)
-                except sqlite3.Error as exc:  # the write connection's backstop takes over
-                    logger.warning("metastore %s: checkpoint failed: %s", self._path, exc)
+                except sqlite3.Error as exc:
+                    if _fatal(exc):
+                        self._report(exc)
+                        return
+                    logger.warning("metastore %s: checkpoint failed (tried again later): %s", self._path, exc)
                 except RuntimeError:  # the loop closed under us: the store is closing
                     return
         finally:
@@ -169,8 +183,17 @@ class _Checkpointer:
         finally:
             self._loop.call_soon_threadsafe(self._store._unhold)  # noqa: SLF001
         self._store.checkpoints += 1
+        self._store._writes_unchecked = 0  # noqa: SLF001
         if busy:
             self._store.checkpoints_busy += 1
+
+    def _report(self, exc: sqlite3.Error) -> None:
+        loop = self._loop
+        try:
+            if loop is not None:
+                loop.call_soon_threadsafe(self._store._fail, exc)  # noqa: SLF001
+        except RuntimeError:  # the loop is gone: nothing more can be acknowledged anyway
+            logger.critical("metastore %s: checkpoint failed: %s", self._path, exc)
 
     def stop(self) -> None:
         """End the thread (a checkpoint under way finishes first)."""
@@ -181,6 +204,11 @@ class _Checkpointer:
 
     def __repr__(self) -> str:
         return f"_Checkpointer({self._path!r} running={self._thread is not None and self._thread.is_alive()})"
+
+
+def _fatal(exc: sqlite3.Error) -> bool:
+    code = getattr(exc, "sqlite_errorcode", None)
+    return code is not None and (code & 0xFF) in _FATAL_CODES
 
 
 def _connect(path: str, busy_timeout_s: float) -> sqlite3.Connection:
@@ -248,10 +276,13 @@ class SqliteStore(MetaStore):
         self.checkpoints = 0  # checkpoints the checkpoint thread ran
         self.checkpoints_busy = 0  # of which could not start the WAL over (readers or a writer held on)
         self._writes_since_checkpoint = 0
+        self._writes_unchecked = 0  # committed writers since the last checkpoint that completed
+        self.failed: BaseException | None = None  # a checkpoint's I/O error: no more writes
+        self.on_fatal: Callable[[BaseException], None] | None = None  # called once, on the loop, then
         self._checkpointer: _Checkpointer | None = None
         self._holding: threading.Event | None = None  # writers wait: the checkpoint thread's RESTART
         if not self._single:
-            self._conn.execute(f"PRAGMA wal_autocheckpoint = {AUTOCHECKPOINT_PAGES}")
+            self._conn.execute("PRAGMA wal_autocheckpoint = 0")  # the checkpoint thread's (checked) work
             self._checkpointer = _Checkpointer(self)
         self.busy_waits = 0  # BEGIN IMMEDIATEs that found another process writing
         self.group_commit_max = group_commit_max
@@ -385,6 +416,8 @@ class SqliteStore(MetaStore):
                 self.groups += 1
             note_commit()
             return
+        if self.failed is not None:
+            raise CommitFailed(f"metastore failed: {self.failed}")
         loop = asyncio.get_running_loop()
         group = await self._join_group(loop)
         c = self._conn
@@ -551,6 +584,29 @@ class SqliteStore(MetaStore):
                     logger.error("metastore: ROLLBACK after a failed COMMIT failed: %s", exc)
             raise
 
+    def _backstop_checkpoint(self) -> None:
+        """The thread fell behind: checkpoint here, on the loop, between groups."""
+        try:
+            self._conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+        except sqlite3.Error as exc:
+            if _fatal(exc):
+                self._fail(exc)
+            else:
+                logger.warning("metastore %s: backstop checkpoint failed: %s", self.path, exc)
+            return
+        self._writes_unchecked = 0
+        self.checkpoints += 1
+
+    def _fail(self, exc: BaseException) -> None:
+        """(On the loop.) A checkpoint's I/O error: no write is acknowledged from now on."""
+        if self.failed is not None:
+            return
+        self.failed = exc
+        logger.critical("metastore %s: a checkpoint failed with an I/O error (%s): no more writes; the process "
+                        "must restart so that recovery reads what the disk holds", self.path, exc)
+        if self.on_fatal is not None:
+            self.on_fatal(exc)
+
     def _hold(self, held: threading.Event) -> None:
         """(On the loop, for the checkpoint thread.) Hold new writers off; ``held`` is set once
         no group is open or committing."""
@@ -579,9 +635,13 @@ class SqliteStore(MetaStore):
             self.commits += group.ok
             self.groups += 1
             self._writes_since_checkpoint += group.ok
-            if self._writes_since_checkpoint >= CHECKPOINT_EVERY_WRITES and self._checkpointer is not None:
+            self._writes_unchecked += group.ok
+            if self._writes_since_checkpoint >= CHECKPOINT_EVERY_WRITES:
                 self._writes_since_checkpoint = 0
-                self._checkpointer.wake()
+                if self._checkpointer is not None:
+                    self._checkpointer.wake()
+                if self._writes_unchecked >= BACKSTOP_WRITES and self._group is None and self._committing is None:
+                    self._backstop_checkpoint()
         else:
             self.groups_failed += 1
             logger.error("metastore: a group of %d writes failed to commit: %s", group.writers, exc)
