@@ -227,6 +227,13 @@ async def serve(config: MetaConfig, *, ready: asyncio.Event | None = None) -> No
 
 
 def main(argv: list[str] | None = None) -> None:
+    if os.environ.get("LOOMFS_UVLOOP") == "1":  # opt-in, as for the client (client/sync.py)
+        try:
+            import uvloop
+
+            asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+        except ImportError:
+            logger.warning("LOOMFS_UVLOOP=1 but uvloop is not installed (pip install loomfs[uvloop])")
     run_service("meta", "LoomFS metadata service", MetaConfig, serve, argv)
 
 
