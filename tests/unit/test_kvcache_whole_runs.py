@@ -79,3 +79,17 @@ def test_tiled_crc_only_for_big_values_back_to_back() -> None:
     assert _crccat.tiled_crc(Run(5, 0, 0, CS, [0]), [ea]) is None  # does not reach the run's end
     small = [dataclasses.replace(seg(i * 4096, 4096), value_crc=0) for i in range(2)]
     assert _crccat.tiled_crc(Run(5, 0, 0, 8192, [0, 1]), small) is None  # small values: hashed
+
+
+def test_small_values_of_one_chunk_are_several_runs_read_at_once() -> None:
+    """A batch of 256 x 16 KiB values filling a chunk: runs of at most ``span_max_bytes``
+    (four 1 MiB reads in flight, not one 4 MiB read), every value in exactly one run."""
+    small = 16 << 10
+    entries = [seg(i * small, small) for i in range(256)]
+    alone, runs = plan_reads(entries, span_max_bytes=1 << 20)
+    assert alone == []
+    assert sorted((r.start, r.end, len(r.members)) for r in runs) == [
+        (i << 20, (i + 1) << 20, 64) for i in range(4)]
+    assert sorted(m for r in runs for m in r.members) == list(range(256))
+    _, one = plan_reads(entries, span_max_bytes=CS)
+    assert [(r.start, r.end, len(r.members)) for r in one] == [(0, CS, 256)]

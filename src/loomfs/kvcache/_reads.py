@@ -14,6 +14,7 @@ instead of several; the client pays a copy and a CRC pass per value.
 
 from __future__ import annotations
 
+import os
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -22,6 +23,9 @@ from loomfs.kvcache._entry import Entry
 
 COALESCE_VALUE_MAX_BYTES = 256 << 10
 COALESCE_GAP_MAX_BYTES = 64 << 10  # bytes of other values read and thrown away to join two reads
+# a run of small values spans at most this much: a batch of 256 x 16 KiB (one whole 4 MiB chunk)
+# is several reads in flight at once (replicas and disk queues in parallel) instead of one
+RUN_SPAN_MAX_BYTES = int(os.environ.get("LOOMFS_KV_RUN_SPAN", 1 << 20))
 WHOLE_CHUNK_RUNS = True
 
 
@@ -35,11 +39,12 @@ class Run:
 
 
 def plan_reads(entries: Sequence[Entry | None], *, value_max_bytes: int = COALESCE_VALUE_MAX_BYTES,
-               gap_max_bytes: int = COALESCE_GAP_MAX_BYTES,
+               gap_max_bytes: int = COALESCE_GAP_MAX_BYTES, span_max_bytes: int | None = None,
                whole_chunk_runs: bool | None = None) -> tuple[list[int], list[Run]]:
     """(indexes read alone, runs of two or more) for the segment entries among ``entries``
     (None and inline entries are left out)."""
     whole = WHOLE_CHUNK_RUNS if whole_chunk_runs is None else whole_chunk_runs
+    span_max = RUN_SPAN_MAX_BYTES if span_max_bytes is None else span_max_bytes
     alone: list[int] = []
     by_chunk: dict[tuple[int, int], list[int]] = defaultdict(list)
     big_by_chunk: dict[tuple[int, int], list[int]] = defaultdict(list)
@@ -67,7 +72,7 @@ def plan_reads(entries: Sequence[Entry | None], *, value_max_bytes: int = COALES
             e = entries[i]
             assert e is not None
             off = e.seg_offset % e.chunk_size
-            if cur is not None and off - cur.end <= gap_max_bytes:
+            if cur is not None and off - cur.end <= gap_max_bytes and off + e.value_bytes - cur.start <= span_max:
                 cur.end = max(cur.end, off + e.value_bytes)
                 cur.members.append(i)
                 continue
