@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -45,9 +46,13 @@ LIMIT_KEYS = {"loopback_tcp_Bps", "loopback_tcp_2streams_Bps", "round_trips_per_
 
 def test_bench_quick_json_plot_and_compare(cluster, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     out, png, cmp_dir = tmp_path / "bench.json", tmp_path / "bench.png", tmp_path / "compare"
+    chunks = tmp_path / "chunkserver"  # stands in for a DFS chunk server's data on this host
+    chunks.mkdir()
+    (chunks / "chunk_0001.mfs").write_bytes(os.urandom(1 << 16))
     proc = subprocess.run(
         [sys.executable, "-m", "loomfs.cli.main", "--dir", str(cluster.root), "bench", "--quick",
-         "--json", str(out), "--plot", str(png), "--compare", str(cmp_dir), "--no-progress"],
+         "--json", str(out), "--plot", str(png), "--compare", str(cmp_dir), "--compare-drop", str(chunks),
+         "--no-progress"],
         capture_output=True, text=True, timeout=200,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -77,6 +82,10 @@ def test_bench_quick_json_plot_and_compare(cluster, tmp_path: Path) -> None:  # 
     assert "vs disk" in proc.stdout and "x compare" in proc.stdout and "seq_read_2p" in proc.stdout
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 20_000
     assert not list(cmp_dir.joinpath(".bench").iterdir())  # the compare run cleaned up after itself
+    # --compare-drop: the compare side's cold reads also drop that directory's files, and say so
+    cmp_cold = next(r for r in doc["results"] if r["name"] == "seq_read" and r["target"] != "loomfs")
+    assert any(f"all 1 files under {chunks}" in d for d in cmp_cold["extra"]["caches"]["dropped"]), cmp_cold
+    assert any(str(chunks) in d for d in doc["cold_caches"][f"compare:{cmp_dir}"]["dropped"])
 
 
 def test_bench_only_smallfiles(cluster, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]

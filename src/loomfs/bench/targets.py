@@ -230,14 +230,38 @@ class _FsyncOnClose(io.FileIO):
 
 class LocalTarget:
     """A directory on a mounted file system; paths are relative to ``root``. Written files
-    are fsynced before they close (``durable``, the default), like LoomFS's durable mode."""
+    are fsynced before they close (``durable``, the default), like LoomFS's durable mode.
+    ``drop_dirs``: directories on this host whose files a cold read also drops from the page
+    cache, e.g. the chunk directories of a DFS's chunk servers running here (MooseFS's
+    ``hdd`` directories: they read their chunk files through this host's page cache, as a
+    local LoomFS cluster's storage page cache is dropped for LoomFS's cold reads)."""
 
-    def __init__(self, root: str, durable: bool = True):
+    def __init__(self, root: str, durable: bool = True, drop_dirs: Iterable[str] = ()):
         self.root = os.path.abspath(root)
         self.name = f"compare:{self.root}"
         self.spec: Spec = ("local", self.root)
         self.durable = durable
+        self.drop_dirs = [os.path.abspath(d) for d in drop_dirs]
         os.makedirs(self.root, exist_ok=True)
+
+    def _drop_dirs(self) -> int:
+        """Drop every file under ``drop_dirs`` from the page cache; how many files."""
+        files = 0
+        for d in self.drop_dirs:
+            for dirpath, _dirs, names in os.walk(d):
+                for name in names:
+                    try:
+                        _fadvise_dontneed(os.path.join(dirpath, name))
+                        files += 1
+                    except OSError:
+                        pass
+        return files
+
+    def _dropped_dirs_text(self, files: int | None) -> list[str]:
+        if not self.drop_dirs:
+            return []
+        what = "every file" if files is None else f"all {files} files"
+        return [f"the page cache of {what} under {', '.join(self.drop_dirs)} (posix_fadvise DONTNEED)"]
 
     def _p(self, path: str) -> str:
         return os.path.join(self.root, path.lstrip("/"))
@@ -316,28 +340,34 @@ class LocalTarget:
         fadvise keeps its cache). Closing it is a no-op."""
         for p in paths:
             try:
-                self.drop_cache(p)
+                _fadvise_dontneed(self._p(p), flush=True)
             except OSError:
                 pass
+        self._drop_dirs()
         return self
 
     def cold_caches(self) -> Caches:
         """What ``cold`` empties and what it leaves warm."""
-        return {"dropped": ["this host's page cache of each file (fsync, posix_fadvise DONTNEED)"],
+        return {"dropped": ["this host's page cache of each file (fsync, posix_fadvise DONTNEED)",
+                            *self._dropped_dirs_text(None)],
                 "kept": ["the kernel's dentry and inode caches",
                          "a network file system client's own cache beyond the page cache (e.g. mfsmount's)",
                          VM_HOST_CACHE]}
 
     def drop_cache(self, path: str) -> None:
-        """Flush and drop ``path`` from the page cache so a read-back measures the device."""
+        """Flush and drop ``path`` (and the files under ``drop_dirs``) from the page cache so
+        a read-back measures the device."""
         _fadvise_dontneed(self._p(path), flush=True)
+        self._drop_dirs()
 
     def drop_caches(self, path: str) -> Caches:
         """``drop_cache`` and what it leaves warm. A network file system mounted here (FUSE:
         MooseFS, JuiceFS, ...) loses its kernel page cache for the file; a cache of its own
         client process stays unless it honours the fadvise."""
-        self.drop_cache(path)
-        return {"dropped": ["this host's page cache of the file (fsync, posix_fadvise DONTNEED)"],
+        _fadvise_dontneed(self._p(path), flush=True)
+        files = self._drop_dirs()
+        return {"dropped": ["this host's page cache of the file (fsync, posix_fadvise DONTNEED)",
+                            *self._dropped_dirs_text(files)],
                 "kept": ["the kernel's dentry and inode caches",
                          "a network file system client's own cache beyond the page cache (e.g. mfsmount's)",
                          VM_HOST_CACHE]}

@@ -46,6 +46,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--compare", dest="compare_dir", default=None,
                    help="also run the file-level workloads in this directory (a local disk, another DFS "
                         "mounted here), in the same rounds; its writes are fsynced before close")
+    p.add_argument("--compare-drop", dest="compare_drop", action="append", default=None, metavar="DIR",
+                   help="with --compare: also drop the files under DIR from this host's page cache before a "
+                        "cold read (repeatable), e.g. the chunk directories of MooseFS chunk servers running "
+                        "here, as LoomFS's storage page cache is dropped")
     p.add_argument("--start", action="store_true",
                    help="start a throwaway local cluster (3 storage nodes) instead of using --dir")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -157,7 +161,7 @@ def _bench(args: argparse.Namespace) -> int:
         replicas = _replicas(args, fs)
         targets: list[BenchTarget] = [LoomTarget(where, fs)]
         if args.compare_dir:
-            targets.append(LocalTarget(args.compare_dir))
+            targets.append(LocalTarget(args.compare_dir, drop_dirs=args.compare_drop or ()))
         doc = run_bench(targets, plan, replicas, disk_dir, quick=args.quick, show_progress=not args.no_progress)
     from loomfs.bench.hosts import curve_lines, plot_curve
 
