@@ -24,7 +24,7 @@ def test_kvcache_group_is_opt_in() -> None:
 
 
 def test_kvcache_bench_rows(fs: loomfs.LoomFS, base: str) -> None:
-    lim = {"loopback_tcp_Bps": 1e9, "round_trips_per_s": 20_000.0}
+    lim = {"loopback_tcp_Bps": 1e9, "round_trips_per_s": 20_000.0, "disk_read_Bps": 5e8}
     steps: list[str] = []
     rows = kvb.run_kvcache(LoomTarget("", fs=fs), base, lim=lim, replicas=3, bytes_per_case=256 << 10,
                            batch_bytes_max=1 << 20, step=steps.append, sizes=(4096, 64 << 10), batches=(1, 8))
@@ -37,4 +37,7 @@ def test_kvcache_bench_rows(fs: loomfs.LoomFS, base: str) -> None:
         assert r.value > 0 and math.isfinite(r.value) and r.limit_value > 0, r
     get = next(r for r in rows if r.name == "kv_get_64k_b8")
     assert get.limit_value == pytest.approx(1e9 / (64 << 10)) and get.extra["p50_us"] <= get.extra["p99_us"]
+    # gets also carry min(raw TCP, disk read): values read once or twice come from the disk
+    assert get.extra["cold_read_bound_values_per_s"] == pytest.approx(5e8 / (64 << 10))
+    assert get.extra["ratio_to_cold_read_bound"] == pytest.approx(get.value * (64 << 10) / 5e8)
     assert not any(n.startswith("kv_") for n in fs.listdir(base))  # each case cleaned up

@@ -5,7 +5,9 @@ loopback TCP measured in the same run.
 Rows ``kv_{put,get}_{size}_b{batch}`` are values/s against "raw TCP / value size" (so the
 ratio is the fraction of raw TCP bandwidth moved), with ``p50_us``/``p99_us`` of one call
 (a batch) in ``extra``, and rows ``..._p50``/``..._p99`` in us per call against one raw round
-trip. Puts go through 3-replica chains, so their bound is raw TCP / replicas (``extra``).
+trip. Puts go through 3-replica chains, so their bound is raw TCP / replicas (``extra``); gets
+carry min(raw TCP, disk O_DIRECT read) in ``extra`` too: each value is read once or twice, so
+from the disk (the storage page cache keeps only chunks read more often: ``storage.hotchunks``).
 Gets read into buffers the caller reuses (``get_many(keys, into=...)``, the zero-copy path):
 ``kv_get_*`` asks meta for every batch's entries (values another process put), ``kv_getw_*``
 finds them in this process's index cache (``index_cache_s``), so it is chunk reads only;
@@ -110,6 +112,12 @@ def run_kvcache(t: BenchTarget, base: str, *, lim: dict[str, float], replicas: i
                      "p50_us": p50, "p99_us": p99, "bytes_per_s": rate * size}
             if op == "put":
                 extra["replicated_bound_values_per_s"] = tcp / replicas / size
+            elif "disk_read_Bps" in lim:
+                # a value read the first times comes from the disk (O_DIRECT), so a get of values
+                # no one read lately is bound by min(raw TCP, disk read); only values read again
+                # and again are served from the storage page cache (storage.hotchunks)
+                bound = min(tcp, lim["disk_read_Bps"])
+                extra.update(cold_read_bound_values_per_s=bound / size, ratio_to_cold_read_bound=rate * size / bound)
             out.append(Result(f"kv_{op}_{name}", rate, "values/s", f"raw TCP / {_label(size)}", tcp / size, extra))
             for q, v in (("p50", p50), ("p99", p99)):
                 out.append(Result(f"kv_{op}_{name}_{q}", v, "us/op", "raw round trip (us)", rtt_us, {"batch": batch}))
