@@ -229,3 +229,46 @@ def test_index_checkpoints_are_explicit_and_a_failed_one_fails_the_target(
         asyncio.run(go())
     finally:
         e.close()
+
+
+def test_verification_after_a_failed_fsync_keeps_mismatching_chunks_as_suspects(tmp_path: Path) -> None:
+    """The next engine after a failed fsync reads every committed chunk back from the disk: a
+    chunk whose file does not hold its row's content (lost pages) is kept, listed in
+    ``suspect_chunks`` for the scrubber to repair from another replica (removing it could make
+    resync delete a good copy elsewhere), the others verify, the marker goes."""
+    fail = [False]
+
+    def fsync(fd: int) -> None:
+        if fail[0]:
+            raise OSError(errno.EIO, "injected fsync failure")
+        os.fsync(fd)
+
+    e = FileEngine(tmp_path / "t", fsync=fsync)
+    good, bad = ChunkKey(5, 0), ChunkKey(5, 1)
+
+    async def go() -> None:
+        for key, byte in ((good, b"g"), (bad, b"b")):
+            await e.astage_write(key, 1, 0, _aligned(byte * (1 << 20)), sync=True)
+            await e.commit(key, 1, durable=True)
+        await e.astage_write(good, 2, 0, _aligned(b"h" * (1 << 20)), sync=True)
+        fail[0] = True
+        with pytest.raises(OSError):
+            await e.commit(good, 2, durable=True)
+
+    try:
+        asyncio.run(go())
+    finally:
+        e.close()
+    assert (tmp_path / "t" / "FSYNC_FAILED").exists()
+    path = next((tmp_path / "t" / "chunks").glob("*/5.1.1"))
+    raw = bytearray(path.read_bytes())
+    raw[1000] ^= 0xFF  # a page the disk never got
+    path.write_bytes(bytes(raw))
+    e2 = FileEngine(tmp_path / "t")
+    try:
+        assert not e2.failed and not (tmp_path / "t" / "FSYNC_FAILED").exists()
+        assert e2.suspect_chunks == [bad]
+        assert e2.get(bad).commit_ver == 1 and e2.get(good).commit_ver == 1  # type: ignore[union-attr]
+        assert e2.verify(bad) and not e2.verify(good)
+    finally:
+        e2.close()

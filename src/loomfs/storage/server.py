@@ -220,7 +220,20 @@ class StorageNode:
             self._ready_at_version = rsp.routing_version
             self._gap_if_serving_after_restart()
             self._mark_ready()
+            self._repair_suspects()
             return rsp
+
+    def _repair_suspects(self) -> None:
+        """Chunks a target's verification after a failed fsync found not matching their rows
+        (engine.diskfail): the scrubber repairs each from a replica holding that version."""
+        for t in self.targets:
+            suspects: list[Any] = getattr(t.engine, "suspect_chunks", [])
+            for key in suspects:
+                self.scrubber.check_soon(t, key)
+            if suspects:
+                logger.warning("target %d: %d chunks failed verification: repairing them from the chain",
+                               t.target_id, len(suspects))
+            suspects.clear()
 
     def _gap_if_serving_after_restart(self) -> None:
         """A target that held data when this process started lost its pending versions with

@@ -13,10 +13,16 @@ one failed fsync marks itself *failed* (``FileEngine.failed``):
   mgmtd takes it out of its chain without waiting for a revocation (the node already stopped
   serving it);
 * a marker file (``FSYNC_FAILED``) in the target directory makes the next process verify the
-  target before it registers: every committed chunk is read back from the disk (its cached
-  pages dropped first) and checked against the CRC of its index row; chunks that do not match
-  (lost pages, a row ahead of its data) are removed, so the normal rejoin path (restarted ->
-  waiting -> syncing) copies them from a healthy replica. Only then is the marker removed.
+  target before it registers: the index files are flushed and their cached pages dropped
+  before SQLite opens them (its WAL recovery must see what the disk has, not pages a process
+  restart kept in the cache), then every committed chunk is flushed, its cached pages dropped,
+  read back from the disk and checked against the CRC of its index row. Rows lost with the WAL
+  leave older versions (resync copies the newer ones). Chunks that do not match (lost pages, a
+  row ahead of its data) are kept, not removed, and handed to the scrubber once the node is
+  registered: it repairs each from a replica holding that version (removing them would let a
+  target that comes back as the chain's last serving member make resync delete a good copy
+  elsewhere). Only then is the marker removed; a verification that cannot finish (a flush
+  fails again) leaves the target failed.
 
 ``fsync_for`` is also the fault seam: with ``$LOOMFS_DISK_FAULTS`` set, an fsync fails with EIO
 while a file ``FAULT_FSYNC_EIO`` exists in the target directory (integration tests create it in
@@ -97,31 +103,55 @@ def clear_marker(target_dir: Path, fsync: Fsync) -> None:
     fsync_path(target_dir, fsync)
 
 
-def content_ok(path: Path, length: int, crc: int, buf: bytearray) -> bool:
-    """Whether the file's first ``length`` bytes, read from the disk (cached pages dropped
-    first), have CRC32C ``crc``."""
+def drop_cached(path: Path, fsync: Fsync) -> None:
+    """Flush ``path`` (an error raises: the disk still fails) and drop its cached pages, so the
+    next read sees what the disk holds (``POSIX_FADV_DONTNEED`` skips dirty pages: flush first)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def drop_index_cache(target_dir: Path, fsync: Fsync) -> None:
+    """Before the index is opened after a failed fsync: its WAL pages may be clean in the cache
+    but not on the disk (a process restart keeps them); SQLite must recover from what the disk
+    has (a hole in the WAL ends recovery there: later rows are lost, and resync copies them)."""
+    for name in ("index.sqlite", "index.sqlite-wal"):
+        path = target_dir / name
+        if path.exists():
+            drop_cached(path, fsync)
+
+
+def content_ok(path: Path, length: int, crc: int, buf: bytearray, fsync: Fsync) -> bool:
+    """Whether the file's first ``length`` bytes, read from the disk (flushed, then its cached
+    pages dropped), have CRC32C ``crc``. A failed flush raises (the disk still fails)."""
     try:
         fd = os.open(path, os.O_RDONLY)
     except OSError:
         return False
     try:
+        fsync(fd)
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)  # clean cached pages: read the disk
         value, pos = 0, 0
         view = memoryview(buf)
         while pos < length:
-            n = os.preadv(fd, [view[: min(len(buf), length - pos)]], pos)
+            try:
+                n = os.preadv(fd, [view[: min(len(buf), length - pos)]], pos)
+            except OSError:
+                return False
             if n <= 0:
                 return False
             value = crc32c.crc32c(view[:n], value)
             pos += n
         return value == crc
-    except OSError:
-        return False
     finally:
         os.close(fd)
 
 
-def bad_chunks(chunks: Iterable[tuple[object, Path, int, int]]) -> list[object]:
-    """The keys of ``(key, file, length, crc)`` whose file does not hold that content."""
+def bad_chunks(chunks: Iterable[tuple[object, Path, int, int]], fsync: Fsync) -> list[object]:
+    """The keys of ``(key, file, length, crc)`` whose file does not hold that content on the
+    disk; a failed flush raises."""
     buf = bytearray(VERIFY_READ_BYTES)
-    return [key for key, path, length, crc in chunks if not content_ok(path, length, crc, buf)]
+    return [key for key, path, length, crc in chunks if not content_ok(path, length, crc, buf, fsync)]

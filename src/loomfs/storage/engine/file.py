@@ -87,7 +87,9 @@ from loomfs.storage.engine.diskfail import (
     Fsync,
     bad_chunks,
     clear_marker,
+    drop_index_cache,
     fsync_for,
+    fsync_path,
     marker_present,
     write_marker,
 )
@@ -145,6 +147,13 @@ class FileEngine(BlockChecks, ChunkEngine):
         self._chunks_dir.mkdir(parents=True, exist_ok=True)
         for d in (self.path, self._chunks_dir):  # data at rest: only the service's user (issue 13)
             os.chmod(d, 0o700)
+        self.suspect_chunks: list[ChunkKey] = []  # failed verification: the scrubber repairs them
+        failed_before = marker_present(self.path)
+        if failed_before:
+            try:
+                drop_index_cache(self.path, self._fsync)
+            except OSError as exc:
+                self._fail(exc)
         self._index = ChunkIndex(self.path / "index.sqlite", synchronous_full=fsync_on_commit)
         self._meta: ChunkMap[Meta] = ChunkMap()
         self._pending: dict[ChunkKey, Pending] = {}
@@ -158,7 +167,7 @@ class FileEngine(BlockChecks, ChunkEngine):
         self._durable = DurableCommits(self._index, self._chunks_dir, fsync=self._fsync,
                                        on_error=self._fail)  # when not every commit fsyncs
         self._load()
-        if marker_present(self.path):
+        if failed_before and not self.failed:
             self._verify_after_failure()
 
     # ---- start-up -----------------------------------------------------------------------
@@ -192,26 +201,23 @@ class FileEngine(BlockChecks, ChunkEngine):
             logger.warning("engine %s: %d index rows had malformed request tags (dropped)", self.path, bad_tags)
 
     def _verify_after_failure(self) -> None:
-        """The last process saw an fsync fail here: drop every committed chunk whose file does
-        not hold its row's content (resync copies it back), then clear the marker. A check
-        that cannot finish leaves the target failed (it registers OFFLINE)."""
+        """The last process saw an fsync fail here (``diskfail``): every committed chunk whose
+        file does not hold its row's content on the disk is kept as a suspect (the scrubber
+        repairs it once the node is registered), then the index is checkpointed and the marker
+        cleared. A flush that fails again leaves the target failed (it registers OFFLINE)."""
         chunks = [(key, self._file(key, m.file_ver), m.length, m.crc) for key, m in self._meta.items()]
-        bad = bad_chunks(chunks)
         try:
-            for key in bad:
-                assert isinstance(key, ChunkKey)
-                m = self._meta.pop(key.inode, key.index)
-                assert m is not None
-                self._index.delete_range(key.inode, key.index, key.index + 1)
-                self._file(key, m.file_ver).unlink(missing_ok=True)
-                self._used_bytes -= m.length
+            bad = bad_chunks(chunks, self._fsync)
+            fsync_path(self._chunks_dir, self._fsync)
+            self._index.checkpoint()
             self._index.sync(self._fsync)
             clear_marker(self.path, self._fsync)
         except (OSError, sqlite3.Error) as exc:
             self._fail(exc)
             return
+        self.suspect_chunks = [k for k in bad if isinstance(k, ChunkKey)]
         logger.warning("engine %s: verified %d chunks after a failed fsync: %d did not match their index row "
-                       "and were dropped (resync copies them back)", self.path, len(chunks), len(bad))
+                       "(kept for the scrubber to repair from another replica)", self.path, len(chunks), len(bad))
 
     def _fail(self, exc: BaseException) -> None:
         """A flush failed: the disk state is unknown. Out of service from now on (any thread)."""
