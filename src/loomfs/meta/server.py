@@ -112,6 +112,18 @@ def eager_handlers(store: MetaStore) -> bool:
     return isinstance(store, SqliteStore) and os.environ.get("LOOMFS_RPC_EAGER", "1") != "0"
 
 
+FATAL_EXIT_CODE = 70  # EX_SOFTWARE: the store failed itself; a supervisor restarts meta
+
+
+def _exit_for_restart(exc: BaseException) -> None:
+    """The metastore failed itself (an I/O error under a checkpoint: what the disk holds is no
+    longer known): exit at once so a supervisor restarts meta and SQLite's recovery reads the
+    disk, rather than answer EIO to every write from now on."""
+    logger.critical("meta: the metastore failed (%s); exiting with %d for a restart", exc, FATAL_EXIT_CODE)
+    logging.shutdown()
+    os._exit(FATAL_EXIT_CODE)
+
+
 STORE_WAIT_S = 60.0  # at start-up, how long a meta server waits for its database
 
 
@@ -138,6 +150,8 @@ async def serve(config: MetaConfig, *, ready: asyncio.Event | None = None) -> No
     store = MetaStore.open(
         resolve_under(config.data_dir, config.store_url), synchronous=config.sqlite_synchronous
     )
+    if hasattr(store, "on_fatal"):  # SQLite: a failed checkpoint fsync fails the store for good
+        store.on_fatal = _exit_for_restart
     rpc = RpcClient(
         default_transport(max_payload_bytes=config.rpc.max_payload_bytes),
         connect_timeout_s=config.rpc.connect_timeout_s,
