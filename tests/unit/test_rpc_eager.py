@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+from typing import cast
 
 import pytest
 
@@ -249,5 +250,45 @@ def test_resume_forwards_results_throws_and_close() -> None:
 
     async def _const() -> int:
         return 7
+
+    run(go())
+
+
+def test_no_eager_under_tls_and_meta_only_on_sqlite(monkeypatch: pytest.MonkeyPatch) -> None:
+    """asyncio's SSL transport pauses writing with an empty buffer at FrameProtocol's limits
+    (a reply sent at once could wait behind one stuck draining): no eager handlers under TLS."""
+    import ssl
+
+    from loomfs.meta.server import eager_handlers
+    from loomfs.meta.store.base import MetaStore
+    from loomfs.meta.store.sqlite import SqliteStore
+    from loomfs.net.auth import AuthConfig
+    from loomfs.net.tcp import TcpTransport
+
+    tls = TcpTransport(auth=AuthConfig(tls_server=ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)))
+    assert not RpcServer("meta", tls, eager=True).eager
+    assert RpcServer("meta", TcpTransport(), eager=True).eager
+    assert not RpcServer("meta", TcpTransport()).eager  # not by default
+
+    monkeypatch.delenv("LOOMFS_RPC_EAGER", raising=False)
+    assert eager_handlers(object.__new__(SqliteStore))
+    monkeypatch.setenv("LOOMFS_RPC_EAGER", "0")
+    assert not eager_handlers(object.__new__(SqliteStore))
+    assert not eager_handlers(cast(MetaStore, object()))  # PostgreSQL: asyncpg uses asyncio.timeout
+
+
+def test_eager_runs_do_not_nest() -> None:
+    """A frame that arrives while an eager request runs (a budget wake-up resuming another
+    connection's reading) is served in a Task: the stack stays flat."""
+
+    async def go() -> None:
+        net, server, svc, addr, client = await _setup(True)
+        assert (await client.call(addr, STAT, PathReq(path="/a"))).body.attr.inode == 2
+        server.eager_running = True  # as inside another request's eager run
+        try:
+            assert (await client.call(addr, STAT, PathReq(path="/ab"))).body.attr.inode == 3
+        finally:
+            server.eager_running = False
+        assert svc.in_task == [False, True]
 
     run(go())
