@@ -104,7 +104,10 @@ BACKSTOP_WRITES = 8 * CHECKPOINT_EVERY_WRITES
 # later checkpoint can be trusted to copy what was acknowledged (PostgreSQL's 2018 answer)
 _FATAL_CODES = (sqlite3.SQLITE_IOERR, sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_FULL, sqlite3.SQLITE_CANTOPEN,
                 sqlite3.SQLITE_NOTADB)
-CHECKPOINT_BUSY_S = 2.0  # a RESTART checkpoint waits this long for the writer and readers of the moment
+CHECKPOINT_HOLD_S = 2.0  # the checkpoint thread waits this long for the loop to hold its writers off
+# with the writers held off, a RESTART waits this long for readers still on old WAL frames, then
+# gives up until next time (the writers wait meanwhile: keep it short)
+CHECKPOINT_READERS_WAIT_S = 0.05
 
 _SYNC_MODES = ("OFF", "NORMAL", "FULL", "EXTRA")
 
@@ -138,16 +141,22 @@ class _Checkpointer:
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
+    def start(self) -> None:
+        """Start the thread (with the store: starting one can take tens of milliseconds on a
+        busy host, better not in the middle of serving)."""
+        self._thread = threading.Thread(target=self._run, name="loomfs-meta-checkpoint", daemon=True)
+        self._thread.start()
+
     def wake(self) -> None:
         """Called on the loop (a COMMIT settled): checkpoint soon."""
-        if self._thread is None:
+        if self._loop is None:
             self._loop = asyncio.get_running_loop()
-            self._thread = threading.Thread(target=self._run, name="loomfs-meta-checkpoint", daemon=True)
-            self._thread.start()
+        if self._thread is None:
+            self.start()
         self._wake.set()
 
     def _run(self) -> None:
-        conn = _connect(self._path, CHECKPOINT_BUSY_S)
+        conn = _connect(self._path, CHECKPOINT_READERS_WAIT_S)
         try:
             while True:
                 self._wake.wait()
@@ -176,7 +185,7 @@ class _Checkpointer:
         assert self._loop is not None
         self._loop.call_soon_threadsafe(self._store._hold, held)  # noqa: SLF001
         try:
-            if not held.wait(CHECKPOINT_BUSY_S) or self._stopping:
+            if not held.wait(CHECKPOINT_HOLD_S) or self._stopping:
                 self._store.checkpoints_busy += 1
                 return
             busy = conn.execute("PRAGMA wal_checkpoint(RESTART)").fetchone()[0]
@@ -284,6 +293,7 @@ class SqliteStore(MetaStore):
         if not self._single:
             self._conn.execute("PRAGMA wal_autocheckpoint = 0")  # the checkpoint thread's (checked) work
             self._checkpointer = _Checkpointer(self)
+            self._checkpointer.start()
         self.busy_waits = 0  # BEGIN IMMEDIATEs that found another process writing
         self.group_commit_max = group_commit_max
         self.commit_in_thread = commit_in_thread
