@@ -86,10 +86,12 @@ def test_the_loop_checkpoints_when_the_thread_falls_behind(tmp_path: Path) -> No
     assert wal_bytes < sq.BACKSTOP_WRITES * 4 * 4096  # about 3 pages a write, never more than one backstop's worth
 
 
-@pytest.mark.parametrize("code", [sqlite3.SQLITE_IOERR_FSYNC, sqlite3.SQLITE_IOERR_WRITE, sqlite3.SQLITE_BUSY])
+@pytest.mark.parametrize("code", [sqlite3.SQLITE_IOERR_FSYNC, sqlite3.SQLITE_IOERR_WRITE, sqlite3.SQLITE_BUSY,
+                                  sqlite3.SQLITE_FULL])
 def test_a_checkpoint_io_error_fails_the_store(tmp_path: Path, code: int) -> None:
     """A checkpoint the disk refused (a failed write or fsync) fails the store for good: no
-    later write is acknowledged and ``on_fatal`` is called once; SQLITE_BUSY is tried again."""
+    later write is acknowledged and ``on_fatal`` is called once; SQLITE_BUSY and a full disk
+    (the WAL still holds every frame) are tried again."""
     async def go() -> None:
         store = SqliteStore(str(tmp_path / "m.db"))
         fatal: list[BaseException] = []
@@ -111,10 +113,11 @@ def test_a_checkpoint_io_error_fails_the_store(tmp_path: Path, code: int) -> Non
                 async with store.write() as txn:
                     await txn.put_inline(1000 + i, InlineData(b"x", 1))
             deadline = time.monotonic() + 10
-            while not (fatal if code != sqlite3.SQLITE_BUSY else tries) and time.monotonic() < deadline:  # noqa: ASYNC110
+            retried = code in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_FULL)
+            while not (tries if retried else fatal) and time.monotonic() < deadline:  # noqa: ASYNC110
                 await asyncio.sleep(0.005)  # the checkpoint thread's turn
             assert tries
-            if code == sqlite3.SQLITE_BUSY:
+            if retried:
                 await asyncio.sleep(0)  # a failure would be reported through the loop by now
                 assert store.failed is None and not fatal
                 async with store.write() as txn:  # still writable

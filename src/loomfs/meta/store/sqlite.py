@@ -99,11 +99,13 @@ CHECKPOINT_EVERY_WRITES = 128
 # should the thread fall behind by this many committed writers, the loop checkpoints itself
 # (between groups; its result checked like the thread's)
 BACKSTOP_WRITES = 8 * CHECKPOINT_EVERY_WRITES
-# a checkpoint that fails with one of these (the disk refused a write or an fsync) fails the
-# store: after a failed fsync the kernel may have dropped the pages it could not write, so no
-# later checkpoint can be trusted to copy what was acknowledged (PostgreSQL's 2018 answer)
-_FATAL_CODES = (sqlite3.SQLITE_IOERR, sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_FULL, sqlite3.SQLITE_CANTOPEN,
-                sqlite3.SQLITE_NOTADB)
+# a checkpoint that fails with one of these (the disk refused a write or an fsync, or the file
+# is damaged) fails the store: after a failed fsync the kernel may have dropped the pages it
+# could not write, so no later checkpoint can be trusted to copy what was acknowledged
+# (PostgreSQL's 2018 answer). A full disk is not among them: the WAL still holds every frame,
+# a later checkpoint copies them once there is room, and COMMITs meet the full disk themselves
+# (CommitFailed); a restart would only meet it again.
+_FATAL_CODES = (sqlite3.SQLITE_IOERR, sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB)
 CHECKPOINT_HOLD_S = 2.0  # the checkpoint thread waits this long for the loop to hold its writers off
 # with the writers held off, a RESTART waits this long for readers still on old WAL frames, then
 # gives up until next time (the writers wait meanwhile: keep it short)
