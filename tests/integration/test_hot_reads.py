@@ -13,6 +13,8 @@ import pytest
 
 import loomfs
 from loomfs.storage.hotchunks import resident
+from loomfs.testing import LocalCluster
+from loomfs.testing.certs import openssl_available
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -32,7 +34,23 @@ def _resident(p: Path, length: int) -> bool:
 
 
 def test_hot_whole_chunk_reads_from_page_cache_and_checked(own_cluster) -> None:  # type: ignore[no-untyped-def]
-    fs = loomfs.connect(str(own_cluster.root))
+    _hot_reads(own_cluster)
+
+
+@pytest.mark.skipif(not openssl_available(), reason="needs the openssl command for certificates")
+def test_hot_reads_over_tls_read_the_region_into_memory(tmp_path: Path) -> None:
+    """Under TLS the bytes must go through the SSL layer: the region is read into memory and
+    sent as usual, with the same end-to-end check."""
+    c = LocalCluster(tmp_path / "tls", storage_nodes=2, targets_per_node=1, replicas=2, tls=True)
+    try:
+        c.start(timeout_s=60)
+        _hot_reads(c)
+    finally:
+        c.stop()
+
+
+def _hot_reads(cluster: LocalCluster) -> None:
+    fs = loomfs.connect(str(cluster.root))
     try:
         path = "/hot/one_chunk.bin"
         fs.makedirs("/hot", exist_ok=True)
@@ -43,8 +61,8 @@ def test_hot_whole_chunk_reads_from_page_cache_and_checked(own_cluster) -> None:
         cs = layout.chunk_size
         assert cs == len(data)
         inode = fs.stat(path).st_ino
-        files = _chunk_files(Path(own_cluster.root), inode, 0)
-        assert len(files) == own_cluster.replicas, files
+        files = _chunk_files(Path(cluster.root), inode, 0)
+        assert len(files) == cluster.replicas, files
         for p in files:  # written with O_DIRECT; make sure nothing of it is cached
             fd = os.open(p, os.O_RDONLY)
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
