@@ -113,3 +113,77 @@ def test_files_open_on_one_mount_survive_an_unlink_on_another(two: tuple[str, st
             os.close(fd)
         fs.close()
 
+
+
+def test_a_reopen_by_proc_fd_keeps_the_hold(two: tuple[str, str], cluster: LocalCluster) -> None:
+    """/proc/self/fd/N of a nameless file shares the first descriptor's file, and its read
+    hold: closing the first does not let meta drop the file (the reviewer's R2)."""
+    a, b = two
+    name = f"reopen-{os.getpid()}-{time.monotonic_ns()}"
+    (Path(b) / name).mkdir()
+    data = os.urandom(300 << 10)
+    (Path(b) / name / "f").write_bytes(data)
+    fs = loomfs.connect(str(cluster.root))
+    fds: list[int] = []
+    try:
+        fd1 = os.open(Path(a) / name / "f", os.O_RDONLY)
+        fds.append(fd1)
+        ino = os.fstat(fd1).st_ino
+        os.unlink(Path(b) / name / "f")
+        fd2 = os.open(f"/proc/self/fd/{fd1}", os.O_RDONLY)
+        fds.append(fd2)
+        fds.remove(fd1)
+        os.close(fd1)
+        attr = fs.run(fs.client.meta.setattr(SetattrReq(path=f"/{name}", inode=ino))).attr
+        assert attr is not None and attr.nlink == 0  # still held, by fd2 now
+        assert os.pread(fd2, len(data) + 1, 0) == data
+    finally:
+        for fd in fds:
+            os.close(fd)
+        fs.close()
+
+
+def test_opens_racing_a_rename_over_get_a_held_file_and_its_own_bytes(two: tuple[str, str],
+                                                                      cluster: LocalCluster) -> None:
+    """A read-only open on one mount races a rename over its name on the other: whichever
+    file it opens, fstat names that file, its bytes are that file's, and meta holds it (the
+    reviewer's R3 and R10: before, some opens read the other file's bytes, some an unheld file)."""
+    import threading
+
+    a, b = two
+    name = f"race-{os.getpid()}-{time.monotonic_ns()}"
+    da, db = Path(a) / name, Path(b) / name
+    db.mkdir()
+    size = 160 << 10  # in chunks: the open takes a read hold
+    content: dict[int, bytes] = {}
+    fds: list[int] = []
+    fs = loomfs.connect(str(cluster.root))
+    try:
+        for i in range(30):
+            old, new = bytes([1 + i]) * size, bytes([200 - i]) * size
+            (db / f"f{i}").write_bytes(old)
+            (db / f"g{i}").write_bytes(new)
+            content[os.stat(db / f"f{i}").st_ino] = old
+            content[os.stat(db / f"g{i}").st_ino] = new
+            barrier = threading.Barrier(2)
+            got: list[int] = []
+
+            def opener(i: int = i, barrier: threading.Barrier = barrier, got: list[int] = got) -> None:
+                barrier.wait()
+                got.append(os.open(da / f"f{i}", os.O_RDONLY))
+
+            t = threading.Thread(target=opener)
+            t.start()
+            barrier.wait()
+            os.rename(db / f"g{i}", db / f"f{i}")
+            t.join()
+            fds.extend(got)
+            assert got, f"open {i} failed"
+        for fd in fds:
+            ino = os.fstat(fd).st_ino
+            assert os.pread(fd, size + 1, 0) == content[ino]
+            assert fs.run(fs.client.meta.setattr(SetattrReq(path=f"/{name}", inode=ino))).attr is not None
+    finally:
+        for fd in fds:
+            os.close(fd)
+        fs.close()

@@ -141,30 +141,61 @@ class FileOps(pyfuse3.Operations):
             return self._file_info(Handle(inode, w.file, True, append=append, lock=w.lock), flags)
         await self._sync_writers(inode)
         if acc == os.O_RDONLY:
-            f = await self.call(self.client.open(path, "rb"))
-            hold_id = await self._take_hold(path, f)  # kept by meta if unlinked while open
+            try:
+                opened = await self._opened_as(inode, await self.call(self.client.open(path, "rb")))
+            except FileNotFoundError:  # unlinked elsewhere: /proc/PID/fd/N of a file open here
+                return self._open_nameless(inode, flags)
+            if opened is None:  # the name is another file's now
+                return self._open_nameless(inode, flags, gone_errno=errno.ESTALE)
+            try:  # kept by meta if unlinked while open; ENOENT if it went meanwhile
+                hold_id = await self._take_hold(path, opened)
+            except BaseException:
+                await self.call(opened.close())
+                raise
             self.inodes.opened(inode)
-            return self._file_info(Handle(inode, f, False, append=append, prefetch=self._prefetcher(f),
+            return self._file_info(Handle(inode, opened, False, append=append, prefetch=self._prefetcher(opened),
                                           hold_id=hold_id), flags)
         self.drop_prefetched(inode)  # what readers here fetched ahead may be written over now
+        # r+b, then O_TRUNC through the file once it is known to be the kernel's inode (a
+        # "w+b" open would have cut whatever file the name leads to by now)
+        try:
+            f = await self._opened_as(inode, await self.call(self.client.open(path, "r+b")))
+        except FileNotFoundError:
+            return self._open_nameless(inode, flags)
+        if f is None:
+            return self._open_nameless(inode, flags, gone_errno=errno.ESTALE)
         if flags & os.O_TRUNC:
-            f = await self.call(self.client.open(path, "w+b"))
-        else:
-            f = await self.call(self.client.open(path, "r+b"))
+            try:
+                await self.call(f.truncate(0))
+            except BaseException:
+                await self.call(f.close())
+                raise
         self.inodes.opened(inode)
         return self._file_info(Handle(inode, f, True, append=append), flags)
 
-    def _open_nameless(self, inode: int, flags: int) -> pyfuse3.FileInfo:
-        """An open of a file open here whose last name went (``/proc/PID/fd/N``): no path
-        reaches it at meta, so the new descriptor shares an open one's client file (a write
-        open needs a writable one)."""
+    async def _opened_as(self, inode: int, f: AsyncFile) -> AsyncFile | None:
+        """``f`` if meta opened the kernel's ``inode``; else (the name was renamed over, or
+        unlinked and made again, between the kernel's LOOKUP and this OPEN) None, ``f``
+        closed: the descriptor must not read or write another file's bytes."""
+        if f.inode == inode:
+            return f
+        logger.info("open of inode %d: its name leads to inode %d now", inode, f.inode)
+        await self.call(f.close())
+        return None
+
+    def _open_nameless(self, inode: int, flags: int, *, gone_errno: int = errno.ENOENT) -> pyfuse3.FileInfo:
+        """An open of a file open here whose last name went (``/proc/PID/fd/N``), or whose
+        name leads to another file now: no path reaches it at meta, so the new descriptor
+        shares an open one's client file (a write open needs a writable one). None open
+        here: ``gone_errno`` (ESTALE makes the kernel look the name up again and open what
+        it names now, as a local open racing a rename would)."""
         writable = flags & os.O_ACCMODE != os.O_RDONLY
         for h in list(self.handles.values()):
             if isinstance(h, Handle) and h.inode == inode and not h.file.closed and (h.writable or not writable):
                 self.inodes.opened(inode)
                 shared = Handle(inode, h.file, h.writable, append=bool(flags & os.O_APPEND), lock=h.lock)
                 return self._file_info(shared, flags)
-        raise OSError(errno.ENOENT, "no open descriptor of this nameless file to share", str(inode))
+        raise OSError(gone_errno, "the file is gone: no name leads to it, no descriptor here to share", str(inode))
 
     def _prefetcher(self, f: AsyncFile) -> Prefetcher | None:
         if self.options.prefetch_chunks <= 0 or f.inline or f.layout is None or f.layout.chunk_size <= 0:
@@ -312,7 +343,16 @@ class FileOps(pyfuse3.Operations):
             finally:
                 self.inodes.closed(h.inode)
                 if h.hold_id:
-                    await self._release_hold(h.hold_id)
+                    await self._pass_or_release_hold(h)
+
+    async def _pass_or_release_hold(self, h: Handle) -> None:
+        """A released handle's read hold goes to a handle that shares its client file (a
+        ``/proc/PID/fd`` reopen of a nameless file), else it ends."""
+        for o in self.handles.values():
+            if isinstance(o, Handle) and o.file is h.file and not o.hold_id:
+                o.hold_id, h.hold_id = h.hold_id, 0
+                return
+        await self._release_hold(h.hold_id)
 
     async def close_all(self) -> None:
         """At unmount: close every open file (their bytes reach storage and meta)."""

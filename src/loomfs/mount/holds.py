@@ -16,6 +16,7 @@ a dead mount keeps nothing for longer than a lease.
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import os
 import secrets
@@ -76,7 +77,10 @@ class HoldOps:
 
     async def _take_hold(self, path: str, f: AsyncFile) -> int:
         """A read-only open of ``path`` got ``f``: hold it at meta unless it is inline. Returns
-        the hold id (0: none; the file then lives only while it has a name, as before)."""
+        the hold id (0: inline, none needed). ESTALE when the name no longer leads to ``f``'s
+        inode (unlinked, renamed over, since the open): meta may drop that file at any
+        moment, so the open fails and the kernel looks the name up again (it retries an
+        open that answers ESTALE once, revalidating the path)."""
         attr = f.opened_attr
         if f.inline or attr is None or attr.type != FileType.FILE:
             return 0
@@ -84,14 +88,13 @@ class HoldOps:
         meta = self.client.meta
         try:
             rsp = await self.call(meta.open(path, os.O_RDONLY, 0, self.client.client_id, hold_id))
-        except (LoomError, OSError) as exc:  # renamed or unlinked meanwhile: no hold
-            logger.info("read hold on %s: %s", path, exc)
-            return 0
+        except FileNotFoundError as exc:  # ESTALE: the kernel looks the name up again
+            raise OSError(errno.ESTALE, "the file's name went during the open", path) from exc
         if rsp.session_lease_s:
             self.holds.lease_s = min(self.holds.lease_s, rsp.session_lease_s)
         if rsp.attr is None or rsp.attr.inode != f.inode:  # the name went to another file meanwhile
             await self._end_hold(rsp.attr.inode if rsp.attr is not None else f.inode, hold_id)
-            return 0
+            raise OSError(errno.ESTALE, "the file's name went to another file during the open", path)
         self.holds.add(hold_id, f.inode)
         self._keep_renewing()
         return hold_id
