@@ -288,3 +288,27 @@ def test_bench_mount_runs(cluster: LocalCluster) -> None:
     assert {"daemon_user", "daemon_sys", "reader_sys"} <= set(cpu["mount"])
     with loomfs.connect(str(cluster.root)) as fs:
         assert not [n for n in fs.listdir("/.bench") if n.startswith("bench-mount-")]
+
+
+def test_bench_mount_compares_in_rounds(cluster: LocalCluster) -> None:
+    """``loomfs bench --mount --compare DIR --rounds 2 --only small``: the other file system's
+    figures beside the mount's, medians over the rounds, each round's mount / compare."""
+    from loomfs.bench.mount import MountPlan, run_mount_bench, table_lines
+
+    plan = MountPlan(small_files=6, rounds=2, small_only=True)
+    local = tempfile.mkdtemp(prefix="loomfs-bench-mount-test-")
+    other = tempfile.mkdtemp(prefix="loomfs-bench-mount-compare-")  # stands in for a MooseFS mount
+    try:
+        plan.compare_dir = other
+        doc = run_mount_bench(str(cluster.root), plan, local)
+        assert os.listdir(other) == []  # its files went
+    finally:
+        os.rmdir(local)
+        os.rmdir(other)
+    assert [r["name"] for r in doc["rows"]] == ["small_create", "small_stat", "small_read"]
+    assert len(doc["rounds"]) == 2
+    for r in doc["rows"]:
+        assert r["compare"] > 0 and len(r["vs_compare_rounds"]) == 2
+        assert r["vs_compare"] == r["mount"] / r["compare"]
+    lines = table_lines(doc)
+    assert "mount/compare" in lines[1] and lines[-1].startswith("mount / compare per round:")

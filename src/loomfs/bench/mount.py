@@ -18,6 +18,7 @@ import contextlib
 import os
 import random
 import shutil
+import statistics
 import tempfile
 import threading
 import time
@@ -42,6 +43,9 @@ class MountPlan:
     small_files: int = 1000
     small_bytes: int = 4096
     mount_options: str = ""  # extra -o for the mount
+    rounds: int = 1  # every target once per round, interleaved: medians and per-round ratios
+    compare_dir: str = ""  # another file system's directory (a MooseFS mount): the same workloads there
+    small_only: bool = False  # only the small-file workloads (``--only small``)
 
     @classmethod
     def quick(cls) -> MountPlan:
@@ -55,10 +59,16 @@ class Row:
     mount: float
     native: float
     local: float
+    compare: float = 0.0  # the --compare directory's (0: none)
+    vs_compare_rounds: tuple[float, ...] = ()  # mount / compare of each round
 
     @property
     def vs_native(self) -> float:
         return self.mount / self.native if self.native else 0.0
+
+    @property
+    def vs_compare(self) -> float:
+        return self.mount / self.compare if self.compare else 0.0
 
 
 class _Files:
@@ -72,6 +82,19 @@ class _Files:
 
     def p(self, rel: str) -> str:
         return f"{self.root}/{rel}"
+
+    def makedirs(self, rel: str) -> None:
+        if self.fs is not None:
+            self.fs.makedirs(self.p(rel), exist_ok=True)
+        else:
+            os.makedirs(self.p(rel), exist_ok=True)
+
+    def remove(self, rel: str) -> None:
+        """A big file goes once measured (the next round writes its own; disks stay small)."""
+        if self.fs is not None:
+            self.fs.rm(self.p(rel))
+        else:
+            os.unlink(self.p(rel))
 
     def write_big(self, rel: str, total: int) -> float:
         if self.fs is not None:
@@ -184,6 +207,10 @@ class _Files:
 
             def get(n: str) -> bytes:
                 with open(n, "rb") as f:
+                    # cold for the kernel: pages the create left are dropped (for every
+                    # target alike: the mount's open drops them anyway, another FUSE file
+                    # system's may keep them)
+                    os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
                     return f.read()
 
             st = os.stat
@@ -228,14 +255,17 @@ def mounted(where: str, mgmtd: bool, options: str) -> Iterator[str]:
 
 def run_mount_bench(where: str, plan: MountPlan, local_dir: str, *, mgmtd: bool = False,
                     step: Callable[[str], None] = lambda s: None) -> dict[str, Any]:
-    """Mount, native and local figures for every workload, and the raw limits."""
+    """Mount, native, local (and ``plan.compare_dir``'s) figures for every workload, each
+    target once per round, and the raw limits."""
     step("raw limits: loopback TCP, local disk (fsync'd write, cold read)")
     lim = {"loopback_tcp_Bps": limits.loopback_tcp_bytes_per_s(min(plan.big_bytes, 1 << 30))}
     lim["disk_fsync_write_Bps"], lim["disk_fsync_read_Bps"] = limits.disk_fsync_write_read_bytes_per_s(
         local_dir, min(plan.big_bytes, 256 << 20))
     tag = f"bench-mount-{os.getpid()}"
     local_root = tempfile.mkdtemp(prefix="loomfs-bench-local-", dir=local_dir)
-    rows: list[Row] = []
+    compare_root = tempfile.mkdtemp(prefix="loomfs-bench-", dir=plan.compare_dir) if plan.compare_dir else ""
+    per_round: list[dict[str, dict[str, float]]] = []
+    cpu: dict[str, dict[str, float]] = {}
     with loomfs.connect(where) as fs:
         fs.makedirs(f"/.bench/{tag}", exist_ok=True)
         native = _Files(f"/.bench/{tag}/native", fs=fs, where=where)
@@ -248,48 +278,82 @@ def run_mount_bench(where: str, plan: MountPlan, local_dir: str, *, mgmtd: bool 
                 mnt = _Files(f"{mp}/.bench/{tag}/mnt", daemon_pid=int(pid_text) if pid_text.isdigit() else None)
                 os.makedirs(mnt.root)
                 loc = _Files(local_root, block_bytes=LOCAL_BLOCK_BYTES)
-                targets = (("mount", mnt), ("native", native), ("local", loc))
-                vals: dict[str, dict[str, float]] = {}
-                cpu: dict[str, dict[str, float]] = {}
-                for label, t in targets:
-                    step(f"big file write/read, {plan.big_bytes >> 20} MiB: {label}")
-                    v = vals.setdefault(label, {})
-                    v["seq_write"] = t.write_big("big", plan.big_bytes)
-                    v["seq_read"] = t.read_big("big", plan.big_bytes)
-                    cpu[label] = t.read_cpu
-                    for n in plan.threads:
-                        step(f"4 KiB random reads, {n} thread(s): {label}")
-                        v[f"rand_4k_{n}t"] = t.random_reads("big", plan.big_bytes, n, plan.rand_count)
-                    step(f"small files, {plan.small_files} x {plan.small_bytes} B: {label}")
-                    v["small_create"], v["small_stat"], v["small_read"] = t.small_files(
-                        "small", plan.small_files, plan.small_bytes)
-                units = {"seq_write": "MB/s", "seq_read": "MB/s", "small_create": "files/s",
-                         "small_stat": "files/s", "small_read": "files/s"}
-                for name in vals["mount"]:
-                    scale = 1e-6 if units.get(name) == "MB/s" else 1.0
-                    rows.append(Row(name, units.get(name, "IOPS"), vals["mount"][name] * scale,
-                                    vals["native"][name] * scale, vals["local"][name] * scale))
+                targets = [("mount", mnt), ("native", native), ("local", loc)]
+                if compare_root:
+                    targets.append(("compare", _Files(compare_root)))
+                for rnd in range(plan.rounds):
+                    vals: dict[str, dict[str, float]] = {}
+                    for label, t in targets:
+                        v = vals.setdefault(label, {})
+                        sub = f"r{rnd}"
+                        t.makedirs(sub)
+                        if not plan.small_only:
+                            step(f"round {rnd + 1}: big file write/read, {plan.big_bytes >> 20} MiB: {label}")
+                            v["seq_write"] = t.write_big(f"{sub}/big", plan.big_bytes)
+                            v["seq_read"] = t.read_big(f"{sub}/big", plan.big_bytes)
+                            cpu[label] = t.read_cpu
+                            for n in plan.threads:
+                                step(f"round {rnd + 1}: 4 KiB random reads, {n} thread(s): {label}")
+                                v[f"rand_4k_{n}t"] = t.random_reads(f"{sub}/big", plan.big_bytes, n, plan.rand_count)
+                            t.remove(f"{sub}/big")
+                        step(f"round {rnd + 1}: small files, {plan.small_files} x {plan.small_bytes} B: {label}")
+                        v["small_create"], v["small_stat"], v["small_read"] = t.small_files(
+                            f"{sub}/small", plan.small_files, plan.small_bytes)
+                    per_round.append(vals)
         finally:
             fs.rmtree(f"/.bench/{tag}")
             shutil.rmtree(local_root, ignore_errors=True)
-    return {"plan": plan.__dict__, "limits": lim, "rows": [r.__dict__ | {"vs_native": r.vs_native} for r in rows],
-            "seq_read_cpu_s_per_gib": cpu}
+            if compare_root:
+                shutil.rmtree(compare_root, ignore_errors=True)
+    rows = _rows(per_round)
+    return {"plan": plan.__dict__, "limits": lim,
+            "rows": [r.__dict__ | {"vs_native": r.vs_native, "vs_compare": r.vs_compare} for r in rows],
+            "rounds": per_round, "seq_read_cpu_s_per_gib": cpu}
 
 
+_UNITS = {"seq_write": "MB/s", "seq_read": "MB/s", "small_create": "files/s", "small_stat": "files/s",
+          "small_read": "files/s"}
+
+
+def _rows(per_round: list[dict[str, dict[str, float]]]) -> list[Row]:
+    """Medians over the rounds, and each round's mount / compare."""
+    rows = []
+    for name in per_round[0]["mount"]:
+        scale = 1e-6 if _UNITS.get(name) == "MB/s" else 1.0
+
+        def med(label: str, name: str = name, scale: float = scale) -> float:
+            got = [r[label][name] * scale for r in per_round if label in r]
+            return statistics.median(got) if got else 0.0
+
+        paired = tuple(r["mount"][name] / r["compare"][name] for r in per_round
+                       if "compare" in r and r["compare"].get(name))
+        rows.append(Row(name, _UNITS.get(name, "IOPS"), med("mount"), med("native"), med("local"),
+                        med("compare"), paired))
+    return rows
 def table_lines(doc: dict[str, Any]) -> list[str]:
     lim = doc["limits"]
+    compare = bool(doc["plan"].get("compare_dir"))
+    rounds = doc["plan"].get("rounds", 1)
     out = [f"raw limits: loopback TCP {lim['loopback_tcp_Bps'] / 1e6:.0f} MB/s, local disk fsync'd write "
-           f"{lim['disk_fsync_write_Bps'] / 1e6:.0f} MB/s, cold read {lim['disk_fsync_read_Bps'] / 1e6:.0f} MB/s",
-           f"{'workload':<16} {'unit':<8} {'mount':>10} {'native':>10} {'local':>10} {'mount/native':>13} "
-           f"{'mount/limit':>12}"]
+           f"{lim['disk_fsync_write_Bps'] / 1e6:.0f} MB/s, cold read {lim['disk_fsync_read_Bps'] / 1e6:.0f} MB/s"
+           + (f"; medians of {rounds} rounds" if rounds > 1 else ""),
+           f"{'workload':<16} {'unit':<8} {'mount':>10} {'native':>10} {'local':>10} "
+           + (f"{'compare':>10} " if compare else "")
+           + f"{'mount/native':>13} " + (f"{'mount/compare':>14} " if compare else "") + f"{'mount/limit':>12}"]
     for r in doc["rows"]:
         limit = ""
-        if r["name"] == "seq_read":
+        if r["name"] in ("seq_read", "seq_write"):
             limit = f"{r['mount'] * 1e6 / lim['loopback_tcp_Bps']:.2f} TCP"
-        elif r["name"] == "seq_write":
-            limit = f"{r['mount'] * 1e6 / lim['loopback_tcp_Bps']:.2f} TCP"
-        out.append(f"{r['name']:<16} {r['unit']:<8} {r['mount']:>10.1f} {r['native']:>10.1f} {r['local']:>10.1f} "
-                   f"{r['vs_native']:>13.2f} {limit:>12}")
+        line = f"{r['name']:<16} {r['unit']:<8} {r['mount']:>10.1f} {r['native']:>10.1f} {r['local']:>10.1f} "
+        if compare:
+            line += f"{r['compare']:>10.1f} "
+        line += f"{r['vs_native']:>13.2f} "
+        if compare:
+            line += f"{r['vs_compare']:>14.2f} "
+        out.append(line + f"{limit:>12}")
+    if compare and rounds > 1:
+        out.append("mount / compare per round: " + "; ".join(
+            f"{r['name']} " + " ".join(f"{x:.2f}" for x in r["vs_compare_rounds"]) for r in doc["rows"]))
     cpu = doc.get("seq_read_cpu_s_per_gib") or {}
     if cpu:
         def fmt(d: dict[str, float]) -> str:
@@ -309,6 +373,15 @@ def cmd_bench_mount(args: Any, where: str, disk_dir: str) -> int:
     if args.size is not None:
         plan.big_bytes = args.size
     plan.mount_options = args.mount_options
+    plan.rounds = max(1, getattr(args, "rounds", 1) or 1)
+    plan.compare_dir = getattr(args, "compare_dir", None) or ""
+    if getattr(args, "files_small", None):
+        plan.small_files = args.files_small
+    only = getattr(args, "only", None)
+    if only:
+        if only != "small":
+            raise SystemExit("loomfs bench --mount --only: only 'small' (the small-file workloads)")
+        plan.small_only = True
     show = not args.no_progress
 
     def step(text: str) -> None:
