@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import crc32c
 import pytest
-from test_replication_defects import CHUNK, CHUNK_SIZE, KEY, Chain3, run
+from test_replication_defects import CHUNK, CHUNK_SIZE, KEY, Chain3, FlakyEngine, run
 
 from loomfs.errors import LoomError
 from loomfs.wire.status import Status
-from loomfs.wire.storage import WRITE, RequestTag, WriteReq
+from loomfs.wire.storage import SYNC_FLUSH, WRITE, RequestTag, SyncFlushReq, WriteReq
 from loomfs.wire.types import TargetState
 
 
@@ -53,5 +53,46 @@ def test_failed_fsync_takes_the_replica_out_and_the_retry_is_acked_without_it(fa
         with pytest.raises(LoomError) as err:  # not even as a chain member again (mgmtd never would)
             await c.read(failing)
         assert err.value.status is Status.TARGET_NOT_SERVING
+
+    run(body)
+
+
+def test_resync_copies_are_made_durable_before_the_target_serves(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Resync copies commit without fsync; before the predecessor reports the resync done it
+    asks the syncing target (SYNC_FLUSH) to make every copy durable. Fenced like the copies:
+    only from its predecessor, for the current chain version, while it is syncing."""
+    flushed: list[tuple[int, object]] = []
+
+    async def make_durable(self, key):  # type: ignore[no-untyped-def]
+        flushed.append((id(self), key))
+
+    monkeypatch.setattr(FlakyEngine, "make_durable", make_durable)
+
+    async def body(c: Chain3) -> None:
+        data = b"sync" * 50
+        c.set_chain([1, 2], version=2, syncing=(3,))
+        copy = WriteReq(chain_id=1, chain_version=2, chunk=CHUNK, offset=0, length=len(data), chunk_size=CHUNK_SIZE,
+                        data_crc=crc32c.crc32c(data), forwarded=True, update_ver=4, full_replace=True, sync=True,
+                        from_target=c.tid(2))
+        await c.client.call(c.nodes[2].address, WRITE, copy, payload=memoryview(data), payload_crc=crc32c.crc32c(data))
+        assert c.content(3) == data and flushed == []  # committed, not flushed
+
+        async def flush(chain_version: int, sender: int) -> Status:
+            try:
+                await c.client.call(c.nodes[2].address, SYNC_FLUSH, SyncFlushReq(
+                    chain_id=1, chain_version=chain_version, from_target=c.tid(sender)))
+            except LoomError as exc:
+                assert exc.status is not None
+                return exc.status
+            return Status.OK
+
+        assert await flush(1, 2) is Status.STALE_CHAIN_VERSION
+        assert await flush(2, 1) is Status.TARGET_NOT_SERVING  # not its predecessor
+        assert flushed == []
+        assert await flush(2, 2) is Status.OK
+        assert flushed == [(id(c.engine(3)), KEY)]
+        assert await flush(2, 2) is Status.OK and len(flushed) == 1  # nothing new to flush
+        c.set_chain([1, 2, 3], version=3)
+        assert await flush(3, 2) is Status.TARGET_NOT_SERVING  # serving now: no resync to flush
 
     run(body)

@@ -5,7 +5,8 @@ chain, so every new update reaches it; its predecessor (the last serving member)
 the union of its own chunks and the target's chunk dump (QUERY_CHUNKS) and, under each
 chunk's lock (so it serialises with writes passing through), sends the committed chunk as a
 ``sync`` whole-chunk replace when versions differ, or removes chunks the chain no longer has.
-At the end it reports done; mgmtd makes the target SERVING. Progress (chunks and bytes left)
+At the end it asks the target to make every copy it received durable (SYNC_FLUSH: resync copies
+commit without fsync), then reports done; mgmtd makes the target SERVING. Progress (chunks and bytes left)
 goes to mgmtd every ``report_interval_s`` and shows in ``loomfs admin targets``.
 
 A chain change cancels the worker; the next routing check starts a fresh one for the new
@@ -33,11 +34,13 @@ from loomfs.wire.status import Status
 from loomfs.wire.storage import (
     QUERY_CHUNKS,
     REMOVE_CHUNKS,
+    SYNC_FLUSH,
     WRITE,
     ChunkId,
     ChunkMeta,
     QueryChunksReq,
     RemoveChunksReq,
+    SyncFlushReq,
     WriteReq,
 )
 from loomfs.wire.types import TargetState
@@ -46,7 +49,8 @@ logger = logging.getLogger(__name__)
 
 Reporter = Callable[[SyncReportReq], Awaitable[bool]]
 PAGE_CHUNKS = 10_000
-REPORT_BACKOFF = Backoff(0.1, 0.5)  # a progress report mgmtd did not answer is sent again
+REPORT_BACKOFF = Backoff(0.1, 0.5)
+SYNC_FLUSH_TIMEOUT_S = 60.0  # the target flushes every copy it received (one group commit per 1024)  # a progress report mgmtd did not answer is sent again
 
 
 @dataclass(frozen=True, slots=True)
@@ -219,6 +223,15 @@ class Resyncer:
                 bytes_left = max(0, bytes_left - mine.length)
             if self.bytes_per_s and sent:
                 await asyncio.sleep(sent / self.bytes_per_s)
+        await self._check_source(job)
+        flush = SyncFlushReq(chain_id=job.chain_id, chain_version=job.chain_version, from_target=job.source)
+        try:  # the copies on the target's disk before mgmtd makes it serving
+            await self.service.rpc.call(routing.address_of(job.dest), SYNC_FLUSH, flush,
+                                        timeout_s=max(self.service.forward_timeout_s, SYNC_FLUSH_TIMEOUT_S))
+        except LoomError as exc:
+            if exc.status is None or exc.status is Status.DEADLINE_EXCEEDED:
+                self._suspect(job, routing, f"sync flush failed: {exc}")
+            raise
         if not await self._report(job, 0, 0, done=True):
             raise StatusError(Status.STALE_CHAIN_VERSION, "mgmtd refused the sync-done report")
         return copied

@@ -11,6 +11,7 @@ its state, write and truncate handlers, resync copies, chunk listings.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
 import math
@@ -37,12 +38,14 @@ from loomfs.wire.status import Status
 from loomfs.wire.storage import (
     QUERY_CHUNKS,
     STORAGE_PING,
+    SYNC_FLUSH,
     TRUNCATE,
     WRITE,
     ChunkId,
     ChunkMeta,
     QueryChunksReq,
     QueryChunksRsp,
+    SyncFlushReq,
     TruncateReq,
     WriteReq,
     WriteRsp,
@@ -55,6 +58,7 @@ __all__ = ["StorageService", "pack_tags", "write_chain"]
 
 _EMPTY = memoryview(b"")
 REMOVE_PAGE = 1024
+SYNC_FLUSH_BATCH = 1024
 READ_LEASE_FRACTION = 0.8
 
 
@@ -127,6 +131,9 @@ class StorageService(ChunkReads, ChunkRemovals):
         self._gapped: dict[int, set[ChunkKey]] = {}  # see ChunkUpdates._gapped
         self.replacing: set[tuple[int, ChunkKey]] = set()
         self.foreground = ForegroundGate()  # clients' I/O in flight: background work yields to it
+        # target id -> chunks a resync copied here (committed without fsync): made durable by
+        # SYNC_FLUSH before the predecessor reports the resync done
+        self._sync_copies: dict[int, set[ChunkKey]] = {}
         # told (from any thread) when a failed fsync takes a target out of service: the node
         # heartbeats at once so mgmtd drops it from its chain (server.StorageNode sets it)
         self.on_target_failed: Callable[[int, str], None] | None = None
@@ -208,7 +215,27 @@ class StorageService(ChunkReads, ChunkRemovals):
                 await engine.remove_range(key.inode, key.index, key.index + 1)
             engine.stage_write(key, req.update_ver, 0, payload, data_crc=req.data_crc, full_replace=True,
                                tags=unpack_tags(req.tags))
-            return write_rsp(await self._commit(target, key, req.update_ver))
+            st = await self._commit(target, key, req.update_ver)
+            self._sync_copies.setdefault(target.target_id, set()).add(key)
+            return write_rsp(st)
+
+    @handles(SYNC_FLUSH)
+    async def sync_flush(self, req: SyncFlushReq, ctx: CallContext) -> Empty:
+        """Make every resync copy received here durable (data, directory, index row), before
+        the predecessor reports the resync done. Fenced like the copies themselves."""
+        chain_peers_only(ctx.identity, "sync flush")
+        self.check_writable()
+        target, pos, routing = await self._locate(req.chain_id, req.chain_version, for_update=True)
+        self._check_sync_sender(target, pos, routing, req.chain_version, req.from_target)
+        keys = sorted(self._sync_copies.pop(target.target_id, set()))
+        try:
+            with target.disk_errors():
+                for i in range(0, len(keys), SYNC_FLUSH_BATCH):  # one group commit per batch
+                    await asyncio.gather(*(target.engine.make_durable(k) for k in keys[i:i + SYNC_FLUSH_BATCH]))
+        except BaseException:
+            self._sync_copies.setdefault(target.target_id, set()).update(keys)
+            raise
+        return Empty()
 
     @handles(QUERY_CHUNKS)
     async def query_chunks(self, req: QueryChunksReq, ctx: CallContext) -> QueryChunksRsp:

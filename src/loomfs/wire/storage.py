@@ -186,3 +186,17 @@ REMOVE_CHUNKS = method(SERVICE_STORAGE, 4, "remove_chunks", RemoveChunksReq, Rem
 QUERY_CHUNKS = method(SERVICE_STORAGE, 5, "query_chunks", QueryChunksReq, QueryChunksRsp, idempotent=True)
 STORAGE_PING = method(SERVICE_STORAGE, 6, "ping", Empty, Empty, idempotent=True)
 REPORT_CORRUPT = method(SERVICE_STORAGE, 7, "report_corrupt", ReportCorruptReq, Empty, idempotent=True)
+
+
+@message
+class SyncFlushReq(Message):
+    """The end of a resync: before it reports the resync done, the predecessor asks the syncing
+    target to make every copy it received durable (resync copies commit without fsync), so a
+    target mgmtd makes serving holds what it serves on its disk."""
+
+    chain_id: int = 0
+    chain_version: int = 0
+    from_target: int = 0  # the predecessor (the resync source)
+
+
+SYNC_FLUSH = method(SERVICE_STORAGE, 8, "sync_flush", SyncFlushReq, Empty, idempotent=True)
