@@ -43,6 +43,9 @@ _Entry = tuple[Method, Handler, Right]
 _Args = tuple[fr.Header, memoryview, Buffer | None, int, ByteBudget | None, "_Entry | None", float]
 
 
+_RESTARTED: Any = object()
+
+
 class _Rest:
     """The rest of an eagerly started request whose handler suspended, in a Task. A Task
     cancelled before its first step (shutdown) never runs its coroutine: then the handler is
@@ -56,19 +59,21 @@ class _Rest:
         self.coro, self.yielded, self.deadline = coro, yielded, deadline
         self.begun = False
 
-    def start(self, throw: BaseException | None = None) -> None:
+    def start(self) -> None:
         conn = self.conn
-        task = conn._loop.create_task(self._run(throw), context=self.ctx)
+        task = conn._loop.create_task(self._run(None, self.yielded), context=self.ctx)
         conn._track(task)
         task.add_done_callback(self._done)
 
-    async def _run(self, throw: BaseException | None) -> None:
+    async def _run(self, throw: BaseException | None, yielded: Any) -> None:
         self.begun = True
-        await self.conn._finish(*self.args, resume(self.coro, self.yielded, throw), self.deadline)
+        await self.conn._finish(*self.args, resume(self.coro, yielded, throw), self.deadline)
 
     def _done(self, task: asyncio.Task[None]) -> None:
-        if not self.begun and task.cancelled():
-            self.start(asyncio.CancelledError())
+        if not self.begun and task.cancelled() and self.yielded is not _RESTARTED:
+            self.yielded, yielded = _RESTARTED, self.yielded  # once: a second early cancel leaves it
+            task = self.conn._loop.create_task(self._run(asyncio.CancelledError(), yielded), context=self.ctx)
+            self.conn._track(task)
 
 
 class RequestRunner:
