@@ -1,7 +1,8 @@
 """RPC over frames: a server that dispatches by (service, method) and a pooled client.
 
 Servers: every request runs in its own task (bounded per connection, reading pauses past
-the bound); unknown methods, undecodable bodies and bad payload CRCs get an error status;
+the bound), or, with ``RpcServer(eager=True)``, starts at once and gets a task only if its
+handler suspends (``net.rpc_serve``, ``net.rpc_eager``); unknown methods, undecodable bodies and bad payload CRCs get an error status;
 handler exceptions become status codes (never pickled); a broken peer only loses its own
 connection. Clients: one multiplexed connection per peer, deadlines on every call, retry
 with exponential backoff for idempotent methods, replies received straight into the
