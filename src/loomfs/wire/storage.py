@@ -10,6 +10,7 @@ data travels as the frame payload (CRC32C-checked by the framing layer and again
 
 from __future__ import annotations
 
+from loomfs.common.identity import Right
 from loomfs.wire.message import Empty, Message, many, message, method
 from loomfs.wire.types import SERVICE_STORAGE
 
@@ -199,4 +200,5 @@ class SyncFlushReq(Message):
     from_target: int = 0  # the predecessor (the resync source)
 
 
-SYNC_FLUSH = method(SERVICE_STORAGE, 8, "sync_flush", SyncFlushReq, Empty, idempotent=True)
+# chain peers only (the handler refuses anyone without SERVICE, admins included)
+SYNC_FLUSH = method(SERVICE_STORAGE, 8, "sync_flush", SyncFlushReq, Empty, idempotent=True, needs=Right.SERVICE)
