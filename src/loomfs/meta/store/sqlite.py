@@ -26,7 +26,7 @@ its own, and reads wait behind the writer.
 
 Checkpoints (copying the WAL back into the database file, and fsyncs of both) run on a
 checkpoint thread with its own connection after every ``CHECKPOINT_EVERY_WRITES`` committed
-writers (``_Checkpointer``), instead of inside the COMMIT that happens to pass SQLite's
+writers (``Checkpointer``), instead of inside the COMMIT that happens to pass SQLite's
 automatic threshold: that COMMIT stalled the loop, reads included, for a copy of ~1000 pages
 and two fsyncs (measured: COMMIT mean 44 us against a median of 26 and max 12 ms at NORMAL;
 p99 14 ms, max 50-150 ms at FULL). Now a writer may wait for the last part of a checkpoint
@@ -68,6 +68,13 @@ from loomfs.meta.store.base import (
     QuickHit,
     note_commit,
 )
+from loomfs.meta.store.sqlite_checkpoint import (
+    BACKSTOP_WRITES,
+    CHECKPOINT_EVERY_WRITES,
+    CHECKPOINT_READERS_WAIT_S,
+    Checkpointer,
+    fatal,
+)
 from loomfs.meta.store.sqlite_txn import (
     LOOKUP_PATH_MAX,
     ReadOnlyTxn,
@@ -78,7 +85,7 @@ from loomfs.meta.store.sqlite_txn import (
 )
 from loomfs.wire.types import Attr
 
-__all__ = ["ReadOnlyTxn", "SqliteStore", "SqliteTxn"]
+__all__ = ["BACKSTOP_WRITES", "CHECKPOINT_EVERY_WRITES", "ReadOnlyTxn", "SqliteStore", "SqliteTxn"]
 
 logger = logging.getLogger(__name__)
 
@@ -93,24 +100,6 @@ READ_CONNECTIONS_MAX = 4  # read transactions open at once (more wait)
 BUSY_POLL_MIN_S = 0.0005
 BUSY_POLL_MAX_S = 0.02
 BUSY_POLL = Backoff(BUSY_POLL_MIN_S, BUSY_POLL_MAX_S)
-# a checkpoint on the checkpoint thread after this many committed writers (a small-file create
-# writes ~6 pages: ~800 pages, under SQLite's default automatic threshold of 1000)
-CHECKPOINT_EVERY_WRITES = 128
-# should the thread fall behind by this many committed writers, the loop checkpoints itself
-# (between groups; its result checked like the thread's)
-BACKSTOP_WRITES = 8 * CHECKPOINT_EVERY_WRITES
-# a checkpoint that fails with one of these (the disk refused a write or an fsync, or the file
-# is damaged) fails the store: after a failed fsync the kernel may have dropped the pages it
-# could not write, so no later checkpoint can be trusted to copy what was acknowledged
-# (PostgreSQL's 2018 answer). A full disk is not among them: the WAL still holds every frame,
-# a later checkpoint copies them once there is room, and COMMITs meet the full disk themselves
-# (CommitFailed); a restart would only meet it again.
-_FATAL_CODES = (sqlite3.SQLITE_IOERR, sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB)
-CHECKPOINT_HOLD_S = 2.0  # the checkpoint thread waits this long for the loop to hold its writers off
-# with the writers held off, a RESTART waits this long for readers still on old WAL frames, then
-# gives up until next time (the writers wait meanwhile: keep it short)
-CHECKPOINT_READERS_WAIT_S = 0.05
-
 _SYNC_MODES = ("OFF", "NORMAL", "FULL", "EXTRA")
 
 
@@ -129,97 +118,6 @@ class _Group:
 
     def __repr__(self) -> str:
         return f"_Group(writers={self.writers} ok={self.ok} settled={self.settled})"
-
-
-class _Checkpointer:
-    """A thread with its own connection that checkpoints when woken (SQLite's calls release
-    the GIL, so the loop goes on meanwhile). Started on the first wake."""
-
-    def __init__(self, store: SqliteStore):
-        self._path = store.path
-        self._store = store
-        self._wake = threading.Event()
-        self._stopping = False
-        self._thread: threading.Thread | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-
-    def start(self) -> None:
-        """Start the thread (with the store: starting one can take tens of milliseconds on a
-        busy host, better not in the middle of serving)."""
-        self._thread = threading.Thread(target=self._run, name="loomfs-meta-checkpoint", daemon=True)
-        self._thread.start()
-
-    def wake(self) -> None:
-        """Called on the loop (a COMMIT settled): checkpoint soon."""
-        if self._loop is None:
-            self._loop = asyncio.get_running_loop()
-        if self._thread is None:
-            self.start()
-        self._wake.set()
-
-    def _run(self) -> None:
-        conn = _connect(self._path, CHECKPOINT_READERS_WAIT_S)
-        try:
-            while True:
-                self._wake.wait()
-                self._wake.clear()
-                if self._stopping:
-                    return
-                try:
-                    self._checkpoint(conn)
-                except sqlite3.Error as exc:
-                    if _fatal(exc):
-                        self._report(exc)
-                        return
-                    logger.warning("metastore %s: checkpoint failed (tried again later): %s", self._path, exc)
-                except RuntimeError:  # the loop closed under us: the store is closing
-                    return
-        finally:
-            conn.close()
-
-    def _checkpoint(self, conn: sqlite3.Connection) -> None:
-        """The bulk of the copy beside the writers (PASSIVE), then, with the loop's writers
-        held off (``SqliteStore._hold``), a RESTART for the frames they added meanwhile,
-        which starts the WAL over so it stays small (a PASSIVE alone never catches up with a
-        steady stream of writers, and a RESTART beside them starves)."""
-        conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
-        held = threading.Event()
-        assert self._loop is not None
-        self._loop.call_soon_threadsafe(self._store._hold, held)  # noqa: SLF001
-        try:
-            if not held.wait(CHECKPOINT_HOLD_S) or self._stopping:
-                self._store.checkpoints_busy += 1
-                return
-            busy = conn.execute("PRAGMA wal_checkpoint(RESTART)").fetchone()[0]
-        finally:
-            self._loop.call_soon_threadsafe(self._store._unhold)  # noqa: SLF001
-        self._store.checkpoints += 1
-        self._store._writes_unchecked = 0  # noqa: SLF001
-        if busy:
-            self._store.checkpoints_busy += 1
-
-    def _report(self, exc: sqlite3.Error) -> None:
-        loop = self._loop
-        try:
-            if loop is not None:
-                loop.call_soon_threadsafe(self._store._fail, exc)  # noqa: SLF001
-        except RuntimeError:  # the loop is gone: nothing more can be acknowledged anyway
-            logger.critical("metastore %s: checkpoint failed: %s", self._path, exc)
-
-    def stop(self) -> None:
-        """End the thread (a checkpoint under way finishes first)."""
-        self._stopping = True
-        self._wake.set()
-        if self._thread is not None:
-            self._thread.join()
-
-    def __repr__(self) -> str:
-        return f"_Checkpointer({self._path!r} running={self._thread is not None and self._thread.is_alive()})"
-
-
-def _fatal(exc: sqlite3.Error) -> bool:
-    code = getattr(exc, "sqlite_errorcode", None)
-    return code is not None and (code & 0xFF) in _FATAL_CODES
 
 
 def _connect(path: str, busy_timeout_s: float) -> sqlite3.Connection:
@@ -290,11 +188,11 @@ class SqliteStore(MetaStore):
         self._writes_unchecked = 0  # committed writers since the last checkpoint that completed
         self.failed: BaseException | None = None  # a checkpoint's I/O error: no more writes
         self.on_fatal: Callable[[BaseException], None] | None = None  # called once, on the loop, then
-        self._checkpointer: _Checkpointer | None = None
+        self._checkpointer: Checkpointer | None = None
         self._holding: threading.Event | None = None  # writers wait: the checkpoint thread's RESTART
         if not self._single:
             self._conn.execute("PRAGMA wal_autocheckpoint = 0")  # the checkpoint thread's (checked) work
-            self._checkpointer = _Checkpointer(self)
+            self._checkpointer = Checkpointer(self, lambda: _connect(path, CHECKPOINT_READERS_WAIT_S))
             self._checkpointer.start()
         self.busy_waits = 0  # BEGIN IMMEDIATEs that found another process writing
         self.group_commit_max = group_commit_max
@@ -601,7 +499,7 @@ class SqliteStore(MetaStore):
         try:
             self._conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
         except sqlite3.Error as exc:
-            if _fatal(exc):
+            if fatal(exc):
                 self._fail(exc)
             else:
                 logger.warning("metastore %s: backstop checkpoint failed: %s", self.path, exc)
