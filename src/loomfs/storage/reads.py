@@ -147,6 +147,8 @@ class ChunkReads(ChunkUpdates, Fencing):
 
         try:
             n = await asyncio.get_running_loop().run_in_executor(None, fill)
+        except asyncio.CancelledError:
+            raise  # the thread may still be filling buf: it must not go back to the pool
         except BaseException:
             self.pool.release(buf)
             raise
