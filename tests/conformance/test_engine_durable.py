@@ -223,6 +223,7 @@ def test_index_checkpoints_are_explicit_and_a_failed_one_fails_the_target(
         with pytest.raises(OSError):
             await e.commit(ChunkKey(9, 9), 1)
         assert e.failed and "checkpoint" in e.failed
+        e._marker.join(DEADLINE_S)  # written on its own thread (an fsync may hang on a failing disk)
         assert (tmp_path / "t" / "FSYNC_FAILED").exists()
 
     try:

@@ -119,6 +119,8 @@ from loomfs.storage.engine.types import (
 
 logger = logging.getLogger(__name__)
 
+MARKER_WAIT_S = 30.0  # close() waits this long for the FSYNC_FAILED marker to be written
+
 class FileEngine(BlockChecks, ChunkEngine):
     def __init__(
         self,
@@ -227,9 +229,13 @@ class FileEngine(BlockChecks, ChunkEngine):
         logger.critical("engine %s: %s: the target stops serving and leaves its chain; it comes back only "
                         "verified and resynced (restart its storage process once the disk is checked)",
                         self.path, self.failed)
-        write_marker(self.path, self.failed)
-        if self.on_failed is not None:
+        if self.on_failed is not None:  # first: the node heartbeats it OFFLINE at once
             self.on_failed(self.failed)
+        # the marker on its own thread: an fsync on the failing disk may hang, and this may run
+        # on the event loop (heartbeats must go on); close() waits for it
+        self._marker = threading.Thread(target=write_marker, args=(self.path, self.failed),
+                                        name="fsync-failed-marker", daemon=True)
+        self._marker.start()
 
     def _check_failed(self) -> None:
         if self.failed:
@@ -764,6 +770,9 @@ class FileEngine(BlockChecks, ChunkEngine):
         self._release()
 
     def _release(self) -> None:
+        marker: threading.Thread | None = getattr(self, "_marker", None)
+        if marker is not None:
+            marker.join(MARKER_WAIT_S)
         self._close_fds()
         for pool in (self._io, self._hasher):
             if pool is not None:

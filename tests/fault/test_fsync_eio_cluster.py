@@ -50,7 +50,7 @@ def test_failed_fsync_takes_targets_out_then_verify_and_resync(make_cluster: lis
     try:
         fs.makedirs("/ck", exist_ok=True)
         fs.set_layout("/ck", chunk_size=256 << 10, stripe=4, durable=True)
-        want = {f"/ck/a{i}": _write(fs, f"/ck/a{i}", rng.randbytes(rng.randrange(1, 600_000))) for i in range(6)}
+        want = {f"/ck/a{i}": _write(fs, f"/ck/a{i}", rng.randbytes(rng.randrange(8192, 600_000))) for i in range(6)}
         for d in target_dirs:
             (d / FAULT_TRIGGER).touch()  # from now on every fsync on storage2 fails with EIO
         t0 = time.monotonic()
@@ -62,7 +62,10 @@ def test_failed_fsync_takes_targets_out_then_verify_and_resync(make_cluster: lis
         assert all(t.state == TargetState.OFFLINE for t in r.targets if t.target_id in lost)
         log = Path(victim.log_path).read_text(errors="replace")
         assert "out of service" in log and "injected fsync failure" in log
-        assert any((d / MARKER).exists() for d in target_dirs)
+        deadline = time.monotonic() + 30  # the marker is written on its own thread
+        while not any((d / MARKER).exists() for d in target_dirs):
+            assert time.monotonic() < deadline, "no FSYNC_FAILED marker"
+            time.sleep(0.1)
         _check(fs, want)
         # the node stays alive, heartbeating, and its failed targets stay out
         time.sleep(3 * LEASE_S)
@@ -76,7 +79,7 @@ def test_failed_fsync_takes_targets_out_then_verify_and_resync(make_cluster: lis
         files = [p for d in target_dirs for p in d.glob(f"chunks/*/{inode:x}.*") if p.stat().st_size]
         rotten = max(files, key=lambda p: int(p.name.split(".")[2], 16))  # its newest version
         raw = bytearray(rotten.read_bytes())
-        raw[rng.randrange(min(len(raw), 4096))] ^= 0xFF  # within the content (not O_DIRECT padding)
+        raw[rng.randrange(4096)] ^= 0xFF  # within the content (a0 has >= 8 KiB), not O_DIRECT padding
         rotten.write_bytes(bytes(raw))
         t_back = time.monotonic()
         c.start_service("storage2")
