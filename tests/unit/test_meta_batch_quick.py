@@ -69,6 +69,7 @@ async def _tree(ns: Namespace) -> list[str]:
             "/a/dirlink/c/small", "/a/filelink", "/a/dangling", "/a/b/c/rel", "/a/hard", "/missing",
             "/a/missing/x", "/a/b/c/small/x", "/a/filelink/x", "/a/dangling/x", "/", "/a/b/c/small/",
             "/a/b/slash/small", "/a/b/slash", "/a//b", "/a/./b", "/a/\x00", "rel", "", "/" + "x" * 300,
+            "//a", "//many/f001", "/./a", "/a/..", "/a/.", "a/b", "/many/f001/", "/many/\x00x/f001",
             "/p/closed/inner/f", "/p/closed/inner/g", "/p/closed/inner/w", "/p/closed/inner/missing",
             "/p/closed", "/p/closed/inner", *(f"/many/f{i:03d}" for i in range(0, 45, 2))]
 

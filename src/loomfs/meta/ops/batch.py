@@ -39,7 +39,7 @@ from loomfs.meta.ops.base import DIR, FILE
 from loomfs.meta.ops.inline import check_crc
 from loomfs.meta.ops.namespace import Namespace
 from loomfs.meta.ops.walk import searchable, walk
-from loomfs.meta.paths import split_path
+from loomfs.meta.paths import NAME_MAX_BYTES, PATH_MAX_BYTES, split_path
 from loomfs.meta.store.base import DentryRow, InlineData, MetaTxn
 from loomfs.wire import meta_batch as wb
 from loomfs.wire.status import Status
@@ -79,6 +79,10 @@ class _NotRead(enum.Enum):
 
 
 _NOT_READ = _NotRead.NOT_READ
+# names and paths up to these many characters cannot pass ``split_path``'s byte limits (UTF-8:
+# at most 4 bytes a character), so the quick path checks them without encoding
+_PLAIN_NAME_MAX = NAME_MAX_BYTES // 4
+_PLAIN_PATH_MAX = PATH_MAX_BYTES // 4 - 1
 _UNSEEN = object()
 _Found = tuple[Attr, InlineData | None | _NotRead]
 
@@ -289,19 +293,19 @@ class BatchOps:
         dirs: dict[str, int | None] = {}
         by_dir: dict[int, list[tuple[int, str]]] = {}
         for k, path in enumerate(paths):
-            try:
-                parts = split_path(path)
-            except LoomError:
-                continue
-            if not parts:
-                continue  # the root
+            # ``split_path``'s checks, the parent's once per batch: a name or path long enough
+            # for its byte-length checks to matter, or anything odd, walks on its own
             cut = path.rfind("/")
-            parent = path[:cut] or "/"
+            name = path[cut + 1 :]
+            if (cut < 0 or len(path) > _PLAIN_PATH_MAX or not name or len(name) > _PLAIN_NAME_MAX
+                    or name == "." or name == ".." or "\x00" in name):
+                continue
+            parent = path[:cut]  # "" for the root's entries
             d = dirs.get(parent, _UNSEEN)
             if d is _UNSEEN:
-                d = dirs[parent] = await self._dir_of(memo, parts[:-1])
+                d = dirs[parent] = await self._parent_dir(memo, parent)
             if d is not None:
-                by_dir.setdefault(cast(int, d), []).append((k, parts[-1]))
+                by_dir.setdefault(cast(int, d), []).append((k, name))
         for d, items in by_dir.items():
             hits = entries_in(memo.txn, d, [name for _, name in items], with_inline=with_inline)
             if hits is None:
@@ -310,6 +314,19 @@ class BatchOps:
                 hit = hits.get(name)
                 if hit is not None:
                     out[k] = hit
+
+    async def _parent_dir(self, memo: _Memo, parent: str) -> int | None:
+        """``_dir_of`` the text before a path's last slash ("" for the root's entries; "/"
+        itself is a path that began "//": not normalised)."""
+        if parent == "":
+            return await self._dir_of(memo, [])
+        if parent == "/":
+            return None
+        try:
+            parts = split_path(parent)
+        except LoomError:
+            return None
+        return await self._dir_of(memo, parts)
 
     async def _dir_of(self, memo: _Memo, parts: list[str]) -> int | None:
         """The directory ``parts`` leads to, if the caller may search it; None for anything
