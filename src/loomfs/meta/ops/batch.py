@@ -155,13 +155,16 @@ class _Memo:
         return f"_Memo({len(self._rows)} lookups over {self._txn!r})"
 
 
-async def _in_order_or_together(paths: Sequence[str], steps: list[Coroutine[Any, Any, T]]) -> list[T]:
-    """Run the items' ``steps``: together when every path is distinct (their write
-    transactions then share group COMMITs: one COMMIT, and one fsync at ``synchronous=FULL``,
-    for many items instead of one each), else one after another. Together, they start in
-    order and a step runs until its transaction waits for its COMMIT, so the transactions
-    still run in request order. A step's unexpected error is raised once all are done."""
-    if len(set(paths)) != len(paths):
+async def _in_order_or_together(store: Any, paths: Sequence[str], steps: list[Coroutine[Any, Any, T]]) -> list[T]:
+    """Run the items' ``steps``: together when every path is distinct and the store runs
+    write transactions one after another in the order they start (``serial_writes``:
+    SQLite's one write connection; their transactions then share group COMMITs: one COMMIT,
+    and one fsync at ``synchronous=FULL``, for many items instead of one each), else one
+    after another (PostgreSQL could commit concurrent ones in another order). Together,
+    they start in order and a step runs until its transaction waits for its COMMIT, so the
+    transactions still run in request order. A step's unexpected error is raised once all
+    are done."""
+    if not getattr(store, "serial_writes", False) or len(set(paths)) != len(paths):
         return [await step for step in steps]
     results = await asyncio.gather(*steps, return_exceptions=True)
     for r in results:
@@ -364,7 +367,7 @@ class BatchOps:
                     logger.warning("meta: put_many of %s: closing its write session failed: %s", item.path, exc)
             return Put.FALLBACK if o.session_id else Put.DONE
 
-        return await _in_order_or_together([item.path for item in items],
+        return await _in_order_or_together(self.ns.store, [item.path for item in items],
                                            [one(item, planned) for item, planned in zip(items, plan, strict=True)])
 
     async def _put_plan(self, items: Sequence[PutItem]) -> list[Put | Failed | None]:
@@ -406,7 +409,7 @@ class BatchOps:
             except LoomError as exc:
                 return Failed.of(exc)
 
-        return await _in_order_or_together(paths, [one(p) for p in paths])
+        return await _in_order_or_together(self.ns.store, paths, [one(p) for p in paths])
 
     def __repr__(self) -> str:
         return f"BatchOps({self.ns!r})"

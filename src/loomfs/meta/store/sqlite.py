@@ -139,6 +139,10 @@ def _busy(exc: sqlite3.OperationalError) -> bool:
 class SqliteStore(MetaStore):
     """``commits``: write transactions committed; ``groups``: COMMITs that covered them."""
 
+    # write transactions run one after another on one connection, in the order their writers
+    # start (``loomfs.meta.ops.batch`` runs a batch's items together where this holds)
+    serial_writes = True
+
     def __init__(
         self,
         path: str,
