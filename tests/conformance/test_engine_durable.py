@@ -156,6 +156,7 @@ def test_a_failed_durable_batch_fails_the_target_until_verified(tmp_path: Path, 
     assert (tmp_path / "t" / "FSYNC_FAILED").exists()
     e2 = FileEngine(tmp_path / "t", fsync_on_commit=False)  # the next process verifies, then serves
     try:
+        assert e2.wait_verified(DEADLINE_S)
         assert not e2.failed and not (tmp_path / "t" / "FSYNC_FAILED").exists()
         st = e2.get(key)
         assert st is not None and st.commit_ver == 1
@@ -267,9 +268,52 @@ def test_verification_after_a_failed_fsync_keeps_mismatching_chunks_as_suspects(
     path.write_bytes(bytes(raw))
     e2 = FileEngine(tmp_path / "t")
     try:
+        assert e2.wait_verified(DEADLINE_S)
         assert not e2.failed and not (tmp_path / "t" / "FSYNC_FAILED").exists()
         assert e2.suspect_chunks == [bad]
         assert e2.get(bad).commit_ver == 1 and e2.get(good).commit_ver == 1  # type: ignore[union-attr]
         assert e2.verify(bad) and not e2.verify(good)
     finally:
+        e2.close()
+
+
+def test_a_target_verifying_after_a_failed_fsync_is_out_of_service_meanwhile(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The check runs on a thread (a big target takes long; the node's other targets serve);
+    until it ends the engine says it is failed (the node reports it OFFLINE) and commits are
+    refused (reviewer's R7)."""
+    from loomfs.storage.engine import diskfail
+    from loomfs.storage.engine.file import VERIFYING
+
+    e = FileEngine(tmp_path / "t")
+    key = ChunkKey(6, 0)
+
+    async def first() -> None:
+        e.stage_write(key, 1, 0, b"z" * 5000)
+        await e.commit(key, 1)
+
+    asyncio.run(first())
+    e._fail(OSError(errno.EIO, "injected"))
+    e.close()
+    release = threading.Event()
+    real = diskfail.content_ok
+
+    def slow(*args, **kw):  # type: ignore[no-untyped-def]
+        assert release.wait(DEADLINE_S)
+        return real(*args, **kw)
+
+    monkeypatch.setattr(diskfail, "content_ok", slow)
+    e2 = FileEngine(tmp_path / "t")
+    try:
+        assert e2.failed == VERIFYING
+        e2.stage_write(key, 2, 0, b"y" * 10)
+        with pytest.raises(OSError):
+            asyncio.run(e2.commit(key, 2))
+        e2.abort(key)
+        release.set()
+        assert e2.wait_verified(DEADLINE_S) and not e2.failed and e2.suspect_chunks == []
+        e2.stage_write(key, 2, 0, b"y" * 10)
+        assert asyncio.run(e2.commit(key, 2)).commit_ver == 2
+    finally:
+        release.set()
         e2.close()

@@ -227,6 +227,8 @@ class StorageNode:
         """Chunks a target's verification after a failed fsync found not matching their rows
         (engine.diskfail): the scrubber repairs each from a replica holding that version."""
         for t in self.targets:
+            if t.failed:
+                continue  # still verifying (or failed): its suspects wait
             suspects: list[Any] = getattr(t.engine, "suspect_chunks", [])
             for key in suspects:
                 self.scrubber.check_soon(t, key)
@@ -295,6 +297,7 @@ class StorageNode:
             self.resyncer.update(self.routing.current)  # restarts failed resyncs
         if self.service.has_leftovers:
             self._settle_soon()  # retries what the last chain change could not settle
+        self._repair_suspects()  # a verification after a failed fsync may have ended since
 
     def _target_failed(self, target_id: int, why: str) -> None:
         """A failed fsync took a target out of service (any thread): heartbeat now, so mgmtd

@@ -13,7 +13,7 @@ one failed fsync marks itself *failed* (``FileEngine.failed``):
   mgmtd takes it out of its chain without waiting for a revocation (the node already stopped
   serving it);
 * a marker file (``FSYNC_FAILED``) in the target directory makes the next process verify the
-  target before it registers: the index files are flushed and their cached pages dropped
+  target (on a thread, the target reported OFFLINE meanwhile; the node's other targets serve): the index files are flushed and their cached pages dropped
   before SQLite opens them (its WAL recovery must see what the disk has, not pages a process
   restart kept in the cache), then every committed chunk is flushed, its cached pages dropped,
   read back from the disk and checked against the CRC of its index row. Rows lost with the WAL
@@ -150,8 +150,15 @@ def content_ok(path: Path, length: int, crc: int, buf: bytearray, fsync: Fsync) 
         os.close(fd)
 
 
-def bad_chunks(chunks: Iterable[tuple[object, Path, int, int]], fsync: Fsync) -> list[object]:
+def bad_chunks(chunks: Iterable[tuple[object, Path, int, int]], fsync: Fsync,
+               stopped: Callable[[], bool] = lambda: False) -> list[object]:
     """The keys of ``(key, file, length, crc)`` whose file does not hold that content on the
-    disk; a failed flush raises."""
+    disk; a failed flush raises, and so does ``stopped()`` turning true (the engine closes)."""
     buf = bytearray(VERIFY_READ_BYTES)
-    return [key for key, path, length, crc in chunks if not content_ok(path, length, crc, buf, fsync)]
+    bad = []
+    for key, path, length, crc in chunks:
+        if stopped():
+            raise OSError(errno.ECANCELED, "verification stopped: the engine closes")
+        if not content_ok(path, length, crc, buf, fsync):
+            bad.append(key)
+    return bad

@@ -120,6 +120,7 @@ from loomfs.storage.engine.types import (
 logger = logging.getLogger(__name__)
 
 MARKER_WAIT_S = 30.0  # close() waits this long for the FSYNC_FAILED marker to be written
+VERIFYING = "verifying after a failed fsync"  # ``failed`` while the check runs (out of service)
 
 class FileEngine(BlockChecks, ChunkEngine):
     def __init__(
@@ -169,8 +170,15 @@ class FileEngine(BlockChecks, ChunkEngine):
         self._durable = DurableCommits(self._index, self._chunks_dir, fsync=self._fsync,
                                        on_error=self._fail)  # when not every commit fsyncs
         self._load()
+        self._stop_verify = threading.Event()
+        self._verifier: threading.Thread | None = None
         if failed_before and not self.failed:
-            self._verify_after_failure()
+            # out of service (reported OFFLINE) until verified, on a thread: a big target takes
+            # long to read back, and the node's other targets need not wait (reviewer's R7)
+            self.failed = VERIFYING
+            self._verifier = threading.Thread(target=self._verify_after_failure, name="verify-after-fsync-failure",
+                                              daemon=True)
+            self._verifier.start()
 
     # ---- start-up -----------------------------------------------------------------------
     def _load(self) -> None:
@@ -203,23 +211,34 @@ class FileEngine(BlockChecks, ChunkEngine):
             logger.warning("engine %s: %d index rows had malformed request tags (dropped)", self.path, bad_tags)
 
     def _verify_after_failure(self) -> None:
-        """The last process saw an fsync fail here (``diskfail``): every committed chunk whose
-        file does not hold its row's content on the disk is kept as a suspect (the scrubber
-        repairs it once the node is registered), then the index is checkpointed and the marker
-        cleared. A flush that fails again leaves the target failed (it registers OFFLINE)."""
+        """The last process saw an fsync fail here (``diskfail``); runs on its own thread while
+        the target is out of service (nothing else touches the index or the files meanwhile):
+        every committed chunk whose file does not hold its row's content on the disk is kept as
+        a suspect (the node hands it to the scrubber), then the index is checkpointed, the
+        marker cleared and the target serves again (the node's next heartbeat says so; it
+        rejoins through resync). A flush that fails again leaves the target failed."""
         chunks = [(key, self._file(key, m.file_ver), m.length, m.crc) for key, m in self._meta.items()]
         try:
-            bad = bad_chunks(chunks, self._fsync)
+            bad = bad_chunks(chunks, self._fsync, self._stop_verify.is_set)
             fsync_path(self._chunks_dir, self._fsync)
             self._index.checkpoint()
             self._index.sync(self._fsync)
             clear_marker(self.path, self._fsync)
         except (OSError, sqlite3.Error) as exc:
-            self._fail(exc)
+            self.failed = f"verification after a failed fsync failed: {exc}"
+            logger.critical("engine %s: %s: the target stays out of service", self.path, self.failed)
             return
         self.suspect_chunks = [k for k in bad if isinstance(k, ChunkKey)]
         logger.warning("engine %s: verified %d chunks after a failed fsync: %d did not match their index row "
                        "(kept for the scrubber to repair from another replica)", self.path, len(chunks), len(bad))
+        self.failed = ""
+
+    def wait_verified(self, timeout_s: float | None = None) -> bool:
+        """Wait for a verification after a failed fsync (if one runs); True once it ended."""
+        if self._verifier is not None:
+            self._verifier.join(timeout_s)
+            return not self._verifier.is_alive()
+        return True
 
     def _fail(self, exc: BaseException) -> None:
         """A flush failed: the disk state is unknown. Out of service from now on (any thread)."""
@@ -770,6 +789,9 @@ class FileEngine(BlockChecks, ChunkEngine):
         self._release()
 
     def _release(self) -> None:
+        self._stop_verify.set()
+        if self._verifier is not None:
+            self._verifier.join()  # it stops at its next chunk (the index must outlive it)
         marker: threading.Thread | None = getattr(self, "_marker", None)
         if marker is not None:
             marker.join(MARKER_WAIT_S)
