@@ -67,4 +67,5 @@ class Handle:
     times_ns: tuple[int, int] | None = None
     prefetch: Prefetcher | None = None  # read-only handles: sequential read-ahead (loomfs.mount.prefetch)
     hold_id: int = 0  # read-only handles of files in chunks: the read hold at meta (loomfs.mount.holds)
+    lost: bool = False  # its hold lapsed and could not be taken again: reads answer EIO
 

@@ -51,6 +51,7 @@ class FileOps(pyfuse3.Operations):
         async def _take_hold(self, path: str, f: AsyncFile) -> int: ...
         async def _release_hold(self, hold_id: int) -> None: ...
         async def _drop_holds(self) -> None: ...
+        async def _check_holds(self, h: Handle) -> None: ...
 
     def _writers(self, inode: int) -> list[Handle]:
         """Write handles of ``inode`` with an open client file (not one a close(2) closed)."""
@@ -248,6 +249,8 @@ class FileOps(pyfuse3.Operations):
         assert isinstance(h, Handle)
         if h.writable:
             await self._usable(h)
+        elif h.hold_id or h.lost:
+            await self._check_holds(h)  # a hold lapsed while the mount was away: EIO, not zeros
         w = h if h.writable else self._writer(h.inode)
         self.stats.read_started(size)
         n = 0

@@ -66,6 +66,7 @@ class LoomOperations(HoldOps, FileOps):
         self._dirs: dict[int, tuple[int, int]] = {}  # directory inode -> (mode, gid) last seen
         self.holds = Holds()  # read holds at meta of read-only opens (loomfs.mount.holds)
         self._renew_task: asyncio.Task[None] | None = None
+        self._renewing: asyncio.Future[None] | None = None  # a hold renewal in flight
         self.stats = MountStats()  # what the kernel sent (user.loomfs.stats on the root)
         self.prefetch_budget = Budget(options.prefetch_mb << 20)  # loomfs.mount.prefetch
         self.xattr_probes = XattrProbes()  # setxattr's flags, from pyfuse3's check before it
