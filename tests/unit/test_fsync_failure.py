@@ -96,3 +96,53 @@ def test_resync_copies_are_made_durable_before_the_target_serves(monkeypatch: py
         assert await flush(3, 2) is Status.TARGET_NOT_SERVING  # serving now: no resync to flush
 
     run(body)
+
+
+def test_resync_flushes_the_target_in_bounded_steps(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A big resync does not end in one huge SYNC_FLUSH (reviewer's R15): the source flushes the
+    target every SYNC_FLUSH_EVERY copies and once at the end, before its done report; every copy
+    is made durable exactly once."""
+    from loomfs.storage import resync
+    from loomfs.storage.resync import Resyncer, SyncJob
+    from loomfs.wire.mgmtd import SyncReportReq
+
+    monkeypatch.setattr(resync, "SYNC_FLUSH_EVERY", 2)
+    flushed: list[object] = []
+
+    async def make_durable(self, key):  # type: ignore[no-untyped-def]
+        flushed.append(key)
+
+    monkeypatch.setattr(FlakyEngine, "make_durable", make_durable)
+    calls: list[int] = []
+    real_flush = Resyncer._flush_dest
+
+    async def counting(self, job, routing):  # type: ignore[no-untyped-def]
+        calls.append(len(flushed))
+        await real_flush(self, job, routing)
+
+    monkeypatch.setattr(Resyncer, "_flush_dest", counting)
+
+    async def body(c: Chain3) -> None:
+        c.set_chain([1, 2], version=2)  # target 3 is out: it misses these writes
+        for i in range(5):
+            data = bytes([65 + i]) * 100
+            req = WriteReq(chain_id=1, chain_version=2, chunk=CHUNK.__class__(inode=50, index=i), offset=0,
+                           length=len(data), chunk_size=CHUNK_SIZE, data_crc=crc32c.crc32c(data),
+                           tag=RequestTag(client_id=3, request_id=i + 1))
+            await c.client.call(c.nodes[0].address, WRITE, req, payload=memoryview(data),
+                                payload_crc=crc32c.crc32c(data))
+        c.set_chain([1, 2], version=3, syncing=(3,))
+        reports: list[SyncReportReq] = []
+
+        async def report(req: SyncReportReq) -> bool:
+            reports.append(req)
+            return True
+
+        r = Resyncer(c.nodes[1].service, report)
+        job = SyncJob(chain_id=1, chain_version=3, source=c.tid(2), dest=c.tid(3))
+        assert await r._sync(job, await c.routing.get()) == 5
+        assert calls == [0, 2, 4]  # after 2 and 4 copies, and the last one before the done report
+        assert len(flushed) == 5 and len(set(flushed)) == 5
+        assert reports[-1].done
+
+    run(body)

@@ -5,8 +5,8 @@ chain, so every new update reaches it; its predecessor (the last serving member)
 the union of its own chunks and the target's chunk dump (QUERY_CHUNKS) and, under each
 chunk's lock (so it serialises with writes passing through), sends the committed chunk as a
 ``sync`` whole-chunk replace when versions differ, or removes chunks the chain no longer has.
-At the end it asks the target to make every copy it received durable (SYNC_FLUSH: resync copies
-commit without fsync), then reports done; mgmtd makes the target SERVING. Progress (chunks and bytes left)
+Every ``SYNC_FLUSH_EVERY`` copies and at the end it asks the target to make the copies it received
+durable (SYNC_FLUSH: resync copies commit without fsync), then reports done; mgmtd makes the target SERVING. Progress (chunks and bytes left)
 goes to mgmtd every ``report_interval_s`` and shows in ``loomfs admin targets``.
 
 A chain change cancels the worker; the next routing check starts a fresh one for the new
@@ -50,7 +50,8 @@ logger = logging.getLogger(__name__)
 Reporter = Callable[[SyncReportReq], Awaitable[bool]]
 PAGE_CHUNKS = 10_000
 REPORT_BACKOFF = Backoff(0.1, 0.5)
-SYNC_FLUSH_TIMEOUT_S = 60.0  # the target flushes every copy it received (one group commit per 1024)  # a progress report mgmtd did not answer is sent again
+SYNC_FLUSH_TIMEOUT_S = 60.0  # the target flushes the copies since the last flush (group-committed)
+SYNC_FLUSH_EVERY = 256  # copies between two SYNC_FLUSH calls (and one at the end): each stays short  # a progress report mgmtd did not answer is sent again
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,7 +185,7 @@ class Resyncer:
         usage = target.engine.usage()
         chunks_left, bytes_left = usage.chunk_count, usage.used_bytes
         last_report = 0.0
-        copied = 0
+        copied = flushed_at = 0
         local_iter = self._local_pages(target)
         remote_iter = self._remote_pages(job, routing).__aiter__()
         local: list[ChunkState] = next(local_iter, [])
@@ -218,23 +219,30 @@ class Resyncer:
                     self._suspect(job, routing, f"sync write failed: {exc}")
                 raise
             copied += sent > 0
+            if copied - flushed_at >= SYNC_FLUSH_EVERY:  # bounded flushes (one per this many copies)
+                await self._flush_dest(job, routing)
+                flushed_at = copied
             if mine is not None:
                 chunks_left = max(0, chunks_left - 1)
                 bytes_left = max(0, bytes_left - mine.length)
             if self.bytes_per_s and sent:
                 await asyncio.sleep(sent / self.bytes_per_s)
+        await self._flush_dest(job, routing)  # the copies on the target's disk before it serves
+        if not await self._report(job, 0, 0, done=True):
+            raise StatusError(Status.STALE_CHAIN_VERSION, "mgmtd refused the sync-done report")
+        return copied
+
+    async def _flush_dest(self, job: SyncJob, routing: Routing) -> None:
+        """Ask the syncing target to make the copies it received so far durable (SYNC_FLUSH)."""
         await self._check_source(job)
         flush = SyncFlushReq(chain_id=job.chain_id, chain_version=job.chain_version, from_target=job.source)
-        try:  # the copies on the target's disk before mgmtd makes it serving
+        try:
             await self.service.rpc.call(routing.address_of(job.dest), SYNC_FLUSH, flush,
                                         timeout_s=max(self.service.forward_timeout_s, SYNC_FLUSH_TIMEOUT_S))
         except LoomError as exc:
             if exc.status is None or exc.status is Status.DEADLINE_EXCEEDED:
                 self._suspect(job, routing, f"sync flush failed: {exc}")
             raise
-        if not await self._report(job, 0, 0, done=True):
-            raise StatusError(Status.STALE_CHAIN_VERSION, "mgmtd refused the sync-done report")
-        return copied
 
     async def _report(self, job: SyncJob, chunks_left: int, bytes_left: int, *, done: bool) -> bool:
         req = SyncReportReq(target_id=job.dest, chain_id=job.chain_id, chain_version=job.chain_version,
