@@ -146,3 +146,38 @@ def test_resync_flushes_the_target_in_bounded_steps(monkeypatch: pytest.MonkeyPa
         assert reports[-1].done
 
     run(body)
+
+
+def test_repair_installs_durably_and_gives_up_on_a_failed_target(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Reviewer's R13: a scrub repair (or resync pull) installs the good copy with a durable
+    commit (it replaces bytes the disk lost), and stops retrying once the target failed."""
+    import asyncio
+    import errno
+
+    from loomfs.storage.engine.file import FileEngine
+    from loomfs.storage.engine.types import ChunkKey
+    from loomfs.storage.install import install_copy
+    from loomfs.storage.target import StorageTarget
+
+    class Svc:
+        replacing: set = set()  # type: ignore[type-arg]
+
+    e = FileEngine(tmp_path / "t")
+    t = StorageTarget(7001, e)
+    key = ChunkKey(8, 0)
+
+    async def go() -> None:
+        e.stage_write(key, 1, 0, b"bad" * 100)
+        await e.commit(key, 1)
+        before = e.durable_commits_total
+        await install_copy(Svc(), t, key, 1, memoryview(b"good" * 75), ())
+        assert e.durable_commits_total == before + 1 and not Svc.replacing
+        e._fail(OSError(errno.EIO, "injected"))
+        with pytest.raises(OSError):
+            await asyncio.wait_for(install_copy(Svc(), t, key, 1, memoryview(b"good" * 75), ()), 10)
+        assert not Svc.replacing
+
+    try:
+        asyncio.run(go())
+    finally:
+        e.close()

@@ -43,17 +43,22 @@ async def install_copy(service: _Replacing, target: StorageTarget, key: ChunkKey
     """Make ``data`` the committed version ``ver`` of ``key`` on ``target``; ``keep``: the
     pending version the chunk had, staged again on top (it may be the only copy of a version
     the old tail committed and served)."""
+    target.check_in_service()  # a failed target's disk is not touched (resync rebuilds it)
     service.replacing.add((target.target_id, key))  # reads refuse it meanwhile
     await target.engine.remove_range(key.inode, key.index, key.index + 1)
     attempt = 0
     while True:
         try:
             target.engine.stage_write(key, ver, 0, data, data_crc=crc32c.crc32c(data), full_replace=True, tags=tags)
-            await target.engine.commit(key, ver)
+            # durable: the copy replaces one the disk lost or rotted (and may be a checkpoint's)
+            await target.engine.commit(key, ver, durable=True)
             service.replacing.discard((target.target_id, key))
             break
         except OSError as exc:  # LoomError included
             target.engine.abort(key)
+            if target.failed:  # out of service now: nothing it holds is served; resync rebuilds it
+                service.replacing.discard((target.target_id, key))
+                raise
             logger.error("target %d chunk %s: installing a good copy of v%d failed (%s): retrying",
                          target.target_id, key, ver, exc)
             await asyncio.sleep(INSTALL_BACKOFF.delay_s(attempt))
@@ -65,6 +70,8 @@ async def install_copy(service: _Replacing, target: StorageTarget, key: ChunkKey
             return
         except OSError as exc:
             target.engine.abort(key)
+            if target.failed:
+                raise
             logger.error("target %d chunk %s: staging pending v%d again failed (%s): retrying",
                          target.target_id, key, keep.ver, exc)
             await asyncio.sleep(INSTALL_BACKOFF.delay_s(attempt))
