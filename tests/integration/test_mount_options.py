@@ -9,6 +9,7 @@ import ctypes
 import errno
 import mmap
 import os
+import stat
 import subprocess
 import sys
 import tempfile
@@ -312,3 +313,27 @@ def test_bench_mount_compares_in_rounds(cluster: LocalCluster) -> None:
         assert r["vs_compare"] == r["mount"] / r["compare"]
     lines = table_lines(doc)
     assert "mount/compare" in lines[1] and lines[-1].startswith("mount / compare per round:")
+
+
+def test_directory_attributes_after_creates(cluster: LocalCluster) -> None:
+    """The kernel asks for a directory's attributes after every create in it; the mount answers
+    from meta's last answer (no older than attr_timeout) with the create's times: mtime moves
+    with each create, and a change made elsewhere shows once attr_timeout has passed."""
+    with mounted(cluster, "-o", "attr_timeout=0.5") as mp:
+        d = mp / f"dircache-{os.getpid()}-{time.monotonic_ns()}"
+        d.mkdir()
+        os.stat(d)
+        before = os.stat(d).st_mtime_ns
+        (d / "a").write_bytes(b"x")
+        after = os.stat(d)
+        assert after.st_mtime_ns > before and after.st_ctime_ns >= after.st_mtime_ns - 1
+        with loomfs.connect(str(cluster.root)) as fs:
+            fs.chmod(f"/{d.name}", 0o700)  # another client
+        deadline = time.monotonic() + 10
+        n = 0
+        while stat.S_IMODE(os.stat(d).st_mode) != 0o700:  # creates go on: they must not keep it stale
+            assert time.monotonic() < deadline, "the other client's chmod never showed"
+            (d / f"b{n}").write_bytes(b"x")
+            n += 1
+            time.sleep(0.05)
+        assert len(os.listdir(d)) == 1 + n

@@ -38,6 +38,7 @@ class FileOps(pyfuse3.Operations):
     _cached: dict[int, tuple[int, int, int] | None]  # inode -> the version its kernel pages hold
     _next_fh: int
     _read_buffers: dict[int, list[bytearray]]  # request size -> free reply buffers
+    _dir_attrs: dict[int, tuple[Attr, float]]  # directory inode -> (attributes, when meta gave them)
     stats: MountStats
     prefetch_budget: Budget
 
@@ -46,7 +47,9 @@ class FileOps(pyfuse3.Operations):
         async def _attr(self, path: str) -> Attr: ...
         async def _owned(self, path: str, attr: Attr, ctx: Any, parent_inode: int) -> Attr: ...
         def _known(self, attr: Attr, path: str) -> pyfuse3.EntryAttributes: ...
-        def entry(self, attr: Attr) -> pyfuse3.EntryAttributes: ...
+        def entry(self, attr: Attr, *, from_meta: bool = True) -> pyfuse3.EntryAttributes: ...
+        def _dir_changed(self, *inodes: int | None) -> None: ...
+        def _dir_created_in(self, inode: int, known: tuple[Attr, float] | None) -> None: ...
         def _inode_path(self, inode: int) -> str: ...
         async def _take_hold(self, path: str, f: AsyncFile) -> int: ...
         async def _release_hold(self, hold_id: int) -> None: ...
@@ -220,6 +223,7 @@ class FileOps(pyfuse3.Operations):
         if self.options.read_only:
             raise pyfuse3.FUSEError(errno.EROFS)
         path = join(self.inodes.path(parent_inode), name)
+        parent_known = self._dir_attrs.pop(parent_inode, None)  # back with the create's times if it works
         perm = mode & 0o7777
         c = self.client
         if flags & os.O_EXCL:
@@ -239,6 +243,7 @@ class FileOps(pyfuse3.Operations):
         attr = opened if opened is not None and opened.inode else await self._attr(path)
         attr = await self._owned(path, attr, ctx, parent_inode)
         self.inodes.opened(attr.inode)
+        self._dir_created_in(parent_inode, parent_known)
         h = Handle(attr.inode, f, True, append=bool(flags & os.O_APPEND))
         fi = self._file_info(h, flags)
         return fi, self._known(attr, path)

@@ -15,6 +15,7 @@ import dataclasses
 import errno
 import os
 import stat
+import time
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
@@ -64,6 +65,8 @@ class LoomOperations(HoldOps, FileOps):
         self._next_fh = 1
         self._read_buffers: dict[int, list[bytearray]] = {}  # request size -> free reply buffers
         self._dirs: dict[int, tuple[int, int]] = {}  # directory inode -> (mode, gid) last seen
+        # directory inode -> (attributes, when meta gave them): getattr within attr_timeout
+        self._dir_attrs: dict[int, tuple[Attr, float]] = {}
         self.holds = Holds()  # read holds at meta of read-only opens (loomfs.mount.holds)
         self._renew_task: asyncio.Task[None] | None = None
         self._renewing: asyncio.Future[None] | None = None  # a hold renewal in flight
@@ -90,10 +93,12 @@ class LoomOperations(HoldOps, FileOps):
 
     # --- attributes ---------------------------------------------------------------------
 
-    def entry(self, attr: Attr) -> pyfuse3.EntryAttributes:
+    def entry(self, attr: Attr, *, from_meta: bool = True) -> pyfuse3.EntryAttributes:
         self.inodes.seen(attr)  # kept while open: answers getattr when the last name is gone
         if attr.type == FileType.DIRECTORY:  # what a create in it needs (set-group-ID)
             self._dirs[attr.inode] = (attr.mode, attr.gid)
+            if from_meta:
+                self._dir_attrs[attr.inode] = (attr, time.monotonic())
         e = pyfuse3.EntryAttributes()
         e.st_ino = attr.inode
         e.generation = 0
@@ -144,10 +149,32 @@ class LoomOperations(HoldOps, FileOps):
             if not self.inodes.lookups(inode):
                 self._cached.pop(inode, None)  # the kernel dropped the inode and its pages
                 self._dirs.pop(inode, None)
+                self._dir_attrs.pop(inode, None)
 
     @fuse_errors
     async def getattr(self, inode: int, ctx: Any = None) -> pyfuse3.EntryAttributes:
+        known = self._dir_attrs.get(inode)
+        if known is not None and time.monotonic() - known[1] < self.options.attr_timeout_s:
+            # a directory whose attributes meta gave within attr_timeout: the kernel asks
+            # again only because a create here dropped its copy (the create's times are in)
+            return self.entry(known[0], from_meta=False)
         return self.entry(await self._attr_of(inode))
+
+    def _dir_created_in(self, inode: int, known: tuple[Attr, float] | None) -> None:
+        """A file was created in directory ``inode`` through this mount: its cached attributes
+        from before the create (``known``: kept no longer than attr_timeout from meta's
+        answer, as the kernel would) come back with the create's mtime and ctime, so the
+        kernel's GETATTR after every create (it drops the parent's attributes) needs no meta
+        round trip."""
+        if known is not None:
+            now = time.time_ns()
+            self._dir_attrs[inode] = (dataclasses.replace(known[0], mtime_ns=now, ctime_ns=now), known[1])
+
+    def _dir_changed(self, *inodes: int | None) -> None:
+        """Other changes of these directories (entries, links, modes, attributes): ask meta."""
+        for inode in inodes:
+            if inode is not None:
+                self._dir_attrs.pop(inode, None)
 
     async def _attr_of(self, inode: int) -> Attr:
         """``inode``'s attributes: by its name here, or by inode when it is open here and the
@@ -193,6 +220,7 @@ class LoomOperations(HoldOps, FileOps):
 
     @fuse_errors
     async def setattr(self, inode: int, attr: Any, fields: Any, fh: int | None, ctx: Any) -> pyfuse3.EntryAttributes:
+        self._dir_changed(inode)
         # by inode (whatever names it has now, here or at another client; an open file whose
         # last name went lives on at meta as an orphan, loomfs.meta.orphans)
         path = self._inode_path(inode)
@@ -234,6 +262,7 @@ class LoomOperations(HoldOps, FileOps):
 
     @fuse_errors
     async def mkdir(self, parent_inode: int, name: bytes, mode: int, ctx: Any) -> pyfuse3.EntryAttributes:
+        self._dir_changed(parent_inode)
         path = join(self.inodes.path(parent_inode), name)
         if self._setgid(parent_inode):
             mode |= stat.S_ISGID  # a set-group-ID directory's subdirectories are too
@@ -267,12 +296,14 @@ class LoomOperations(HoldOps, FileOps):
 
     @fuse_errors
     async def rmdir(self, parent_inode: int, name: bytes, ctx: Any) -> None:
+        self._dir_changed(parent_inode)
         path = join(self.inodes.path(parent_inode), name)
         await self.call(self.client.rmdir(path))
         self.inodes.unlinked(path)
 
     @fuse_errors
     async def unlink(self, parent_inode: int, name: bytes, ctx: Any) -> None:
+        self._dir_changed(parent_inode)
         path = join(self.inodes.path(parent_inode), name)
         # a file open here (or anywhere) stays usable without a name: meta keeps it while
         # held (loomfs.meta.orphans; read-only opens here hold it, loomfs.mount.holds)
@@ -282,6 +313,7 @@ class LoomOperations(HoldOps, FileOps):
     @fuse_errors
     async def rename(self, parent_inode_old: int, name_old: bytes, parent_inode_new: int,
                      name_new: bytes, flags: int, ctx: Any) -> None:
+        self._dir_changed(parent_inode_old, parent_inode_new)
         src = join(self.inodes.path(parent_inode_old), name_old)
         dst = join(self.inodes.path(parent_inode_new), name_new)
         exchange = bool(flags & pyfuse3.RENAME_EXCHANGE)
@@ -301,12 +333,14 @@ class LoomOperations(HoldOps, FileOps):
 
     @fuse_errors
     async def symlink(self, parent_inode: int, name: bytes, target: bytes, ctx: Any) -> pyfuse3.EntryAttributes:
+        self._dir_changed(parent_inode)
         path = join(self.inodes.path(parent_inode), name)
         await self.call(self.client.symlink(os.fsdecode(target), path))
         return self._known(await self._owned(path, await self._attr(path), ctx, parent_inode), path)
 
     @fuse_errors
     async def mknod(self, parent_inode: int, name: bytes, mode: int, rdev: int, ctx: Any) -> pyfuse3.EntryAttributes:
+        self._dir_changed(parent_inode)
         path = join(self.inodes.path(parent_inode), name)
         kind = _SPECIAL_OF_BITS.get(stat.S_IFMT(mode))
         if kind is None:
@@ -327,6 +361,7 @@ class LoomOperations(HoldOps, FileOps):
 
     @fuse_errors
     async def link(self, inode: int, new_parent_inode: int, new_name: bytes, ctx: Any) -> pyfuse3.EntryAttributes:
+        self._dir_changed(new_parent_inode)
         src = self.inodes.path(inode)
         dst = join(self.inodes.path(new_parent_inode), new_name)
         await self.call(self.client.link(src, dst))
@@ -367,6 +402,7 @@ class LoomOperations(HoldOps, FileOps):
 
     @fuse_errors
     async def setxattr(self, inode: int, name: bytes, value: bytes, ctx: Any) -> None:
+        self._dir_changed(inode)
         # pyfuse3 does not pass XATTR_CREATE / XATTR_REPLACE: it checks them with a getxattr
         # first, in this request; what that check found says which flag it was, and meta
         # applies that flag in its own transaction (two clients creating one name at once:
@@ -389,6 +425,7 @@ class LoomOperations(HoldOps, FileOps):
 
     @fuse_errors
     async def removexattr(self, inode: int, name: bytes, ctx: Any) -> None:
+        self._dir_changed(inode)
         if name == LAYOUT_XATTR:
             raise pyfuse3.FUSEError(errno.EPERM)
         if self.options.read_only:
