@@ -157,6 +157,7 @@ class LoomOperations(HoldOps, FileOps):
         if known is not None and time.monotonic() - known[1] < self.options.attr_timeout_s:
             # a directory whose attributes meta gave within attr_timeout: the kernel asks
             # again only because a create here dropped its copy (the create's times are in)
+            self.stats.requests["getattr_dir_cached"] += 1
             return self.entry(known[0], from_meta=False)
         return self.entry(await self._attr_of(inode))
 
