@@ -317,6 +317,7 @@ class LoomOperations(HoldOps, FileOps):
         self._dir_changed(parent_inode_old, parent_inode_new)
         src = join(self.inodes.path(parent_inode_old), name_old)
         dst = join(self.inodes.path(parent_inode_new), name_new)
+        self._dir_changed(self.inodes.inode_of(src), self.inodes.inode_of(dst))  # moved ones: new ctime
         exchange = bool(flags & pyfuse3.RENAME_EXCHANGE)
         no_replace = bool(flags & pyfuse3.RENAME_NOREPLACE)
         if exchange:
