@@ -47,9 +47,9 @@ class FileOps(pyfuse3.Operations):
         async def _attr(self, path: str) -> Attr: ...
         async def _owned(self, path: str, attr: Attr, ctx: Any, parent_inode: int) -> Attr: ...
         def _known(self, attr: Attr, path: str) -> pyfuse3.EntryAttributes: ...
-        def entry(self, attr: Attr, *, from_meta: bool = True) -> pyfuse3.EntryAttributes: ...
-        def _dir_changed(self, *inodes: int | None) -> None: ...
-        def _dir_created_in(self, inode: int, known: tuple[Attr, float] | None) -> None: ...
+        def entry(self, attr: Attr) -> pyfuse3.EntryAttributes: ...
+        def _dir_create_starts(self, inode: int) -> tuple[tuple[Attr, float] | None, int]: ...
+        def _dir_created_in(self, inode: int, known: tuple[Attr, float] | None, epoch: int, ok: bool) -> None: ...
         def _inode_path(self, inode: int) -> str: ...
         async def _take_hold(self, path: str, f: AsyncFile) -> int: ...
         async def _release_hold(self, hold_id: int) -> None: ...
@@ -220,10 +220,20 @@ class FileOps(pyfuse3.Operations):
     @fuse_errors
     async def create(self, parent_inode: int, name: bytes, mode: int, flags: int,
                      ctx: Any) -> tuple[pyfuse3.FileInfo, pyfuse3.EntryAttributes]:
+        known, epoch = self._dir_create_starts(parent_inode)  # back with the create's times if it works
+        ok = False
+        try:
+            out = await self._create(parent_inode, name, mode, flags, ctx)
+            ok = True
+            return out
+        finally:
+            self._dir_created_in(parent_inode, known, epoch, ok)
+
+    async def _create(self, parent_inode: int, name: bytes, mode: int, flags: int,
+                      ctx: Any) -> tuple[pyfuse3.FileInfo, pyfuse3.EntryAttributes]:
         if self.options.read_only:
             raise pyfuse3.FUSEError(errno.EROFS)
         path = join(self.inodes.path(parent_inode), name)
-        parent_known = self._dir_attrs.pop(parent_inode, None)  # back with the create's times if it works
         perm = mode & 0o7777
         c = self.client
         if flags & os.O_EXCL:
@@ -243,7 +253,6 @@ class FileOps(pyfuse3.Operations):
         attr = opened if opened is not None and opened.inode else await self._attr(path)
         attr = await self._owned(path, attr, ctx, parent_inode)
         self.inodes.opened(attr.inode)
-        self._dir_created_in(parent_inode, parent_known)
         h = Handle(attr.inode, f, True, append=bool(flags & os.O_APPEND))
         fi = self._file_info(h, flags)
         return fi, self._known(attr, path)

@@ -11,12 +11,13 @@ at the edge, with the cause kept.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import errno
 import os
 import stat
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterator
 from typing import Any, TypeVar
 
 import pyfuse3
@@ -67,6 +68,7 @@ class LoomOperations(HoldOps, FileOps):
         self._dirs: dict[int, tuple[int, int]] = {}  # directory inode -> (mode, gid) last seen
         # directory inode -> (attributes, when meta gave them): getattr within attr_timeout
         self._dir_attrs: dict[int, tuple[Attr, float]] = {}
+        self._dir_epoch = 0  # grows with every directory change through this mount
         self.holds = Holds()  # read holds at meta of read-only opens (loomfs.mount.holds)
         self._renew_task: asyncio.Task[None] | None = None
         self._renewing: asyncio.Future[None] | None = None  # a hold renewal in flight
@@ -93,12 +95,10 @@ class LoomOperations(HoldOps, FileOps):
 
     # --- attributes ---------------------------------------------------------------------
 
-    def entry(self, attr: Attr, *, from_meta: bool = True) -> pyfuse3.EntryAttributes:
+    def entry(self, attr: Attr) -> pyfuse3.EntryAttributes:
         self.inodes.seen(attr)  # kept while open: answers getattr when the last name is gone
         if attr.type == FileType.DIRECTORY:  # what a create in it needs (set-group-ID)
             self._dirs[attr.inode] = (attr.mode, attr.gid)
-            if from_meta:
-                self._dir_attrs[attr.inode] = (attr, time.monotonic())
         e = pyfuse3.EntryAttributes()
         e.st_ino = attr.inode
         e.generation = 0
@@ -158,24 +158,50 @@ class LoomOperations(HoldOps, FileOps):
             # a directory whose attributes meta gave within attr_timeout: the kernel asks
             # again only because a create here dropped its copy (the create's times are in)
             self.stats.requests["getattr_dir_cached"] += 1
-            return self.entry(known[0], from_meta=False)
-        return self.entry(await self._attr_of(inode))
+            return self.entry(known[0])
+        epoch, asked = self._dir_epoch, time.monotonic()
+        attr = await self._attr_of(inode)
+        if attr.type == FileType.DIRECTORY and self._dir_epoch == epoch:
+            # kept only when no directory changed through this mount while meta answered:
+            # an answer from before such a change commits must not outlive it
+            self._dir_attrs[inode] = (attr, asked)
+        return self.entry(attr)
 
-    def _dir_created_in(self, inode: int, known: tuple[Attr, float] | None) -> None:
-        """A file was created in directory ``inode`` through this mount: its cached attributes
-        from before the create (``known``: kept no longer than attr_timeout from meta's
-        answer, as the kernel would) come back with the create's mtime and ctime, so the
-        kernel's GETATTR after every create (it drops the parent's attributes) needs no meta
-        round trip."""
-        if known is not None:
+    def _dir_create_starts(self, inode: int) -> tuple[tuple[Attr, float] | None, int]:
+        """A create in directory ``inode`` starts: its cached attributes step aside; returns
+        them and the directory epoch, for ``_dir_created_in``."""
+        self._dir_epoch += 1
+        return self._dir_attrs.pop(inode, None), self._dir_epoch
+
+    def _dir_created_in(self, inode: int, known: tuple[Attr, float] | None, epoch: int, ok: bool) -> None:
+        """A create in directory ``inode`` ended (``ok``: it worked). Its cached attributes from
+        before (``known``: no older than attr_timeout from meta's answer, as the kernel's
+        would be) come back with the create's mtime and ctime, unless another directory
+        change through this mount came meanwhile, so the kernel's GETATTR after every create
+        (it drops the parent's attributes) needs no meta round trip. The times are this
+        host's clock until meta is asked again."""
+        unchanged = self._dir_epoch == epoch
+        self._dir_epoch += 1
+        if ok and known is not None and unchanged:
             now = time.time_ns()
             self._dir_attrs[inode] = (dataclasses.replace(known[0], mtime_ns=now, ctime_ns=now), known[1])
 
     def _dir_changed(self, *inodes: int | None) -> None:
         """Other changes of these directories (entries, links, modes, attributes): ask meta."""
+        self._dir_epoch += 1
         for inode in inodes:
             if inode is not None:
                 self._dir_attrs.pop(inode, None)
+
+    @contextlib.contextmanager
+    def _dir_change(self, *inodes: int | None) -> Iterator[None]:
+        """Around a change of these directories: their cached attributes go at its start and
+        at its end (a GETATTR answered by meta meanwhile is not kept: ``_dir_epoch``)."""
+        self._dir_changed(*inodes)
+        try:
+            yield
+        finally:
+            self._dir_changed(*inodes)
 
     async def _attr_of(self, inode: int) -> Attr:
         """``inode``'s attributes: by its name here, or by inode when it is open here and the
@@ -221,55 +247,55 @@ class LoomOperations(HoldOps, FileOps):
 
     @fuse_errors
     async def setattr(self, inode: int, attr: Any, fields: Any, fh: int | None, ctx: Any) -> pyfuse3.EntryAttributes:
-        self._dir_changed(inode)
-        # by inode (whatever names it has now, here or at another client; an open file whose
-        # last name went lives on at meta as an orphan, loomfs.meta.orphans)
-        path = self._inode_path(inode)
-        c = self.client
-        last: Attr | None = None
-        if fields.update_size:
-            self.drop_prefetched(inode)
-            h = self.handles.get(fh) if fh is not None else None
-            writers = [h] if isinstance(h, Handle) and h.writable and not h.file.closed else self._writers(inode)
-            if writers:  # through the open file, so its own idea of the length follows
-                async with writers[0].lock:
-                    writers[0].file.path = path  # the file truncates by path: its name now
-                    await self.call(writers[0].file.truncate(attr.st_size))
-                    await self.call(writers[0].file.fsync())
-            else:
-                rsp = await self.call(c._setattr(SetattrReq(path=path, inode=inode, size=attr.st_size)))
+        with self._dir_change(inode):
+            # by inode (whatever names it has now, here or at another client; an open file whose
+            # last name went lives on at meta as an orphan, loomfs.meta.orphans)
+            path = self._inode_path(inode)
+            c = self.client
+            last: Attr | None = None
+            if fields.update_size:
+                self.drop_prefetched(inode)
+                h = self.handles.get(fh) if fh is not None else None
+                writers = [h] if isinstance(h, Handle) and h.writable and not h.file.closed else self._writers(inode)
+                if writers:  # through the open file, so its own idea of the length follows
+                    async with writers[0].lock:
+                        writers[0].file.path = path  # the file truncates by path: its name now
+                        await self.call(writers[0].file.truncate(attr.st_size))
+                        await self.call(writers[0].file.fsync())
+                else:
+                    rsp = await self.call(c._setattr(SetattrReq(path=path, inode=inode, size=attr.st_size)))
+                    last = rsp.attr
+            req = SetattrReq(
+                path=path, inode=inode, follow_symlinks=False,  # the kernel resolved the path
+                mode=attr.st_mode & 0o7777 if fields.update_mode else -1,
+                uid=self.options.uid_map.cluster(attr.st_uid) if fields.update_uid else -1,
+                gid=self.options.gid_map.cluster(attr.st_gid) if fields.update_gid else -1,
+                atime_ns=attr.st_atime_ns if fields.update_atime else -1,
+                mtime_ns=attr.st_mtime_ns if fields.update_mtime else -1,
+            )
+            if req.atime_ns != -1 or req.mtime_ns != -1:
+                for w in self._writers(inode):
+                    async with w.lock:
+                        await self.call(w.file.fsync())
+                        w.times_ns = (req.atime_ns, req.mtime_ns)
+            if (req.mode, req.uid, req.gid, req.atime_ns, req.mtime_ns) != (-1, -1, -1, -1, -1):
+                rsp = await self.call(c._setattr(req))  # one round trip for all of them
                 last = rsp.attr
-        req = SetattrReq(
-            path=path, inode=inode, follow_symlinks=False,  # the kernel resolved the path
-            mode=attr.st_mode & 0o7777 if fields.update_mode else -1,
-            uid=self.options.uid_map.cluster(attr.st_uid) if fields.update_uid else -1,
-            gid=self.options.gid_map.cluster(attr.st_gid) if fields.update_gid else -1,
-            atime_ns=attr.st_atime_ns if fields.update_atime else -1,
-            mtime_ns=attr.st_mtime_ns if fields.update_mtime else -1,
-        )
-        if req.atime_ns != -1 or req.mtime_ns != -1:
-            for w in self._writers(inode):
-                async with w.lock:
-                    await self.call(w.file.fsync())
-                    w.times_ns = (req.atime_ns, req.mtime_ns)
-        if (req.mode, req.uid, req.gid, req.atime_ns, req.mtime_ns) != (-1, -1, -1, -1, -1):
-            rsp = await self.call(c._setattr(req))  # one round trip for all of them
-            last = rsp.attr
-        if last is not None:
-            return self.entry(last)
-        return self.entry(await self._attr_of(inode))
+            if last is not None:
+                return self.entry(last)
+            return self.entry(await self._attr_of(inode))
 
     # --- names --------------------------------------------------------------------------
 
     @fuse_errors
     async def mkdir(self, parent_inode: int, name: bytes, mode: int, ctx: Any) -> pyfuse3.EntryAttributes:
-        self._dir_changed(parent_inode)
-        path = join(self.inodes.path(parent_inode), name)
-        if self._setgid(parent_inode):
-            mode |= stat.S_ISGID  # a set-group-ID directory's subdirectories are too
-        attr = await self.call(self.client.mkdir(path, mode & 0o7777))
-        attr = await self._owned(path, attr, ctx, parent_inode)
-        return self._known(attr, path)
+        with self._dir_change(parent_inode):
+            path = join(self.inodes.path(parent_inode), name)
+            if self._setgid(parent_inode):
+                mode |= stat.S_ISGID  # a set-group-ID directory's subdirectories are too
+            attr = await self.call(self.client.mkdir(path, mode & 0o7777))
+            attr = await self._owned(path, attr, ctx, parent_inode)
+            return self._known(attr, path)
 
     def _setgid(self, dir_inode: int) -> bool:
         mode_gid = self._dirs.get(dir_inode)
@@ -297,65 +323,65 @@ class LoomOperations(HoldOps, FileOps):
 
     @fuse_errors
     async def rmdir(self, parent_inode: int, name: bytes, ctx: Any) -> None:
-        self._dir_changed(parent_inode)
-        path = join(self.inodes.path(parent_inode), name)
-        await self.call(self.client.rmdir(path))
-        self.inodes.unlinked(path)
+        with self._dir_change(parent_inode):
+            path = join(self.inodes.path(parent_inode), name)
+            await self.call(self.client.rmdir(path))
+            self.inodes.unlinked(path)
 
     @fuse_errors
     async def unlink(self, parent_inode: int, name: bytes, ctx: Any) -> None:
-        self._dir_changed(parent_inode)
-        path = join(self.inodes.path(parent_inode), name)
-        # a file open here (or anywhere) stays usable without a name: meta keeps it while
-        # held (loomfs.meta.orphans; read-only opens here hold it, loomfs.mount.holds)
-        await self.call(self.client.unlink(path))
-        self.inodes.unlinked(path)
+        with self._dir_change(parent_inode):
+            path = join(self.inodes.path(parent_inode), name)
+            # a file open here (or anywhere) stays usable without a name: meta keeps it while
+            # held (loomfs.meta.orphans; read-only opens here hold it, loomfs.mount.holds)
+            await self.call(self.client.unlink(path))
+            self.inodes.unlinked(path)
 
     @fuse_errors
     async def rename(self, parent_inode_old: int, name_old: bytes, parent_inode_new: int,
                      name_new: bytes, flags: int, ctx: Any) -> None:
-        self._dir_changed(parent_inode_old, parent_inode_new)
-        src = join(self.inodes.path(parent_inode_old), name_old)
-        dst = join(self.inodes.path(parent_inode_new), name_new)
-        self._dir_changed(self.inodes.inode_of(src), self.inodes.inode_of(dst))  # moved ones: new ctime
-        exchange = bool(flags & pyfuse3.RENAME_EXCHANGE)
-        no_replace = bool(flags & pyfuse3.RENAME_NOREPLACE)
-        if exchange:
-            await self.call(self.client.exchange(src, dst))
-        else:  # an open file replaced lives on at meta while held (loomfs.meta.orphans)
-            await self.call(self.client.rename(src, dst, no_replace=no_replace))
-        self.inodes.renamed(src, dst, exchange=exchange)
-        moves = [(src, dst), (dst, src)] if exchange else [(src, dst)]
-        for h in self.handles.values():  # open files under the old names go by the new ones
-            if isinstance(h, Handle):
-                for a, b in moves:
-                    if h.file.path == a or h.file.path.startswith(a + "/"):
-                        h.file.path = b + h.file.path[len(a):]
-                        break
+        with self._dir_change(parent_inode_old, parent_inode_new):
+            src = join(self.inodes.path(parent_inode_old), name_old)
+            dst = join(self.inodes.path(parent_inode_new), name_new)
+            self._dir_changed(self.inodes.inode_of(src), self.inodes.inode_of(dst))  # moved ones: new ctime
+            exchange = bool(flags & pyfuse3.RENAME_EXCHANGE)
+            no_replace = bool(flags & pyfuse3.RENAME_NOREPLACE)
+            if exchange:
+                await self.call(self.client.exchange(src, dst))
+            else:  # an open file replaced lives on at meta while held (loomfs.meta.orphans)
+                await self.call(self.client.rename(src, dst, no_replace=no_replace))
+            self.inodes.renamed(src, dst, exchange=exchange)
+            moves = [(src, dst), (dst, src)] if exchange else [(src, dst)]
+            for h in self.handles.values():  # open files under the old names go by the new ones
+                if isinstance(h, Handle):
+                    for a, b in moves:
+                        if h.file.path == a or h.file.path.startswith(a + "/"):
+                            h.file.path = b + h.file.path[len(a):]
+                            break
 
     @fuse_errors
     async def symlink(self, parent_inode: int, name: bytes, target: bytes, ctx: Any) -> pyfuse3.EntryAttributes:
-        self._dir_changed(parent_inode)
-        path = join(self.inodes.path(parent_inode), name)
-        await self.call(self.client.symlink(os.fsdecode(target), path))
-        return self._known(await self._owned(path, await self._attr(path), ctx, parent_inode), path)
+        with self._dir_change(parent_inode):
+            path = join(self.inodes.path(parent_inode), name)
+            await self.call(self.client.symlink(os.fsdecode(target), path))
+            return self._known(await self._owned(path, await self._attr(path), ctx, parent_inode), path)
 
     @fuse_errors
     async def mknod(self, parent_inode: int, name: bytes, mode: int, rdev: int, ctx: Any) -> pyfuse3.EntryAttributes:
-        self._dir_changed(parent_inode)
-        path = join(self.inodes.path(parent_inode), name)
-        kind = _SPECIAL_OF_BITS.get(stat.S_IFMT(mode))
-        if kind is None:
-            if stat.S_IFMT(mode) not in (0, stat.S_IFREG):
-                raise pyfuse3.FUSEError(errno.EINVAL)
-            f = await self.call(self.client.open(path, "xb", perm=mode & 0o7777))  # mknod of a regular file
-            await self.call(f.close())
-            attr = await self._owned(path, await self._attr(path), ctx, parent_inode)
-        else:
-            uid, gid = self._owner(ctx, parent_inode)
-            made = await self.call(self.client.mknod(path, kind, mode & 0o7777, rdev, uid=uid, gid=gid))
-            attr = made if made is not None else await self._attr(path)
-        return self._known(attr, path)
+        with self._dir_change(parent_inode):
+            path = join(self.inodes.path(parent_inode), name)
+            kind = _SPECIAL_OF_BITS.get(stat.S_IFMT(mode))
+            if kind is None:
+                if stat.S_IFMT(mode) not in (0, stat.S_IFREG):
+                    raise pyfuse3.FUSEError(errno.EINVAL)
+                f = await self.call(self.client.open(path, "xb", perm=mode & 0o7777))  # mknod of a regular file
+                await self.call(f.close())
+                attr = await self._owned(path, await self._attr(path), ctx, parent_inode)
+            else:
+                uid, gid = self._owner(ctx, parent_inode)
+                made = await self.call(self.client.mknod(path, kind, mode & 0o7777, rdev, uid=uid, gid=gid))
+                attr = made if made is not None else await self._attr(path)
+            return self._known(attr, path)
 
     @fuse_errors
     async def readlink(self, inode: int, ctx: Any) -> bytes:
@@ -363,11 +389,11 @@ class LoomOperations(HoldOps, FileOps):
 
     @fuse_errors
     async def link(self, inode: int, new_parent_inode: int, new_name: bytes, ctx: Any) -> pyfuse3.EntryAttributes:
-        self._dir_changed(new_parent_inode)
-        src = self.inodes.path(inode)
-        dst = join(self.inodes.path(new_parent_inode), new_name)
-        await self.call(self.client.link(src, dst))
-        return self._known(await self._attr(dst), dst)
+        with self._dir_change(new_parent_inode):
+            src = self.inodes.path(inode)
+            dst = join(self.inodes.path(new_parent_inode), new_name)
+            await self.call(self.client.link(src, dst))
+            return self._known(await self._attr(dst), dst)
 
     # --- extended attributes ----------------------------------------------------------------
 
@@ -404,36 +430,36 @@ class LoomOperations(HoldOps, FileOps):
 
     @fuse_errors
     async def setxattr(self, inode: int, name: bytes, value: bytes, ctx: Any) -> None:
-        self._dir_changed(inode)
-        # pyfuse3 does not pass XATTR_CREATE / XATTR_REPLACE: it checks them with a getxattr
-        # first, in this request; what that check found says which flag it was, and meta
-        # applies that flag in its own transaction (two clients creating one name at once:
-        # one gets EEXIST). The kernel checked the caller's permission (default_permissions)
-        # and meta checks the mount's.
-        if self.options.read_only:
-            raise pyfuse3.FUSEError(errno.EROFS)
-        check_name(name)  # ENOTSUP for trusted.*, security.*, system.* (cp -a, tar --xattrs)
-        path = self._inode_path(inode)
-        if name != LAYOUT_XATTR:
-            flags = self.xattr_probes.flags_for(ctx, inode, name)
-            await self.call(xattrs.setxattr(self.client, path, name, value, flags, follow_symlinks=False))
-            return
-        attr = await self._attr(path)
-        if attr.type != FileType.DIRECTORY:
-            raise pyfuse3.FUSEError(errno.EPERM)  # a file's layout is fixed when it is created
-        if ctx is not None and ctx.uid != 0 and self.options.uid_map.cluster(ctx.uid) != attr.uid:
-            raise pyfuse3.FUSEError(errno.EPERM)  # like chmod: the owner's (or root's) to change
-        await self.call(self.client.set_layout(path, decode_layout(value, attr.layout)))
+        with self._dir_change(inode):
+            # pyfuse3 does not pass XATTR_CREATE / XATTR_REPLACE: it checks them with a getxattr
+            # first, in this request; what that check found says which flag it was, and meta
+            # applies that flag in its own transaction (two clients creating one name at once:
+            # one gets EEXIST). The kernel checked the caller's permission (default_permissions)
+            # and meta checks the mount's.
+            if self.options.read_only:
+                raise pyfuse3.FUSEError(errno.EROFS)
+            check_name(name)  # ENOTSUP for trusted.*, security.*, system.* (cp -a, tar --xattrs)
+            path = self._inode_path(inode)
+            if name != LAYOUT_XATTR:
+                flags = self.xattr_probes.flags_for(ctx, inode, name)
+                await self.call(xattrs.setxattr(self.client, path, name, value, flags, follow_symlinks=False))
+                return
+            attr = await self._attr(path)
+            if attr.type != FileType.DIRECTORY:
+                raise pyfuse3.FUSEError(errno.EPERM)  # a file's layout is fixed when it is created
+            if ctx is not None and ctx.uid != 0 and self.options.uid_map.cluster(ctx.uid) != attr.uid:
+                raise pyfuse3.FUSEError(errno.EPERM)  # like chmod: the owner's (or root's) to change
+            await self.call(self.client.set_layout(path, decode_layout(value, attr.layout)))
 
     @fuse_errors
     async def removexattr(self, inode: int, name: bytes, ctx: Any) -> None:
-        self._dir_changed(inode)
-        if name == LAYOUT_XATTR:
-            raise pyfuse3.FUSEError(errno.EPERM)
-        if self.options.read_only:
-            raise pyfuse3.FUSEError(errno.EROFS)
-        check_name(name)
-        await self.call(xattrs.removexattr(self.client, self._inode_path(inode), name, follow_symlinks=False))
+        with self._dir_change(inode):
+            if name == LAYOUT_XATTR:
+                raise pyfuse3.FUSEError(errno.EPERM)
+            if self.options.read_only:
+                raise pyfuse3.FUSEError(errno.EROFS)
+            check_name(name)
+            await self.call(xattrs.removexattr(self.client, self._inode_path(inode), name, follow_symlinks=False))
 
     # --- directories ----------------------------------------------------------------------
 
