@@ -317,3 +317,30 @@ def test_a_target_verifying_after_a_failed_fsync_is_out_of_service_meanwhile(
     finally:
         release.set()
         e2.close()
+
+
+def test_close_does_not_hang_on_a_stuck_verification(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Reviewer's R17: a verification read stuck on a hung disk must not hang close()."""
+    from loomfs.storage.engine import diskfail, file
+
+    e = FileEngine(tmp_path / "t")
+    key = ChunkKey(6, 1)
+    e.stage_write(key, 1, 0, b"q" * 5000)
+    asyncio.run(e.commit(key, 1))
+    e._fail(OSError(errno.EIO, "injected"))
+    e.close()
+    release = threading.Event()
+
+    def stuck(*args, **kw):  # type: ignore[no-untyped-def]
+        release.wait(DEADLINE_S)
+        return True
+
+    monkeypatch.setattr(diskfail, "content_ok", stuck)
+    monkeypatch.setattr(file, "MARKER_WAIT_S", 0.2)
+    e2 = FileEngine(tmp_path / "t")
+    t0 = time.monotonic()
+    e2.close()
+    assert time.monotonic() - t0 < DEADLINE_S / 2
+    release.set()
+    assert e2.wait_verified(DEADLINE_S) and e2.failed  # it stopped: still failed, marker kept
+    assert (tmp_path / "t" / "FSYNC_FAILED").exists()

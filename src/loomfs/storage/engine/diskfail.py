@@ -158,7 +158,9 @@ def bad_chunks(chunks: Iterable[tuple[object, Path, int, int]], fsync: Fsync,
     bad = []
     for key, path, length, crc in chunks:
         if stopped():
-            raise OSError(errno.ECANCELED, "verification stopped: the engine closes")
+            break
         if not content_ok(path, length, crc, buf, fsync):
             bad.append(key)
+    if stopped():  # also after the last one: a closed engine finishes nothing
+        raise OSError(errno.ECANCELED, "verification stopped: the engine closes")
     return bad

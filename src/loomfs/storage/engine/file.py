@@ -791,7 +791,12 @@ class FileEngine(BlockChecks, ChunkEngine):
     def _release(self) -> None:
         self._stop_verify.set()
         if self._verifier is not None:
-            self._verifier.join()  # it stops at its next chunk (the index must outlive it)
+            self._verifier.join(MARKER_WAIT_S)  # it stops at its next chunk (the index must outlive it)
+            if self._verifier.is_alive():  # a read hangs on the failing disk: do not hang with it
+                logger.error("engine %s: verification still stuck on the disk after %.0fs: closing without it "
+                             "(the index stays open until the process exits)", self.path, MARKER_WAIT_S)
+                self._close_fds()
+                return
         marker: threading.Thread | None = getattr(self, "_marker", None)
         if marker is not None:
             marker.join(MARKER_WAIT_S)
