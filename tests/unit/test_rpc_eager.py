@@ -254,9 +254,9 @@ def test_resume_forwards_results_throws_and_close() -> None:
     run(go())
 
 
-def test_no_eager_under_tls_and_meta_only_on_sqlite(monkeypatch: pytest.MonkeyPatch) -> None:
-    """asyncio's SSL transport pauses writing with an empty buffer at FrameProtocol's limits
-    (a reply sent at once could wait behind one stuck draining): no eager handlers under TLS."""
+def test_eager_under_tls_too_and_meta_only_on_sqlite(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Eager handlers are on under TLS as well (FrameProtocol's TLS write limits no longer pause
+    with an empty buffer: tests/integration/test_tls_write_flow.py); meta only on SQLite."""
     import ssl
 
     from loomfs.meta.server import eager_handlers
@@ -266,7 +266,7 @@ def test_no_eager_under_tls_and_meta_only_on_sqlite(monkeypatch: pytest.MonkeyPa
     from loomfs.net.tcp import TcpTransport
 
     tls = TcpTransport(auth=AuthConfig(tls_server=ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)))
-    assert not RpcServer("meta", tls, eager=True).eager
+    assert RpcServer("meta", tls, eager=True).eager
     assert RpcServer("meta", TcpTransport(), eager=True).eager
     assert not RpcServer("meta", TcpTransport()).eager  # not by default
 

@@ -124,7 +124,11 @@ class FrameProtocol(asyncio.BufferedProtocol):
                     self._raw.setblocking(False)
                 except OSError:
                     self._raw = None
-        tr.set_write_buffer_limits(high=0, low=0)  # pause/resume == buffer non-empty/empty
+        # pause/resume == buffer non-empty/empty. A plain transport pauses at size > high, the
+        # TLS one (sslproto) at size >= high: high=0 there paused with an EMPTY buffer and, as
+        # no later write came to resume it, a send could wait in _drained() forever.
+        tls = transport.get_extra_info("ssl_object") is not None
+        tr.set_write_buffer_limits(high=1 if tls else 0, low=0)
         self.sink = self._sink_factory(self)
 
     def get_buffer(self, sizehint: int) -> memoryview:
@@ -250,6 +254,8 @@ class FrameProtocol(asyncio.BufferedProtocol):
         while self._write_paused:
             if self._closed:
                 raise ConnectionResetError("connection closed")
+            if self.transport is not None and self.transport.get_write_buffer_size() == 0:
+                return  # nothing left to drain, whatever the last pause/resume said
             fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
             self._drain_waiters.append(fut)
             await fut

@@ -50,11 +50,7 @@ class RpcServer:
         (``net.rpc_serve``; for services whose handlers need no current task before their
         first suspension: meta on SQLite)."""
         self.name = name
-        # not under TLS for now: asyncio's SSL transport pauses writing with an empty buffer at the
-        # write limits FrameProtocol sets (high=0) and toggles at every call; a reply sent at once can
-        # then wait behind one stuck in FrameProtocol._drained (a hang seen in test_fastpath_tls)
-        tls = getattr(getattr(transport, "auth", None), "tls_server", None) is not None
-        self.eager = eager and not tls
+        self.eager = eager
         self.eager_running = False  # an eager request is being served now (they do not nest)
         self.transport = transport
         limits = limits or ServerLimits()
