@@ -14,11 +14,10 @@ import argparse
 import os
 import random
 import statistics
-import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from loomfs.bench.opcost import measure
+from loomfs.bench.opcost import cluster_for, measure
 
 PHASES = ("read_many", "stat_many", "create")
 
@@ -81,16 +80,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--label", default="", help="printed in front of each line")
     args = ap.parse_args(argv)
-    from loomfs.testing.cluster import LocalCluster
-
-    tmp = None
-    if args.dir:
-        cluster = LocalCluster.from_dir(args.dir)
-    else:
-        tmp = tempfile.mkdtemp(prefix="loomfs-batchcost-")
-        cluster = LocalCluster(tmp, storage_nodes=1, targets_per_node=1, replicas=1)
-        cluster.start(timeout_s=60)
-    try:
+    with cluster_for(args.dir, "loomfs-batchcost-") as cluster:
         meta_pid = cluster.services["meta1"].pid
         where = str(cluster.root)
         rounds = [one_round(where, meta_pid, args.files, args.size, args.batch, args.threads, r, args.passes)
@@ -101,12 +91,6 @@ def main(argv: list[str] | None = None) -> None:
             print(f"{args.label}{ph:9s} wall {med['wall_us']:7.1f} us/file  client cpu {med['client_cpu_us']:6.1f}"
                   f"  meta cpu {med['meta_cpu_us']:6.1f}  meta switches {med['meta_switches']:.2f}/file"
                   f"   (rounds wall: {walls})")
-    finally:
-        if tmp is not None:
-            cluster.stop()
-            import shutil
-
-            shutil.rmtree(tmp, ignore_errors=True)
 
 
 if __name__ == "__main__":

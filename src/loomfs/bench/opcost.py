@@ -16,12 +16,14 @@ median of the rounds is printed.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import random
+import shutil
 import statistics
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 PHASES = ("create", "stat", "read")
@@ -100,6 +102,25 @@ def one_round(where: str, meta_pid: int, files: int, size_bytes: int, rnd: int) 
     return out
 
 
+@contextlib.contextmanager
+def cluster_for(cluster_dir: str | None, prefix: str) -> Iterator[Any]:
+    """The running local cluster in ``cluster_dir``, or a throwaway one (1 storage node, 1
+    replica) started here and removed afterwards."""
+    from loomfs.testing.cluster import LocalCluster
+
+    if cluster_dir:
+        yield LocalCluster.from_dir(cluster_dir)
+        return
+    tmp = tempfile.mkdtemp(prefix=prefix)
+    cluster = LocalCluster(tmp, storage_nodes=1, targets_per_node=1, replicas=1)
+    cluster.start(timeout_s=60)
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m loomfs.bench.opcost", description=__doc__.split("\n")[0])
     ap.add_argument("--dir", help="a running local cluster's directory (default: start a throwaway one)")
@@ -108,16 +129,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--label", default="", help="printed in front of each line")
     args = ap.parse_args(argv)
-    from loomfs.testing.cluster import LocalCluster
-
-    tmp = None
-    if args.dir:
-        cluster = LocalCluster.from_dir(args.dir)
-    else:
-        tmp = tempfile.mkdtemp(prefix="loomfs-opcost-")
-        cluster = LocalCluster(tmp, storage_nodes=1, targets_per_node=1, replicas=1)
-        cluster.start(timeout_s=60)
-    try:
+    with cluster_for(args.dir, "loomfs-opcost-") as cluster:
         meta_pid = cluster.services["meta1"].pid
         where = str(cluster.root)
         rounds = [one_round(where, meta_pid, args.files, args.size, r) for r in range(args.rounds)]
@@ -127,12 +139,6 @@ def main(argv: list[str] | None = None) -> None:
             print(f"{args.label}{ph:7s} wall {med['wall_us']:7.1f} us/op  client cpu {med['client_cpu_us']:6.1f}"
                   f"  meta cpu {med['meta_cpu_us']:6.1f}  meta switches {med['meta_switches']:.2f}/op"
                   f"   (rounds wall: {walls})")
-    finally:
-        if tmp is not None:
-            cluster.stop()
-            import shutil
-
-            shutil.rmtree(tmp, ignore_errors=True)
 
 
 if __name__ == "__main__":

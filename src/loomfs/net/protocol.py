@@ -241,16 +241,20 @@ class FrameProtocol(asyncio.BufferedProtocol):
                 self.abort(exc)
                 raise ConnectionResetError(f"sendfile failed: {exc}") from exc
             if off < total:
-                fut: asyncio.Future[None] = loop.create_future()
-                loop.add_writer(fd, _set_once, fut)
-                self._drain_waiters.append(fut)
-                try:
-                    await fut
-                finally:
-                    loop.remove_writer(fd)
+                await self._writable(loop, fd)
+
+    async def _writable(self, loop: asyncio.AbstractEventLoop, fd: int) -> None:
+        """Wait until the socket (the dup ``fd``) takes more bytes, or the connection is lost."""
+        fut: asyncio.Future[None] = loop.create_future()
+        loop.add_writer(fd, _set_once, fut)
+        self._drain_waiters.append(fut)
+        try:
+            await fut
+        finally:
+            loop.remove_writer(fd)
 
     async def _drained(self) -> None:
-        """Wait until the transport's buffer is empty (write limits are high=low=0)."""
+        """Wait until the transport's buffer is empty (pause == non-empty, see connection_made)."""
         while self._write_paused:
             if self._closed:
                 raise ConnectionResetError("connection closed")
@@ -276,13 +280,7 @@ class FrameProtocol(asyncio.BufferedProtocol):
                 self.abort(exc)
                 raise ConnectionResetError(f"send failed: {exc}") from exc
             if off < total:
-                fut: asyncio.Future[None] = loop.create_future()
-                loop.add_writer(fd, _set_once, fut)
-                self._drain_waiters.append(fut)
-                try:
-                    await fut
-                finally:
-                    loop.remove_writer(fd)
+                await self._writable(loop, fd)
 
     async def drain(self) -> None:
         if self._closed:
