@@ -201,6 +201,7 @@ class StorageService(ChunkReads, ChunkRemovals):
             st = engine.get(key)
             if st is not None and not st.has_pending and (st.commit_ver, st.length, st.crc) == (
                     req.update_ver, req.length, req.data_crc):
+                self.replacing.discard((target.target_id, key))  # whole: an earlier try committed it
                 return write_rsp(st)
             if st is not None and st.commit_ver > req.update_ver and not planted.on("unfenced_resync"):
                 if not req.rollback:
@@ -213,9 +214,17 @@ class StorageService(ChunkReads, ChunkRemovals):
             if st is not None:
                 self.replacing.add((target.target_id, key))
                 await engine.remove_range(key.inode, key.index, key.index + 1)
-            engine.stage_write(key, req.update_ver, 0, payload, data_crc=req.data_crc, full_replace=True,
-                               tags=unpack_tags(req.tags))
-            st = await self._commit(target, key, req.update_ver)
+            try:
+                engine.stage_write(key, req.update_ver, 0, payload, data_crc=req.data_crc, full_replace=True,
+                                   tags=unpack_tags(req.tags))
+                st = await self._commit(target, key, req.update_ver)
+            except BaseException:
+                # a failed copy (ENOSPC, a disk error) must not leave the chunk refused for good:
+                # this target is SYNCING (fenced above), serves no reads until its resync is
+                # done, and the resync copies the chunk again (sim seed 150943: the mark outlived
+                # the failed copy and every later read, scrub and resync of the chunk got EAGAIN)
+                self.replacing.discard((target.target_id, key))
+                raise
             self._sync_copies.setdefault(target.target_id, set()).add(key)
             return write_rsp(st)
 
