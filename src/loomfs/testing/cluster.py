@@ -104,9 +104,24 @@ def _port_free(port: int) -> bool:
 METRICS_OFFSET = 100
 
 
-def find_base_port(span: int, start: int = 20000, stop: int = 60000) -> int:
+def _ephemeral_low(default: int = 32768) -> int:
+    """The first port the kernel hands to outgoing connections (``ip_local_port_range``)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return default
+
+
+def find_base_port(span: int, start: int = 20000, stop: int | None = None) -> int:
+    """A free range of ``span`` ports below the ephemeral range: a port checked free there can
+    still be taken by an outgoing connection before the service binds it (EADDRINUSE at
+    start-up, seen in CI with a PostgreSQL-backed cluster)."""
     import random
 
+    if stop is None:
+        stop = _ephemeral_low()
+        if stop - span <= start:
+            stop = 60000
     rng = random.Random()
     for _ in range(200):
         base = rng.randrange(start, stop - span)
