@@ -15,6 +15,8 @@ it takes). Nothing sets them in production: the set is empty unless a test (or
   one, and nothing pushes leftovers down after a chain change (defect 3);
 * ``syncing_commits_leftover`` — a target back in its chain as syncing commits a pending
   version from before it left (found by the simulator);
+* ``syncing_drops_leftover`` — ... or drops it, although it may be the only intact copy of a
+  version the old tail committed and lost to a torn write (sim seed 151227);
 * ``no_chunk_tags`` — retries are deduplicated only by the head's memory (defect 4);
 * ``reads_ignore_lease`` — a replica serves reads after its lease lapsed, before it
   registered, after mgmtd revoked it, and with a lease granted before it fetched the routing of
@@ -27,7 +29,7 @@ import os
 
 KNOWN = frozenset({
     "forward_before_stage", "stage_fails", "no_content_check", "unfenced_resync", "tail_ignores_leftover",
-    "no_chunk_tags", "reads_ignore_lease", "syncing_commits_leftover",
+    "no_chunk_tags", "reads_ignore_lease", "syncing_commits_leftover", "syncing_drops_leftover",
 })
 
 PLANTED: set[str] = {b for b in os.environ.get("LOOMFS_PLANTED_BUGS", "").split(",") if b}

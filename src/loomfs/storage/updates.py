@@ -385,10 +385,19 @@ class ChunkUpdates(ChainForwarder):
             me = routing.targets.get(target.target_id)
             if me is not None and me.state == TargetState.SYNCING and not planted.on("syncing_commits_leftover"):
                 # left the chain and came back: the pending version is from before, and the
-                # chain may have given its number to other bytes since; resync makes it right
-                logger.info("chunk %s on target %d: dropping pending v%d from before the resync", key,
-                            target.target_id, st.pending_ver)
-                target.engine.abort(key)
+                # chain may have given its number to other bytes since, so it is neither
+                # committed nor pushed (it is no leftover any more). It is kept though, unserved:
+                # it may be the only intact copy of a version the old tail committed and then
+                # lost to a torn write (sim seed 151227), which the scrubber fetches by exact
+                # version and checks against the CRC it recorded; the resync's copy of the chunk
+                # (or the chain's next update of it) replaces it before this target serves.
+                if not planted.on("syncing_drops_leftover"):
+                    logger.info("chunk %s on target %d: pending v%d is from before the resync: kept unserved "
+                                "until the resync replaces it", key, target.target_id, st.pending_ver)
+                else:
+                    logger.info("chunk %s on target %d: dropping pending v%d from before the resync", key,
+                                target.target_id, st.pending_ver)
+                    target.engine.abort(key)
                 self._leftovers.get(target.target_id, set()).discard(key)
                 return 0
             pos = chain.position_of(chain_id, info.version, write_chain(routing, chain_id), target.target_id)
