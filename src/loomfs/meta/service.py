@@ -29,6 +29,7 @@ from loomfs.common.identity import TRUSTED
 from loomfs.common.retry import Backoff
 from loomfs.errors import StatusError
 from loomfs.meta.caller import set_caller
+from loomfs.meta.lock_service import LockHandlers
 from loomfs.meta.ops.inline import Patch
 from loomfs.meta.ops.namespace import Namespace
 from loomfs.meta.readgrants import read_grant
@@ -158,9 +159,9 @@ def act_for(ctx: CallContext, root_squash: bool) -> None:
         set_caller(ctx.identity, root_squash=root_squash)
 
 
-class MetaService:
+class MetaService(LockHandlers):
     """``root_squash``: uid 0 from a credential without ADMIN acts as nobody
-    (``loomfs.meta.perm.effective``)."""
+    (``loomfs.meta.perm.effective``). The lock calls come from ``LockHandlers``."""
 
     def __init__(self, ns: Namespace, *, root_squash: bool = False):
         self.ns = ns

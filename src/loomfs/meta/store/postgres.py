@@ -44,6 +44,7 @@ from loomfs.meta.store.base import (
     TxnConflict,
     note_commit,
 )
+from loomfs.meta.store.locks_postgres import PostgresLockTxn
 from loomfs.meta.store.postgres_schema import (
     ADVISORY_LOCK_KEY,
     WRITE_GATE_KEY,
@@ -212,7 +213,7 @@ class PostgresStore(MetaStore):
         ok = False
         try:
             conn = self._readers.pop() if self._readers else await self._new_reader()
-            yield PostgresTxn(conn, False, self)
+            yield PostgresLockTxn(conn, False, self)
             ok = True
         except Exception as exc:
             if _unavailable(exc):
@@ -275,7 +276,7 @@ class PostgresStore(MetaStore):
                 if _unavailable(exc):
                     raise StoreUnavailable(f"metastore write failed: {exc}") from exc
                 raise
-            txn = PostgresTxn(conn, True, self)
+            txn = PostgresLockTxn(conn, True, self)
             try:
                 yield txn
             except BaseException as exc:

@@ -22,7 +22,9 @@ import hashlib
 import re
 from typing import Any
 
-SCHEMA_VERSION = 4
+from loomfs.meta.store.locks_schema import POSTGRES_STATEMENTS as POSTGRES_LOCK_STATEMENTS
+
+SCHEMA_VERSION = 5
 ADVISORY_LOCK_KEY = 0x4C4F4F4D_46530001  # "LOOMFS" + 1: migrations
 WRITE_GATE_KEY = 0x4C4F4F4D_46530002  # every write passes it shared; a lone writer holds it alone
 
@@ -78,6 +80,9 @@ MIGRATIONS: list[list[str]] = [
         "CREATE INDEX holds_by_time ON holds (opened_ns)",
         "CREATE TABLE orphans (inode bigint PRIMARY KEY, since_ns bigint NOT NULL)",
     ],
+    # 5: cross-client locks (flock, POSIX byte ranges) and their clients' leases
+    # (``locks_schema``, ``loomfs.meta.locks``)
+    POSTGRES_LOCK_STATEMENTS,
 ]
 assert len(MIGRATIONS) == SCHEMA_VERSION
 

@@ -59,7 +59,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from loomfs.common.retry import Backoff
-from loomfs.meta.store import sqlite_quick
+from loomfs.meta.store import sqlite_quick, sqlite_txn
 from loomfs.meta.store.base import (
     CommitFailed,
     InlineData,
@@ -68,6 +68,8 @@ from loomfs.meta.store.base import (
     QuickHit,
     note_commit,
 )
+from loomfs.meta.store.locks_schema import sqlite_add_locks
+from loomfs.meta.store.locks_sqlite import SqliteLockTxn
 from loomfs.meta.store.sqlite_checkpoint import (
     BACKSTOP_WRITES,
     CHECKPOINT_EVERY_WRITES,
@@ -184,6 +186,9 @@ class SqliteStore(MetaStore):
         self._conn.execute(f"PRAGMA synchronous = {synchronous}")
         self._conn.execute("PRAGMA foreign_keys = OFF")
         self.schema_found = migrate_schema(self._conn)  # the version the file was at
+        if sqlite_txn.SCHEMA_VERSION < 6:  # until the lock step is in sqlite_txn.MIGRATIONS (5 -> 6)
+            with self._conn:
+                sqlite_add_locks(self._conn)
         if not self._single:  # a busy write lock is waited for by polling (_join_group), never here
             self._conn.execute("PRAGMA busy_timeout = 0")
         self.checkpoints = 0  # checkpoints the checkpoint thread ran
@@ -239,7 +244,7 @@ class SqliteStore(MetaStore):
                 c = self._conn
                 c.execute("BEGIN")
                 try:
-                    yield SqliteTxn(c, False)
+                    yield SqliteLockTxn(c, False)
                 finally:
                     c.execute("COMMIT")
             return
@@ -251,7 +256,7 @@ class SqliteStore(MetaStore):
             c = self._conn
             try:
                 c.execute("BEGIN")
-                yield SqliteTxn(c, False)
+                yield SqliteLockTxn(c, False)
             finally:
                 try:
                     if c.in_transaction:
@@ -267,7 +272,7 @@ class SqliteStore(MetaStore):
             reuse = False
             try:
                 c.execute("BEGIN")
-                yield SqliteTxn(c, False)
+                yield SqliteLockTxn(c, False)
             finally:
                 try:
                     if c.in_transaction:
@@ -321,7 +326,7 @@ class SqliteStore(MetaStore):
                 c = self._conn
                 c.execute("BEGIN IMMEDIATE")
                 try:
-                    yield SqliteTxn(c, True)
+                    yield SqliteLockTxn(c, True)
                 except BaseException:
                     c.execute("ROLLBACK")
                     raise
@@ -342,7 +347,7 @@ class SqliteStore(MetaStore):
         self._in_body = True
         body_error: BaseException | None = None
         try:
-            yield SqliteTxn(c, True)
+            yield SqliteLockTxn(c, True)
         except BaseException as exc:
             body_error = exc
             self._undo(group, exc)

@@ -1,0 +1,68 @@
+"""RPC adapter for locks (``loomfs.wire.meta_lock``, methods 70-73): decode, ``LockTable``,
+encode. Mixed into ``MetaService`` (so every meta server answers them); each operation re-runs
+on a lost PostgreSQL conflict (``retry_conflicts``). The rules are in ``loomfs.meta.locks``.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from loomfs.meta.locks import LockTable
+from loomfs.meta.store.base import LockRow
+from loomfs.net.rpc import CallContext, handles
+from loomfs.wire import meta_lock as wl
+
+logger = logging.getLogger(__name__)
+
+
+def _info(row: LockRow | None) -> wl.LockInfo | None:
+    if row is None:
+        return None
+    return wl.LockInfo(client_id=row.client_id, owner=row.owner, type=row.type, first=row.first, last=row.last,
+                       pid=row.pid)
+
+
+class LockHandlers:
+    """``self.ns``: the (conflict-retrying) namespace, for its store and clock."""
+
+    ns: Any
+    _lock_table: LockTable | None = None
+
+    @property
+    def locks(self) -> LockTable:
+        if self._lock_table is None:
+            self._lock_table = LockTable(self.ns.store, self.ns.clock)
+        return self._lock_table
+
+    async def _retrying(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        from loomfs.meta.service import retry_conflicts
+
+        return await retry_conflicts(fn, *args, **kwargs)
+
+    @handles(wl.LOCK_SET)
+    async def lock_set(self, req: wl.LockReq, ctx: CallContext) -> wl.LockRsp:
+        hit = await self._retrying(self.locks.setlk, req.inode, req.client_id, req.owner, req.kind, req.type,
+                                   req.first, req.last, pid=req.pid, lease_s=req.lease_s)
+        logger.debug("req %d: lock_set inode %d kind %d type %d %d..%d client %#x owner %#x: %s", ctx.request_id,
+                     req.inode, req.kind, req.type, req.first, req.last, req.client_id, req.owner,
+                     "granted" if hit is None else "refused")
+        return wl.LockRsp(granted=hit is None, conflict=_info(hit))
+
+    @handles(wl.LOCK_GET)
+    async def lock_get(self, req: wl.LockReq, ctx: CallContext) -> wl.LockRsp:
+        hit = await self.locks.getlk(req.inode, req.client_id, req.owner, req.kind, req.type, req.first, req.last)
+        return wl.LockRsp(granted=hit is None, conflict=_info(hit))
+
+    @handles(wl.LOCK_RELEASE)
+    async def lock_release(self, req: wl.LockReleaseReq, ctx: CallContext) -> wl.LockReleaseRsp:
+        n = await self._retrying(self.locks.release, req.inode, req.client_id, req.owner, req.kind)
+        return wl.LockReleaseRsp(released=n)
+
+    @handles(wl.LOCK_RENEW)
+    async def lock_renew(self, req: wl.LockRenewReq, ctx: CallContext) -> wl.LockRenewRsp:
+        if req.drop:
+            n = await self._retrying(self.locks.drop_client, req.client_id)
+            logger.debug("req %d: client %#x ended its locks (%d)", ctx.request_id, req.client_id, n)
+            return wl.LockRenewRsp(held=False)
+        return wl.LockRenewRsp(held=await self._retrying(self.locks.renew, req.client_id, req.lease_s))
