@@ -128,6 +128,12 @@ def serve(target: str, mountpoint: str, options: MountOptions, pid_file: str | N
     # earlier is undone and every read stays a 128 KiB request
     ops.after_init = lambda: _set_read_ahead(mountpoint, options.read_ahead_kb)
     pyfuse3.init(ops, mountpoint, options.fuse_options(f"loomfs:{target}"))
+    mount_locks = None
+    if options.locks == "cluster":  # between init() and main(): libfuse asks for locks at INIT
+        from loomfs.mount.locks import install
+
+        mount_locks = install(ops, options.lock_lease_s)
+        ops.mount_locks = mount_locks
     if options.loop == "shared":
         fuse_loop = fs.loop
         done = asyncio.run_coroutine_threadsafe(pyfuse3.main(max_tasks=options.max_tasks), fuse_loop)
@@ -168,6 +174,9 @@ def serve(target: str, mountpoint: str, options: MountOptions, pid_file: str | N
     try:
         wait()
     finally:
+        if mount_locks is not None:
+            with contextlib.suppress(Exception):
+                asyncio.run_coroutine_threadsafe(mount_locks.close(), fs.loop).result(UMOUNT_WAIT_S)
         with contextlib.suppress(Exception):
             asyncio.run_coroutine_threadsafe(ops.close_all(), fs.loop).result(UMOUNT_WAIT_S)
         pyfuse3.close(unmount=True)

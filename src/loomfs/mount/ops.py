@@ -78,6 +78,7 @@ class LoomOperations(HoldOps, FileOps):
         # run on this loop once the kernel's INIT is answered (the bdi read-ahead: INIT's
         # reply sets it to min(itself, what the kernel offered at mount time, 128 KiB))
         self.after_init: Callable[[], None] | None = None
+        self.mount_locks: Any = None  # cluster-wide flock/fcntl locks (loomfs.mount.locks), when installed
 
     def init(self) -> None:
         # called inside INIT, before libfuse replies: the callback runs after the reply

@@ -33,6 +33,11 @@ class MountOptions:
     read_only: bool = False  # ro: the kernel refuses writes (EROFS) and so does the mount
     uid_map: IdMap = field(default_factory=IdMap)  # local <-> stored uids (loomfs.mount.idmap)
     gid_map: IdMap = field(default_factory=IdMap)
+    # flock/fcntl locks: "cluster" (held at meta, seen by every mount and client:
+    # loomfs.mount.locks; falls back to "local" when pyfuse3/libfuse are not the known ones)
+    # or "local" (the kernel's, within this mount only)
+    locks: str = "cluster"
+    lock_lease_s: float = 30.0  # a dead mount's locks go this long after its last renewal
     kernel: frozenset[str] = field(default_factory=frozenset)  # passed to FUSE as given
 
     @classmethod
@@ -59,6 +64,12 @@ class MountOptions:
                     if value not in ("auto", "keep", "none"):
                         raise ValueError(f"cache={value!r}: use auto, keep or none")
                     kw["cache"] = value
+                elif key == "locks":
+                    if value not in ("cluster", "local"):
+                        raise ValueError(f"locks={value!r}: use cluster or local")
+                    kw["locks"] = value
+                elif key == "lock_lease":
+                    kw["lock_lease_s"] = float(value)
                 elif key in ("uid_map", "gid_map"):
                     kw[key] = IdMap.parse(value)
                 elif key in ("direct_io", "direct_read"):

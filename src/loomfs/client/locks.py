@@ -1,0 +1,194 @@
+"""Locks across clients on the async core: ``flock``-style whole-file locks and POSIX byte-range
+locks, held at meta (``loomfs.meta.locks``), seen by every client and mount of the cluster.
+
+``LockClient`` (one per ``AsyncClient``: ``locks_of(client)``) makes the calls. A lock is
+(inode, kind, owner): ``owner`` is any 64-bit number the caller picks (a mount passes the
+kernel's ``lock_owner``; the functions below default to one per ``LockClient``), and two
+owners of one client conflict like two processes. Meta never waits: a blocking ``set`` polls
+with backoff (``WAIT_BACKOFF``: 2 ms doubling to 100 ms, as JuiceFS polls) until granted,
+``interrupted()`` says stop (EINTR) or ``wait_max_s`` passed (EAGAIN). While the client holds
+locks it renews its lease at meta every third of ``lease_s``; a lease that ran out (the client
+was cut off or paused that long) loses every lock at once: the renewal says so, the locks are
+forgotten here and ``lost_total`` counts them (logged as an error). A process that dies with
+its client loses its locks one lease later; ``close`` ends them at once.
+
+For scripts: ``await lock(client, path, WRITE)`` / ``unlock`` by path, and the blocking API
+through ``fs.run(lock(fs.client, ...))``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import logging
+import random
+import secrets
+import weakref
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from loomfs.common.retry import Backoff
+from loomfs.errors import LoomError, error_for_errno
+from loomfs.wire import meta_lock as wl
+
+if TYPE_CHECKING:
+    from loomfs.client.core import AsyncClient
+    from loomfs.client.meta_client import MetaClient
+
+logger = logging.getLogger(__name__)
+
+FLOCK = 1
+POSIX = 2
+UNLOCK = 0
+READ = 1  # shared
+WRITE = 2  # exclusive
+OFFSET_MAX = wl.OFFSET_MAX
+DEFAULT_LEASE_S = 30.0
+WAIT_BACKOFF = Backoff(0.002, 0.1)
+
+
+class LockClient:
+    """This client's locks at meta: set/get/release, blocking waits, the lease."""
+
+    def __init__(self, meta: MetaClient, client_id: int, *, lease_s: float = DEFAULT_LEASE_S,
+                 rng: random.Random | None = None):
+        self.meta = meta
+        self.client_id = client_id
+        self.lease_s = lease_s
+        self.default_owner = secrets.randbits(63) | 1
+        self._held: set[tuple[int, int, int]] = set()  # (inode, kind, owner) that may hold locks at meta
+        self._renew_task: asyncio.Task[None] | None = None
+        self._rng = rng or random.Random()
+        self.used = False  # took a lock at some point (close tells meta)
+        self.waits_total = 0  # polls of blocking waits
+        self.lost_total = 0  # owners whose locks a lapsed lease took away
+
+    def __repr__(self) -> str:
+        return (f"LockClient(client={self.client_id:#x} held={len(self._held)} lease_s={self.lease_s} "
+                f"lost_total={self.lost_total})")
+
+    def holds(self, inode: int, kind: int, owner: int) -> bool:
+        """Whether (inode, kind, owner) may hold locks (a close asks meta only then)."""
+        return (inode, kind, owner) in self._held
+
+    def _req(self, inode: int, kind: int, type_: int, first: int, last: int, owner: int, pid: int) -> wl.LockReq:
+        return wl.LockReq(inode=inode, kind=kind, client_id=self.client_id, owner=owner, type=type_, first=first,
+                          last=last, pid=pid, lease_s=self.lease_s)
+
+    async def try_set(self, inode: int, kind: int, type_: int, first: int = 0, last: int = OFFSET_MAX, *,
+                      owner: int, pid: int = 0) -> wl.LockInfo | None:
+        """One attempt: None when granted (or unlocked), else the lock in the way."""
+        if type_ != UNLOCK:
+            self._held.add((inode, kind, owner))  # before the call: a lost reply may have granted it
+            self.used = True
+            self._keep_renewing()
+        rsp: wl.LockRsp = await self.meta.call(wl.LOCK_SET, self._req(inode, kind, type_, first, last, owner, pid))
+        return None if rsp.granted else (rsp.conflict or wl.LockInfo())
+
+    async def set(self, inode: int, kind: int, type_: int, first: int = 0, last: int = OFFSET_MAX, *,
+                  owner: int, pid: int = 0, wait: bool = False, interrupted: Callable[[], bool] | None = None,
+                  wait_max_s: float | None = None) -> None:
+        """Take or drop a lock. Not granted: EAGAIN at once (``wait`` False), else poll until
+        granted, EINTR once ``interrupted()`` is true, EAGAIN after ``wait_max_s``."""
+        loop = asyncio.get_running_loop()
+        deadline = None if wait_max_s is None else loop.time() + wait_max_s
+        attempt = 0
+        while True:
+            hit = await self.try_set(inode, kind, type_, first, last, owner=owner, pid=pid)
+            if hit is None:
+                return
+            if not wait or (deadline is not None and loop.time() >= deadline):
+                raise error_for_errno(errno.EAGAIN, f"inode {inode}: locked by client {hit.client_id:#x} "
+                                      f"(pid {hit.pid}) over {hit.first}..{hit.last}")
+            if interrupted is not None and interrupted():
+                raise error_for_errno(errno.EINTR, f"inode {inode}: lock wait interrupted")
+            delay_s = WAIT_BACKOFF.delay_s(attempt, self._rng)
+            if deadline is not None:
+                delay_s = max(0.0, min(delay_s, deadline - loop.time()))
+            await asyncio.sleep(delay_s)
+            attempt += 1
+            self.waits_total += 1
+            if interrupted is not None and interrupted():
+                raise error_for_errno(errno.EINTR, f"inode {inode}: lock wait interrupted")
+
+    async def get(self, inode: int, kind: int, type_: int, first: int = 0, last: int = OFFSET_MAX, *,
+                  owner: int) -> wl.LockInfo | None:
+        """F_GETLK: the lock that would stop this one, None if it would be granted."""
+        rsp: wl.LockRsp = await self.meta.call(wl.LOCK_GET, self._req(inode, kind, type_, first, last, owner, 0))
+        return rsp.conflict
+
+    async def release(self, inode: int, kind: int, owner: int) -> int:
+        """Every lock of ``owner`` of ``kind`` on ``inode`` goes (a close); no call when this
+        owner never locked the file here."""
+        if (inode, kind, owner) not in self._held:
+            return 0
+        rsp: wl.LockReleaseRsp = await self.meta.call(
+            wl.LOCK_RELEASE, wl.LockReleaseReq(inode=inode, kind=kind, client_id=self.client_id, owner=owner))
+        self._held.discard((inode, kind, owner))
+        return rsp.released
+
+    def _keep_renewing(self) -> None:
+        task = self._renew_task
+        if task is None or task.done():
+            self._renew_task = asyncio.get_running_loop().create_task(self._renew_loop(), name="loomfs-locks-renew")
+
+    async def _renew_loop(self) -> None:
+        while self._held:
+            await asyncio.sleep(self.lease_s / 3)
+            if not self._held:
+                return
+            try:
+                await self.renew()
+            except (LoomError, OSError) as exc:  # meta unreachable: the next period tries again
+                logger.warning("renewing the lease of %d lock owner(s): %s", len(self._held), exc)
+
+    async def renew(self) -> bool:
+        """One renewal; False (and every lock forgotten) when meta says the lease had run out."""
+        held = list(self._held)
+        rsp: wl.LockRenewRsp = await self.meta.call(
+            wl.LOCK_RENEW, wl.LockRenewReq(client_id=self.client_id, lease_s=self.lease_s))
+        if not rsp.held and held:
+            lost = [h for h in held if h in self._held]  # released meanwhile: not lost
+            for h in lost:
+                self._held.discard(h)
+            self.lost_total += len(lost)
+            if lost:
+                logger.error("the lock lease of client %#x ran out (cut off from meta for %.0fs?): "
+                             "%d lock owner(s) lost their locks", self.client_id, self.lease_s, len(lost))
+        return rsp.held
+
+    async def close(self) -> None:
+        """Every lock of this client goes now (unmount, client close)."""
+        task, self._renew_task = self._renew_task, None
+        if task is not None:
+            task.cancel()
+        if self.used:
+            self._held.clear()
+            await self.meta.call(wl.LOCK_RENEW, wl.LockRenewReq(client_id=self.client_id, drop=True))
+
+
+_clients: weakref.WeakKeyDictionary[AsyncClient, LockClient] = weakref.WeakKeyDictionary()
+
+
+def locks_of(client: AsyncClient) -> LockClient:
+    """The ``LockClient`` of ``client`` (made at the first use)."""
+    lc = _clients.get(client)
+    if lc is None:
+        lc = _clients[client] = LockClient(client.meta, client.client_id)
+    return lc
+
+
+async def lock(client: AsyncClient, path: str, type_: int = WRITE, *, kind: int = FLOCK, first: int = 0,
+               last: int = OFFSET_MAX, owner: int | None = None, wait: bool = True,
+               wait_max_s: float | None = None) -> None:
+    """Lock the file at ``path`` (``type_`` READ/WRITE, or UNLOCK) for every client of the
+    cluster to see; ``owner`` defaults to this client's own (one per client)."""
+    lc = locks_of(client)
+    attr = await client.stat(path)
+    await lc.set(attr.inode, kind, type_, first, last, owner=lc.default_owner if owner is None else owner,
+                 wait=wait, wait_max_s=wait_max_s)
+
+
+async def unlock(client: AsyncClient, path: str, *, kind: int = FLOCK, first: int = 0, last: int = OFFSET_MAX,
+                 owner: int | None = None) -> None:
+    await lock(client, path, UNLOCK, kind=kind, first=first, last=last, owner=owner, wait=False)
