@@ -38,7 +38,12 @@ def _check(fs: loomfs.LoomFS, want: dict[str, str]) -> None:
 
 
 @pytest.mark.timeout(240)
-def test_failed_fsync_takes_targets_out_then_verify_and_resync(make_cluster: list[LocalCluster], seed: int) -> None:
+@pytest.mark.parametrize("marker", ["kept", "refused"])
+def test_failed_fsync_takes_targets_out_then_verify_and_resync(make_cluster: list[LocalCluster], seed: int,
+                                                               marker: str) -> None:
+    """``refused``: the failing disk refused the FSYNC_FAILED marker too (reviewer's R5: removed
+    here while the node is down); mgmtd remembers the failure and asks the restarted node to
+    verify its targets, which catches the rotten chunk all the same."""
     c = start_cluster("fsyncfail", extra_env={ENV_VAR: "1"})
     make_cluster.append(c)
     rng = random.Random(seed)
@@ -75,6 +80,8 @@ def test_failed_fsync_takes_targets_out_then_verify_and_resync(make_cluster: lis
         c.kill_service("storage2")
         for d in target_dirs:
             (d / FAULT_TRIGGER).unlink(missing_ok=True)
+            if marker == "refused":
+                (d / MARKER).unlink(missing_ok=True)
         inode = fs.stat("/ck/a0").st_ino  # written before the fault: committed on storage2 too
         files = [p for d in target_dirs for p in d.glob(f"chunks/*/{inode:x}.*") if p.stat().st_size]
         rotten = max(files, key=lambda p: int(p.name.split(".")[2], 16))  # its newest version
@@ -87,6 +94,8 @@ def test_failed_fsync_takes_targets_out_then_verify_and_resync(make_cluster: lis
         t_full = time.monotonic() - t_back
         log = Path(victim.log_path).read_text(errors="replace")
         assert not any((d / MARKER).exists() for d in target_dirs)
+        if marker == "refused":
+            assert "mgmtd saw this target fail and it was not verified since" in log
         suspects = [int(m) for m in re.findall(r"after a failed fsync: (\d+) did not match", log)]
         assert suspects and sum(suspects) >= 1, "the verification missed the rotten chunk file"
         deadline = time.monotonic() + 60  # the scrubber repairs it from a healthy replica

@@ -30,3 +30,14 @@ def test_a_failed_target_leaves_and_returns_by_resync() -> None:
     assert any("fails its next commit's fsync" in line for line in r.trace)
     assert any("failed: restarting the process" in line for line in r.trace)  # the fault hit a commit
     assert r.stats["acked"] == r.stats["ops"]
+
+
+@pytest.mark.timeout(120)
+def test_a_failed_target_whose_marker_was_refused_is_verified_for_mgmtd() -> None:
+    """Reviewer's R5 in the simulation: the failing disk refused the FSYNC_FAILED marker too and
+    lost the pages of a committed chunk; the restarted process registers the target SERVING,
+    unverified. mgmtd keeps it out of its chain and asks the node to verify it; the lost chunk
+    is found and repaired from the chain (convergence checks every replica's bytes)."""
+    r = run_seed(120_017, "fsync", keep_trace=True)
+    assert r.ok, r.summary()
+    assert sum("(its marker refused)" in line for line in r.trace) >= 1

@@ -151,6 +151,7 @@ class MgmtdService:
             node_id=node_id, lease_s=self.state.lease_s,
             heartbeat_interval_s=self.heartbeat_interval_s, routing_version=self.state.version,
             revoked_targets=self.state.revoked_targets(node_id),
+            verify_targets=self.state.verify_targets(node_id),
         )
 
     @handles(w.HEARTBEAT)

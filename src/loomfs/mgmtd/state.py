@@ -124,6 +124,13 @@ class TableRecord:
     version: int = 1
 
 
+def _still_failed(tr: TargetRecord, t: TargetInfo) -> bool:
+    """Whether target ``tr`` is out of service after its node's report ``t``: it is while the
+    node reports it OFFLINE (a failed fsync, or verifying), and a failure mgmtd saw ends only
+    with a report that the node verified the target since (``TargetInfo.verified``)."""
+    return t.state == TargetState.OFFLINE or (tr.failed and not t.verified)
+
+
 class ClusterState:
     def __init__(self, *, lease_s: float, replace_after_s: float = 0.0, unreachable_hold_s: float = 0.0,
                  unreachable_settle_s: float = 0.0):
@@ -215,7 +222,15 @@ class ClusterState:
                     raise StatusError(Status.EEXIST, f"target {t.target_id} belongs to node {tr.node_id}")
                 tr.used_bytes, tr.capacity_bytes, tr.chunk_count = t.used_bytes, t.capacity_bytes, t.chunk_count
                 tr.disk_id = t.disk_id
-                tr.failed = t.state == TargetState.OFFLINE
+                # a failure mgmtd saw is not forgotten because a new process says SERVING: its
+                # FSYNC_FAILED marker may never have reached the failing disk, and then nothing
+                # made it verify (reviewer's R5). It stays failed until verified (the reply
+                # asks for that: ``verify_targets``)
+                was_failed = tr.failed
+                tr.failed = _still_failed(tr, t)
+                if was_failed and tr.failed and t.state != TargetState.OFFLINE:
+                    logger.warning("target %d (node %d) failed before and registers unverified: out of service "
+                                   "until its node verified it", tr.target_id, node_id)
                 tr.restarted = tr.chain_id != 0
                 # persisted before the node hears back (a new routing version saves the state):
                 # a mgmtd that dies before acting on it must not forget that this process lost
@@ -254,8 +269,8 @@ class ClusterState:
         failed_changed = False
         for t in targets:
             tr = self.targets.get(t.target_id)
-            if tr is not None and tr.node_id == node_id and tr.failed != (t.state == TargetState.OFFLINE):
-                tr.failed = t.state == TargetState.OFFLINE
+            if tr is not None and tr.node_id == node_id and tr.failed != _still_failed(tr, t):
+                tr.failed = _still_failed(tr, t)
                 failed_changed = True
                 logger.warning("target %d (node %d): %s", tr.target_id, node_id,
                                "disk failure reported: out of service" if tr.failed else "reported serving again")
@@ -270,6 +285,11 @@ class ClusterState:
                 tr.used_bytes, tr.capacity_bytes, tr.chunk_count, tr.scrub = (
                     t.used_bytes, t.capacity_bytes, t.chunk_count, t.scrub)
         return self.revoked_targets(node_id)
+
+    def verify_targets(self, node_id: int) -> list[int]:
+        """Targets of ``node_id`` that failed (mgmtd saw it) and that its process has not
+        reported verified: it must read them back from the disk before they serve again."""
+        return sorted(t.target_id for t in self.targets.values() if t.node_id == node_id and t.failed)
 
     def revoked_targets(self, node_id: int) -> list[int]:
         """Targets of ``node_id`` it must not serve now: leaving their chain (revoked), or of a

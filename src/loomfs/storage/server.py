@@ -213,6 +213,7 @@ class StorageNode:
                         len(self.targets))
             self.heartbeat_interval_s = rsp.heartbeat_interval_s or self.heartbeat_interval_s
             self.service.revoked = set(rsp.revoked_targets)
+            self._verify_for_mgmtd(rsp.verify_targets)
             await self._refresh_routing(rsp.routing_version)
             self._lease_granted(sent_s, rsp.lease_s, rsp.routing_version)
             # serve only with the routing this registration produced (mgmtd has moved a
@@ -222,6 +223,20 @@ class StorageNode:
             self._mark_ready()
             self._repair_suspects()
             return rsp
+
+    def _verify_for_mgmtd(self, target_ids: list[int]) -> None:
+        """mgmtd saw these targets fail (a failed fsync) and this process has not verified them
+        (their FSYNC_FAILED marker never reached the failing disk): verify them now, as the
+        marker would have made the engine do at start-up. Each is reported OFFLINE meanwhile and
+        ``verified`` after; mgmtd keeps it out of its chain until then (reviewer's R5)."""
+        for tid in target_ids:
+            target = self.service.targets.get(tid)
+            if target is None or target.failed or target.engine.verified:
+                continue  # failed in this process, already verifying, or verified: nothing new
+            logger.warning("target %d: mgmtd saw it fail and it was not verified since: verifying it", tid)
+            target.engine.start_verification()
+            if not target.failed:  # verified at once (an engine without a disk cache)
+                logger.info("target %d verified: %d chunks to repair", tid, len(target.engine.suspect_chunks))
 
     def _repair_suspects(self) -> None:
         """Chunks a target's verification after a failed fsync found not matching their rows

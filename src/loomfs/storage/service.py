@@ -280,7 +280,7 @@ class StorageService(ChunkReads, ChunkRemovals):
             state = TargetState.OFFLINE if t.failed else TargetState.SERVING
             out.append(TargetInfo(target_id=t.target_id, node_id=node_id, path=t.path, used_bytes=u.used_bytes,
                                   capacity_bytes=u.capacity_bytes, chunk_count=u.chunk_count, disk_id=t.disk_id,
-                                  scrub=scrub, state=state))
+                                  scrub=scrub, state=state, verified=t.engine.verified))
         return out
 
     def __repr__(self) -> str:

@@ -26,6 +26,9 @@ class RegisterNodeRsp(Message):
     heartbeat_interval_s: float = 1.0
     routing_version: int = 0
     revoked_targets: list[int] = many()  # not to be served yet (as HeartbeatRsp.revoked_targets)
+    # targets mgmtd saw fail (a failed fsync) that this process did not verify: it must read them
+    # back from the disk (engine.diskfail) before they serve again (TargetInfo.verified)
+    verify_targets: list[int] = many()
 
 
 @message

@@ -89,6 +89,11 @@ class TargetInfo(Message):
     draining: bool = False  # its node is being drained
     disk_id: str = ""  # the file system the target lives on (st_dev): capacity counts each disk once
     scrub: ScrubStats | None = None  # the node's scrubber, for this target
+    # storage -> mgmtd: this process read every committed chunk of the target back from its disk
+    # after a failed fsync (storage.engine.diskfail). mgmtd lets a target it saw fail serve again
+    # only once its node says so (the FSYNC_FAILED marker that makes a new process verify is best
+    # effort: the failing disk may refuse it too). Absent (an older node): not verified.
+    verified: bool = False
 
 
 @message

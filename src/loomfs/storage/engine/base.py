@@ -58,6 +58,11 @@ class ChunkEngine(ABC):
     failed: str = ""
     # told (once, from any thread) when ``failed`` is set: the service stops serving the target
     on_failed: Callable[[str], None] | None = None
+    # this process read every committed chunk back after a failed fsync (engine.diskfail): the
+    # node tells mgmtd (TargetInfo.verified), which lets a target it saw fail serve again only then
+    verified: bool = False
+    # committed chunks that verification found not matching their rows: the scrubber repairs them
+    suspect_chunks: list[ChunkKey] = []  # noqa: RUF012 - engines set their own list
 
     @abstractmethod
     def get(self, key: ChunkKey) -> ChunkState | None:
@@ -178,6 +183,25 @@ class ChunkEngine(ABC):
 
     @abstractmethod
     def usage(self) -> Usage: ...
+
+    def start_verification(self) -> None:
+        """mgmtd saw this target fail (a failed fsync) and this process did not verify it (the
+        FSYNC_FAILED marker never reached the failing disk): check every committed chunk now,
+        out of service meanwhile (``failed``), then set ``verified`` and ``suspect_chunks``.
+        Nothing if the target is failed or verifying already. This default checks every
+        chunk's blocks at once (an engine with no page cache to distrust)."""
+        if self.failed:
+            return
+        bad: list[ChunkKey] = []
+        after: ChunkKey | None = None
+        while True:
+            page = self.list_chunks(0, limit=10_000, after=after)
+            bad += [st.key for st in page if st.commit_ver and self.verify(st.key)]
+            if len(page) < 10_000:
+                break
+            after = page[-1].key
+        self.suspect_chunks = bad
+        self.verified = True
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release files; the engine is unusable afterwards."""

@@ -231,7 +231,42 @@ class FileEngine(BlockChecks, ChunkEngine):
         self.suspect_chunks = [k for k in bad if isinstance(k, ChunkKey)]
         logger.warning("engine %s: verified %d chunks after a failed fsync: %d did not match their index row "
                        "(kept for the scrubber to repair from another replica)", self.path, len(chunks), len(bad))
+        self.verified = True  # before serving again: the node's next heartbeat carries both
         self.failed = ""
+
+    def start_verification(self) -> None:
+        """mgmtd saw this target fail and this process did not verify it (the FSYNC_FAILED
+        marker never reached the failing disk: reviewer's R5). As the marker would have made it
+        at start-up: out of service (VERIFYING), the index closed, its cached pages dropped and
+        reopened (SQLite's recovery reads what the disk holds), then every chunk checked, on a
+        thread. Called at registration, before the target served anything in this process."""
+        if self.failed or self.verified or (self._verifier is not None and self._verifier.is_alive()):
+            return  # failed (or verifying) in this process, or verified already
+        self.failed = VERIFYING
+        for key in list(self._pending):
+            self.abort(key)
+        self._close_fds()
+        logger.warning("engine %s: mgmtd saw this target fail and it was not verified since: verifying now",
+                       self.path)
+        self._stop_verify.clear()
+        self._verifier = threading.Thread(target=self._reopen_and_verify, name="verify-for-mgmtd", daemon=True)
+        self._verifier.start()
+
+    def _reopen_and_verify(self) -> None:
+        try:
+            self._durable.close()
+            self._index.close()
+            drop_index_cache(self.path, self._fsync)
+            self._index = ChunkIndex(self.path / "index.sqlite", synchronous_full=self.fsync_on_commit)
+            self._durable = DurableCommits(self._index, self._chunks_dir, fsync=self._fsync, on_error=self._fail)
+            self._meta = ChunkMap()
+            self._used_bytes = 0
+            self._load()
+        except (OSError, sqlite3.Error) as exc:
+            self.failed = f"verification for mgmtd failed: {exc}"
+            logger.critical("engine %s: %s: the target stays out of service", self.path, self.failed)
+            return
+        self._verify_after_failure()
 
     def wait_verified(self, timeout_s: float | None = None) -> bool:
         """Wait for a verification after a failed fsync (if one runs); True once it ended."""

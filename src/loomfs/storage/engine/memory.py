@@ -77,6 +77,8 @@ class MemoryEngine(ChunkEngine):
         # that verified it: memory holds exactly what was committed)
         self.fail_fsyncs = 0
         self.fsync_every_commit = False  # the fault above hits every commit, not only durable ones
+        self.marker_refused = False  # simulator seam: the FSYNC_FAILED marker did not reach the disk
+        self.suspect_chunks: list[ChunkKey] = []
 
     # ---- state ------------------------------------------------------------------------
     def _state(self, key: ChunkKey, slot: _Slot) -> ChunkState:
@@ -284,11 +286,26 @@ class MemoryEngine(ChunkEngine):
 
     # ---- simulation -------------------------------------------------------------------
     def crash(self) -> None:
-        """Lose everything not committed, as a power cut would."""
+        """Lose everything not committed, as a power cut would. After a failed fsync the next
+        process verifies the target (its FSYNC_FAILED marker), unless ``marker_refused``: the
+        failing disk refused the marker too, and only mgmtd remembers the failure."""
         self.crashes += 1
         for key, _ in list(self._slots.items()):
             self.abort(key)
-        self.failed = ""  # the next process verified the target (memory lost no committed page)
+        failed, self.failed = self.failed, ""
+        self.verified, self.suspect_chunks = False, []  # a new process
+        if failed and not self.marker_refused:
+            self._verify_all()  # suspects: pages the failing disk lost
+        self.marker_refused = False
+
+    def start_verification(self) -> None:
+        if not self.failed:
+            self._verify_all()
+
+    def _verify_all(self) -> None:
+        self.suspect_chunks = [k for k, slot in self._slots.items() if slot.committed is not None
+                               and bad_blocks(slot.committed.blocks, block_crcs_of(slot.committed.data))]
+        self.verified = True
 
     def corrupt(self, key: ChunkKey, offset: int) -> None:
         """Tests: flip every bit of one committed byte, updating no CRC (bit rot on disk)."""

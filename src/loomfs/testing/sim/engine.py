@@ -9,6 +9,8 @@ update, nothing committed) plus seeded faults the simulator switches on and off:
   scrubber must notice it);
 * ``crash(tear=True)``: besides losing pending updates, the chunk committed last gets a torn
   tail (part of its newest bytes did not reach the disk before power went, its CRC did);
+* ``lose_pages``: after a failed fsync, the pages of one committed chunk are lost (its bytes
+  rot); ``marker_refused``: the next process is not told to verify (only mgmtd remembers);
 * ``down``: the process is dead; any call raises EIO (so a task that outlives its crash by a
   few steps cannot change the disk).
 
@@ -48,6 +50,7 @@ class FaultyEngine(MemoryEngine):
         self.stage_faults = 0
         self.flips = 0
         self.tears = 0
+        self.lost_pages = 0
         self.last_torn: ChunkKey | None = None
         # called once, right after the next commit or committed read (op is "commit" or "read")
         self.after_io: Callable[[str, ChunkKey], None] | None = None
@@ -146,6 +149,18 @@ class FaultyEngine(MemoryEngine):
                 torn = key
         self._last_commit = None
         self.last_torn = torn
+
+    def lose_pages(self, rng: random.Random) -> ChunkKey | None:
+        """A failed fsync lost the pages of one committed chunk (a plain commit only the page
+        cache held): its bytes rot, its row stands. The next process's verification must find
+        it. ``rng``: a stream of its own (this engine's draws stay as they were)."""
+        chunks = [s for s in super().list_chunks(0, limit=1 << 20) if s.commit_ver and s.length]
+        if not chunks:
+            return None
+        lost = chunks[rng.randrange(len(chunks))]
+        self.corrupt(lost.key, rng.randrange(lost.length))
+        self.lost_pages += 1
+        return lost.key
 
     def bad_chunks(self) -> list[ChunkKey]:
         """Committed chunks whose bytes do not match their block CRCs."""

@@ -399,11 +399,18 @@ class FaultInjector:
         engine = sh.engines[self.rng.randrange(len(sh.engines))]
         engine.fail_fsyncs, engine.fsync_every_commit = 1, True
         duration_s = self.rng.uniform(0.5, self.cfg.fault_len_s_max)
+        loss = c.rng(f"fsync-loss/{engine.target_id}/{self._now():.6f}")  # its own stream
 
         async def undo() -> None:
             engine.fail_fsyncs, engine.fsync_every_commit = 0, False
             if engine.failed and c.storage[n].up:
-                self.log.add(f"fsync s{n}: target {engine.target_id} failed: restarting the process")
+                # the failing disk lost a committed chunk's pages, and may refuse the FSYNC_FAILED
+                # marker too (reviewer's R5: then only mgmtd remembers the target must be verified)
+                lost = engine.lose_pages(loss)
+                engine.marker_refused = loss.random() < 0.5
+                self.log.add(f"fsync s{n}: target {engine.target_id} failed: restarting the process"
+                             + (f" (pages of {lost} lost)" if lost is not None else "")
+                             + (" (its marker refused)" if engine.marker_refused else ""))
                 await c.crash_storage(n)
                 c.start_storage(n)
 
