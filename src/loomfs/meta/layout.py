@@ -98,7 +98,10 @@ class ChainAllocator:
         self._tables_max = tables_max
         self.files_placed = 0
 
-    def file_layout(self, table: ChainTable, parent: Layout, routing: Routing | None = None) -> Layout:
+    def file_layout(self, table: ChainTable, parent: Layout, routing: Routing | None = None, *,
+                    inline_max_bytes: int | None = None) -> Layout:
+        """A new file's layout under directory layout ``parent``; ``inline_max_bytes``: the
+        file's inline limit (None: the default, -1; 0 for erasure-coded files)."""
         n = len(table.chain_ids)
         if n == 0:
             raise StatusError(Status.NO_CHAIN_TABLE, f"chain table {table.table_id} has no chains")
@@ -115,13 +118,15 @@ class ChainAllocator:
             width = parent.ec_k + parent.ec_m
             return Layout(chunk_size=parent.chunk_size, stripe=width, table_id=table.table_id, replicas=1,
                           chains=pick_ec_chains(routing, list(table.chain_ids), width, pos),
-                          inline_max_bytes=0, ec_k=parent.ec_k, ec_m=parent.ec_m, durable=parent.durable)
+                          inline_max_bytes=inline_max_bytes or 0, ec_k=parent.ec_k, ec_m=parent.ec_m,
+                          durable=parent.durable)
         return Layout(
             chunk_size=parent.chunk_size,
             stripe=parent.stripe,
             table_id=table.table_id,
             replicas=table.replicas,
             chains=pick_chains(list(table.chain_ids), parent.stripe, pos),
+            inline_max_bytes=-1 if inline_max_bytes is None else inline_max_bytes,
             durable=parent.durable,
         )
 

@@ -248,7 +248,7 @@ class FileOps(InlineOps):
                 perm.may_create(parent, who, path)
                 uid, gid, mode = self._owner(parent, who, FILE, mode, uid, gid)
                 limit = self.inline_limit(parent)
-                layout = dataclasses.replace(self._file_layout(routing, parent), inline_max_bytes=limit)
+                layout = self._file_layout(routing, parent, limit)
                 inline = limit > 0 and not chunked and (data is None or len(data) <= limit)
                 attr = await self._new_inode(
                     txn, r.parent, r.name, type=FILE, mode=mode, uid=uid, gid=gid, layout=layout, now=now,
