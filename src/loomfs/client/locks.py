@@ -28,7 +28,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from loomfs.common.retry import Backoff
-from loomfs.errors import LoomError, error_for_errno
+from loomfs.errors import LoomError
 from loomfs.wire import meta_lock as wl
 
 if TYPE_CHECKING:
@@ -88,8 +88,9 @@ class LockClient:
     async def set(self, inode: int, kind: int, type_: int, first: int = 0, last: int = OFFSET_MAX, *,
                   owner: int, pid: int = 0, wait: bool = False, interrupted: Callable[[], bool] | None = None,
                   wait_max_s: float | None = None) -> None:
-        """Take or drop a lock. Not granted: EAGAIN at once (``wait`` False), else poll until
-        granted, EINTR once ``interrupted()`` is true, EAGAIN after ``wait_max_s``."""
+        """Take or drop a lock. Not granted: ``BlockingIOError`` (EAGAIN) at once (``wait``
+        False), else poll until granted, ``InterruptedError`` (EINTR) once ``interrupted()`` is
+        true, ``BlockingIOError`` after ``wait_max_s``."""
         loop = asyncio.get_running_loop()
         deadline = None if wait_max_s is None else loop.time() + wait_max_s
         attempt = 0
@@ -98,10 +99,10 @@ class LockClient:
             if hit is None:
                 return
             if not wait or (deadline is not None and loop.time() >= deadline):
-                raise error_for_errno(errno.EAGAIN, f"inode {inode}: locked by client {hit.client_id:#x} "
+                raise BlockingIOError(errno.EAGAIN, f"inode {inode}: locked by client {hit.client_id:#x} "
                                       f"(pid {hit.pid}) over {hit.first}..{hit.last}")
             if interrupted is not None and interrupted():
-                raise error_for_errno(errno.EINTR, f"inode {inode}: lock wait interrupted")
+                raise InterruptedError(errno.EINTR, f"inode {inode}: lock wait interrupted")
             delay_s = WAIT_BACKOFF.delay_s(attempt, self._rng)
             if deadline is not None:
                 delay_s = max(0.0, min(delay_s, deadline - loop.time()))
@@ -109,7 +110,7 @@ class LockClient:
             attempt += 1
             self.waits_total += 1
             if interrupted is not None and interrupted():
-                raise error_for_errno(errno.EINTR, f"inode {inode}: lock wait interrupted")
+                raise InterruptedError(errno.EINTR, f"inode {inode}: lock wait interrupted")
 
     async def get(self, inode: int, kind: int, type_: int, first: int = 0, last: int = OFFSET_MAX, *,
                   owner: int) -> wl.LockInfo | None:
