@@ -21,6 +21,7 @@ from loomfs.meta.store.base import (
     decode_layout,
     encode_layout,
 )
+from loomfs.meta.store.locks_schema import sqlite_add_locks
 from loomfs.wire.types import Attr, FileType
 
 logger = logging.getLogger(__name__)
@@ -504,7 +505,7 @@ def _gc(row: tuple[Any, ...]) -> GcEntry:
     return GcEntry(row[0], layout, row[2], row[3])
 
 
-SCHEMA_VERSION = 5  # PRAGMA user_version of a store this code wrote
+SCHEMA_VERSION = 6  # PRAGMA user_version of a store this code wrote
 
 
 class SchemaTooNew(sqlite3.DatabaseError):
@@ -567,6 +568,7 @@ MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [
     _add_worker_state,  # 2 -> 3: background workers' progress (the EC rebuild)
     _add_xattrs_and_rdev,  # 3 -> 4: extended attributes, device numbers
     _add_holds_and_orphans,  # 4 -> 5: read holds, orphan inodes
+    sqlite_add_locks,  # 5 -> 6: cross-client locks (flock, POSIX ranges), lock leases
 ]
 assert len(MIGRATIONS) == SCHEMA_VERSION
 
