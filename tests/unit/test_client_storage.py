@@ -95,15 +95,26 @@ def test_missing_chunk_reads_zeros() -> None:
     assert buf == bytes(8)
 
 
-def test_reads_spread_over_replicas() -> None:
+def test_reads_spread_over_replicas_one_replica_per_chunk() -> None:
+    """Chunks spread over the replicas; every read of one chunk goes to the same replica (its
+    page cache holds it), from any client."""
     sc, rpc, _ = make(lambda a, m, r, kw: Response(ws.ReadRsp(exists=False), memoryview(b"")))
+    other, rpc2, _ = make(lambda a, m, r, kw: Response(ws.ReadRsp(exists=False), memoryview(b"")))
 
     async def many() -> None:
-        for _ in range(60):
-            await sc.read_chunk(layout(), 9, 0, 0, 4, memoryview(bytearray(4)))
+        for index in range(60):
+            for _ in range(3):
+                await sc.read_chunk(layout(), 9, index, 0, 4, memoryview(bytearray(4)))
+            await other.read_chunk(layout(), 9, index, 0, 4, memoryview(bytearray(4)))
 
     asyncio.run(many())
     assert {c[0].host for c in rpc.calls} == {"10.0.0.1", "10.0.0.2", "10.0.0.3"}
+    by_chunk: dict[int, set[str]] = {}
+    for c in rpc.calls + rpc2.calls:
+        by_chunk.setdefault(c[2].chunk.index, set()).add(c[0].host)
+    assert len(by_chunk) == 60 and all(len(hosts) == 1 for hosts in by_chunk.values())
+    counts = [sum(1 for hosts in by_chunk.values() if h in hosts) for h in ("10.0.0.1", "10.0.0.2", "10.0.0.3")]
+    assert min(counts) >= 10, counts  # about 20 each
 
 
 def test_not_committed_retries_at_the_tail() -> None:

@@ -10,7 +10,7 @@ import errno
 import pytest
 from test_replication_defects import KEY, Chain3, run
 
-from loomfs.client.storage_client import StorageClient
+from loomfs.client.storage_client import StorageClient, replica_pick
 from loomfs.errors import LoomError
 from loomfs.net.rpc import RetryPolicy, RpcClient
 from loomfs.storage.scrub import Scrubber
@@ -37,18 +37,20 @@ def test_a_whole_chunk_read_that_fails_its_crc_gets_the_replica_repaired() -> No
     async def body(c: Chain3) -> None:
         await c.write(1, 0, b"x" * 1000)
         scrubs = _scrubbers(c)
-        for n in (1, 2):
-            c.engine(n).corrupt(KEY, 10)  # two of three replicas rotten
+        first = replica_pick(KEY.inode, KEY.index, 1) % 3 + 1  # the node a read of KEY goes to first
+        rotten = (first, first % 3 + 1)
+        for n in rotten:
+            c.engine(n).corrupt(KEY, 10)  # two of three replicas rotten, the one read first among them
         sc = _client(c)
         buf = bytearray(1000)
         for _ in range(6):  # whichever replicas the reads pick, they all return good bytes
             assert await sc.read_chunk(LAYOUT, KEY.inode, KEY.index, 0, 1000, memoryview(buf)) == 1000
             assert bytes(buf) == b"x" * 1000
         for _ in range(200):
-            if all(c.engine(n).verify(KEY) == [] for n in (1, 2)):
+            if all(c.engine(n).verify(KEY) == [] for n in rotten):
                 break
             await asyncio.sleep(0.01)
-        repaired = [n for n in (1, 2) if c.engine(n).verify(KEY) == []]
+        repaired = [n for n in rotten if c.engine(n).verify(KEY) == []]
         reported = sum(s.repaired for s in scrubs)
         assert sc.corrupt_reports_total == reported == len(repaired) >= 1
         await sc.rpc.close()

@@ -1,4 +1,5 @@
-"""Read planning: big values that together fill a whole chunk are one whole-chunk read."""
+"""Read planning: big values that together fill a whole chunk are one whole-chunk read (unless
+LOOMFS_KV_WHOLE_RUNS=0: each read in place)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ def seg(off: int, n: int = HALF, inode: int = 5) -> E.Entry:
 
 def test_two_halves_of_a_chunk_are_one_whole_chunk_read() -> None:
     entries = [seg(CS + HALF), seg(0), seg(HALF), seg(CS), seg(2 * CS)]  # chunk 2: only one half
-    alone, runs = plan_reads(entries)
+    alone, runs = plan_reads(entries, whole_chunk_runs=True)
     assert alone == [4]
     got = sorted((r.seg_inode, r.chunk_index, r.start, r.end, r.members) for r in runs)
     assert got == [(5, 0, 0, CS, [1, 2]), (5, 1, 0, CS, [3, 0])]
@@ -28,14 +29,14 @@ def test_big_values_not_filling_their_chunk_are_read_alone() -> None:
                seg(CS, HALF - (256 << 10)), seg(CS + HALF, HALF),  # a 256 KiB hole: too big a gap
                seg(2 * CS + 10, HALF - 10), seg(2 * CS + HALF, HALF),  # does not start at byte 0
                seg(3 * CS, HALF, inode=6), seg(3 * CS + HALF, HALF, inode=7)]  # other segments
-    alone, runs = plan_reads(entries)
+    alone, runs = plan_reads(entries, whole_chunk_runs=True)
     assert alone == list(range(8)) and runs == []
 
 
 def test_whole_chunk_runs_can_be_turned_off() -> None:
     alone, runs = plan_reads([seg(0), seg(HALF)], whole_chunk_runs=False)
-    assert alone == [0, 1] and runs == []
-    alone, runs = plan_reads([seg(0), seg(HALF)])
+    assert alone == [0, 1] and runs == []  # each big value read in place
+    alone, runs = plan_reads([seg(0), seg(HALF)], whole_chunk_runs=True)
     assert alone == [] and [(r.start, r.end) for r in runs] == [(0, CS)]
 
 

@@ -130,6 +130,20 @@ def note_grant(store: object, inode: int, reply: object) -> None:
     while len(kept) > WRITE_GRANTS_MAX:  # bounded: the oldest go (opening again gets a new one)
         del kept[next(iter(kept))]
 
+_U64 = (1 << 64) - 1
+
+
+def replica_pick(inode: int, index: int, stripe: int) -> int:
+    """Which serving replica (modulo their number) reads of chunk ``index`` of ``inode`` go
+    to: the same one from every client, so a chunk read again and again (a KV-cache block) is
+    held by one replica's page cache, not by each in turn. The chunks of one file on one chain
+    (every ``stripe``-th) take the replicas in turn, from a place that depends on the inode."""
+    h = (inode * 0x9E3779B97F4A7C15) & _U64  # splitmix64's finalizer
+    h = ((h ^ (h >> 30)) * 0xBF58476D1CE4E5B9) & _U64
+    h = ((h ^ (h >> 27)) * 0x94D049BB133111EB) & _U64
+    return (h ^ (h >> 31)) + index // max(1, stripe)
+
+
 class _NoServingTarget(LoomError):
     """The chain has no serving target in our routing snapshot (refresh and retry)."""
 
@@ -271,7 +285,10 @@ class StorageClient:
         payload: memoryview | None = None,
         payload_crc: int | None = None,
         recv_into: memoryview | None = None,
+        prefer: int | None = None,
     ) -> Response[Any]:
+        """``prefer`` (role "any"): pick replica ``prefer % n`` of the n candidates instead of
+        a random one (a chunk's reads go to one replica, whose page cache then holds it)."""
         deadline = self.clock.monotonic() + self.call_timeout_s
         attempt = 0
         last: BaseException | None = None
@@ -295,7 +312,7 @@ class StorageClient:
                     target = targets[-1]
                 else:
                     pick = [t for t in targets if t not in avoid] or targets
-                    target = pick[self._rng.randrange(len(pick))]
+                    target = pick[(self._rng.randrange(len(pick)) if prefer is None else prefer) % len(pick)]
                 address = routing.address_of(target)
                 req = make_req(chain.version, target)
                 call = self.rpc.call(
@@ -385,13 +402,14 @@ class StorageClient:
         chunk = ChunkId(inode=inode, index=index)
         grants = self.read_grants
         grant = await self.read_grant(inode)
+        prefer = replica_pick(inode, index, len(layout.chains))
 
         def make(version: int, target: int) -> Message:
             return read_req(grant, chain_id=chain_id, chain_version=version, chunk=chunk, offset=offset,
                             length=length, target_id=target)
 
         try:
-            rsp = await self._call_chain(chain_id, "any", READ, make, recv_into=into)
+            rsp = await self._call_chain(chain_id, "any", READ, make, recv_into=into, prefer=prefer)
         except LoomError as exc:
             if exc.status not in GRANT_REFUSED or not READ_REQ_HAS_GRANT or grants.fetch_many is None:
                 raise
@@ -399,7 +417,7 @@ class StorageClient:
             grant = await grants.fetch(inode)
             if not grant:
                 raise
-            rsp = await self._call_chain(chain_id, "any", READ, make, recv_into=into)
+            rsp = await self._call_chain(chain_id, "any", READ, make, recv_into=into, prefer=prefer)
         body: ReadRsp = rsp.body
         n = len(rsp.payload) if body.exists else 0
         if n > length:

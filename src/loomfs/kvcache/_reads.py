@@ -26,7 +26,12 @@ COALESCE_GAP_MAX_BYTES = 64 << 10  # bytes of other values read and thrown away 
 # a run of small values spans at most this much: a batch of 256 x 16 KiB (one whole 4 MiB chunk)
 # is several reads in flight at once (replicas and disk queues in parallel) instead of one
 RUN_SPAN_MAX_BYTES = int(os.environ.get("LOOMFS_KV_RUN_SPAN", 1 << 20))
-WHOLE_CHUNK_RUNS = True
+# big values filling a chunk: one whole-chunk read, copied out ("1", the default), or each read
+# in place straight into its caller's buffer ("0"; storage joins the stored block CRCs of an
+# aligned part and serves it from its page cache once hot). Measured on hot 2 MiB gets (CPU-s
+# per GiB, client + storage, 3 pairs): whole 1.14-1.17, in place 1.32-1.44: a request costs more
+# than the copy it saves (docs/kvcache.md). LOOMFS_KV_WHOLE_RUNS for A/B
+WHOLE_CHUNK_RUNS = os.environ.get("LOOMFS_KV_WHOLE_RUNS", "1") == "1"
 
 
 @dataclass

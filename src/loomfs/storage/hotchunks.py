@@ -1,4 +1,4 @@
-"""Which whole chunks a storage server serves from its page cache, with ``os.sendfile``.
+"""Which chunk reads a storage server serves from its page cache, with ``os.sendfile``.
 
 Storage reads big chunks with O_DIRECT (``engine.file_io``): a chunk read once (a big file
 streamed by a training job) would only evict useful pages, and on this kind of VM filling fresh
@@ -7,15 +7,16 @@ CPU-s/GiB for the sender). A chunk read again soon after (a KV-cache block many 
 is worth keeping in memory: the disk (~1 GB/s here) is slower than the network, and a resident
 chunk goes page cache -> socket with no copy through user space.
 
-``HotChunks`` is a bounded LRU of recently read whole chunks with their read counts. ``plan``
-says, per whole-chunk read: ``DIRECT`` (O_DIRECT as before: the first ``PROMOTE_AFTER_READS``
-reads), ``FILL`` (read that often already: a buffered read on the executor fills the page
-cache and answers from the buffer) or ``SENDFILE`` (and resident: a ``FileRegion`` reply).
+``HotChunks`` is a bounded LRU of recently read ranges (a whole chunk, or a block-aligned part
+of one: a 2 MiB KV value of a 4 MiB chunk) with their read counts. ``plan`` says, per read:
+``DIRECT`` (O_DIRECT as before: the first ``PROMOTE_AFTER_READS`` reads), ``FILL`` (read that
+often already: a buffered read on the executor fills the page cache and answers from the
+buffer) or ``SENDFILE`` (and resident: a ``FileRegion`` reply).
 Filling costs more than an O_DIRECT read here (fresh page-cache pages; measured: storage 1.07
 vs 0.50 CPU-s/GiB for a pass that fills), so a chunk read only twice (a scan read back once)
 never pays it. Residency is checked, not assumed (the kernel may have evicted the pages): a
-non-blocking read (``RWF_NOWAIT``) of the first, middle and last byte, so a ``sendfile`` on
-the event loop does not wait for the disk.
+non-blocking read (``RWF_NOWAIT``) of the range's first, middle and last byte, so a
+``sendfile`` on the event loop does not wait for the disk.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from collections import OrderedDict
 from collections.abc import Hashable
 from typing import Any
 
-HOT_CHUNKS_MAX = 512  # whole chunks remembered per storage process (2 GiB of 4 MiB chunks)
+HOT_CHUNKS_MAX = 4096  # ranges remembered per storage process (counts only: ~0.5 MiB of dict)
 PROMOTE_AFTER_READS = 2  # reads of a chunk served with O_DIRECT before it is kept in the page cache
 HOT_CHUNKS_ENV = "LOOMFS_HOT_CHUNKS"  # overrides HOT_CHUNKS_MAX; "0": every read as before (A/B)
 SENDFILE_MIN_BYTES = 256 << 10  # smaller reads go through the page cache already (file_io)
@@ -65,12 +66,12 @@ class HotChunks:
     def forget(self, key: Hashable) -> None:
         self._reads.pop(key, None)
 
-    def plan(self, key: Hashable, fd: int, length: int) -> Plan:
-        """How to serve a whole-chunk read of ``key`` (``length`` bytes in ``fd``)."""
+    def plan(self, key: Hashable, fd: int, length: int, offset: int = 0) -> Plan:
+        """How to serve a read of ``key`` (``length`` bytes at ``offset`` of ``fd``)."""
         if self.note(key) < self.promote_after_reads:
             p = Plan.DIRECT
         else:
-            p = Plan.SENDFILE if resident(fd, length) else Plan.FILL
+            p = Plan.SENDFILE if resident(fd, length, offset) else Plan.FILL
         self.counts[p] += 1
         return p
 
@@ -79,14 +80,14 @@ class HotChunks:
                 f"fill={self.counts[Plan.FILL]} sendfile={self.counts[Plan.SENDFILE]})")
 
 
-def resident(fd: int, length: int) -> bool:
-    """Whether ``fd``'s first, middle and last byte of ``[0, length)`` are in the page cache
-    (a read that would wait for the disk fails with EAGAIN under RWF_NOWAIT); False where the
-    kernel or Python lacks RWF_NOWAIT."""
+def resident(fd: int, length: int, offset: int = 0) -> bool:
+    """Whether ``fd``'s first, middle and last byte of ``[offset, offset + length)`` are in the
+    page cache (a read that would wait for the disk fails with EAGAIN under RWF_NOWAIT); False
+    where the kernel or Python lacks RWF_NOWAIT."""
     flag: Any = getattr(os, "RWF_NOWAIT", None)
     if flag is None or length <= 0:
         return False
-    for pos in {0, length // 2, length - 1}:
+    for pos in {offset, offset + length // 2, offset + length - 1}:
         try:
             if os.preadv(fd, [_PROBE_VIEW], pos, flag) != 1:
                 return False

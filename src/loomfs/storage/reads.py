@@ -17,7 +17,8 @@ from loomfs.errors import InvalidArgument, StatusError
 from loomfs.net.rpc import CallContext, Reply, handles
 from loomfs.net.sendfile import FileRegion
 from loomfs.storage import chain, planted
-from loomfs.storage.engine.types import ChunkKey, ChunkState
+from loomfs.storage.engine.blocks import crc_join_blocks
+from loomfs.storage.engine.types import BLOCK_BYTES, ChunkKey, ChunkState
 from loomfs.storage.fencing import Fencing
 from loomfs.storage.foreground import ForegroundGate
 from loomfs.storage.grantcheck import ReadGrantCheck
@@ -36,6 +37,14 @@ logger = logging.getLogger(__name__)
 # the GIL): the frame encoder would otherwise hash it on the event loop (as the client does for
 # big writes; whole-chunk reads send the stored CRC and hash nothing)
 CRC_OFF_LOOP_BYTES = 1 << 20
+
+
+def aligned_blocks(offset: int, length: int) -> tuple[int, int] | None:
+    """Blocks ``[first, last)`` when ``[offset, offset + length)`` is exactly whole blocks
+    (their stored CRCs joined are the range's CRC), else None."""
+    if length <= 0 or offset % BLOCK_BYTES or length % BLOCK_BYTES:
+        return None
+    return offset // BLOCK_BYTES, (offset + length) // BLOCK_BYTES
 
 
 class ChunkReads(ChunkUpdates, Fencing):
@@ -81,10 +90,16 @@ class ChunkReads(ChunkUpdates, Fencing):
         rsp_base = ReadRsp(commit_ver=st.commit_ver, length=want, chunk_length=st.length)
         if want == 0:
             return Reply(rsp_base)
-        if req.offset == 0 and want == st.length and want >= SENDFILE_MIN_BYTES:
-            hot = await self._read_whole_hot(target, key, st, rsp_base)
+        whole = req.offset == 0 and want == st.length
+        span = None if whole else aligned_blocks(req.offset, want)
+        if want >= SENDFILE_MIN_BYTES and (whole or span is not None):
+            hot = await self._read_hot(target, key, st, req.offset, want, span, rsp_base)
             if hot is not None:
                 return hot
+        # an aligned part: the engine checks each block it reads against its stored CRC, so the
+        # reply's CRC is those CRCs joined (no second pass over the bytes); taken in the same loop
+        # step as the read starts (one version), used only if no commit came during the read
+        stored = self._span_crcs(engine, key, st, span) if span is not None else None
         buf = self.pool.acquire(want)
         try:
             n = await engine.aread(key, req.offset, memoryview(buf)[:want])
@@ -99,6 +114,9 @@ class ChunkReads(ChunkUpdates, Fencing):
         whole = req.offset == 0 and n == st.length
         rsp = rsp_base if n == want else dataclasses.replace(rsp_base, length=n)
         crc: int | None = st.crc if whole else None
+        if crc is None and stored is not None and n == want and self._same_version(engine, key, st):
+            crc = crc_join_blocks(0, stored)
+            self.joined_crc_reads_total += 1
         if crc is None and n >= CRC_OFF_LOOP_BYTES:
             try:
                 crc = await asyncio.get_running_loop().run_in_executor(None, crc32c.crc32c, memoryview(buf)[:n])
@@ -107,37 +125,60 @@ class ChunkReads(ChunkUpdates, Fencing):
                 raise
         return Reply(rsp, payload=memoryview(buf)[:n], payload_crc=crc, on_sent=lambda: self.pool.release(buf))
 
+    joined_crc_reads_total = 0  # aligned partial reads whose reply CRC was joined from block CRCs
+
+    @staticmethod
+    def _same_version(engine: Any, key: ChunkKey, st: ChunkState) -> bool:
+        now = engine.get(key)
+        return now is not None and now.commit_ver == st.commit_ver and now.crc == st.crc
+
+    def _span_crcs(self, engine: Any, key: ChunkKey, st: ChunkState, span: tuple[int, int]) -> list[int] | None:
+        """The stored CRCs of blocks ``span`` of ``st``'s version (None: not that version now)."""
+        if not self._same_version(engine, key, st):
+            return None
+        crcs: list[int] = engine.block_crcs(key)
+        first, last = span
+        return crcs[first:last] if last <= len(crcs) else None
+
     @property
     def hot_chunks(self) -> HotChunks:
-        """Recently read whole chunks, served from the page cache (``storage.hotchunks``)."""
+        """Recently read chunk ranges, served from the page cache (``storage.hotchunks``)."""
         hot: HotChunks | None = self.__dict__.get("_hot_chunks")
         if hot is None:
             hot = self.__dict__["_hot_chunks"] = HotChunks()
         return hot
 
-    async def _read_whole_hot(self, target: StorageTarget, key: ChunkKey, st: ChunkState,
-                              rsp: ReadRsp) -> Reply | None:
-        """A whole-chunk read of a chunk read recently: from the page cache (``os.sendfile``
-        of the committed file when it is resident, else a buffered read that fills the page
-        cache); None: read it as usual (first read, or an engine without files). Like every
-        whole-chunk read it is not hashed here: the frame carries the stored CRC and the
-        client checks the bytes against it (docs/datapath.md)."""
-        region = open_region(target.engine, key)
+    async def _read_hot(self, target: StorageTarget, key: ChunkKey, st: ChunkState, offset: int, want: int,
+                        span: tuple[int, int] | None, rsp: ReadRsp) -> Reply | None:
+        """A read of a range read recently (the whole chunk, or whole blocks of it: ``span``)
+        from the page cache: ``os.sendfile`` of the committed file when the range is resident,
+        else a buffered read that fills the page cache; None: read it as usual (first reads, or
+        an engine without files). The bytes are not hashed here: the frame carries the stored
+        CRC (the chunk's, or the blocks' stored CRCs joined) and the client checks the bytes
+        against it, end to end (docs/datapath.md)."""
+        engine = target.engine
+        region = open_region(engine, key)
         if region is None:
             return None
         fd, length, crc = region
         if length != st.length or crc != st.crc:  # not the version st names: read as usual
             os.close(fd)
             return None
-        plan = self.hot_chunks.plan((target.target_id, key), fd, length)
+        if span is not None:  # same loop step as open_region: the same version's block CRCs
+            stored = self._span_crcs(engine, key, st, span)
+            if stored is None:
+                os.close(fd)
+                return None
+            crc = crc_join_blocks(0, stored)
+        plan = self.hot_chunks.plan((target.target_id, key, offset, want), fd, want, offset)
         if plan is Plan.DIRECT:
             os.close(fd)
             return None
-        file = FileRegion(fd, 0, length)
+        file = FileRegion(fd, offset, want)
         if plan is Plan.SENDFILE:
             payload: Any = file  # a FileRegion: the transport sends it with os.sendfile
             return Reply(rsp, payload=payload, payload_crc=crc, on_sent=file.close)
-        buf = self.pool.acquire(length)
+        buf = self.pool.acquire(want)
 
         def fill() -> int:
             try:
@@ -152,9 +193,9 @@ class ChunkReads(ChunkUpdates, Fencing):
         except BaseException:
             self.pool.release(buf)
             raise
-        if n != length:
+        if n != want:
             self.pool.release(buf)
-            raise StatusError(Status.CHECKSUM_MISMATCH, f"chunk {key}: {n} of {length} bytes in its file")
+            raise StatusError(Status.CHECKSUM_MISMATCH, f"chunk {key}: {n} of {want} bytes at {offset} in its file")
         return Reply(rsp, payload=memoryview(buf)[:n], payload_crc=crc, on_sent=lambda: self.pool.release(buf))
 
     async def _read_exact(self, req: ReadReq, key: ChunkKey) -> Reply:
