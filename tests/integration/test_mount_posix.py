@@ -258,6 +258,16 @@ def test_changes_by_descriptor_after_the_last_unlink(roots: tuple[Path, Path], m
         os.utime(fd, ns=(1_000_000_000, 2_000_000_000))
         st = os.fstat(ro)
         seen.append((stat.S_IMODE(st.st_mode), st.st_size, st.st_nlink, st.st_mtime_ns))
+        # extended attributes of the nameless file (meta answers them by inode)
+        os.setxattr(fd, "user.k1", b"v1")
+        os.setxattr(ro, "user.k2", b"v2", os.XATTR_CREATE)
+        try:
+            os.setxattr(fd, "user.k2", b"again", os.XATTR_CREATE)
+        except OSError as exc:
+            seen.append(("create twice", exc.errno))
+        os.removexattr(fd, "user.k1")
+        names = sorted(n for n in os.listxattr(ro) if n != "user.loomfs.layout")  # the mount's virtual one
+        seen.append((names, os.getxattr(fd, "user.k2")))
         os.pwrite(fd, b"xy", 6)
         seen.append(os.pread(ro, 100, 0))
         again = open_(Path(f"/proc/self/fd/{ro}"), os.O_RDONLY)  # reopened with no name left

@@ -1,4 +1,5 @@
-"""Extended attributes on the async core, by path, shaped like ``os.getxattr`` & co.
+"""Extended attributes on the async core, by path (shaped like ``os.getxattr`` & co.) or by
+inode (``*_inode``: a file open here whose last name went; the mount's calls).
 
 Names may be ``str`` (encoded with ``os.fsencode``) or ``bytes``; values are bytes. Only the
 ``user.*`` namespace is stored (``loomfs.meta.ops.xattrs`` has the rules); the limits are
@@ -15,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from loomfs.client import paths
 from loomfs.errors import error_for_errno
+from loomfs.wire import meta_xattr as wx
 from loomfs.wire.types import Attr
 
 if TYPE_CHECKING:
@@ -73,3 +75,47 @@ async def removexattr(client: AsyncClient, path: str, name: NameLike, *, follow_
         return await client.meta.removexattr(p, raw, follow_symlinks)
     finally:
         client.caches.changed(p)
+
+
+# --- by inode: an open file whose last name went, or the inode a mount's kernel means -------
+# (``path``, when known, only labels errors and has its cached attributes dropped on a change)
+
+
+async def getxattr_inode(client: AsyncClient, inode: int, name: NameLike, *, path: str = "") -> bytes:
+    rsp: wx.XattrValueRsp = await client.meta.call(
+        wx.GETXATTR, wx.XattrNameReq(path=path, name=encode_name(name, path), follow_symlinks=False, inode=inode))
+    return rsp.value
+
+
+async def listxattr_inode(client: AsyncClient, inode: int, *, path: str = "") -> list[bytes]:
+    """The raw names (bytes), byte order."""
+    rsp: wx.XattrListRsp = await client.meta.call(
+        wx.LISTXATTR, wx.XattrListReq(path=path, follow_symlinks=False, inode=inode))
+    return list(rsp.names)
+
+
+async def setxattr_inode(client: AsyncClient, inode: int, name: NameLike, value: bytes, flags: int = 0, *,
+                         path: str = "") -> Attr | None:
+    raw = encode_name(name, path)
+    value = bytes(value)
+    if len(value) > XATTR_VALUE_MAX_BYTES:
+        raise error_for_errno(errno.E2BIG, f"xattr value of {len(value)} bytes (max {XATTR_VALUE_MAX_BYTES})", path)
+    try:
+        rsp: wx.XattrAttrRsp = await client.meta.call(
+            wx.SETXATTR, wx.XattrSetReq(path=path, name=raw, value=value, flags=flags, follow_symlinks=False,
+                                        inode=inode))
+        return rsp.attr
+    finally:
+        if path:
+            client.caches.changed(paths.normalize(path))
+
+
+async def removexattr_inode(client: AsyncClient, inode: int, name: NameLike, *, path: str = "") -> Attr | None:
+    try:
+        rsp: wx.XattrAttrRsp = await client.meta.call(
+            wx.REMOVEXATTR, wx.XattrNameReq(path=path, name=encode_name(name, path), follow_symlinks=False,
+                                            inode=inode))
+        return rsp.attr
+    finally:
+        if path:
+            client.caches.changed(paths.normalize(path))

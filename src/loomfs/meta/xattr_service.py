@@ -28,26 +28,28 @@ class XattrService:
     @handles(wx.GETXATTR)
     async def getxattr(self, req: wx.XattrNameReq, ctx: CallContext) -> wx.XattrValueRsp:
         self._act_for(ctx)
-        value = await self.ns.getxattr(req.path, req.name, follow_symlinks=req.follow_symlinks)
+        value = await self.ns.getxattr(req.path, req.name, follow_symlinks=req.follow_symlinks, inode=req.inode)
         return wx.XattrValueRsp(value=value)
 
     @handles(wx.LISTXATTR)
     async def listxattr(self, req: wx.XattrListReq, ctx: CallContext) -> wx.XattrListRsp:
         self._act_for(ctx)
-        return wx.XattrListRsp(names=await self.ns.listxattr(req.path, follow_symlinks=req.follow_symlinks))
+        return wx.XattrListRsp(names=await self.ns.listxattr(req.path, follow_symlinks=req.follow_symlinks,
+                                                             inode=req.inode))
 
     @handles(wx.SETXATTR)
     async def setxattr(self, req: wx.XattrSetReq, ctx: CallContext) -> wx.XattrAttrRsp:
         self._act_for(ctx)
         attr = await self.ns.setxattr(req.path, req.name, req.value, flags=req.flags,
-                                      follow_symlinks=req.follow_symlinks)
+                                      follow_symlinks=req.follow_symlinks, inode=req.inode)
         logger.debug("req %d: setxattr %s %r (%d bytes)", ctx.request_id, req.path, req.name[:64], len(req.value))
         return wx.XattrAttrRsp(attr=attr)
 
     @handles(wx.REMOVEXATTR)
     async def removexattr(self, req: wx.XattrNameReq, ctx: CallContext) -> wx.XattrAttrRsp:
         self._act_for(ctx)
-        attr = await self.ns.removexattr(req.path, req.name, follow_symlinks=req.follow_symlinks)
+        attr = await self.ns.removexattr(req.path, req.name, follow_symlinks=req.follow_symlinks,
+                                         inode=req.inode)
         return wx.XattrAttrRsp(attr=attr)
 
     def __repr__(self) -> str:

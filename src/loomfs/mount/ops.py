@@ -236,6 +236,13 @@ class LoomOperations(HoldOps, FileOps):
             return dataclasses.replace(kept, nlink=0)
         return attr
 
+    def _label(self, inode: int) -> str:
+        """A path naming ``inode`` in errors and cache drops, "" when it has none here."""
+        try:
+            return self._inode_path(inode)
+        except OSError:
+            return ""
+
     def _inode_path(self, inode: int) -> str:
         """A path of ``inode``; for an open file whose last name went, the name it was opened
         by (calls on it go by inode: the path only names it in errors)."""
@@ -405,28 +412,26 @@ class LoomOperations(HoldOps, FileOps):
         # meta's answer for a name it never stores, without asking it: the kernel asks for
         # security.capability before the first write of every open file
         check_name(name)
-        path = self._inode_path(inode)
-        if name != LAYOUT_XATTR:  # stored (user.*)
+        if name != LAYOUT_XATTR:  # stored (user.*): by inode (also a file open here whose name went)
             try:
-                value = await self.call(self.client.meta.getxattr(path, name, False))
+                value = await self.call(xattrs.getxattr_inode(self.client, inode, name, path=self._label(inode)))
             except OSError as exc:
                 if exc.errno == errno.ENODATA:
                     self.xattr_probes.seen(ctx, inode, name, present=False)
                 raise
             self.xattr_probes.seen(ctx, inode, name, present=True)
             return value
-        attr = await self._attr(path)
+        attr = await self._attr_of(inode)
         if attr.type not in _XATTR_HOLDERS:  # symlinks, FIFOs, sockets, devices: no user attributes
             raise pyfuse3.FUSEError(errno.ENODATA)
         return encode_layout(attr.layout)
 
     @fuse_errors
     async def listxattr(self, inode: int, ctx: Any) -> list[bytes]:
-        path = self._inode_path(inode)
-        attr = await self._attr(path)
+        attr = await self._attr_of(inode)
         if attr.type not in _XATTR_HOLDERS:
             return []
-        stored = await self.call(self.client.meta.listxattr(path, False))
+        stored = await self.call(xattrs.listxattr_inode(self.client, inode, path=self._label(inode)))
         return [LAYOUT_XATTR, *(n for n in stored if n != LAYOUT_XATTR)]
 
     @fuse_errors
@@ -440,11 +445,11 @@ class LoomOperations(HoldOps, FileOps):
             if self.options.read_only:
                 raise pyfuse3.FUSEError(errno.EROFS)
             check_name(name)  # ENOTSUP for trusted.*, security.*, system.* (cp -a, tar --xattrs)
-            path = self._inode_path(inode)
             if name != LAYOUT_XATTR:
                 flags = self.xattr_probes.flags_for(ctx, inode, name)
-                await self.call(xattrs.setxattr(self.client, path, name, value, flags, follow_symlinks=False))
+                await self.call(xattrs.setxattr_inode(self.client, inode, name, value, flags, path=self._label(inode)))
                 return
+            path = self._inode_path(inode)
             attr = await self._attr(path)
             if attr.type != FileType.DIRECTORY:
                 raise pyfuse3.FUSEError(errno.EPERM)  # a file's layout is fixed when it is created
@@ -460,7 +465,7 @@ class LoomOperations(HoldOps, FileOps):
             if self.options.read_only:
                 raise pyfuse3.FUSEError(errno.EROFS)
             check_name(name)
-            await self.call(xattrs.removexattr(self.client, self._inode_path(inode), name, follow_symlinks=False))
+            await self.call(xattrs.removexattr_inode(self.client, inode, name, path=self._label(inode)))
 
     # --- directories ----------------------------------------------------------------------
 

@@ -1,4 +1,6 @@
-"""meta service extended-attribute calls (methods 50-53): ``user.*`` attributes by path.
+"""meta service extended-attribute calls (methods 50-53): ``user.*`` attributes by path, or by
+inode (``inode`` non-zero: a file whose last name went but is still open somewhere, or the
+inode a mount's kernel means whatever its names are now).
 
 Names and values are bytes (a name need not be UTF-8); the rules and limits are meta's
 (``loomfs.meta.ops.xattrs``): a name of 1..255 bytes in the ``user.`` namespace, a value of at
@@ -20,6 +22,7 @@ class XattrNameReq(Message):
     path: str = ""
     name: bytes = b""
     follow_symlinks: bool = True
+    inode: int = 0  # non-zero: this inode (``path`` only labels errors)
 
 
 @message
@@ -31,6 +34,7 @@ class XattrValueRsp(Message):
 class XattrListReq(Message):
     path: str = ""
     follow_symlinks: bool = True
+    inode: int = 0
 
 
 @message
@@ -45,6 +49,7 @@ class XattrSetReq(Message):
     value: bytes = b""
     flags: int = 0  # os.XATTR_CREATE (EEXIST if set) | os.XATTR_REPLACE (ENODATA if not)
     follow_symlinks: bool = True
+    inode: int = 0
 
 
 @message

@@ -13,6 +13,12 @@
   (``loomfs.meta.caller``; root passes).
 * A change moves the inode's ctime; the attributes go when the inode goes (the store).
 
+By inode: every call also takes ``inode`` (non-zero: the path is only a label in errors), so
+a file open somewhere whose last name went (an orphan, ``loomfs.meta.orphans``) keeps its
+attributes reachable, and a mount names the inode the kernel means, whatever names it has now
+(as SETATTR by inode). Only the inode's own permission checks apply then: the caller reached
+the inode already (it holds it open, or the kernel walked to it).
+
 Virtual attributes (``user.loomfs.layout``) are the mount's (``loomfs.mount.xattrs``), not
 stored here.
 """
@@ -61,10 +67,10 @@ def check_value(value: bytes) -> None:
 
 
 class XattrOps(NamespaceBase):
-    async def getxattr(self, path: str, name: bytes, *, follow_symlinks: bool = True) -> bytes:
+    async def getxattr(self, path: str, name: bytes, *, follow_symlinks: bool = True, inode: int = 0) -> bytes:
         check_name(name)
         async with self.store.read() as txn:
-            attr = await self._xattr_holder(txn, path, follow_symlinks)
+            attr = await self._xattr_holder(txn, path, follow_symlinks, inode)
             if attr.type not in _HOLDERS:
                 raise StatusError(Status.ENODATA, f"{path}: no user attributes on this file type")
             perm.need(attr, caller(), perm.R, f"getxattr {path}")
@@ -73,21 +79,21 @@ class XattrOps(NamespaceBase):
             raise StatusError(Status.ENODATA, f"{path}: no attribute {name[:64]!r}")
         return value
 
-    async def listxattr(self, path: str, *, follow_symlinks: bool = True) -> list[bytes]:
+    async def listxattr(self, path: str, *, follow_symlinks: bool = True, inode: int = 0) -> list[bytes]:
         """The names (byte order). Linux lists names without a read check on the inode."""
         async with self.store.read() as txn:
-            attr = await self._xattr_holder(txn, path, follow_symlinks)
+            attr = await self._xattr_holder(txn, path, follow_symlinks, inode)
             return [n for n, _ in await txn.list_xattrs(attr.inode)]
 
     async def setxattr(self, path: str, name: bytes, value: bytes, *, flags: int = 0,
-                       follow_symlinks: bool = True) -> Attr:
+                       follow_symlinks: bool = True, inode: int = 0) -> Attr:
         """Set ``name`` to ``value``; returns the inode's attributes after (a new ctime)."""
         if flags & ~(XATTR_CREATE | XATTR_REPLACE):
             raise StatusError(Status.EINVAL, f"setxattr flags {flags:#x}")
         check_name(name)
         check_value(value)
         async with self.store.write() as txn:
-            attr = await self._xattr_holder(txn, path, follow_symlinks)
+            attr = await self._xattr_holder(txn, path, follow_symlinks, inode)
             self._may_change(attr, path, "setxattr")
             listed = await txn.list_xattrs(attr.inode)
             sizes = dict(listed)
@@ -106,10 +112,10 @@ class XattrOps(NamespaceBase):
             await txn.put_xattr(attr.inode, name, value)
             return await self._changed(txn, attr)
 
-    async def removexattr(self, path: str, name: bytes, *, follow_symlinks: bool = True) -> Attr:
+    async def removexattr(self, path: str, name: bytes, *, follow_symlinks: bool = True, inode: int = 0) -> Attr:
         check_name(name)
         async with self.store.write() as txn:
-            attr = await self._xattr_holder(txn, path, follow_symlinks)
+            attr = await self._xattr_holder(txn, path, follow_symlinks, inode)
             self._may_change(attr, path, "removexattr")
             if not await txn.delete_xattr(attr.inode, name):
                 raise StatusError(Status.ENODATA, f"{path}: no attribute {name[:64]!r}")
@@ -117,7 +123,12 @@ class XattrOps(NamespaceBase):
 
     # -- helpers --------------------------------------------------------------------------
 
-    async def _xattr_holder(self, txn: MetaTxn, path: str, follow_symlinks: bool) -> Attr:
+    async def _xattr_holder(self, txn: MetaTxn, path: str, follow_symlinks: bool, inode: int = 0) -> Attr:
+        if inode:
+            attr = await txn.get_inode(inode)
+            if attr is None:
+                raise StatusError(Status.ENOENT, f"{path or 'inode'} (inode {inode})")
+            return attr
         r = await walk(txn, split_path(path), follow_last=follow_symlinks)
         if r.inode is None:
             raise StatusError(Status.ENOENT, path)
