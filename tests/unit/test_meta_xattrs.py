@@ -265,3 +265,26 @@ def test_service_acts_for_the_connection_and_squashes_root() -> None:
         assert "root_squash=True" in repr(squashing)
 
     with_ns("sqlite://:memory:", body)
+
+
+def test_by_inode_also_for_a_file_whose_last_name_went(store_url: str) -> None:
+    """An inode names the file whatever its names: an open file unlinked (meta's orphan) keeps
+    its attributes; the path then only labels errors; the inode's own checks still apply."""
+
+    async def body(ns: Namespace, clock: ManualClock) -> None:
+        o = await ns.open("/f", os.O_CREAT | os.O_RDWR, client_id=7, session_id=(1 << 62) | 5, chunked=True)
+        ino = o.attr.inode
+        await ns.setxattr("/f", b"user.a", b"1")
+        await ns.unlink("/f")
+        await fails(errno.ENOENT, ns.getxattr("/f", b"user.a"))  # by path: no name left
+        assert await ns.getxattr("", b"user.a", inode=ino) == b"1"
+        await ns.setxattr("/whatever", b"user.b", b"2", flags=XATTR_CREATE, inode=ino)
+        await fails(errno.EEXIST, ns.setxattr("", b"user.b", b"3", flags=XATTR_CREATE, inode=ino))
+        assert await ns.listxattr("", inode=ino) == [b"user.a", b"user.b"]
+        await ns.removexattr("", b"user.a", inode=ino)
+        assert await ns.listxattr("", inode=ino) == [b"user.b"]
+        with acting_as(OTHER):  # the inode's own permission checks (mode 0644, owner root)
+            await fails(errno.EACCES, ns.setxattr("", b"user.c", b"", inode=ino))
+        await fails(errno.ENOENT, ns.getxattr("", b"user.a", inode=ino + 1000))
+
+    with_ns(store_url, body)
