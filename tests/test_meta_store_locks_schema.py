@@ -14,6 +14,7 @@ from loomfs.meta.store.base import MetaStore
 from loomfs.meta.store.postgres import PostgresStore
 from loomfs.meta.store.postgres_schema import SCHEMA_VERSION as PG_VERSION
 from loomfs.meta.store.sqlite import SqliteStore
+from loomfs.meta.store.sqlite_txn import SCHEMA_VERSION as SQLITE_VERSION
 
 
 async def _locks_work(s: MetaStore) -> None:
@@ -48,7 +49,7 @@ def test_sqlite_version_5_store_gets_locks(tmp_path: Path) -> None:
 
     asyncio.run(check())
     c = sqlite3.connect(path)
-    assert c.execute("PRAGMA user_version").fetchone()[0] >= 5
+    assert c.execute("PRAGMA user_version").fetchone()[0] == SQLITE_VERSION == 6
     c.close()
 
 

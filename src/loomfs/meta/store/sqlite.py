@@ -59,7 +59,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from loomfs.common.retry import Backoff
-from loomfs.meta.store import sqlite_quick, sqlite_txn
+from loomfs.meta.store import sqlite_quick
 from loomfs.meta.store.base import (
     CommitFailed,
     InlineData,
@@ -68,7 +68,6 @@ from loomfs.meta.store.base import (
     QuickHit,
     note_commit,
 )
-from loomfs.meta.store.locks_schema import sqlite_add_locks
 from loomfs.meta.store.locks_sqlite import SqliteLockTxn
 from loomfs.meta.store.sqlite_checkpoint import (
     BACKSTOP_WRITES,
@@ -186,9 +185,6 @@ class SqliteStore(MetaStore):
         self._conn.execute(f"PRAGMA synchronous = {synchronous}")
         self._conn.execute("PRAGMA foreign_keys = OFF")
         self.schema_found = migrate_schema(self._conn)  # the version the file was at
-        if sqlite_txn.SCHEMA_VERSION < 6:  # until the lock step is in sqlite_txn.MIGRATIONS (5 -> 6)
-            with self._conn:
-                sqlite_add_locks(self._conn)
         if not self._single:  # a busy write lock is waited for by polling (_join_group), never here
             self._conn.execute("PRAGMA busy_timeout = 0")
         self.checkpoints = 0  # checkpoints the checkpoint thread ran
