@@ -193,3 +193,13 @@ async def lock(client: AsyncClient, path: str, type_: int = WRITE, *, kind: int 
 async def unlock(client: AsyncClient, path: str, *, kind: int = FLOCK, first: int = 0, last: int = OFFSET_MAX,
                  owner: int | None = None) -> None:
     await lock(client, path, UNLOCK, kind=kind, first=first, last=last, owner=owner, wait=False)
+
+
+async def close_client(client: AsyncClient) -> None:
+    """``client`` ends: its locks go at meta now (nothing to do when it never locked)."""
+    lc = _clients.pop(client, None)
+    if lc is not None and lc.used:
+        try:
+            await lc.close()
+        except (LoomError, OSError) as exc:  # they go with the lease
+            logger.warning("dropping the locks of client %#x: %s", lc.client_id, exc)
