@@ -13,7 +13,6 @@ import dataclasses
 import logging
 import os
 import random
-import secrets
 import time
 import weakref
 from collections.abc import AsyncIterator, Sequence
@@ -26,6 +25,7 @@ from loomfs.client.file import AsyncFile, parse_mode
 from loomfs.client.inline import check_crc
 from loomfs.client.lazy import LazyCreates
 from loomfs.client.meta_client import MetaClient
+from loomfs.client.session_ids import session_ids
 from loomfs.client.storage_client import ChunkStore, StorageClient, note_grant
 from loomfs.client.writeback import ByteBudget
 from loomfs.common import grants, malloc_tune
@@ -549,7 +549,7 @@ class AsyncClient:
         if flags == os.O_RDONLY:
             return await self._open_read(p)
         # write opens name their session, so a re-sent OPEN (reply lost) is applied once
-        session_id = (1 << 62) | secrets.randbits(62)  # the proof of an open file: unguessable
+        session_id = session_ids.take()  # the proof of an open file: unguessable
         common = {**self._file_args(p, flags), "caches": self.caches}
         self.caches.changed(p)  # whatever it was, this client is changing it
         if flags == LAZY_FLAGS and self.config.inline_put_max_bytes > 0:

@@ -222,11 +222,13 @@ class SyncMetaPath:
             raise fr.FrameError("reply does not match the request")
         return h
 
-    def call(self, m: Method, req: Message, *, resend_safe: bool = False) -> Any:
+    def call(self, m: Method, req: Message, *, resend_safe: bool = False, decode: bool = True) -> Any:
         """``resend_safe``: the caller accepts that a call whose reply was lost (``Unavailable``
         after sending) is sent again by the async path, as ``MetaClient`` re-sends a
         non-idempotent call whose connection broke (a put: the same content again; an unlink:
-        ENOENT for its own work, like NFS)."""
+        ENOENT for its own work, like NFS). ``decode`` False: the reply's body as it came (a
+        msgpack map), for a caller that looks at a field or two before it decodes the rest
+        (``m.response.from_wire``)."""
         if not m.idempotent and not resend_safe:
             raise Unavailable(m.name)
         address: Address | None = getattr(self._meta, "_preferred", None)
@@ -259,7 +261,7 @@ class SyncMetaPath:
             self.fallbacks += 1
             raise Unavailable(status.name)  # shutting down, EAGAIN, ...: the async path handles it
         self.calls += 1
-        return m.response.from_wire(h.body)
+        return m.response.from_wire(h.body) if decode else h.body
 
     def close(self) -> None:
         conn = getattr(self._local, "conn", None)

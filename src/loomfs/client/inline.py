@@ -22,6 +22,16 @@ def check_crc(path: str, data: bytes, crc: int) -> bytes:
     return data
 
 
+def stored_inline(open_body: object) -> bool:
+    """Whether an OPEN reply's body, undecoded (a msgpack map), says a put was stored inline
+    and opened no write session: the usual answer to a small put, which then needs nothing
+    more (so the fast path does not decode the rest of it)."""
+    if type(open_body) is not dict or open_body.get("session_id", 0) != 0:
+        return False
+    attr = open_body.get("attr")
+    return type(attr) is dict and attr.get("inline") is True
+
+
 PATCHES_MAX = 256  # unsent writes kept before they go to meta (bounds a WRITE_INLINE request)
 # meta's cap on any inline limit: inline bytes travel in a frame header (1 MiB at most)
 INLINE_CAP_BYTES = 512 << 10

@@ -17,7 +17,6 @@ import io
 import json
 import logging
 import os
-import secrets
 import shutil
 import stat as stat_mod
 import threading
@@ -31,8 +30,9 @@ from loomfs.client import paths, xattrs
 from loomfs.client.core import LAZY_FLAGS, READDIR_PAGE, AsyncClient, info_of
 from loomfs.client.fastpath import SyncMetaPath, Unavailable
 from loomfs.client.file import AsyncFile, parse_mode
-from loomfs.client.inline import INLINE_CAP_BYTES
+from loomfs.client.inline import INLINE_CAP_BYTES, stored_inline
 from loomfs.client.meta_client import MetaClient
+from loomfs.client.session_ids import session_ids
 from loomfs.client.syncfile import LoomFile
 from loomfs.common import trace
 from loomfs.common.routing import parse_addresses
@@ -411,16 +411,17 @@ class LoomFS:
         if self._fast_change(wmeta.UNLINK, wmeta.PathReq(path=p, follow_symlinks=False), p) is None:
             self._submit(client.unlink(p))
 
-    def _fast_change(self, m: Any, req: Any, p: str) -> Any:
+    def _fast_change(self, m: Any, req: Any, p: str, *, decode: bool = True) -> Any:
         """A namespace change sent from the caller's thread; None: take the async path (no
         fast path, a "w" file of this client pending at ``p``, or a lost reply: the async
-        path sends it again). POSIX errors are raised as they are."""
+        path sends it again). POSIX errors are raised as they are. ``decode`` False: the
+        reply's body undecoded (``SyncMetaPath.call``)."""
         client = self._client
         fast = self._fast
         if fast is None or client is None or client.lazy.pending(p):
             return None
         try:
-            return fast.call(m, req, resend_safe=True)
+            return fast.call(m, req, resend_safe=True, decode=decode)
         except Unavailable:
             return None
         finally:
@@ -585,13 +586,12 @@ class LoomFS:
         if view.nbytes <= min(client.config.inline_put_max_bytes, INLINE_CAP_BYTES):
             body = view.tobytes()
             req = wmeta.OpenReq(path=p, flags=LAZY_FLAGS, mode=0o644, client_id=client.client_id,
-                                session_id=(1 << 62) | secrets.randbits(62), data=body,
-                                data_crc=crc32c.crc32c(body))
-            rsp = self._fast_change(wmeta.OPEN, req, p)
-            if rsp is not None:
-                if rsp.attr is not None and rsp.attr.inline and not rsp.session_id:
+                                session_id=session_ids.take(), data=body, data_crc=crc32c.crc32c(body))
+            raw = self._fast_change(wmeta.OPEN, req, p, decode=False)
+            if raw is not None:
+                if stored_inline(raw):  # the usual answer: nothing more to do, nothing to decode
                     return
-                self._submit(client.finish_put(p, rsp, body))
+                self._submit(client.finish_put(p, wmeta.OpenRsp.from_wire(raw), body))
                 return
         self._submit(client.pipe(p, data))
 
