@@ -113,10 +113,14 @@ def test_a_lapsed_lease_loses_every_lock(url: str) -> None:
         assert await t.setlk(5, B, 1, POSIX, WRITE, 0, 10, lease_s=5) is None  # drops A with all its rows
         assert [r.client_id for k, r in await t.list(6)] == []
         assert not await t.renew(A, 5)  # A learns it lost them
-        assert await t.setlk(6, A, 1, FLOCK, WRITE, lease_s=5) is None  # and starts afresh
+        assert await t.setlk_lease(6, A, 1, FLOCK, WRITE, lease_s=5) == (None, True)  # a new lease
+        assert await t.setlk_lease(5, A, 1, FLOCK, WRITE, lease_s=5) == (None, False)  # the same one
         clock.advance(6)  # both ran out: a renewal by anyone sweeps them
         assert not await t.renew(B, 5)
         assert await t.list(5) == [] and await t.list(6) == []
+        hit, fresh = await t.setlk_lease(5, A, 1, POSIX, WRITE, 0, 0, lease_s=5)  # A was swept: told so
+        assert hit is None and fresh
+        assert await t.release(5, A, 1, POSIX) == 1
         assert await t.setlk(6, B, 1, FLOCK, WRITE, lease_s=5) is None
         assert await t.drop_client(B) == 1
 

@@ -78,12 +78,26 @@ class LockClient:
     async def try_set(self, inode: int, kind: int, type_: int, first: int = 0, last: int = OFFSET_MAX, *,
                       owner: int, pid: int = 0) -> wl.LockInfo | None:
         """One attempt: None when granted (or unlocked), else the lock in the way."""
+        key = (inode, kind, owner)
+        before = set(self._held)
+        before.discard(key)
         if type_ != UNLOCK:
-            self._held.add((inode, kind, owner))  # before the call: a lost reply may have granted it
+            self._held.add(key)  # before the call: a lost reply may have granted it
             self.used = True
             self._keep_renewing()
         rsp: wl.LockRsp = await self.meta.call(wl.LOCK_SET, self._req(inode, kind, type_, first, last, owner, pid))
+        if rsp.lease_new and before:
+            self._lost(before & self._held)
         return None if rsp.granted else (rsp.conflict or wl.LockInfo())
+
+    def _lost(self, lost: set[tuple[int, int, int]]) -> None:
+        """Meta said our lease had run out: the locks of these owners are gone."""
+        if not lost:
+            return
+        self._held -= lost
+        self.lost_total += len(lost)
+        logger.error("the lock lease of client %#x ran out (cut off from meta for %.0fs?): "
+                     "%d lock owner(s) lost their locks", self.client_id, self.lease_s, len(lost))
 
     async def set(self, inode: int, kind: int, type_: int, first: int = 0, last: int = OFFSET_MAX, *,
                   owner: int, pid: int = 0, wait: bool = False, interrupted: Callable[[], bool] | None = None,
@@ -149,13 +163,7 @@ class LockClient:
         rsp: wl.LockRenewRsp = await self.meta.call(
             wl.LOCK_RENEW, wl.LockRenewReq(client_id=self.client_id, lease_s=self.lease_s))
         if not rsp.held and held:
-            lost = [h for h in held if h in self._held]  # released meanwhile: not lost
-            for h in lost:
-                self._held.discard(h)
-            self.lost_total += len(lost)
-            if lost:
-                logger.error("the lock lease of client %#x ran out (cut off from meta for %.0fs?): "
-                             "%d lock owner(s) lost their locks", self.client_id, self.lease_s, len(lost))
+            self._lost(set(held) & self._held)  # released meanwhile: not lost
         return rsp.held
 
     async def close(self) -> None:

@@ -42,12 +42,12 @@ class LockHandlers:
 
     @handles(wl.LOCK_SET)
     async def lock_set(self, req: wl.LockReq, ctx: CallContext) -> wl.LockRsp:
-        hit = await self._retrying(self.locks.setlk, req.inode, req.client_id, req.owner, req.kind, req.type,
-                                   req.first, req.last, pid=req.pid, lease_s=req.lease_s)
+        hit, fresh = await self._retrying(self.locks.setlk_lease, req.inode, req.client_id, req.owner, req.kind,
+                                          req.type, req.first, req.last, pid=req.pid, lease_s=req.lease_s)
         logger.debug("req %d: lock_set inode %d kind %d type %d %d..%d client %#x owner %#x: %s", ctx.request_id,
                      req.inode, req.kind, req.type, req.first, req.last, req.client_id, req.owner,
                      "granted" if hit is None else "refused")
-        return wl.LockRsp(granted=hit is None, conflict=_info(hit))
+        return wl.LockRsp(granted=hit is None, conflict=_info(hit), lease_new=fresh)
 
     @handles(wl.LOCK_GET)
     async def lock_get(self, req: wl.LockReq, ctx: CallContext) -> wl.LockRsp:

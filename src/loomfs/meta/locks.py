@@ -139,19 +139,29 @@ class LockTable:
             logger.info("locks: client %#x's lease ran out: its %d lock(s) dropped", c, n)
         return [r for r in rows if r.client_id not in dead]
 
-    async def _touch(self, txn: MetaTxn, client_id: int, now_ns: int, lease_ns: int) -> None:
-        """Move the caller's lease on; a lapsed one first loses what it held."""
+    async def _touch(self, txn: MetaTxn, client_id: int, now_ns: int, lease_ns: int) -> bool:
+        """Move the caller's lease on; a lapsed one first loses what it held. True when the
+        lease is a new one (none was live: any lock the client had before is gone)."""
         expiry = (await txn.lock_clients_expiry([client_id])).get(client_id)
         if expiry is not None and expiry <= now_ns:
             n = await txn.lock_client_drop(client_id)
             self.expired_total += 1
             logger.warning("locks: client %#x came back after its lease ran out: %d lock(s) were lost", client_id, n)
         await txn.lock_client_put(client_id, now_ns + lease_ns)
+        return expiry is None or expiry <= now_ns
 
     async def setlk(self, inode: int, client_id: int, owner: int, kind: int, type_: int, first: int = 0,
                     last: int = OFFSET_MAX, *, pid: int = 0, lease_s: float = DEFAULT_LEASE_S) -> LockRow | None:
         """Take (READ/WRITE) or drop (UNLOCK) ``first..last`` for the owner; None when done, the
         conflicting lock when another owner holds one (nothing changed). flock: whole file."""
+        return (await self.setlk_lease(inode, client_id, owner, kind, type_, first, last, pid=pid,
+                                       lease_s=lease_s))[0]
+
+    async def setlk_lease(self, inode: int, client_id: int, owner: int, kind: int, type_: int, first: int = 0,
+                          last: int = OFFSET_MAX, *, pid: int = 0, lease_s: float = DEFAULT_LEASE_S,
+                          ) -> tuple[LockRow | None, bool]:
+        """``setlk``, and whether the client's lease is a new one: a client that believed it
+        held locks learns they were lost (its lease had run out and been dropped)."""
         check_range(kind, type_, first, last)
         if kind == FLOCK:
             first, last = 0, OFFSET_MAX
@@ -160,12 +170,12 @@ class LockTable:
         async with self.store.write() as txn:
             if type_ != UNLOCK and await txn.get_inode(inode) is None:
                 raise error_for_errno(errno.ENOENT, f"inode {inode}")
-            await self._touch(txn, client_id, now, bounded_lease_ns(lease_s))
+            fresh = await self._touch(txn, client_id, now, bounded_lease_ns(lease_s))
             rows = await self._live(txn, await txn.locks_on(inode, kind), now)
             if type_ != UNLOCK:
                 hit = conflict(rows, client_id, owner, type_, first, last)
                 if hit is not None:
-                    return replace(hit, owner=to_unsigned(hit.owner))
+                    return replace(hit, owner=to_unsigned(hit.owner)), fresh
             mine = [r for r in rows if r.client_id == client_id and r.owner == owner]
             if kind == FLOCK:
                 new = [] if type_ == UNLOCK else [LockRow(client_id, owner, type_, 0, OFFSET_MAX, pid)]
@@ -173,7 +183,7 @@ class LockTable:
                 new = posix_apply(mine, type_, first, last, pid, client_id, owner)
             if new != mine:
                 await txn.locks_replace(inode, kind, client_id, owner, new)
-        return None
+        return None, fresh
 
     async def getlk(self, inode: int, client_id: int, owner: int, kind: int, type_: int, first: int = 0,
                     last: int = OFFSET_MAX) -> LockRow | None:

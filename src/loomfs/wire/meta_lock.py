@@ -54,6 +54,8 @@ class LockRsp(Message):
 
     granted: bool = False
     conflict: LockInfo | None = None
+    # LOCK_SET: the client's lease is a new one (none was live): locks it had before are gone
+    lease_new: bool = False
 
 
 @message
