@@ -109,8 +109,35 @@ class Message:
 _FAST_TYPES: dict[str, str] = {"int": "int", "bool": "bool", "str": "str", "bytes": "bytes", "float": "float"}
 
 
+def _direct_fields(cls: type, names: list[str]) -> list[tuple[Any, Any, bool]] | None:
+    """Per field: its slot's setter, its default and whether that is a factory; None when
+    the class cannot be built by setting its slots (a field without a default or outside
+    ``__init__``, no slots, a ``__post_init__``): then decoders call the class."""
+    if "__post_init__" in dir(cls):
+        return None
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    out: list[tuple[Any, Any, bool]] = []
+    for name in names:
+        f = fields.get(name)
+        slot: Any = cls.__dict__.get(name)
+        if f is None or not f.init or not hasattr(slot, "__set__") or isinstance(slot, property):
+            return None
+        if f.default is not dataclasses.MISSING:
+            out.append((slot.__set__, f.default, False))
+        elif f.default_factory is not dataclasses.MISSING:
+            out.append((slot.__set__, f.default_factory, True))
+        else:
+            return None
+    return out
+
+
 def _compile_codecs(cls: type, plan: tuple[tuple[str, _Encoder, _Decoder], ...]) -> tuple[Any, Any]:
-    env: dict[str, Any] = {"StatusError": StatusError, "BAD_REQUEST": Status.BAD_REQUEST, "_cls_name": cls.__name__}
+    """The encoder, and a decoder that builds the message by setting its slots (what the
+    dataclass ``__init__`` does, without its keyword parsing and per-field ``object.__setattr__``:
+    half an ``Attr``'s decode) where ``_direct_fields`` allows, else by calling the class."""
+    env: dict[str, Any] = {"StatusError": StatusError, "BAD_REQUEST": Status.BAD_REQUEST, "_cls_name": cls.__name__,
+                           "_new": object.__new__}
+    direct = _direct_fields(cls, [name for name, _, _ in plan])
     enc_items: list[str] = []
     dec_lines: list[str] = []
     for i, (name, enc, dec) in enumerate(plan):
@@ -122,20 +149,38 @@ def _compile_codecs(cls: type, plan: tuple[tuple[str, _Encoder, _Decoder], ...])
             env[f"_e{i}"] = enc
             enc_items.append(f"{name!r}: _e{i}(self.{name})")
         env[f"_d{i}"] = dec
+        if direct is not None:
+            env[f"_s{i}"], env[f"_f{i}"], factory = direct[i]
+            put = f"_s{i}(obj, {{}})"
+            missing = ["    else:", f"        {put.format(f'_f{i}()' if factory else f'_f{i}')}"]
+        else:
+            put = f"kw[{name!r}] = {{}}"
+            missing = []
         kind = getattr(dec, "_fast_type", None)
         dec_lines.append(f"    if {name!r} in data:")
         dec_lines.append(f"        v = data[{name!r}]")
         if dec is _identity:
-            dec_lines.append(f"        kw[{name!r}] = v")
+            dec_lines.append(f"        {put.format('v')}")
         elif kind is not None:
             dec_lines.append(f"        if type(v) is {kind}:")
-            dec_lines.append(f"            kw[{name!r}] = v")
+            dec_lines.append(f"            {put.format('v')}")
             dec_lines.append("        else:")
             dec_lines.append(f"            field = {name!r}")
-            dec_lines.append(f"            kw[{name!r}] = _d{i}(v)")
+            dec_lines.append(f"            {put.format(f'_d{i}(v)')}")
         else:
             dec_lines.append(f"        field = {name!r}")
-            dec_lines.append(f"        kw[{name!r}] = _d{i}(v)")
+            dec_lines.append(f"        {put.format(f'_d{i}(v)')}")
+        dec_lines.extend(missing)
+    if direct is not None:
+        start, finish = ["    obj = _new(_cls)"], ["    return obj"]
+    else:
+        start = ["    kw = {}"]
+        finish = [
+            "    try:",
+            "        return cls(**kw)",
+            "    except (TypeError, ValueError) as exc:",
+            "        raise StatusError(BAD_REQUEST, f'{_cls_name}: {exc}') from exc",
+        ]
     src = [
         "def to_wire(self):",
         "    if self.__class__ is not _cls:",
@@ -146,7 +191,7 @@ def _compile_codecs(cls: type, plan: tuple[tuple[str, _Encoder, _Decoder], ...])
         "        return cls._from_wire_generic(data)",
         "    if not isinstance(data, dict):",
         "        raise StatusError(BAD_REQUEST, _cls_name + ': body is not a map')",
-        "    kw = {}",
+        *start,
         "    field = ''",
         "    try:",
         *("    " + line for line in dec_lines or ["    pass"]),
@@ -154,10 +199,7 @@ def _compile_codecs(cls: type, plan: tuple[tuple[str, _Encoder, _Decoder], ...])
         "        raise",
         "    except Exception as exc:",
         "        raise StatusError(BAD_REQUEST, f'{_cls_name}.{field}: {exc}') from exc",
-        "    try:",
-        "        return cls(**kw)",
-        "    except (TypeError, ValueError) as exc:",
-        "        raise StatusError(BAD_REQUEST, f'{_cls_name}: {exc}') from exc",
+        *finish,
     ]
     env["_cls"] = cls
     exec("\n".join(src), env)  # noqa: S102 - generated from the class's own field names
