@@ -105,8 +105,8 @@ def test_flock_excludes_across_mounts_and_goes_at_close(two: tuple[str, str]) ->
         assert subprocess.run(["flock", "-n", "-s", str(fb), "true"], timeout=30).returncode == 0
         assert flock_n(fb) == 1
     finally:
-        os.close(fd)  # the RELEASE drops it
-    assert flock_n(fb) == 0
+        os.close(fd)  # the RELEASE drops it (the kernel sends it after close returns)
+    wait_for("the released flock to go", lambda: flock_n(fb) == 0)
     assert stats(a)["lock_flock"] >= 2 and stats(a)["lock_release_unlocks"] >= 1
 
 
@@ -183,6 +183,33 @@ def test_posix_ranges_getlk_and_unlock_at_close(two: tuple[str, str]) -> None:
             p.kill()
         os.close(fd)
     assert stats(a)["lock_flush_unlocks"] >= 1 and stats(b)["lock_flush_unlocks"] >= 1
+
+
+def test_ofd_locks_conflict_across_mounts_and_go_with_their_open_file(two: tuple[str, str]) -> None:
+    a, b = two
+    fa, fb = fresh(a, b, "ofd")
+    fd = os.open(fa, os.O_RDWR)
+    dup = os.dup(fd)
+    fcntl.fcntl(fd, fcntl.F_OFD_SETLK, struct.pack("hhqqi", fcntl.F_WRLCK, os.SEEK_SET, 0, 10, 0))
+    other = os.open(fb, os.O_RDWR)
+    try:
+        with pytest.raises(BlockingIOError):
+            fcntl.fcntl(other, fcntl.F_OFD_SETLK, struct.pack("hhqqi", fcntl.F_WRLCK, os.SEEK_SET, 5, 1, 0))
+        os.close(fd)  # the description lives on in the dup: so does its lock
+        with pytest.raises(BlockingIOError):
+            fcntl.fcntl(other, fcntl.F_OFD_SETLK, struct.pack("hhqqi", fcntl.F_WRLCK, os.SEEK_SET, 5, 1, 0))
+        os.close(dup)  # RELEASE (the kernel sends it after close returns): the description's locks go
+
+        def taken() -> bool:
+            try:
+                fcntl.fcntl(other, fcntl.F_OFD_SETLK, struct.pack("hhqqi", fcntl.F_WRLCK, os.SEEK_SET, 5, 1, 0))
+            except BlockingIOError:
+                return False
+            return True
+
+        wait_for("the released description's OFD lock to go", taken)
+    finally:
+        os.close(other)
 
 
 def test_a_blocked_fcntl_wait_ends_with_a_signal(two: tuple[str, str]) -> None:

@@ -14,7 +14,9 @@ sees them (``loomfs.meta.locks``; the requests come through ``loomfs.mount.lowle
   locks on the file go (as ``close`` does on Linux), after the mount's own flush. Waits of
   that owner on that file are abandoned first (the process is closing or gone), so a grant
   cannot land after the unlock. **flock** locks go at the RELEASE of their open file
-  description (``FUSE_RELEASE_FLOCK_UNLOCK``). A killed process's descriptors close the same
+  description (``FUSE_RELEASE_FLOCK_UNLOCK``), and so do **OFD** locks (``F_OFD_SETLK``: POSIX
+  requests whose owner is the description; the RELEASE drops the POSIX locks asked for
+  through it that are still held). A killed process's descriptors close the same
   way. A killed *mount* holds nothing for longer than its lease (``lock_lease_s``, 30 s):
   the lease is renewed while it holds locks, and meta drops them when that stops.
 * Only owners that locked a file here send anything at close: a mount that never locks
@@ -64,6 +66,9 @@ class MountLocks:
         # (inode, kind, owner) -> abandon flags of its blocking waits in progress
         self._waits: dict[tuple[int, int, int], list[list[bool]]] = {}
         self._wait_tasks: dict[tuple[int, int, int], set[asyncio.Task[None]]] = {}
+        # handle -> (inode, owner) of the POSIX locks asked for through it: an OFD lock's
+        # owner is the open file description, whose end (RELEASE) says nothing of it
+        self._posix_by_fh: dict[int, set[tuple[int, int]]] = {}
         # counted with the mount's requests (user.loomfs.stats on the root): lock_getlk ...
         stats = getattr(ops, "stats", None)
         self.requests: Counter[str] = stats.requests if stats is not None else Counter()
@@ -149,6 +154,8 @@ class MountLocks:
 
     def _set(self, r: LockReq, kind: int, type_: int, start: int, length: int, pid: int, wait: bool) -> None:
         key = (r.ino, kind, r.owner)
+        if kind == POSIX and type_ != UNLOCK:
+            self._posix_by_fh.setdefault(r.fh, set()).add((r.ino, r.owner))
         abandon = [False]
 
         def stop() -> bool:
@@ -195,15 +202,21 @@ class MountLocks:
         self._spawn(self._answer(r.req, work))
 
     def release(self, r: LockReq, flock_release: bool) -> None:
+        posix = self._posix_by_fh.pop(r.fh, set())
+
         async def work() -> None:
             try:
                 await self.ops.release(r.fh)
             finally:
-                key = (r.ino, FLOCK, r.owner)
-                if flock_release and (key in self._waits or self.locks.holds(*key)):
-                    await self._abandon_waits(key)
-                    await self.ops.call(self.locks.release(r.ino, FLOCK, r.owner))
-                    self.requests["lock_release_unlocks"] += 1
+                keys = [(r.ino, FLOCK, r.owner)] if flock_release else []
+                # POSIX locks taken through this open file description: a process's were
+                # dropped at its close (FLUSH) already; an OFD lock's owner is the description
+                keys += [(ino, POSIX, owner) for ino, owner in sorted(posix)]
+                for key in keys:
+                    if key in self._waits or self.locks.holds(*key):
+                        await self._abandon_waits(key)
+                        await self.ops.call(self.locks.release(*key))
+                        self.requests["lock_release_unlocks"] += 1
 
         self._spawn(self._answer(r.req, work))
 
