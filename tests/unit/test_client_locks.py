@@ -58,7 +58,7 @@ def run(body: Any) -> None:
 
 def test_a_blocking_wait_is_granted_once_the_other_client_lets_go() -> None:
     async def body(meta: InProcessMeta, clock: ManualClock) -> None:
-        a, b = LockClient(meta, 1), LockClient(meta, 2)  # type: ignore[arg-type]
+        a, b = LockClient(meta, 1), LockClient(meta, 2)
         await a.set(5, FLOCK, WRITE, owner=10)
         with pytest.raises(BlockingIOError):
             await b.set(5, FLOCK, WRITE, owner=20)
@@ -85,7 +85,7 @@ def test_a_blocking_wait_is_granted_once_the_other_client_lets_go() -> None:
 
 def test_waits_end_when_interrupted_or_past_their_limit() -> None:
     async def body(meta: InProcessMeta, clock: ManualClock) -> None:
-        a, b = LockClient(meta, 1), LockClient(meta, 2)  # type: ignore[arg-type]
+        a, b = LockClient(meta, 1), LockClient(meta, 2)
         await a.set(5, POSIX, WRITE, 0, 99, owner=10)
         polled = asyncio.Event()
 
@@ -110,8 +110,8 @@ def test_waits_end_when_interrupted_or_past_their_limit() -> None:
 
 def test_a_lapsed_lease_is_reported_lost() -> None:
     async def body(meta: InProcessMeta, clock: ManualClock) -> None:
-        a = LockClient(meta, 1, lease_s=5)  # type: ignore[arg-type]
-        b = LockClient(meta, 2, lease_s=5)  # type: ignore[arg-type]
+        a = LockClient(meta, 1, lease_s=5)
+        b = LockClient(meta, 2, lease_s=5)
         await a.set(5, POSIX, WRITE, 0, 9, owner=10)
         clock.advance(6)  # a was cut off past its lease: b takes the range over
         await b.set(5, POSIX, WRITE, 0, 9, owner=20)
