@@ -6,6 +6,7 @@ mount's locks gone one lease later."""
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import os
@@ -299,5 +300,54 @@ def test_a_killed_mounts_locks_go_after_its_lease(two: tuple[str, str], cluster:
     finally:
         holder.kill()
         holder.wait(timeout=30)
+        subprocess.run(["fusermount3", "-u", "-z", c], capture_output=True, timeout=30)
+        os.rmdir(c)
+
+
+def test_a_stopped_mount_ends_its_waits_and_drops_its_locks_at_once(two: tuple[str, str],
+                                                                     cluster: LocalCluster) -> None:
+    """SIGTERM to a mount (a clean stop) while one of its processes holds a lock and another
+    waits: the wait ends with ENOLCK (no crash of the daemon answering it), and meta drops the
+    mount's locks at once, long before its lease (60 s here) would."""
+    a, b = two
+    c = tempfile.mkdtemp(prefix="loomfs-lk-c-")
+    _mount(cluster, c, "-o", "lock_lease=60")
+    name = fresh(a, b, "stopped")[0].name
+    fc = Path(c) / name
+    holder = subprocess.Popen(["flock", "-x", str(Path(c) / name), "-c", "echo held; exec sleep 600"],
+                              stdout=subprocess.PIPE, text=True)
+    fd = os.open(Path(a) / name, os.O_RDWR)
+    waiter = None
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        fcntl.lockf(fd, fcntl.LOCK_EX, 1, 0)  # mount a holds byte 0
+        waiter = subprocess.Popen([sys.executable, "-c", "import fcntl, os\n"
+                                   f"fd = os.open({str(fc)!r}, os.O_RDWR)\n"
+                                   "try:\n"
+                                   "    fcntl.lockf(fd, fcntl.LOCK_EX, 1, 0)\n"
+                                   "except OSError as e:\n"
+                                   "    print(e.errno)\n"], stdout=subprocess.PIPE, text=True)
+        before = stats(c).get("lock_setlk", 0)
+        wait_for("the waiter's SETLKW", lambda: stats(c).get("lock_setlk", 0) > before)
+        pid = int(daemon.state_files(c)[0].read_text())
+        os.kill(pid, signal.SIGTERM)
+        out, _ = waiter.communicate(timeout=30)
+        assert out.strip() == str(errno.ENOLCK)
+
+        def gone() -> bool:
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                return True
+            return False
+
+        wait_for("the daemon to exit", gone)
+        wait_for("the stopped mount's flock to go", lambda: flock_n(Path(b) / name) == 0, timeout_s=20)
+    finally:
+        os.close(fd)
+        for p in (holder, waiter):
+            if p is not None and p.poll() is None:
+                p.kill()
+                p.wait(timeout=30)
         subprocess.run(["fusermount3", "-u", "-z", c], capture_output=True, timeout=30)
         os.rmdir(c)

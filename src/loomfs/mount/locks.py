@@ -7,7 +7,9 @@ sees them (``loomfs.meta.locks``; the requests come through ``loomfs.mount.lowle
 * **F_SETLK / LOCK_NB**: one LOCK_SET; refused -> EAGAIN (``EWOULDBLOCK``).
   **F_SETLKW / flock without LOCK_NB**: LOCK_SET polled with backoff (``LockClient.set``)
   until granted; the kernel's INTERRUPT (a signal to the waiting process, ^C, its kill)
-  ends the wait with EINTR.
+  ends the wait with EINTR; a wait abandoned without a signal (its owner closed the file in
+  another thread, or the mount stops) answers ENOLCK (EINTR without a pending signal would
+  reach the process as the kernel's internal ERESTARTSYS, 512).
 * **F_GETLK**: LOCK_GET; the lock in the way, with its pid when a process of this mount
   holds it (another node's pid means nothing here: 0).
 * **close(2)**: the kernel's FLUSH carries the closing process's ``lock_owner``: its POSIX
@@ -163,8 +165,13 @@ class MountLocks:
 
         async def work() -> None:
             first, last = byte_range(start, length)
-            await self.ops.call(self.locks.set(r.ino, kind, type_, first, last, owner=r.owner, pid=pid, wait=wait,
-                                               interrupted=stop if wait else None))
+            try:
+                await self.ops.call(self.locks.set(r.ino, kind, type_, first, last, owner=r.owner, pid=pid,
+                                                   wait=wait, interrupted=stop if wait else None))
+            except InterruptedError:
+                if abandon[0]:  # no signal: EINTR would reach the process as ERESTARTSYS (512)
+                    raise OSError(errno.ENOLCK, "lock wait abandoned (the file closed, or unmount)") from None
+                raise
 
         async def run() -> None:
             try:
@@ -221,10 +228,15 @@ class MountLocks:
         self._spawn(self._answer(r.req, work))
 
     async def close(self) -> None:
-        """At unmount: waits stop, and every lock of this mount goes at meta."""
+        """At unmount: waits stop (answered before libfuse's session goes), and every lock of
+        this mount goes at meta."""
         for flags in self._waits.values():
             for flag in flags:
                 flag[0] = True
+        loop = asyncio.get_running_loop()
+        here = [t for t in self._tasks if t.get_loop() is loop]  # a stopped FUSE loop's never run again
+        if here:
+            await asyncio.wait(here, timeout=ABANDON_WAIT_S)
         try:
             await self.ops.call(self.locks.close())
         except OSError as exc:  # they go with the lease
