@@ -162,7 +162,7 @@ class MgmtdService:
                                            revoked_acked=req.revoked_targets, routing_version=req.routing_version)
             await self._commit()
             return w.HeartbeatRsp(routing_version=self.state.version, lease_s=self.state.lease_s,
-                                  revoked_targets=revoked)
+                                  revoked_targets=revoked, verify_targets=self.state.verify_targets(req.node_id))
 
     @handles(w.GET_ROUTING)
     async def get_routing(self, req: w.GetRoutingReq, ctx: CallContext) -> w.GetRoutingRsp:

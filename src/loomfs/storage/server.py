@@ -306,6 +306,7 @@ class StorageNode:
         if set(rsp.revoked_targets) != self.service.revoked:
             logger.info("mgmtd revoked targets %s", rsp.revoked_targets)
         self.service.revoked = set(rsp.revoked_targets)  # before the lease is extended
+        self._verify_for_mgmtd(rsp.verify_targets)  # (a registration reply that did not ask)
         await self._refresh_routing(rsp.routing_version)
         self._lease_granted(sent_s, rsp.lease_s, rsp.routing_version)
         if self.routing.has_routing:

@@ -46,6 +46,7 @@ class HeartbeatRsp(Message):
     # targets of this node leaving their chains: stop serving them now (the chain change waits
     # for the next heartbeat saying so, or for the lease granted before to run out)
     revoked_targets: list[int] = many()
+    verify_targets: list[int] = many()  # as RegisterNodeRsp.verify_targets (a node that missed it)
 
 
 @message
