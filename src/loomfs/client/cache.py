@@ -145,7 +145,6 @@ class _TTLMap(ABC, Generic[K, V]):
             n = len(self._map)
             self.clear()
             return n
-        now = self.clock.monotonic()
         n = 0
         with self._lock:
             for k in self._keys_of(path):
@@ -154,6 +153,7 @@ class _TTLMap(ABC, Generic[K, V]):
             self.invalidations += n
             if not self._ttl_max_s:  # nothing was ever stored (e.g. every path is strict)
                 return n
+            now = self.clock.monotonic()  # (not before: a strict client's every change comes here)
             tombs = self._tombs
             while tombs:  # tombstones that outlived everything they covered
                 first = next(iter(tombs.values()))

@@ -237,7 +237,8 @@ class SyncMetaPath:
         conn: _Conn | None = getattr(self._local, "conn", None)
         try:
             now = time.monotonic()
-            if conn is None or conn.address != address or now - conn.used_at > IDLE_RECONNECT_S:
+            if conn is None or (conn.address is not address and conn.address != address) \
+                    or now - conn.used_at > IDLE_RECONNECT_S:
                 if conn is not None:
                     conn.close()
                     self._local.conn = None

@@ -662,7 +662,7 @@ class CachedFile(io.BytesIO):
         return f"CachedFile({self.name} {self._size} bytes)"
 
 
-_TYPE_BITS = {FileType.FILE: stat_mod.S_IFREG, FileType.DIRECTORY: stat_mod.S_IFDIR,
+_TYPE_BITS: dict[int, int] = {FileType.FILE: stat_mod.S_IFREG, FileType.DIRECTORY: stat_mod.S_IFDIR,
               FileType.SYMLINK: stat_mod.S_IFLNK, FileType.FIFO: stat_mod.S_IFIFO,
               FileType.SOCKET: stat_mod.S_IFSOCK, FileType.CHAR_DEVICE: stat_mod.S_IFCHR,
               FileType.BLOCK_DEVICE: stat_mod.S_IFBLK}
@@ -676,7 +676,7 @@ async def _page(c: AsyncClient, top: str, after: str, detail: bool) -> tuple[lis
 
 def stat_result(a: Attr) -> os.stat_result:
     """LoomFS attributes as an ``os.stat_result`` (times in seconds and *_ns)."""
-    mode = _TYPE_BITS.get(FileType(a.type), 0) | (a.mode & 0o7777)
+    mode = _TYPE_BITS.get(a.type, 0) | (a.mode & 0o7777)  # (FileType is an IntEnum: ints find it)
     return os.stat_result((
         mode, a.inode, 0, a.nlink, a.uid, a.gid, a.size,
         a.atime_ns // 10**9, a.mtime_ns // 10**9, a.ctime_ns // 10**9,
