@@ -125,3 +125,54 @@ def test_a_lapsed_lease_is_reported_lost() -> None:
         await b.close()
 
     run(body)
+
+
+def test_a_mount_learns_whether_meta_keeps_locks() -> None:
+    """Over the simulated network: a meta server with the lock calls (MetaService) says yes; one
+    without them (an older meta: only its xattr service here) answers UNKNOWN_METHOD -> no."""
+    import random
+
+    from test_meta_namespace import FakeRouting
+
+    from loomfs.client.locks import meta_has_locks
+    from loomfs.meta.ops.namespace import Namespace
+    from loomfs.meta.service import MetaService
+    from loomfs.meta.xattr_service import XattrService
+    from loomfs.net.rpc import RpcClient, RpcServer
+    from loomfs.net.sim import LinkFaults, SimNetwork
+    from loomfs.net.transport import Address
+
+    class OneServer:
+        def __init__(self, rpc: RpcClient, addr: Address):
+            self.rpc, self.addr = rpc, addr
+
+        async def call(self, m: Method, req: Message) -> Any:
+            return (await self.rpc.call(self.addr, m, req)).body
+
+    class Client:
+        client_id = 0x77
+
+        def __init__(self, meta: OneServer):
+            self.meta = meta
+
+    async def go() -> None:
+        net = SimNetwork(seed=5, faults=LinkFaults(latency_s=0.0, jitter_s=0.0))
+        store = MetaStore.open("sqlite://:memory:")
+        ns = Namespace(store, routing=FakeRouting(), clock=ManualClock(), rng=random.Random(1))
+        await ns.init()
+        new, old = RpcServer("meta", net.transport("10.0.0.1")), RpcServer("meta", net.transport("10.0.0.3"))
+        new.add_service(MetaService(ns))
+        old.add_service(XattrService(ns))
+        new_addr = await new.start(Address("10.0.0.1", 8100))
+        old_addr = await old.start(Address("10.0.0.3", 8100))
+        rpc = RpcClient(net.transport("10.0.0.2"), call_timeout_s=2.0)
+        try:
+            assert await meta_has_locks(Client(OneServer(rpc, new_addr)))  # type: ignore[arg-type]
+            assert not await meta_has_locks(Client(OneServer(rpc, old_addr)))  # type: ignore[arg-type]
+        finally:
+            await rpc.close()
+            await new.close()
+            await old.close()
+            await store.close()
+
+    asyncio.run(go())

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING
 from loomfs.common.retry import Backoff
 from loomfs.errors import LoomError
 from loomfs.wire import meta_lock as wl
+from loomfs.wire.status import Status
 
 if TYPE_CHECKING:
     from loomfs.client.core import AsyncClient
@@ -211,3 +212,15 @@ async def close_client(client: AsyncClient) -> None:
             await lc.close()
         except (LoomError, OSError) as exc:  # they go with the lease
             logger.warning("dropping the locks of client %#x: %s", lc.client_id, exc)
+
+
+async def meta_has_locks(client: AsyncClient) -> bool:
+    """Whether the meta servers answer the lock calls (a meta older than them answers
+    UNKNOWN_METHOD): a mount then keeps the kernel's local locks rather than fail every one."""
+    try:
+        await client.meta.call(wl.LOCK_RENEW, wl.LockRenewReq(client_id=client.client_id, lease_s=DEFAULT_LEASE_S))
+    except LoomError as exc:
+        if exc.status is Status.UNKNOWN_METHOD:
+            return False
+        logger.warning("asking meta whether it keeps locks: %s (assuming it does)", exc)
+    return True

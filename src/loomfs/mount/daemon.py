@@ -130,10 +130,14 @@ def serve(target: str, mountpoint: str, options: MountOptions, pid_file: str | N
     pyfuse3.init(ops, mountpoint, options.fuse_options(f"loomfs:{target}"))
     mount_locks = None
     if options.locks == "cluster":  # between init() and main(): libfuse asks for locks at INIT
+        from loomfs.client.locks import meta_has_locks
         from loomfs.mount.locks import install
 
-        mount_locks = install(ops, options.lock_lease_s)
-        ops.mount_locks = mount_locks
+        if fs.run(meta_has_locks(fs.client)):
+            mount_locks = install(ops, options.lock_lease_s)
+            ops.mount_locks = mount_locks
+        else:
+            logger.warning("locks stay local to this mount: the meta servers do not keep locks (older LoomFS)")
     if options.loop == "shared":
         fuse_loop = fs.loop
         done = asyncio.run_coroutine_threadsafe(pyfuse3.main(max_tasks=options.max_tasks), fuse_loop)
