@@ -167,8 +167,8 @@ def test_a_mount_learns_whether_meta_keeps_locks() -> None:
         old_addr = await old.start(Address("10.0.0.3", 8100))
         rpc = RpcClient(net.transport("10.0.0.2"), call_timeout_s=2.0)
         try:
-            assert await meta_has_locks(Client(OneServer(rpc, new_addr)))  # type: ignore[arg-type]
-            assert not await meta_has_locks(Client(OneServer(rpc, old_addr)))  # type: ignore[arg-type]
+            assert await meta_has_locks(Client(OneServer(rpc, new_addr)))
+            assert not await meta_has_locks(Client(OneServer(rpc, old_addr)))
         finally:
             await rpc.close()
             await new.close()
