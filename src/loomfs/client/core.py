@@ -18,7 +18,7 @@ import weakref
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
-from loomfs.client import paths
+from loomfs.client import locks, paths
 from loomfs.client.cache import Absent
 from loomfs.client.consistency import ClientCaches
 from loomfs.client.file import AsyncFile, parse_mode
@@ -214,6 +214,7 @@ class AsyncClient:
             self._routing_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._routing_task
+        await locks.close_client(self)  # its cluster locks go now, not a lease later (none: nothing)
         if self.rpc is not None:
             await self.rpc.close()
 
