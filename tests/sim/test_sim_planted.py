@@ -34,6 +34,9 @@ CAUGHT_WITHIN = {
 FOUND_BUGS = [18, 24, 40, 48, 49, 50, 70, 72, 82, 86, 108, 132, 164, 173, 239, 313, 321, 371, 555, 620, 991,
               1155, 2090, 3763, 4395, 5146, 20292, 895, 3771, 70133, 100649, 400189, 150943, 151227]
 
+# the same for seeds of the "fsync" profile (failed fsyncs, lost pages, refused markers)
+FOUND_BUGS_FSYNC = [173070]
+
 
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("plant", list(CAUGHT_WITHIN), ids=lambda p: "+".join(p))
@@ -48,5 +51,12 @@ def test_planted_defect_is_caught(plant: tuple[str, ...]) -> None:
 @pytest.mark.timeout(600)
 def test_seeds_that_found_bugs_pass() -> None:
     results = run_many(FOUND_BUGS, "ci", jobs=JOBS)
+    failed = [r for r in results if not r.ok]
+    assert not failed, "\n".join(r.summary() for r in failed)
+
+
+@pytest.mark.timeout(300)
+def test_fsync_seeds_that_found_bugs_pass() -> None:
+    results = run_many(FOUND_BUGS_FSYNC, "fsync", jobs=JOBS)
     failed = [r for r in results if not r.ok]
     assert not failed, "\n".join(r.summary() for r in failed)

@@ -126,3 +126,46 @@ def test_syncing_targets_old_pending_never_passes_for_the_chains_version() -> No
         assert st is not None and (st.commit_ver, st.pending_ver) == (2, 0) and c.content(1) == b"TWO"
 
     run(body)
+
+
+def test_rotten_last_serving_copy_takes_the_old_tails_newer_version() -> None:
+    """Sim seed 173070 (fsync profile): the last serving replica's failed disk lost the pages of
+    its committed v1; nobody held v1 intact, and the old tail, back as syncing, had committed v2.
+    The scrubber asked only for v1, the resync wanted to send the rotten v1 back over v2, and the
+    chain never converged. A newer committed version of a member out of service is now the last
+    resort (the syncing member first), unless an intact pending version of ours is newer still."""
+
+    async def body(c: Chain3) -> None:
+        await c.write(1, 0, b"x" * 300)  # v1 everywhere
+        c.engine(3).stage_write(KEY, 2, 0, b"y" * 100)
+        await c.engine(3).commit(KEY, 2)  # the tail committed v2 (the head lost its pending v2)
+        want = c.content(3)
+        c.set_chain([1], version=5, syncing=(3,))  # node 2 (v1) is gone for good
+        c.engine(1).corrupt(KEY, 150)  # the pages of v1 were lost
+        scrub = Scrubber(c.nodes[0].service, bytes_per_s=0, interval_s=3600)
+        good, _ = await scrub.check_chunk(c.nodes[0].target, KEY)
+        assert not good and scrub.repaired == 1
+        st = c.engine(1).get(KEY)
+        assert st is not None and (st.commit_ver, st.pending_ver) == (2, 0) and c.content(1) == want
+        svc = c.nodes[0].service
+        await Resyncer(svc, _no_report)._sync(SyncJob(1, 5, c.tid(1), c.tid(3)), await svc.routing.get())
+        assert c.content(3) == want and c.engine(3).get(KEY).commit_ver == 2  # type: ignore[union-attr]
+
+    run(body)
+
+
+def test_a_newer_intact_pending_version_is_not_dropped_for_an_older_newer_copy() -> None:
+    async def body(c: Chain3) -> None:
+        await c.write(1, 0, b"x" * 300)
+        c.engine(3).stage_write(KEY, 2, 0, b"y" * 100)
+        await c.engine(3).commit(KEY, 2)
+        c.engine(1).stage_write(KEY, 3, 0, b"z" * 300, full_replace=True)  # ours: pending v3, intact
+        c.set_chain([1], version=5, syncing=(3,))
+        c.engine(1).corrupt(KEY, 150)
+        scrub = Scrubber(c.nodes[0].service, bytes_per_s=0, interval_s=3600)
+        good, _ = await scrub.check_chunk(c.nodes[0].target, KEY)
+        assert not good and scrub.repaired == 0
+        st = c.engine(1).get(KEY)
+        assert st is not None and (st.commit_ver, st.pending_ver) == (1, 3)  # the pending v3 pushes on
+
+    run(body)

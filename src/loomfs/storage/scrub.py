@@ -190,9 +190,15 @@ class Scrubber:
         others = [t for t in reversed(info.targets) if t != target.target_id and t in routing.targets]
         serving = [t for t in others if routing.targets[t].state == TargetState.SERVING]
         rest = [t for t in others if t not in serving]
-        for other, exact in [(t, False) for t in serving] + [(t, True) for t in rest]:
-            if exact:
+        # last resort: a newer committed version from a member out of service, the syncing one
+        # (the chain's write tail: it takes every new update) first
+        newer = sorted(rest, key=lambda t: routing.targets[t].state != TargetState.SYNCING)
+        tries = [(t, "serving") for t in serving] + [(t, "exact") for t in rest] + [(t, "newer") for t in newer]
+        for other, how in tries:
+            if how == "exact":
                 got = await self._fetch_exact(routing, chain_id, info.version, other, key, st)
+            elif how == "newer":
+                got = await self._fetch_newer(routing, chain_id, info.version, other, target, key, st)
             else:
                 got = await self._fetch(routing, chain_id, info.version, other, target, key, st)
             if got is None:
@@ -233,6 +239,42 @@ class Scrubber:
         if rsp.body.commit_ver != st.commit_ver or len(data) != st.length or crc32c.crc32c(data) != st.crc:
             return None
         return st.commit_ver, data, st.tags
+
+    async def _fetch_newer(self, routing: Routing, chain_id: int, chain_version: int, other: int,
+                           target: StorageTarget, key: ChunkKey,
+                           st: ChunkState) -> tuple[int, memoryview, tuple[ChunkTag, ...]] | None:
+        """``other``'s committed version when it is newer than ours, whatever ``other``'s state:
+        the last resort for a copy no member holds intact at our version (sim seed 173070: the
+        last serving replica's failed disk lost the chunk's pages, and the old tail, back as
+        syncing, had committed the next version). Version numbers are not reused (a head that
+        restarted and kept serving leaves one unused), so it moves this replica forward; never
+        past a newer intact pending version of ours (it may be all that is left of it)."""
+        svc = self.service
+        address = routing.address_of(other)
+        q = QueryChunksReq(target_id=other, inode=key.inode, index_begin=key.index, index_end=key.index + 1, limit=1)
+        try:
+            metas = (await svc.rpc.call(address, QUERY_CHUNKS, q, timeout_s=self.fetch_timeout_s)).body.chunks
+        except (LoomError, OSError) as exc:
+            logger.warning("scrub: chunk %s metadata from target %d failed: %s", key, other, exc)
+            return None
+        m = metas[0] if metas and metas[0].chunk is not None and metas[0].chunk.index == key.index else None
+        if m is None or m.commit_ver <= st.commit_ver:
+            return None
+        if st.has_pending and st.pending_ver > m.commit_ver and self._pending_intact(target, key, st) is not None:
+            return None
+        req = ReadReq(chain_id=chain_id, chain_version=chain_version, chunk=ChunkId(inode=key.inode, index=key.index),
+                      offset=0, length=m.length, target_id=other, exact_ver=m.commit_ver)
+        try:
+            rsp = await svc.rpc.call(address, READ, req, timeout_s=self.fetch_timeout_s)
+        except (LoomError, OSError) as exc:
+            logger.warning("scrub: reading chunk %s v%d from target %d failed: %s", key, m.commit_ver, other, exc)
+            return None
+        data = rsp.payload
+        if rsp.body.commit_ver != m.commit_ver or len(data) != m.length or crc32c.crc32c(data) != m.crc:
+            return None
+        logger.warning("scrub: target %d chunk %s: no intact v%d anywhere; taking v%d committed on target %d",
+                       target.target_id, key, st.commit_ver, m.commit_ver, other)
+        return m.commit_ver, data, unpack_tags(m.tags)
 
     async def _fetch(self, routing: Routing, chain_id: int, chain_version: int, other: int,
                      target: StorageTarget, key: ChunkKey, st: ChunkState) -> tuple[int, memoryview, tuple[ChunkTag, ...]] | None:

@@ -262,7 +262,9 @@ class StorageNode:
         r = self.routing.current
         for tid in self._had_data:
             ti = r.targets.get(tid)
-            if ti is not None and ti.chain_id and ti.state == TargetState.SERVING and tid not in self.service._gapped:
+            # (last serving: it becomes serving again without a resync once its node is back)
+            if ti is not None and ti.chain_id and ti.state in (TargetState.SERVING, TargetState.LASTSRV) \
+                    and tid not in self.service._gapped:
                 logger.warning("target %d kept serving after a restart: first updates leave a version unused", tid)
                 self.service._gapped[tid] = set()
 
