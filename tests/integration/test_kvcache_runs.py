@@ -38,7 +38,7 @@ def test_two_halves_of_a_chunk_read_whole_and_a_torn_one_is_a_miss(fs: loomfs.Lo
     kv_dir = f"{base}/kvw"
     fs.makedirs(kv_dir, exist_ok=True)
     fs.set_layout(kv_dir, chunk_size=4 << 20)
-    with KVCache(fs, kv_dir, background_interval_s=0) as kv:
+    with KVCache(fs, kv_dir, background_interval_s=0, segment_chunk_bytes=0) as kv:  # the prefix's 4 MiB
         values = {b"h%d" % i: os.urandom(2 << 20) for i in range(4)}  # two chunks, two halves each
         kv.put_many(values)
         bufs = [bytearray(2 << 20) for _ in values]
@@ -54,3 +54,22 @@ def test_two_halves_of_a_chunk_read_whole_and_a_torn_one_is_a_miss(fs: loomfs.Lo
         got = kv.get_many(list(values), into=bufs)
         assert got[1] is None and kv.stats.corrupt == corrupt + 1
         assert [bytes(g) for i, g in enumerate(got) if i != 1] == [v for k, v in values.items() if k != b"h1"]
+
+
+def test_segments_get_their_own_chunk_size_unless_the_prefix_set_one(fs: loomfs.LoomFS, base: str) -> None:
+    """Segments default to 16 MiB chunks (8 x 2 MiB values per whole-chunk read); a prefix whose
+    layout has another chunk size than the default keeps it; 0 keeps the prefix's."""
+    fs.makedirs(f"{base}/kvd", exist_ok=True)
+    with KVCache(fs, f"{base}/kvd", background_interval_s=0) as kv:
+        kv.put(b"k", b"v" * 1000)
+        assert fs.get_layout(f"{base}/kvd/seg").chunk_size == 16 << 20
+        assert bytes(kv.get(b"k")) == b"v" * 1000
+    fs.makedirs(f"{base}/kvs", exist_ok=True)
+    fs.set_layout(f"{base}/kvs", chunk_size=1 << 20)
+    with KVCache(fs, f"{base}/kvs", background_interval_s=0):
+        assert fs.get_layout(f"{base}/kvs/seg").chunk_size == 1 << 20
+    fs.makedirs(f"{base}/kv0", exist_ok=True)
+    with KVCache(fs, f"{base}/kv0", background_interval_s=0, segment_chunk_bytes=0):
+        assert fs.get_layout(f"{base}/kv0/seg").chunk_size == 4 << 20
+    with pytest.raises(ValueError):
+        KVCache(fs, f"{base}/kv0", segment_chunk_bytes=3 << 20)

@@ -31,7 +31,11 @@ import crc32c
 logger = logging.getLogger(__name__)
 
 BULK_MIN_BYTES = 256 << 10  # payload bytes still to come for a frame to go to a receive thread
-PIECE_BYTES = 1 << 20  # received and hashed at a time (cache-hot CRC; bounds cancel's wait)
+PIECE_BYTES = 1 << 20  # received at a time at most (bounds cancel's wait)
+# received bytes are hashed once this many are waiting (or at the end): each CRC call gives up and
+# takes back the GIL, so hashing every recv (often ~300 KiB on loopback) costs thread switches;
+# a step this size is still cache-hot ($LOOMFS_BULK_HASH_STEP for A/B)
+HASH_STEP_BYTES = int(os.environ.get("LOOMFS_BULK_HASH_STEP", 1 << 20))
 POLL_MS = 1000  # a poll wakes up this often anyway (cancel wakes it at once via shutdown)
 THREADS_MAX = 4
 
@@ -67,6 +71,7 @@ class BulkJob:
     def run(self) -> None:
         fd = self.sock.fileno()
         total = len(self.dest)
+        hashed = self.pos  # dest[hashed:pos] is received but not yet in acc
         try:
             poller = select.poll()
             poller.register(fd, select.POLLIN | select.POLLERR | select.POLLHUP)
@@ -82,8 +87,10 @@ class BulkJob:
                     if n == 0:
                         raise ConnectionResetError("connection closed by peer mid-payload")
                     if n > 0:
-                        self.acc = crc32c.crc32c(self.dest[self.pos : self.pos + n], self.acc)
                         self.pos += n
+                        if self.pos - hashed >= HASH_STEP_BYTES or self.pos == total:
+                            self.acc = crc32c.crc32c(self.dest[hashed : self.pos], self.acc)
+                            hashed = self.pos
                 if n < 0:
                     poller.poll(POLL_MS)
         except BaseException as exc:  # noqa: BLE001 - reported to the loop, which closes the connection
