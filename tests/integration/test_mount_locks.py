@@ -213,6 +213,32 @@ def test_ofd_locks_conflict_across_mounts_and_go_with_their_open_file(two: tuple
         os.close(other)
 
 
+@pytest.mark.parametrize("size", [4096, 300_000])  # inline (buffered until a sync), in chunks
+def test_an_unlock_publishes_the_writes_made_under_the_lock(two: tuple[str, str], cluster: LocalCluster,
+                                                            size: int) -> None:
+    """A writer keeps its descriptor open: its unlock syncs what it wrote, so another client
+    that takes the lock right after and opens the file reads it (no close needed; without the
+    sync it read the old bytes: the writer's buffers reach meta later, on their own)."""
+    a, b = two
+    fa, _ = fresh(a, b, "publish")
+    fs = loomfs.connect(str(cluster.root))
+    fd = os.open(fa, os.O_RDWR)
+    try:
+        fcntl.lockf(fd, fcntl.LOCK_EX, 0, 0)
+        data = os.urandom(size)  # over the whole 4 KiB the file had
+        os.pwrite(fd, data, 0)
+        fcntl.lockf(fd, fcntl.LOCK_UN, 0, 0)
+        path = "/" + fa.name
+        fs.run(client_locks.lock(fs.client, path, client_locks.WRITE, kind=client_locks.POSIX, wait=False))
+        with fs.open(path, "rb") as f:
+            assert f.read() == data
+        fs.run(client_locks.unlock(fs.client, path, kind=client_locks.POSIX))
+    finally:
+        os.close(fd)
+        fs.run(client_locks.close_client(fs.client))
+        fs.close()
+
+
 def test_a_blocked_fcntl_wait_ends_with_a_signal(two: tuple[str, str]) -> None:
     a, b = two
     fa, fb = fresh(a, b, "intr")

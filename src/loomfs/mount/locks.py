@@ -21,6 +21,12 @@ sees them (``loomfs.meta.locks``; the requests come through ``loomfs.mount.lowle
   through it that are still held). A killed process's descriptors close the same
   way. A killed *mount* holds nothing for longer than its lease (``lock_lease_s``, 30 s):
   the lease is renewed while it holds locks, and meta drops them when that stops.
+* **Unlock publishes writes**: an explicit unlock (``F_UNLCK``, ``LOCK_UN``) first syncs what
+  this mount wrote to the file (bytes to storage, length to meta), as close does; so a process
+  on another node that takes the lock next and then opens the file reads them. A file it
+  already had open keeps the length and cached pages of its open (close-to-open): lock-based
+  cache revalidation (NFS's) is not done, so databases sharing one file across nodes through
+  its locks (SQLite) are not supported.
 * Only owners that locked a file here send anything at close: a mount that never locks
   pays nothing.
 """
@@ -165,6 +171,8 @@ class MountLocks:
 
         async def work() -> None:
             first, last = byte_range(start, length)
+            if type_ == UNLOCK:
+                await self._sync_writers(r.ino)
             try:
                 await self.ops.call(self.locks.set(r.ino, kind, type_, first, last, owner=r.owner, pid=pid,
                                                    wait=wait, interrupted=stop if wait else None))
@@ -187,6 +195,16 @@ class MountLocks:
         if wait:
             self._waits.setdefault(key, []).append(abandon)
         self._spawn(run(), key if wait else None)
+
+    async def _sync_writers(self, inode: int) -> None:
+        """Before an unlock reaches meta: what this mount wrote to the file reaches storage and
+        its length meta (as a close would), so whoever takes the lock next, on any node, and
+        opens the file then reads it. An unlock does not fail for a failed sync (logged)."""
+        for h in self.ops._writers(inode):
+            try:
+                await self.ops._synced(h)
+            except Exception as exc:  # noqa: BLE001 - the unlock goes on; the writer's close reports it
+                logger.warning("syncing inode %d before an unlock: %s", inode, exc)
 
     async def _abandon_waits(self, key: tuple[int, int, int]) -> None:
         for flag in self._waits.get(key, []):
