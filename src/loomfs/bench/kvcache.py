@@ -175,7 +175,7 @@ def target_lines(doc: Mapping[str, Any]) -> list[str]:
             continue
         lines += ["", f"KV cache gets vs the issue 14 targets ({tgt}; cold: values read from the storage disk, "
                       "hot: from its page cache)",
-                  f"{'workload':<22} {'case':>5} {'values/s':>10} {'MiB/s':>8} {'limit':>34} {'ratio':>6} "
+                  f"{'workload':<22} {'case':>5} {'values/s':>10} {'MiB/s':>8} {'limit':>42} {'ratio':>6} "
                   f"{'x raw TCP':>9}  {'target':<24} {'met':>4}"]
         for r in rows:
             e = r.get("extra") or {}
@@ -187,6 +187,6 @@ def target_lines(doc: Mapping[str, Any]) -> list[str]:
             lim_text = f"{r.get('limit_name', '')} {lim:,.0f}/s" if lim else ""
             mib = float(e.get("bytes_per_s", 0.0)) / (1 << 20)
             tcp = e.get("ratio_to_raw_tcp")
-            lines.append(f"{r['name']:<22} {e.get('case', ''):>5} {r['value']:>10,.0f} {mib:>8,.1f} {lim_text:>34} "
+            lines.append(f"{r['name']:<22} {e.get('case', ''):>5} {r['value']:>10,.0f} {mib:>8,.1f} {lim_text:>42} "
                          f"{ratio:>6} {'' if tcp is None else f'{tcp:.2f}':>9}  {text:<24} {flag:>4}")
     return lines
