@@ -41,6 +41,11 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 READS_INFLIGHT = 64  # value reads in flight per get_many
+# whole-chunk runs (scratch buffers of a chunk, 16 MiB by default) in flight per get_many: 8 x 16 MiB
+# stays within the buffer pool's bound (256 MiB), so their scratch is reused memory, not fresh
+# pages (3-5 us per 4 KiB here); still 8 big reads at once over the storage servers
+BIG_RUNS_INFLIGHT = 8
+BIG_RUN_BYTES = 4 << 20
 TOUCHES_PENDING_MAX = 65536
 ENTRY_OVERHEAD_BYTES_MAX = 8192 + E.KEY_BYTES_MAX  # header, chains, key, descriptor, names
 
@@ -270,8 +275,10 @@ class AsyncKVCache:
                 except OSError as exc:
                     self._read_failed(exc)
 
+        big = asyncio.Semaphore(BIG_RUNS_INFLIGHT)
+
         async def run(r: Run) -> None:
-            async with slots:
+            async with slots, (big if r.end - r.start >= BIG_RUN_BYTES else contextlib.nullcontext()):
                 try:
                     await self._read_run(r, entries, targets, out)
                 except InvalidArgument:
