@@ -1,8 +1,10 @@
 """What a KV cache get costs, per process: ``python -m loomfs.bench.kvgetcost --dir CLUSTER``.
 
-Puts ``--values`` values of ``--size`` bytes (one batch put lays them out back to back), then
-per round: raw loopback TCP (one stream), then warm batched gets (``get_many(keys, into=...)``
-with the entries in the index cache: chunk reads only) for ``--gib`` GiB. Prints per round and
+Puts ``--values`` values of ``--size`` bytes (one batch put lays them out back to back), reads
+each three times (storage keeps a range read a third time in its page cache: the rounds measure
+hot gets, served with ``sendfile``), then per round: raw loopback TCP (one stream), then batched
+gets (``get_many(keys, into=...)`` with the entries in the index cache: chunk reads only) for
+``--gib`` GiB. Prints per round and
 as medians: values/s, the ratio to that round's raw TCP, and CPU-s per GiB of this client (in
 all and by thread role) and of the cluster's storage processes together (``/proc``). The
 figures docs/datapath.md and docs/kvcache.md quote for issue 14 item 5.
@@ -14,14 +16,17 @@ import argparse
 import os
 import statistics
 import time
+from typing import Any
 
 from loomfs.bench import limits
 from loomfs.bench.procio import Meter, storage_pids
 from loomfs.bench.workloads import cpu_by_role, thread_cpu_s
 
+WARM_PASSES = 3  # passes over the values before the rounds: the rounds measure hot gets
+
 
 def run(where: str, *, size: int, batch: int, values: int, gib: float, rounds: int,
-        tcp_bytes: int) -> list[dict[str, float]]:
+        tcp_bytes: int, segment_chunk_bytes: int | None = None) -> list[dict[str, float]]:
     import loomfs
     from loomfs.kvcache import KVCache
 
@@ -29,7 +34,8 @@ def run(where: str, *, size: int, batch: int, values: int, gib: float, rounds: i
     out: list[dict[str, float]] = []
     prefix = f"/.kvgetcost-{os.getpid()}"
     try:
-        with KVCache(fs, prefix, background_interval_s=0, index_cache_s=3600.0) as kv:
+        opts: dict[str, Any] = {} if segment_chunk_bytes is None else {"segment_chunk_bytes": segment_chunk_bytes}
+        with KVCache(fs, prefix, background_interval_s=0, index_cache_s=3600.0, **opts) as kv:
             data = [os.urandom(size) for _ in range(min(values, 16))]
             keys = [os.urandom(16) for _ in range(values)]
             for i in range(0, values, 256):
@@ -37,7 +43,9 @@ def run(where: str, *, size: int, batch: int, values: int, gib: float, rounds: i
             bufs = [bytearray(size) for _ in range(batch)]
             groups = [keys[i : i + batch] for i in range(0, values, batch)]
             calls = max(1, int(gib * (1 << 30) / (size * batch)))
-            kv.get_many(groups[0], into=bufs[: len(groups[0])])  # warm: connections, pools
+            for _ in range(WARM_PASSES):  # reads 1-3 of every value: the third leaves it in the page cache
+                for g in groups:
+                    kv.get_many(g, into=bufs[: len(g)])
             spids = storage_pids(where)
             for _ in range(rounds):
                 tcp = limits.loopback_tcp_bytes_per_s(tcp_bytes)
@@ -83,9 +91,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gib", type=float, default=1.0, help="GiB read per round")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--tcp-mib", type=int, default=512, help="raw TCP measured with this much per round")
+    ap.add_argument("--segment-chunk", type=parse_size, default=None,
+                    help="the cache's segment_chunk_bytes (default: KVConfig's; 0: the prefix's layout)")
     args = ap.parse_args(argv)
     rows = run(args.dir, size=args.size, batch=args.batch, values=args.values, gib=args.gib, rounds=args.rounds,
-               tcp_bytes=args.tcp_mib << 20)
+               tcp_bytes=args.tcp_mib << 20, segment_chunk_bytes=args.segment_chunk)
     print("median: " + "  ".join(f"{k}={statistics.median(r.get(k, 0.0) for r in rows):.3f}" for k in rows[0]))
     return 0
 
