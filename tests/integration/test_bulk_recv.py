@@ -172,7 +172,7 @@ def test_abort_mid_payload_stops_writing_into_the_buffer() -> None:
             peer2 = Peer()
             try:
                 proto2, sink2 = await _connect(peer2, pool)
-                big = os.urandom(1 << 20)
+                big = os.urandom(4 << 20)  # big enough for a receive thread
                 peer2.send(_frame(1, big))
                 await sink2.until(lambda: len(sink2.frames) == 1)
                 assert sink2.frames == [(1, big, True)]
