@@ -165,31 +165,6 @@ def test_counters_and_ids(store: MetaStore) -> None:
     run(go())
 
 
-def test_next_id_adding(store: MetaStore) -> None:
-    """A create's counters in one call: the id as ``next_id`` gives it, the deltas as
-    ``add_counter`` applies them (new counters start at 0), one rolled back with its writer."""
-    async def go() -> None:
-        async with store.write() as t:
-            await t.add_counter("files", 5)
-            assert await t.next_id_adding("inode", [("files", 1), ("bytes", 4096)]) == 1  # type: ignore[attr-defined]
-            assert await t.next_id_adding("inode", []) == 2  # type: ignore[attr-defined]
-            assert await t.next_id("inode") == 3
-            with pytest.raises(ValueError):
-                await t.next_id_adding("inode", [("inode", 1)])  # type: ignore[attr-defined]
-        with pytest.raises(RuntimeError):
-            async with store.write() as t:
-                assert await t.next_id_adding("inode", [("files", 1)]) == 4  # type: ignore[attr-defined]
-                raise RuntimeError("undo")  # its delta goes (an id may stay taken: PostgreSQL sequences)
-        async with store.write() as t:
-            assert await t.next_id_adding("inode.t7", [("files", -2), ("bytes", -96)]) == 1  # type: ignore[attr-defined]
-        async with store.read() as t:
-            counters = await t.counters()
-            assert counters.pop("inode") in (3, 4)
-            assert counters == {"inode.t7": 1, "files": 4, "bytes": 4000}
-
-    run(go())
-
-
 def test_sessions(store: MetaStore) -> None:
     async def go() -> None:
         async with store.write() as t:

@@ -37,19 +37,6 @@ C_DIRS = "directories"
 C_BYTES = "bytes_used"
 
 
-async def next_id_adding(txn: MetaTxn, counter: str, deltas: list[tuple[str, int]]) -> int:
-    """``txn.next_id(counter)`` and ``txn.add_counter`` of each of ``deltas``: in one statement
-    where the engine has ``next_id_adding`` (SQLite; a create changed three counters with
-    three), else one call each."""
-    combined = getattr(txn, "next_id_adding", None)
-    if combined is not None:
-        return int(await combined(counter, deltas))
-    value = await txn.next_id(counter)
-    for name, delta in deltas:
-        await txn.add_counter(name, delta)
-    return value
-
-
 class RoutingSource(Protocol):
     """What the namespace needs from routing (``loomfs.common.routing.RoutingClient`` fits)."""
 
@@ -144,14 +131,7 @@ class NamespaceBase:
     ) -> Attr:
         """``inline``: a file whose bytes live in meta, with this content."""
         tenant = tenancy.tenant_of(parent)  # a tenant's objects number in its own range
-        deltas: list[tuple[str, int]] = []
-        if type == DIR:
-            deltas.append((C_DIRS, 1))
-        elif type == FILE:
-            deltas.append((C_FILES, 1))
-        if inline:
-            deltas.append((C_BYTES, len(inline)))
-        ino = tenancy.inode_in(tenant, await next_id_adding(txn, tenancy.counter_of(tenant), deltas))
+        ino = tenancy.inode_in(tenant, await txn.next_id(tenancy.counter_of(tenant)))
         size = len(inline) if inline is not None else len(symlink_target.encode("utf-8", "surrogatepass"))
         attr = Attr(
             inode=ino, type=type, mode=mode & 0o7777, nlink=2 if type == DIR else 1, uid=uid,
@@ -161,8 +141,14 @@ class NamespaceBase:
         await txn.put_inode(attr)
         if inline is not None:
             await txn.put_inline(ino, InlineData(inline, crc32c.crc32c(inline) if inline else 0))
+            if inline:
+                await txn.add_counter(C_BYTES, len(inline))
         await txn.put_dentry(parent, name, ino, type)
         await txn.touch_inode(parent, mtime_ns=now, ctime_ns=now, nlink_delta=1 if type == DIR else 0)
+        if type == DIR:
+            await txn.add_counter(C_DIRS, 1)
+        elif type == FILE:
+            await txn.add_counter(C_FILES, 1)
         return attr
 
     async def _drop_link(self, txn: MetaTxn, attr: Attr, now: int) -> bool:

@@ -293,15 +293,6 @@ class PostgresTxn(MetaTxn):
         self._store.id_base.pop(name, None)
         self._store.counter_rows_added += 1
 
-    async def next_id_adding(self, counter: str, deltas: Sequence[tuple[str, int]]) -> int:
-        """``next_id(counter)`` then ``add_counter`` of each of ``deltas`` (deferred, as ever)."""
-        if any(name == counter for name, _ in deltas):
-            raise ValueError(f"counter {counter!r} named twice")
-        value = await self.next_id(counter)
-        for name, delta in deltas:
-            await self.add_counter(name, delta)
-        return value
-
     async def counters(self) -> dict[str, int]:
         return {r[0]: int(r[1]) for r in await (await self._r()).fetch(_COUNTERS)}
 

@@ -140,16 +140,6 @@ _ADD_COUNTER = (
     "INSERT INTO counters (name, value) VALUES (?, ?) "
     "ON CONFLICT(name) DO UPDATE SET value = value + excluded.value"
 )
-
-
-@functools.cache
-def _bump_sql(n: int) -> str:
-    """``n`` counters changed in one upsert, each one's new value returned."""
-    rows = ", ".join(["(?, ?)"] * n)
-    return (f"INSERT INTO counters (name, value) VALUES {rows} "
-            "ON CONFLICT(name) DO UPDATE SET value = value + excluded.value RETURNING name, value")
-
-
 _GC_DUE = (
     "SELECT inode, layout, length, enqueued_ns FROM gc_queue g WHERE enqueued_ns <= ? "
     "AND NOT EXISTS (SELECT 1 FROM sessions s WHERE s.inode = g.inode) "
@@ -311,20 +301,6 @@ class SqliteTxn(MetaTxn):
 
     async def add_counter(self, name: str, delta: int) -> None:
         self._w().execute(_ADD_COUNTER, (name, delta))
-
-    async def next_id_adding(self, counter: str, deltas: Sequence[tuple[str, int]]) -> int:
-        """``next_id(counter)``, and ``add_counter`` of each of ``deltas``: one statement
-        (a create changed three counters in three). ``counter`` must not be among ``deltas``."""
-        args: list[object] = [counter, 1]
-        for name, delta in deltas:
-            if name == counter:
-                raise ValueError(f"counter {counter!r} named twice")
-            args += (name, delta)
-        rows = self._w().execute(_bump_sql(1 + len(deltas)), args).fetchall()
-        for name, value in rows:
-            if name == counter:
-                return int(value)
-        raise sqlite3.OperationalError(f"counter {counter!r} not returned")  # pragma: no cover
 
     async def counters(self) -> dict[str, int]:
         return {n: v for n, v in self._c.execute("SELECT name, value FROM counters")}
