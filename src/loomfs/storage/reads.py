@@ -165,7 +165,11 @@ class ChunkReads(ChunkUpdates, Fencing):
             os.close(fd)
             return None
         if span is not None:  # same loop step as open_region: the same version's block CRCs
-            stored = self._span_crcs(engine, key, st, span)
+            try:
+                stored = self._span_crcs(engine, key, st, span)
+            except BaseException:
+                os.close(fd)
+                raise
             if stored is None:
                 os.close(fd)
                 return None
