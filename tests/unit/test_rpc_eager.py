@@ -37,6 +37,7 @@ class Svc:
         self.leaked: list[str] = []
         self.onward: tuple[RpcClient, Address] | None = None
         self.hanging = asyncio.Event()
+        self.after_yield: list[bool] = []  # per request that yielded once: a Task current after it
 
     @handles(STAT)
     async def stat(self, req: PathReq, ctx: CallContext) -> AttrRsp:
@@ -53,6 +54,23 @@ class Svc:
                 await asyncio.sleep(0.01)
                 if path == "/wait-missing":
                     raise NotFound("gone while we waited", path=path)
+                return AttrRsp(attr=Attr(inode=len(VAR.get())))
+            finally:
+                VAR.reset(token)
+        if path.startswith("/yield"):  # a bare yield first, as a writer waiting for its group's COMMIT
+            token = VAR.set(path)
+            try:
+                if path == "/yield-late":  # the request's deadline passes before its second step
+                    loop = asyncio.get_running_loop()
+                    loop._virtual_s += 5.0  # type: ignore[attr-defined]
+                await asyncio.sleep(0)
+                self.after_yield.append(asyncio.current_task() is not None)
+                if path == "/yield-missing":
+                    raise NotFound("gone after a yield", path=path)
+                if path == "/yield-twice":
+                    await asyncio.sleep(0)
+                if path in ("/yield-wait", "/yield-late"):
+                    await asyncio.sleep(0.01)
                 return AttrRsp(attr=Attr(inode=len(VAR.get())))
             finally:
                 VAR.reset(token)
@@ -290,5 +308,45 @@ def test_eager_runs_do_not_nest() -> None:
         finally:
             server.eager_running = False
         assert svc.in_task == [False, True]
+
+    run(go())
+
+
+@pytest.mark.parametrize("eager", [True, False])
+def test_a_handler_that_yields_once_is_stepped_again_without_a_task(eager: bool) -> None:
+    """A bare yield (``asyncio.sleep(0)``: meta's writers wait one loop turn for their group's
+    COMMIT) is stepped again from a loop callback, in the request's context: the same answers
+    as in a Task, no Task; a second suspension goes to a Task; a deadline passed by then bites
+    where the handler waits next (DEADLINE_EXCEEDED), as in a Task."""
+
+    statuses: list[int] = []
+    answered = asyncio.Event()
+
+    class Obs:
+        def on_call(self, side: str, method: str, status: int, seconds: float, bytes_in: int,
+                    bytes_out: int) -> None:
+            statuses.append(status)
+            answered.set()
+
+    async def go() -> None:
+        net, server, svc, addr, client = await _setup(eager)
+        server.observers.append(Obs())
+        assert (await client.call(addr, STAT, PathReq(path="/yield"))).body.attr.inode == 6
+        with pytest.raises(NotFound):
+            await client.call(addr, STAT, PathReq(path="/yield-missing"))
+        assert (await client.call(addr, STAT, PathReq(path="/yield-twice"))).body.attr.inode == 12
+        assert (await client.call(addr, STAT, PathReq(path="/yield-wait"))).body.attr.inode == 11
+        answered.clear()
+        with pytest.raises((RemoteError, TimedOut)):  # the client's own timer may fire first
+            await client.call(addr, STAT, PathReq(path="/yield-late"), timeout_s=1.0, retry=False)
+        await answered.wait()
+        assert statuses == [0, int(Status.ENOENT), 0, 0, int(Status.DEADLINE_EXCEEDED)]
+        assert svc.after_yield == [not eager] * 5
+        assert svc.leaked == [""] * 5  # each reset its variable in its own context
+        conn = next(iter(server._connections))
+        await asyncio.sleep(0)
+        assert conn.inflight == 0 and conn.inflight_bytes == 0 and server.budget.used_bytes == 0
+        assert not conn._tasks
+        assert (await client.call(addr, STAT, PathReq(path="/ok"))).body.attr.inode == 3
 
     run(go())

@@ -118,43 +118,85 @@ class RequestRunner:
         try:
             started = time.perf_counter()
             entry = self._begin(header)
-            reply: Reply | None = None
-            status, message = Status.OK, ""
+            args: _Args = (header, payload, buf, cost, tb, entry, started)
             try:
                 coro, deadline = self._handler_call(header, payload, crc_ok, entry)
-                done, value = first_step(coro)
-                if not done:  # it waits for something: the rest in a Task, in this same context
-                    _Rest(self, ctx, (header, payload, buf, cost, tb, entry, started), coro, value, deadline).start()
-                    buf = None
-                    cost = -1  # released by the Task
-                    return
-                reply = value if isinstance(value, Reply) else Reply(value)
             except BaseException as exc:
-                status, message = self._status_for(exc, header)
-            finally:
-                if cost >= 0:
+                try:
+                    status, message = self._status_for(exc, header)
+                finally:
                     self._release_request(buf, cost, tb)
-            frame, pay, status = self._encode(header, reply, status, message)
-            send = None if self.channel.closed else self.channel.send(frame, pay)
-            try:
-                if send is not None:
-                    done, value = first_step(send)
-                    if not done:  # the socket is full or another reply is being sent: wait in a Task
-                        self._track(self._loop.create_task(self._send_rest(
-                            send, value, reply, entry, status, started, payload, pay)))
-                        reply = None  # on_sent is the Task's now
-                        return
-            except (ConnectionError, OSError):
-                pass
-            finally:
-                if reply is not None and reply.on_sent is not None:
-                    reply.on_sent()
-            self._observe(entry, status, started, payload, pay)
+                self._answer_now(args, None, status, message)
+                return
+            self._step(ctx, args, coro, deadline, again=True)
         except Exception:  # nothing may escape into the transport's callback (it would close the connection)
             logger.exception("%s: serving %s.%s from %s failed", server.name, header.service, header.method,
                              self.channel.peer)
         finally:
             server.eager_running = False
+
+    def _step(self, ctx: contextvars.Context, args: _Args, coro: Coroutine[Any, Any, Any],
+              deadline: float | None, *, again: bool) -> None:
+        """Run the handler to its next suspension; answer if it finished. A handler that
+        suspends on a bare yield (``asyncio.sleep(0)``: a writer waiting one loop turn for its
+        group's COMMIT) is stepped ``again`` once from a loop callback, in ``ctx``, after what is
+        ready now; otherwise (or the second time) the rest goes to a Task."""
+        header, payload, buf, cost, tb, entry, started = args
+        reply: Reply | None = None
+        status, message = Status.OK, ""
+        try:
+            done, value = first_step(coro)
+            if not done:  # it waits for something
+                if again and value is None:
+                    self._loop.call_soon(self._step_later, ctx, args, coro, deadline, context=ctx)
+                else:  # the rest in a Task, in this same context
+                    _Rest(self, ctx, args, coro, value, deadline).start()
+                return
+            reply = value if isinstance(value, Reply) else Reply(value)
+        except BaseException as exc:
+            status, message = self._status_for(exc, header)
+        self._release_request(buf, cost, tb)
+        self._answer_now(args, reply, status, message)
+
+    def _step_later(self, ctx: contextvars.Context, args: _Args, coro: Coroutine[Any, Any, Any],
+                    deadline: float | None) -> None:
+        """(A loop callback, in ``ctx``.) The second step of an eager handler, as a Task's would
+        run it (its deadline bites where the handler waits next, in the Task it then goes to);
+        while another eager run is under way, the rest goes to a Task at once."""
+        server = self.server
+        if server.eager_running:
+            _Rest(self, ctx, args, coro, None, deadline).start()
+            return
+        server.eager_running = True
+        try:
+            self._step(ctx, args, coro, deadline, again=False)
+        except Exception:
+            header = args[0]
+            logger.exception("%s: serving %s.%s from %s failed", server.name, header.service, header.method,
+                             self.channel.peer)
+        finally:
+            server.eager_running = False
+
+    def _answer_now(self, args: _Args, reply: Reply | None, status: Status, message: str) -> None:
+        """Encode and send the reply from here (a Task only if the socket is full or another
+        reply is being sent), then the observers."""
+        header, payload, _buf, _cost, _tb, entry, started = args
+        frame, pay, status = self._encode(header, reply, status, message)
+        send = None if self.channel.closed else self.channel.send(frame, pay)
+        try:
+            if send is not None:
+                done, value = first_step(send)
+                if not done:  # the socket is full or another reply is being sent: wait in a Task
+                    self._track(self._loop.create_task(self._send_rest(
+                        send, value, reply, entry, status, started, payload, pay)))
+                    reply = None  # on_sent is the Task's now
+                    return
+        except (ConnectionError, OSError):
+            pass
+        finally:
+            if reply is not None and reply.on_sent is not None:
+                reply.on_sent()
+        self._observe(entry, status, started, payload, pay)
 
     async def _serve(self, header: fr.Header, payload: memoryview, buf: Buffer | None, crc_ok: bool, cost: int,
                      tb: ByteBudget | None) -> None:
