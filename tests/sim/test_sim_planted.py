@@ -6,8 +6,12 @@ seeds, counted from seed 0, the simulator needed in the CI profile when it was m
 first failing seed, with margin); a change to the workload or the fault mix may move it, and
 then this test says so. Planted bugs the random runs do not reach within a CI budget (the
 content check behind stage-first, the lease checks behind mgmtd's revocation, a syncing
-target's old pending version behind the forward loop's exit) are each caught by their own
-deterministic regression test in tests/unit/test_replication_defects.py.
+target's old pending version behind the forward loop's exit, unfenced resync copies) are each
+caught by their own deterministic regression test in tests/unit/test_replication_defects.py.
+
+``unfenced_resync`` (defect 2) was caught by one seed of 0..639 only (222) when re-measured in
+session 9, and by none once TargetInfo grew a field (frames a few bytes bigger move every
+trajectory): it is left to ``test_resync_copies_are_fenced``.
 """
 
 from __future__ import annotations
@@ -21,10 +25,9 @@ from loomfs.testing.sim.runner import run_many
 JOBS = int(os.environ.get("LOOMFS_SIM_JOBS", "0")) or min(4, os.cpu_count() or 1)
 
 # planted bugs -> seeds (from 0) within which the simulator catches them (measured: first
-# failing seed 2, 222, 20 and 1)
+# failing seed 2, 20 and 1)
 CAUGHT_WITHIN = {
     ("forward_before_stage", "no_content_check"): 10,  # defect 1 (as it was: both parts)
-    ("unfenced_resync",): 240,  # defect 2
     ("tail_ignores_leftover",): 40,  # defect 3
     ("no_chunk_tags",): 10,  # defect 4 (with the per-client rule: a late duplicate)
 }
