@@ -10,8 +10,8 @@ target's old pending version behind the forward loop's exit, unfenced resync cop
 caught by their own deterministic regression test in tests/unit/test_replication_defects.py.
 
 ``unfenced_resync`` (defect 2) was caught by one seed of 0..639 only (222) when re-measured in
-session 9, and by none once TargetInfo grew a field (frames a few bytes bigger move every
-trajectory): it is left to ``test_resync_copies_are_fenced``.
+session 9 before its changes, and by none of 0..639 after them (every trajectory moved; which
+change moved seed 222 was not isolated): it is left to ``test_resync_copies_are_fenced``.
 """
 
 from __future__ import annotations
