@@ -154,7 +154,11 @@ class RequestRunner:
                 return
             reply = value if isinstance(value, Reply) else Reply(value)
         except BaseException as exc:
-            status, message = self._status_for(exc, header)
+            try:
+                status, message = self._status_for(exc, header)
+            except BaseException:  # not a request's failure (KeyboardInterrupt...): re-raised, budget back
+                self._release_request(buf, cost, tb)
+                raise
         self._release_request(buf, cost, tb)
         self._answer_now(args, reply, status, message)
 
