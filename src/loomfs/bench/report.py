@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from loomfs.bench import checkpoint, dataloader
+from loomfs.bench import checkpoint, dataloader, kvcache
 from loomfs.bench.smallfiles import target_check
 from loomfs.cli.common import human_bytes
 
@@ -228,7 +228,7 @@ def table_lines(doc: dict[str, Any]) -> list[str]:
             roles = ", ".join(f"{k} {v:.2f}" for k, v in cpu.items() if k != "total")
             lines.append(f"{'':<26} reader CPU-s/GiB {cpu.get('total', 0.0):.2f} ({roles})")
     return (lines + cold_read_lines(doc) + smallfile_lines(doc) + dataloader_lines(doc)
-            + checkpoint_lines(doc))
+            + checkpoint_lines(doc) + kvcache.target_lines(doc))
 
 
 def plot(doc: dict[str, Any], path: str) -> None:
