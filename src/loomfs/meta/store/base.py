@@ -44,6 +44,7 @@ from typing import Any, ClassVar, TypeVar
 import msgpack
 
 from loomfs.errors import LoomError
+from loomfs.wire.frame import pack
 from loomfs.wire.types import Attr, FileType, Layout
 
 S = TypeVar("S", bound="type[MetaStore]")
@@ -498,7 +499,7 @@ def encode_layout(layout: Layout | None) -> bytes | None:
     tail: list[int] = []
     if layout.ec_k or layout.durable:  # older layouts keep their shorter encoding
         tail = [layout.ec_k, layout.ec_m] + ([1] if layout.durable else [])
-    return msgpack.packb(
+    return pack(  # this thread's reused Packer: packb builds one with a 1 MiB buffer per call
         [layout.chunk_size, layout.stripe, layout.table_id, layout.replicas, list(layout.chains),
          layout.inline_max_bytes, *tail]
     )
