@@ -24,6 +24,47 @@ def content(name: str, i: int) -> bytes:
     return rng.randbytes(SIZES[i % len(SIZES)] + rng.randrange(1000))
 
 
+def diff(got: bytes, expect: bytes) -> str:
+    """Where ``got`` first differs from ``expect``, and what the bad bytes look like."""
+    if got == expect:
+        return "same"
+    n = min(len(got), len(expect))
+    first = next((k for k in range(n) if got[k] != expect[k]), n)
+    last = max((k for k in range(n) if got[k] != expect[k]), default=first)
+    bad = got[first:last + 1]
+    return (f"len {len(got)} (expect {len(expect)}), differs in [{first}, {last}] ({last + 1 - first} bytes), "
+            f"bad bytes all zero: {not any(bad)}, got[{first}:+16]={got[first:first + 16].hex()} "
+            f"expect={expect[first:first + 16].hex()}")
+
+
+def describe(fs: object, path: str, got: bytes, expect: bytes) -> str:
+    """Everything a reader of NAME.errors needs about one mismatch (never raises)."""
+    lines = [f"  first read: {diff(got, expect)}"]
+    try:
+        lines.append(f"  info: {fs.info(path)}")  # type: ignore[attr-defined]
+    except Exception as exc:
+        lines.append(f"  info: {type(exc).__name__}: {exc}")
+    try:
+        rsp = fs._run(lambda c: c.meta.read(path))  # type: ignore[attr-defined]
+        attr = rsp.attr
+        lines.append(f"  meta READ: inline={attr.inline} size={attr.size} layout={attr.layout}")
+    except Exception as exc:
+        lines.append(f"  meta READ: {type(exc).__name__}: {exc}")
+    time.sleep(0.5)
+    try:
+        lines.append(f"  re-read after 0.5 s: {diff(fs.cat(path), expect)}")  # type: ignore[attr-defined]
+    except Exception as exc:
+        lines.append(f"  re-read after 0.5 s: {type(exc).__name__}: {exc}")
+    try:
+        import loomfs
+
+        with loomfs.connect(sys.argv[1], consistency="strict") as fresh:  # no caches of this client
+            lines.append(f"  fresh client read: {diff(fresh.cat(path), expect)}")
+    except Exception as exc:
+        lines.append(f"  fresh client read: {type(exc).__name__}: {exc}")
+    return "\n".join(lines) + "\n"
+
+
 def main() -> None:
     import loomfs
 
@@ -63,6 +104,7 @@ def main() -> None:
             if got != content(name, j):
                 counts["mismatches"] += 1
                 err.write(f"{time.time():.3f} MISMATCH f{j}: {len(got)} bytes\n")
+                err.write(describe(fs, f"/mh/{name}/f{j}", got, content(name, j)))
                 err.flush()
     with open(os.path.join(out, f"{name}.done"), "w") as f:
         json.dump(counts, f)

@@ -156,8 +156,43 @@ def _storage_state(c: NetnsCluster, node_id: int) -> tuple[NodeState, set[Target
     return node.state, {t.state for t in r.targets if t.node_id == node_id}
 
 
+def _keep(c: NetnsCluster) -> str:
+    """Copy the cluster's logs and the clients' files to a directory that outlives the test
+    (the fixture's teardown output is not shown for a failed test body); returns a report:
+    its path and the tail of each log."""
+    kept = Path(tempfile.gettempdir()) / f"loomfs-mh-failed-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}"
+
+    def big(folder: str, names: list[str]) -> set[str]:  # chunk data and stores: not logs
+        return {n for n in names if os.path.isfile(os.path.join(folder, n))
+                and os.path.getsize(os.path.join(folder, n)) > 4 << 20 and not n.endswith(".log")}
+
+    shutil.copytree(c.root, kept, ignore=big, ignore_dangling_symlinks=True, dirs_exist_ok=True)
+    parts = [f"cluster logs and client files kept in {kept}"]
+    for s in c.services.values():
+        if os.path.exists(s.log_path):
+            parts.append(f"----- {s.name} ({s.address}) -----\n{Path(s.log_path).read_text(errors='replace')[-3000:]}")
+    for name in CLIENTS:
+        for ext in ("errors", "log"):
+            p = c.root / "clients" / f"{name}.{ext}"
+            if p.exists():
+                parts.append(f"----- {name}.{ext} -----\n{p.read_text(errors='replace')[-4000:]}")
+    return "\n".join(parts)
+
+
 def test_faults_under_load_lose_no_acknowledged_byte(cluster: NetnsCluster) -> None:
-    c = cluster
+    try:
+        _scenario(cluster)
+    except BaseException:
+        try:
+            report = _keep(cluster)
+        except Exception as exc:  # keeping the logs must not hide the failure
+            report = f"keeping the logs failed: {type(exc).__name__}: {exc}"
+        print(report)  # shown by pytest with the failure (captured stdout of the call)
+        sys.stderr.write(report + "\n")
+        raise
+
+
+def _scenario(c: NetnsCluster) -> None:
     started_s = time.monotonic()
     out = c.root / "clients"
     out.mkdir()
