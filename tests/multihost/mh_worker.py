@@ -15,6 +15,7 @@ import os
 import random
 import sys
 import time
+from typing import Any
 
 SIZES = (3_000, 48_000, 200_000, 1_300_000)  # inline in meta, and 1 chunk on a chain
 
@@ -37,6 +38,39 @@ def diff(got: bytes, expect: bytes) -> str:
             f"expect={expect[first:first + 16].hex()}")
 
 
+async def per_replica(c: Any, path: str, expect: bytes) -> list[str]:
+    """Each chunk of ``path`` read from every member of its chain, one by one (routing fresh
+    from mgmtd): which replica holds which bytes."""
+    from loomfs.client.storage_client import read_req
+    from loomfs.wire.storage import READ, ChunkId
+    from loomfs.wire.types import TargetState
+
+    attr = (await c.meta.read(path)).attr
+    layout, st = attr.layout, c.storage
+    routing = await st.routing.refresh(min_version=0)
+    grant = await st.read_grant(attr.inode)
+    lines = [f"  routing v{routing.version}"]
+    cs = layout.chunk_size
+    for index in range(-(-attr.size // cs)):
+        chain_id = layout.chains[index % len(layout.chains)]
+        info = routing.chain(chain_id)
+        want = min(cs, attr.size - index * cs)
+        part = expect[index * cs:index * cs + want]
+        for t in info.targets:
+            state = TargetState(routing.targets[t].state).name if t in routing.targets else "?"
+            where = f"  chunk {index} chain {chain_id} v{info.version} target {t} ({state})"
+            try:
+                req = read_req(grant, chain_id=chain_id, chain_version=info.version,
+                               chunk=ChunkId(inode=attr.inode, index=index), offset=0, length=want, target_id=t)
+                r = await st.rpc.call(routing.address_of(t), READ, req, timeout_s=3.0, retry=False)
+                data = bytes(r.payload) if r.body.exists else b""
+                lines.append(f"{where}: exists={r.body.exists} commit_ver={r.body.commit_ver} "
+                             f"chunk_length={r.body.chunk_length} {diff(data.ljust(want, bytes(1)), part)}")
+            except Exception as exc:
+                lines.append(f"{where}: {type(exc).__name__}: {exc}")
+    return lines
+
+
 def describe(fs: object, path: str, got: bytes, expect: bytes) -> str:
     """Everything a reader of NAME.errors needs about one mismatch (never raises)."""
     lines = [f"  first read: {diff(got, expect)}"]
@@ -50,6 +84,10 @@ def describe(fs: object, path: str, got: bytes, expect: bytes) -> str:
         lines.append(f"  meta READ: inline={attr.inline} size={attr.size} layout={attr.layout}")
     except Exception as exc:
         lines.append(f"  meta READ: {type(exc).__name__}: {exc}")
+    try:
+        lines += fs._run(lambda c: per_replica(c, path, expect))  # type: ignore[attr-defined]
+    except Exception as exc:
+        lines.append(f"  per replica: {type(exc).__name__}: {exc}")
     time.sleep(0.5)
     try:
         lines.append(f"  re-read after 0.5 s: {diff(fs.cat(path), expect)}")  # type: ignore[attr-defined]
