@@ -13,7 +13,9 @@ from faultkit import start_cluster
 from test_storage_kill import _assert_replicas_agree
 
 import loomfs
+from loomfs.client.storage_client import replica_pick
 from loomfs.testing import LocalCluster
+from loomfs.wire.types import TargetState
 
 pytestmark = [pytest.mark.integration]
 
@@ -35,6 +37,21 @@ def _check(fs: loomfs.LoomFS, want: dict[str, str]) -> None:
         assert hashlib.sha256(fs.cat(p)).hexdigest() == digest, p
 
 
+def _node_reads_go_to(c: LocalCluster, fs: loomfs.LoomFS, path: str) -> str:
+    """The storage service whose replica the client reads chunk 0 of ``path`` from: every
+    client sends reads of a chunk to one serving replica (``replica_pick``), so the rotten
+    copy must be that one for reads to meet it."""
+    ino = fs.stat(path).st_ino
+    layout = fs.get_layout(path)
+    assert layout is not None and layout.chains
+    r = c.routing()
+    info = {t.target_id: t for t in r.targets}
+    chain = next(ch for ch in r.chains if ch.chain_id == layout.chains[0])
+    serving = [t for t in chain.targets if info[t].state == TargetState.SERVING]
+    target = serving[replica_pick(ino, 0, len(layout.chains)) % len(serving)]
+    return f"storage{info[target].node_id}"
+
+
 @pytest.mark.timeout(180)
 def test_partial_reads_check_block_crcs(make_cluster: list[LocalCluster], seed: int) -> None:
     """Small random reads (not whole chunks) of a replica with a flipped byte: the block CRC
@@ -50,7 +67,8 @@ def test_partial_reads_check_block_crcs(make_cluster: list[LocalCluster], seed: 
         data = rng.randbytes(1 << 20)
         with fs.open("/blk/f", "wb") as f:
             f.write(data)
-        files = [p for p in Path(c.services["storage1"].dir).glob("target*/chunks/*/*") if p.stat().st_size]
+        node = _node_reads_go_to(c, fs, "/blk/f")  # reads of a chunk go to one replica (replica_pick)
+        files = [p for p in Path(c.services[node].dir).glob("target*/chunks/*/*") if p.stat().st_size]
         assert len(files) == 1
         raw = bytearray(files[0].read_bytes())
         flip_at = rng.randrange(len(raw))
@@ -58,7 +76,7 @@ def test_partial_reads_check_block_crcs(make_cluster: list[LocalCluster], seed: 
         files[0].write_bytes(bytes(raw))
         block = flip_at // (64 << 10)
         reads = 0
-        log = Path(c.services["storage1"].log_path)
+        log = Path(c.services[node].log_path)
         t0 = time.monotonic()
         with fs.open("/blk/f", "rb") as f:
             while time.monotonic() - t0 < 60:
