@@ -163,8 +163,9 @@ def _keep(c: NetnsCluster) -> str:
     kept = Path(tempfile.gettempdir()) / f"loomfs-mh-failed-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}"
 
     def big(folder: str, names: list[str]) -> set[str]:  # chunk data and stores: not logs
-        return {n for n in names if os.path.isfile(os.path.join(folder, n))
-                and os.path.getsize(os.path.join(folder, n)) > 4 << 20 and not n.endswith(".log")}
+        return {n for n in names if n == "chunks" or ".sqlite" in n
+                or (os.path.isfile(os.path.join(folder, n))
+                    and os.path.getsize(os.path.join(folder, n)) > 4 << 20 and not n.endswith(".log"))}
 
     shutil.copytree(c.root, kept, ignore=big, ignore_dangling_symlinks=True, dirs_exist_ok=True)
     parts = [f"cluster logs and client files kept in {kept}"]

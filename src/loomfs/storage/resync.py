@@ -182,6 +182,7 @@ class Resyncer:
         """Merge-walk our chunks and the target's, both paged in key order, so a target with
         millions of chunks never needs both lists in memory."""
         target = self.service.targets[job.source]
+        await self.service.updates_drained(job.source, job.chain_id, job.chain_version)
         usage = target.engine.usage()
         chunks_left, bytes_left = usage.chunk_count, usage.used_bytes
         last_report = 0.0

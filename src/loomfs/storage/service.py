@@ -129,6 +129,8 @@ class StorageService(ChunkReads, ChunkRemovals):
         # the next update or chain change)
         self._leftovers: dict[int, set[ChunkKey]] = {}
         self._gapped: dict[int, set[ChunkKey]] = {}  # see ChunkUpdates._gapped
+        self._located: dict[tuple[int, int, int], int] = {}  # see ChunkUpdates._located
+        self._drained = asyncio.Event()
         self.replacing: set[tuple[int, ChunkKey]] = set()
         self.foreground = ForegroundGate()  # clients' I/O in flight: background work yields to it
         # target id -> chunks a resync copied here (committed without fsync): made durable by

@@ -67,6 +67,10 @@ class ChunkUpdates(ChainForwarder):
     # targets that restarted and kept serving without a resync -> chunks updated since (the
     # first update of each other chunk as head leaves one version number unused)
     _gapped: dict[int, set[ChunkKey]]
+    # updates in flight per (target, chain, the chain version that placed them); set when one
+    # such count drops to zero (``updates_drained``)
+    _located: dict[tuple[int, int, int], int]
+    _drained: asyncio.Event
     # (target, chunk) whose committed copy was dropped to be replaced (a repair, a resync copy):
     # reads refuse it until the replacement is committed, rather than find no chunk
     replacing: set[tuple[int, ChunkKey]]
@@ -116,8 +120,30 @@ class ChunkUpdates(ChainForwarder):
         if isinstance(req, TruncateReq) and req.if_ver_le < -1:
             raise InvalidArgument(f"if_ver_le {req.if_ver_le}: a version (>= 0) or -1 (any)")
         target, pos, _ = await self._locate(req.chain_id, req.chain_version, for_update=True)
-        with target.disk_errors():
-            return await self._update_at(target, pos, key, req, payload)
+        # counted by the chain version it was placed by: a resync waits for the older ones
+        # (``updates_drained``), which reach only the members of that version
+        slot = (target.target_id, req.chain_id, pos.chain_version if pos is not None else 0)
+        located = self._located
+        located[slot] = located.get(slot, 0) + 1
+        try:
+            with target.disk_errors():
+                return await self._update_at(target, pos, key, req, payload)
+        finally:
+            located[slot] -= 1
+            if not located[slot]:
+                del located[slot]
+                self._drained.set()
+
+    async def updates_drained(self, target_id: int, chain_id: int, chain_version: int) -> None:
+        """Wait until no update of ``chain_id`` on ``target_id`` placed by a chain version older
+        than ``chain_version`` is in flight. Such an update has no way to the members that
+        version lacks (a syncing target at the write tail): a resync must list the chunks only
+        after it committed them here, or a new chunk committed meanwhile is never copied (the
+        returning target then serves "no chunk", read as zeros, for an acknowledged write).
+        Updates cannot be placed by an older version once this node knows the newer one."""
+        while any(t == target_id and c == chain_id and v < chain_version for t, c, v in self._located):
+            self._drained.clear()
+            await self._drained.wait()
 
     async def _update_at(self, target: StorageTarget, pos: chain.Position | None, key: ChunkKey,
                          req: WriteReq | TruncateReq, payload: memoryview) -> WriteRsp:
