@@ -380,31 +380,31 @@ class MetaTxn(ABC):
         through every inode: the EC rebuild looks for the files with a fragment on a chain)."""
 
     # locks (``loomfs.meta.locks`` has the rules; tables: ``locks_schema``) -------------------
-    # Engines that have the lock tables override these (SQLite schema 6, PostgreSQL 5).
+    # Both engines' transactions implement these (locks_sqlite, locks_postgres).
+    @abstractmethod
     async def locks_on(self, inode: int, kind: int) -> list[LockRow]:
         """Every lock of ``kind`` on ``inode`` (any client, any owner), by ``first``."""
-        raise NotImplementedError(f"{type(self).__name__}: no lock table")
 
+    @abstractmethod
     async def locks_replace(self, inode: int, kind: int, client_id: int, owner: int,
                             rows: Sequence[LockRow]) -> None:
         """The owner's locks of ``kind`` on ``inode`` become ``rows`` (none: all go)."""
-        raise NotImplementedError(f"{type(self).__name__}: no lock table")
 
+    @abstractmethod
     async def lock_clients_expiry(self, client_ids: Sequence[int]) -> dict[int, int]:
         """When the lease of each of those clients ends (ns); clients without a row are absent."""
-        raise NotImplementedError(f"{type(self).__name__}: no lock table")
 
+    @abstractmethod
     async def lock_client_put(self, client_id: int, expires_ns: int) -> None:
         """Insert or replace the client's lease end."""
-        raise NotImplementedError(f"{type(self).__name__}: no lock table")
 
+    @abstractmethod
     async def lock_client_drop(self, client_id: int) -> int:
         """Delete the client's lease and every lock it holds; returns how many locks."""
-        raise NotImplementedError(f"{type(self).__name__}: no lock table")
 
+    @abstractmethod
     async def lock_clients_expired(self, now_ns: int, limit: int) -> list[int]:
         """Clients whose lease ended at or before ``now_ns``, at most ``limit``."""
-        raise NotImplementedError(f"{type(self).__name__}: no lock table")
 
     # worker state (small named blobs: a background worker's progress) ------------------
     @abstractmethod
