@@ -22,6 +22,9 @@ tensors; ``--quick`` 32 MiB). It is saved and loaded:
   into fresh CPU memory: the issue's yardstick (async blocks <= the staging copy). The block rows are held against the staging copy, the staging copy
   against the memcpy limit.
 
+Before every phase (LoomFS or local, save or load) the bench waits until the cluster deletes
+nothing (``wait_quiet``: meta's GC queue and trims empty, so no storage node still removes an
+earlier phase's checkpoints), then ``os.sync``; the rows' ``quiet_wait_s`` says how long.
 Before each load the data is made cold as far as an unprivileged process can: ``os.sync``,
 then every local checkpoint file (and the cluster's own files when the cluster runs from a
 local directory, as with ``--start``) is dropped from the page cache with
@@ -53,6 +56,30 @@ THREADS = 4  # LoomStorageWriter's files_per_rank default; FileSystemWriter gets
 TARGETS = {"save": 0.8, "load": 1.0}  # of the local figure
 RANKS = 2
 SPAWN_TIMEOUT_S = 1800.0
+QUIET_TIMEOUT_S = 180.0  # the longest a phase waits for the cluster's GC to finish
+QUIET_POLL_S = 0.2
+
+
+def wait_quiet(fs: Any, *, timeout_s: float = QUIET_TIMEOUT_S, poll_s: float = QUIET_POLL_S,
+               sync: Callable[[], None] = os.sync, clock: Callable[[], float] = time.monotonic,
+               sleep: Callable[[float], None] = time.sleep) -> float:
+    """Wait until the cluster deletes nothing: meta's GC queue (unlinked files whose chunks
+    wait for removal, the delay included) and its trims are empty, so no storage node removes
+    an earlier phase's chunks while the next phase is measured; then flush the page cache
+    (``sync``), so neither side of the comparison pays for an earlier phase's dirty pages.
+    Every phase, LoomFS or local, waits the same way. Returns the seconds waited; raises
+    TimeoutError after ``timeout_s`` (a file held open keeps its GC entry)."""
+    t0 = clock()
+    while True:
+        st = fs.statfs()
+        if not st.gc_pending and not st.trims_pending:
+            break
+        if clock() - t0 > timeout_s:
+            raise TimeoutError(f"checkpoint bench: the cluster still deletes after {timeout_s:.0f} s "
+                               f"({st.gc_pending} GC entries, {st.trims_pending} trims pending)")
+        sleep(poll_s)
+    sync()
+    return clock() - t0
 
 
 def row_names() -> list[str]:
@@ -129,20 +156,24 @@ def one_rank(fs: Any, where: str, run: str, local: str, state: dict[str, Any]) -
 
     out: dict[str, float] = {}
     store, me = Meter(list(storage_pids(where))), Meter([None])
+    out["save_quiet_s"] = wait_quiet(fs)
     store.start()
     me.start()
     out["save_s"] = _timed(lambda: dcp.save(state, storage_writer=LoomStorageWriter(run, fs, step=1)))
     out |= _costs("", me.stop(), store.stop())
     dest = empty_like(state)
+    out["load_quiet_s"] = wait_quiet(fs)
     cold(None, where)
     with loomfs.connect(where) as fresh:
         out["load_s"] = _timed(lambda: dcp.load(dest, storage_reader=LoomStorageReader(run, fresh)))
     check_equal(state, dest, "LoomFS")
+    out["local_save_quiet_s"] = wait_quiet(fs)
     me.start()
     out["local_save_s"] = _timed(lambda: dcp.save(
         state, storage_writer=FileSystemWriter(local, sync_files=True, thread_count=THREADS)))
     out |= _costs("local_", me.stop(), None)
     dest = empty_like(state)
+    out["local_load_quiet_s"] = wait_quiet(fs)
     cold(local, where)
     out["local_load_s"] = _timed(lambda: dcp.load(dest, storage_reader=FileSystemReader(local)))
     check_equal(state, dest, "local")
@@ -166,11 +197,13 @@ def blocked(fs: Any, run: str, state: dict[str, Any]) -> dict[str, float]:
     out["staging_copy_s"] = time.perf_counter() - t0
     del staged
     writer = LoomStorageWriter(run, fs, step=2)
+    wait_quiet(fs)
     out["sync_s"] = _timed(lambda: dcp.save(state, storage_writer=writer))
     fs.rmtree(writer.checkpoint_path)  # one checkpoint on the cluster at a time (disk space)
     stager = Stager()
     for step, key in ((3, "async_first_s"), (4, "async_s")):
         writer = LoomStorageWriter(run, fs, step=step, stager=stager)
+        wait_quiet(fs)
         t0 = time.perf_counter()
         fut = dcp.async_save(state, storage_writer=writer)
         out[key] = time.perf_counter() - t0
@@ -179,6 +212,7 @@ def blocked(fs: Any, run: str, state: dict[str, Any]) -> dict[str, float]:
         out[key.replace("_s", "_total_s")] = time.perf_counter() - t0
         fs.rmtree(writer.checkpoint_path)
     return out
+
 
 def _free_port() -> int:
     with socket.socket() as s:
@@ -203,12 +237,15 @@ def rank_main(rank: int, world: int, port: int, where: str, run: str, local: str
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
+    quiet = loomfs.connect(where) if rank == 0 else None  # rank 0 waits for the cluster's GC
     try:
         state = make_state(size_bytes // world, tensors // world, prefix=f"rank{rank}.", seed=11 + rank)
         secs: dict[str, float] = {}
 
         def phase(name: str, fn: Callable[[], Any], costs: str | None = None) -> None:
             me, store = Meter([None]), Meter(list(store_pids) if rank == 0 and costs == "" else [])
+            if quiet is not None:  # rank 0: no earlier phase's files are still being deleted
+                secs[name.removesuffix("_s") + "_quiet_s"] = wait_quiet(quiet)
             dist.barrier()
             me.start()
             store.start()
@@ -224,7 +261,8 @@ def rank_main(rank: int, world: int, port: int, where: str, run: str, local: str
                 secs.update(_costs(costs, Cost(c_cpu, int(c_disk)), Cost(s_cpu, int(s_disk)) if costs == "" else None))
 
         def drop(local_dir: str | None) -> None:
-            if rank == 0:
+            if quiet is not None:
+                wait_quiet(quiet)
                 cold(local_dir, where)
             dist.barrier()
 
@@ -245,6 +283,8 @@ def rank_main(rank: int, world: int, port: int, where: str, run: str, local: str
             with open(out_path, "w") as f:
                 json.dump({**secs, "bytes": state_bytes(state) * world}, f)
     finally:
+        if quiet is not None:
+            quiet.close()
         dist.destroy_process_group()
 
 
@@ -314,11 +354,13 @@ def _rows(one: Mapping[str, float], blk: Mapping[str, float], two: Mapping[str, 
             v = total / r[f"local_{op}_s"]
             local_vals[op] = v
             out.append(Result(f"ckpt_local_{op}{sfx}", v, "B/s", "local disk " + ("write+fsync" if op == "save" else "read"),
-                              lim[disk_key], {**base_extra, "seconds": r[f"local_{op}_s"], "MBps": v / 1e6}))
+                              lim[disk_key], {**base_extra, "seconds": r[f"local_{op}_s"], "MBps": v / 1e6,
+                                                  "quiet_wait_s": r.get(f"local_{op}_quiet_s", 0.0)}))
         for op in ("save", "load"):
             v = total / r[f"{op}_s"]
             out.append(Result(f"ckpt_{op}_{ranks}r", v, "B/s", f"local DCP {op} {ranks}r", local_vals[op],
-                              {**base_extra, "seconds": r[f"{op}_s"], "MBps": v / 1e6, "target_ratio": TARGETS[op]}))
+                              {**base_extra, "seconds": r[f"{op}_s"], "MBps": v / 1e6, "target_ratio": TARGETS[op],
+                               "quiet_wait_s": r.get(f"{op}_quiet_s", 0.0)}))
         out += _disk_rows(r, total, ranks, sfx, lim)
     out.sort(key=lambda res: row_names().index(res.name))
     stage = blk["staging_copy_s"]
