@@ -41,6 +41,12 @@ class DirStream:
     page: list[DirEntry] = field(default_factory=list, repr=False)
     starts: dict[int, str] = field(default_factory=dict, repr=False)  # page offset -> cursor before it
     pages: Pages | None = field(default=None, repr=False)  # None: not started or read to the end
+    inode: int = 0  # the directory's
+    # every name so far of a listing read from the start page after page (None after a
+    # seekdir elsewhere); ``complete`` once it reached the end: loomfs.mount.names
+    names: set[str] | None = field(default=None, repr=False)
+    complete: bool = False
+    listing_from: tuple[float, int] = (0.0, 0)  # (monotonic time, names epoch) at its start
 
     def __repr__(self) -> str:
         return f"DirStream({self.path!r}, base={self.base}, page={len(self.page)}, pages_seen={len(self.starts)})"
@@ -55,15 +61,19 @@ class DirStream:
             nxt = await self.run(_next_page(self.pages)) if self.pages is not None else None
             if nxt is None:
                 await self.close()
+                self.complete = self.names is not None
                 return offset, []
             before = self.page[-1].name if self.page else self.starts[self.base]
             self.base += len(self.page)
             self.page = nxt
+            if self.names is not None:
+                self.names.update(e.name for e in nxt)
             self.starts.setdefault(self.base, before)
         return self.base, self.page
 
     async def _restart(self, base: int) -> None:
         await self.close()
+        self.names, self.complete = (set() if base == 0 else None), False
         if base == 0:
             self.starts = {0: ""}
         self.base, self.page = base, []

@@ -19,6 +19,7 @@ from loomfs.client.file import AsyncFile
 from loomfs.mount.dirs import DirStream
 from loomfs.mount.edge import Handle, fuse_errors, join
 from loomfs.mount.inodes import InodeTable
+from loomfs.mount.names import AbsentNames
 from loomfs.mount.options import MountOptions
 from loomfs.mount.prefetch import Budget, Prefetcher
 from loomfs.mount.stats import MountStats
@@ -41,6 +42,7 @@ class FileOps(pyfuse3.Operations):
     _dir_attrs: dict[int, tuple[Attr, float]]  # directory inode -> (attributes, when meta gave them)
     stats: MountStats
     prefetch_budget: Budget
+    absent: AbsentNames
 
     if TYPE_CHECKING:  # LoomOperations's
         async def call(self, coro: Coroutine[Any, Any, T]) -> T: ...
@@ -234,6 +236,7 @@ class FileOps(pyfuse3.Operations):
         if self.options.read_only:
             raise pyfuse3.FUSEError(errno.EROFS)
         path = join(self.inodes.path(parent_inode), name)
+        self.absent.adding(parent_inode, os.fsdecode(name))  # a LOOKUP of it asks meta from now on
         perm = mode & 0o7777
         c = self.client
         if flags & os.O_EXCL:

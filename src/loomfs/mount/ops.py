@@ -32,6 +32,7 @@ from loomfs.mount.edge import Handle, fuse_errors, join
 from loomfs.mount.files import FileOps
 from loomfs.mount.holds import HoldOps, Holds
 from loomfs.mount.inodes import ROOT_INODE, InodeTable
+from loomfs.mount.names import AbsentNames
 from loomfs.mount.options import MountOptions
 from loomfs.mount.prefetch import Budget
 from loomfs.mount.stats import STATS_XATTR, MountStats
@@ -69,6 +70,8 @@ class LoomOperations(HoldOps, FileOps):
         # directory inode -> (attributes, when meta gave them): getattr within attr_timeout
         self._dir_attrs: dict[int, tuple[Attr, float]] = {}
         self._dir_epoch = 0  # grows with every directory change through this mount
+        # names known absent (a miss, a directory made or listed here): LOOKUP without meta
+        self.absent = AbsentNames(options.absent_timeout_s)
         self.holds = Holds()  # read holds at meta of read-only opens (loomfs.mount.holds)
         self._renew_task: asyncio.Task[None] | None = None
         self._renewing: asyncio.Future[None] | None = None  # a hold renewal in flight
@@ -133,16 +136,25 @@ class LoomOperations(HoldOps, FileOps):
     @fuse_errors
     async def lookup(self, parent_inode: int, name: bytes, ctx: Any = None) -> pyfuse3.EntryAttributes:
         path = join(self.inodes.path(parent_inode), name)
+        text = os.fsdecode(name)
+        if self.absent.absent(parent_inode, text):  # e.g. the LOOKUP before a create of a new name
+            self.stats.requests["lookup_absent_cached"] += 1
+            return self._no_such_name(path)
+        epoch, asked = self.absent.epoch, time.monotonic()
         try:
             attr = await self._attr(path)
         except FileNotFoundError:
-            if self.options.negative_timeout_s > 0:
-                e = pyfuse3.EntryAttributes()
-                e.st_ino = 0
-                e.entry_timeout = self.options.negative_timeout_s
-                return e
-            raise
+            self.absent.missed(parent_inode, text, asked, epoch)
+            return self._no_such_name(path)
         return self._known(attr, path)
+
+    def _no_such_name(self, path: str) -> pyfuse3.EntryAttributes:
+        if self.options.negative_timeout_s > 0:  # the kernel keeps a negative dentry
+            e = pyfuse3.EntryAttributes()
+            e.st_ino = 0
+            e.entry_timeout = self.options.negative_timeout_s
+            return e
+        raise OSError(errno.ENOENT, "no such name", path)
 
     async def forget(self, inode_list: list[tuple[int, int]]) -> None:
         for inode, n in inode_list:
@@ -151,6 +163,7 @@ class LoomOperations(HoldOps, FileOps):
                 self._cached.pop(inode, None)  # the kernel dropped the inode and its pages
                 self._dirs.pop(inode, None)
                 self._dir_attrs.pop(inode, None)
+                self.absent.forget(inode)
 
     @fuse_errors
     async def getattr(self, inode: int, ctx: Any = None) -> pyfuse3.EntryAttributes:
@@ -301,7 +314,10 @@ class LoomOperations(HoldOps, FileOps):
             path = join(self.inodes.path(parent_inode), name)
             if self._setgid(parent_inode):
                 mode |= stat.S_ISGID  # a set-group-ID directory's subdirectories are too
+            self.absent.adding(parent_inode, os.fsdecode(name))
+            epoch, asked = self.absent.epoch, time.monotonic()
             attr = await self.call(self.client.mkdir(path, mode & 0o7777))
+            self.absent.listed(attr.inode, (), asked, epoch)  # new: empty (unless a change came meanwhile)
             attr = await self._owned(path, attr, ctx, parent_inode)
             return self._known(attr, path)
 
@@ -334,6 +350,7 @@ class LoomOperations(HoldOps, FileOps):
         with self._dir_change(parent_inode):
             path = join(self.inodes.path(parent_inode), name)
             await self.call(self.client.rmdir(path))
+            self.absent.removed(parent_inode, os.fsdecode(name))
             self.inodes.unlinked(path)
 
     @fuse_errors
@@ -343,6 +360,7 @@ class LoomOperations(HoldOps, FileOps):
             # a file open here (or anywhere) stays usable without a name: meta keeps it while
             # held (loomfs.meta.orphans; read-only opens here hold it, loomfs.mount.holds)
             await self.call(self.client.unlink(path))
+            self.absent.removed(parent_inode, os.fsdecode(name))
             self.inodes.unlinked(path)
 
     @fuse_errors
@@ -354,10 +372,14 @@ class LoomOperations(HoldOps, FileOps):
             self._dir_changed(self.inodes.inode_of(src), self.inodes.inode_of(dst))  # moved ones: new ctime
             exchange = bool(flags & pyfuse3.RENAME_EXCHANGE)
             no_replace = bool(flags & pyfuse3.RENAME_NOREPLACE)
+            self.absent.adding(parent_inode_new, os.fsdecode(name_new))
+            self.absent.adding(parent_inode_old, os.fsdecode(name_old))  # an exchange keeps both
             if exchange:
                 await self.call(self.client.exchange(src, dst))
             else:  # an open file replaced lives on at meta while held (loomfs.meta.orphans)
                 await self.call(self.client.rename(src, dst, no_replace=no_replace))
+                if src != dst:
+                    self.absent.removed(parent_inode_old, os.fsdecode(name_old))
             self.inodes.renamed(src, dst, exchange=exchange)
             moves = [(src, dst), (dst, src)] if exchange else [(src, dst)]
             for h in self.handles.values():  # open files under the old names go by the new ones
@@ -371,6 +393,7 @@ class LoomOperations(HoldOps, FileOps):
     async def symlink(self, parent_inode: int, name: bytes, target: bytes, ctx: Any) -> pyfuse3.EntryAttributes:
         with self._dir_change(parent_inode):
             path = join(self.inodes.path(parent_inode), name)
+            self.absent.adding(parent_inode, os.fsdecode(name))
             await self.call(self.client.symlink(os.fsdecode(target), path))
             return self._known(await self._owned(path, await self._attr(path), ctx, parent_inode), path)
 
@@ -378,6 +401,7 @@ class LoomOperations(HoldOps, FileOps):
     async def mknod(self, parent_inode: int, name: bytes, mode: int, rdev: int, ctx: Any) -> pyfuse3.EntryAttributes:
         with self._dir_change(parent_inode):
             path = join(self.inodes.path(parent_inode), name)
+            self.absent.adding(parent_inode, os.fsdecode(name))
             kind = _SPECIAL_OF_BITS.get(stat.S_IFMT(mode))
             if kind is None:
                 if stat.S_IFMT(mode) not in (0, stat.S_IFREG):
@@ -400,6 +424,7 @@ class LoomOperations(HoldOps, FileOps):
         with self._dir_change(new_parent_inode):
             src = self.inodes.path(inode)
             dst = join(self.inodes.path(new_parent_inode), new_name)
+            self.absent.adding(new_parent_inode, os.fsdecode(new_name))
             await self.call(self.client.link(src, dst))
             return self._known(await self._attr(dst), dst)
 
@@ -476,7 +501,7 @@ class LoomOperations(HoldOps, FileOps):
         def pages_after(after: str) -> Pages:
             return self.client.readdir_pages(path, with_attrs=True, page_size=self.options.readdir_page,
                                              after=after)
-        return self._new_handle(DirStream(path, pages_after, self.call))
+        return self._new_handle(DirStream(path, pages_after, self.call, inode=inode))
 
     @fuse_errors
     async def readdir(self, fh: int, start_id: int, token: Any) -> None:
@@ -484,6 +509,8 @@ class LoomOperations(HoldOps, FileOps):
         h = self.handles[fh]
         assert isinstance(h, DirStream)
         i = start_id
+        if i == 0:  # a listing from the start: if read to the end in order, its names are all
+            h.listing_from = (time.monotonic(), self.absent.epoch)
         base, page = await h.page_at(i)
         while page:
             for e in page[i - base:]:
@@ -494,6 +521,9 @@ class LoomOperations(HoldOps, FileOps):
                 self.inodes.remember(attr.inode, path)
                 i += 1
             base, page = await h.page_at(i)
+        if h.names is not None and h.complete:  # read to the end, page after page from the first
+            self.absent.listed(h.inode, h.names, *h.listing_from)
+            h.names = None
 
     async def releasedir(self, fh: int) -> None:
         h = self.handles.pop(fh, None)

@@ -16,6 +16,9 @@ class MountOptions:
     attr_timeout_s: float = 1.0  # kernel caches attributes this long (JuiceFS's default)
     entry_timeout_s: float = 1.0  # and names -> inodes
     negative_timeout_s: float = 0.0  # and "no such name" (0: not cached)
+    # the mount answers "no such name" without asking meta this long after it learned the name
+    # absent (a miss, a directory it made or listed in full: loomfs.mount.names; 0: never)
+    absent_timeout_s: float = 1.0
     loop: str = "shared"  # "shared": FUSE on the client's loop; "separate": its own, bridged
     max_tasks: int = 64  # FUSE requests served at once
     read_ahead_kb: int = 1024  # the mount's bdi read-ahead (1 MiB requests; 0 = leave it)
@@ -48,7 +51,7 @@ class MountOptions:
         for item in items or []:
             for opt in filter(None, (o.strip() for o in item.split(","))):
                 key, _, value = opt.partition("=")
-                if key in ("attr_timeout", "entry_timeout", "negative_timeout"):
+                if key in ("attr_timeout", "entry_timeout", "negative_timeout", "absent_timeout"):
                     kw[f"{key}_s"] = float(value)
                 elif key == "loop":
                     if value not in ("shared", "separate"):

@@ -1,0 +1,95 @@
+"""Names the mount knows are absent (``loomfs.mount.names``) through real mounts: the LOOKUP
+before a create in a directory made or listed here costs no meta round trip; a name another
+client made shows once the TTL has passed; O_EXCL and O_CREAT keep meta's answers."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+from test_mount_options import mounted
+
+import loomfs
+from loomfs.testing import LocalCluster
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+
+
+def _absent_hits(mp: Path) -> int:
+    stats = json.loads(os.getxattr(mp, "user.loomfs.stats"))
+    return int(stats["requests"].get("lookup_absent_cached", 0))
+
+
+def test_creates_in_a_directory_made_or_listed_here(cluster: LocalCluster) -> None:
+    with mounted(cluster, "-o", "absent_timeout=30") as mp, loomfs.connect(str(cluster.root)) as fs:
+        d = mp / f"absent-{os.getpid()}-{time.monotonic_ns()}"
+        d.mkdir()
+        before = _absent_hits(mp)
+        for i in range(20):
+            (d / f"f{i}").write_bytes(b"x" * i)
+        assert _absent_hits(mp) - before >= 20  # each create's LOOKUP answered here
+        assert sorted(os.listdir(d)) == sorted(f"f{i}" for i in range(20))
+        assert all((d / f"f{i}").read_bytes() == b"x" * i for i in range(20))
+        # a directory made elsewhere, listed here in full: its new names are known absent
+        other = f"/listed-{os.getpid()}-{time.monotonic_ns()}"
+        fs.makedirs(other)
+        fs.pipe(f"{other}/old", b"old")
+        e = mp / other[1:]
+        assert os.listdir(e) == ["old"]
+        before = _absent_hits(mp)
+        (e / "new").write_bytes(b"new")
+        assert _absent_hits(mp) > before
+        assert (e / "old").read_bytes() == b"old"  # a listed name is asked for, not hidden
+        assert sorted(os.listdir(e)) == ["new", "old"]
+        # unlink here: absent again, re-created
+        os.unlink(d / "f0")
+        assert not (d / "f0").exists()
+        (d / "f0").write_bytes(b"again")
+        assert (d / "f0").read_bytes() == b"again"
+
+
+def test_a_name_made_elsewhere_keeps_meta_semantics(cluster: LocalCluster) -> None:
+    """Within the TTL a name another client made may look absent to a plain LOOKUP, but a
+    create of it gets meta's answer (EEXIST with O_EXCL, the file itself without), and once the
+    TTL has passed it shows."""
+    with mounted(cluster, "-o", "absent_timeout=1") as mp, loomfs.connect(str(cluster.root)) as fs:
+        d = mp / f"elsewhere-{os.getpid()}-{time.monotonic_ns()}"
+        d.mkdir()  # known empty here
+        base = f"/{d.name}"
+        fs.pipe(f"{base}/excl", b"theirs")
+        fs.pipe(f"{base}/creat", b"theirs too")
+        fs.pipe(f"{base}/later", b"seen")
+        with pytest.raises(FileExistsError):
+            os.open(d / "excl", os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        fd = os.open(d / "creat", os.O_CREAT | os.O_RDWR, 0o644)  # opens theirs, no truncate
+        try:
+            assert os.pread(fd, 100, 0) == b"theirs too"
+        finally:
+            os.close(fd)
+        assert fs.cat(f"{base}/excl") == b"theirs"
+        deadline = time.monotonic() + 30
+        while True:  # the TTL passes: the other client's file shows (no sleep-based assumption)
+            try:
+                assert (d / "later").read_bytes() == b"seen"
+                break
+            except FileNotFoundError:
+                assert time.monotonic() < deadline, "a name made elsewhere stayed hidden past the TTL"
+                time.sleep(0.1)
+
+
+def test_absent_timeout_zero_asks_meta(cluster: LocalCluster) -> None:
+    with mounted(cluster, "-o", "absent_timeout=0") as mp, loomfs.connect(str(cluster.root)) as fs:
+        d = mp / f"off-{os.getpid()}-{time.monotonic_ns()}"
+        d.mkdir()
+        assert not (d / "x").exists()
+        fs.pipe(f"/{d.name}/x", b"x")  # another client, right after this mount's miss
+        assert (d / "x").read_bytes() == b"x"
+        (d / "y").write_bytes(b"y")
+        assert _absent_hits(mp) == 0
+        with pytest.raises(OSError) as exc:
+            os.rmdir(d)
+        assert exc.value.errno == errno.ENOTEMPTY
