@@ -4,6 +4,7 @@ directory in one statement) answer exactly what the single calls answer, for eve
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
 import random
 from pathlib import Path
@@ -14,7 +15,7 @@ import pytest
 from loomfs.common.identity import Identity
 from loomfs.errors import StatusError
 from loomfs.meta.caller import acting_as
-from loomfs.meta.ops.batch import BatchOps, Content, Failed
+from loomfs.meta.ops.batch import BatchOps, Content, Failed, Inline
 from loomfs.meta.ops.namespace import Namespace
 from loomfs.meta.perm_cost import _OneChain
 from loomfs.meta.store.sqlite import SqliteStore
@@ -135,6 +136,71 @@ def test_a_directorys_files_come_in_one_statement(tmp_path: Path) -> None:
                 assert isinstance(r, Content) and r.data == int(p[-4:]).to_bytes(4, "big") * 100
                 assert r.crc >= 0
             assert len(statements) < 10, statements
+        finally:
+            await store.close()
+
+    asyncio.run(go())
+
+
+@pytest.mark.parametrize("url", ["file", ":memory:"])
+def test_light_read_many_answers_what_the_full_one_answers(tmp_path: Path, url: str) -> None:
+    """``read_many(attrs=False)`` (READ_MANY's: plain inline files through the light lookup,
+    ``sqlite_inline``) gives each item the bytes, CRC and error the full answer gives, for every
+    caller and follow mode; files in chunks keep their attributes."""
+    async def go() -> None:
+        store = SqliteStore(str(tmp_path / "m.db") if url == "file" else ":memory:")
+        ns = Namespace(store, routing=cast(Any, _OneChain()), rng=random.Random(1),
+                       default_layout=Layout(table_id=1, inline_max_bytes=64))
+        try:
+            await ns.init()
+            paths = await _tree(ns)
+            paths += [random.Random(5).choice(paths) for _ in range(60)]
+            ops = BatchOps(ns)
+            light_hits = 0
+            for who in USERS:
+                for follow in (True, False):
+                    async def both(f: bool = follow) -> tuple[list[Any], list[Any]]:
+                        return (cast(list[Any], await ops.read_many(paths, follow_symlinks=f)),
+                                cast(list[Any], await ops.read_many(paths, follow_symlinks=f, attrs=False)))
+
+                    if who is None:
+                        full, light = await both()
+                    else:
+                        with acting_as(who):
+                            full, light = await both()
+                    assert len(full) == len(light) == len(paths)
+                    for p, f, g in zip(paths, full, light, strict=True):
+                        if isinstance(g, Inline):
+                            light_hits += 1
+                            assert isinstance(f, Content) and f.attr.inline, (who, follow, p)
+                            assert (g.data, g.crc) == (f.data, f.crc), (who, follow, p)
+                        else:
+                            assert g == f, (who, follow, p)
+            assert light_hits > 100  # the light lookup answered most inline files
+        finally:
+            await store.close()
+
+    asyncio.run(go())
+
+
+def test_light_read_many_leaves_a_rotten_inline_row_to_the_full_path(tmp_path: Path) -> None:
+    """Inline bytes failing their stored CRC are not answered by the light lookup: the item
+    gets the single call's EIO."""
+    async def go() -> None:
+        store = SqliteStore(str(tmp_path / "m.db"))
+        ns = Namespace(store, routing=cast(Any, _OneChain()), rng=random.Random(1),
+                       default_layout=Layout(table_id=1, inline_max_bytes=4096))
+        try:
+            await ns.init()
+            await ns.mkdir("/d")
+            await ns.open("/d/good", PUT, data=b"fine")
+            await ns.open("/d/bad", PUT, data=b"rotten")
+            attr = await ns.stat("/d/bad")
+            store._conn.execute("UPDATE inline_data SET data = ? WHERE inode = ?",  # noqa: SLF001
+                                (b"rottem", attr.inode))
+            good, bad = await BatchOps(ns).read_many(["/d/good", "/d/bad"], attrs=False)
+            assert isinstance(good, Inline) and good.data == b"fine"
+            assert isinstance(bad, Failed) and bad.status == errno.EIO
         finally:
             await store.close()
 

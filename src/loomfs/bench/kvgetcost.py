@@ -3,10 +3,11 @@
 Puts ``--values`` values of ``--size`` bytes (one batch put lays them out back to back), reads
 each three times (storage keeps a range read a third time in its page cache: the rounds measure
 hot gets, served with ``sendfile``), then per round: raw loopback TCP (one stream), then batched
-gets (``get_many(keys, into=...)`` with the entries in the index cache: chunk reads only) for
-``--gib`` GiB. Prints per round and
+gets (``get_many(keys, into=...)`` with the entries in the index cache: chunk reads only; with
+``--from-meta`` every batch asks meta for its entries) for ``--gib`` GiB. Prints per round and
 as medians: values/s, the ratio to that round's raw TCP, and CPU-s per GiB of this client (in
-all and by thread role) and of the cluster's storage processes together (``/proc``). The
+all and by thread role) and of the cluster's storage and meta processes together (``/proc``),
+and CPU-us per value of each. The
 figures docs/datapath.md and docs/kvcache.md quote for issue 14 item 5.
 """
 
@@ -25,8 +26,18 @@ from loomfs.bench.workloads import cpu_by_role, thread_cpu_s
 WARM_PASSES = 3  # passes over the values before the rounds: the rounds measure hot gets
 
 
+def meta_pids(where: str) -> list[int]:
+    """Pids of the running meta services of the local cluster in directory ``where``."""
+    if not os.path.isdir(where):
+        return []
+    from loomfs.testing.cluster import LocalCluster
+
+    cluster = LocalCluster.from_dir(where)
+    return [s.pid for s in cluster.services.values() if s.kind == "meta" and s.alive()]
+
+
 def run(where: str, *, size: int, batch: int, values: int, gib: float, rounds: int,
-        tcp_bytes: int, segment_chunk_bytes: int | None = None) -> list[dict[str, float]]:
+        tcp_bytes: int, segment_chunk_bytes: int | None = None, from_meta: bool = False) -> list[dict[str, float]]:
     import loomfs
     from loomfs.kvcache import KVCache
 
@@ -47,9 +58,14 @@ def run(where: str, *, size: int, batch: int, values: int, gib: float, rounds: i
                 for g in groups:
                     kv.get_many(g, into=bufs[: len(g)])
             spids = storage_pids(where)
+            mpids = meta_pids(where)
+            if from_meta:  # every get asks meta for its batch's entries (values another process put)
+                kv.aio.icache.ttl_s = 0.0
             for _ in range(rounds):
                 tcp = limits.loopback_tcp_bytes_per_s(tcp_bytes)
                 meter = Meter(list(spids))
+                mmeter = Meter(list(mpids))
+                mmeter.start()
                 t0c = thread_cpu_s()
                 c0 = os.times()
                 meter.start()
@@ -61,12 +77,16 @@ def run(where: str, *, size: int, batch: int, values: int, gib: float, rounds: i
                         raise AssertionError("kvgetcost: a get missed")
                 wall = time.perf_counter() - t0
                 st = meter.stop()
+                mt = mmeter.stop()
                 c1, t1c = os.times(), thread_cpu_s()
                 n = calls * batch
                 moved_gib = n * size / (1 << 30)
                 client = (c1.user - c0.user) + (c1.system - c0.system)
                 row = {"values_per_s": n / wall, "ratio_tcp": n * size / wall / tcp, "tcp_GBps": tcp / 1e9,
-                       "client_cpu_s_per_gib": client / moved_gib, "storage_cpu_s_per_gib": st.cpu_s / moved_gib}
+                       "client_cpu_s_per_gib": client / moved_gib, "storage_cpu_s_per_gib": st.cpu_s / moved_gib,
+                       "meta_cpu_s_per_gib": mt.cpu_s / moved_gib,
+                       "client_us_per_value": client / n * 1e6, "meta_us_per_value": mt.cpu_s / n * 1e6,
+                       "storage_us_per_value": st.cpu_s / n * 1e6}
                 row.update({f"client_{k}": v / moved_gib for k, v in cpu_by_role(t0c, t1c).items()})
                 out.append(row)
                 print("  " + "  ".join(f"{k}={v:.3f}" for k, v in row.items()), flush=True)
@@ -93,9 +113,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tcp-mib", type=int, default=512, help="raw TCP measured with this much per round")
     ap.add_argument("--segment-chunk", type=parse_size, default=None,
                     help="the cache's segment_chunk_bytes (default: KVConfig's; 0: the prefix's layout)")
+    ap.add_argument("--from-meta", action="store_true",
+                    help="the rounds ask meta for every batch's entries (index cache off), as kv_get_* does")
     args = ap.parse_args(argv)
     rows = run(args.dir, size=args.size, batch=args.batch, values=args.values, gib=args.gib, rounds=args.rounds,
-               tcp_bytes=args.tcp_mib << 20, segment_chunk_bytes=args.segment_chunk)
+               tcp_bytes=args.tcp_mib << 20, segment_chunk_bytes=args.segment_chunk,
+               from_meta=args.from_meta)
     print("median: " + "  ".join(f"{k}={statistics.median(r.get(k, 0.0) for r in rows):.3f}" for k in rows[0]))
     return 0
 

@@ -12,7 +12,7 @@ from typing import Any
 import crc32c
 
 from loomfs.errors import StatusError
-from loomfs.meta.ops.batch import BatchOps, Failed, Put, PutItem
+from loomfs.meta.ops.batch import BatchOps, Failed, Inline, Put, PutItem
 from loomfs.meta.ops.namespace import Namespace
 from loomfs.meta.readgrants import read_grant
 from loomfs.meta.service import act_for
@@ -69,14 +69,19 @@ class BatchService:
     async def read_many(self, req: wb.PathsReq, ctx: CallContext) -> Reply:
         act_for(ctx, self.root_squash)
         _check_count(len(req.paths))
-        results = await self.ops.read_many(req.paths, follow_symlinks=req.follow_symlinks)
+        # no attributes for inline files (the reply carries none): the store's light lookup
+        results = await self.ops.read_many(req.paths, follow_symlinks=req.follow_symlinks, attrs=False)
         lengths: list[int] = []
         crcs: list[int] = []
         chunked: list[wb.IndexedAttr] = []
         errors: list[wb.ItemError] = []
         contents: list[bytes] = []
         for i, r in enumerate(results):
-            if isinstance(r, Failed) or r.data is None:
+            if type(r) is Inline:
+                lengths.append(len(r.data))
+                crcs.append(r.crc)
+                contents.append(r.data)
+            elif isinstance(r, Failed) or r.data is None:
                 lengths.append(-1)
                 crcs.append(0)
                 if isinstance(r, Failed):

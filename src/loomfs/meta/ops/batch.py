@@ -41,6 +41,7 @@ from loomfs.meta.ops.namespace import Namespace
 from loomfs.meta.ops.walk import searchable, walk
 from loomfs.meta.paths import NAME_MAX_BYTES, PATH_MAX_BYTES, split_path
 from loomfs.meta.store.base import DentryRow, InlineData, MetaTxn
+from loomfs.meta.store.sqlite_inline import inline_files
 from loomfs.wire import meta_batch as wb
 from loomfs.wire.status import Status
 from loomfs.wire.types import Attr
@@ -72,6 +73,15 @@ class Content:
     attr: Attr
     data: bytes | None
     crc: int = -1  # the data's CRC32C where known (checked against the stored one), else -1
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Inline:
+    """A plain inline file's read without its attributes (``read_many(attrs=False)``, what
+    READ_MANY answers for it): its bytes and their CRC32C, checked against the stored one."""
+
+    data: bytes
+    crc: int
 
 
 class _NotRead(enum.Enum):
@@ -192,6 +202,7 @@ class BatchOps:
             async with self.ns.store.read() as txn:
                 group = paths[start : start + READ_TXN_ITEMS]
                 for found in await self._attrs(txn, group, follow_symlinks, False):
+                    assert not isinstance(found, Inline)  # only light lookups give them
                     item = found if isinstance(found, Failed) else found[0]
                     cost = wb.ITEM_ERROR_BYTES_MAX if isinstance(item, Failed) else wb.attr_bytes_max(item)
                     if out and used + cost > body_bytes_max:
@@ -202,11 +213,14 @@ class BatchOps:
 
     async def read_many(
         self, paths: Sequence[str], *, follow_symlinks: bool = True, body_bytes_max: int = wb.REPLY_BODY_BYTES_MAX,
-        data_bytes_max: int = wb.READ_MANY_DATA_BYTES_MAX,
-    ) -> list[Content | Failed]:
+        data_bytes_max: int = wb.READ_MANY_DATA_BYTES_MAX, attrs: bool = True,
+    ) -> list[Content | Inline | Failed]:
         """What READ answers, for a prefix of ``paths`` (at least one) whose reply fits the
-        bounds; a directory is EISDIR, a symlink not followed ELOOP."""
-        out: list[Content | Failed] = []
+        bounds; a directory is EISDIR, a symlink not followed ELOOP. ``attrs=False``: a plain
+        inline file is an ``Inline`` (its bytes, no attributes: READ_MANY's reply carries none
+        for it), found by the engine's light lookup where it has one (``sqlite_inline``: no
+        attribute objects built; ~half of a KV-cache index batch's CPU in meta)."""
+        out: list[Content | Inline | Failed] = []
         used = data = 0
         who = caller()
         for start in range(0, len(paths), READ_TXN_ITEMS):
@@ -214,9 +228,10 @@ class BatchOps:
                 await asyncio.sleep(0)
             async with self.ns.store.read() as txn:
                 group = paths[start : start + READ_TXN_ITEMS]
-                for path, found in zip(group, await self._attrs(txn, group, follow_symlinks, True), strict=True):
-                    if isinstance(found, Failed):
-                        item: Content | Failed = found
+                resolved = await self._attrs(txn, group, follow_symlinks, True, light=not attrs)
+                for path, found in zip(group, resolved, strict=True):
+                    if isinstance(found, Failed | Inline):
+                        item: Content | Inline | Failed = found
                     elif found[1] is _NOT_READ:
                         item = await self._content(txn, path, found[0])
                     else:
@@ -226,6 +241,7 @@ class BatchOps:
                     if isinstance(item, Failed):
                         cost += wb.ITEM_ERROR_BYTES_MAX
                     elif item.data is None:
+                        assert isinstance(item, Content)
                         cost += wb.INDEXED_ATTR_OVERHEAD_BYTES + wb.attr_bytes_max(item.attr)
                     else:
                         size = len(item.data)
@@ -248,16 +264,17 @@ class BatchOps:
             return Failed.of(exc)
 
     async def _attrs(self, txn: MetaTxn, paths: Sequence[str], follow_symlinks: bool,
-                     with_inline: bool) -> list[_Found | Failed]:
+                     with_inline: bool, *, light: bool = False) -> list[_Found | Inline | Failed]:
         """What each path resolves to, in one transaction: (attributes, inline row or
         ``_NOT_READ``). Clean hits come from the engine's batch lookup (``entries_in``:
         the names of one directory in one statement, once the directory is resolved); the
-        rest walk one by one, then their inodes come in one query."""
+        rest walk one by one, then their inodes come in one query. ``light``: plain inline
+        files the caller may read are ``Inline`` (``sqlite_inline.inline_files``)."""
         memo = _Memo(txn)
-        out: list[_Found | Failed | None] = [None] * len(paths)
+        out: list[_Found | Inline | Failed | None] = [None] * len(paths)
         entries_in = getattr(self.ns.store, "entries_in", None)
         if entries_in is not None:
-            await self._quick(memo, entries_in, paths, with_inline, out)
+            await self._quick(memo, entries_in, paths, with_inline, out, light)
         found: list[tuple[int, int | Failed]] = []
         for k, path in enumerate(paths):
             if out[k] is not None:
@@ -270,7 +287,7 @@ class BatchOps:
             except LoomError as exc:
                 found.append((k, Failed.of(exc)))
         if not found:
-            return cast(list[_Found | Failed], out)
+            return cast(list[_Found | Inline | Failed], out)
         attrs = await txn.get_inodes([f for _, f in found if not isinstance(f, Failed)])
         for k, f in found:
             if isinstance(f, Failed):
@@ -284,10 +301,10 @@ class BatchOps:
                     out[k] = Failed.of(exc)
                     continue
             out[k] = (attr, _NOT_READ)
-        return cast(list[_Found | Failed], out)
+        return cast(list[_Found | Inline | Failed], out)
 
     async def _quick(self, memo: _Memo, entries_in: Any, paths: Sequence[str], with_inline: bool,
-                     out: list[_Found | Failed | None]) -> None:
+                     out: list[_Found | Inline | Failed | None], light: bool = False) -> None:
         """Fill ``out`` with the clean hits: each path's directory resolved once (a walk, as
         the path's own walk would go), then each directory's names in one ``entries_in``.
         Anything else (an error on the way, a symlink last, a missing entry) stays None: the
@@ -309,7 +326,21 @@ class BatchOps:
                 d = dirs[parent] = await self._parent_dir(memo, parent)
             if d is not None:
                 by_dir.setdefault(cast(int, d), []).append((k, name))
+        who = caller()
         for d, items in by_dir.items():
+            if light:
+                plain = inline_files(memo.txn, d, [name for _, name in items], who)
+                if plain:
+                    rest: list[tuple[int, str]] = []
+                    for k, name in items:
+                        got = plain.get(name)
+                        if got is None:
+                            rest.append((k, name))
+                        else:
+                            out[k] = Inline(got[0], got[1])
+                    if not rest:
+                        continue
+                    items = rest
             hits = entries_in(memo.txn, d, [name for _, name in items], with_inline=with_inline)
             if hits is None:
                 return  # not this engine's transaction
