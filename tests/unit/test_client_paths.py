@@ -84,3 +84,26 @@ def test_relative_paths_resolve_against_the_root_the_documented_working_director
 
     assert "working directory" in (paths_mod.__doc__ or "")
     assert normalize("a/b") == normalize("/a/b") == "/a/b"
+
+
+class _PathLike:
+    def __init__(self, text: str):
+        self.text = text
+
+    def __fspath__(self) -> str:
+        return self.text
+
+
+def _outcome(raw: object) -> tuple[str, object]:
+    try:
+        return "ok", normalize(raw)  # type: ignore[arg-type]
+    except OSError as exc:
+        return "error", exc.errno
+
+
+@given(st.lists(st.sampled_from(["a", "b", "", ".", "..", "\0", "é", "\udcff", "x" * 200, ".hidden", "c" * 60]),
+                max_size=6), st.booleans())
+def test_the_already_normal_shortcut_answers_as_the_full_path(parts: list[str], absolute: bool) -> None:
+    """A str takes the shortcut when it looks normal; a PathLike always takes the full walk."""
+    raw = ("/" if absolute else "") + "/".join(parts)
+    assert _outcome(raw) == _outcome(_PathLike(raw))

@@ -138,6 +138,12 @@ class _TTLMap(ABC, Generic[K, V]):
                 self._map.popitem(last=False)
                 self.evictions += 1
 
+    @property
+    def ever_stored(self) -> bool:
+        """Whether an entry was ever stored (never, in a client whose paths are all strict:
+        then an invalidation has nothing to drop and leaves no tombstone)."""
+        return self._ttl_max_s > 0.0
+
     def _forget(self, path: str, tree: bool) -> int:
         """Drop ``path``'s entries (``tree``: and everything below it, lazily); returns how
         many entries were dropped now."""

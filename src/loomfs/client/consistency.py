@@ -262,6 +262,8 @@ class ClientCaches:
         """This client changed ``path`` (its attributes, its data, or removed it). ``tree``:
         it is (or was) a directory whose subtree moved or went away. ``inode``: the file's
         data changed, so its cached versions are dead."""
+        if not (self.attrs.ever_stored or self.listings.ever_stored or (inode and self.data is not None)):
+            return  # a strict client: nothing cached by name, no tombstone to leave (as _forget)
         if tree:
             self.attrs.invalidate_tree(path)
             self.listings.invalidate_tree(path)

@@ -33,6 +33,9 @@ import threading
 import time
 from typing import Any
 
+import crc32c
+import msgpack
+
 from loomfs.common import trace
 from loomfs.errors import from_status
 from loomfs.net.auth import client_proof, new_nonce, server_proof
@@ -48,6 +51,14 @@ from loomfs.wire.status import AUTH_STATUSES, RETRYABLE, Status
 logger = logging.getLogger(__name__)
 
 MAX_REPLY_BYTES = 16 << 20
+
+_PREFIX_SIZE = fr.PREFIX_SIZE
+_PREFIX_PACK = fr.PREFIX.pack
+_PREFIX_UNPACK = fr.PREFIX.unpack_from
+_crc = crc32c.crc32c
+_unpackb = msgpack.unpackb
+_trace_get = trace.TRACE.get
+_new_trace = trace.new_id
 
 
 class Unavailable(Exception):
@@ -118,26 +129,6 @@ class _Conn:
             self.spin_hits += 1
             return k
 
-    def recv_frame(self) -> tuple[fr.Prefix, memoryview]:
-        """One reply frame: its prefix, and its header and payload bytes. A small reply comes
-        in one ``recv`` (the buffer takes whatever has arrived; one call is in flight per
-        connection, so nothing after the frame can be there)."""
-        got = self._poll_first(memoryview(self.buf)) if self.spin_ns else 0
-        got = self._recv_into(memoryview(self.buf), got, fr.PREFIX_SIZE)
-        prefix = fr.parse_prefix(memoryview(self.buf)[: fr.PREFIX_SIZE], MAX_REPLY_BYTES)
-        end = fr.PREFIX_SIZE + prefix.header_len + prefix.payload_len
-        if got > end:
-            raise fr.FrameError("bytes after the reply")
-        if end > len(self.buf):
-            if end > MAX_REPLY_BYTES + fr.PREFIX_SIZE + fr.MAX_HEADER_BYTES:
-                raise fr.FrameError(f"reply of {end} bytes is over the fast path's bound")
-            grown = bytearray(end)
-            grown[:got] = self.buf[:got]
-            self.buf = grown
-        view = memoryview(self.buf)[:end]
-        self._recv_into(view, got, end)
-        return prefix, view[fr.PREFIX_SIZE:]
-
     def _recv_into(self, view: memoryview, got: int, need: int) -> int:
         """Receive into ``view[got:]`` until at least ``need`` bytes are there; returns how many."""
         while got < need:
@@ -162,6 +153,7 @@ class SyncMetaPath:
     def __init__(self, meta_client: Any, *, timeout_s: float = 10.0):
         self._meta = meta_client  # the async MetaClient: its ``_preferred`` is the server to use
         self.timeout_s = timeout_s
+        self._deadline_ms = int(timeout_s * 1000)
         self._local = threading.local()
         self.calls = 0
         self.fallbacks = 0
@@ -209,18 +201,60 @@ class SyncMetaPath:
             raise Unavailable("the server did not prove the cluster secret")
 
     def _exchange(self, conn: _Conn, m: Method, req: Message) -> fr.Header:
-        """Send one request and receive its reply's header (checked: kind, request id, CRCs)."""
+        """Send one request and receive its reply's header (checked: kind, request id, CRCs);
+        the handshake's calls (a ``Header`` for ``wa`` replies)."""
+        status, message, body = self._roundtrip(conn, m.service, m.method, req.to_wire())
+        return fr.Header(m.service, m.method, 0, 0, status, message, body)
+
+    def _roundtrip(self, conn: _Conn, service: int, method: int, body: dict[str, Any]) -> tuple[int, str, Any]:
+        """One request out, its reply in: (status, message, body). The bytes ``fr.encode``
+        would send; the reply checked as ``fr.parse_prefix`` / ``fr.decode_header`` and the old
+        exchange did (magic, version, kind, bounds, both CRCs, the request id, the types of the
+        fields used), without building a ``Header`` or a ``Prefix``: this runs once per
+        blocking stat, cat and pipe."""
         rid = next(self._ids)
-        header = fr.Header(m.service, m.method, rid, int(self.timeout_s * 1000), 0, "", req.to_wire(),
-                           0, trace.outgoing())
-        conn.sock.sendall(fr.encode(fr.KIND_REQUEST, header))
-        prefix, rest = conn.recv_frame()
-        if prefix.kind != fr.KIND_RESPONSE:
-            raise fr.FrameError("not a response")
-        h = fr.decode_header(prefix, rest[: prefix.header_len])
-        if h.request_id != rid or (prefix.payload_len and fr.crc(rest[prefix.header_len:]) != prefix.payload_crc):
+        t = _trace_get() or _new_trace()
+        raw = fr.pack([service, method, rid, self._deadline_ms, 0, "", body, t])
+        conn.sock.sendall(_PREFIX_PACK(fr.MAGIC, fr.VERSION, fr.KIND_REQUEST, len(raw), 0, 0, _crc(raw)) + raw)
+        # the reply: a small one comes in one recv (one call is in flight per connection, so
+        # nothing after the frame can be there)
+        buf = conn.buf
+        got = conn._poll_first(memoryview(buf)) if conn.spin_ns else 0
+        if got < _PREFIX_SIZE:
+            got = conn._recv_into(memoryview(buf), got, _PREFIX_SIZE)
+        magic, version, kind, hlen, plen, pcrc, hcrc = _PREFIX_UNPACK(buf, 0)
+        if magic != fr.MAGIC or version != fr.VERSION or kind != fr.KIND_RESPONSE:
+            raise fr.FrameError(f"bad reply prefix {magic:#x}/{version}/{kind}")
+        if hlen == 0 or hlen > fr.MAX_HEADER_BYTES or plen > MAX_REPLY_BYTES:
+            raise fr.FrameError(f"reply header/payload length {hlen}/{plen} out of bounds")
+        hend = _PREFIX_SIZE + hlen
+        end = hend + plen
+        if got < end:
+            if end > len(buf):
+                grown = bytearray(end)
+                grown[:got] = buf[:got]
+                buf = conn.buf = grown
+            conn._recv_into(memoryview(buf), got, end)
+        elif got > end:
+            raise fr.FrameError("bytes after the reply")
+        view = memoryview(buf)
+        header = view[_PREFIX_SIZE:hend]
+        if _crc(header) != hcrc:
+            raise fr.FrameError("header checksum mismatch")
+        if plen and _crc(view[hend:end]) != pcrc:
             raise fr.FrameError("reply does not match the request")
-        return h
+        try:
+            items = _unpackb(header, raw=False, strict_map_key=True, use_list=True)
+        except Exception as exc:  # msgpack raises several types
+            raise fr.FrameError(f"undecodable header: {exc}") from exc
+        if type(items) is not list or len(items) < 7:
+            raise fr.FrameError("header is not a 7-item array")
+        status, message, rbody = items[4], items[5], items[6]
+        if items[2] != rid or type(items[2]) is not int:
+            raise fr.FrameError("reply does not match the request")
+        if type(status) is not int or not isinstance(message, str) or not isinstance(rbody, dict):
+            raise fr.FrameError("header status/message/body have wrong types")
+        return status, message, rbody
 
     def call(self, m: Method, req: Message, *, resend_safe: bool = False, decode: bool = True) -> Any:
         """``resend_safe``: the caller accepts that a call whose reply was lost (``Unavailable``
@@ -244,25 +278,25 @@ class SyncMetaPath:
                     self._local.conn = None
                 conn = self._local.conn = self._connect(address)
             conn.used_at = now
-            h = self._exchange(conn, m, req)
+            status, message, body = self._roundtrip(conn, m.service, m.method, req.to_wire())
         except (OSError, fr.FrameError, Unavailable) as exc:
             if conn is not None:
                 conn.close()
             self._local.conn = None
             self.fallbacks += 1
             raise exc if isinstance(exc, Unavailable) else Unavailable(str(exc)) from exc
-        if h.status != Status.OK:
-            status = Status(h.status) if h.status in Status._value2member_map_ else Status.INTERNAL
-            if status.is_errno and status not in RETRYABLE:
+        if status != 0:  # Status.OK
+            st = Status(status) if status in Status._value2member_map_ else Status.INTERNAL
+            if st.is_errno and st not in RETRYABLE:
                 self.calls += 1
-                raise from_status(h.status, h.message)
-            if status in AUTH_STATUSES:  # an expired or revoked token: shake hands again next time
+                raise from_status(status, message)
+            if st in AUTH_STATUSES:  # an expired or revoked token: shake hands again next time
                 conn.close()
                 self._local.conn = None
             self.fallbacks += 1
-            raise Unavailable(status.name)  # shutting down, EAGAIN, ...: the async path handles it
+            raise Unavailable(st.name)  # shutting down, EAGAIN, ...: the async path handles it
         self.calls += 1
-        return m.response.from_wire(h.body) if decode else h.body
+        return m.response.from_wire(body) if decode else body
 
     def close(self) -> None:
         conn = getattr(self._local, "conn", None)

@@ -22,6 +22,10 @@ NAME_BYTES_MAX = 255
 
 def normalize(path: str | os.PathLike[str]) -> str:
     """``'a//b/./c/../d'`` -> ``'/a/b/d'``; raises ENOENT / EINVAL / ENAMETOOLONG."""
+    if type(path) is str and path.isascii() and len(path) <= NAME_BYTES_MAX + 1 and path[:1] == "/" \
+            and path[-1] != "/" and "//" not in path and "/." not in path and "\0" not in path:
+        return path  # already normal (no empty, "." or ".." component; ASCII, so UTF-8, and no
+        # component can be over the limit): every call of the blocking API passes here
     text = os.fspath(path)
     if not isinstance(text, str):
         raise InvalidArgument(f"path must be str, got {type(text).__name__}")

@@ -143,6 +143,7 @@ class LoomFS:
         self._generation = 0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
+        self._loop_ident = -1  # the loop thread's ident (_check_thread: one compare per call)
         self._client: AsyncClient | None = None
         self._fast: SyncMetaPath | None = None  # caller-thread metadata reads
         self._metrics: Any = None  # loomfs.metrics.ServiceMetrics once serve_metrics() ran
@@ -172,6 +173,7 @@ class LoomFS:
                 thread.join(5.0)
                 raise
             self._loop, self._thread, self._client = loop, thread, client
+            self._loop_ident = thread.ident if thread.ident is not None else -1
             meta = getattr(client, "meta", None)
             self._fast = SyncMetaPath(meta) if isinstance(meta, MetaClient) and meta.rpc is not None else None
             self._generation += 1
@@ -217,7 +219,7 @@ class LoomFS:
         return task.result()
 
     def _check_thread(self) -> None:
-        if self._thread is not None and threading.current_thread() is self._thread:
+        if _thread.get_ident() == self._loop_ident and threading.current_thread() is self._thread:
             raise RuntimeError(
                 "blocking LoomFS call from its own event loop thread 'loomfs-io' would deadlock; "
                 "use the AsyncClient (fs.client) there"
@@ -312,23 +314,27 @@ class LoomFS:
         p = paths.normalize(path)
         if client.lazy.pending(p):  # this client's "w" file there: created on the loop first
             return self._submit(client.stat(p) if follow_symlinks else client.lstat(p))
-        hit = client.cached_attr(p, follow_symlinks)
-        if hit is not None:
-            return hit
+        caches = client.caches
+        relaxed = caches.relaxed(p)  # strict (the default): nothing to look up or learn
+        if relaxed:
+            hit = client.cached_attr(p, follow_symlinks)
+            if hit is not None:
+                return hit
         fast = self._fast
         if fast is not None:
-            caches = client.caches
-            asked = caches.now()
+            asked = caches.now() if relaxed else 0.0
             try:
                 rsp = fast.call(wmeta.STAT, wmeta.PathReq(path=p, follow_symlinks=follow_symlinks))
             except Unavailable:
                 pass
             except FileNotFoundError:
-                caches.learn_absent(p, follow_symlinks, asked_at=asked)
+                if relaxed:
+                    caches.learn_absent(p, follow_symlinks, asked_at=asked)
                 raise
             else:
                 if rsp.attr is not None:
-                    caches.learn_attr(p, follow_symlinks, rsp.attr, asked_at=asked)
+                    if relaxed:
+                        caches.learn_attr(p, follow_symlinks, rsp.attr, asked_at=asked)
                     return rsp.attr
         return self._submit(client.stat_meta(p, follow_symlinks))
 
@@ -554,18 +560,22 @@ class LoomFS:
         p = paths.normalize(path)
         if client.lazy.pending(p):  # this client's "w" file there: created on the loop first
             return self._submit(client.cat(p))
-        data = client.cached_content(p)
-        if data is not None:
-            return data
+        caches = client.caches
+        relaxed = caches.relaxed(p)  # strict (the default): no cached attributes to look at
+        if relaxed:
+            data = client.cached_content(p)
+            if data is not None:
+                return data
         fast = self._fast
         if fast is not None:
-            asked = client.caches.now()
+            asked = caches.now()
             try:
                 rsp = fast.call(wmeta.READ, wmeta.PathReq(path=p))
             except Unavailable:
                 rsp = None
             except FileNotFoundError:
-                client.caches.learn_absent(p, True, asked_at=asked)
+                if relaxed:
+                    caches.learn_absent(p, True, asked_at=asked)
                 raise
             if rsp is not None:
                 client.learn_read(p, rsp, asked)
