@@ -30,6 +30,7 @@ from loomfs.errors import InvalidArgument, LoomError
 from loomfs.kvcache import _entry as E
 from loomfs.kvcache._crccat import tiled_crc
 from loomfs.kvcache._icache import IndexCache
+from loomfs.kvcache._index import read_entries
 from loomfs.kvcache._reads import Run, plan_reads
 from loomfs.kvcache._segments import SegmentWriter
 from loomfs.kvcache._values import Target, as_bytes, rebuild, value_info
@@ -48,6 +49,14 @@ BIG_RUNS_INFLIGHT = 8
 BIG_RUN_BYTES = 4 << 20
 TOUCHES_PENDING_MAX = 65536
 ENTRY_OVERHEAD_BYTES_MAX = 8192 + E.KEY_BYTES_MAX  # header, chains, key, descriptor, names
+
+
+def _decode_or_error(data: memoryview) -> E.Entry | E.EntryError:
+    """An index entry from meta's reply, or why its bytes are none (a miss, logged)."""
+    try:
+        return E.decode(data)
+    except E.EntryError as exc:
+        return exc
 
 
 def _target(into: Any) -> Any:
@@ -296,31 +305,28 @@ class AsyncKVCache:
 
     async def _entries(self, keys: Sequence[bytes]) -> list[E.Entry | None]:
         """The live (present, well-formed, unexpired) entries of ``keys``."""
-        raw = await self.client.read_many([self._path(k) for k in keys])
+        raw = await read_entries(self.client, [self._path(k) for k in keys], _decode_or_error)
         now = self.clock()
         out: list[E.Entry | None] = []
         for k, r in zip(keys, raw, strict=True):
-            if isinstance(r, FileNotFoundError):
-                self.icache.forget(k)
-                out.append(None)
-                continue
-            if isinstance(r, OSError):
-                raise r
-            try:
-                e = E.decode(r)
-            except E.EntryError as exc:
-                logger.warning("kvcache %s: bad entry for %s: %s", self.prefix, k.hex()[:32], exc)
+            if isinstance(r, E.Entry):
+                if r.key != k:
+                    out.append(None)  # another key with the same hash name
+                elif self._expired(r, now):
+                    self.stats.expired += 1
+                    out.append(None)
+                else:
+                    self.icache.learn(r)
+                    out.append(r)
+            elif isinstance(r, E.EntryError):
+                logger.warning("kvcache %s: bad entry for %s: %s", self.prefix, k.hex()[:32], r)
                 self.stats.corrupt += 1
                 out.append(None)
-                continue
-            if e.key != k:
-                out.append(None)  # another key with the same hash name
-            elif self._expired(e, now):
-                self.stats.expired += 1
+            elif isinstance(r, FileNotFoundError):
+                self.icache.forget(k)
                 out.append(None)
             else:
-                self.icache.learn(e)
-                out.append(e)
+                raise r
         return out
 
     async def read_value_into(self, e: E.Entry, view: memoryview) -> bool:
