@@ -30,7 +30,7 @@ from loomfs.client import paths, xattrs
 from loomfs.client.core import LAZY_FLAGS, READDIR_PAGE, AsyncClient, info_of
 from loomfs.client.fastpath import SyncMetaPath, Unavailable
 from loomfs.client.file import AsyncFile, parse_mode
-from loomfs.client.inline import INLINE_CAP_BYTES, stored_inline
+from loomfs.client.inline import INLINE_CAP_BYTES, check_crc, stored_inline
 from loomfs.client.meta_client import MetaClient
 from loomfs.client.session_ids import session_ids
 from loomfs.client.syncfile import LoomFile
@@ -309,6 +309,11 @@ class LoomFS:
     def _fast_stat(self, path: str, follow_symlinks: bool) -> Attr:
         """stat on the caller's thread: a relaxed cache hit (no round trip, no thread hop),
         else the caller-thread fast path to meta, else the async core."""
+        return self._stat_any(path, follow_symlinks, False)  # type: ignore[return-value]
+
+    def _stat_any(self, path: str, follow_symlinks: bool, as_stat: bool) -> Attr | os.stat_result:
+        """``_fast_stat``; ``as_stat``: the caller wants an ``os.stat_result`` and may get one
+        built straight from meta's reply (strict paths: no ``Attr`` is needed for a cache)."""
         self._check_thread()
         client = self._ensure()
         p = paths.normalize(path)
@@ -324,7 +329,7 @@ class LoomFS:
         if fast is not None:
             asked = caches.now() if relaxed else 0.0
             try:
-                rsp = fast.call(wmeta.STAT, wmeta.PathReq(path=p, follow_symlinks=follow_symlinks))
+                body = fast.call(wmeta.STAT, wmeta.PathReq(path=p, follow_symlinks=follow_symlinks), decode=False)
             except Unavailable:
                 pass
             except FileNotFoundError:
@@ -332,6 +337,11 @@ class LoomFS:
                     caches.learn_absent(p, follow_symlinks, asked_at=asked)
                 raise
             else:
+                if as_stat and not relaxed:
+                    st = _stat_result_of_wire(body.get("attr"))
+                    if st is not None:
+                        return st
+                rsp = wmeta.AttrRsp.from_wire(body)
                 if rsp.attr is not None:
                     if relaxed:
                         caches.learn_attr(p, follow_symlinks, rsp.attr, asked_at=asked)
@@ -340,10 +350,12 @@ class LoomFS:
 
     def stat(self, path: str) -> os.stat_result:
         """Like ``os.stat``: follows symlinks; ``st_mode`` carries the file type bits."""
-        return stat_result(self._fast_stat(path, True))
+        r = self._stat_any(path, True, True)
+        return r if isinstance(r, os.stat_result) else stat_result(r)
 
     def lstat(self, path: str) -> os.stat_result:
-        return stat_result(self._fast_stat(path, False))
+        r = self._stat_any(path, False, True)
+        return r if isinstance(r, os.stat_result) else stat_result(r)
 
     def attr(self, path: str, *, follow_symlinks: bool = True) -> Attr:
         """The raw LoomFS attributes (inode, layout, ...)."""
@@ -570,14 +582,19 @@ class LoomFS:
         if fast is not None:
             asked = caches.now()
             try:
-                rsp = fast.call(wmeta.READ, wmeta.PathReq(path=p))
+                body = fast.call(wmeta.READ, wmeta.PathReq(path=p), decode=False)
             except Unavailable:
-                rsp = None
+                body = None
             except FileNotFoundError:
                 if relaxed:
                     caches.learn_absent(p, True, asked_at=asked)
                 raise
-            if rsp is not None:
+            if body is not None and not relaxed:
+                data = _inline_bytes_of_wire(p, body)  # the usual strict answer: nothing to learn
+                if data is not None:
+                    return data
+            if body is not None:
+                rsp = wmeta.ReadRsp.from_wire(body)
                 client.learn_read(p, rsp, asked)
                 data = client.content_of_read(p, rsp)
                 if data is not None:
@@ -682,6 +699,41 @@ STAT_BLKSIZE_BYTES = 1 << 20  # st_blksize, as the mount answers (tools size buf
 async def _page(c: AsyncClient, top: str, after: str, detail: bool) -> tuple[list[Any], bool]:
     rsp = await c.meta.readdir(top, after, READDIR_PAGE, detail)
     return rsp.entries, rsp.more
+
+
+_STAT_WIRE_KEYS = ("type", "mode", "inode", "nlink", "uid", "gid", "size", "atime_ns", "mtime_ns",
+                   "ctime_ns", "rdev")
+
+
+def _stat_result_of_wire(a: object) -> os.stat_result | None:
+    """``stat_result(Attr.from_wire(a))`` for an attribute map as meta sends it, without
+    building the ``Attr`` (and its ``Layout``); None for anything else (a missing field, a
+    field that is not an int): the caller decodes it whole, with its checks."""
+    if type(a) is not dict:
+        return None
+    try:
+        t, mode, inode, nlink, uid, gid, size, at, mt, ct, rdev = (a[k] for k in _STAT_WIRE_KEYS)
+    except KeyError:
+        return None
+    for v in (t, mode, inode, nlink, uid, gid, size, at, mt, ct, rdev):
+        if type(v) is not int:
+            return None
+    return os.stat_result((
+        _TYPE_BITS.get(t, 0) | (mode & 0o7777), inode, 0, nlink, uid, gid, size,
+        at // 10**9, mt // 10**9, ct // 10**9, at / 1e9, mt / 1e9, ct / 1e9, at, mt, ct,
+        STAT_BLKSIZE_BYTES, (size + 511) // 512, rdev,
+    ))
+
+
+def _inline_bytes_of_wire(p: str, body: dict[str, Any]) -> bytes | None:
+    """A READ reply's bytes, undecoded, when it is an inline file's (checked against their
+    CRC32C: EIO on a mismatch); None for anything else (decode it whole)."""
+    data = body.get("data")
+    attr = body.get("attr")
+    crc = body.get("data_crc")
+    if type(data) is not bytes or type(attr) is not dict or attr.get("type") != FileType.FILE or type(crc) is not int:
+        return None
+    return check_crc(p, data, crc)
 
 
 def stat_result(a: Attr) -> os.stat_result:
