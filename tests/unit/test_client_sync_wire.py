@@ -11,8 +11,16 @@ import crc32c
 import msgpack
 import pytest
 
-from loomfs.client.sync import _inline_bytes_of_wire, _stat_result_of_wire, stat_result
+from loomfs.client.core import LAZY_FLAGS
+from loomfs.client.sync import (
+    _inline_bytes_of_wire,
+    _path_body,
+    _put_open_body,
+    _stat_result_of_wire,
+    stat_result,
+)
 from loomfs.errors import LoomError
+from loomfs.wire import meta as wmeta
 from loomfs.wire.types import Attr, FileType, Layout
 
 
@@ -71,3 +79,15 @@ def test_inline_bytes_checked_or_left_to_the_full_decode() -> None:
     assert _inline_bytes_of_wire("/f", {**body, "attr": None}) is None  # NotFound from the full path
     assert _inline_bytes_of_wire("/d", {**body, "attr": on_the_wire(ATTRS[1])}) is None  # EISDIR from it
     assert _inline_bytes_of_wire("/f", {**body, "data_crc": "x"}) is None
+
+
+def test_request_maps_built_by_hand_are_the_messages_encodings() -> None:
+    """The fast path builds these maps itself; they must stay what the Message would send."""
+    for follow in (True, False):
+        assert _path_body("/a/b", follow) == wmeta.PathReq(path="/a/b", follow_symlinks=follow).to_wire()
+    data = b"z" * 4096
+    want = wmeta.OpenReq(path="/d/f", flags=LAZY_FLAGS, mode=0o644, client_id=77, session_id=(1 << 62) | 5,
+                         data=data, data_crc=crc32c.crc32c(data)).to_wire()
+    got = _put_open_body("/d/f", 77, (1 << 62) | 5, data)
+    assert got == want
+    assert list(got) == list(want)  # the same order too: the same bytes on the wire

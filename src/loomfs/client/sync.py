@@ -329,7 +329,7 @@ class LoomFS:
         if fast is not None:
             asked = caches.now() if relaxed else 0.0
             try:
-                body = fast.call(wmeta.STAT, wmeta.PathReq(path=p, follow_symlinks=follow_symlinks), decode=False)
+                body = fast.call(wmeta.STAT, _path_body(p, follow_symlinks), decode=False)
             except Unavailable:
                 pass
             except FileNotFoundError:
@@ -582,7 +582,7 @@ class LoomFS:
         if fast is not None:
             asked = caches.now()
             try:
-                body = fast.call(wmeta.READ, wmeta.PathReq(path=p), decode=False)
+                body = fast.call(wmeta.READ, _path_body(p, True), decode=False)
             except Unavailable:
                 body = None
             except FileNotFoundError:
@@ -611,9 +611,8 @@ class LoomFS:
         p = paths.normalize(path)
         view = memoryview(data)
         if view.nbytes <= min(client.config.inline_put_max_bytes, INLINE_CAP_BYTES):
-            body = view.tobytes()
-            req = wmeta.OpenReq(path=p, flags=LAZY_FLAGS, mode=0o644, client_id=client.client_id,
-                                session_id=session_ids.take(), data=body, data_crc=crc32c.crc32c(body))
+            body = data if type(data) is bytes else view.tobytes()
+            req = _put_open_body(p, client.client_id, session_ids.take(), body)
             raw = self._fast_change(wmeta.OPEN, req, p, decode=False)
             if raw is not None:
                 if stored_inline(raw):  # the usual answer: nothing more to do, nothing to decode
@@ -699,6 +698,18 @@ STAT_BLKSIZE_BYTES = 1 << 20  # st_blksize, as the mount answers (tools size buf
 async def _page(c: AsyncClient, top: str, after: str, detail: bool) -> tuple[list[Any], bool]:
     rsp = await c.meta.readdir(top, after, READDIR_PAGE, detail)
     return rsp.entries, rsp.more
+
+
+def _path_body(p: str, follow_symlinks: bool) -> dict[str, Any]:
+    """``wmeta.PathReq(path=p, follow_symlinks=...).to_wire()``, without the object (~0.5 us)."""
+    return {"path": p, "follow_symlinks": follow_symlinks}
+
+
+def _put_open_body(p: str, client_id: int, session_id: int, data: bytes) -> dict[str, Any]:
+    """``wmeta.OpenReq(...).to_wire()`` of a put (a "w" create carrying its bytes), without
+    the object: its constructor and encoder cost ~3 us of a put's client CPU."""
+    return {"path": p, "flags": LAZY_FLAGS, "mode": 0o644, "uid": 0, "gid": 0, "client_id": client_id,
+            "session_id": session_id, "data": data, "data_crc": crc32c.crc32c(data), "chunked": False}
 
 
 _STAT_WIRE_KEYS = ("type", "mode", "inode", "nlink", "uid", "gid", "size", "atime_ns", "mtime_ns",
