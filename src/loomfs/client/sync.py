@@ -11,6 +11,7 @@ from __future__ import annotations
 import _thread
 import asyncio
 import atexit
+import contextlib
 import contextvars
 import dataclasses
 import io
@@ -630,6 +631,27 @@ class LoomFS:
         """Copy a LoomFS file to the local file system."""
         with self.open(remote_path, "rb") as src, open(local_path, "wb") as dst:
             shutil.copyfileobj(src, dst, COPY_BLOCK_BYTES)
+
+    # --- cluster-wide locks (loomfs.client.sync_locks; docs/mount.md) ----------------------
+
+    def lock(self, path: str, type_: int | None = None, **kw: Any) -> None:
+        """Lock ``path`` for the whole cluster: ``type_`` READ (shared) or WRITE (exclusive,
+        the default) from ``loomfs.client.locks``; keywords as ``sync_locks.lock`` (kind,
+        first, last, owner, wait, wait_max_s)."""
+        from loomfs.client import sync_locks
+
+        sync_locks.lock(self, path, sync_locks.WRITE if type_ is None else type_, **kw)
+
+    def unlock(self, path: str, **kw: Any) -> None:
+        from loomfs.client import sync_locks
+
+        sync_locks.unlock(self, path, **kw)
+
+    def locked(self, path: str, type_: int | None = None, **kw: Any) -> contextlib.AbstractContextManager[None]:
+        """``lock`` for a ``with`` block, unlocked at its end (also on an exception)."""
+        from loomfs.client import sync_locks
+
+        return sync_locks.locked(self, path, sync_locks.WRITE if type_ is None else type_, **kw)
 
     # --- batches (one meta round trip for many paths) ------------------------------------
 
