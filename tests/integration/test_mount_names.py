@@ -14,6 +14,7 @@ import pytest
 from test_mount_options import mounted
 
 import loomfs
+from loomfs.mount.names import RELIST_MIN_ANSWERS
 from loomfs.testing import LocalCluster
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
@@ -93,3 +94,29 @@ def test_absent_timeout_zero_asks_meta(cluster: LocalCluster) -> None:
         with pytest.raises(OSError) as exc:
             os.rmdir(d)
         assert exc.value.errno == errno.ENOTEMPTY
+
+
+def _relists(mp: Path) -> int:
+    return int(json.loads(os.getxattr(mp, "user.loomfs.stats"))["requests"].get("lookup_relist", 0))
+
+
+def test_an_expired_listing_is_read_again_for_a_create_loop(cluster: LocalCluster) -> None:
+    """Creates in one directory past the TTL: the listing is read again (one READDIR) and keeps
+    answering; a name another client made meanwhile is in the new listing, so it shows."""
+    with mounted(cluster, "-o", "absent_timeout=2") as mp, loomfs.connect(str(cluster.root)) as fs:
+        d = mp / f"relist-{os.getpid()}-{time.monotonic_ns()}"
+        d.mkdir()
+        for i in range(RELIST_MIN_ANSWERS):
+            (d / f"f{i}").write_bytes(b"x")  # the mkdir's listing answers their LOOKUPs
+        fs.pipe(f"/{d.name}/theirs", b"theirs")
+        deadline = time.monotonic() + 60
+        n = RELIST_MIN_ANSWERS
+        while _relists(mp) == 0:
+            assert time.monotonic() < deadline, "the listing was never read again"
+            (d / f"f{n}").write_bytes(b"x")
+            n += 1
+        hits = _absent_hits(mp)
+        (d / "after").write_bytes(b"x")  # answered from the new listing
+        assert _absent_hits(mp) == hits + 1
+        assert (d / "theirs").read_bytes() == b"theirs"
+        assert len(os.listdir(d)) == n + 2

@@ -46,7 +46,7 @@ class DirStream:
     # seekdir elsewhere); ``complete`` once it reached the end: loomfs.mount.names
     names: set[str] | None = field(default=None, repr=False)
     complete: bool = False
-    listing_from: tuple[float, int] = (0.0, 0)  # (monotonic time, names epoch) at its start
+    listing: tuple[float, set[str]] | None = None  # (monotonic time, AbsentNames token) at its start
 
     def __repr__(self) -> str:
         return f"DirStream({self.path!r}, base={self.base}, page={len(self.page)}, pages_seen={len(self.starts)})"

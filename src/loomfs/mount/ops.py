@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import dataclasses
 import errno
+import logging
 import os
 import stat
 import time
@@ -32,7 +33,7 @@ from loomfs.mount.edge import Handle, fuse_errors, join
 from loomfs.mount.files import FileOps
 from loomfs.mount.holds import HoldOps, Holds
 from loomfs.mount.inodes import ROOT_INODE, InodeTable
-from loomfs.mount.names import AbsentNames
+from loomfs.mount.names import RELIST_MAX_NAMES, AbsentNames
 from loomfs.mount.options import MountOptions
 from loomfs.mount.prefetch import Budget
 from loomfs.mount.stats import STATS_XATTR, MountStats
@@ -40,6 +41,7 @@ from loomfs.mount.xattrs import LAYOUT_XATTR, XattrProbes, decode_layout, encode
 from loomfs.wire.meta import SetattrReq
 from loomfs.wire.types import Attr, FileType
 
+logger = logging.getLogger(__name__)
 T = TypeVar("T")
 BLKSIZE_BYTES = 1 << 20  # st_blksize: tools size their buffers by it
 STATFS_FREE_BYTES = 1 << 50  # meta does not know the storage capacity yet
@@ -72,6 +74,7 @@ class LoomOperations(HoldOps, FileOps):
         self._dir_epoch = 0  # grows with every directory change through this mount
         # names known absent (a miss, a directory made or listed here): LOOKUP without meta
         self.absent = AbsentNames(options.absent_timeout_s)
+        self._relisting: dict[int, asyncio.Future[None]] = {}  # directory inode -> its relist in flight
         self.holds = Holds()  # read holds at meta of read-only opens (loomfs.mount.holds)
         self._renew_task: asyncio.Task[None] | None = None
         self._renewing: asyncio.Future[None] | None = None  # a hold renewal in flight
@@ -137,6 +140,8 @@ class LoomOperations(HoldOps, FileOps):
     async def lookup(self, parent_inode: int, name: bytes, ctx: Any = None) -> pyfuse3.EntryAttributes:
         path = join(self.inodes.path(parent_inode), name)
         text = os.fsdecode(name)
+        if self.absent.wants_relist(parent_inode):
+            await self._relist(parent_inode)
         if self.absent.absent(parent_inode, text):  # e.g. the LOOKUP before a create of a new name
             self.stats.requests["lookup_absent_cached"] += 1
             return self._no_such_name(path)
@@ -147,6 +152,40 @@ class LoomOperations(HoldOps, FileOps):
             self.absent.missed(parent_inode, text, asked, epoch)
             return self._no_such_name(path)
         return self._known(attr, path)
+
+    async def _relist(self, dir_inode: int) -> None:
+        """List ``dir_inode`` again (names only, one READDIR) for ``AbsentNames``; one listing
+        per directory at a time, the LOOKUPs meanwhile wait for it."""
+        running = self._relisting.get(dir_inode)
+        if running is not None:
+            await asyncio.shield(running)
+            return
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._relisting[dir_inode] = done
+        token = self.absent.begin_listing(dir_inode)
+        asked = time.monotonic()
+        names: list[str] = []
+        try:
+            pages = self.client.readdir_pages(self.inodes.path(dir_inode), page_size=RELIST_MAX_NAMES + 1)
+
+            async def read_all() -> None:
+                try:
+                    async for page in pages:
+                        names.extend(e.name for e in page)
+                        if len(names) > RELIST_MAX_NAMES:
+                            break
+                finally:
+                    await pages.aclose()  # type: ignore[attr-defined]
+            await self.call(read_all())
+            self.stats.requests["lookup_relist"] += 1
+            if len(names) <= RELIST_MAX_NAMES:
+                self.absent.listed(dir_inode, names, asked, token)
+        except OSError as exc:  # the LOOKUP asks meta as before
+            logger.debug("relisting %d: %s", dir_inode, exc)
+        finally:
+            self.absent.abandon(dir_inode, token)
+            del self._relisting[dir_inode]
+            done.set_result(None)
 
     def _no_such_name(self, path: str) -> pyfuse3.EntryAttributes:
         if self.options.negative_timeout_s > 0:  # the kernel keeps a negative dentry
@@ -315,9 +354,9 @@ class LoomOperations(HoldOps, FileOps):
             if self._setgid(parent_inode):
                 mode |= stat.S_ISGID  # a set-group-ID directory's subdirectories are too
             self.absent.adding(parent_inode, os.fsdecode(name))
-            epoch, asked = self.absent.epoch, time.monotonic()
+            asked = time.monotonic()
             attr = await self.call(self.client.mkdir(path, mode & 0o7777))
-            self.absent.listed(attr.inode, (), asked, epoch)  # new: empty (unless a change came meanwhile)
+            self.absent.listed(attr.inode, (), asked, set())  # new: empty (nothing here knew its inode)
             attr = await self._owned(path, attr, ctx, parent_inode)
             return self._known(attr, path)
 
@@ -510,7 +549,9 @@ class LoomOperations(HoldOps, FileOps):
         assert isinstance(h, DirStream)
         i = start_id
         if i == 0:  # a listing from the start: if read to the end in order, its names are all
-            h.listing_from = (time.monotonic(), self.absent.epoch)
+            if h.listing is not None:
+                self.absent.abandon(h.inode, h.listing[1])
+            h.listing = (time.monotonic(), self.absent.begin_listing(h.inode))
         base, page = await h.page_at(i)
         while page:
             for e in page[i - base:]:
@@ -521,13 +562,15 @@ class LoomOperations(HoldOps, FileOps):
                 self.inodes.remember(attr.inode, path)
                 i += 1
             base, page = await h.page_at(i)
-        if h.names is not None and h.complete:  # read to the end, page after page from the first
-            self.absent.listed(h.inode, h.names, *h.listing_from)
-            h.names = None
+        if h.names is not None and h.complete and h.listing is not None:  # read to the end, in order
+            self.absent.listed(h.inode, h.names, *h.listing)
+            h.names = h.listing = None
 
     async def releasedir(self, fh: int) -> None:
         h = self.handles.pop(fh, None)
         if isinstance(h, DirStream):
+            if h.listing is not None:
+                self.absent.abandon(h.inode, h.listing[1])
             await h.close()
 
     async def fsyncdir(self, fh: int, datasync: bool) -> None:

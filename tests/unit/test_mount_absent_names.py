@@ -10,7 +10,7 @@ import errno
 import pyfuse3
 import pytest
 
-from loomfs.mount.names import MAX_MISSES, AbsentNames
+from loomfs.mount.names import MAX_MISSES, RELIST_MIN_ANSWERS, AbsentNames
 from loomfs.mount.ops import LoomOperations
 from loomfs.mount.options import MountOptions
 from loomfs.wire.types import Attr, FileType
@@ -18,7 +18,7 @@ from loomfs.wire.types import Attr, FileType
 
 def test_listing_answers_within_the_ttl_only() -> None:
     a = AbsentNames(1.0)
-    a.listed(5, ["x"], asked=100.0, epoch=a.epoch)
+    a.listed(5, ["x"], asked=100.0, token=a.begin_listing(5))
     assert a.absent(5, "y", now=100.5) and not a.absent(5, "x", now=100.5)
     assert not a.absent(6, "y", now=100.5)  # another directory: unknown
     assert not a.absent(5, "y", now=101.0)  # the TTL counts from when meta was asked
@@ -31,7 +31,7 @@ def test_misses_and_adding() -> None:
     assert a.absent(5, "n", now=10.2)
     a.adding(5, "n")  # a create of it starts here
     assert not a.absent(5, "n", now=10.3)
-    a.listed(7, [], asked=10.0, epoch=a.epoch)
+    a.listed(7, [], asked=10.0, token=set())
     a.adding(7, "m")
     assert not a.absent(7, "m", now=10.1) and a.absent(7, "other", now=10.1)
     a.removed(7, "m")  # unlinked here: absent again
@@ -41,22 +41,39 @@ def test_misses_and_adding() -> None:
 def test_an_answer_that_raced_a_change_is_not_kept() -> None:
     a = AbsentNames(1.0)
     epoch = a.epoch
-    a.adding(5, "n")  # e.g. a create through the mount while meta answered a LOOKUP
+    token = a.begin_listing(5)
+    a.adding(5, "n")  # e.g. a create through the mount while meta answered a LOOKUP / listed
     a.missed(5, "n", asked=10.0, epoch=epoch)
-    a.listed(5, [], asked=10.0, epoch=epoch)
-    assert not a.absent(5, "n", now=10.1)
+    a.listed(5, [], asked=10.0, token=token)  # meta's listing came before the create committed
+    assert not a.absent(5, "n", now=10.1) and a.absent(5, "m", now=10.1)
+    abandoned = a.begin_listing(6)
+    a.abandon(6, abandoned)
+    a.adding(6, "x")
+    assert not abandoned and not a._inflight
+
+
+def test_a_listing_that_answered_is_read_again_once_expired() -> None:
+    a = AbsentNames(1.0)
+    a.listed(5, [], asked=10.0, token=set())
+    a.listed(6, [], asked=10.0, token=set())
+    for i in range(RELIST_MIN_ANSWERS):
+        assert a.absent(5, f"n{i}", now=10.5)
+    assert not a.wants_relist(5, now=10.6)  # still fresh
+    assert a.wants_relist(5, now=11.5) and not a.wants_relist(5, now=11.5)  # once
+    assert not a.wants_relist(6, now=11.5)  # answered nothing: not worth a READDIR
+    assert not a.absent(5, "n0", now=11.5)
 
 
 def test_disabled_and_bounded() -> None:
     off = AbsentNames(0.0)
-    off.listed(5, [], asked=0.0, epoch=off.epoch)
+    off.listed(5, [], asked=0.0, token=set())
     off.missed(5, "n", asked=0.0, epoch=off.epoch)
     assert not off.absent(5, "n", now=0.0)
     a = AbsentNames(100.0)
     for i in range(MAX_MISSES + 10):
         a.missed(5, f"n{i}", asked=1.0, epoch=a.epoch)
     assert not a.absent(5, "n0", now=2.0) and a.absent(5, f"n{MAX_MISSES + 9}", now=2.0)
-    a.listed(9, [], asked=1.0, epoch=a.epoch)
+    a.listed(9, [], asked=1.0, token=set())
     a.forget(9)
     assert not a.absent(9, "z", now=2.0)
 
