@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import os
 import random
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -47,6 +48,9 @@ READS_INFLIGHT = 64  # value reads in flight per get_many
 # pages (3-5 us per 4 KiB here); still 8 big reads at once over the storage servers
 BIG_RUNS_INFLIGHT = 8
 BIG_RUN_BYTES = 4 << 20
+# keys asked of meta per READ_MANY within one get_many: meta answers the next group while this
+# process reads the values of the one before (0: one request for all); LOOMFS_KV_META_GROUP for A/B
+META_GROUP_KEYS = int(os.environ.get("LOOMFS_KV_META_GROUP", "0"))
 TOUCHES_PENDING_MAX = 65536
 ENTRY_OVERHEAD_BYTES_MAX = 8192 + E.KEY_BYTES_MAX  # header, chains, key, descriptor, names
 
@@ -64,6 +68,8 @@ def _target(into: Any) -> Any:
     once its entry is known, returning the buffer), or a buffer, array or tensor."""
     if into is None:
         return None
+    if type(into) is bytearray:
+        return Target(into)
     if callable(into) and not hasattr(into, "untyped_storage") and not hasattr(into, "__array_interface__"):
         return into
     return Target(into)
@@ -253,10 +259,20 @@ class AsyncKVCache:
         ask += [i for i, e in enumerate(cached) if e is not None and out[i] is None]
         if ask:
             ask.sort()
-            fresh = await self._entries([ks[i] for i in ask])
-            got = await self._read_values(fresh, [targets[i] for i in ask])
-            for i, g in zip(ask, got, strict=True):
-                out[i] = g
+            slots, big = asyncio.Semaphore(READS_INFLIGHT), asyncio.Semaphore(BIG_RUNS_INFLIGHT)
+
+            async def group(part: list[int]) -> None:
+                fresh = await self._entries([ks[i] for i in part])
+                got = await self._read_values(fresh, [targets[i] for i in part], slots, big)
+                for i, g in zip(part, got, strict=True):
+                    out[i] = g
+
+            step = META_GROUP_KEYS if META_GROUP_KEYS > 0 else len(ask)
+            parts = [ask[j : j + step] for j in range(0, len(ask), step)]
+            if len(parts) == 1:
+                await group(parts[0])
+            else:  # meta answers one group while the values of the one before are read
+                await asyncio.gather(*(group(p) for p in parts))
         hits = sum(r is not None for r in out)
         self.stats.hits += hits
         self.stats.misses += len(ks) - hits
@@ -265,12 +281,14 @@ class AsyncKVCache:
     def _expired(self, e: E.Entry, now_s: float) -> bool:
         return bool(self.config.ttl_s) and e.touched_s + self.config.ttl_s < now_s
 
-    async def _read_values(self, entries: Sequence[E.Entry | None], targets: Sequence[Any]) -> list[Any]:
-        """The values ``entries`` name (None: no entry, or bytes failing the CRC)."""
+    async def _read_values(self, entries: Sequence[E.Entry | None], targets: Sequence[Any],
+                           slots: asyncio.Semaphore | None = None, big: asyncio.Semaphore | None = None) -> list[Any]:
+        """The values ``entries`` name (None: no entry, or bytes failing the CRC); ``slots``
+        and ``big`` bound reads in flight (shared by the groups of one get)."""
         out: list[Any] = [None] * len(entries)
         targets = [_target(t(value_info(e.value_bytes, e.kind, e.desc))) if e is not None and callable(t)
                    and not isinstance(t, Target) else t for t, e in zip(targets, entries, strict=True)]
-        slots = asyncio.Semaphore(READS_INFLIGHT)
+        slots = asyncio.Semaphore(READS_INFLIGHT) if slots is None else slots
         alone, runs = plan_reads(entries)
 
         async def one(i: int) -> None:
@@ -284,7 +302,7 @@ class AsyncKVCache:
                 except OSError as exc:
                     self._read_failed(exc)
 
-        big = asyncio.Semaphore(BIG_RUNS_INFLIGHT)
+        big = asyncio.Semaphore(BIG_RUNS_INFLIGHT) if big is None else big
 
         async def run(r: Run) -> None:
             async with slots, (big if r.end - r.start >= BIG_RUN_BYTES else contextlib.nullcontext()):

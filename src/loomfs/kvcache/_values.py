@@ -107,6 +107,9 @@ class Target:
     def __init__(self, into: Any):
         self.into = into
         self.device_tensor: Any = None  # a GPU tensor: read into host memory, then copied
+        if type(into) is bytearray:  # the common plain buffer: no probing (a get_many per batch)
+            self.view = memoryview(into)
+            return
         if _is_torch(into):
             if into.device.type != "cpu":
                 self.device_tensor = into
