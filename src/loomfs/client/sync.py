@@ -734,10 +734,6 @@ def _put_open_body(p: str, client_id: int, session_id: int, data: bytes) -> dict
             "session_id": session_id, "data": data, "data_crc": crc32c.crc32c(data), "chunked": False}
 
 
-_STAT_WIRE_KEYS = ("type", "mode", "inode", "nlink", "uid", "gid", "size", "atime_ns", "mtime_ns",
-                   "ctime_ns", "rdev")
-
-
 def _stat_result_of_wire(a: object) -> os.stat_result | None:
     """``stat_result(Attr.from_wire(a))`` for an attribute map as meta sends it, without
     building the ``Attr`` (and its ``Layout``); None for anything else (a missing field, a
@@ -745,12 +741,14 @@ def _stat_result_of_wire(a: object) -> os.stat_result | None:
     if type(a) is not dict:
         return None
     try:
-        t, mode, inode, nlink, uid, gid, size, at, mt, ct, rdev = (a[k] for k in _STAT_WIRE_KEYS)
+        t, mode, inode, nlink, uid, gid, size = a["type"], a["mode"], a["inode"], a["nlink"], a["uid"], a["gid"], a["size"]
+        at, mt, ct, rdev = a["atime_ns"], a["mtime_ns"], a["ctime_ns"], a["rdev"]
     except KeyError:
         return None
-    for v in (t, mode, inode, nlink, uid, gid, size, at, mt, ct, rdev):
-        if type(v) is not int:
-            return None
+    if not (type(t) is int and type(mode) is int and type(inode) is int and type(nlink) is int
+            and type(uid) is int and type(gid) is int and type(size) is int and type(at) is int
+            and type(mt) is int and type(ct) is int and type(rdev) is int):
+        return None
     return os.stat_result((
         _TYPE_BITS.get(t, 0) | (mode & 0o7777), inode, 0, nlink, uid, gid, size,
         at // 10**9, mt // 10**9, ct // 10**9, at / 1e9, mt / 1e9, ct / 1e9, at, mt, ct,
