@@ -131,6 +131,42 @@ def test_failing_writer_undoes_only_itself(store: SqliteStore) -> None:
     run(go())
 
 
+def test_a_groups_first_writer_runs_without_a_savepoint(store: SqliteStore) -> None:
+    """The first writer's work is alone in the transaction: no SAVEPOINT/RELEASE for it;
+    the later writers of its group each get one."""
+    statements: list[str] = []
+    store._conn.set_trace_callback(statements.append)
+
+    async def go() -> None:
+        await _create(store, 5)
+        assert not [s for s in statements if s.startswith(("SAVEPOINT", "RELEASE"))]
+        statements.clear()
+        await asyncio.gather(*(_create(store, 10 + i) for i in range(3)))
+        assert [s for s in statements if s.startswith(("SAVEPOINT", "RELEASE"))] == ["SAVEPOINT w", "RELEASE w"] * 2
+        assert (store.commits, store.groups) == (4, 2)
+
+    run(go())
+    store._conn.set_trace_callback(None)
+
+
+def test_failing_first_writer_rolls_back_alone_and_ends_its_group(store: SqliteStore) -> None:
+    """The first writer of a burst fails: its work is rolled back (the whole transaction,
+    which held nothing else) and the writers behind it commit in a group of their own."""
+    async def go() -> None:
+        results = await asyncio.gather(*(_create(store, 10 + i, fail=i == 0) for i in range(5)),
+                                       return_exceptions=True)
+        assert isinstance(results[0], ValueError) and "writer 10 fails" in str(results[0])
+        assert sorted(r for r in results[1:] if isinstance(r, int)) == [1, 2, 3, 4]
+        assert await _present(store, range(10, 15)) == set(range(11, 15))
+        async with store.read() as t:
+            assert await t.lookup(1, "f10") is None
+            assert (await t.counters())["files"] == 4
+        assert store.commits == 4 and store.groups_failed == 0
+        assert await _create(store, 20) == 5  # the store goes on
+
+    run(go())
+
+
 def test_failing_writer_reports_only_after_its_group_committed(threaded: SqliteStore) -> None:
     """Its decision may have read a group-mate's uncommitted work: the error waits for it."""
     store = threaded

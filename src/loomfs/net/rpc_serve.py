@@ -193,14 +193,13 @@ class RequestRunner:
                 if not done:  # the socket is full or another reply is being sent: wait in a Task
                     self._track(self._loop.create_task(self._send_rest(
                         send, value, reply, entry, status, started, payload, pay)))
-                    reply = None  # on_sent is the Task's now
-                    return
+                    return  # the tail (``_sent``) is the Task's
         except (ConnectionError, OSError):
             pass
-        finally:
-            if reply is not None and reply.on_sent is not None:
-                reply.on_sent()
-        self._observe(entry, status, started, payload, pay)
+        except BaseException:
+            self._sent(reply, entry, status, started, payload, pay, observe=False)
+            raise
+        self._sent(reply, entry, status, started, payload, pay)
 
     async def _serve(self, header: fr.Header, payload: memoryview, buf: Buffer | None, crc_ok: bool, cost: int,
                      tb: ByteBudget | None) -> None:
@@ -343,10 +342,10 @@ class RequestRunner:
                 await self.channel.send(frame, pay)
         except (ConnectionError, OSError):
             pass
-        finally:
-            if reply is not None and reply.on_sent is not None:
-                reply.on_sent()
-        self._observe(entry, status, started, payload, pay)
+        except BaseException:  # cancelled while sending: on_sent still runs
+            self._sent(reply, entry, status, started, payload, pay, observe=False)
+            raise
+        self._sent(reply, entry, status, started, payload, pay)
 
     async def _send_rest(self, send: Coroutine[Any, Any, None], yielded: Any, reply: Reply | None,
                          entry: _Entry | None, status: Status, started: float, payload: memoryview,
@@ -355,10 +354,19 @@ class RequestRunner:
             await resume(send, yielded)
         except (ConnectionError, OSError):
             pass
-        finally:
-            if reply is not None and reply.on_sent is not None:
-                reply.on_sent()
-        self._observe(entry, status, started, payload, pay)
+        except BaseException:  # cancelled while sending: on_sent still runs
+            self._sent(reply, entry, status, started, payload, pay, observe=False)
+            raise
+        self._sent(reply, entry, status, started, payload, pay)
+
+    def _sent(self, reply: Reply | None, entry: _Entry | None, status: Status, started: float,
+              payload: memoryview, pay: Any, *, observe: bool = True) -> None:
+        """The tail of every reply, sent or not (the peer gone): the reply's ``on_sent``, then
+        the observers (not when sending was interrupted: cancelled, the process stopping)."""
+        if reply is not None and reply.on_sent is not None:
+            reply.on_sent()
+        if observe:
+            self._observe(entry, status, started, payload, pay)
 
     def _observe(self, entry: _Entry | None, status: Status, started: float, payload: memoryview,
                  pay: Any) -> None:

@@ -58,9 +58,39 @@ class Resolved:
         return self.inode is not None and self.type == _DIR
 
 
-async def _prefetched(txn: MetaTxn, parts: list[str], root: int) -> Callable[[int, str], Awaitable[DentryRow | None]]:
+def _plain(parts: list[str], rows: list[DentryRow], follow_last: bool, searched: list[int] | None,
+           root: int) -> Resolved | None:
+    """Where a path of plain names (no ``.``/``..``) ends, from its ``lookup_path`` rows alone,
+    when that is all there is to it: every directory found and the last name missing, a
+    file, a directory, or a symlink not followed. None otherwise (a directory component
+    missing or not a directory, a symlink to follow): the component loop answers those."""
+    n = len(parts)
+    m = len(rows)
+    if m == n:
+        last = rows[-1]
+        if last.type == _LINK and follow_last:
+            return None
+        stack = [root]
+        for k in range(m - 1):  # directories all (``lookup_path`` stops after the first that is not)
+            stack.append(rows[k].inode)
+        if searched is not None:
+            searched.extend(stack)
+        return Resolved(stack[-1], parts[-1], last.inode, last.type, stack)
+    if m != n - 1 or (m and rows[-1].type != _DIR):
+        return None
+    stack = [root]
+    for row in rows:
+        stack.append(row.inode)
+    if searched is not None:
+        searched.extend(stack)
+    return Resolved(stack[-1], parts[-1], None, 0, stack)
+
+
+async def _prefetched(txn: MetaTxn, parts: list[str], root: int,
+                      rows: list[DentryRow] | None = None) -> Callable[[int, str], Awaitable[DentryRow | None]]:
     """``txn.lookup``, with the path's plain components (up to a ``.``/``..``) fetched in one
-    ``lookup_path`` first (one round trip on PostgreSQL); a name found missing is known too."""
+    ``lookup_path`` first (one round trip on PostgreSQL); a name found missing is known too.
+    ``rows``: that ``lookup_path``'s answer for the whole path, already read."""
     names: list[str] = []
     for comp in parts:
         if comp in (".", ".."):
@@ -68,7 +98,8 @@ async def _prefetched(txn: MetaTxn, parts: list[str], root: int) -> Callable[[in
         names.append(comp)
     if len(names) < 2:
         return txn.lookup
-    rows = await txn.lookup_path(root, names)
+    if rows is None:
+        rows = await txn.lookup_path(root, names)
     known: dict[tuple[int, str], DentryRow | None] = {}
     parent = root
     for name, row in zip(names, rows, strict=False):
@@ -122,10 +153,17 @@ async def _walk(txn: MetaTxn, parts: list[str], follow_last: bool, searched: lis
     stack = [root]
     if not parts:
         return Resolved(None, None, root, _DIR, stack)
+    rows: list[DentryRow] | None = None
+    if len(parts) > 1 and "." not in parts and ".." not in parts and isinstance(txn, MetaTxn):
+        # the usual path: its entries in one ``lookup_path``, and nothing more to do
+        rows = await txn.lookup_path(root, parts)
+        r = _plain(parts, rows, follow_last, searched, root)
+        if r is not None:
+            return r
     pending: deque[str] = deque(parts)
     hops = 0
     must_be_dir = False
-    lookup = await _prefetched(txn, parts, root) if isinstance(txn, MetaTxn) else txn.lookup
+    lookup = await _prefetched(txn, parts, root, rows) if isinstance(txn, MetaTxn) else txn.lookup
     while pending:
         comp = pending.popleft()
         last = not pending

@@ -2,9 +2,10 @@
 
 Writes share transactions (group commit). All write transactions run on one connection, on
 the event loop thread, one after another (their bodies await nothing else: the seam's rule).
-The first writer of a *group* opens an outer ``BEGIN IMMEDIATE`` transaction and every writer
-runs inside a ``SAVEPOINT`` of it; a writer whose body raises rolls back to its savepoint
-only. The group's one ``COMMIT`` is issued once the loop has no more writers ready (a
+The first writer of a *group* opens an outer ``BEGIN IMMEDIATE`` transaction; every later
+writer of the group runs inside a ``SAVEPOINT`` of it, and one whose body raises rolls back to
+its savepoint only (the first writer's work is alone in the transaction: it needs no
+savepoint, and its failure rolls the transaction back and ends the group). The group's one ``COMMIT`` is issued once the loop has no more writers ready (a
 callback queued behind them; at most ``group_commit_max`` writers), and every writer's
 ``write()`` returns, or raises, only once that COMMIT settled: a failed COMMIT fails every
 writer of the group with ``CommitFailed`` (EIO); a writer whose body raised reports its own
@@ -55,7 +56,8 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from types import TracebackType
 from typing import Any
 
 from loomfs.common.retry import Backoff
@@ -233,52 +235,20 @@ class SqliteStore(MetaStore):
 
     # --- reads ----------------------------------------------------------------------------
 
-    @asynccontextmanager
-    async def read(self) -> AsyncIterator[MetaTxn]:
+    def read(self) -> AbstractAsyncContextManager[MetaTxn]:
         if self._single:
-            async with self._lock:
-                c = self._conn
-                c.execute("BEGIN")
-                try:
-                    yield SqliteLockTxn(c, False)
-                finally:
-                    c.execute("COMMIT")
-            return
-        if not (self._conn_reading or self._in_body or self._group or self._committing):
-            # the write connection holds nothing uncommitted now, and its page cache is
-            # the warm one (another connection's cache is dropped at every COMMIT)
-            self._check_open()
-            self._conn_reading = True
+            return self._read_single()
+        return _Reader(self)
+
+    @asynccontextmanager
+    async def _read_single(self) -> AsyncIterator[MetaTxn]:
+        async with self._lock:
             c = self._conn
+            c.execute("BEGIN")
             try:
-                c.execute("BEGIN")
                 yield SqliteLockTxn(c, False)
             finally:
-                try:
-                    if c.in_transaction:
-                        c.execute("COMMIT")
-                finally:
-                    self._conn_reading = False
-                    if self._waiting:
-                        self._open_gate()
-            return
-        async with self._read_slots:  # a group is open or committing: read beside it
-            self._check_open()
-            c = self._readers.pop() if self._readers else self._open_reader()
-            reuse = False
-            try:
-                c.execute("BEGIN")
-                yield SqliteLockTxn(c, False)
-            finally:
-                try:
-                    if c.in_transaction:
-                        c.execute("COMMIT")  # read-only: ends the snapshot
-                    reuse = not self._closed
-                finally:
-                    if reuse:
-                        self._readers.append(c)
-                    else:
-                        c.close()
+                c.execute("COMMIT")
 
     def quick_attr(self, root: int, names: Sequence[str], *, follow_last: bool, with_inline: bool = False,
                    perms: bool = False) -> QuickHit | None:
@@ -315,47 +285,24 @@ class SqliteStore(MetaStore):
 
     # --- writes ---------------------------------------------------------------------------
 
-    @asynccontextmanager
-    async def write(self) -> AsyncIterator[MetaTxn]:
+    def write(self) -> AbstractAsyncContextManager[MetaTxn]:
         if self._single:
-            async with self._lock:
-                c = self._conn
-                c.execute("BEGIN IMMEDIATE")
-                try:
-                    yield SqliteLockTxn(c, True)
-                except BaseException:
-                    c.execute("ROLLBACK")
-                    raise
-                c.execute("COMMIT")
-                self.commits += 1
-                self.groups += 1
-            note_commit()
-            return
-        if self.failed is not None:
-            raise CommitFailed(f"metastore failed: {self.failed}")
-        loop = asyncio.get_running_loop()
-        group = await self._join_group(loop)
-        c = self._conn
-        c.execute("SAVEPOINT w")
-        done: asyncio.Future[None] = loop.create_future()
-        group.waiters.append(done)
-        group.writers += 1
-        self._in_body = True
-        body_error: BaseException | None = None
-        try:
-            yield SqliteLockTxn(c, True)
-        except BaseException as exc:
-            body_error = exc
-            self._undo(group, exc)
-            if not isinstance(exc, Exception):  # cancelled, interrupted: no waiting
+            return self._write_single()
+        return _Writer(self)
+
+    @asynccontextmanager
+    async def _write_single(self) -> AsyncIterator[MetaTxn]:
+        async with self._lock:
+            c = self._conn
+            c.execute("BEGIN IMMEDIATE")
+            try:
+                yield SqliteLockTxn(c, True)
+            except BaseException:
+                c.execute("ROLLBACK")
                 raise
-        else:
-            self._release(group)
-        finally:
-            self._body_done(group)
-        await self._settled(done)
-        if body_error is not None:
-            raise body_error
+            c.execute("COMMIT")
+            self.commits += 1
+            self.groups += 1
         note_commit()
 
     async def _wait_for_connection(self) -> None:
@@ -405,12 +352,20 @@ class SqliteStore(MetaStore):
             loop.call_soon(self._flush, group)  # behind the writers ready now
             return group
 
-    def _undo(self, group: _Group, exc: BaseException) -> None:
+    def _undo(self, group: _Group, exc: BaseException, first: bool) -> None:
         """A body raised: roll back to its savepoint; if the outer transaction is gone (SQLite
-        drops it on SQLITE_FULL, IOERR...), the whole group fails."""
+        drops it on SQLITE_FULL, IOERR...), the whole group fails. The ``first`` writer of a
+        group has no savepoint (the transaction holds its work alone): it rolls the whole
+        transaction back and the group ends there, settled with nothing to commit."""
         c = self._conn
         if c.in_transaction:
             try:
+                if first:
+                    c.execute("ROLLBACK")
+                    if self._group is group:
+                        self._group = None
+                    self._settle(group, None)
+                    return
                 c.execute("ROLLBACK TO w")
                 c.execute("RELEASE w")
                 return
@@ -418,12 +373,13 @@ class SqliteStore(MetaStore):
                 exc = undo_exc
         self._lose(group, exc)
 
-    def _release(self, group: _Group) -> None:
+    def _release(self, group: _Group, first: bool) -> None:
         c = self._conn
         try:
             if not c.in_transaction:
                 raise sqlite3.OperationalError("the write transaction was rolled back under a writer")
-            c.execute("RELEASE w")
+            if not first:
+                c.execute("RELEASE w")
         except sqlite3.Error as exc:
             self._lose(group, exc)
             return
@@ -433,6 +389,8 @@ class SqliteStore(MetaStore):
         self._in_body = False
         if self._waiting:
             self._open_gate()
+        if self._holding is not None:  # a first writer's rollback settled its group in the body
+            self._held_if_idle()
         if self._group is group and (group.flush_after_body or group.writers >= self.group_commit_max):
             self._flush(group)
 
@@ -616,3 +574,128 @@ class SqliteStore(MetaStore):
 
     def __repr__(self) -> str:
         return f"SqliteStore({self.path!r} commits={self.commits} groups={self.groups})"
+
+
+class _Reader(AbstractAsyncContextManager[MetaTxn]):
+    """``SqliteStore.read()`` with WAL: a read transaction on the write connection while that
+    holds nothing uncommitted, else on a read-only connection beside it (the module
+    docstring). A class, not an ``@asynccontextmanager``: no generator per transaction."""
+
+    __slots__ = ("_store", "_c", "_own")
+
+    def __init__(self, store: SqliteStore):
+        self._store = store
+        self._c: sqlite3.Connection | None = None
+        self._own = False  # on a read-only connection of its own (holding a read slot)
+
+    async def __aenter__(self) -> MetaTxn:
+        store = self._store
+        if not (store._conn_reading or store._in_body or store._group or store._committing):
+            # the write connection holds nothing uncommitted now, and its page cache is
+            # the warm one (another connection's cache is dropped at every COMMIT)
+            store._check_open()
+            store._conn_reading = True
+            c = self._c = store._conn
+            try:
+                c.execute("BEGIN")
+            except BaseException:
+                self._end_shared(c)
+                raise
+            return SqliteLockTxn(c, False)
+        await store._read_slots.acquire()  # a group is open or committing: read beside it
+        self._own = True
+        try:
+            store._check_open()
+            c = self._c = store._readers.pop() if store._readers else store._open_reader()
+        except BaseException:
+            store._read_slots.release()
+            raise
+        try:
+            c.execute("BEGIN")
+        except BaseException:
+            self._end_own(c)
+            raise
+        return SqliteLockTxn(c, False)
+
+    async def __aexit__(self, et: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> bool:
+        c = self._c
+        assert c is not None
+        if self._own:
+            self._end_own(c)
+        else:
+            self._end_shared(c)
+        return False
+
+    def _end_shared(self, c: sqlite3.Connection) -> None:
+        store = self._store
+        try:
+            if c.in_transaction:
+                c.execute("COMMIT")
+        finally:
+            store._conn_reading = False
+            if store._waiting:
+                store._open_gate()
+
+    def _end_own(self, c: sqlite3.Connection) -> None:
+        store = self._store
+        reuse = False
+        try:
+            if c.in_transaction:
+                c.execute("COMMIT")  # read-only: ends the snapshot
+            reuse = not store._closed
+        finally:
+            if reuse:
+                store._readers.append(c)
+            else:
+                c.close()
+            store._read_slots.release()
+
+
+class _Writer(AbstractAsyncContextManager[MetaTxn]):
+    """``SqliteStore.write()`` with WAL: one writer of a group (the module docstring). Its
+    body runs inside a ``SAVEPOINT`` of the group's transaction, except the group's first
+    writer, whose work is alone in the transaction (a failure rolls it all back). Exiting
+    waits for the group's COMMIT. A class, not an ``@asynccontextmanager``: no generator
+    per transaction."""
+
+    __slots__ = ("_store", "_group", "_done", "_first")
+
+    def __init__(self, store: SqliteStore):
+        self._store = store
+
+    async def __aenter__(self) -> MetaTxn:
+        store = self._store
+        if store.failed is not None:
+            raise CommitFailed(f"metastore failed: {store.failed}")
+        loop = asyncio.get_running_loop()
+        group = await store._join_group(loop)
+        c = store._conn
+        first = self._first = group.writers == 0
+        if not first:
+            c.execute("SAVEPOINT w")
+        done: asyncio.Future[None] = loop.create_future()
+        group.waiters.append(done)
+        group.writers += 1
+        store._in_body = True
+        self._group = group
+        self._done = done
+        return SqliteLockTxn(c, True)
+
+    async def __aexit__(self, et: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> bool:
+        store = self._store
+        group = self._group
+        try:
+            if exc is not None:
+                store._undo(group, exc, self._first)
+                if not isinstance(exc, Exception):  # cancelled, interrupted: no waiting
+                    return False
+            else:
+                store._release(group, self._first)
+        finally:
+            store._body_done(group)
+        await store._settled(self._done)
+        if exc is None:
+            note_commit()
+        return False  # a body's error goes on (once its group committed)
