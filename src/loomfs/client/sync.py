@@ -427,7 +427,7 @@ class LoomFS:
         self._check_thread()
         client = self._ensure()
         p = paths.normalize(path)
-        if self._fast_change(wmeta.UNLINK, wmeta.PathReq(path=p, follow_symlinks=False), p) is None:
+        if self._fast_change(wmeta.UNLINK, _path_body(p, False), p, decode=False) is None:
             self._submit(client.unlink(p))
 
     def _fast_change(self, m: Any, req: Any, p: str, *, decode: bool = True) -> Any:
