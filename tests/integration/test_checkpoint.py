@@ -28,6 +28,7 @@ from loomfs.checkpoint import (
     verify,
 )
 from loomfs.checkpoint import _layout as L
+from loomfs.checkpoint._writer import CHUNK_BYTES
 from loomfs.cli.main import main
 from loomfs.testing import LocalCluster
 
@@ -82,6 +83,8 @@ def test_save_load_single_process_bitwise(fs: loomfs.LoomFS, base: str) -> None:
     assert 1 <= sum(n.endswith(".distcp") for n in names) <= 4
     # acked = fsynced on every replica (issue 10: the staging directory's durable layout flag)
     assert all(fs.get_layout(f"{ck.path}/{n}").durable for n in names if n.endswith(".distcp"))
+    # bigger chunks than the default: less fixed per-chunk work on every replica
+    assert all(fs.get_layout(f"{ck.path}/{n}").chunk_size == CHUNK_BYTES for n in names if n.endswith(".distcp"))
 
     target = make_state(2)
     reader = LoomStorageReader(run, fs, verify=True)
@@ -145,7 +148,10 @@ def test_items_across_chunk_boundaries_round_trip(fs: loomfs.LoomFS, base: str) 
     g = torch.Generator().manual_seed(9)
     state = {"a": torch.rand(3 << 18, generator=g), "b": torch.rand((5 << 18) + 7, generator=g),
              "c": torch.randint(0, 255, (1001,), dtype=torch.uint8, generator=g), "d": torch.rand(9 << 18, generator=g)}
-    dcp.save(state, storage_writer=LoomStorageWriter(run, fs, step=1, files_per_rank=2))
+    # chunk_size=None: the run directory's chunks (4 MiB by default), which the items cross
+    dcp.save(state, storage_writer=LoomStorageWriter(run, fs, step=1, files_per_rank=2, chunk_size=None))
+    (ck,) = list_checkpoints(fs, run)
+    assert all(fs.get_layout(f"{ck.path}/{n}").chunk_size == 4 << 20 for n in fs.listdir(ck.path) if n.endswith(".distcp"))
     got = {k: torch.zeros_like(v) for k, v in state.items()}
     dcp.load(got, storage_reader=LoomStorageReader(run, fs, inflight=2, batch_bytes=8 << 20, verify=True))
     assert all(torch.equal(state[k], got[k]) for k in state)

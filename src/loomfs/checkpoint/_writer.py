@@ -54,6 +54,13 @@ from loomfs.checkpoint._upload import Uploader, commit_job, done_marker, rank_up
 
 logger = logging.getLogger(__name__)
 
+# The chunk size of a checkpoint's files. Each chunk costs every replica a fixed amount besides
+# its bytes (a request and its forward, a new chunk file, its fsync, an index row), so bigger
+# chunks cost less storage CPU per GiB; measured (1 rank, 1 GiB durable saves, one cluster,
+# alternating): 4 MiB 4.75 storage CPU-s/GiB and 177 MiB/s, 16 MiB 3.05 and 213 MiB/s (medians
+# of 3); 32 and 64 MiB were slower again (195 and 150 MiB/s against 291 for 16 MiB, 2 pairs).
+CHUNK_BYTES = 16 << 20
+
 # Tests set this to kill the process at a named point of a save: "staged", "item" (after each
 # item's write), "written", "metadata", "renamed", "latest".
 fault_point: Callable[[str], None] | None = None
@@ -132,6 +139,8 @@ class LoomStorageWriter(StorageWriter):
     ``step`` given: ``path`` is a run directory and the checkpoint becomes
     ``path/step-000123-<UTC>`` with ``path/latest`` pointing at it. ``step`` None: ``path`` is
     the checkpoint directory itself (a ``checkpoint_id`` passed to ``dcp.save`` replaces it).
+    The staging directory gets the ``durable`` layout flag and ``chunk_size`` (16 MiB; None
+    keeps the run directory's).
     """
 
     def __init__(
@@ -146,6 +155,7 @@ class LoomStorageWriter(StorageWriter):
         commit_timeout_s: float = 3600.0,
         durable: bool = True,
         stager: Stager | None = None,
+        chunk_size: int | None = CHUNK_BYTES,
     ):
         super().__init__()
         self.path = os.fspath(path)
@@ -156,6 +166,7 @@ class LoomStorageWriter(StorageWriter):
         self.uploader = uploader if uploader is not None or local_dir is None else Uploader()
         self.commit_timeout_s = commit_timeout_s
         self.durable = durable  # the staging directory's files fsync on every replica (layout flag)
+        self.chunk_size = chunk_size  # the staging directory's chunk size (None: the run directory's)
         self.is_coordinator = False
         self.rank = 0
         self.info: PlanInfo | None = None
@@ -217,8 +228,13 @@ class LoomStorageWriter(StorageWriter):
         self.fs.makedirs(run, exist_ok=True)
         staging = L.join(run, L.staging_name(final_name))
         self.fs.mkdir(staging)
-        if self.durable and hasattr(self.fs, "set_layout"):
-            self.fs.set_layout(staging, durable=True)  # its files inherit it: acked = on disk everywhere
+        layout: dict[str, Any] = {}
+        if self.durable:
+            layout["durable"] = True  # its files inherit it: acked = on disk everywhere
+        if self.chunk_size:
+            layout["chunk_size"] = self.chunk_size
+        if layout and hasattr(self.fs, "set_layout"):
+            self.fs.set_layout(staging, **layout)
         _fault("staged")
         final = L.join(run, final_name)
         return [
