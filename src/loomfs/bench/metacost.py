@@ -1,8 +1,8 @@
 """meta's CPU per request, end to end inside the process: ``python -m loomfs.bench.metacost``.
 
 The request frames of a blocking client's stat, cold read (READ) and small put (OPEN with
-the bytes) are fed to meta's real ``RpcServer`` (``MetaService`` over ``ConflictRetrying``
-over a ``Namespace`` on a SQLite file in WAL mode, as ``meta.server`` builds it) through a
+the bytes) are fed to meta's real ``RpcServer`` (``MetaService`` over a ``Namespace`` on a
+SQLite file in WAL mode, ``service.conflict_retrying`` as ``meta.server`` builds it) through a
 ``FrameProtocol`` whose transport only counts the replies: framing, admission, dispatch,
 identity, permission checks, the store and the reply's encoding, no sockets. It prints CPU
 microseconds per request (best of ``--rounds``), as TRUSTED (no auth), as an admin token's
@@ -23,7 +23,7 @@ from loomfs.common.identity import TRUSTED, Identity, Right
 from loomfs.meta.batch_service import BatchService
 from loomfs.meta.ops.namespace import Namespace
 from loomfs.meta.perm_cost import _OneChain
-from loomfs.meta.service import ConflictRetrying, MetaService
+from loomfs.meta.service import MetaService, conflict_retrying
 from loomfs.meta.store.sqlite import SqliteStore
 from loomfs.net.protocol import FrameProtocol
 from loomfs.net.rpc import RpcServer
@@ -80,7 +80,7 @@ async def measure(files: int, rounds: int, kinds: tuple[str, ...] = KINDS, *,
                    default_layout=Layout(table_id=1, inline_max_bytes=65536))
     await ns.init()
     await ns.mkdir("/d1/d2/d3", parents=True, mode=0o777)
-    live = cast(Namespace, ConflictRetrying(ns))
+    live = conflict_retrying(ns)
     server = RpcServer("meta", cast(Any, None), eager=eager)  # as meta.server builds it on SQLite
     server.add_service(MetaService(live))
     server.add_service(BatchService(live))

@@ -8,7 +8,7 @@ import logging
 import os
 import random
 import signal
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 from loomfs.common import malloc_tune
 from loomfs.common.clock import SYSTEM_CLOCK
@@ -21,7 +21,7 @@ from loomfs.meta.batch_service import BatchService
 from loomfs.meta.gc import ChunkRemover, GcWorker, remover_client_id
 from loomfs.meta.ops.namespace import Namespace
 from loomfs.meta.readgrants import ReadGrantService
-from loomfs.meta.service import ConflictRetrying, MetaService, retry_conflicts
+from loomfs.meta.service import MetaService, conflict_retrying, retry_conflicts
 from loomfs.meta.store.base import MetaStore, StoreUnavailable
 from loomfs.meta.trim import TRIM_CALL_TIMEOUT_S, Trimmer
 from loomfs.meta.xattr_service import XattrService
@@ -171,7 +171,7 @@ async def serve(config: MetaConfig, *, ready: asyncio.Event | None = None) -> No
         chunk_writer=cutter,
     )
     await _init_namespace(ns)
-    live = cast(Namespace, ConflictRetrying(ns))  # operations re-run on a lost conflict
+    live = conflict_retrying(ns)  # operations re-run on a lost conflict (engines that have them)
     server = RpcServer("meta", default_transport(max_payload_bytes=config.rpc.max_payload_bytes),
                        eager=eager_handlers(store))
     squash = config.root_squash  # uid 0 from a token without ADMIN acts as nobody

@@ -20,7 +20,7 @@ import os
 import random
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import crc32c
 
@@ -126,6 +126,15 @@ class ConflictRetrying:
 
     def __repr__(self) -> str:
         return f"ConflictRetrying({self._ns!r} retries={self.retries})"
+
+
+def conflict_retrying(ns: Namespace) -> Namespace:
+    """The namespace the services call: ``ConflictRetrying(ns)`` on an engine whose writes may
+    lose a conflict (PostgreSQL), ``ns`` itself otherwise (SQLite: nothing to re-run, and a
+    wrapper and a context variable less per request)."""
+    if ns.store.conflicts_possible:
+        return cast(Namespace, ConflictRetrying(ns))
+    return ns
 
 
 def grant_key() -> bytes | None:

@@ -427,6 +427,9 @@ class MetaStore(ABC):
 
     _engines: ClassVar[dict[str, type[MetaStore]]] = {}
     url: str = ""
+    # whether a write may raise ``TxnConflict`` (optimistic concurrency across processes);
+    # meta wraps its namespace in ``service.ConflictRetrying`` only for an engine where it may
+    conflicts_possible: ClassVar[bool] = True
 
     @classmethod
     def register(cls, scheme: str) -> Callable[[S], S]:

@@ -145,6 +145,8 @@ class SqliteStore(MetaStore):
     # write transactions run one after another on one connection, in the order their writers
     # start (``loomfs.meta.ops.batch`` runs a batch's items together where this holds)
     serial_writes = True
+    # never raises TxnConflict: another process's write lock is waited for (``_join_group``)
+    conflicts_possible = False
 
     def __init__(
         self,
