@@ -5,7 +5,7 @@ Layout under ``prefix``: ``index/<entry name>`` one small inline file per key (`
 (``_segments``), ``evictor`` the eviction lease. A put appends the values to this writer's
 segment, waits until storage acked them, then writes the entries (PUT_MANY: one meta round
 trip per batch), so an entry never names bytes that were not stored. A get reads the entries
-(READ_MANY: one meta round trip per batch) and then each value with one chunk read straight
+(READ_MANY, one request per ``META_GROUP_KEYS`` keys, all in flight) and then each value with one chunk read straight
 into the caller's buffer, checked against the entry's CRC32C: bytes that do not match (a
 segment compacted away under a reader, a torn write) are a miss, never returned. Concurrent
 writers in other processes need no coordination: each appends to its own segments and the
