@@ -35,6 +35,10 @@ from loomfs.checkpoint._format import ItemLoc, crc, dtype_of, tensor_bytes
 from loomfs.checkpoint._writer import _connect
 
 PIECE_BYTES = 4 << 20  # a read piece where the file's chunk size is unknown
+# the largest read piece: a checkpoint's 16 MiB chunks are read in aligned 4 MiB parts. Cold
+# 1 GiB loads, one cluster, 3 rounds alternating: 4 MiB chunks 1768 MiB/s, 16 MiB chunks read
+# in whole-chunk pieces 1076, in 4 MiB pieces 1461 (medians)
+PIECE_MAX_BYTES: int | None = 4 << 20
 
 
 class ChecksumError(OSError):
@@ -55,13 +59,15 @@ class LoomStorageReader(StorageReader):
     directory (its ``latest``, else its newest complete checkpoint)."""
 
     def __init__(self, path: str | os.PathLike[str], fs: Any = None, *, threads: int = 8,
-                 verify: bool = False, inflight: int = 16, batch_bytes: int = 1 << 30):
+                 verify: bool = False, inflight: int = 16, batch_bytes: int = 1 << 30,
+                 piece_bytes: int | None = PIECE_MAX_BYTES):
         super().__init__()
         self.path = os.fspath(path)
         self.fs = _connect(fs)
         self.threads = threads
         self.verify = verify
         self.inflight = inflight  # chunk-sized read pieces in flight on the loop
+        self.piece_bytes = piece_bytes  # at most this much per piece (None: a whole chunk)
         self.batch_bytes = batch_bytes  # bytes resolved (and scratch allocated) per loop hop
         self.checkpoint_path: str | None = None
         self.storage_data: dict[Any, ItemLoc] = {}
@@ -203,7 +209,7 @@ class LoomStorageReader(StorageReader):
         for _item, loc, _dest, into in jobs:
             view = memoryview(into) if isinstance(into, bytearray) else tensor_bytes(into)
             reads.setdefault(L.join(self._dir(), loc.file), []).append((loc.offset, view))
-        self.fs.run(read_files(self.fs.client, reads, self.inflight))
+        self.fs.run(read_files(self.fs.client, reads, self.inflight, self.piece_bytes))
         for item, loc, dest, into in jobs:
             if dest is None:
                 self._check(loc, into)
@@ -226,10 +232,11 @@ class LoomStorageReader(StorageReader):
         return False
 
 
-async def read_files(client: Any, reads: dict[str, list[tuple[int, memoryview]]], inflight: int) -> None:
+async def read_files(client: Any, reads: dict[str, list[tuple[int, memoryview]]], inflight: int,
+                     piece_bytes: int | None = None) -> None:
     """Read every (offset, buffer) of every file, in pieces that do not cross a chunk
-    boundary, ``inflight`` pieces at a time (so as many chunk reads are in flight, whatever
-    the items' sizes); a short read raises EOFError."""
+    boundary (nor a multiple of ``piece_bytes``), ``inflight`` pieces at a time (so as many
+    chunk reads are in flight, whatever the items' sizes); a short read raises EOFError."""
     sem = asyncio.Semaphore(max(1, inflight))
 
     async def one(f: Any, path: str, offset: int, view: memoryview) -> None:
@@ -249,6 +256,8 @@ async def read_files(client: Any, reads: dict[str, list[tuple[int, memoryview]]]
             f = files[path] = await client.open(path, "rb")
             layout = getattr(f, "layout", None)
             chunk = int(getattr(layout, "chunk_size", 0) or PIECE_BYTES)
+            if piece_bytes and chunk % piece_bytes == 0:
+                chunk = piece_bytes  # aligned parts of a chunk: still never across a boundary
             pieces = []
             for offset, view in rs:
                 pos = 0
