@@ -55,3 +55,27 @@ def test_a_scrub_pass_waits_while_a_client_write_is_in_flight() -> None:
         assert scrub.chunks_checked == 1 and svc.foreground.waits_total == 1
 
     run(body)
+
+
+def test_a_cancel_in_the_step_the_gate_opens_is_not_lost() -> None:
+    """Simulator seed 218556: a node's crash cancelled its tasks in one step; the client handler's
+    end opened the gate and the scrubber waiting on it was cancelled at the same time. Through
+    3.11's ``asyncio.wait_for`` the inner wait finished first and the cancel was swallowed: the
+    scrubber lived on after its node died. The cancel must reach the waiter."""
+
+    async def main() -> None:
+        gate = ForegroundGate()
+        busy = gate.busy()
+        busy.__enter__()
+        waiter = asyncio.ensure_future(gate.quiet(5.0))
+        await asyncio.sleep(0.1)
+        assert not waiter.done()
+        busy.__exit__(None, None, None)  # the gate opens...
+        waiter.cancel()  # ...and the waiter is cancelled in the same step
+        try:
+            await waiter
+        except asyncio.CancelledError:
+            pass
+        assert waiter.cancelled()
+
+    run_virtual(main())

@@ -260,8 +260,9 @@ class RoutingClient:
 
     async def wait_changed(self, timeout_s: float) -> None:
         ev = self._changed
-        try:
-            await asyncio.wait_for(ev.wait(), timeout_s)
+        try:  # asyncio.timeout: 3.11's wait_for can lose a cancel (storage/foreground.py)
+            async with asyncio.timeout(timeout_s):
+                await ev.wait()
         except TimeoutError:
             pass
 

@@ -121,8 +121,9 @@ async def serve(config: MgmtdConfig, *, ready: asyncio.Event | None = None) -> N
                 await service.tick_ha()
             else:
                 service.tick()
-            try:
-                await asyncio.wait_for(stop.wait(), period_s)
+            try:  # asyncio.timeout: 3.11's wait_for can lose a cancel (storage/foreground.py)
+                async with asyncio.timeout(period_s):
+                    await stop.wait()
             except TimeoutError:
                 pass
     finally:

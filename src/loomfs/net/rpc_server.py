@@ -409,14 +409,16 @@ class _ServerConnection(RequestRunner):
         """Answer a refused peer, then close a little later: an abort right away can reset the
         connection before the peer read why (nothing more is read from it meanwhile)."""
         try:
-            await asyncio.wait_for(self.channel.send(frame, None), 1.0)
+            async with asyncio.timeout(1.0):
+                await self.channel.send(frame, None)
         except (ConnectionError, OSError, TimeoutError):
             pass
         asyncio.get_running_loop().call_later(AUTH_CLOSE_DELAY_S, self.channel.abort)
 
     async def _send_refusal(self, frame: bytes) -> None:
         try:
-            await asyncio.wait_for(self.channel.send(frame, None), 1.0)
+            async with asyncio.timeout(1.0):
+                await self.channel.send(frame, None)
         except (ConnectionError, OSError, TimeoutError):
             pass
         self.channel.abort()

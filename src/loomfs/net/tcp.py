@@ -65,16 +65,14 @@ class TcpTransport(Transport):
         loop = asyncio.get_running_loop()
         tls = self.auth.tls_client if self.auth is not None else None
         try:
-            _, proto = await asyncio.wait_for(
-                loop.create_connection(
+            async with asyncio.timeout(timeout_s):  # not wait_for: on 3.11 it can lose a cancel
+                _, proto = await loop.create_connection(
                     lambda: FrameProtocol(sink_factory, max_payload_bytes=self.max_payload_bytes, bulk=self.bulk),
                     address.host,
                     address.port,
                     ssl=tls,
                     server_hostname=address.host if tls is not None else None,
-                ),
-                timeout_s,
-            )
+                )
         except TimeoutError as exc:
             raise TimedOut(f"connect to {address} timed out") from exc
         except ConnectionRefusedError as exc:

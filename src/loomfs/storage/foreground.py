@@ -35,5 +35,10 @@ class ForegroundGate:
         if self._idle is None:
             self._idle = asyncio.Event()
         self.waits_total += 1
+        # asyncio.timeout, not wait_for: on 3.11 wait_for returns normally when its inner wait
+        # finishes in the same step as a cancel of the caller, so the cancel is lost (a crashed
+        # node's scrubber woke from the gate as the client handlers it was waiting on were
+        # cancelled, and lived on: simulator seed 218556)
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._idle.wait(), max_wait_s)
+            async with asyncio.timeout(max_wait_s):
+                await self._idle.wait()
