@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Iterator
 
 
 class ForegroundGate:
@@ -14,18 +13,20 @@ class ForegroundGate:
         self._idle: asyncio.Event | None = None  # made on first use (inside the loop)
         self.waits_total = 0  # times background work found foreground I/O and waited
 
-    @contextlib.contextmanager
-    def busy(self) -> Iterator[None]:
-        """Around a client's read or write."""
+    def busy(self) -> ForegroundGate:
+        """Around a client's read or write: ``with gate.busy():`` (the gate is its own context
+        manager, re-entrant by its count: no generator per request on the I/O path)."""
+        return self
+
+    def __enter__(self) -> None:
         self.inflight += 1
         if self._idle is not None:
             self._idle.clear()
-        try:
-            yield
-        finally:
-            self.inflight -= 1
-            if self.inflight == 0 and self._idle is not None:
-                self._idle.set()
+
+    def __exit__(self, *exc: object) -> None:
+        self.inflight -= 1
+        if self.inflight == 0 and self._idle is not None:
+            self._idle.set()
 
     async def quiet(self, max_wait_s: float) -> None:
         """Return when no foreground I/O is in flight, or after ``max_wait_s`` (background work
