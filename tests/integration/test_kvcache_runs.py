@@ -3,6 +3,8 @@ scratch buffer: what a get hands back must not alias it, whatever the value kind
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 import torch
@@ -73,3 +75,48 @@ def test_segments_get_their_own_chunk_size_unless_the_prefix_set_one(fs: loomfs.
         assert fs.get_layout(f"{base}/kv0/seg").chunk_size == 4 << 20
     with pytest.raises(ValueError):
         KVCache(fs, f"{base}/kv0", segment_chunk_bytes=3 << 20)
+
+
+def test_big_values_received_straight_into_their_buffers(fs: loomfs.LoomFS, base: str,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Whole-chunk runs of big values land in the callers' buffers (or fresh ones per value)
+    with no scratch (``kvcache/_scatter.py``): every kind comes back whole, a key asked twice
+    (overlapping values: the scratch path) too, and nothing aliases another get's bytes."""
+    import os
+
+    from loomfs.kvcache import _core
+
+    plans: list[bool] = []
+    real = _core.scatter_plan
+    monkeypatch.setattr(_core, "SCATTER_RUNS", True)
+
+    def counting(*args: Any) -> Any:
+        plan = real(*args)
+        plans.append(plan is not None)
+        return plan
+
+    monkeypatch.setattr(_core, "scatter_plan", counting)
+    kv_dir = f"{base}/kvs"
+    fs.makedirs(kv_dir, exist_ok=True)
+    fs.set_layout(kv_dir, chunk_size=4 << 20)
+    with KVCache(fs, kv_dir, background_interval_s=0, segment_chunk_bytes=0) as kv:
+        blobs = {b"s%d" % i: os.urandom(2 << 20) for i in range(2)}
+        arrays = {b"n%d" % i: np.full(1 << 19, i, dtype=np.float32) for i in range(2)}  # 2 MiB each
+        tensors = {b"u%d" % i: torch.full((1 << 19,), float(i)) for i in range(2)}
+        kv.put_many(blobs)
+        kv.put_many(arrays)
+        kv.put_many(tensors)
+        got_b = kv.get_many(list(blobs))
+        got_a = kv.get_many(list(arrays))
+        got_t = kv.get_many(list(tensors))
+        twice = kv.get_many([b"s0", b"s1", b"s0"])
+        into = [torch.empty(1 << 19), torch.empty(1 << 19)]
+        got_into = kv.get_many(list(tensors), into=into)
+        kv.get_many(list(blobs)[::-1] + list(arrays))  # later gets must not touch what was handed out
+        assert [bytes(g) for g in got_b] == list(blobs.values())
+        assert all(np.array_equal(g, want) for g, want in zip(got_a, arrays.values(), strict=True))
+        assert all(torch.equal(g, want) for g, want in zip(got_t, tensors.values(), strict=True))
+        assert [bytes(g) for g in twice] == [blobs[b"s0"], blobs[b"s1"], blobs[b"s0"]]
+        assert plans.count(True) >= 4 and False in plans  # scattered runs, and the key asked twice
+        assert got_into[0] is into[0] and all(torch.equal(g, want) for g, want in zip(into, tensors.values(),
+                                                                                         strict=True))

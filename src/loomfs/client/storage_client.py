@@ -30,6 +30,7 @@ from loomfs.common.retry import Backoff
 from loomfs.common.routing import Routing, RoutingClient
 from loomfs.errors import ChecksumError, ConnectionFailed, LoomError, ProtocolError, TimedOut
 from loomfs.net.rpc import Response, RpcClient
+from loomfs.net.scatter import Scatter
 from loomfs.net.transport import Address
 from loomfs.wire.message import Message, Method
 from loomfs.wire.status import Status
@@ -284,7 +285,7 @@ class StorageClient:
         *,
         payload: memoryview | None = None,
         payload_crc: int | None = None,
-        recv_into: memoryview | None = None,
+        recv_into: memoryview | Scatter | None = None,
         prefer: int | None = None,
     ) -> Response[Any]:
         """``prefer`` (role "any"): pick replica ``prefer % n`` of the n candidates instead of
@@ -392,12 +393,17 @@ class StorageClient:
         return (await self.read_chunk_crc(layout, inode, index, offset, length, into))[0]
 
     async def read_chunk_crc(
-        self, layout: Layout, inode: int, index: int, offset: int, length: int, into: memoryview
+        self, layout: Layout, inode: int, index: int, offset: int, length: int, into: memoryview | Scatter
     ) -> tuple[int, int | None]:
         """``read_chunk`` and the CRC32C of ``into[:length]`` when the chunk had all ``length``
         bytes: the reply's payload CRC, checked on arrival (a caller holding its own CRC of
-        those bytes compares instead of hashing them again); None when part was zero-filled."""
-        into = into[:length]
+        those bytes compares instead of hashing them again); None when part was zero-filled.
+        ``into`` may be a ``Scatter`` of exactly ``length`` bytes (the reply lands in its parts)."""
+        if isinstance(into, Scatter):
+            if len(into) != length:
+                raise ValueError(f"scatter of {len(into)} bytes for a read of {length}")
+        else:
+            into = into[:length]
         chain_id = layout.chains[index % len(layout.chains)]
         chunk = ChunkId(inode=inode, index=index)
         grants = self.read_grants
@@ -419,12 +425,19 @@ class StorageClient:
                 raise
             rsp = await self._call_chain(chain_id, "any", READ, make, recv_into=into, prefer=prefer)
         body: ReadRsp = rsp.body
-        n = len(rsp.payload) if body.exists else 0
+        n = (rsp.scattered or len(rsp.payload)) if body.exists else 0
         if n > length:
             raise ProtocolError(f"read of chunk {inode}:{index} returned {n} > {length} bytes")
-        if n and rsp.payload.obj is not into.obj:
+        if isinstance(into, Scatter):
+            if n and not rsp.scattered:
+                into.write(rsp.payload)  # a short reply: not received into the parts
+            if n < length:
+                into.zero_from(n)
+                return n, None
+        elif n and rsp.payload.obj is not into.obj:
             into[:n] = rsp.payload  # the transport could not use our buffer
         if n < length:
+            assert not isinstance(into, Scatter)
             zero_fill(into[n:])
             return n, None
         return n, rsp.payload_crc if n else None

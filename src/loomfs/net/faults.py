@@ -28,6 +28,7 @@ from pathlib import Path
 
 from loomfs.errors import ConnectionFailed, TimedOut
 from loomfs.net.protocol import FrameSink
+from loomfs.net.scatter import Scatter
 from loomfs.net.transport import Address, Channel, Listener, SinkFactory, Transport
 from loomfs.wire import frame as fr
 
@@ -114,7 +115,7 @@ class _FaultySink:
     def __init__(self, inner: FrameSink, rules: FaultRules, address: Address):
         self.inner, self.rules, self.address = inner, rules, address
 
-    def payload_buffer(self, kind: int, header: fr.Header, length: int) -> memoryview | None:
+    def payload_buffer(self, kind: int, header: fr.Header, length: int) -> memoryview | Scatter | None:
         return self.inner.payload_buffer(kind, header, length)
 
     def frame_received(self, kind: int, header: fr.Header, payload: memoryview, crc_ok: bool) -> None:

@@ -14,7 +14,9 @@ reading and asks again on ``resume_reading``.
 
 With a ``bulk`` receiver (the client side), the rest of a large payload is received on a
 receive thread (``net.bulkrecv``) while this connection's reading is paused; the server side
-passes none and receives everything on its loop.
+passes none and receives everything on its loop. A sink may also answer a ``Scatter``
+(``net.scatter``): the payload is received into its parts in order, always on the loop (a
+receive thread for them cost the client more CPU for no wall gain: docs/kvcache.md, session 11).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from typing import Protocol
 
 from loomfs.net.buffers import BufferPool
 from loomfs.net.bulkrecv import BULK_MIN_BYTES, BulkJob, BulkReceiver
+from loomfs.net.scatter import Scatter
 from loomfs.net.sendfile import FileRegion, sendfile_some
 from loomfs.wire import frame as fr
 
@@ -52,8 +55,9 @@ def _set_once(fut: asyncio.Future[None]) -> None:
 class FrameSink(Protocol):
     """What a connection owner implements."""
 
-    def payload_buffer(self, kind: int, header: fr.Header, length: int) -> memoryview | None:
-        """Where to receive a payload of ``length`` bytes (exactly that long); ``None``:
+    def payload_buffer(self, kind: int, header: fr.Header, length: int) -> memoryview | Scatter | None:
+        """Where to receive a payload of ``length`` bytes (exactly that long; a ``Scatter``:
+        its parts in order, and ``frame_received`` then gets an empty payload); ``None``:
         not now (the channel stops reading and asks again when reading resumes)."""
         ...
 
@@ -86,8 +90,9 @@ class FrameProtocol(asyncio.BufferedProtocol):
         # payload in progress
         self._p_header: fr.Header | None = None
         self._p_kind = 0
-        self._p_dest: memoryview | None = None
+        self._p_dest: memoryview | None = None  # the payload's buffer (a scatter's current part)
         self._p_pos = 0
+        self._p_parts: list[memoryview] | None = None  # a scatter's parts (the ones after _p_dest)
         self._p_crc = 0
         self._p_acc = 0  # CRC32C of the payload bytes received so far (hashed while cache-hot)
         self._stalled: tuple[int, fr.Header, int, int] | None = None  # waiting for a payload buffer
@@ -150,7 +155,10 @@ class FrameProtocol(asyncio.BufferedProtocol):
                 self._p_acc = fr.crc(self._p_dest[self._p_pos : self._p_pos + nbytes], self._p_acc)
                 self._p_pos += nbytes
                 if self._p_pos == len(self._p_dest):
-                    self._finish_payload()
+                    if self._p_parts:  # a scatter: on to its next part
+                        self._p_dest, self._p_pos = self._p_parts.pop(), 0
+                    else:
+                        self._finish_payload()
                 return
             self._end += nbytes
             if self._stalled is None:
@@ -423,6 +431,8 @@ class FrameProtocol(asyncio.BufferedProtocol):
         if len(dest) != plen:
             raise fr.FrameError("payload sink returned a buffer of the wrong size")
         take = min(plen, self._end - self._start)
+        if isinstance(dest, Scatter):
+            return self._begin_scatter(kind, header, dest, take, pcrc)
         if take:
             dest[:take] = self._mv[self._start : self._start + take]
             self._start += take
@@ -433,6 +443,24 @@ class FrameProtocol(asyncio.BufferedProtocol):
             self._finish_payload()
         elif self._bulk is not None and self._raw is not None and plen - take >= BULK_MIN_BYTES:
             self._start_bulk()
+        return True
+
+    def _begin_scatter(self, kind: int, header: fr.Header, dest: Scatter, take: int, pcrc: int) -> bool:
+        """A payload received into ``dest``'s parts (on the loop, never on a receive thread)."""
+        head = self._mv[self._start : self._start + take]
+        dest.write(head)
+        self._start += take
+        self._p_acc = fr.crc(head) if take else 0
+        parts = dest.parts[::-1]  # popped from the end: the next part last
+        cur = parts.pop()
+        pos = take
+        while pos >= len(cur) and parts:
+            pos -= len(cur)
+            cur = parts.pop()
+        self._p_header, self._p_kind, self._p_dest, self._p_parts = header, kind, cur, parts
+        self._p_pos, self._p_crc = pos, pcrc
+        if take == dest.nbytes:
+            self._finish_payload()
         return True
 
     # ---- large payloads on a receive thread ------------------------------------------------
@@ -483,6 +511,8 @@ class FrameProtocol(asyncio.BufferedProtocol):
     def _finish_payload(self) -> None:
         assert self.sink is not None and self._p_dest is not None and self._p_header is not None
         dest, header, kind, want = self._p_dest, self._p_header, self._p_kind, self._p_crc
+        if self._p_parts is not None:  # a scatter: its bytes are in its parts
+            dest, self._p_parts = memoryview(b""), None
         self._p_dest = self._p_header = None
         self._p_pos = 0
         ok = self._p_acc == want

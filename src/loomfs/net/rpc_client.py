@@ -35,6 +35,7 @@ from loomfs.net.rpc_base import (
     RpcObserver,
     remote_error,
 )
+from loomfs.net.scatter import Scatter
 from loomfs.net.transport import Address, Channel, Transport
 from loomfs.wire import auth as wa
 from loomfs.wire import frame as fr
@@ -47,16 +48,18 @@ logger = logging.getLogger("loomfs.net.rpc")
 @dataclass(slots=True)
 class Response(Generic[M]):
     body: M
-    payload: memoryview  # a view of recv_into when one was given
+    payload: memoryview  # a view of recv_into when one was given (empty when scattered)
     payload_crc: int = 0  # CRC32C of the payload as sent and checked on arrival (0: no payload)
+    scattered: int = 0  # payload bytes received into the call's ``Scatter`` (its whole length)
 
 
 @dataclass(slots=True)
 class _Pending:
     future: asyncio.Future[tuple[fr.Header, memoryview, bool]]
-    recv_into: memoryview | None
+    recv_into: memoryview | Scatter | None
 
 
+_SCATTERED = memoryview(bytearray(0))  # frame_received's mark: the payload went into the Scatter
 class ClientConnection:
     """One multiplexed connection to a peer."""
 
@@ -71,17 +74,24 @@ class ClientConnection:
         self.closed = False
         self.used_at = float("inf")  # clock time of the last call (set by RpcClient)
         self._scratch: Buffer | None = None  # pooled buffer draining an unwanted reply payload
+        self._scattering = False  # the payload being received goes into a call's Scatter
 
     @property
     def idle(self) -> bool:
         return not self._pending
 
     # FrameSink
-    def payload_buffer(self, kind: int, header: fr.Header, length: int) -> memoryview:
+    def payload_buffer(self, kind: int, header: fr.Header, length: int) -> memoryview | Scatter:
         p = self._pending.get(header.request_id)
         self._receiving = header.request_id
-        if p is not None and p.recv_into is not None and len(p.recv_into) >= length:
-            return p.recv_into[:length]
+        dest = p.recv_into if p is not None else None
+        if isinstance(dest, Scatter):
+            if len(dest) == length:
+                self._scattering = True
+                return dest
+            return memoryview(bytearray(length))  # not the length asked for: the caller copies
+        if dest is not None and len(dest) >= length:
+            return dest[:length]
         if p is None:  # a late reply nobody waits for (or a peer's invention): drain it into the pool
             self._scratch = DEFAULT_POOL.acquire(length)
             return memoryview(self._scratch)[:length]
@@ -89,6 +99,9 @@ class ClientConnection:
 
     def frame_received(self, kind: int, header: fr.Header, payload: memoryview, crc_ok: bool) -> None:
         self._receiving = 0
+        if self._scattering:
+            self._scattering = False
+            payload = _SCATTERED
         if self._scratch is not None:
             scratch, self._scratch = self._scratch, None
             payload.release()
@@ -144,7 +157,7 @@ class ClientConnection:
         *,
         payload: bytes | bytearray | memoryview | None = None,
         payload_crc: int | None = None,
-        recv_into: memoryview | None = None,
+        recv_into: memoryview | Scatter | None = None,
         timeout_s: float,
     ) -> Response[Any]:
         if asyncio.current_task() is None:
@@ -197,6 +210,9 @@ class ClientConnection:
             body = m.response.from_wire(rh.body)
         except StatusError as exc:
             raise ProtocolError(f"bad {m.name} reply from {self.address}: {exc}") from exc
+        if rpayload is _SCATTERED:
+            assert isinstance(recv_into, Scatter)
+            return Response(body, _EMPTY, rh.payload_crc, recv_into.nbytes)
         if not len(rpayload):
             return Response(body, _EMPTY)
         return Response(body, rpayload, rh.payload_crc)
@@ -307,7 +323,7 @@ class RpcClient:
         *,
         payload: bytes | bytearray | memoryview | None = None,
         payload_crc: int | None = None,
-        recv_into: memoryview | None = None,
+        recv_into: memoryview | Scatter | None = None,
         timeout_s: float | None = None,
         retry: bool | None = None,
     ) -> Response[Any]:
@@ -345,7 +361,7 @@ class RpcClient:
                     if exc.status in (Status.AUTH_EXPIRED, Status.AUTH_REVOKED):
                         self.drop(address)  # the next call connects again (with a renewed token file)
                     raise
-                self._observe(m, Status.OK, started, payload, len(rsp.payload))
+                self._observe(m, Status.OK, started, payload, len(rsp.payload) or rsp.scattered)
                 return rsp
             except (ConnectionFailed, TimedOut, LoomError) as exc:
                 transient = isinstance(exc, ConnectionFailed | TimedOut) or (

@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 
 from loomfs.errors import ConnectionFailed, ConnectRefused, TimedOut
 from loomfs.net.protocol import FrameSink
+from loomfs.net.scatter import Scatter
 from loomfs.net.transport import Address, Channel, Listener, SinkFactory, Transport
 from loomfs.wire import frame as fr
 
@@ -344,6 +345,10 @@ class SimChannel:
                 self.net.frames_delivered -= 1
                 self._paused = self._stalled = True
                 self._backlog.insert(0, (head, payload))
+                return
+            if isinstance(dest, Scatter):  # received into its parts; the sink gets an empty payload
+                dest.write(payload)
+                self.sink.frame_received(prefix.kind, header, memoryview(b""), fr.crc(payload) == prefix.payload_crc)
                 return
             dest[:] = payload
             self.sink.frame_received(prefix.kind, header, dest, fr.crc(dest) == prefix.payload_crc)
