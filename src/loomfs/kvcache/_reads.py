@@ -9,7 +9,9 @@ the caller's buffer); a run of several is read into one scratch buffer and slice
 Big values that together fill a whole chunk (two 2 MiB values of a 4 MiB chunk) are one run
 too (``whole_chunk_runs``): storage serves a whole chunk with its stored CRC, without checking
 block CRCs and hashing the reply as it must for a part of a chunk, and it is one request
-instead of several; the client pays a copy and a CRC pass per value.
+instead of several; the values' CRCs combined must equal the chunk CRC checked on arrival, and
+the run is received straight into the values' buffers (``_scatter.py``), not copied out of a
+scratch.
 """
 
 from __future__ import annotations
