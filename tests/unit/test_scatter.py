@@ -133,3 +133,38 @@ def test_scatter_plan_refuses(case: str) -> None:
         entries = [_entry(0, 2 * mib), _entry(0, 2 * mib)]
         run = Run(7, 0, 0, 2 * mib, [0, 1])
     assert scatter_plan(run, entries, [None, None], lambda e, b: b) is None
+
+
+def test_a_read_reply_scattered_over_the_simulated_network() -> None:
+    """rpc_client hands a call's Scatter to the channel when the reply has its length (the sim
+    channel fills the parts; Response.scattered says so); a shorter reply goes to a fresh
+    buffer, as any reply the destination does not fit."""
+    from loomfs.net.rpc import CallContext, Reply, RpcClient, RpcServer
+    from loomfs.net.sim import SimNetwork
+    from loomfs.net.transport import Address
+    from loomfs.testing.simloop import run_virtual
+    from loomfs.wire.storage import READ, ReadReq, ReadRsp
+
+    data = os.urandom(10_000)
+
+    async def go() -> None:
+        net = SimNetwork(seed=7)
+        server = RpcServer("storage", net.transport("10.0.0.1"))
+
+        async def read(req: ReadReq, ctx: CallContext) -> Reply:
+            return Reply(ReadRsp(length=req.length), payload=data[: req.length])
+
+        server.register(READ, read)
+        addr = await server.start(Address("10.0.0.1", 7000))
+        client = RpcClient(net.transport("10.0.0.2"), call_timeout_s=5)
+        a, b = bytearray(4_000), bytearray(6_000)
+        rsp = await client.call(addr, READ, ReadReq(length=10_000), recv_into=Scatter([memoryview(a), memoryview(b)]))
+        assert rsp.scattered == 10_000 and len(rsp.payload) == 0 and rsp.payload_crc == fr.crc(data)
+        assert bytes(a + b) == data
+        short = await client.call(addr, READ, ReadReq(length=7_000),
+                                  recv_into=Scatter([memoryview(bytearray(4_000)), memoryview(bytearray(6_000))]))
+        assert short.scattered == 0 and bytes(short.payload) == data[:7_000]
+        await client.close()
+        await server.close()
+
+    run_virtual(go())
