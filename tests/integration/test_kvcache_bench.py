@@ -47,6 +47,8 @@ def test_kvcache_bench_rows(fs: loomfs.LoomFS, base: str) -> None:
     assert by["kv_getw_64k_b16"].extra["case"] == "cold"
     hot = by["kv_geth_64k_b16"]  # read the fourth time: from the storage page cache, against raw TCP
     assert hot.extra["case"] == "hot" and hot.limit_value == pytest.approx(1e9 / (64 << 10))
+    # the hot pass repeats until it moved 8x the case's bytes (64 x 4 KiB a pass: 8 passes of 4 batches)
+    assert by["kv_geth_4k_b16"].extra["batches_timed"] == 32 and by["kv_get_4k_b16"].extra["batches_timed"] == 4
     inline = by["kv_get_4k_b16_inline"]  # in meta: no disk
     assert inline.limit_value == pytest.approx(1e9 / 4096)
     assert not any(n.startswith("kv_") for n in fs.listdir(base))  # each case cleaned up
