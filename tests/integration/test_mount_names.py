@@ -82,8 +82,11 @@ def test_a_name_made_elsewhere_keeps_meta_semantics(cluster: LocalCluster) -> No
                 time.sleep(0.1)
 
 
-def test_absent_timeout_zero_asks_meta(cluster: LocalCluster) -> None:
-    with mounted(cluster, "-o", "absent_timeout=0") as mp, loomfs.connect(str(cluster.root)) as fs:
+@pytest.mark.parametrize("opts", [("-o", "absent_timeout=0"), ()], ids=["zero", "strict-default"])
+def test_absent_timeout_zero_asks_meta(cluster: LocalCluster, opts: tuple[str, ...]) -> None:
+    """absent_timeout=0, and a strict mount's default: a name another client makes right after
+    this mount's miss is seen by the next call (strict's promise), no LOOKUP answered here."""
+    with mounted(cluster, *opts) as mp, loomfs.connect(str(cluster.root)) as fs:
         d = mp / f"off-{os.getpid()}-{time.monotonic_ns()}"
         d.mkdir()
         assert not (d / "x").exists()
@@ -94,6 +97,18 @@ def test_absent_timeout_zero_asks_meta(cluster: LocalCluster) -> None:
         with pytest.raises(OSError) as exc:
             os.rmdir(d)
         assert exc.value.errno == errno.ENOTEMPTY
+
+
+def test_relaxed_mount_defaults_to_the_entry_ttl(cluster: LocalCluster) -> None:
+    """consistency=relaxed: names known absent are kept for entry_timeout (the default of
+    absent_timeout there), so a create loop's LOOKUPs are answered without meta."""
+    with mounted(cluster, "-o", "consistency=relaxed,entry_timeout=30") as mp:
+        d = mp / f"relaxed-{os.getpid()}-{time.monotonic_ns()}"
+        d.mkdir()
+        before = _absent_hits(mp)
+        for i in range(10):
+            (d / f"f{i}").write_bytes(b"x")
+        assert _absent_hits(mp) - before >= 10
 
 
 def _relists(mp: Path) -> int:

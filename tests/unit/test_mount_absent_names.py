@@ -130,3 +130,12 @@ def test_lookup_with_absence_off_always_asks(ops: LoomOperations) -> None:
         assert client.lstats == 2
 
     asyncio.run(go())
+
+
+def test_absent_timeout_default_follows_the_consistency_mode() -> None:
+    assert MountOptions().absent_ttl_s == 0.0  # strict: the next call sees another client's name
+    assert MountOptions.parse([]).absent_ttl_s == 0.0
+    assert MountOptions.parse(["consistency=relaxed"]).absent_ttl_s == 1.0  # = entry_timeout
+    assert MountOptions.parse(["consistency=relaxed,entry_timeout=5"]).absent_ttl_s == 5.0
+    assert MountOptions.parse(["absent_timeout=2"]).absent_ttl_s == 2.0  # given: kept
+    assert MountOptions.parse(["consistency=relaxed,absent_timeout=0"]).absent_ttl_s == 0.0

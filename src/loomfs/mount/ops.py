@@ -73,7 +73,7 @@ class LoomOperations(HoldOps, FileOps):
         self._dir_attrs: dict[int, tuple[Attr, float]] = {}
         self._dir_epoch = 0  # grows with every directory change through this mount
         # names known absent (a miss, a directory made or listed here): LOOKUP without meta
-        self.absent = AbsentNames(options.absent_timeout_s)
+        self.absent = AbsentNames(options.absent_ttl_s)
         self._relisting: dict[int, asyncio.Future[None]] = {}  # directory inode -> its relist in flight
         self.holds = Holds()  # read holds at meta of read-only opens (loomfs.mount.holds)
         self._renew_task: asyncio.Task[None] | None = None

@@ -17,8 +17,10 @@ class MountOptions:
     entry_timeout_s: float = 1.0  # and names -> inodes
     negative_timeout_s: float = 0.0  # and "no such name" (0: not cached)
     # the mount answers "no such name" without asking meta this long after it learned the name
-    # absent (a miss, a directory it made or listed in full: loomfs.mount.names; 0: never)
-    absent_timeout_s: float = 1.0
+    # absent (a miss, a directory it made or listed in full: loomfs.mount.names; 0: never).
+    # None: by the consistency mode, 0 for strict (another client's new name is seen by the next
+    # call, as strict promises) and entry_timeout_s for relaxed (names may be a TTL old)
+    absent_timeout_s: float | None = None
     loop: str = "shared"  # "shared": FUSE on the client's loop; "separate": its own, bridged
     max_tasks: int = 64  # FUSE requests served at once
     read_ahead_kb: int = 1024  # the mount's bdi read-ahead (1 MiB requests; 0 = leave it)
@@ -42,6 +44,16 @@ class MountOptions:
     locks: str = "cluster"
     lock_lease_s: float = 30.0  # a dead mount's locks go this long after its last renewal
     kernel: frozenset[str] = field(default_factory=frozenset)  # passed to FUSE as given
+
+    def __post_init__(self) -> None:
+        if self.absent_timeout_s is None:
+            ttl = self.entry_timeout_s if self.consistency == "relaxed" else 0.0
+            object.__setattr__(self, "absent_timeout_s", ttl)
+
+    @property
+    def absent_ttl_s(self) -> float:
+        """``absent_timeout_s`` once the mode's default is applied (never None)."""
+        return self.absent_timeout_s or 0.0
 
     @classmethod
     def parse(cls, items: list[str] | None) -> MountOptions:
