@@ -77,3 +77,30 @@ def test_unknown_objects_fall_back_to_a_deep_copy_every_time() -> None:
     assert token is None
     live["w"].add_(1)  # type: ignore[operator]
     assert torch.equal(staged["w"], torch.ones(2))
+
+
+def test_reused_copy_takes_every_kind_of_tensor_bytewise() -> None:
+    """The reuse path memmoves contiguous CPU tensors (over several threads) and copy_s the
+    rest; every value lands, views and odd sizes included, and no staged tensor aliases."""
+    base = torch.arange(64, dtype=torch.float32).reshape(8, 8)
+
+    def state(k: int) -> dict[str, object]:
+        return {"big": [torch.full((1 << 16,), float(k)) for _ in range(5)],
+                "odd": torch.arange(7, dtype=torch.int8) + k, "empty": torch.empty(0),
+                "scalar": torch.tensor(float(k)), "t": (base + k).t(), "slice": (base + k)[2:5],
+                "half": torch.ones(3, dtype=torch.float16) * k, "step": k}
+
+    st = Stager()
+    first, tok = st.stage(state(1))
+    st.release(tok)
+    live = state(2)
+    again, tok2 = st.stage(live)
+    assert tok2 is tok and st.reused_total == 1
+    for a, b in zip(again["big"], live["big"], strict=True):  # type: ignore[arg-type]
+        assert torch.equal(a, b) and a.data_ptr() != b.data_ptr()
+    for key in ("odd", "empty", "scalar", "t", "slice", "half"):
+        assert torch.equal(again[key], live[key]), key  # type: ignore[arg-type]
+        assert again[key].dtype == live[key].dtype  # type: ignore[union-attr]
+    assert again["step"] == 2
+    live["big"][0].fill_(9.0)  # type: ignore[index]
+    assert float(again["big"][0][0]) == 2.0  # type: ignore[index]
