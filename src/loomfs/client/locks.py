@@ -63,6 +63,8 @@ class LockClient:
         self.used = False  # took a lock at some point (close tells meta)
         self.waits_total = 0  # polls of blocking waits
         self.lost_total = 0  # owners whose locks a lapsed lease took away
+        # (inode, kind, owner) -> the undo of a grant a cancelled caller never saw (_attempt)
+        self._undoing: dict[tuple[int, int, int], asyncio.Task[None]] = {}
 
     def __repr__(self) -> str:
         return (f"LockClient(client={self.client_id:#x} held={len(self._held)} lease_s={self.lease_s} "
@@ -110,7 +112,7 @@ class LockClient:
         deadline = None if wait_max_s is None else loop.time() + wait_max_s
         attempt = 0
         while True:
-            hit = await self.try_set(inode, kind, type_, first, last, owner=owner, pid=pid)
+            hit = await self._attempt(inode, kind, type_, first, last, owner, pid)
             if hit is None:
                 return
             if not wait or (deadline is not None and loop.time() >= deadline):
@@ -126,6 +128,41 @@ class LockClient:
             self.waits_total += 1
             if interrupted is not None and interrupted():
                 raise InterruptedError(errno.EINTR, f"inode {inode}: lock wait interrupted")
+
+    async def _attempt(self, inode: int, kind: int, type_: int, first: int, last: int, owner: int,
+                       pid: int) -> wl.LockInfo | None:
+        """``try_set``, and if the caller is cancelled while it is in flight (an interrupted
+        blocking ``lock()``, a FUSE INTERRUPT), a grant it may still bring is undone: the call
+        runs on, and once meta answered (granted, or no answer), an UNLOCK of the range
+        follows, so the lock's fate is "not granted", as the caller was told. Only when this
+        owner held nothing on the file before (else the unlock could drop a lock it held
+        before the call). The owner's next call on the file waits for that undo first."""
+        key = (inode, kind, owner)
+        pending = self._undoing.get(key)
+        if pending is not None:
+            await asyncio.wait([pending])
+        fresh = type_ != UNLOCK and key not in self._held
+        task = asyncio.ensure_future(self.try_set(inode, kind, type_, first, last, owner=owner, pid=pid))
+        if not fresh:
+            return await task
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            undo = asyncio.get_running_loop().create_task(
+                self._undo_late_grant(task, inode, kind, first, last, owner, pid), name="loomfs-lock-undo")
+            self._undoing[key] = undo
+            undo.add_done_callback(lambda t: self._undoing.pop(key) if self._undoing.get(key) is t else None)
+            raise
+
+    async def _undo_late_grant(self, task: asyncio.Future[wl.LockInfo | None], inode: int, kind: int,
+                               first: int, last: int, owner: int, pid: int) -> None:
+        await asyncio.wait([task])
+        if not task.cancelled() and task.exception() is None and task.result() is not None:
+            return  # refused: nothing was taken
+        try:
+            await self.try_set(inode, kind, UNLOCK, first, last, owner=owner, pid=pid)
+        except (LoomError, OSError) as exc:
+            logger.warning("undoing the lock of inode %d that a cancelled call may have taken: %s", inode, exc)
 
     async def get(self, inode: int, kind: int, type_: int, first: int = 0, last: int = OFFSET_MAX, *,
                   owner: int) -> wl.LockInfo | None:
