@@ -242,7 +242,7 @@ class SyncMetaPath:
         if _crc(header) != hcrc:
             raise fr.FrameError("header checksum mismatch")
         if plen and _crc(view[hend:end]) != pcrc:
-            raise fr.FrameError("reply does not match the request")
+            raise fr.FrameError("payload checksum mismatch")
         try:
             items = _unpackb(header, raw=False, strict_map_key=True, use_list=True)
         except Exception as exc:  # msgpack raises several types

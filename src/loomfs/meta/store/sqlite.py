@@ -508,7 +508,7 @@ class SqliteStore(MetaStore):
         group.settled = True
         if exc is None:
             self.commits += group.ok
-            self.groups += 1
+            self.groups += group.ok > 0  # a group whose only writer rolled back committed nothing
             self._writes_since_checkpoint += group.ok
             self._writes_unchecked += group.ok
             if self._writes_since_checkpoint >= CHECKPOINT_EVERY_WRITES:
