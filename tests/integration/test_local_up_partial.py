@@ -4,6 +4,9 @@ down and how to fix it."""
 
 from __future__ import annotations
 
+import socket
+from pathlib import Path
+
 import pytest
 
 from loomfs.cli.main import main
@@ -58,3 +61,20 @@ def test_storage_registers_again_with_a_mgmtd_that_lost_its_store(own_cluster: L
     n = sum(1 for s in own_cluster.services.values() if s.kind == "storage" and s.alive())
     own_cluster.wait_routing(lambda r: sum(1 for x in r.nodes if x.kind == NodeKind.STORAGE
                                            and x.state == NodeState.ALIVE) == n, 30, "storage nodes registered again")
+
+
+def test_local_up_with_its_ports_taken_leaves_nothing_to_trip_over(tmp_path: Path,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """A first ``local up`` whose ports are taken fails with the reason; it used to leave a
+    cluster.json with no services behind, and the next ``local up`` there died in a traceback
+    (no admin token) instead of saying the ports were still taken."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        root = tmp_path / "c"
+        for _ in range(2):
+            assert main(["local", "up", "--dir", str(root), "--base-port", str(port)]) != 0
+            err = capsys.readouterr().err
+            assert "ports already in use" in err and str(port) in err and "Traceback" not in err
+            assert not (root / "cluster.json").exists()

@@ -8,6 +8,7 @@ directory: one sub-directory per service (config.toml, data, log), pid files, an
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
 import logging
 import os
@@ -222,7 +223,7 @@ class LocalCluster:
         metrics = [i + METRICS_OFFSET for i in services if i not in (0, 9)]  # meta and storage
         busy = [base + i for i in services + metrics if not _port_free(base + i)]
         if busy:
-            raise LoomError(f"ports already in use: {busy} (pick another --base-port)")
+            raise LoomError(f"ports already in use: {busy} (pick another --base-port)", errno=errno.EADDRINUSE)
         self.base_port = base
         svcs = [ServiceProc("mgmtd", "mgmtd", base, 0, str(self.root / "mgmtd"))]
         for i in range(1, self.meta_nodes + 1):
@@ -355,7 +356,13 @@ class LocalCluster:
             self._start(timeout_s)
         except BaseException:
             try:
-                self.stop()
+                if self.services:
+                    self.stop()
+                else:  # failed while planning (ports in use): leave no empty cluster.json behind,
+                    # so the next ``local up`` here starts afresh instead of reading a cluster
+                    # with no services and no credentials
+                    self._restore_token_env()
+                    self.state_path.unlink(missing_ok=True)
             except Exception as exc:  # keep the start-up error, which says what went wrong
                 logger.warning("stopping after a failed start: %s", exc)
             raise
