@@ -11,6 +11,7 @@ import msgpack
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from test_fuzz_frame import Tr as FuzzTr
 
 from loomfs.kvcache import _entry as E
 from loomfs.kvcache._reads import Run
@@ -47,18 +48,8 @@ class ScatterSink:
         pass
 
 
-class Tr:
-    def get_extra_info(self, name: str) -> Any:
-        return None
-
-    def set_write_buffer_limits(self, high: int, low: int) -> None:
-        pass
-
-    def pause_reading(self) -> None:
-        pass
-
-    def resume_reading(self) -> None:
-        pass
+class Tr(FuzzTr):
+    """test_fuzz_frame's fake transport; here a close is a failure."""
 
     def abort(self) -> None:
         raise AssertionError("the connection was closed")
