@@ -124,9 +124,9 @@ def test_inline_small_values(fs: loomfs.LoomFS, kv_dir: str, calls: object) -> N
 def test_big_batch_asks_meta_in_groups(fs: loomfs.LoomFS, kv_dir: str, calls: object) -> None:
     """A get_many of more keys than META_GROUP_KEYS asks meta in groups (each group's values read
     while meta answers the next): every value and miss comes back in place."""
-    from loomfs.kvcache import _core
+    from loomfs.kvcache import _get
 
-    n = 2 * _core.META_GROUP_KEYS + 44 if _core.META_GROUP_KEYS > 0 else 300
+    n = 2 * _get.META_GROUP_KEYS + 44 if _get.META_GROUP_KEYS > 0 else 300
     with KVCache(fs, kv_dir, background_interval_s=0) as kv:
         vals = {b"g%d" % i: os.urandom(1000 + i) for i in range(n) if i % 7}
         kv.put_many(vals)
@@ -135,7 +135,7 @@ def test_big_batch_asks_meta_in_groups(fs: loomfs.LoomFS, kv_dir: str, calls: ob
         got = kv.get_many(keys)
         for k, g in zip(keys, got, strict=True):
             assert (None if g is None else bytes(g)) == vals.get(k), k
-        groups = -(-n // _core.META_GROUP_KEYS) if _core.META_GROUP_KEYS > 0 else 1
+        groups = -(-n // _get.META_GROUP_KEYS) if _get.META_GROUP_KEYS > 0 else 1
         assert calls.methods.count("read_many") == groups  # type: ignore[attr-defined]
 
 

@@ -84,18 +84,18 @@ def test_big_values_received_straight_into_their_buffers(fs: loomfs.LoomFS, base
     (overlapping values: the scratch path) too, and nothing aliases another get's bytes."""
     import os
 
-    from loomfs.kvcache import _core
+    from loomfs.kvcache import _fetch
 
     plans: list[bool] = []
-    real = _core.scatter_plan
-    monkeypatch.setattr(_core, "SCATTER_RUNS", True)
+    real = _fetch.scatter_plan
+    monkeypatch.setattr(_fetch, "SCATTER_RUNS", True)
 
     def counting(*args: Any) -> Any:
         plan = real(*args)
         plans.append(plan is not None)
         return plan
 
-    monkeypatch.setattr(_core, "scatter_plan", counting)
+    monkeypatch.setattr(_fetch, "scatter_plan", counting)
     kv_dir = f"{base}/kvs"
     fs.makedirs(kv_dir, exist_ok=True)
     fs.set_layout(kv_dir, chunk_size=4 << 20)

@@ -6,7 +6,8 @@ files, one writer per cache object; a per-key index entry lives inline in meta. 
 docs/kvcache.md.
 """
 
-from loomfs.kvcache._core import AsyncKVCache, KVConfig, KVStats
+from loomfs.kvcache._config import KVConfig, KVStats
+from loomfs.kvcache._core import AsyncKVCache
 from loomfs.kvcache._sync import KVCache
 
 __all__ = ["AsyncKVCache", "KVCache", "KVConfig", "KVStats"]

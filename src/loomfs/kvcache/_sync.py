@@ -10,7 +10,8 @@ import dataclasses
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from loomfs.kvcache._core import AsyncKVCache, KVConfig, KVStats
+from loomfs.kvcache._config import KVConfig, KVStats
+from loomfs.kvcache._core import AsyncKVCache
 
 if TYPE_CHECKING:
     from loomfs.client.sync import LoomFS
