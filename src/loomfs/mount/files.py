@@ -75,17 +75,22 @@ class FileOps(pyfuse3.Operations):
     async def _usable(self, h: Handle) -> None:
         """Reopen ``h``'s client file when the close(2) of its only descriptor closed it
         (``flush``) and the open file is used again: a dup'd descriptor, or the writeback
-        of a shared mapping made before the close."""
+        of a shared mapping made before the close; or a lock's revalidation could not open
+        it again. Every descriptor that shared the closed file shares the new one."""
         if h.file.closed:
             async with h.lock:
-                if h.file.closed:
+                old = h.file
+                if old.closed:
                     if not self.inodes.has_name(h.inode):
-                        raise OSError(errno.ENOENT, "the file's last name went after its close", h.file.path)
+                        raise OSError(errno.ENOENT, "the file's last name went after its close", old.path)
                     f = await self.call(self.client.open(self._inode_path(h.inode), "r+b"))
                     if f.inode != h.inode:  # the name is another file's now
                         await self.call(f.close())
                         raise OSError(errno.ENOENT, "the file's name went to another file", f.path)
-                    h.file = f
+                    for o in self.handles.values():
+                        if isinstance(o, Handle) and o.file is old:
+                            o.file = f
+                    h.file = f  # (released meanwhile: no longer in the table)
 
     def _new_handle(self, h: Handle | DirStream) -> int:
         fh = self._next_fh
@@ -303,9 +308,9 @@ class FileOps(pyfuse3.Operations):
         h = self.handles[fh]
         assert isinstance(h, Handle)
         await self._usable(h)
-        if h.append:  # the end as the kernel knows it, or as this mount's writer does
-            off = max(off, h.file.length)
         async with h.lock:
+            if h.append:  # the end as this mount's writer knows it (what getattr answers): the
+                off = h.file.length  # kernel's may be older, e.g. a size cut at another node
             return await self.call(self._write_at(h.file, off, buf))
 
     @staticmethod
@@ -315,12 +320,15 @@ class FileOps(pyfuse3.Operations):
 
     async def _synced(self, h: Handle, *, close: bool = False) -> None:
         async with h.lock:
-            await self.call(h.file.close() if close else h.file.fsync())
-            if h.times_ns is not None:  # by inode: also after its last name went
-                path = self._path_of(h) or h.file.path
-                req = SetattrReq(path=path, inode=h.inode, follow_symlinks=False,
-                                 atime_ns=h.times_ns[0], mtime_ns=h.times_ns[1])
-                await self.call(self.client._setattr(req))
+            await self._synced_locked(h, close=close)
+
+    async def _synced_locked(self, h: Handle, *, close: bool = False) -> None:
+        await self.call(h.file.close() if close else h.file.fsync())
+        if h.times_ns is not None:  # by inode: also after its last name went
+            path = self._path_of(h) or h.file.path
+            req = SetattrReq(path=path, inode=h.inode, follow_symlinks=False,
+                             atime_ns=h.times_ns[0], mtime_ns=h.times_ns[1])
+            await self.call(self.client._setattr(req))
 
     def _path_of(self, h: Handle) -> str | None:
         """An open file's name now (None when the last one was unlinked)."""

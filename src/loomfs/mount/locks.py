@@ -23,11 +23,12 @@ sees them (``loomfs.meta.locks``; the requests come through ``loomfs.mount.lowle
   the lease is renewed while it holds locks, and meta drops them when that stops.
 * **Unlock publishes writes**: an explicit unlock (``F_UNLCK``, ``LOCK_UN``) first syncs what
   this mount wrote to the file (bytes to storage, length to meta), as close does; so a process
-  on another node that takes the lock next and then opens the file reads them. A file it
-  already had open is revalidated when it takes a lock (``_revalidate``: NFS's lock-time
-  close-to-open): its read-only handles and the kernel's pages see meta's file. A write
-  handle's client file is not refreshed (its length stays this mount's), so databases sharing
-  one file across nodes through its locks (SQLite) are still not supported.
+  on another node that takes the lock next reads them. **A lock is a sync point**
+  (``loomfs.mount.revalidate``, NFS's lock-time close-to-open): before it is asked for, what
+  this mount buffers of the file goes out; once granted, before the process hears of it,
+  the file's client files here (write and read-only) are reopened from meta and the
+  kernel's pages and attributes of it dropped, so a descriptor opened before another node
+  changed the file reads and writes (at the end, O_APPEND) the file as that node left it.
 * Only owners that locked a file here send anything at close: a mount that never locks
   pays nothing.
 """
@@ -45,8 +46,8 @@ from typing import Any
 import pyfuse3
 
 from loomfs.client.locks import FLOCK, OFFSET_MAX, POSIX, READ, UNLOCK, WRITE, LockClient
-from loomfs.mount.edge import Handle
 from loomfs.mount.lowlevel import Handlers, Libfuse, LockReq
+from loomfs.mount.revalidate import flush_writers, revalidate
 
 logger = logging.getLogger(__name__)
 
@@ -175,6 +176,8 @@ class MountLocks:
             first, last = byte_range(start, length)
             if type_ == UNLOCK:
                 await self._sync_writers(r.ino)
+            else:  # a sync point, as NFS's: what this mount buffers goes out first
+                await flush_writers(self.ops, r.ino)
             try:
                 await self.ops.call(self.locks.set(r.ino, kind, type_, first, last, owner=r.owner, pid=pid,
                                                    wait=wait, interrupted=stop if wait else None))
@@ -183,7 +186,7 @@ class MountLocks:
                     raise OSError(errno.ENOLCK, "lock wait abandoned (the file closed, or unmount)") from None
                 raise
             if type_ != UNLOCK:
-                await self._revalidate(r.ino)
+                await revalidate(self.ops, r.ino)
 
         async def run() -> None:
             try:
@@ -199,39 +202,6 @@ class MountLocks:
         if wait:
             self._waits.setdefault(key, []).append(abandon)
         self._spawn(run(), key if wait else None)
-
-    async def _revalidate(self, inode: int) -> None:
-        """After a lock is granted, before the process hears of it: what this mount holds of
-        the file is what meta has now (close-to-open at lock time, as NFS does), so an update
-        another client made under the lock and published at its unlock is read here. Read-only
-        handles reopen their client file (length, inline bytes; the prefetched chunks and the
-        client's read-ahead go; a read hold stays: the same inode); the kernel drops its
-        pages and attributes of the file (from a thread: the notification waits for pages
-        being read, whose READs this loop answers). Write handles keep their client file (its
-        unsynced bytes are this mount's own). Failures are logged: the lock stays granted."""
-        self.requests["lock_revalidations"] += 1
-        ops = self.ops
-        for h in [h for h in ops.handles.values() if isinstance(h, Handle) and h.inode == inode
-                  and not h.writable and not h.file.closed]:
-            try:
-                f = await ops.call(ops.client.open(h.file.path, "rb"))
-            except OSError as exc:  # gone or renamed: the handle keeps what it had
-                logger.info("revalidating inode %d at a lock: %s", inode, exc)
-                continue
-            if f.inode != inode:  # the name is another file's now
-                await ops.call(f.close())
-                continue
-            old, h.file = h.file, f
-            if h.prefetch is not None:
-                h.prefetch.close()
-                h.prefetch = ops._prefetcher(f)
-            await ops.call(old.close())
-        ops._cached.pop(inode, None)
-        try:
-            await asyncio.to_thread(pyfuse3.invalidate_inode, inode, False)
-        except OSError as exc:  # ENOENT: the kernel has forgotten the inode (nothing cached)
-            if exc.errno != errno.ENOENT:
-                logger.warning("dropping the kernel's cache of inode %d at a lock: %s", inode, exc)
 
     async def _sync_writers(self, inode: int) -> None:
         """Before an unlock reaches meta: what this mount wrote to the file reaches storage and

@@ -1,0 +1,121 @@
+"""Locks as sync points (close-to-open at lock time, as NFS does on lock): a process on one
+node that takes a flock/fcntl lock of a file it already had open reads and writes the file as
+meta has it now, whatever another node changed and published under the lock since.
+
+* **Before the lock is asked for** (``flush_writers``): this mount's unsent writes to the file
+  go to storage (an error answers the lock request, which then takes nothing).
+* **Once it is granted, before the process hears of it** (``revalidate``), each client file
+  of the inode open here is reopened, once for all the descriptors sharing it:
+  - a *write* file is closed first (what it still buffers goes to storage, its length and
+    the write session's end to meta: one CLOSE, in one round trip for an inline file's last
+    bytes), then opened again read-write: meta's length, inline bytes (or chunks: a file
+    the other node grew past its inline limit), truncate epoch, a new write session; its
+    chunk buffers and read-ahead are new. So a write at "the end it read", or with
+    O_APPEND, lands after what the other node wrote, not over it;
+  - a *read-only* file is opened again read-only (meta's length and inline bytes; its
+    prefetched chunks and read-ahead go; a read hold stays: the same inode);
+  - then the kernel drops its pages and attributes of the file (``invalidate_inode``, from
+    a thread: the kernel waits for pages being read, whose READs this loop answers).
+* A file whose last name went here is not reopened (no path leads to it; its write session is
+  what keeps it at meta). A name that leads elsewhere or nowhere now (another node renamed or
+  unlinked the file): a read-only file keeps what it had; a write file stays closed and
+  its next use opens the name again (``_usable``: ENOENT when it is gone, as NFS answers
+  ESTALE). Failures are logged and counted (``lock_revalidate_errors``): the lock stays
+  granted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import logging
+from typing import Any
+
+import pyfuse3
+
+from loomfs.client.file import AsyncFile
+from loomfs.mount.edge import Handle
+
+logger = logging.getLogger(__name__)
+
+
+def _open_files(ops: Any, inode: int, *, writable: bool | None = None) -> list[list[Handle]]:
+    """The handles of ``inode`` with an open client file, grouped by the file they share."""
+    groups: dict[int, list[Handle]] = {}
+    for h in list(ops.handles.values()):
+        if isinstance(h, Handle) and h.inode == inode and not h.file.closed and writable in (None, h.writable):
+            groups.setdefault(id(h.file), []).append(h)
+    return list(groups.values())
+
+
+def _swap(ops: Any, old: AsyncFile, new: AsyncFile) -> None:
+    for h in ops.handles.values():
+        if isinstance(h, Handle) and h.file is old:
+            h.file = new
+            if h.prefetch is not None:
+                h.prefetch.close()
+                h.prefetch = ops._prefetcher(new)
+
+
+async def flush_writers(ops: Any, inode: int) -> None:
+    """Before a lock request of ``inode``: its write files here send what they buffer (to
+    storage; an inline file's writes to meta). Raises the first write error."""
+    for group in _open_files(ops, inode, writable=True):
+        h = group[0]
+        async with h.lock:
+            if not h.file.closed:
+                await ops.call(h.file.flush())
+
+
+async def revalidate(ops: Any, inode: int) -> None:
+    """After a lock of ``inode`` is granted: every client file of it here is meta's file now,
+    and the kernel's pages and attributes of it are gone (see the module's doc)."""
+    stats = ops.stats.requests
+    stats["lock_revalidations"] += 1
+    for group in _open_files(ops, inode):
+        try:
+            if group[0].writable:
+                await _reopen_writer(ops, inode, group[0])
+            else:
+                await _reopen_reader(ops, inode, group[0].file)
+        except OSError as exc:
+            stats["lock_revalidate_errors"] += 1
+            logger.warning("revalidating inode %d at a lock: %s", inode, exc)
+    ops._cached.pop(inode, None)
+    try:
+        await asyncio.to_thread(pyfuse3.invalidate_inode, inode, False)
+    except OSError as exc:  # ENOENT: the kernel has forgotten the inode (nothing cached)
+        if exc.errno != errno.ENOENT:
+            logger.warning("dropping the kernel's cache of inode %d at a lock: %s", inode, exc)
+
+
+async def _reopen_reader(ops: Any, inode: int, old: AsyncFile) -> None:
+    try:
+        f = await ops.call(ops.client.open(ops._inode_path(inode), "rb"))
+    except OSError as exc:  # gone or renamed: the handles keep what they had
+        logger.info("revalidating inode %d at a lock: %s", inode, exc)
+        return
+    if f.inode != inode or old.closed:  # the name is another file's now; or closed meanwhile
+        await ops.call(f.close())
+        return
+    _swap(ops, old, f)
+    await ops.call(old.close())
+
+
+async def _reopen_writer(ops: Any, inode: int, h: Handle) -> None:
+    if not ops.inodes.has_name(inode):  # nameless here: its write session keeps it at meta
+        return
+    async with h.lock:  # shared by every descriptor of the file: no write lands in between
+        old = h.file
+        if old.closed:  # a close(2) closed it meanwhile
+            return
+        try:
+            await ops._synced_locked(h, close=True)  # its bytes, length, times; the session ends
+        except OSError as exc:
+            ops.stats.requests["lock_revalidate_errors"] += 1
+            logger.error("inode %d: a write before the lock was lost closing its file: %s", inode, exc)
+        f = await ops.call(ops.client.open(ops._inode_path(inode), "r+b"))
+        if f.inode != inode:  # the name is another file's now: the next use reopens (ENOENT)
+            await ops.call(f.close())
+            return
+        _swap(ops, old, f)
