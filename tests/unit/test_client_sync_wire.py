@@ -12,7 +12,7 @@ import msgpack
 import pytest
 
 from loomfs.client.core import LAZY_FLAGS
-from loomfs.client.sync import (
+from loomfs.client.sync_wire import (
     _inline_bytes_of_wire,
     _path_body,
     _put_open_body,

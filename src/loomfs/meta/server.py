@@ -241,7 +241,7 @@ async def serve(config: MetaConfig, *, ready: asyncio.Event | None = None) -> No
 
 
 def main(argv: list[str] | None = None) -> None:
-    if os.environ.get("LOOMFS_UVLOOP") == "1":  # opt-in, as for the client (client/sync.py)
+    if os.environ.get("LOOMFS_UVLOOP") == "1":  # opt-in, as for the client (client/sync_bridge.py)
         try:
             import uvloop
 
