@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 from test_mount_lock_revalidate import KINDS
@@ -30,6 +31,21 @@ def read_all(fd: int) -> bytes:
     while piece := os.pread(fd, 1 << 20, len(out)):
         out += piece
     return bytes(out)
+
+
+def locked_read(path: Path, kind: str) -> bytes:
+    """The file as a new descriptor reads it under a shared lock (a plain open may see the
+    size the kernel cached, up to attr_timeout old, after the other node's last write)."""
+    lock, unlock = KINDS[kind]
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        lock(fd, False)
+        try:
+            return read_all(fd)
+        finally:
+            unlock(fd)
+    finally:
+        os.close(fd)
 
 
 def record(node: str, i: int) -> bytes:
@@ -71,14 +87,14 @@ def test_two_nodes_append_records_under_a_lock(two: tuple[str, str], kind: str, 
             os.close(fd)
     assert len(want) == len(head) + 2 * ROUNDS * RECORD_BYTES
     for p in (pa, pb):
-        assert p.read_bytes() == want
+        assert locked_read(p, kind) == want
 
 
 COUNTER = textwrap.dedent("""
     import fcntl, os, sys
-    path, kind, rounds, pad = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+    path, kind, rounds, at = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
     fd = os.open(path, os.O_RDWR)
-    os.pread(fd, 64, 0)  # the kernel's pages hold the old value
+    os.pread(fd, 64, at)  # the kernel's pages hold the old value
     print("ready", flush=True)
     sys.stdin.readline()
     for _ in range(rounds):
@@ -86,13 +102,11 @@ COUNTER = textwrap.dedent("""
             fcntl.flock(fd, fcntl.LOCK_EX)
         else:
             fcntl.lockf(fd, fcntl.LOCK_EX)
-        value = int(os.pread(fd, 64, 0).split(b" ")[0].split(b".")[0])
-        new = str(value + 1).encode()
-        if pad:  # in a file in chunks: the number at the start, the rest stays
-            os.pwrite(fd, new.ljust(20, b"."), 0)
-        else:  # the whole (inline) file: its length changes (truncated, then grown)
-            os.pwrite(fd, new, 0)
-            os.ftruncate(fd, len(new))
+        value = int(os.pread(fd, 1 << 16, at).split(b".")[0])
+        # the number, then as many dots: the file's length changes every round
+        new = str(value + 1).encode() + b"." * (value + 1)
+        os.pwrite(fd, new, at)
+        os.ftruncate(fd, at + len(new))
         os.fsync(fd)
         if kind == "flock":
             fcntl.flock(fd, fcntl.LOCK_UN)
@@ -101,25 +115,24 @@ COUNTER = textwrap.dedent("""
     os.close(fd)
     print("done", flush=True)
 """)
+# where the number lives: an inline file's start; across a chunk boundary of a file in chunks
+COUNTER_AT = {"inline": 0, "chunked": (3 << 20) - 2}
 
 
-@pytest.mark.parametrize("base", sorted(BASES))
+@pytest.mark.parametrize("base", sorted(COUNTER_AT))
 @pytest.mark.parametrize("kind", sorted(KINDS))
 def test_two_nodes_increment_a_counter_under_a_lock(two: tuple[str, str], kind: str, base: str) -> None:  # noqa: F811
     """Two processes, one per mount, each add 1 to the number in the file N times at once,
     under a blocking lock: the file ends at 2N."""
     a, b = two
     pa, pb = fresh(a, b, f"count-{kind}-{base}")
-    pad = base == "chunked"
-    if pad:
-        pa.write_bytes(b"0".ljust(20, b".") + b"c" * (3 << 20))
-    else:
-        pa.write_bytes(b"0")
+    at = COUNTER_AT[base]
+    pa.write_bytes(b"c" * at + b"0")
     rounds = 15
     procs: list[subprocess.Popen[str]] = []
     try:
         for path in (pa, pb):
-            p = subprocess.Popen([sys.executable, "-u", "-c", COUNTER, str(path), kind, str(rounds), str(int(pad))],
+            p = subprocess.Popen([sys.executable, "-u", "-c", COUNTER, str(path), kind, str(rounds), str(at)],
                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
             procs.append(p)
             expect_line(p, "ready")
@@ -134,11 +147,11 @@ def test_two_nodes_increment_a_counter_under_a_lock(two: tuple[str, str], kind: 
         for p in procs:
             if p.poll() is None:
                 p.kill()
-    for path in (pa, pb):
-        data = path.read_bytes()
-        assert int(data[:20].split(b".")[0]) == 2 * rounds, data[:20]
-        if pad:
-            assert len(data) == 20 + (3 << 20)
+    total = 2 * rounds
+    for path in (pa, pb):  # under the lock: a plain open may see the size the kernel cached
+        data = locked_read(path, kind)  # within attr_timeout (the other node's last rounds)
+        assert data[at:] == str(total).encode() + b"." * total, data[at:at + 20]
+        assert data[:at] == b"c" * at
 
 
 @pytest.mark.parametrize("base", sorted(BASES))
@@ -174,4 +187,4 @@ def test_an_append_after_the_other_node_truncated(two: tuple[str, str], kind: st
     finally:
         os.close(fa)
         os.close(fb)
-    assert pa.read_bytes() == want and pb.read_bytes() == want
+    assert locked_read(pa, kind) == want and locked_read(pb, kind) == want
