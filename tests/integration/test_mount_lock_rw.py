@@ -188,3 +188,35 @@ def test_an_append_after_the_other_node_truncated(two: tuple[str, str], kind: st
         os.close(fa)
         os.close(fb)
     assert locked_read(pa, kind) == want and locked_read(pb, kind) == want
+
+
+@pytest.mark.parametrize("base", sorted(BASES))
+def test_writes_buffered_before_the_lock_are_kept_and_shared_descriptors_follow(
+        two: tuple[str, str], base: str) -> None:  # noqa: F811
+    """Node B writes (no fsync) before it locks: the lock sends those bytes out before the
+    revalidation reopens B's file (nothing lost), and B's second descriptor, which shares the
+    client file, reads and writes meta's file from then on too."""
+    lock, unlock = KINDS["fcntl"]
+    a, b = two
+    pa, pb = fresh(a, b, f"dirty-{base}")
+    size = BASES[base]
+    pa.write_bytes(b"h" * size)
+    fa = os.open(pa, os.O_RDWR)
+    fb, fb2 = os.open(pb, os.O_RDWR), os.open(pb, os.O_RDWR)
+    try:
+        assert len(read_all(fb2)) == size
+        lock(fa, True)
+        os.pwrite(fa, b"A" * 1000, size)  # grows it: B's files knew the old length
+        os.fsync(fa)
+        unlock(fa)
+        os.pwrite(fb, b"B" * 10, 0)  # buffered at B, not synced
+        lock(fb, True)
+        want = b"B" * 10 + b"h" * (size - 10) + b"A" * 1000
+        assert read_all(fb) == want and read_all(fb2) == want
+        os.pwrite(fb2, b"C" * 10, len(want))  # at the end B's files know now
+        unlock(fb)
+        want += b"C" * 10
+        assert locked_read(pa, "fcntl") == want
+    finally:
+        for fd in (fa, fb, fb2):
+            os.close(fd)
