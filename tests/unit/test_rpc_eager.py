@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-from typing import cast
+from typing import Any, cast
 
 import pytest
 
@@ -230,6 +230,40 @@ def test_an_onward_call_from_the_first_step_runs_in_a_task_of_its_own() -> None:
         # the first connects (suspends before the call); the second calls in the first step
         for _ in range(2):
             assert (await client.call(addr, STAT, PathReq(path="/onward"))).body.attr.inode == 0x1234
+        assert svc.in_task == [False, False]
+
+    run(go())
+
+
+class _TimedConnect:
+    """A transport whose connect runs under ``asyncio.timeout``, as ``TcpTransport``'s does
+    (the simulated one does not): it needs a current task."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    async def connect(self, address: Address, sink_factory: Any, *, timeout_s: float) -> Any:
+        async with asyncio.timeout(timeout_s):
+            return await self.inner.connect(address, sink_factory, timeout_s=timeout_s)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+def test_a_connect_from_the_first_step_runs_in_a_task_of_its_own() -> None:
+    """A handler's first onward call connects before it calls: a transport connect that uses
+    ``asyncio.timeout`` (TCP's) must not meet a first step with no task (it raised
+    ``RuntimeError: Timeout should be used inside a task``)."""
+
+    async def go() -> None:
+        net, server, svc, addr, client = await _setup(True)
+        back = RpcServer("back", net.transport("10.0.0.3"), eager=True)
+        back.add_service(Back())
+        onward = RpcClient(cast(Any, _TimedConnect(net.transport("10.0.0.1"))))
+        svc.onward = (onward, await back.start(Address("10.0.0.3", 7001)))
+        trace.TRACE.set(0x4321)
+        for _ in range(2):  # the first connects in the first step; the second calls in it
+            assert (await client.call(addr, STAT, PathReq(path="/onward"))).body.attr.inode == 0x4321
         assert svc.in_task == [False, False]
 
     run(go())

@@ -288,6 +288,10 @@ class RpcClient:
                     raise
 
     async def _connect(self, address: Address) -> ClientConnection:
+        if asyncio.current_task() is None:
+            # an eager handler's first step (``net.rpc_eager``): the transport's connect may
+            # use ``asyncio.timeout`` (TCP does), which needs a task, so it gets one of its own
+            return await asyncio.ensure_future(self._connect(address))
         fut: asyncio.Future[ClientConnection] = asyncio.get_running_loop().create_future()
         self._connecting[address] = fut
         try:
