@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -75,5 +76,46 @@ def test_blackhole_reset_delay_and_heal(tmp_path: Path) -> None:
         finally:
             await rpc.close()
             await server.close()
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("case", ["scatter", "late"])
+def test_a_payload_whose_frame_a_blackhole_dropped_leaves_nothing_for_the_next(case: str) -> None:
+    """A blackhole lets ``payload_buffer`` through and drops ``frame_received``: the state the
+    connection set for that payload (a call's Scatter, or a pooled scratch for a late reply)
+    must not apply to the next frame (it came back marked scattered, or empty)."""
+    from loomfs.net.faults import _FaultySink
+    from loomfs.net.rpc_client import ClientConnection, _Pending
+    from loomfs.net.scatter import Scatter
+    from loomfs.wire import frame as fr
+
+    def header(rid: int) -> fr.Header:
+        return fr.Header(1, 2, rid, 1000, 0, "", b"", 0, 0)
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        addr = Address("127.0.0.1", 1)
+        conn = ClientConnection(addr)
+        rules = FaultRules(Path("/nonexistent/faults.json"))
+        sink = _FaultySink(conn, rules, addr)
+        first: asyncio.Future[Any] = loop.create_future()
+        second: asyncio.Future[Any] = loop.create_future()
+        if case == "scatter":
+            conn._pending[1] = _Pending(first, Scatter([memoryview(bytearray(8))]))
+        conn._pending[2] = _Pending(second, None)
+        rules._rules = [Rule(str(addr), "blackhole")]
+        rules._reload = lambda: None  # type: ignore[method-assign]
+        buf = sink.payload_buffer(fr.KIND_RESPONSE, header(1), 8)  # reply 1 arrives ...
+        assert buf is not None
+        sink.frame_received(fr.KIND_RESPONSE, header(1), memoryview(bytearray(8)), True)  # ... dropped
+        rules._rules = []
+        dest = sink.payload_buffer(fr.KIND_RESPONSE, header(2), 8)
+        assert isinstance(dest, memoryview)
+        dest[:] = b"REALDATA"
+        sink.frame_received(fr.KIND_RESPONSE, header(2), dest, True)
+        _, payload, crc_ok = second.result()
+        assert bytes(payload) == b"REALDATA" and crc_ok
+        assert not first.done()
 
     asyncio.run(main())

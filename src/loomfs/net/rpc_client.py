@@ -60,6 +60,8 @@ class _Pending:
 
 
 _SCATTERED = memoryview(bytearray(0))  # frame_received's mark: the payload went into the Scatter
+
+
 class ClientConnection:
     """One multiplexed connection to a peer."""
 
@@ -82,6 +84,7 @@ class ClientConnection:
 
     # FrameSink
     def payload_buffer(self, kind: int, header: fr.Header, length: int) -> memoryview | Scatter:
+        self._forget_payload()  # a frame whose end a sink dropped (fault injection's blackhole)
         p = self._pending.get(header.request_id)
         self._receiving = header.request_id
         dest = p.recv_into if p is not None else None
@@ -97,8 +100,18 @@ class ClientConnection:
             return memoryview(self._scratch)[:length]
         return memoryview(bytearray(length))
 
+    def _forget_payload(self) -> None:
+        """Drop the state ``payload_buffer`` set for a payload whose frame never reached
+        ``frame_received``, so that it cannot apply to the next frame."""
+        self._scattering = False
+        if self._scratch is not None:
+            scratch, self._scratch = self._scratch, None
+            DEFAULT_POOL.release(scratch)
+
     def frame_received(self, kind: int, header: fr.Header, payload: memoryview, crc_ok: bool) -> None:
-        self._receiving = 0
+        receiving, self._receiving = self._receiving, 0
+        if receiving != header.request_id:  # a frame without a payload: nothing was set for it
+            self._forget_payload()
         if self._scattering:
             self._scattering = False
             payload = _SCATTERED
