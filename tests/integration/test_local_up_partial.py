@@ -32,6 +32,29 @@ def test_local_up_restarts_what_is_missing(own_cluster: LocalCluster, capsys: py
     LocalCluster.from_dir(root).stop_service("storage2")
 
 
+def test_a_restart_with_a_port_taken_says_so(own_cluster: LocalCluster, capsys: pytest.CaptureFixture[str]) -> None:
+    """``local up`` of a stopped cluster whose storage port was taken meanwhile: it used to print
+    that storage "running" and exit 0 (mgmtd still listed the node from before) while the
+    process had died with EADDRINUSE. Now it refuses with the port, keeps the cluster's state,
+    and starts once the port is free again."""
+    root = str(own_cluster.root)
+    own_cluster.stop()
+    port = own_cluster.services["storage2"].port
+    try:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", port))
+            s.listen()
+            assert main(["local", "up", "--dir", root]) != 0
+            err = capsys.readouterr().err
+            assert "ports already in use" in err and str(port) in err and "Traceback" not in err
+            assert (own_cluster.root / "cluster.json").exists()
+            assert not any(x.alive() for x in LocalCluster.from_dir(root).services.values())
+        assert main(["local", "up", "--dir", root]) == 0
+        assert main(["local", "status", "--dir", root]) == 0
+    finally:
+        LocalCluster.from_dir(root).stop()
+
+
 def test_metrics_ports_follow_from_the_service_ports(cluster: LocalCluster) -> None:
     """Issue 15 item 11: every service's /metrics port is predictable from the base port
     (meta and storage: their port + 100; mgmtd: base + 9)."""

@@ -221,9 +221,7 @@ class LocalCluster:
         base = self.base_port if self.base_port is not None else find_base_port(span)
         services = [0, *range(1, 1 + self.meta_nodes), 9, *range(10, 10 + self.storage_nodes)]
         metrics = [i + METRICS_OFFSET for i in services if i not in (0, 9)]  # meta and storage
-        busy = [base + i for i in services + metrics if not _port_free(base + i)]
-        if busy:
-            raise LoomError(f"ports already in use: {busy} (pick another --base-port)", errno=errno.EADDRINUSE)
+        self._refuse_busy([base + i for i in services + metrics])
         self.base_port = base
         svcs = [ServiceProc("mgmtd", "mgmtd", base, 0, str(self.root / "mgmtd"))]
         for i in range(1, self.meta_nodes + 1):
@@ -234,6 +232,18 @@ class LocalCluster:
         svcs += [ServiceProc(f"mgmtd{i}", "mgmtd", base + 8 + self.storage_nodes + i, 0, str(self.root / f"mgmtd{i}"))
                  for i in range(2, self.mgmtd_servers + 1)]
         self.services = {s.name: s for s in svcs}
+
+    def _saved_ports(self) -> list[int]:
+        """The ports a restart binds: every service's, meta's and storage's /metrics, mgmtd's."""
+        ports = [s.port for s in self.services.values()]
+        ports += [s.port + METRICS_OFFSET for s in self.services.values() if s.kind in ("meta", "storage")]
+        return ports + ([self.mgmtd_metrics_port] if self.base_port is not None else [])
+
+    @staticmethod
+    def _refuse_busy(ports: list[int]) -> None:
+        busy = sorted(p for p in set(ports) if not _port_free(p))
+        if busy:
+            raise LoomError(f"ports already in use: {busy} (pick another --base-port)", errno=errno.EADDRINUSE)
 
     # ---- credentials (docs/security.md) ---------------------------------------------------
     @property
@@ -375,6 +385,9 @@ class LocalCluster:
                 raise LoomError(f"cluster at {self.root} is already running ({', '.join(running)})")
             for s in self.services.values():
                 s.pid = 0  # stopped earlier; only processes started from here on are watched
+            # a restart binds the saved ports again: one taken since would leave that service
+            # dead at start-up while mgmtd still lists it from before (so the waits pass)
+            self._refuse_busy(self._saved_ports())
         else:
             self.root.mkdir(parents=True, exist_ok=True)
             self._plan()
