@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
@@ -148,6 +149,32 @@ def test_meta_store_instrumentation_times_and_counts_failed_transactions() -> No
     assert s.total("loomfs_meta_txn_seconds_count", kind="write") == 2
     assert s.total("loomfs_meta_txn_seconds_count", kind="read") == 1
     assert s.total("loomfs_meta_txn_failed_total", kind="write") == 1
+
+
+def test_a_transaction_that_cannot_even_start_counts_as_failed() -> None:
+    """The store's ``write()`` itself raising (a closed store, a bad argument) is a failed
+    transaction, as it was with the generator wrapper: the call happens at ``__aenter__``."""
+
+    class _Closed:
+        def read(self) -> Any:
+            raise RuntimeError("store closed")
+
+        write = read
+
+    store = _Closed()
+    reg = CollectorRegistry()
+    instrument_meta_store(store, reg)
+    txn = store.write()  # creating the context manager does not call the store yet
+
+    async def go() -> None:
+        with pytest.raises(RuntimeError):
+            async with txn:
+                pass
+
+    asyncio.run(go())
+    s = _scrape(reg)
+    assert s.total("loomfs_meta_txn_failed_total", kind="write") == 1
+    assert s.total("loomfs_meta_txn_seconds_count", kind="write") == 1
 
 
 class _FakeState:

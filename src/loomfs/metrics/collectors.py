@@ -309,7 +309,7 @@ def instrument_meta_store(store: Any, registry: CollectorRegistry) -> Histogram:
 
 def _timed_txn(fn: Callable[[], Any], child: Histogram, failed: Any) -> Callable[[], Any]:
     def timed() -> _TimedTxn:
-        return _TimedTxn(fn(), child, failed)
+        return _TimedTxn(fn, child, failed)
 
     timed.__loomfs_timed__ = True  # type: ignore[attr-defined]
     return timed
@@ -320,10 +320,11 @@ class _TimedTxn:
     costs a generator, its frames and a ``contextlib`` wrapper per transaction on meta's hot
     path; docs/meta-cpu.md)."""
 
-    __slots__ = ("_cm", "_child", "_failed", "_t0")
+    __slots__ = ("_fn", "_cm", "_child", "_failed", "_t0")
 
-    def __init__(self, cm: Any, child: Histogram, failed: Any) -> None:
-        self._cm = cm
+    def __init__(self, fn: Callable[[], Any], child: Histogram, failed: Any) -> None:
+        self._fn = fn  # the store's transaction factory: called at __aenter__, as the wrapped
+        self._cm: Any = None  # method would have been, so its failures count as failed too
         self._child = child
         self._failed = failed
         self._t0 = 0.0
@@ -331,6 +332,7 @@ class _TimedTxn:
     async def __aenter__(self) -> Any:
         self._t0 = time.perf_counter()
         try:
+            self._cm = self._fn()
             return await self._cm.__aenter__()
         except BaseException:
             self._failed.inc()
