@@ -3,8 +3,15 @@ save that read them has written them, never while busy."""
 
 from __future__ import annotations
 
+import os
+import select
+import signal
+from collections.abc import Callable
+
+import pytest
 import torch
 
+from loomfs.checkpoint import _staging
 from loomfs.checkpoint._staging import Stager, signature
 
 
@@ -104,3 +111,108 @@ def test_reused_copy_takes_every_kind_of_tensor_bytewise() -> None:
     assert again["step"] == 2
     live["big"][0].fill_(9.0)  # type: ignore[index]
     assert float(again["big"][0][0]) == 2.0  # type: ignore[index]
+
+
+def restaged(make: Callable[[int], torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """``make(2)`` staged into the copy that staged ``make(1)`` (the reused path), and the live
+    tensor it was staged from."""
+    st = Stager()
+    _, tok = st.stage({"w": make(1)})
+    st.release(tok)
+    live = {"w": make(2)}
+    again, tok2 = st.stage(live)
+    assert tok2 is tok and st.reused_total == 1
+    return again["w"], live["w"]
+
+
+def conj_view(k: int) -> torch.Tensor:
+    return (torch.arange(8.0).to(torch.complex64) * (1 + 2j) * k).conj()
+
+
+def neg_view(k: int) -> torch.Tensor:
+    return torch._neg_view(torch.arange(1.0, 9.0) * k)
+
+
+@pytest.mark.parametrize("make", [conj_view, neg_view])
+def test_reused_copy_keeps_lazy_conj_and_neg_bits(make: Callable[[int], torch.Tensor]) -> None:
+    """A conj or neg view's memory holds the values before the lazy bit; memmoving it staged
+    the unconjugated / unnegated values (review F3)."""
+    staged, live = restaged(make)
+    assert live.is_conj() or live.is_neg()
+    assert torch.equal(staged.resolve_conj().resolve_neg(), live.resolve_conj().resolve_neg())
+
+
+def test_reused_copy_keeps_the_quantizer() -> None:
+    """A quantized tensor is its int representation plus scale and zero point; memmoving the
+    ints left the staged copy with the first save's scale (review F3)."""
+    staged, live = restaged(lambda k: torch.quantize_per_tensor(
+        torch.arange(8.0) * k, scale=0.1 * k, zero_point=k, dtype=torch.qint8))
+    assert staged.is_quantized
+    assert (staged.q_scale(), staged.q_zero_point()) == (live.q_scale(), live.q_zero_point())
+    assert torch.equal(staged.int_repr(), live.int_repr())
+    assert torch.equal(staged.dequantize(), live.dequantize())
+
+
+def test_reused_copy_of_an_efficient_zero_tensor() -> None:
+    """A ZeroTensor (forward-AD's zeros) has no memory: data_ptr() is 0 though it reports
+    numel * itemsize bytes, so a memmove from it read address 0 (a segfault)."""
+    staged, live = restaged(lambda k: torch._efficientzerotensor(4))
+    assert live.data_ptr() == 0 and live.nbytes == 16
+    assert torch.equal(staged, torch.zeros(4))
+
+
+def test_only_a_plain_tensor_is_copied_as_bytes() -> None:
+    """What the memmove path takes: exactly the tensors whose value is their bytes."""
+    x = torch.arange(16.0)
+    with torch.inference_mode():
+        inference = torch.ones(4)
+
+    class Sub(torch.Tensor):
+        pass
+
+    plain = {"plain": x, "offset view": x[3:9], "parameter": torch.nn.Parameter(x).detach(),
+             "inference": inference, "bool": x > 3, "bf16": x.to(torch.bfloat16),
+             "complex32": x.to(torch.complex32), "float8": x.to(torch.float8_e4m3fn),
+             "empty": torch.empty(0)}
+    other = {"conj": x.to(torch.complex64).conj(), "neg": torch._neg_view(x),
+             "quantized": torch.quantize_per_tensor(x, 0.5, 0, torch.quint8),
+             "zero tensor": torch._efficientzerotensor(16), "functional": torch._to_functional_tensor(x),
+             "sparse": x.to_sparse(), "mkldnn": x.to_mkldnn(), "meta": torch.empty(16, device="meta"),
+             "subclass": x.as_subclass(Sub), "transposed": x.view(4, 4).t(), "expanded": x[:1].expand(16)}
+    for name, t in plain.items():
+        assert _staging._bytes_only(t), name
+    for name, t in other.items():
+        assert not _staging._bytes_only(t), name
+
+
+def test_forked_child_stages_after_the_parent_did(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The copy threads' pool does not survive fork: a child that reused its parent's pool
+    queued its copy on threads that are not there, and hung (review F4)."""
+    monkeypatch.setattr(_staging, "COPY_THREADS", 2)  # the pool, even on a 1-CPU machine
+    st = Stager()
+    sd = {f"t{i}": torch.full((1024,), float(i)) for i in range(4)}  # several bins: the pool
+    for _ in range(2):
+        _, tok = st.stage(sd)
+        st.release(tok)
+    assert st.reused_total == 1
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child stages once more, says whether it matched, and leaves
+        code = 1
+        try:
+            again, _ = st.stage(sd)
+            code = 0 if all(torch.equal(again[k], v) for k, v in sd.items()) else 2
+        finally:
+            os.write(w, bytes([code]))
+            os._exit(code)
+    os.close(w)
+    try:
+        ready, _, _ = select.select([r], [], [], 30.0)
+        answer = os.read(r, 1) if ready else b""
+    finally:
+        os.close(r)
+        if not ready:
+            os.kill(pid, signal.SIGKILL)
+        _, status = os.waitpid(pid, 0)
+    assert answer == b"\x00", "the child's stage did not finish within 30 s" if not ready else answer
+    assert os.waitstatus_to_exitcode(status) == 0

@@ -10,7 +10,8 @@ per contiguous CPU tensor (ctypes releases the GIL), the tensors spread over ``C
 threads: for large buffers glibc stores non-temporally, so the destination is not read into
 the cache first; ``Tensor.copy_`` is. Interleaved, 2 GiB in 256 tensors into warm memory, on
 the 2-core development VM under load: ``copy_`` 0.39 s, ``memmove`` on 2 threads 0.25 s
-(medians of 10; session 11). Anything else (another device, strides, dtype) uses ``copy_``.
+(medians of 10; session 11). Anything else (another device, strides, dtype, lazy conj/neg bits,
+quantized, ZeroTensor, subclasses: see ``_bytes_only``) uses ``copy_``.
 
 A staged copy is *busy* from ``stage`` until the save that reads it has written its data
 (``release``); a stage while it is busy (an overlapping save, or one that failed before it
@@ -35,6 +36,19 @@ _memmove.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t]
 _memmove.restype = ctypes.c_void_p
 _pool: ThreadPoolExecutor | None = None
 _pool_lock = threading.Lock()
+_PLAIN_KEYS = torch._C._dispatch_keys(torch.empty(0))  # CPU, autograd, autocast: nothing else
+
+
+def _after_fork_in_child() -> None:
+    """The parent's copy threads are not in the child, but its pool thinks they are idle and
+    would start none: work queued on it never ran (the child hung)."""
+    global _pool, _pool_lock
+    _pool = None
+    _pool_lock = threading.Lock()  # a parent thread may have held it at the fork
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def signature(obj: Any) -> tuple[Any, ...] | None:
@@ -77,11 +91,24 @@ def _fresh(x: Any) -> Any:
     return x  # immutable
 
 
+def _bytes_only(t: torch.Tensor) -> bool:
+    """Whether ``t``'s value is exactly its ``nbytes`` of contiguous CPU memory from
+    ``data_ptr()`` (storage offset included), so a memmove gives what ``copy_`` gives. Not so:
+    a lazy conj or neg bit (the memory holds the values before it), a quantized tensor's scale
+    and zero point, a ZeroTensor or functional wrapper (``data_ptr()`` is 0), sparse, mkldnn
+    and nested layouts, meta, other devices, and subclasses (their ``__torch_function__``
+    may define the copy). The dispatch-key test catches every such property at once (any key
+    a plain CPU tensor lacks), the named tests say which ones it covers."""
+    return (type(t) is torch.Tensor and t.device.type == "cpu" and t.layout == torch.strided
+            and not (t.is_conj() or t.is_neg() or t.is_quantized or t.is_nested or t._is_zerotensor())
+            and (torch._C._dispatch_keys(t) | _PLAIN_KEYS) == _PLAIN_KEYS and t.is_contiguous())
+
+
 def _plain(src: torch.Tensor, dst: torch.Tensor) -> bool:
-    """Whether ``src`` can be copied into ``dst`` as bytes (both contiguous CPU memory of the
-    same dtype and shape)."""
-    return (src.device.type == "cpu" and dst.device.type == "cpu" and src.dtype == dst.dtype
-            and src.shape == dst.shape and src.is_contiguous() and dst.is_contiguous())
+    """Whether ``src`` can be copied into ``dst`` as bytes (see ``_bytes_only``; same dtype
+    and shape)."""
+    return (src.dtype == dst.dtype and src.shape == dst.shape
+            and _bytes_only(src) and _bytes_only(dst))
 
 
 def _copy_bytes(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
