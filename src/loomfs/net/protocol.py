@@ -28,28 +28,25 @@ import socket
 from collections.abc import Callable
 from typing import Protocol
 
-from loomfs.net.buffers import BufferPool
-from loomfs.net.bulkrecv import BULK_MIN_BYTES, BulkJob, BulkReceiver
+from loomfs.net.bulkrecv import BulkJob, BulkReceiver
+from loomfs.net.protocol_recv import (
+    BULK_HEAD_RECV_BYTES,
+    INITIAL_RECV_BYTES,
+    RECV_POOL,
+    FrameReceiver,
+)
+from loomfs.net.protocol_send import LARGE_PAYLOAD_BYTES, FrameSender
 from loomfs.net.scatter import Scatter
-from loomfs.net.sendfile import FileRegion, sendfile_some
 from loomfs.wire import frame as fr
+
+__all__ = ["BULK_HEAD_RECV_BYTES", "INITIAL_RECV_BYTES", "KEEPALIVE_IDLE_S", "KEEPALIVE_INTERVAL_S",
+           "KEEPALIVE_PROBES", "LARGE_PAYLOAD_BYTES", "RECV_POOL", "FrameProtocol", "FrameSink"]
 
 logger = logging.getLogger(__name__)
 
-INITIAL_RECV_BYTES = 256 << 10
-# with a bulk receiver, a read that starts a new frame takes at most this much: the loop copies
-# only the head of a large payload (the rest goes to a receive thread), not 256 KiB of it
-BULK_HEAD_RECV_BYTES = 64 << 10
-LARGE_PAYLOAD_BYTES = 128 << 10
-RECV_POOL = BufferPool(max_cached_bytes=16 << 20)  # receive buffers of idle/closed connections
 KEEPALIVE_IDLE_S = 60  # TCP keepalive: a peer that vanished (half-open) is found in ~90 s
 KEEPALIVE_INTERVAL_S = 10
 KEEPALIVE_PROBES = 3
-
-
-def _set_once(fut: asyncio.Future[None]) -> None:
-    if not fut.done():
-        fut.set_result(None)
 
 
 class FrameSink(Protocol):
@@ -68,7 +65,10 @@ class FrameSink(Protocol):
     def connection_lost(self, exc: BaseException | None) -> None: ...
 
 
-class FrameProtocol(asyncio.BufferedProtocol):
+class FrameProtocol(FrameSender, FrameReceiver, asyncio.BufferedProtocol):
+    """One connection: lifecycle and state here, receiving in ``FrameReceiver``
+    (``net.protocol_recv``), sending in ``FrameSender`` (``net.protocol_send``)."""
+
     def __init__(
         self,
         sink_factory: Callable[[FrameProtocol], FrameSink],
@@ -136,37 +136,6 @@ class FrameProtocol(asyncio.BufferedProtocol):
         tr.set_write_buffer_limits(high=1 if tls else 0, low=0)
         self.sink = self._sink_factory(self)
 
-    def get_buffer(self, sizehint: int) -> memoryview:
-        if self._p_dest is not None:
-            return self._p_dest[self._p_pos :]
-        if self._buf is None:
-            self._take_buffer(INITIAL_RECV_BYTES)
-        if self._end == len(self._mv):
-            self._make_room(len(self._mv) - (self._end - self._start) or 1)
-        if self._bulk is not None and self._end == self._start:
-            return self._mv[self._end : self._end + BULK_HEAD_RECV_BYTES]
-        return self._mv[self._end :]
-
-    def buffer_updated(self, nbytes: int) -> None:
-        if self._closed:
-            return
-        try:
-            if self._p_dest is not None:
-                self._p_acc = fr.crc(self._p_dest[self._p_pos : self._p_pos + nbytes], self._p_acc)
-                self._p_pos += nbytes
-                if self._p_pos == len(self._p_dest):
-                    if self._p_parts:  # a scatter: on to its next part
-                        self._p_dest, self._p_pos = self._p_parts.pop(), 0
-                    else:
-                        self._finish_payload()
-                return
-            self._end += nbytes
-            if self._stalled is None:
-                self._parse()
-        except fr.FrameError as exc:
-            logger.warning("closing connection from %s: %s", self.peer, exc)
-            self.abort(exc)
-
     def eof_received(self) -> bool | None:
         return False
 
@@ -189,111 +158,6 @@ class FrameProtocol(asyncio.BufferedProtocol):
         if self.sink is not None:
             self.sink.connection_lost(exc)
 
-    def pause_writing(self) -> None:
-        self._write_paused = True
-
-    def resume_writing(self) -> None:
-        self._write_paused = False
-        for w in self._drain_waiters:
-            if not w.done():
-                w.set_result(None)
-        self._drain_waiters.clear()
-
-    # ---- sending ---------------------------------------------------------------------------
-    async def send(self, prefix_and_header: bytes,
-                   payload: bytes | bytearray | memoryview | FileRegion | None) -> None:
-        """Send one frame; when this returns the payload may be reused.
-
-        Frames go out one at a time (a lock keeps them whole). Small ones go through the
-        asyncio transport. A large payload is sent with ``socket.send`` on a dup of the
-        socket, straight from the caller's buffer, once the transport's own buffer is empty:
-        on Python 3.11 the transport would copy whatever the kernel does not take at once
-        into a freshly grown buffer, and fresh memory is slow on this VM. A ``FileRegion``
-        payload goes out with ``os.sendfile`` on that dup (page cache -> socket), or is read
-        into memory first where there is no dup (TLS, uvloop).
-        """
-        if self._closed or self.transport is None:
-            raise ConnectionResetError("connection closed")
-        if isinstance(payload, FileRegion) and self._raw is None:
-            payload = bytes(payload)
-        async with self._send_lock:
-            if self._closed:
-                raise ConnectionResetError("connection closed")
-            region = payload if isinstance(payload, FileRegion) else None
-            large = payload is not None and (region is not None or (
-                len(payload) >= LARGE_PAYLOAD_BYTES and self._raw is not None))
-            self.transport.write(prefix_and_header)
-            if payload is not None and len(payload) and not large:
-                self.transport.write(payload)  # type: ignore[arg-type]  # not a FileRegion: large
-            if self._write_paused:
-                await self._drained()
-            if region is not None:
-                await self._raw_sendfile(region)
-            elif large:
-                assert payload is not None and not isinstance(payload, FileRegion)
-                await self._raw_send(memoryview(payload).cast("B"))
-
-    async def _raw_sendfile(self, region: FileRegion) -> None:
-        """``region`` with ``os.sendfile`` on the dup of the socket; a failure midway (the
-        file ended early, the socket broke) leaves a torn frame: the connection is aborted."""
-        assert self._raw is not None
-        loop = asyncio.get_running_loop()
-        fd = self._raw.fileno()
-        off, total = 0, len(region)
-        while off < total:
-            if self._closed:
-                raise ConnectionResetError("connection closed")
-            try:
-                off += sendfile_some(fd, region, off)
-            except OSError as exc:
-                self.abort(exc)
-                raise ConnectionResetError(f"sendfile failed: {exc}") from exc
-            if off < total:
-                await self._writable(loop, fd)
-
-    async def _writable(self, loop: asyncio.AbstractEventLoop, fd: int) -> None:
-        """Wait until the socket (the dup ``fd``) takes more bytes, or the connection is lost."""
-        fut: asyncio.Future[None] = loop.create_future()
-        loop.add_writer(fd, _set_once, fut)
-        self._drain_waiters.append(fut)
-        try:
-            await fut
-        finally:
-            loop.remove_writer(fd)
-
-    async def _drained(self) -> None:
-        """Wait until the transport's buffer is empty (pause == non-empty, see connection_made)."""
-        while self._write_paused:
-            if self._closed:
-                raise ConnectionResetError("connection closed")
-            if self.transport is not None and self.transport.get_write_buffer_size() == 0:
-                return  # nothing left to drain, whatever the last pause/resume said
-            fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-            self._drain_waiters.append(fut)
-            await fut
-
-    async def _raw_send(self, view: memoryview) -> None:
-        assert self._raw is not None
-        loop = asyncio.get_running_loop()
-        fd = self._raw.fileno()
-        off, total = 0, len(view)
-        while off < total:
-            if self._closed:
-                raise ConnectionResetError("connection closed")
-            try:
-                off += self._raw.send(view[off:])
-            except (BlockingIOError, InterruptedError):
-                pass
-            except OSError as exc:
-                self.abort(exc)
-                raise ConnectionResetError(f"send failed: {exc}") from exc
-            if off < total:
-                await self._writable(loop, fd)
-
-    async def drain(self) -> None:
-        if self._closed:
-            raise ConnectionResetError("connection closed")
-
     def abort(self, exc: BaseException | None = None) -> None:
         self._cancel_bulk()  # before returning: nothing lands in a caller's buffer after abort
         if self.transport is not None and not self._closed:
@@ -308,212 +172,3 @@ class FrameProtocol(asyncio.BufferedProtocol):
         self._reading_paused = True
         if self.transport is not None and not self._closed:
             self.transport.pause_reading()
-
-    def resume_reading(self) -> None:
-        """Read again; a payload that was waiting for a buffer asks for one first."""
-        self._reading_paused = False
-        if self._closed:
-            return
-        if self._stalled is not None:
-            try:
-                if not self._resume_stalled():
-                    return
-                self._parse()
-            except fr.FrameError as exc:
-                logger.warning("closing connection from %s: %s", self.peer, exc)
-                self.abort(exc)
-                return
-            if self._reading_paused or self._stalled is not None or self._closed:
-                return  # the sink paused us again while frames were being parsed
-        if self.transport is not None and self._bulk_job is None:
-            self.transport.resume_reading()
-
-    @property
-    def partial_frame(self) -> bool:
-        """Part of a frame has arrived and the rest has not (not counting a payload that
-        waits for a buffer on our side)."""
-        if self._stalled is not None:
-            return False
-        return self._p_dest is not None or self._end > self._start
-
-    @property
-    def stalled(self) -> bool:
-        return self._stalled is not None
-
-    def release_idle_buffer(self) -> bool:
-        """Give the receive buffer back when nothing is buffered (idle connection)."""
-        if self._buf is None or self._end != self._start or self._p_dest is not None or self._stalled:
-            return False
-        self._give_back_buffer()
-        return True
-
-    def _take_buffer(self, n: int) -> None:
-        buf = RECV_POOL.acquire(n)
-        assert isinstance(buf, mmap.mmap)
-        self._buf, self._mv = buf, memoryview(buf)
-        self._start = self._end = 0
-
-    def _give_back_buffer(self) -> None:
-        buf, self._buf = self._buf, None
-        if buf is not None:
-            self._mv.release()
-            self._mv = memoryview(b"")
-            self._start = self._end = 0
-            RECV_POOL.release(buf)
-
-    # ---- parsing ---------------------------------------------------------------------------
-    def _make_room(self, need: int) -> None:
-        """Compact the receive buffer; grow it (bounded) when a header will not fit."""
-        assert self._buf is not None
-        live = self._end - self._start
-        if self._start:
-            self._buf.move(0, self._start, live)
-            self._start, self._end = 0, live
-        if len(self._buf) - live < need:
-            size = len(self._buf)
-            while size - live < need:
-                size *= 2
-            if size > fr.MAX_HEADER_BYTES + fr.PREFIX_SIZE + INITIAL_RECV_BYTES:
-                raise fr.FrameError("receive buffer would exceed its bound")
-            old, old_mv = self._buf, self._mv
-            new = RECV_POOL.acquire(size)
-            assert isinstance(new, mmap.mmap)
-            new[:live] = old[:live]
-            old_mv.release()
-            RECV_POOL.release(old)
-            self._buf, self._mv = new, memoryview(new)
-
-    def _parse(self) -> None:
-        assert self.sink is not None
-        while not self._closed:
-            avail = self._end - self._start
-            if self._prefix is None:
-                if avail < fr.PREFIX_SIZE:
-                    break
-                self._prefix = fr.parse_prefix(
-                    self._mv[self._start : self._start + fr.PREFIX_SIZE], self.max_payload_bytes
-                )
-            prefix = self._prefix
-            need = fr.PREFIX_SIZE + prefix.header_len
-            if avail < need:
-                if len(self._mv) - self._start < need:
-                    self._make_room(need)
-                break
-            hstart = self._start + fr.PREFIX_SIZE
-            header = fr.decode_header(prefix, self._mv[hstart : hstart + prefix.header_len])
-            header.payload_crc = prefix.payload_crc
-            self._start += need
-            self._prefix = None
-            plen = prefix.payload_len
-            if plen == 0:
-                self.sink.frame_received(prefix.kind, header, memoryview(b""), prefix.payload_crc == 0)
-                continue
-            if not self._begin_payload(prefix.kind, header, plen, prefix.payload_crc):
-                break
-            if self._p_dest is not None:
-                # the rest of the payload goes straight into dest
-                self._start = self._end = 0
-                break
-        if self._start == self._end:
-            self._start = self._end = 0
-
-    def _begin_payload(self, kind: int, header: fr.Header, plen: int, pcrc: int) -> bool:
-        """Start receiving a payload; False when the sink has no buffer for it yet."""
-        assert self.sink is not None
-        dest = self.sink.payload_buffer(kind, header, plen)
-        if dest is None:
-            self._stalled = (kind, header, plen, pcrc)
-            if not self._reading_paused:
-                self._reading_paused = True
-                if self.transport is not None:
-                    self.transport.pause_reading()
-            return False
-        if len(dest) != plen:
-            raise fr.FrameError("payload sink returned a buffer of the wrong size")
-        take = min(plen, self._end - self._start)
-        if isinstance(dest, Scatter):
-            return self._begin_scatter(kind, header, dest, take, pcrc)
-        if take:
-            dest[:take] = self._mv[self._start : self._start + take]
-            self._start += take
-        self._p_header, self._p_kind, self._p_dest = header, kind, dest
-        self._p_pos, self._p_crc = take, pcrc
-        self._p_acc = fr.crc(dest[:take]) if take else 0
-        if take == plen:
-            self._finish_payload()
-        elif self._bulk is not None and self._raw is not None and plen - take >= BULK_MIN_BYTES:
-            self._start_bulk()
-        return True
-
-    def _begin_scatter(self, kind: int, header: fr.Header, dest: Scatter, take: int, pcrc: int) -> bool:
-        """A payload received into ``dest``'s parts (on the loop, never on a receive thread)."""
-        head = self._mv[self._start : self._start + take]
-        dest.write(head)
-        self._start += take
-        self._p_acc = fr.crc(head) if take else 0
-        parts = dest.parts[::-1]  # popped from the end: the next part last
-        cur = parts.pop()
-        pos = take
-        while pos >= len(cur) and parts:
-            pos -= len(cur)
-            cur = parts.pop()
-        self._p_header, self._p_kind, self._p_dest, self._p_parts = header, kind, cur, parts
-        self._p_pos, self._p_crc = pos, pcrc
-        if take == dest.nbytes:
-            self._finish_payload()
-        return True
-
-    # ---- large payloads on a receive thread ------------------------------------------------
-    def _start_bulk(self) -> None:
-        assert self._bulk is not None and self._raw is not None and self._p_dest is not None
-        # stop reading first: the epoll change is done before a receive thread wakes up and
-        # competes for the GIL
-        if self.transport is not None:
-            self.transport.pause_reading()  # the receive thread owns the socket's input now
-        try:
-            self._bulk_job = self._bulk.start(self._raw, self._p_dest, self._p_pos, self._p_acc, self._bulk_done)
-        except OSError as exc:  # no fd for the dup (EMFILE), no thread: receive it on the loop
-            logger.debug("receiving a payload from %s on the loop: %s", self.peer, exc)
-            if self.transport is not None and not self._reading_paused:
-                self.transport.resume_reading()
-
-    def _bulk_done(self, job: BulkJob) -> None:
-        if job is not self._bulk_job:
-            return  # cancelled (the connection was aborted or lost meanwhile)
-        self._bulk_job = None
-        if self._closed:
-            return
-        if job.error is not None:
-            logger.warning("closing connection to %s: receiving a payload failed: %s", self.peer, job.error)
-            self.abort(job.error)
-            return
-        self._p_pos, self._p_acc = job.pos, job.acc
-        self._finish_payload()
-        if not self._closed and not self._reading_paused and self._stalled is None and self.transport is not None:
-            self.transport.resume_reading()
-
-    def _cancel_bulk(self) -> None:
-        job, self._bulk_job = self._bulk_job, None
-        if job is not None:
-            job.cancel()
-
-    def _resume_stalled(self) -> bool:
-        """Ask again for the stalled payload's buffer; True once it is being received."""
-        assert self._stalled is not None
-        kind, header, plen, pcrc = self._stalled
-        self._stalled = None
-        if not self._begin_payload(kind, header, plen, pcrc):
-            return False
-        if self._p_dest is not None:
-            self._start = self._end = 0  # everything buffered went into dest
-        return True
-
-    def _finish_payload(self) -> None:
-        assert self.sink is not None and self._p_dest is not None and self._p_header is not None
-        dest, header, kind, want = self._p_dest, self._p_header, self._p_kind, self._p_crc
-        if self._p_parts is not None:  # a scatter: its bytes are in its parts
-            dest, self._p_parts = memoryview(b""), None
-        self._p_dest = self._p_header = None
-        self._p_pos = 0
-        ok = self._p_acc == want
-        self.sink.frame_received(kind, header, dest, ok)
