@@ -10,7 +10,9 @@ with backoff (``WAIT_BACKOFF``: 2 ms doubling to 100 ms, as JuiceFS polls) until
 locks it renews its lease at meta every third of ``lease_s``; a lease that ran out (the client
 was cut off or paused that long) loses every lock at once: the renewal says so, the locks are
 forgotten here and ``lost_total`` counts them (logged as an error). A process that dies with
-its client loses its locks one lease later; ``close`` ends them at once.
+its client loses its locks one lease later; ``close`` ends them at once. A lock call whose
+caller never hears "granted" (cancelled on the way, or no answer) leaves nothing held: once
+meta answered, the range is unlocked again, less what the owner held meanwhile (``_attempt``).
 
 For scripts: ``await lock(client, path, WRITE)`` / ``unlock`` by path, and the blocking API
 through ``fs.run(lock(fs.client, ...))``.
@@ -27,6 +29,15 @@ import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from loomfs.client.lock_ranges import (
+    Range,
+    ranges_add,
+    ranges_cover,
+    ranges_cut,
+    ranges_less,
+    ranges_sub,
+    ranges_union,
+)
 from loomfs.common.retry import Backoff
 from loomfs.errors import LoomError
 from loomfs.wire import meta_lock as wl
@@ -48,6 +59,29 @@ DEFAULT_LEASE_S = 30.0
 WAIT_BACKOFF = Backoff(0.002, 0.1)
 
 
+class _Owner:
+    """What this side knows of one owner's locks on one file (inode, kind): ``held`` what it
+    may hold at meta (granted, or maybe granted and not undone), by range; and the attempts
+    in flight (``inflight``), which form a group from the first that starts to the last
+    answered: ``touched`` is every range held at some moment of the group (held when it
+    began, or granted to a caller since), ``untold`` the ranges of attempts whose callers were
+    never told "granted" (undone once the group is over, less ``touched``), ``drained`` the
+    undo's wait for that."""
+
+    def __init__(self) -> None:
+        self.held: list[Range] = []
+        self.inflight = 0
+        self.touched: list[Range] = []
+        self.untold: list[Range] = []
+        self.drained: asyncio.Future[list[Range]] | None = None
+
+    def begin(self) -> None:
+        if self.inflight == 0:
+            self.touched = list(self.held)
+            self.untold = []
+        self.inflight += 1
+
+
 class LockClient:
     """This client's locks at meta: set/get/release, blocking waits, the lease."""
 
@@ -63,7 +97,8 @@ class LockClient:
         self.used = False  # took a lock at some point (close tells meta)
         self.waits_total = 0  # polls of blocking waits
         self.lost_total = 0  # owners whose locks a lapsed lease took away
-        # (inode, kind, owner) -> the undo of a grant a cancelled caller never saw (_attempt)
+        self._owners: dict[tuple[int, int, int], _Owner] = {}  # (inode, kind, owner) -> what it holds
+        # (inode, kind, owner) -> the undo of grants no caller saw (_attempt): the owner's next call waits
         self._undoing: dict[tuple[int, int, int], asyncio.Task[None]] = {}
 
     def __repr__(self) -> str:
@@ -98,6 +133,8 @@ class LockClient:
         if not lost:
             return
         self._held -= lost
+        for key in lost:
+            self._forget(key)
         self.lost_total += len(lost)
         logger.error("the lock lease of client %#x ran out (cut off from meta for %.0fs?): "
                      "%d lock owner(s) lost their locks", self.client_id, self.lease_s, len(lost))
@@ -131,38 +168,105 @@ class LockClient:
 
     async def _attempt(self, inode: int, kind: int, type_: int, first: int, last: int, owner: int,
                        pid: int) -> wl.LockInfo | None:
-        """``try_set``, and if the caller is cancelled while it is in flight (an interrupted
-        blocking ``lock()``, a FUSE INTERRUPT), a grant it may still bring is undone: the call
-        runs on, and once meta answered (granted, or no answer), an UNLOCK of the range
-        follows, so the lock's fate is "not granted", as the caller was told. Only when this
-        owner held nothing on the file before (else the unlock could drop a lock it held
-        before the call). The owner's next call on the file waits for that undo first."""
+        """``try_set``, kept in the owner's record (``_Owner``). A caller that never hears
+        "granted" (cancelled while the call is in flight: an interrupted blocking ``lock()``,
+        a FUSE INTERRUPT; or the call got no answer) is left holding nothing: the call runs on,
+        and once every attempt of this owner on the file has been answered, an UNLOCK of the
+        range follows, less any part the owner was known to hold at some moment meanwhile
+        (held before, or granted to another caller of the same owner: the unlock would drop
+        that lock; such a part stays held until a release, and a warning says so). The
+        owner's next call on the file waits for that undo first, as it waits for the answer
+        of a cancelled UNLOCK."""
         key = (inode, kind, owner)
-        pending = self._undoing.get(key)
-        if pending is not None:
+        while (pending := self._undoing.get(key)) is not None and not pending.done():
             await asyncio.wait([pending])
-        fresh = type_ != UNLOCK and key not in self._held
-        task = asyncio.ensure_future(self.try_set(inode, kind, type_, first, last, owner=owner, pid=pid))
-        if not fresh:
-            return await task
+        rng = (0, OFFSET_MAX) if kind == FLOCK else (first, last)
+        st = self._owners.get(key)
+        if st is None:
+            st = self._owners[key] = _Owner()
+        st.begin()
+        call = asyncio.ensure_future(self.try_set(inode, kind, type_, first, last, owner=owner, pid=pid))
         try:
-            return await asyncio.shield(task)
+            hit = await asyncio.shield(call)
         except asyncio.CancelledError:
-            undo = asyncio.get_running_loop().create_task(
-                self._undo_late_grant(task, inode, kind, first, last, owner, pid), name="loomfs-lock-undo")
-            self._undoing[key] = undo
-            undo.add_done_callback(lambda t: self._undoing.pop(key) if self._undoing.get(key) is t else None)
+            if call.done():
+                self._answered(key, st, type_, rng, call, told=False)
+            else:  # the owner's next call waits for the answer (and the undo): a late
+                # UNLOCK would drop what it takes, a late grant add to it
+                self._undo_when_answered(key, st)
+                call.add_done_callback(lambda c: self._answered(key, st, type_, rng, c, told=False))
             raise
+        except BaseException:
+            self._answered(key, st, type_, rng, call, told=False)
+            raise
+        self._answered(key, st, type_, rng, call, told=True)
+        return hit
 
-    async def _undo_late_grant(self, task: asyncio.Future[wl.LockInfo | None], inode: int, kind: int,
-                               first: int, last: int, owner: int, pid: int) -> None:
-        await asyncio.wait([task])
-        if not task.cancelled() and task.exception() is None and task.result() is not None:
-            return  # refused: nothing was taken
-        try:
-            await self.try_set(inode, kind, UNLOCK, first, last, owner=owner, pid=pid)
-        except (LoomError, OSError) as exc:
-            logger.warning("undoing the lock of inode %d that a cancelled call may have taken: %s", inode, exc)
+    def _answered(self, key: tuple[int, int, int], st: _Owner, type_: int, rng: Range,
+                  call: asyncio.Future[wl.LockInfo | None], *, told: bool) -> None:
+        """One attempt's answer came (or never will): the owner's record follows it."""
+        if call.cancelled():
+            granted, unknown = False, True
+        else:
+            exc = call.exception()
+            granted = exc is None and call.result() is None
+            unknown = isinstance(exc, TimeoutError | ConnectionError)  # meta may have acted on it
+        if type_ == UNLOCK:
+            if granted:
+                st.held = ranges_sub(st.held, rng)
+        elif granted and told:
+            st.held = ranges_add(st.held, rng)
+            st.touched = ranges_add(st.touched, rng)
+        elif granted or unknown:
+            st.untold.append(rng)
+            self._undo_when_answered(key, st)
+        st.inflight -= 1
+        if st.inflight == 0:
+            self._drain(key, st)
+
+    def _undo_when_answered(self, key: tuple[int, int, int], st: _Owner) -> None:
+        if st.drained is not None:
+            return
+        fut: asyncio.Future[list[Range]] = asyncio.get_running_loop().create_future()
+        st.drained = fut
+        undo = asyncio.get_running_loop().create_task(self._undo(key, st, fut), name="loomfs-lock-undo")
+        self._undoing[key] = undo
+        undo.add_done_callback(lambda t: self._undoing.pop(key) if self._undoing.get(key) is t else None)
+
+    def _drain(self, key: tuple[int, int, int], st: _Owner) -> None:
+        """Every attempt of the owner on the file was answered: what none of its callers was
+        told it got is undone, less what the owner was known to hold meanwhile."""
+        fut, st.drained = st.drained, None
+        if fut is None:
+            self._tidy(key, st)
+            return
+        undo: list[Range] = []
+        for r in ranges_union(st.untold):
+            undo += ranges_less([r], st.touched)
+            for part in ranges_cut(st.touched, r):
+                if not ranges_cover(st.held, part):
+                    logger.warning("inode %d: a lock over %d..%d that a cancelled call of owner %#x may have "
+                                   "taken is left in place (the same owner held it meanwhile); it goes when "
+                                   "the owner releases the file", key[0], part[0], part[1], key[2])
+                st.held = ranges_add(st.held, part)
+        st.untold = []
+        if not fut.done():  # cancelled: the loop is closing
+            fut.set_result(undo)
+
+    async def _undo(self, key: tuple[int, int, int], st: _Owner, answered: asyncio.Future[list[Range]]) -> None:
+        inode, kind, owner = key
+        for first, last in await answered:
+            try:
+                await self.try_set(inode, kind, UNLOCK, first, last, owner=owner)
+            except (LoomError, OSError) as exc:  # it goes with a release, or the lease
+                cur = self._owners.setdefault(key, st)
+                cur.held = ranges_add(cur.held, (first, last))
+                logger.warning("undoing the lock of inode %d that a cancelled call may have taken: %s", inode, exc)
+        self._tidy(key, st)
+
+    def _tidy(self, key: tuple[int, int, int], st: _Owner) -> None:
+        if st.inflight == 0 and st.drained is None and not st.held and self._owners.get(key) is st:
+            del self._owners[key]
 
     async def get(self, inode: int, kind: int, type_: int, first: int = 0, last: int = OFFSET_MAX, *,
                   owner: int) -> wl.LockInfo | None:
@@ -178,7 +282,15 @@ class LockClient:
         rsp: wl.LockReleaseRsp = await self.meta.call(
             wl.LOCK_RELEASE, wl.LockReleaseReq(inode=inode, kind=kind, client_id=self.client_id, owner=owner))
         self._held.discard((inode, kind, owner))
+        self._forget((inode, kind, owner))
         return rsp.released
+
+    def _forget(self, key: tuple[int, int, int]) -> None:
+        """The owner holds nothing on the file at meta now (released, or its lease lapsed)."""
+        st = self._owners.get(key)
+        if st is not None:
+            st.held = []
+            self._tidy(key, st)
 
     def _keep_renewing(self) -> None:
         task = self._renew_task
@@ -211,6 +323,8 @@ class LockClient:
             task.cancel()
         if self.used:
             self._held.clear()
+            for key in list(self._owners):
+                self._forget(key)
             await self.meta.call(wl.LOCK_RENEW, wl.LockRenewReq(client_id=self.client_id, drop=True))
 
 
