@@ -30,6 +30,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from loomfs.kvcache import _entry as E
+from loomfs.kvcache._jobs import run_all
 from loomfs.kvcache._segments import OPEN_SUFFIX
 
 if TYPE_CHECKING:
@@ -203,7 +204,7 @@ async def _move(cache: AsyncKVCache, entries: Sequence[tuple[str, E.Entry]]) -> 
         async with slots:
             return await cache.read_value_into(e, memoryview(buf))
 
-    ok = await asyncio.gather(*(read(e, b) for (_, e), b in zip(entries, bufs, strict=True)))
+    ok = await run_all([read(e, b) for (_, e), b in zip(entries, bufs, strict=True)])
     good = [(n, e, b) for (n, e), b, fine in zip(entries, bufs, ok, strict=True) if fine]
     bad: list[tuple[str, E.Entry | None]] = [(n, e) for (n, e), fine in zip(entries, ok, strict=True) if not fine]
     dropped = await _remove_entries(cache, bad)

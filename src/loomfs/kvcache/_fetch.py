@@ -7,7 +7,6 @@ one chunk read at once (``_reads``) or scattered straight into their destination
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -17,6 +16,7 @@ import crc32c
 from loomfs.client.layout import split_range
 from loomfs.kvcache import _entry as E
 from loomfs.kvcache._crccat import tiled_crc
+from loomfs.kvcache._jobs import run_all
 from loomfs.kvcache._reads import Run
 from loomfs.kvcache._scatter import SCATTER_RUNS, ScatterPlan, scatter_plan
 from loomfs.kvcache._values import Target, rebuild
@@ -56,13 +56,11 @@ class ValueFetch:
                 if wire_crc == e.value_crc:
                     return True  # the reply's CRC, checked on arrival, is the value's: no second pass
             else:
-                reads = [store.read_chunk(layout, e.seg_inode, p.index, p.offset, p.length,
-                                          view[p.buffer_offset : p.buffer_offset + p.length])
-                         for p in pieces]
-                if len(reads) == 1:
-                    await reads[0]
-                else:
-                    await asyncio.gather(*reads)
+                # a piece that fails cancels the others and waits for them: none writes into
+                # ``view`` (a caller's buffer) once this has raised
+                await run_all([store.read_chunk(layout, e.seg_inode, p.index, p.offset, p.length,
+                                                view[p.buffer_offset : p.buffer_offset + p.length])
+                               for p in pieces])
         if crc32c.crc32c(view) != e.value_crc:
             self.stats.corrupt += 1
             logger.info("kvcache %s: value of %s fails its CRC (moved or torn): a miss",

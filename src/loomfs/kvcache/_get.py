@@ -17,6 +17,7 @@ from loomfs.kvcache import _entry as E
 from loomfs.kvcache._fetch import ValueFetch
 from loomfs.kvcache._icache import IndexCache
 from loomfs.kvcache._index import read_entries
+from loomfs.kvcache._jobs import run_all
 from loomfs.kvcache._reads import Run, plan_reads
 from loomfs.kvcache._values import Target, value_info
 
@@ -71,7 +72,13 @@ class GetPath(ValueFetch):
 
     async def get_many(self, keys: Sequence[bytes], into: Sequence[Any] | None = None) -> list[Any]:
         """Values of ``keys`` (None for a miss), aligned with ``keys``; ``into[i]`` (a
-        writable buffer, ndarray or tensor, or None) receives value i without a copy."""
+        writable buffer, ndarray or tensor, or None) receives value i without a copy.
+
+        Raises ``InvalidArgument`` when an ``into=`` buffer is smaller than its value. Every
+        buffer of one meta group (``META_GROUP_KEYS`` keys) is checked before any of the
+        group's values is read; once get_many has raised, no read it started is running and
+        none writes into a buffer later. Buffers of another group (or of index-cache hits)
+        read before the error may hold their values."""
         ks = [E.check_key(k) for k in keys]
         if into is not None and len(into) != len(ks):
             raise InvalidArgument(f"get_many: {len(ks)} keys but {len(into)} into= buffers")
@@ -95,10 +102,9 @@ class GetPath(ValueFetch):
 
             step = META_GROUP_KEYS if META_GROUP_KEYS > 0 else len(ask)
             parts = [ask[j : j + step] for j in range(0, len(ask), step)]
-            if len(parts) == 1:
-                await group(parts[0])
-            else:  # meta answers one group while the values of the one before are read
-                await asyncio.gather(*(group(p) for p in parts))
+            # meta answers one group while the values of the one before are read; a group that
+            # fails (a buffer too small) cancels the others' reads and waits for them to end
+            await run_all([group(p) for p in parts])
         hits = sum(r is not None for r in out)
         self.stats.hits += hits
         self.stats.misses += len(ks) - hits
@@ -114,6 +120,9 @@ class GetPath(ValueFetch):
         out: list[Any] = [None] * len(entries)
         targets = [_target(t(value_info(e.value_bytes, e.kind, e.desc))) if e is not None and callable(t)
                    and not isinstance(t, Target) else t for t, e in zip(targets, entries, strict=True)]
+        for t, e in zip(targets, entries, strict=True):
+            if e is not None and isinstance(t, Target):
+                t.fit(e.value_bytes)  # a buffer too small fails here, before any read is issued
         slots = asyncio.Semaphore(READS_INFLIGHT) if slots is None else slots
         alone, runs = plan_reads(entries)
 
@@ -141,10 +150,9 @@ class GetPath(ValueFetch):
 
         jobs = [one(i) for i, e in enumerate(entries) if e is not None and e.inline is not None]
         jobs += [one(i) for i in alone] + [run(r) for r in runs]
-        if len(jobs) == 1:
-            await jobs[0]
-        elif jobs:
-            await asyncio.gather(*jobs)
+        # an error cancels the sibling reads and waits for them: none writes into a caller's
+        # buffer after get_many has raised
+        await run_all(jobs)
         return out
 
     async def _entries(self, keys: Sequence[bytes]) -> list[E.Entry | None]:

@@ -19,13 +19,13 @@ calls do; a malformed reply raises ``ProtocolError``.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import crc32c
 
 from loomfs.errors import ChecksumError, ProtocolError, from_status
+from loomfs.kvcache._jobs import run_all
 from loomfs.wire import meta_batch as wb
 from loomfs.wire.status import Status
 
@@ -66,10 +66,7 @@ async def read_entries(client: AsyncClient, paths: Sequence[str],
     chunked: list[int] = []
     groups = _groups(paths)
     jobs = [_request(meta, paths, start, end, decode, out, chunked) for start, end in groups]
-    if len(jobs) == 1:
-        await jobs[0]
-    else:
-        await asyncio.gather(*jobs)
+    await run_all(jobs)  # one that fails cancels the others and waits for them
     if chunked:  # entries stored in chunks: not written by this code; the general read
         raw = await client.read_many([paths[i] for i in chunked])
         for i, r in zip(chunked, raw, strict=True):
