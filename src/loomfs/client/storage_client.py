@@ -19,11 +19,23 @@ import itertools
 import logging
 import random
 from collections.abc import Awaitable, Callable
-from typing import Any, Protocol
+from typing import Any
 
-import crc32c
-
+from loomfs.client.chunk_store import (
+    CRC_OFF_LOOP_BYTES,
+    GRANT_REFUSED,
+    INDEX_END_ALL,
+    READ_REQ_HAS_GRANT,
+    WRITE_GRANTS_MAX,
+    ChunkStore,
+    note_grant,
+    payload_crc,
+    read_req,
+    replica_pick,
+    zero_fill,
+)
 from loomfs.client.readgrants import ReadGrants
+from loomfs.client.storage_trims import FENCED_ATTEMPTS, QUERY_PAGE, REMOVE_BATCH, ChunkTrims
 from loomfs.common.clock import LOOP_CLOCK, Clock
 from loomfs.common.keylocks import KeyLocks
 from loomfs.common.retry import Backoff
@@ -35,45 +47,25 @@ from loomfs.net.transport import Address
 from loomfs.wire.message import Message, Method
 from loomfs.wire.status import Status
 from loomfs.wire.storage import (
-    QUERY_CHUNKS,
     READ,
-    REMOVE_CHUNKS,
     REPORT_CORRUPT,
-    TRUNCATE,
     WRITE,
     ChunkId,
-    QueryChunksReq,
-    ReadReq,
     ReadRsp,
-    RemoveChunksReq,
     ReportCorruptReq,
     RequestTag,
-    TruncateReq,
     WriteReq,
 )
 from loomfs.wire.types import Layout
 
+__all__ = ["CRC_OFF_LOOP_BYTES", "FENCED_ATTEMPTS", "GRANT_REFUSED", "INDEX_END_ALL", "QUERY_PAGE",
+           "READ_REQ_HAS_GRANT", "REMOVE_BATCH", "WRITE_GRANTS_MAX", "ChunkStore", "StorageClient",
+           "note_grant", "payload_crc", "read_req", "replica_pick", "zero_fill"]
+
 logger = logging.getLogger(__name__)
 
-INDEX_END_ALL = 1 << 62
-FENCED_ATTEMPTS = 5  # a fenced trim looks again this often when chunks were written meanwhile
-QUERY_PAGE = 10_000
-REMOVE_BATCH = 1024  # deleted files per removal request (storage takes up to 4097)
 CORRUPT_ROUNDS_MAX = 2  # a chunk failing its CRC on every serving replica this often is EIO
 CORRUPT_REREAD_S = 0.5  # ... waiting this long between (the replicas were told to repair it)
-
-# ReadReq.grant (issue 13's read grants) is being added to the wire types: until it is there,
-# reads carry no grant and none is fetched
-READ_REQ_HAS_GRANT = "grant" in getattr(ReadReq, "__dataclass_fields__", {})
-GRANT_REFUSED = frozenset({Status.EACCES, Status.AUTH_EXPIRED})  # a READ whose grant storage refused
-
-
-def read_req(grant: bytes, **fields: Any) -> ReadReq:
-    """A ReadReq with ``fields``, carrying ``grant`` when there is one (and the field exists)."""
-    if grant and READ_REQ_HAS_GRANT:
-        fields["grant"] = grant
-    return ReadReq(**fields)
-
 
 # statuses after which routing is refreshed before the next try
 _REFRESH = frozenset(
@@ -88,62 +80,6 @@ _REFRESH = frozenset(
 # statuses retried as they are, after a backoff
 _BACKOFF = frozenset({Status.SHUTTING_DOWN, Status.EAGAIN, Status.CHECKSUM_MISMATCH})
 
-_ZEROS = bytes(1 << 20)
-# a write's CRC32C is taken on a worker thread from this size on (the library releases the GIL:
-# the chunks of a flush hash on several cores while the loop sends); below it, on the loop
-CRC_OFF_LOOP_BYTES = 1 << 20
-
-
-async def payload_crc(data: memoryview) -> int:
-    """CRC32C of ``data``; big ones on the loop's default executor."""
-    if len(data) < CRC_OFF_LOOP_BYTES:
-        return crc32c.crc32c(data)
-    return await asyncio.get_running_loop().run_in_executor(None, crc32c.crc32c, data)
-
-
-def zero_fill(view: memoryview) -> None:
-    """Write zeros over ``view`` without allocating per call."""
-    pos, n = 0, len(view)
-    while pos < n:
-        k = min(n - pos, len(_ZEROS))
-        view[pos : pos + k] = _ZEROS[:k]
-        pos += k
-
-
-
-WRITE_GRANTS_MAX = 65536  # inodes whose write grant a client keeps
-
-
-def note_grant(store: object, inode: int, reply: object) -> None:
-    """Keep the write grant of an open/create reply (none from a meta without auth) in
-    ``store.write_grants`` (a StorageClient; test fakes have none), and its read grant, when meta
-    put one in (``read_grant``), in ``store.read_grants`` (no READ_GRANTS round trip then)."""
-    read_grant = getattr(reply, "read_grant", b"")
-    read_kept = getattr(store, "read_grants", None)
-    if read_grant and isinstance(read_kept, ReadGrants):
-        read_kept.note(inode, read_grant)
-    grant = getattr(reply, "write_grant", b"")
-    kept = getattr(store, "write_grants", None)
-    if not grant or kept is None:
-        return
-    kept.pop(inode, None)
-    kept[inode] = grant
-    while len(kept) > WRITE_GRANTS_MAX:  # bounded: the oldest go (opening again gets a new one)
-        del kept[next(iter(kept))]
-
-_U64 = (1 << 64) - 1
-
-
-def replica_pick(inode: int, index: int, stripe: int) -> int:
-    """Which serving replica (modulo their number) reads of chunk ``index`` of ``inode`` go
-    to: the same one from every client, so a chunk read again and again (a KV-cache block) is
-    held by one replica's page cache, not by each in turn. The chunks of one file on one chain
-    (every ``stripe``-th) take the replicas in turn, from a place that depends on the inode."""
-    h = (inode * 0x9E3779B97F4A7C15) & _U64  # splitmix64's finalizer
-    h = ((h ^ (h >> 30)) * 0xBF58476D1CE4E5B9) & _U64
-    h = ((h ^ (h >> 27)) * 0x94D049BB133111EB) & _U64
-    return (h ^ (h >> 31)) + index // max(1, stripe)
-
 
 class _NoServingTarget(LoomError):
     """The chain has no serving target in our routing snapshot (refresh and retry)."""
@@ -153,31 +89,8 @@ class _ChainChanged(LoomError):
     """The chain was reconfigured while a call to it hung (retry on the new routing)."""
 
 
-class ChunkStore(Protocol):
-    """What the file layer needs from storage (a fake implements this in tests)."""
 
-    async def read_chunk(
-        self, layout: Layout, inode: int, index: int, offset: int, length: int, into: memoryview
-    ) -> int: ...
-
-    async def write_chunk(
-        self, layout: Layout, inode: int, index: int, offset: int, data: memoryview
-    ) -> None: ...
-
-    async def truncate_chunk(self, layout: Layout, inode: int, index: int, length: int, *,
-                             fenced: bool = False) -> None: ...
-
-    async def remove_chunks(
-        self, layout: Layout, inode: int, index_begin: int, index_end: int = INDEX_END_ALL, *,
-        keep_versions: bool = False, fenced: bool = False,
-    ) -> None: ...
-
-    async def remove_file_chunks(self, inode: int, layout: Layout, length: int) -> None: ...
-
-    async def remove_files_chunks(self, files: list[tuple[int, Layout]]) -> None: ...
-
-
-class StorageClient:
+class StorageClient(ChunkTrims):
     """Chunk reads/writes with CRAQ replica choice and routing-aware retries."""
 
     def __init__(
@@ -467,123 +380,6 @@ class StorageClient:
                 )
 
             await self._call_chain(chain_id, "head", WRITE, make, payload=data, payload_crc=crc)
-
-    async def truncate_chunk(self, layout: Layout, inode: int, index: int, length: int, *,
-                             fenced: bool = False) -> None:
-        """Cut chunk ``index`` to ``length``. ``fenced`` (meta's trimmer): only if the chunk
-        was not written after this call looked at it (a copy of the call that arrives late,
-        after a write that followed the trim, must not cut that write)."""
-        chain_id = layout.chains[index % len(layout.chains)]
-        chunk = ChunkId(inode=inode, index=index)
-        async with self._chunk_updates.hold((inode, index)):
-            tag = self._tag()
-
-            async def attempt() -> None:
-                seen = (await self._head_versions(chain_id, inode, index, index + 1)).get(index, 0) if fenced else -1
-
-                def make(version: int, target: int) -> Message:
-                    return TruncateReq(
-                        chain_id=chain_id, chain_version=version, chunk=chunk, length=length,
-                        chunk_size=layout.chunk_size, tag=tag, if_ver_le=seen, durable=layout.durable,
-                        grant=self.write_grants.get(inode, b""),
-                    )
-
-                await self._call_chain(chain_id, "head", TRUNCATE, make)
-
-            await self._fenced(fenced, attempt, f"truncate of {inode}/{index}")
-
-    async def remove_chunks(
-        self, layout: Layout, inode: int, index_begin: int, index_end: int = INDEX_END_ALL, *,
-        keep_versions: bool = False, fenced: bool = False,
-    ) -> None:
-        """Remove chunks [index_begin, index_end) of ``inode`` on every chain of the layout
-        (``keep_versions``: a trim of a live file — chunks become empty new versions;
-        ``fenced``: a trim that leaves alone chunks written after it looked, see
-        ``truncate_chunk``)."""
-        if index_end <= index_begin:
-            return
-
-        async def one(chain_id: int) -> None:
-            async def attempt() -> None:
-                tag = self._tag()  # each attempt a new request: chunks an earlier one cut are empty (skipped)
-                seen: list[int] = []
-                if fenced:
-                    vers = await self._head_versions(chain_id, inode, index_begin, index_end)
-                    seen = [x for iv in sorted(vers.items()) for x in iv]
-
-                def make(version: int, target: int) -> Message:
-                    return RemoveChunksReq(
-                        chain_id=chain_id, chain_version=version, inode=inode,
-                        index_begin=index_begin, index_end=index_end, tag=tag, keep_versions=keep_versions,
-                        fenced=fenced, expect_vers=seen, grant=self.write_grants.get(inode, b""),
-                    )
-
-                await self._call_chain(chain_id, "head", REMOVE_CHUNKS, make)
-
-            await self._fenced(fenced, attempt, f"trim of inode {inode} on chain {chain_id}")
-
-        await asyncio.gather(*(one(c) for c in sorted(set(layout.chains))))
-
-    async def _fenced(self, fenced: bool, attempt: Callable[[], Awaitable[None]], what: str) -> None:
-        """Run ``attempt``; a fenced one refused because chunks were written after it looked
-        (VERSION_MISMATCH) looks again, up to ``FENCED_ATTEMPTS`` times."""
-        for n in range(FENCED_ATTEMPTS):
-            try:
-                await attempt()
-                return
-            except LoomError as exc:
-                if not fenced or exc.status is not Status.VERSION_MISMATCH or n == FENCED_ATTEMPTS - 1:
-                    raise
-                logger.info("fenced %s: written meanwhile, looking again", what)
-
-    async def _head_versions(self, chain_id: int, inode: int, index_begin: int, index_end: int) -> dict[int, int]:
-        """index -> newest version (committed or pending) of the inode's chunks in the range at
-        the chain's head."""
-        out: dict[int, int] = {}
-        begin = index_begin
-        while begin < index_end:
-            def make(version: int, target: int, begin: int = begin) -> Message:
-                return QueryChunksReq(target_id=target, inode=inode, index_begin=begin, index_end=index_end,
-                                      limit=QUERY_PAGE)
-
-            rsp = await self._call_chain(chain_id, "head", QUERY_CHUNKS, make)
-            metas = [m for m in rsp.body.chunks if m.chunk is not None]
-            for m in metas:
-                assert m.chunk is not None
-                out[m.chunk.index] = max(m.commit_ver, m.update_ver)
-            last = metas[-1].chunk if metas else None
-            if not rsp.body.more or last is None:
-                return out
-            begin = last.index + 1
-        return out
-
-    async def remove_file_chunks(self, inode: int, layout: Layout, length: int) -> None:
-        """Remove every chunk of a file (GC, O_TRUNC).
-
-        ``length`` is the recorded file length; all chunks of the inode are removed anyway,
-        since a writer may have written past the length meta recorded.
-        """
-        await self.remove_chunks(layout, inode, 0, INDEX_END_ALL)
-
-    async def remove_files_chunks(self, files: list[tuple[int, Layout]]) -> None:
-        """Remove every chunk of many deleted files (GC): one request per chain for up to
-        ``REMOVE_BATCH`` of them, instead of one per chain per file."""
-        by_chain: dict[int, list[int]] = {}
-        for inode, layout in files:
-            for chain_id in sorted(set(layout.chains)):
-                by_chain.setdefault(chain_id, []).append(inode)
-
-        async def one(chain_id: int, inodes: list[int]) -> None:
-            tag = self._tag()
-
-            def make(version: int, target: int) -> Message:
-                return RemoveChunksReq(chain_id=chain_id, chain_version=version, inode=inodes[0],
-                                       more_inodes=inodes[1:], tag=tag)
-
-            await self._call_chain(chain_id, "head", REMOVE_CHUNKS, make)
-
-        await asyncio.gather(*(one(c, inodes[i:i + REMOVE_BATCH]) for c, inodes in sorted(by_chain.items())
-                               for i in range(0, len(inodes), REMOVE_BATCH)))
 
     def __repr__(self) -> str:
         return f"StorageClient(client={self.client_id:#x} retries={self.retries_total})"
