@@ -120,9 +120,9 @@ class GetPath(ValueFetch):
         out: list[Any] = [None] * len(entries)
         targets = [_target(t(value_info(e.value_bytes, e.kind, e.desc))) if e is not None and callable(t)
                    and not isinstance(t, Target) else t for t, e in zip(targets, entries, strict=True)]
-        for t, e in zip(targets, entries, strict=True):
-            if e is not None and isinstance(t, Target):
-                t.fit(e.value_bytes)  # a buffer too small fails here, before any read is issued
+        for t, e in zip(targets, entries, strict=True):  # before any read is issued
+            if e is not None and isinstance(t, Target) and len(t.view) < e.value_bytes:
+                t.fit(e.value_bytes)  # raises: the buffer is too small
         slots = asyncio.Semaphore(READS_INFLIGHT) if slots is None else slots
         alone, runs = plan_reads(entries)
 
