@@ -115,7 +115,9 @@ class LockClient:
 
     async def try_set(self, inode: int, kind: int, type_: int, first: int = 0, last: int = OFFSET_MAX, *,
                       owner: int, pid: int = 0) -> wl.LockInfo | None:
-        """One attempt: None when granted (or unlocked), else the lock in the way."""
+        """One attempt: None when granted (or unlocked), else the lock in the way. Raw: ``set``
+        goes through ``_attempt``, which keeps the owner's record (``_Owner``) and undoes grants
+        no caller saw; a call made here directly is in no record."""
         key = (inode, kind, owner)
         before = set(self._held)
         before.discard(key)
