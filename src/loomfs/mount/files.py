@@ -23,7 +23,7 @@ from loomfs.mount.names import AbsentNames
 from loomfs.mount.options import MountOptions
 from loomfs.mount.prefetch import Budget, Prefetcher
 from loomfs.mount.stats import MountStats
-from loomfs.wire.meta import SetattrReq
+from loomfs.mount.writers import WriterOps
 from loomfs.wire.types import Attr
 
 logger = logging.getLogger(__name__)
@@ -31,7 +31,7 @@ T = TypeVar("T")
 READ_BUFFERS_KEPT = 16  # per request size: read replies reuse them
 
 
-class FileOps(pyfuse3.Operations):
+class FileOps(WriterOps, pyfuse3.Operations):
     client: AsyncClient
     options: MountOptions
     inodes: InodeTable
@@ -57,40 +57,6 @@ class FileOps(pyfuse3.Operations):
         async def _release_hold(self, hold_id: int) -> None: ...
         async def _drop_holds(self) -> None: ...
         async def _check_holds(self, h: Handle) -> None: ...
-
-    def _writers(self, inode: int) -> list[Handle]:
-        """Write handles of ``inode`` with an open client file (not one a close(2) closed)."""
-        return [h for h in self.handles.values()
-                if isinstance(h, Handle) and h.inode == inode and h.writable and not h.file.closed]
-
-    def _writer(self, inode: int) -> Handle | None:
-        """A write handle of ``inode``: every write open of a file here shares one client
-        file (and its lock), so each descriptor reads, sizes and appends what the others
-        wrote, as with one kernel inode."""
-        for h in self.handles.values():
-            if isinstance(h, Handle) and h.inode == inode and h.writable and not h.file.closed:
-                return h
-        return None
-
-    async def _usable(self, h: Handle) -> None:
-        """Reopen ``h``'s client file when the close(2) of its only descriptor closed it
-        (``flush``) and the open file is used again: a dup'd descriptor, or the writeback
-        of a shared mapping made before the close; or a lock's revalidation could not open
-        it again. Every descriptor that shared the closed file shares the new one."""
-        if h.file.closed:
-            async with h.lock:
-                old = h.file
-                if old.closed:
-                    if not self.inodes.has_name(h.inode):
-                        raise OSError(errno.ENOENT, "the file's last name went after its close", old.path)
-                    f = await self.call(self.client.open(self._inode_path(h.inode), "r+b"))
-                    if f.inode != h.inode:  # the name is another file's now
-                        await self.call(f.close())
-                        raise OSError(errno.ENOENT, "the file's name went to another file", f.path)
-                    for o in self.handles.values():
-                        if isinstance(o, Handle) and o.file is old:
-                            o.file = f
-                    h.file = f  # (released meanwhile: no longer in the table)
 
     def _new_handle(self, h: Handle | DirStream) -> int:
         fh = self._next_fh
@@ -126,13 +92,6 @@ class FileOps(pyfuse3.Operations):
             return True
         return before == version
 
-    async def _sync_writers(self, inode: int) -> None:
-        """A new open sees what this mount's open writer wrote (close-to-open at meta)."""
-        w = self._writer(inode)
-        if w is not None:
-            async with w.lock:
-                await self.call(w.file.fsync())
-
     @fuse_errors
     async def open(self, inode: int, flags: int, ctx: Any) -> pyfuse3.FileInfo:
         acc = flags & os.O_ACCMODE
@@ -154,8 +113,8 @@ class FileOps(pyfuse3.Operations):
         if acc == os.O_RDONLY:
             try:
                 opened = await self._opened_as(inode, await self.call(self.client.open(path, "rb")))
-            except FileNotFoundError:  # unlinked elsewhere: /proc/PID/fd/N of a file open here
-                return self._open_nameless(inode, flags)
+            except FileNotFoundError:  # unlinked elsewhere: /proc/PID/fd/N of a file open here,
+                return self._open_nameless(inode, flags, gone_errno=errno.ESTALE)  # else ESTALE
             if opened is None:  # the name is another file's now
                 return self._open_nameless(inode, flags, gone_errno=errno.ESTALE)
             try:  # kept by meta if unlinked while open; ENOENT if it went meanwhile
@@ -172,7 +131,7 @@ class FileOps(pyfuse3.Operations):
         try:
             f = await self._opened_as(inode, await self.call(self.client.open(path, "r+b")))
         except FileNotFoundError:
-            return self._open_nameless(inode, flags)
+            return self._open_nameless(inode, flags, gone_errno=errno.ESTALE)
         if f is None:
             return self._open_nameless(inode, flags, gone_errno=errno.ESTALE)
         if flags & os.O_TRUNC:
@@ -198,8 +157,10 @@ class FileOps(pyfuse3.Operations):
         """An open of a file open here whose last name went (``/proc/PID/fd/N``), or whose
         name leads to another file now: no path reaches it at meta, so the new descriptor
         shares an open one's client file (a write open needs a writable one). None open
-        here: ``gone_errno`` (ESTALE makes the kernel look the name up again and open what
-        it names now, as a local open racing a rename would)."""
+        here: ``gone_errno``. ESTALE makes the kernel look the name up again and open what
+        it names now, as a local open racing a rename or an unlink would: ENOENT, or a
+        CREATE for ``O_CREAT`` (another node unlinked the name after this kernel's lookup,
+        e.g. SQLite's rollback journal: an O_CREAT open answered ENOENT)."""
         writable = flags & os.O_ACCMODE != os.O_RDONLY
         for h in list(self.handles.values()):
             if isinstance(h, Handle) and h.inode == inode and not h.file.closed and (h.writable or not writable):
@@ -317,24 +278,6 @@ class FileOps(pyfuse3.Operations):
     async def _write_at(f: AsyncFile, off: int, buf: bytes) -> int:
         await f.seek(off)
         return await f.write(buf)
-
-    async def _synced(self, h: Handle, *, close: bool = False) -> None:
-        async with h.lock:
-            await self._synced_locked(h, close=close)
-
-    async def _synced_locked(self, h: Handle, *, close: bool = False) -> None:
-        await self.call(h.file.close() if close else h.file.fsync())
-        if h.times_ns is not None:  # by inode: also after its last name went
-            path = self._path_of(h) or h.file.path
-            req = SetattrReq(path=path, inode=h.inode, follow_symlinks=False,
-                             atime_ns=h.times_ns[0], mtime_ns=h.times_ns[1])
-            await self.call(self.client._setattr(req))
-
-    def _path_of(self, h: Handle) -> str | None:
-        """An open file's name now (None when the last one was unlinked)."""
-        if self.inodes.has_name(h.inode):
-            return self.inodes.path(h.inode)
-        return None if self.inodes.lookups(h.inode) else h.file.path
 
     @fuse_errors
     async def flush(self, fh: int) -> None:

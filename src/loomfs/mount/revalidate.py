@@ -22,6 +22,9 @@ meta has it now, whatever another node changed and published under the lock sinc
   its next use opens the name again (``_usable``: ENOENT when it is gone, as NFS answers
   ESTALE). Failures are logged and counted (``lock_revalidate_errors``): the lock stays
   granted.
+
+``LOOMFS_MOUNT_LOCK_REVALIDATE=0`` in the mount's environment turns both off (for A/B
+measurements of what they cost; locks are then no sync point for files already open).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import logging
+import os
 from typing import Any
 
 import pyfuse3
@@ -37,6 +41,7 @@ from loomfs.client.file import AsyncFile
 from loomfs.mount.edge import Handle
 
 logger = logging.getLogger(__name__)
+ENABLED = os.environ.get("LOOMFS_MOUNT_LOCK_REVALIDATE", "1") != "0"
 
 
 def _open_files(ops: Any, inode: int, *, writable: bool | None = None) -> list[list[Handle]]:
@@ -60,6 +65,8 @@ def _swap(ops: Any, old: AsyncFile, new: AsyncFile) -> None:
 async def flush_writers(ops: Any, inode: int) -> None:
     """Before a lock request of ``inode``: its write files here send what they buffer (to
     storage; an inline file's writes to meta). Raises the first write error."""
+    if not ENABLED:
+        return
     for group in _open_files(ops, inode, writable=True):
         h = group[0]
         async with h.lock:
@@ -70,6 +77,8 @@ async def flush_writers(ops: Any, inode: int) -> None:
 async def revalidate(ops: Any, inode: int) -> None:
     """After a lock of ``inode`` is granted: every client file of it here is meta's file now,
     and the kernel's pages and attributes of it are gone (see the module's doc)."""
+    if not ENABLED:
+        return
     stats = ops.stats.requests
     stats["lock_revalidations"] += 1
     for group in _open_files(ops, inode):
