@@ -31,6 +31,7 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 LOOP_THREAD_NAME = "loomfs-io"
 CLOSE_WAIT_S = 60.0
+CANCEL_WAIT_S = 10.0  # an interrupted blocking call waits this long for its work to stop
 ClientFactory = Callable[[], Awaitable[AsyncClient]]
 
 _lock = threading.Lock()
@@ -148,6 +149,13 @@ class SyncBridge:
         except BaseException:  # e.g. KeyboardInterrupt while waiting: stop the work too
             # callbacks run in FIFO order, so start() has created the task by then
             loop.call_soon_threadsafe(lambda: box[0].cancel())
+            # and wait for it to end: until then its reads may still land in the caller's
+            # buffers (``readinto``, a KV cache's ``into=``); bounded, and a second interrupt
+            # stops the wait
+            try:
+                done.acquire(timeout=CANCEL_WAIT_S)
+            except BaseException:
+                pass
             raise
         task = box[0]
         if task.cancelled():
