@@ -60,13 +60,14 @@ WAIT_BACKOFF = Backoff(0.002, 0.1)
 
 
 class _Owner:
-    """What this side knows of one owner's locks on one file (inode, kind): ``held`` what it
-    may hold at meta (granted, or maybe granted and not undone), by range; and the attempts
-    in flight (``inflight``), which form a group from the first that starts to the last
-    answered: ``touched`` is every range held at some moment of the group (held when it
-    began, or granted to a caller since), ``untold`` the ranges of attempts whose callers were
-    never told "granted" (undone once the group is over, less ``touched``), ``drained`` the
-    undo's wait for that."""
+    """What this side knows of one owner's locks on one file (inode, kind): ``held`` the
+    ranges its callers were told they hold (granted, and no unlock of them asked since; what
+    meta may hold besides, a grant no caller saw and not undone, is nobody's: a later undo may
+    drop it); and the attempts in flight (``inflight``), which form a group from the first
+    that starts to the last answered: ``touched`` is every range held at some moment of the
+    group (held when it began, or granted to a caller since), ``untold`` the ranges of
+    attempts whose callers were never told "granted" (undone once the group is over, less
+    ``touched``), ``drained`` the undo's wait for that."""
 
     def __init__(self) -> None:
         self.held: list[Range] = []
@@ -214,7 +215,7 @@ class LockClient:
             granted = exc is None and call.result() is None
             unknown = isinstance(exc, TimeoutError | ConnectionError)  # meta may have acted on it
         if type_ == UNLOCK:
-            if granted:
+            if granted or unknown:  # asked to unlock: whether or not it did, nobody holds it
                 st.held = ranges_sub(st.held, rng)
         elif granted and told:
             st.held = ranges_add(st.held, rng)
@@ -246,11 +247,10 @@ class LockClient:
         for r in ranges_union(st.untold):
             undo += ranges_less([r], st.touched)
             for part in ranges_cut(st.touched, r):
-                if not ranges_cover(st.held, part):
+                if not ranges_cover(st.held, part):  # held meanwhile, unlocked since
                     logger.warning("inode %d: a lock over %d..%d that a cancelled call of owner %#x may have "
                                    "taken is left in place (the same owner held it meanwhile); it goes when "
                                    "the owner releases the file", key[0], part[0], part[1], key[2])
-                st.held = ranges_add(st.held, part)
         st.untold = []
         if not fut.done():  # cancelled: the loop is closing
             fut.set_result(undo)
@@ -261,8 +261,6 @@ class LockClient:
             try:
                 await self.try_set(inode, kind, UNLOCK, first, last, owner=owner)
             except (LoomError, OSError) as exc:  # it goes with a release, or the lease
-                cur = self._owners.setdefault(key, st)
-                cur.held = ranges_add(cur.held, (first, last))
                 logger.warning("undoing the lock of inode %d that a cancelled call may have taken: %s", inode, exc)
         self._tidy(key, st)
 
