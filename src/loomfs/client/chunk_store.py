@@ -53,7 +53,6 @@ def zero_fill(view: memoryview) -> None:
         pos += k
 
 
-
 WRITE_GRANTS_MAX = 65536  # inodes whose write grant a client keeps
 
 

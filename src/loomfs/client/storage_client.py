@@ -89,7 +89,6 @@ class _ChainChanged(LoomError):
     """The chain was reconfigured while a call to it hung (retry on the new routing)."""
 
 
-
 class StorageClient(ChunkTrims):
     """Chunk reads/writes with CRAQ replica choice and routing-aware retries."""
 
