@@ -108,6 +108,7 @@ async def _reopen_reader(ops: Any, inode: int, old: AsyncFile) -> None:
         await ops.call(f.close())
         return
     _swap(ops, old, f)
+    ops.stats.requests["lock_reopens"] += 1
     await ops.call(old.close())
 
 
@@ -128,3 +129,4 @@ async def _reopen_writer(ops: Any, inode: int, h: Handle) -> None:
             await ops.call(f.close())
             return
         _swap(ops, old, f)
+        ops.stats.requests["lock_reopens"] += 1
