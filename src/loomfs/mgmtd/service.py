@@ -193,7 +193,10 @@ class MgmtdService:
                 chunks_left=req.chunks_left, bytes_left=req.bytes_left, done=req.done,
                 now_s=self.clock.monotonic(),
             )
-            await self._commit()
+            # an accepted "done" is saved even when routing did not move (another member's
+            # revocation holds the chain): the node never reports it again, so a restart that
+            # lost it left the target syncing forever (simulator seed 227006)
+            await self._commit(force=ok and req.done)
             return w.SyncReportRsp(accepted=ok, routing_version=self.state.version)
 
     @handles(w.DRAIN_NODE)
