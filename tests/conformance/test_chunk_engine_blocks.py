@@ -289,9 +289,10 @@ def _chunk_files(h: Harness, key: ChunkKey = K) -> list[Path]:
 
 
 def test_corruption_survives_unrelated_updates(h: Harness) -> None:
-    """Appends and zero-extending truncates read no old byte: they succeed on a chunk with bit
-    rot and keep the stored CRCs (block and whole-chunk) of the good content, so the rot stays
-    visible. (An overwrite elsewhere is refused instead: see the tests below.)"""
+    """Appends and zero-extending truncates read no old byte but the short last block they
+    continue: they succeed on a chunk with bit rot in another block and keep the stored CRCs
+    (block and whole-chunk) of the good content, so the rot stays visible. (An overwrite
+    elsewhere, or a growth of a rotten last block, is refused instead: see the tests below.)"""
     e = h.engine
     _write(0, BASE)(e, 1)
     commit(e)
@@ -341,6 +342,10 @@ REFUSED: dict[str, tuple[int, Callable[[ChunkEngine, int], object]]] = {
     "truncate keeping it whole": (ROT2, lambda e, v: e.stage_truncate(K, v, 3 * B + 7)),
     "truncate at its end": (ROT2, lambda e, v: e.stage_truncate(K, v, 3 * B)),
     "truncate into the rotten last block": (ROT5, lambda e, v: e.stage_truncate(K, v, 5 * B + 1000)),
+    # growing a chunk continues its short last block's CRC: a torn tail (simulator seed 227082)
+    "append to the rotten last block": (ROT5, _write(len(BASE), b"w" * 10)),
+    "write past a gap after the rotten last block": (ROT5, _write(len(BASE) + 2 * B, b"w" * 10)),
+    "zero-extend the rotten last block": (ROT5, lambda e, v: e.stage_truncate(K, v, len(BASE) + B)),
 }
 
 
@@ -354,8 +359,11 @@ def test_update_keeping_rotten_bytes_is_refused(h: Harness, case: str, pending_b
     h.corrupt(K, rot)
     bad = rot // B
     files = _chunk_files(h)
-    if pending_before:  # an append staged first (it reads no old byte, so it is accepted)
-        _write(len(BASE), b"pending")(e, 2)
+    if pending_before:  # an append staged first: it reads only the last block's old bytes
+        if bad == len(BASE) // B:
+            _expect_mismatch(lambda: _write(len(BASE), b"pending")(e, 2), bad)
+        else:
+            _write(len(BASE), b"pending")(e, 2)
     _expect_mismatch(lambda: stage_it(e, 3), bad)
     # nothing staged, a pending update before it dropped too, no file left behind
     st = e.get(K)
@@ -445,10 +453,12 @@ def test_random_updates_never_bless_rot(h: Harness) -> None:
             lo, hi = n, max(n, old_len)
             stage_it = functools.partial(e.stage_truncate, K, v, n)
         grows_only = lo >= old_len
-        # refused iff a rotten byte lies in an old block the update does not replace whole
+        # refused iff a rotten byte lies in an old block the update does not replace whole; one
+        # that only grows the chunk keeps (and checks) just the short last block
         keeps_rot = sorted({
             o // B for o in rot
-            if not grows_only and not (lo <= o // B * B and min(o // B * B + B, old_len) <= hi and lo < hi)
+            if ((o // B == old_len // B and old_len % B) if grows_only
+                else not (lo <= o // B * B and min(o // B * B + B, old_len) <= hi and lo < hi))
         })
         if keeps_rot:
             with pytest.raises(StatusError) as ei:

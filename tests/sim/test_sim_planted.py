@@ -35,7 +35,8 @@ CAUGHT_WITHIN = {
 # seeds that failed on the way (each a bug fixed in storage/, mgmtd/, net/ or the engines;
 # tests/unit/test_replication_defects.py has a regression test for each): they must pass
 FOUND_BUGS = [18, 24, 40, 48, 49, 50, 70, 72, 82, 86, 108, 132, 164, 173, 239, 313, 321, 371, 555, 620, 991,
-              1155, 2090, 3763, 4395, 5146, 20292, 895, 3771, 70133, 100649, 400189, 150943, 151227, 218556]
+              1155, 2090, 3763, 4395, 5146, 20292, 895, 3771, 70133, 100649, 400189, 150943, 151227, 218556,
+              227006, 227082]
 
 # the same for seeds of the "fsync" profile (failed fsyncs, lost pages, refused markers)
 FOUND_BUGS_FSYNC = [173070]

@@ -41,7 +41,7 @@ from loomfs.wire.storage import (
 )
 from loomfs.wire.types import ChainInfo, NodeInfo, NodeKind, RoutingInfo, TargetInfo, TargetState
 
-CHUNK_SIZE = 1 << 16
+CHUNK_SIZE = 1 << 17  # two 64 KiB blocks (an append checks only the last one)
 CHUNK = ChunkId(inode=7, index=0)
 KEY = ChunkKey(7, 0)
 
@@ -483,20 +483,24 @@ def test_scrub_brings_a_rotten_head_that_is_behind_to_the_tails_version() -> Non
     version and the tail had already committed the next one."""
     from loomfs.storage.scrub import Scrubber
 
+    from loomfs.storage.engine.blocks import BLOCK_BYTES
+
+    n0 = BLOCK_BYTES + 100  # the rot in the first, whole block: an append checks only the last
+
     async def body(c: Chain3) -> None:
-        await c.write(1, 0, b"x" * 100)
+        await c.write(1, 0, b"x" * n0)
         head = c.engine(1)
         head.corrupt(KEY, 5)
-        head.stage_write(KEY, 2, 100, b"tail")  # v2 pending at the head, rot carried along
+        head.stage_write(KEY, 2, n0, b"tail")  # v2 pending at the head, rot carried along
         for n in (2, 3):  # the successors committed v2
-            c.engine(n).stage_write(KEY, 2, 100, b"tail")
+            c.engine(n).stage_write(KEY, 2, n0, b"tail")
             await c.engine(n).commit(KEY, 2)
         scrub = Scrubber(c.nodes[0].service, bytes_per_s=0, interval_s=3600)
         good, _ = await scrub.check_chunk(c.nodes[0].target, KEY)
         assert not good and scrub.repaired == 1
         st = head.get(KEY)
         assert st is not None and (st.commit_ver, st.pending_ver) == (2, 0)
-        assert c.content(1) == c.content(3) == b"x" * 100 + b"tail" and head.verify(KEY) == []
+        assert c.content(1) == c.content(3) == b"x" * n0 + b"tail" and head.verify(KEY) == []
 
     run(body)
 
@@ -547,16 +551,20 @@ def test_scrub_drops_a_pending_version_that_carries_the_rot() -> None:
     never be pushed down intact, and the scrubber would not install the good copy over it."""
     from loomfs.storage.scrub import Scrubber
 
+    from loomfs.storage.engine.blocks import BLOCK_BYTES
+
+    n0 = BLOCK_BYTES + 100  # the rot in the first, whole block: an append checks only the last
+
     async def body(c: Chain3) -> None:
-        await c.write(1, 0, b"x" * 100)
+        await c.write(1, 0, b"x" * n0)
         head = c.engine(1)
         head.corrupt(KEY, 5)
-        head.stage_write(KEY, 2, 100, b"more")  # the leftover: nobody else has v2
+        head.stage_write(KEY, 2, n0, b"more")  # the leftover: nobody else has v2
         scrub = Scrubber(c.nodes[0].service, bytes_per_s=0, interval_s=3600)
         good, _ = await scrub.check_chunk(c.nodes[0].target, KEY)
         assert not good and scrub.repaired == 1
         st = head.get(KEY)
-        assert st is not None and (st.commit_ver, st.pending_ver) == (1, 0) and c.content(1) == b"x" * 100
+        assert st is not None and (st.commit_ver, st.pending_ver) == (1, 0) and c.content(1) == b"x" * n0
 
     run(body)
 

@@ -177,6 +177,15 @@ def kept_blocks(old_len: int, lo: int, hi: int) -> tuple[tuple[range, range], li
     return (range(first), range(last + 1, nb)), part
 
 
+def joined_block(old_len: int) -> list[int]:
+    """The old block an update growing content of ``old_len`` bytes keeps bytes of (an append,
+    a write past the end, a zero-extending truncate): the short last block, whose CRC it
+    continues; none when the content is whole blocks. Its old bytes are checked first: a torn
+    tail (a crash in the middle of the last commit) carried into a new version that only this
+    replica holds could never be repaired (simulator seed 227082)."""
+    return [old_len // BLOCK_BYTES] if old_len % BLOCK_BYTES else []
+
+
 def first_changed(blocks: bytes, computed: bytes, kept: tuple[range, ...]) -> int:
     """The first block of ranges ``kept`` whose CRC differs between two packed block CRC lists,
     or -1 (whole ranges compared at once: the common case is no difference)."""

@@ -76,6 +76,7 @@ from loomfs.storage.engine.blocks import (
     check_stage_version,
     crc_zeros,
     extend_blocks,
+    joined_block,
     kept_blocks,
     missing_chunk,
     no_pending,
@@ -436,6 +437,7 @@ class FileEngine(BlockChecks, ChunkEngine):
             return self._stage(key, Pending(version, n, crc, version, fd, False, blocks, packed))
         if m is not None and offset >= committed_len:  # append (maybe past a gap), in place
             old_blocks = self._known_blocks(key, m)
+            self._check_old_blocks(key, m, old_blocks, joined_block(committed_len), version)
             fd = os.open(self._file(key, m.file_ver), os.O_RDWR)
             try:
                 if offset > committed_len:
@@ -484,6 +486,7 @@ class FileEngine(BlockChecks, ChunkEngine):
         m = self._begin(key, version)
         if m is not None and length >= m.length:
             old_blocks = self._known_blocks(key, m)
+            self._check_old_blocks(key, m, old_blocks, joined_block(m.length), version)
             fd = os.open(self._file(key, m.file_ver), os.O_RDWR)
             try:
                 os.ftruncate(fd, m.length)

@@ -29,6 +29,7 @@ from loomfs.storage.engine.blocks import (
     check_stage_version,
     crc_zeros,
     extend_blocks,
+    joined_block,
     kept_blocks,
     kept_why,
     missing_chunk,
@@ -154,8 +155,11 @@ class MemoryEngine(ChunkEngine):
         """Refuse (CHECKSUM_MISMATCH, dropping any pending update) an update that changes bytes
         [lo, hi) of ``c`` when a block whose old bytes it keeps no longer matches its CRC."""
         (before, after), part = kept_blocks(len(c.data), lo, hi)
+        self._check_blocks(key, version, c, sorted([*before, *part, *after]))
+
+    def _check_blocks(self, key: ChunkKey, version: int, c: _Version, indexes: list[int]) -> None:
         view = memoryview(c.data)
-        for i in sorted([*before, *part, *after]):
+        for i in indexes:
             start = i * BLOCK_BYTES
             computed, stored = crc32c.crc32c(view[start : start + BLOCK_BYTES]), block_crc(c.blocks, i)
             if computed != stored:
@@ -180,6 +184,7 @@ class MemoryEngine(ChunkEngine):
             new = bytearray(offset) + data if c is None else bytearray(data)
             return self._stage(key, version, new, crc32c.crc32c(new), block_crcs_of(new), tags)
         if offset >= old_len:  # append / write past the end: the stored CRCs continue
+            self._check_blocks(key, version, c, joined_block(old_len))
             base = bytearray(c.data) + bytes(offset - old_len)
             base += data
             crc = crc32c.crc32c(data, crc_zeros(offset - old_len, c.crc))
@@ -202,6 +207,7 @@ class MemoryEngine(ChunkEngine):
             return self._stage(key, version, new, crc_zeros(length), block_crcs_of(new), tags)
         old_len = len(c.data)
         if length >= old_len:  # zero-extend: the stored CRCs continue
+            self._check_blocks(key, version, c, joined_block(old_len))
             base = bytearray(c.data) + bytes(length - old_len)
             crc = crc_zeros(length - old_len, c.crc)
             return self._stage(key, version, base, crc, extend_blocks(c.blocks, old_len, length, b"", length), tags)
