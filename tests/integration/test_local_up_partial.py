@@ -42,6 +42,9 @@ def test_a_restart_with_a_port_taken_says_so(own_cluster: LocalCluster, capsys: 
     port = own_cluster.services["storage2"].port
     try:
         with socket.socket() as s:
+            # the stopped service's connections may linger in TIME_WAIT on its port: a listener
+            # with SO_REUSEADDR binds anyway, as the service itself would
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             s.bind(("127.0.0.1", port))
             s.listen()
             assert main(["local", "up", "--dir", root]) != 0
