@@ -16,6 +16,7 @@ import pytest
 
 from loomfs.mount import revalidate as rv
 from loomfs.mount.edge import Handle
+from loomfs.mount.uses import FileUses
 
 T = TypeVar("T")
 
@@ -49,6 +50,7 @@ class _Ops:
         self.opens: list[tuple[str, str]] = []
         self.client = SimpleNamespace(open=self._open)
         self.inodes = SimpleNamespace(has_name=lambda inode: inode in self.named)
+        self.uses = FileUses(lambda f: f.close())
 
     async def call(self, coro: Coroutine[Any, Any, T]) -> T:
         return await coro

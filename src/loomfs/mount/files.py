@@ -23,6 +23,7 @@ from loomfs.mount.names import AbsentNames
 from loomfs.mount.options import MountOptions
 from loomfs.mount.prefetch import Budget, Prefetcher
 from loomfs.mount.stats import MountStats
+from loomfs.mount.uses import FileUses
 from loomfs.mount.writers import WriterOps
 from loomfs.wire.types import Attr
 
@@ -42,6 +43,7 @@ class FileOps(WriterOps, pyfuse3.Operations):
     _dir_attrs: dict[int, tuple[Attr, float]]  # directory inode -> (attributes, when meta gave them)
     stats: MountStats
     prefetch_budget: Budget
+    uses: FileUses
     absent: AbsentNames
 
     if TYPE_CHECKING:  # LoomOperations's
@@ -173,7 +175,7 @@ class FileOps(WriterOps, pyfuse3.Operations):
         if self.options.prefetch_chunks <= 0 or f.inline or f.layout is None or f.layout.chunk_size <= 0:
             return None
         return Prefetcher(f, self.client.pool, self.prefetch_budget, self.options.prefetch_chunks, self.call,
-                          self.stats)
+                          self.stats, self.uses)
 
     def drop_prefetched(self, inode: int) -> None:
         """Forget what read-only handles of ``inode`` fetched ahead (the mount's prefetch and
@@ -252,11 +254,16 @@ class FileOps(WriterOps, pyfuse3.Operations):
     async def _read_into_buffer(self, h: Handle, w: Handle | None, off: int, size: int) -> memoryview:
         free = self._read_buffers.setdefault(size, [])
         buf = free.pop() if free else bytearray(size)  # fresh memory costs a page fault per 4 KiB
+        n = -1
         if w is not None:  # through the writer's file: what any descriptor here wrote
             async with w.lock:
-                n = await self.call(w.file.pread(off, memoryview(buf)))
-        else:
-            n = await self.call(h.file.pread(off, memoryview(buf)))
+                if w is h:  # a lock's reopen may have closed it while this READ waited
+                    await self._usable_locked(h)
+                if not w.file.closed:  # (else another descriptor's: this one reads its own)
+                    n = await self.call(w.file.pread(off, memoryview(buf)))
+        if n < 0:  # counted: a lock's revalidation closes a file it swaps out after its reads
+            with self.uses.using(h.file) as f:
+                n = await self.call(f.pread(off, memoryview(buf)))
         # pyfuse3 copies the reply to the kernel as soon as this returns, before any other
         # request handler runs on this loop: the buffer may go back to the free list now
         # (only after a read that finished: a failed one may still have fetches writing it)
@@ -268,8 +275,8 @@ class FileOps(WriterOps, pyfuse3.Operations):
     async def write(self, fh: int, off: int, buf: bytes) -> int:
         h = self.handles[fh]
         assert isinstance(h, Handle)
-        await self._usable(h)
         async with h.lock:
+            await self._usable_locked(h)  # closed by a close(2), or by a lock's reopen meanwhile
             if h.append:  # the end as this mount's writer knows it (what getattr answers): the
                 off = h.file.length  # kernel's may be older, e.g. a size cut at another node
             return await self.call(self._write_at(h.file, off, buf))
@@ -340,5 +347,6 @@ class FileOps(WriterOps, pyfuse3.Operations):
                     await self.call(h.file.close())
                 except OSError as exc:
                     logger.warning("closing %s at unmount: %s", h.file.path, exc)
+        await self.uses.drain()
         await self._drop_holds()
 

@@ -37,6 +37,7 @@ from loomfs.mount.names import RELIST_MAX_NAMES, AbsentNames
 from loomfs.mount.options import MountOptions
 from loomfs.mount.prefetch import Budget
 from loomfs.mount.stats import STATS_XATTR, MountStats
+from loomfs.mount.uses import FileUses
 from loomfs.mount.xattrs import LAYOUT_XATTR, XattrProbes, decode_layout, encode_layout
 from loomfs.wire.meta import SetattrReq
 from loomfs.wire.types import Attr, FileType
@@ -80,6 +81,7 @@ class LoomOperations(HoldOps, FileOps):
         self._renewing: asyncio.Future[None] | None = None  # a hold renewal in flight
         self.stats = MountStats()  # what the kernel sent (user.loomfs.stats on the root)
         self.prefetch_budget = Budget(options.prefetch_mb << 20)  # loomfs.mount.prefetch
+        self.uses = FileUses(lambda f: self.call(f.close()))  # reads in flight per client file
         self.xattr_probes = XattrProbes()  # setxattr's flags, from pyfuse3's check before it
         # run on this loop once the kernel's INIT is answered (the bdi read-ahead: INIT's
         # reply sets it to min(itself, what the kernel offered at mount time, 128 KiB))
@@ -319,6 +321,7 @@ class LoomOperations(HoldOps, FileOps):
                 writers = [h] if isinstance(h, Handle) and h.writable and not h.file.closed else self._writers(inode)
                 if writers:  # through the open file, so its own idea of the length follows
                     async with writers[0].lock:
+                        await self._usable_locked(writers[0])  # a lock's reopen may have closed it
                         writers[0].file.path = path  # the file truncates by path: its name now
                         await self.call(writers[0].file.truncate(attr.st_size))
                         await self.call(writers[0].file.fsync())
@@ -336,7 +339,8 @@ class LoomOperations(HoldOps, FileOps):
             if req.atime_ns != -1 or req.mtime_ns != -1:
                 for w in self._writers(inode):
                     async with w.lock:
-                        await self.call(w.file.fsync())
+                        if not w.file.closed:  # closed meanwhile: synced
+                            await self.call(w.file.fsync())
                         w.times_ns = (req.atime_ns, req.mtime_ns)
             if (req.mode, req.uid, req.gid, req.atime_ns, req.mtime_ns) != (-1, -1, -1, -1, -1):
                 rsp = await self.call(c._setattr(req))  # one round trip for all of them

@@ -9,8 +9,9 @@ serve them in parallel), and a READ inside a fetched chunk costs a dictionary lo
 runs, so no copy is made here and no task is created per request. Reads that do not continue
 the stream (random access) go straight to the client.
 
-Buffers go back to the pool once the stream has moved past their chunk and no READ is
-waiting on them (never while a fetch may still be writing into one).
+Buffers go back to the pool once the stream has moved past their chunk (or the stream is
+dropped or closed) and no READ is waiting on them or answering from them: never while a fetch
+may still be writing into one, nor before the READ that answers from one has been copied.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import Any
 
 from loomfs.client.file import AsyncFile
 from loomfs.mount.stats import MountStats
+from loomfs.mount.uses import FileUses
 from loomfs.net.buffers import Buffer, BufferPool
 
 logger = logging.getLogger(__name__)
@@ -29,7 +31,7 @@ Call = Callable[[Coroutine[Any, Any, int]], Coroutine[Any, Any, int]]
 
 
 class _Chunk:
-    __slots__ = ("index", "length", "buf", "task", "readers")
+    __slots__ = ("index", "length", "buf", "task", "readers", "dropped")
 
     def __init__(self, index: int, length: int, buf: Buffer, task: asyncio.Task[int]):
         self.index = index
@@ -37,6 +39,7 @@ class _Chunk:
         self.buf = buf
         self.task = task
         self.readers = 0  # READs waiting on (or answering from) this chunk
+        self.dropped = False  # forgotten: its buffer goes back once no fetch or READ uses it
 
 
 class Budget:
@@ -53,7 +56,7 @@ class Prefetcher:
     """One open, read-only handle's sequential stream."""
 
     def __init__(self, file: AsyncFile, pool: BufferPool, budget: Budget, depth_chunks: int, call: Call,
-                 stats: MountStats | None = None):
+                 stats: MountStats | None = None, uses: FileUses | None = None):
         self.file = file
         self.stats = stats
         self.pool = pool
@@ -64,6 +67,8 @@ class Prefetcher:
         self._chunks: dict[int, _Chunk] = {}
         self._next_off = -1  # where a read continuing the stream starts
         self.served = 0  # READs answered from fetched chunks
+        self.uses = uses
+        self.closed = False
 
     async def read(self, off: int, size: int, fallback: Callable[[], Coroutine[Any, Any, memoryview]]) -> memoryview:
         sequential = off == self._next_off
@@ -87,25 +92,33 @@ class Prefetcher:
             return await fallback()
         c.readers += 1
         try:
-            n = await asyncio.shield(c.task)
-        except (OSError, Exception) as exc:  # noqa: BLE001 - the direct read reports it
-            logger.debug("%s: prefetch of chunk %d failed (%s); reading directly", self.file.path, index, exc)
+            try:
+                n = await asyncio.shield(c.task)
+            except Exception as exc:  # noqa: BLE001 - the direct read reports it
+                logger.debug("%s: prefetch of chunk %d failed (%s); reading directly", self.file.path, index, exc)
+                self._drop(c)
+                n = -1
+            start = off - index * cs
+            if 0 <= n < start + (end - off):  # the chunk came back short (file shrank meanwhile)
+                self._drop(c)
+                n = -1
+            if n >= 0:
+                self._drop_below(index)
+                self.served += 1
+                if self.stats is not None:
+                    self.stats.read_prefetched += 1
+                return memoryview(c.buf)[start : start + (end - off)]
+        finally:
             c.readers -= 1
-            self._drop(c)
-            return await fallback()
-        c.readers -= 1
-        start = off - index * cs
-        if start + (end - off) > n:  # the chunk came back short (file shrank meanwhile)
-            self._drop(c)
-            return await fallback()
-        self._drop_below(index)
-        self.served += 1
-        if self.stats is not None:
-            self.stats.read_prefetched += 1
-        return memoryview(c.buf)[start : start + (end - off)]
+            if c.dropped and not c.readers:  # dropped while this READ waited (a close, a new
+                # stream): the buffer goes back after this step, in which pyfuse3 copies the reply
+                self._release(c, later=True)
+        return await fallback()
 
     def _fill(self, index: int) -> None:
         """Fetches for chunks index .. index + depth - 1 not fetched yet (within the budget)."""
+        if self.closed:  # swapped out at a lock (mount/revalidate.py): its file is not read any more
+            return
         cs = self.chunk_bytes
         length = self.file.length
         last = (length - 1) // cs
@@ -117,38 +130,57 @@ class Prefetcher:
                 return
             buf = self.pool.acquire(n)
             self.budget.used_bytes += len(buf)
+            if self.uses is not None:  # the file stays open until the fetch ends
+                self.uses.begin(self.file)
             task = asyncio.ensure_future(self.call(self.file.pread(i * cs, memoryview(buf)[:n], readahead=False)))
-            task.add_done_callback(_retrieve)
+            task.add_done_callback(self._fetched)
             self._chunks[i] = _Chunk(i, n, buf, task)
+
+    def _fetched(self, task: asyncio.Future[int]) -> None:
+        _retrieve(task)
+        if self.uses is not None:
+            self.uses.end(self.file)
 
     def _drop_below(self, index: int) -> None:
         if len(self._chunks) and min(self._chunks) < index:
-            for c in [c for c in self._chunks.values() if c.index < index and not c.readers]:
+            for c in [c for c in self._chunks.values() if c.index < index]:
                 self._drop(c)
 
     def _drop(self, c: _Chunk) -> None:
+        """Forget ``c``; its buffer goes back to the pool once its fetch has landed and no READ
+        waits on it or answers from it (the last such READ gives it back, see ``read``)."""
         if self._chunks.get(c.index) is c:
             del self._chunks[c.index]
+        if c.dropped:
+            return
+        c.dropped = True
+        if not c.readers:  # else the last READ gives it back
+            self._release(c, later=False)
 
-        def give_back(_t: object = None) -> None:
-            self.budget.used_bytes -= len(c.buf)
-            self.pool.release(c.buf)
+    def _release(self, c: _Chunk, *, later: bool) -> None:
+        if not c.task.done():  # a fetch may still be landing in it (no READ can join it now)
+            c.task.add_done_callback(lambda _t: self._give_back(c))
+        elif later:
+            asyncio.get_running_loop().call_soon(self._give_back, c)
+        else:
+            self._give_back(c)
 
-        if c.task.done():
-            give_back()
-        else:  # a fetch may still be landing in it
-            c.task.add_done_callback(give_back)
+    def _give_back(self, c: _Chunk) -> None:
+        self.budget.used_bytes -= len(c.buf)
+        self.pool.release(c.buf)
 
     def drop_all(self) -> None:
-        """Forget what was fetched (the next read starts a new stream)."""
+        """Forget what was fetched (the next read starts a new stream). A READ waiting on a
+        chunk still answers from it (it asked before whatever made the chunks unwanted)."""
         self._next_off = -1
         for c in list(self._chunks.values()):
-            if not c.readers:
-                self._drop(c)
+            self._drop(c)
 
     def close(self) -> None:
-        for c in list(self._chunks.values()):
-            self._drop(c)
+        """At release, or when a lock's revalidation swaps the handle's file (while READs of
+        this stream may be waiting on chunks: they answer, then give the buffers back)."""
+        self.closed = True
+        self.drop_all()
 
 
 def _retrieve(task: asyncio.Future[int]) -> None:

@@ -109,7 +109,7 @@ async def _reopen_reader(ops: Any, inode: int, old: AsyncFile) -> None:
         return
     _swap(ops, old, f)
     ops.stats.requests["lock_reopens"] += 1
-    await ops.call(old.close())
+    await ops.uses.retire(old)  # now, or once the reads that took it before the swap are done
 
 
 async def _reopen_writer(ops: Any, inode: int, h: Handle) -> None:

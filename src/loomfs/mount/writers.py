@@ -47,18 +47,23 @@ class WriterOps:
         it again. Every descriptor that shared the closed file shares the new one."""
         if h.file.closed:
             async with h.lock:
-                old = h.file
-                if old.closed:
-                    if not self.inodes.has_name(h.inode):
-                        raise OSError(errno.ENOENT, "the file's last name went after its close", old.path)
-                    f = await self.call(self.client.open(self._inode_path(h.inode), "r+b"))
-                    if f.inode != h.inode:  # the name is another file's now
-                        await self.call(f.close())
-                        raise OSError(errno.ENOENT, "the file's name went to another file", f.path)
-                    for o in self.handles.values():
-                        if isinstance(o, Handle) and o.file is old:
-                            o.file = f
-                    h.file = f  # (released meanwhile: no longer in the table)
+                await self._usable_locked(h)
+
+    async def _usable_locked(self, h: Handle) -> None:
+        """``_usable`` under ``h.lock`` (what a WRITE or READ that waited for the lock checks)."""
+        old = h.file
+        if not old.closed:
+            return
+        if not self.inodes.has_name(h.inode):
+            raise OSError(errno.ENOENT, "the file's last name went after its close", old.path)
+        f = await self.call(self.client.open(self._inode_path(h.inode), "r+b"))
+        if f.inode != h.inode:  # the name is another file's now
+            await self.call(f.close())
+            raise OSError(errno.ENOENT, "the file's name went to another file", f.path)
+        for o in self.handles.values():
+            if isinstance(o, Handle) and o.file is old:
+                o.file = f
+        h.file = f  # (released meanwhile: no longer in the table)
 
     async def _sync_writers(self, inode: int) -> None:
         """A new open sees what this mount's open writer wrote (close-to-open at meta)."""
@@ -72,6 +77,8 @@ class WriterOps:
             await self._synced_locked(h, close=close)
 
     async def _synced_locked(self, h: Handle, *, close: bool = False) -> None:
+        if h.file.closed:  # by another descriptor's close(2), or a lock's reopen, meanwhile: synced
+            return
         await self.call(h.file.close() if close else h.file.fsync())
         if h.times_ns is not None:  # by inode: also after its last name went
             path = self._path_of(h) or h.file.path
