@@ -347,13 +347,15 @@ def test_a_stopped_mount_ends_its_waits_and_drops_its_locks_at_once(two: tuple[s
     try:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
         fcntl.lockf(fd, fcntl.LOCK_EX, 1, 0)  # mount a holds byte 0
+        # counted before the waiter starts: its SETLKW may reach mount c before a later read
+        # (a blocked SETLKW sends no further FUSE request, so the count would never rise again)
+        before = stats(c).get("lock_setlk", 0)
         waiter = subprocess.Popen([sys.executable, "-c", "import fcntl, os\n"
                                    f"fd = os.open({str(fc)!r}, os.O_RDWR)\n"
                                    "try:\n"
                                    "    fcntl.lockf(fd, fcntl.LOCK_EX, 1, 0)\n"
                                    "except OSError as e:\n"
                                    "    print(e.errno)\n"], stdout=subprocess.PIPE, text=True)
-        before = stats(c).get("lock_setlk", 0)
         wait_for("the waiter's SETLKW", lambda: stats(c).get("lock_setlk", 0) > before)
         pid = int(daemon.state_files(c)[0].read_text())
         os.kill(pid, signal.SIGTERM)
