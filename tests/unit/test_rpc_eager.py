@@ -269,6 +269,53 @@ def test_a_connect_from_the_first_step_runs_in_a_task_of_its_own() -> None:
     run(go())
 
 
+def test_two_first_steps_in_one_loop_step_share_one_connect() -> None:
+    """Two requests parsed from one read: two eager first steps ask for the same new
+    connection before either task ran. They must share one connect (review2's R4: each made
+    its own, and the first connection was never closed by the client)."""
+    net = SimNetwork(seed=5, faults=LinkFaults())
+    timed = _TimedConnect(net.transport("10.0.0.1"))
+    connects: list[Address] = []
+    inner_connect = timed.connect
+
+    async def counting(address: Address, sink_factory: Any, *, timeout_s: float) -> Any:
+        connects.append(address)
+        return await inner_connect(address, sink_factory, timeout_s=timeout_s)
+
+    timed.connect = counting  # type: ignore[method-assign]
+
+    async def go() -> None:
+        back = RpcServer("back", net.transport("10.0.0.3"), eager=True)
+        back.add_service(Back())
+        addr = await back.start(Address("10.0.0.3", 7001))
+        rpc = RpcClient(cast(Any, timed))
+        got: list[Any] = []
+        tasks: list[asyncio.Task[Any]] = []
+
+        async def handler() -> None:
+            got.append(await rpc.connection(addr))
+
+        stepped = asyncio.Event()
+
+        def two_requests() -> None:
+            for _ in range(2):
+                coro = handler()
+                done, y = first_step(coro)
+                if not done:
+                    tasks.append(asyncio.ensure_future(resume(coro, y)))
+            stepped.set()
+
+        asyncio.get_running_loop().call_soon(two_requests)
+        await stepped.wait()
+        assert len(tasks) == 2
+        await asyncio.gather(*tasks)
+        assert len(connects) == 1 and got[0] is got[1]
+        await rpc.close()
+        await back.close()
+
+    run(go())
+
+
 def test_resume_forwards_results_throws_and_close() -> None:
     async def inner(fut: asyncio.Future[int]) -> int:
         try:

@@ -284,6 +284,11 @@ class RpcClient:
         return self._auth.outgoing() if self._auth is not None else None
 
     async def connection(self, address: Address) -> ClientConnection:
+        if asyncio.current_task() is None:
+            # an eager handler's first step (``net.rpc_eager``): the transport's connect may
+            # use ``asyncio.timeout`` (TCP does), which needs a task; the whole lookup moves
+            # into one, so two first steps in one loop step share one connect
+            return await asyncio.ensure_future(self.connection(address))
         while True:
             conn = self._conns.get(address)
             if conn is not None and not conn.closed:
@@ -301,10 +306,6 @@ class RpcClient:
                     raise
 
     async def _connect(self, address: Address) -> ClientConnection:
-        if asyncio.current_task() is None:
-            # an eager handler's first step (``net.rpc_eager``): the transport's connect may
-            # use ``asyncio.timeout`` (TCP does), which needs a task, so it gets one of its own
-            return await asyncio.ensure_future(self._connect(address))
         fut: asyncio.Future[ClientConnection] = asyncio.get_running_loop().create_future()
         self._connecting[address] = fut
         try:
