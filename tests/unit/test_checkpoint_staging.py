@@ -216,3 +216,20 @@ def test_forked_child_stages_after_the_parent_did(monkeypatch: pytest.MonkeyPatc
         _, status = os.waitpid(pid, 0)
     assert answer == b"\x00", "the child's stage did not finish within 30 s" if not ready else answer
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_the_reference_keys_do_not_follow_the_importers_defaults() -> None:
+    """A default device (``torch.set_default_device``, common in GPU scripts) or inference mode
+    set before the import must not change what counts as a plain CPU tensor: with 'meta' as the
+    default every CPU tensor missed the memmove path (review2's R5)."""
+    from loomfs.checkpoint import _staging
+
+    plain = torch._C._dispatch_keys(torch.ones(4))
+    torch.set_default_device("meta")
+    try:
+        with torch.inference_mode():
+            keys = _staging._plain_keys()
+    finally:
+        torch.set_default_device(None)
+    assert keys == plain == _staging._PLAIN_KEYS
+    assert _staging._bytes_only(torch.ones(1024))

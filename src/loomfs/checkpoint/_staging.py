@@ -36,7 +36,17 @@ _memmove.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t]
 _memmove.restype = ctypes.c_void_p
 _pool: ThreadPoolExecutor | None = None
 _pool_lock = threading.Lock()
-_PLAIN_KEYS = torch._C._dispatch_keys(torch.empty(0))  # CPU, autograd, autocast: nothing else
+
+
+def _plain_keys() -> Any:
+    """The dispatch keys of a plain CPU tensor (CPU, autograd, autocast: nothing else), made
+    on the CPU and outside inference mode whatever the importer set (a default device set
+    before the import made every CPU tensor miss the memmove path: review2's R5)."""
+    with torch.inference_mode(False):
+        return torch._C._dispatch_keys(torch.empty(0, device="cpu"))
+
+
+_PLAIN_KEYS = _plain_keys()
 
 
 def _after_fork_in_child() -> None:
