@@ -16,7 +16,8 @@ Copy-on-write: a pending update that rewrites committed bytes goes to a new file
 chunk is written directly; a partial overwrite first copies the committed file with
 ``os.copy_file_range``), so the committed file stays readable and a crash leaves the old or
 the new version. Appends and zero-extensions go in place, past the committed length, where no
-reader looks: the committed bytes are never touched. CRC32C is carried forward for full
+reader looks: the committed bytes are never touched (but the old short last block, whose CRC
+they continue, is read back and checked first: ``blocks.joined_block``). CRC32C is carried forward for full
 writes (the client's CRC) and appends (CRC continuation); only a mid-chunk overwrite or a
 shrinking truncate re-reads the new content (one pass, which also checks the bytes it kept, see
 below).
