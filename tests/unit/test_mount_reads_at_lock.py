@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import random
+import threading
 from typing import Any
 
 import pyfuse3
@@ -153,3 +154,53 @@ def test_a_write_waiting_during_a_reopen_that_finds_the_name_gone_answers_enoent
         assert storage.content(inode, 5) == b"first"  # the bytes before the lock reached storage
 
     asyncio.run(main())
+
+
+def test_with_its_own_loop_a_prefetch_fetch_started_before_the_swap_reads_the_old_file() -> None:
+    """``loop=separate``: the mount's handlers on one loop, the client on another (a thread),
+    as the mount runs them. A sequential READ starts its prefetch fetches; their preads reach
+    the client's loop a step later, after the swap's close would have (the end of
+    ``_reopen_reader``, run in the step between). The fetch must find the old file open and
+    the READ answer from it; then the old file closes."""
+    client_loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=client_loop.run_forever, daemon=True)
+    thread.start()
+
+    def on_client(coro: Any) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, client_loop).result(timeout=30)
+
+    async def setup() -> tuple[AsyncClient, FakeStorage, int, Any, Any]:
+        client, meta, storage = make_client()
+        f = await client.open("/f", "wb")
+        await f.write(DATA)
+        await f.close()
+        return client, storage, meta.nodes["/f"].inode, await client.open("/f", "rb"), await client.open("/f", "rb")
+
+    async def main() -> None:
+        client, storage, inode, old, new = on_client(setup())
+        ops = LoomOperations(client, client_loop, MountOptions(loop="separate", prefetch_chunks=2))
+        ops.inodes.remember(inode, "/f")
+        h = Handle(inode, old, False, prefetch=ops._prefetcher(old))
+        ops.handles[1] = h
+        assert bytes(await ops.read(1, 0, 500)) == DATA[:500]  # a new stream: read directly
+        reads_before = len(storage.reads)
+        read = asyncio.ensure_future(ops.read(1, 500, 500))  # sequential: fetches chunks 0 and 1
+        await asyncio.sleep(0)  # the READ's step: the fetch tasks made, their preads not sent yet
+        assert h.prefetch is not None and len(h.prefetch._chunks) == 2
+        rv._swap(ops, old, new)  # the end of _reopen_reader, in the step that follows
+        await ops.uses.retire(old)
+        assert bytes(await read) == DATA[500:1000]
+        assert ops.stats.read_prefetched == 1  # answered from the fetched chunk, not read again
+        await ops.uses.drain()  # the close its last fetch (chunk 1's) starts
+        assert old.closed and ops.uses.deferred_closes == 1
+        assert len(storage.reads) == reads_before + 2  # the two fetches only: no direct read
+        assert bytes(await ops.read(1, 1000, 500)) == DATA[1000:1500]  # the new file, a new stream
+        await ops.release(1)
+        await ops.uses.drain()
+
+    try:
+        asyncio.run(main())
+    finally:
+        client_loop.call_soon_threadsafe(client_loop.stop)
+        thread.join(timeout=30)
+        client_loop.close()

@@ -107,6 +107,7 @@ class FileOps(WriterOps, pyfuse3.Operations):
         if acc != os.O_RDONLY and w is not None:  # another descriptor's file, shared
             if flags & os.O_TRUNC:
                 async with w.lock:
+                    await self._usable_locked(w)  # a lock's reopen may have closed it meanwhile
                     await self.call(w.file.truncate(0))
                     await self.call(w.file.fsync())
             self.inodes.opened(inode)

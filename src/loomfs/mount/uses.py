@@ -27,6 +27,7 @@ class FileUses:
         self._count: dict[AsyncFile, int] = {}
         self._retired: set[AsyncFile] = set()
         self._closing: set[asyncio.Task[None]] = set()
+        self._ended: asyncio.Future[None] | None = None  # drain() waiting for a retired file's last use
         self.deferred_closes = 0  # files closed by their last use, not at the swap
 
     def begin(self, f: AsyncFile) -> None:
@@ -44,6 +45,8 @@ class FileUses:
             task = asyncio.get_running_loop().create_task(self._close_quietly(f))
             self._closing.add(task)
             task.add_done_callback(self._closing.discard)
+            if self._ended is not None and not self._ended.done():
+                self._ended.set_result(None)
 
     @contextmanager
     def using(self, f: AsyncFile) -> Iterator[AsyncFile]:
@@ -65,9 +68,13 @@ class FileUses:
             await self._close(f)
 
     async def drain(self) -> None:
-        """At unmount: the closes their last uses started are done."""
-        while self._closing:
-            await asyncio.wait(list(self._closing))
+        """Every file retired so far is closed (at unmount: after its last read ended)."""
+        while self._retired or self._closing:
+            if self._closing:
+                await asyncio.wait(list(self._closing))
+            else:
+                self._ended = asyncio.get_running_loop().create_future()
+                await self._ended
 
     async def _close_quietly(self, f: AsyncFile) -> None:
         try:

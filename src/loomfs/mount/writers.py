@@ -70,7 +70,8 @@ class WriterOps:
         w = self._writer(inode)
         if w is not None:
             async with w.lock:
-                await self.call(w.file.fsync())
+                if not w.file.closed:  # closed while this waited (a lock's reopen): synced
+                    await self.call(w.file.fsync())
 
     async def _synced(self, h: Handle, *, close: bool = False) -> None:
         async with h.lock:
