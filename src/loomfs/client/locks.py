@@ -11,8 +11,10 @@ locks it renews its lease at meta every third of ``lease_s``; a lease that ran o
 was cut off or paused that long) loses every lock at once: the renewal says so, the locks are
 forgotten here and ``lost_total`` counts them (logged as an error). A process that dies with
 its client loses its locks one lease later; ``close`` ends them at once. A lock call whose
-caller never hears "granted" (cancelled on the way, or no answer) leaves nothing held: once
-meta answered, the range is unlocked again, less what the owner held meanwhile (``_attempt``).
+caller never hears "granted" (cancelled on the way, or no answer) changes nothing: once meta
+answered, the range is unlocked again, less what the owner held meanwhile, which is set back
+to the type the owner was told it holds (``_attempt``). An owner that holds nothing is
+forgotten: no release at close, no renewals for it.
 
 For scripts: ``await lock(client, path, WRITE)`` / ``unlock`` by path, and the blocking API
 through ``fs.run(lock(fs.client, ...))``.
@@ -29,14 +31,15 @@ import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from loomfs.client.lock_owner import OwnerRecord
 from loomfs.client.lock_ranges import (
     Range,
+    TRange,
     ranges_add,
-    ranges_cover,
-    ranges_cut,
-    ranges_less,
     ranges_sub,
     ranges_union,
+    typed_less,
+    undo_plan,
 )
 from loomfs.common.retry import Backoff
 from loomfs.errors import LoomError
@@ -59,30 +62,6 @@ DEFAULT_LEASE_S = 30.0
 WAIT_BACKOFF = Backoff(0.002, 0.1)
 
 
-class _Owner:
-    """What this side knows of one owner's locks on one file (inode, kind): ``held`` the
-    ranges its callers were told they hold (granted, and no unlock of them asked since; what
-    meta may hold besides, a grant no caller saw and not undone, is nobody's: a later undo may
-    drop it); and the attempts in flight (``inflight``), which form a group from the first
-    that starts to the last answered: ``touched`` is every range held at some moment of the
-    group (held when it began, or granted to a caller since), ``untold`` the ranges of
-    attempts whose callers were never told "granted" (undone once the group is over, less
-    ``touched``), ``drained`` the undo's wait for that."""
-
-    def __init__(self) -> None:
-        self.held: list[Range] = []
-        self.inflight = 0
-        self.touched: list[Range] = []
-        self.untold: list[Range] = []
-        self.drained: asyncio.Future[list[Range]] | None = None
-
-    def begin(self) -> None:
-        if self.inflight == 0:
-            self.touched = list(self.held)
-            self.untold = []
-        self.inflight += 1
-
-
 class LockClient:
     """This client's locks at meta: set/get/release, blocking waits, the lease."""
 
@@ -97,8 +76,8 @@ class LockClient:
         self._rng = rng or random.Random()
         self.used = False  # took a lock at some point (close tells meta)
         self.waits_total = 0  # polls of blocking waits
-        self.lost_total = 0  # owners whose locks a lapsed lease took away
-        self._owners: dict[tuple[int, int, int], _Owner] = {}  # (inode, kind, owner) -> what it holds
+        self.lost_total = 0  # owners whose locks a lapsed lease took away; locks a restore lost (_restore)
+        self._owners: dict[tuple[int, int, int], OwnerRecord] = {}  # (inode, kind, owner) -> what it holds
         # (inode, kind, owner) -> the undo of grants no caller saw (_attempt): the owner's next call waits
         self._undoing: dict[tuple[int, int, int], asyncio.Task[None]] = {}
 
@@ -117,30 +96,36 @@ class LockClient:
     async def try_set(self, inode: int, kind: int, type_: int, first: int = 0, last: int = OFFSET_MAX, *,
                       owner: int, pid: int = 0) -> wl.LockInfo | None:
         """One attempt: None when granted (or unlocked), else the lock in the way. Raw: ``set``
-        goes through ``_attempt``, which keeps the owner's record (``_Owner``) and undoes grants
-        no caller saw; a call made here directly is in no record."""
+        goes through ``_attempt``, which keeps the owner's record (``OwnerRecord``) and undoes
+        grants no caller saw; a call made here directly is in no record."""
         key = (inode, kind, owner)
         before = set(self._held)
-        before.discard(key)
         if type_ != UNLOCK:
             self._held.add(key)  # before the call: a lost reply may have granted it
             self.used = True
             self._keep_renewing()
         rsp: wl.LockRsp = await self.meta.call(wl.LOCK_SET, self._req(inode, kind, type_, first, last, owner, pid))
         if rsp.lease_new and before:
+            # this owner's older locks on the file went too: only this call's range is held now
             self._lost(before & self._held)
+            if type_ != UNLOCK:
+                self._held.add(key)
         return None if rsp.granted else (rsp.conflict or wl.LockInfo())
 
     def _lost(self, lost: set[tuple[int, int, int]]) -> None:
-        """Meta said our lease had run out: the locks of these owners are gone."""
+        """Meta said our lease had run out: the locks of these owners are gone. Counted: the
+        owners known to hold some (or with no record: a raw ``try_set``)."""
         if not lost:
             return
-        self._held -= lost
+        n = 0
         for key in lost:
-            self._forget(key)
-        self.lost_total += len(lost)
-        logger.error("the lock lease of client %#x ran out (cut off from meta for %.0fs?): "
-                     "%d lock owner(s) lost their locks", self.client_id, self.lease_s, len(lost))
+            st = self._owners.get(key)
+            n += st is None or bool(st.held or st.stray)
+            self._gone(key)
+        if n:
+            self.lost_total += n
+            logger.error("the lock lease of client %#x ran out (cut off from meta for %.0fs?): "
+                         "%d lock owner(s) lost their locks", self.client_id, self.lease_s, n)
 
     async def set(self, inode: int, kind: int, type_: int, first: int = 0, last: int = OFFSET_MAX, *,
                   owner: int, pid: int = 0, wait: bool = False, interrupted: Callable[[], bool] | None = None,
@@ -169,24 +154,26 @@ class LockClient:
             if interrupted is not None and interrupted():
                 raise InterruptedError(errno.EINTR, f"inode {inode}: lock wait interrupted")
 
-    async def _attempt(self, inode: int, kind: int, type_: int, first: int, last: int, owner: int,
-                       pid: int) -> wl.LockInfo | None:
-        """``try_set``, kept in the owner's record (``_Owner``). A caller that never hears
-        "granted" (cancelled while the call is in flight: an interrupted blocking ``lock()``,
-        a FUSE INTERRUPT; or the call got no answer) is left holding nothing: the call runs on,
-        and once every attempt of this owner on the file has been answered, an UNLOCK of the
-        range follows, less any part the owner was known to hold at some moment meanwhile
-        (held before, or granted to another caller of the same owner: the unlock would drop
-        that lock; such a part stays held until a release, and a warning says so). The
-        owner's next call on the file waits for that undo first, as it waits for the answer
-        of a cancelled UNLOCK."""
-        key = (inode, kind, owner)
+    async def _after_undo(self, key: tuple[int, int, int]) -> None:
         while (pending := self._undoing.get(key)) is not None and not pending.done():
             await asyncio.wait([pending])
+
+    async def _attempt(self, inode: int, kind: int, type_: int, first: int, last: int, owner: int,
+                       pid: int) -> wl.LockInfo | None:
+        """``try_set``, kept in the owner's record (``OwnerRecord``). A caller that never hears
+        "granted" (cancelled while the call is in flight: an interrupted blocking ``lock()``, a
+        FUSE INTERRUPT; or no answer came) is left as it was, as POSIX has it for a failed call:
+        the call runs on; once every attempt of the owner on the file was answered, the undo
+        follows (``undo_plan``: an UNLOCK of the range less what the owner held meanwhile, that
+        part set back to the type its callers were told; a part no caller holds now is left,
+        with a warning). The owner's next call on the file waits for the undo first, as it
+        waits for the answer of a cancelled UNLOCK."""
+        key = (inode, kind, owner)
+        await self._after_undo(key)
         rng = (0, OFFSET_MAX) if kind == FLOCK else (first, last)
         st = self._owners.get(key)
         if st is None:
-            st = self._owners[key] = _Owner()
+            st = self._owners[key] = OwnerRecord()
         st.begin()
         call = asyncio.ensure_future(self.try_set(inode, kind, type_, first, last, owner=owner, pid=pid))
         try:
@@ -205,7 +192,7 @@ class LockClient:
         self._answered(key, st, type_, rng, call, told=True)
         return hit
 
-    def _answered(self, key: tuple[int, int, int], st: _Owner, type_: int, rng: Range,
+    def _answered(self, key: tuple[int, int, int], st: OwnerRecord, type_: int, rng: Range,
                   call: asyncio.Future[wl.LockInfo | None], *, told: bool) -> None:
         """One attempt's answer came (or never will): the owner's record follows it."""
         if call.cancelled():
@@ -214,59 +201,91 @@ class LockClient:
             exc = call.exception()
             granted = exc is None and call.result() is None
             unknown = isinstance(exc, TimeoutError | ConnectionError)  # meta may have acted on it
-        if type_ == UNLOCK:
-            if granted or unknown:  # asked to unlock: whether or not it did, nobody holds it
-                st.held = ranges_sub(st.held, rng)
-        elif granted and told:
-            st.held = ranges_add(st.held, rng)
-            st.touched = ranges_add(st.touched, rng)
-        elif granted or unknown:
-            st.untold.append(rng)
+        if st.answered(type_, rng, granted=granted, unknown=unknown, told=told):
             self._undo_when_answered(key, st)
-        st.inflight -= 1
         if st.inflight == 0:
             self._drain(key, st)
 
-    def _undo_when_answered(self, key: tuple[int, int, int], st: _Owner) -> None:
+    def _undo_when_answered(self, key: tuple[int, int, int], st: OwnerRecord) -> None:
         if st.drained is not None:
             return
-        fut: asyncio.Future[list[Range]] = asyncio.get_running_loop().create_future()
+        fut: asyncio.Future[tuple[list[Range], list[TRange]]] = asyncio.get_running_loop().create_future()
         st.drained = fut
         undo = asyncio.get_running_loop().create_task(self._undo(key, st, fut), name="loomfs-lock-undo")
         self._undoing[key] = undo
         undo.add_done_callback(lambda t: self._undoing.pop(key) if self._undoing.get(key) is t else None)
 
-    def _drain(self, key: tuple[int, int, int], st: _Owner) -> None:
+    def _drain(self, key: tuple[int, int, int], st: OwnerRecord) -> None:
         """Every attempt of the owner on the file was answered: what none of its callers was
-        told it got is undone, less what the owner was known to hold meanwhile."""
+        told it got is undone (``undo_plan``)."""
         fut, st.drained = st.drained, None
         if fut is None:
             self._tidy(key, st)
             return
-        undo: list[Range] = []
-        for r in ranges_union(st.untold):
-            undo += ranges_less([r], st.touched)
-            for part in ranges_cut(st.touched, r):
-                if not ranges_cover(st.held, part):  # held meanwhile, unlocked since
-                    logger.warning("inode %d: a lock over %d..%d that a cancelled call of owner %#x may have "
-                                   "taken is left in place (the same owner held it meanwhile); it goes when "
-                                   "the owner releases the file", key[0], part[0], part[1], key[2])
+        unlock, restore, left = undo_plan(st.untold, st.touched, st.held)
+        for first, last in left:
+            logger.warning("inode %d: a lock over %d..%d that a cancelled call of owner %#x may have taken is left "
+                           "in place (the same owner held it meanwhile); it goes when the owner releases the file",
+                           key[0], first, last, key[2])
+        st.stray = ranges_union([*st.stray, *left])
         st.untold = []
         if not fut.done():  # cancelled: the loop is closing
-            fut.set_result(undo)
+            fut.set_result((unlock, restore))
 
-    async def _undo(self, key: tuple[int, int, int], st: _Owner, answered: asyncio.Future[list[Range]]) -> None:
+    async def _undo(self, key: tuple[int, int, int], st: OwnerRecord,
+                    answered: asyncio.Future[tuple[list[Range], list[TRange]]]) -> None:
         inode, kind, owner = key
-        for first, last in await answered:
-            try:
-                await self.try_set(inode, kind, UNLOCK, first, last, owner=owner)
-            except (LoomError, OSError) as exc:  # it goes with a release, or the lease
-                logger.warning("undoing the lock of inode %d that a cancelled call may have taken: %s", inode, exc)
-        self._tidy(key, st)
+        try:
+            unlock, restore = await answered
+            for part in restore:
+                if st.holds(part):  # not released nor lost meanwhile
+                    await self._restore(key, st, part)
+            for first, last in unlock:
+                try:
+                    await self.try_set(inode, kind, UNLOCK, first, last, owner=owner)
+                except (LoomError, OSError) as exc:  # it goes with a release, or the lease
+                    st.stray = ranges_add(st.stray, (first, last))
+                    logger.warning("undoing the lock of inode %d that a cancelled call may have taken: %s", inode, exc)
+                else:
+                    st.stray = ranges_sub(st.stray, (first, last))
+        finally:
+            if self._undoing.get(key) is asyncio.current_task():
+                del self._undoing[key]
+            self._tidy(key, st)
 
-    def _tidy(self, key: tuple[int, int, int], st: _Owner) -> None:
-        if st.inflight == 0 and st.drained is None and not st.held and self._owners.get(key) is st:
-            del self._owners[key]
+    async def _restore(self, key: tuple[int, int, int], st: OwnerRecord, part: TRange) -> None:
+        """Set the owner's lock over ``part`` back to the type its callers were told. A WRITE is
+        refused when another owner took a READ while a cut-short READ made it shared: that lock
+        is lost (POSIX cannot say so); the owner keeps meta's READ, out of its record."""
+        inode, kind, owner = key
+        first, last, type_ = part
+        try:
+            hit = await self.try_set(inode, kind, type_, first, last, owner=owner)
+        except (LoomError, OSError) as exc:
+            st.stray = ranges_add(st.stray, (first, last))
+            logger.warning("inode %d: setting owner %#x's lock over %d..%d back to type %d after a call cut short: %s",
+                           inode, owner, first, last, type_, exc)
+            return
+        if hit is None and st.holds(part):
+            return
+        st.stray = ranges_add(st.stray, (first, last))  # refused, or the record forgot it meanwhile
+        if hit is not None:
+            st.held = typed_less(st.held, (first, last))
+            self.lost_total += 1
+            logger.error("inode %d: owner %#x lost its exclusive lock over %d..%d: a call cut short made it shared "
+                         "at meta, and client %#x took a shared lock over %d..%d before it was set back",
+                         inode, owner, first, last, hit.client_id, hit.first, hit.last)
+
+    def _tidy(self, key: tuple[int, int, int], st: OwnerRecord) -> None:
+        """The record goes once it is idle, and with it the key from ``_held``: nothing to
+        release or renew for it."""
+        if not st.idle() or self._owners.get(key) is not st:
+            return
+        pending = self._undoing.get(key)
+        if pending is not None and not pending.done():
+            return
+        del self._owners[key]
+        self._held.discard(key)
 
     async def get(self, inode: int, kind: int, type_: int, first: int = 0, last: int = OFFSET_MAX, *,
                   owner: int) -> wl.LockInfo | None:
@@ -276,20 +295,25 @@ class LockClient:
 
     async def release(self, inode: int, kind: int, owner: int) -> int:
         """Every lock of ``owner`` of ``kind`` on ``inode`` goes (a close); no call when this
-        owner never locked the file here."""
-        if (inode, kind, owner) not in self._held:
+        owner holds nothing on the file here. An undo under way ends first (it may set a
+        lock back)."""
+        key = (inode, kind, owner)
+        await self._after_undo(key)
+        if key not in self._held:
             return 0
         rsp: wl.LockReleaseRsp = await self.meta.call(
             wl.LOCK_RELEASE, wl.LockReleaseReq(inode=inode, kind=kind, client_id=self.client_id, owner=owner))
-        self._held.discard((inode, kind, owner))
-        self._forget((inode, kind, owner))
+        self._gone(key)
         return rsp.released
 
-    def _forget(self, key: tuple[int, int, int]) -> None:
-        """The owner holds nothing on the file at meta now (released, or its lease lapsed)."""
+    def _gone(self, key: tuple[int, int, int]) -> None:
+        """The owner holds nothing on the file at meta now (released, or its lease lapsed);
+        the key stays in ``_held`` while attempts of it are in flight."""
         st = self._owners.get(key)
-        if st is not None:
-            st.held = []
+        if st is None:
+            self._held.discard(key)
+        else:
+            st.forget()
             self._tidy(key, st)
 
     def _keep_renewing(self) -> None:
@@ -324,7 +348,7 @@ class LockClient:
         if self.used:
             self._held.clear()
             for key in list(self._owners):
-                self._forget(key)
+                self._gone(key)
             await self.meta.call(wl.LOCK_RENEW, wl.LockRenewReq(client_id=self.client_id, drop=True))
 
 
