@@ -263,8 +263,12 @@ class FileOps(WriterOps, pyfuse3.Operations):
                 if not w.file.closed:  # (else another descriptor's: this one reads its own)
                     n = await self.call(w.file.pread(off, memoryview(buf)))
         if n < 0:  # counted: a lock's revalidation closes a file it swaps out after its reads
-            with self.uses.using(h.file) as f:
+            f = h.file
+            self.uses.begin(f)
+            try:
                 n = await self.call(f.pread(off, memoryview(buf)))
+            finally:
+                self.uses.end(f)
         # pyfuse3 copies the reply to the kernel as soon as this returns, before any other
         # request handler runs on this loop: the buffer may go back to the free list now
         # (only after a read that finished: a failed one may still have fetches writing it)

@@ -12,8 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Coroutine, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from loomfs.client.file import AsyncFile
@@ -47,14 +46,6 @@ class FileUses:
             task.add_done_callback(self._closing.discard)
             if self._ended is not None and not self._ended.done():
                 self._ended.set_result(None)
-
-    @contextmanager
-    def using(self, f: AsyncFile) -> Iterator[AsyncFile]:
-        self.begin(f)
-        try:
-            yield f
-        finally:
-            self.end(f)
 
     def in_use(self, f: AsyncFile) -> int:
         return self._count.get(f, 0)
