@@ -558,6 +558,7 @@ class AsyncFile:
             if entry is None and use_cache and length < cs:
                 entry = self._cache.start(index, self._chunk_length(index), self._fetch_chunk)
             if entry is not None:
+                self._cache.hold(entry)  # its buffer stays ours while we wait and copy
                 try:
                     await asyncio.shield(entry.task)
                     if off + length <= entry.length:
@@ -565,7 +566,10 @@ class AsyncFile:
                         return
                 except (LoomError, OSError) as exc:
                     logger.debug("%s: read-ahead of chunk %d failed (%s); reading directly", self.path, index, exc)
-                    self._cache.drop(index)
+                    if not entry.dropped:  # (a newer entry of the chunk stays)
+                        self._cache.drop(index)
+                finally:
+                    self._cache.let_go(entry)
             async with sem:
                 await self._storage.read_chunk(self.layout, self.inode, index, off, length, target)
 

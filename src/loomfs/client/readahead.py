@@ -15,15 +15,19 @@ Fetch = Callable[[int, memoryview], Coroutine[Any, Any, int]]  # (chunk index, i
 
 
 class CachedChunk:
-    """Chunk ``index`` bytes [0, length) landing in ``buf`` (valid once ``task`` is done)."""
+    """Chunk ``index`` bytes [0, length) landing in ``buf`` (valid once ``task`` is done).
+    ``readers``: reads waiting on it or copying out of it (``ReadAheadCache.hold``); a dropped
+    chunk's buffer goes back to the pool only once its fetch ended and the last one let go."""
 
-    __slots__ = ("index", "length", "buf", "task")
+    __slots__ = ("index", "length", "buf", "task", "readers", "dropped")
 
     def __init__(self, index: int, length: int, buf: Buffer, task: asyncio.Task[int]):
         self.index = index
         self.length = length
         self.buf = buf
         self.task = task
+        self.readers = 0
+        self.dropped = False
 
     def __repr__(self) -> str:
         return f"CachedChunk({self.index} len={self.length} done={self.task.done()})"
@@ -96,12 +100,32 @@ class ReadAheadCache:
             self.drop(i)
         return pending
 
+    def hold(self, e: CachedChunk) -> None:
+        """A read is about to wait on ``e`` and copy out of it: its buffer stays ours until
+        ``let_go`` (taken before the first await, in the step that found the entry)."""
+        e.readers += 1
+
+    def let_go(self, e: CachedChunk) -> None:
+        e.readers -= 1
+        if e.dropped and e.readers == 0 and e.task.done():
+            self.pool.release(e.buf)
+
     def _release(self, e: CachedChunk) -> None:
-        # never hand a buffer back while a reply may still be landing in it
+        # never hand a buffer back while a reply may still be landing in it, nor while a read
+        # that found the chunk waits on it or copies out of it (a clear() or drop() by another
+        # call: a close, a truncate, a read further on): the done-callback runs a step before
+        # the waiting read resumes, and another user of the pool would write into it
+        e.dropped = True
+        if e.readers:
+            return  # the last reader gives it back (let_go)
         if e.task.done():
             self.pool.release(e.buf)
         else:
-            e.task.add_done_callback(lambda _t: self.pool.release(e.buf))
+            e.task.add_done_callback(lambda _t: self._release_landed(e))
+
+    def _release_landed(self, e: CachedChunk) -> None:
+        if e.readers == 0:
+            self.pool.release(e.buf)
 
     def __repr__(self) -> str:
         return (
