@@ -481,9 +481,8 @@ def test_scrub_brings_a_rotten_head_that_is_behind_to_the_tails_version() -> Non
     the rot into its pending version (good CRCs, bad bytes), so pushing that version down was
     refused (CRC mismatch) forever, while the scrubber only accepted a copy of the same
     version and the tail had already committed the next one."""
-    from loomfs.storage.scrub import Scrubber
-
     from loomfs.storage.engine.blocks import BLOCK_BYTES
+    from loomfs.storage.scrub import Scrubber
 
     n0 = BLOCK_BYTES + 100  # the rot in the first, whole block: an append checks only the last
 
@@ -549,9 +548,8 @@ def test_a_leftover_pushed_again_is_not_lost_to_a_failing_restage() -> None:
 def test_scrub_drops_a_pending_version_that_carries_the_rot() -> None:
     """Found by the simulator (seed 895): a rotten head's leftover append carried the rot, could
     never be pushed down intact, and the scrubber would not install the good copy over it."""
-    from loomfs.storage.scrub import Scrubber
-
     from loomfs.storage.engine.blocks import BLOCK_BYTES
+    from loomfs.storage.scrub import Scrubber
 
     n0 = BLOCK_BYTES + 100  # the rot in the first, whole block: an append checks only the last
 
