@@ -18,9 +18,10 @@ from loomfs.kvcache._config import KVConfig, KVStats
 from loomfs.kvcache._get import GetPath
 from loomfs.kvcache._jobs import run_all
 from loomfs.kvcache._values import Target
+from loomfs.testing.simloop import run_virtual
 
 CHUNK = 64 << 10
-READ_S = 0.05  # how long a read of the double takes before it writes
+READ_S = 0.05  # how long a read of the double takes before it writes (virtual seconds: run_virtual)
 
 
 def _fill(index: int, n: int) -> bytes:
@@ -93,7 +94,7 @@ def test_a_buffer_too_small_fails_before_any_read() -> None:
         return await _after_raise(cache._read_values([_entry(i) for i in range(3)], [Target(b) for b in bufs]),
                                   InvalidArgument, bufs)
 
-    at_raise, left = asyncio.run(main())
+    at_raise, left = run_virtual(main())
     assert store.calls == []  # not one read issued
     assert left == 0
     assert [bytes(b) for b in bufs] == at_raise == [bytes(1000), bytes(1000), bytes(10)]
@@ -108,7 +109,7 @@ def test_a_read_failing_mid_batch_leaves_no_read_running() -> None:
         return await _after_raise(cache._read_values([_entry(i) for i in range(5)], [Target(b) for b in bufs]),
                                   RuntimeError, bufs)
 
-    at_raise, left = asyncio.run(main())
+    at_raise, left = run_virtual(main())
     assert sorted(store.calls) == [0, 1, 2, 3, 4]  # all under way when one failed
     assert left == 0
     assert [bytes(b) for b in bufs] == at_raise  # nothing written after the raise
@@ -126,7 +127,7 @@ def test_a_failed_piece_of_a_value_across_chunks_is_a_miss_with_no_read_left() -
         await asyncio.sleep(3 * READ_S)
         return got, at_return, left
 
-    got, at_return, left = asyncio.run(main())
+    got, at_return, left = run_virtual(main())
     assert got == [None] and cache.stats.read_errors == 1
     assert sorted(store.calls) == [3, 4] and left == 0
     assert bytes(buf) == at_return == bytes(len(buf))
@@ -137,7 +138,7 @@ def test_the_same_values_without_a_failure_are_hits() -> None:
     cache = _Cache(_Store())
     bufs = [bytearray(1000) for _ in range(3)] + [bytearray(CHUNK + 5000)]
     entries = [_entry(i) for i in range(3)] + [_entry(3, CHUNK + 5000, chunk=5)]
-    got = asyncio.run(cache._read_values(entries, [Target(b) for b in bufs]))
+    got = run_virtual(cache._read_values(entries, [Target(b) for b in bufs]))
     assert got == bufs and bufs[0] == _fill(0, 1000) and bufs[3][-1:] == _fill(6, 1)
 
 
@@ -168,6 +169,6 @@ def test_run_all_waits_for_every_job_before_raising_even_when_cancelled() -> Non
             await task
         return first, at_raise, list(ended)
 
-    first, at_raise, at_cancel = asyncio.run(main())
+    first, at_raise, at_cancel = run_virtual(main())
     assert first == [0, 1, 2]
     assert at_raise == ["a"] and at_cancel == ["a", "b"]
