@@ -22,24 +22,13 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from loomfs.client.file import AsyncFile
+from loomfs.client.readahead import CachedChunk as _Chunk  # the same record: readers, dropped
 from loomfs.mount.stats import MountStats
 from loomfs.mount.uses import FileUses
-from loomfs.net.buffers import Buffer, BufferPool
+from loomfs.net.buffers import BufferPool
 
 logger = logging.getLogger(__name__)
 Call = Callable[[Coroutine[Any, Any, int]], Coroutine[Any, Any, int]]
-
-
-class _Chunk:
-    __slots__ = ("index", "length", "buf", "task", "readers", "dropped")
-
-    def __init__(self, index: int, length: int, buf: Buffer, task: asyncio.Task[int]):
-        self.index = index
-        self.length = length
-        self.buf = buf
-        self.task = task
-        self.readers = 0  # READs waiting on (or answering from) this chunk
-        self.dropped = False  # forgotten: its buffer goes back once no fetch or READ uses it
 
 
 class Budget:
