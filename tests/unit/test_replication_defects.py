@@ -545,9 +545,12 @@ def test_a_leftover_pushed_again_is_not_lost_to_a_failing_restage() -> None:
     run(body)
 
 
-def test_scrub_drops_a_pending_version_that_carries_the_rot() -> None:
+def test_scrub_repairs_a_pending_version_that_carries_the_rot() -> None:
     """Found by the simulator (seed 895): a rotten head's leftover append carried the rot, could
-    never be pushed down intact, and the scrubber would not install the good copy over it."""
+    never be pushed down intact, and the scrubber would not install the good copy over it. The
+    scrubber installs the good copy, and (since session 13) takes the leftover's rotten block
+    from it too, where it matches the leftover's own stored block CRC, instead of dropping it:
+    the leftover is intact again and settles down the chain."""
     from loomfs.storage.engine.blocks import BLOCK_BYTES
     from loomfs.storage.scrub import Scrubber
 
@@ -558,11 +561,15 @@ def test_scrub_drops_a_pending_version_that_carries_the_rot() -> None:
         head = c.engine(1)
         head.corrupt(KEY, 5)
         head.stage_write(KEY, 2, n0, b"more")  # the leftover: nobody else has v2
+        c.nodes[0].service._leftovers.setdefault(c.tid(1), set()).add(KEY)
         scrub = Scrubber(c.nodes[0].service, bytes_per_s=0, interval_s=3600)
         good, _ = await scrub.check_chunk(c.nodes[0].target, KEY)
         assert not good and scrub.repaired == 1
         st = head.get(KEY)
-        assert st is not None and (st.commit_ver, st.pending_ver) == (1, 0) and c.content(1) == b"x" * n0
+        assert st is not None and (st.commit_ver, st.pending_ver) == (1, 2) and c.content(1) == b"x" * n0
+        await c.nodes[0].service.settle_leftovers()
+        for n in (1, 2, 3):
+            assert c.content(n) == b"x" * n0 + b"more" and c.engine(n).verify(KEY) == []
 
     run(body)
 

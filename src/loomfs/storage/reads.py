@@ -205,7 +205,8 @@ class ChunkReads(ChunkUpdates, Fencing):
     async def _read_exact(self, req: ReadReq, key: ChunkKey) -> Reply:
         """A repair read: version ``exact_ver`` of the chunk, committed or still pending, from a
         replica in any state (a waiting or syncing one may hold the only good copy). Safe without
-        the lease: the reader installs it only if its length and CRC are those it recorded."""
+        the lease: the reader installs it only if its length and CRC are those it recorded.
+        ``length`` 0 (or the whole version) reads all of it; else [offset, offset+length) of it."""
         target = self.targets.get(req.target_id)
         if target is None:
             raise StatusError(Status.UNKNOWN_TARGET, f"target {req.target_id} is not on this node")
@@ -228,18 +229,26 @@ class ChunkReads(ChunkUpdates, Fencing):
         else:
             raise StatusError(Status.VERSION_MISMATCH,
                               f"target {target.target_id} has no v{req.exact_ver} of chunk {key}")
-        buf = self.pool.acquire(max(1, length))
+        # the whole version (a repair), or a range of it (a block rebuild: a committed range is
+        # checked against its block CRCs by the engine; the reader checks each block anyway)
+        start, end = (0, length) if not req.length else (min(req.offset, length), min(length, req.offset + req.length))
+        whole = (start, end) == (0, length)
+        buf = self.pool.acquire(max(1, end - start))
         try:
-            mv = memoryview(buf)[:length]
-            n = target.engine.read(key, 0, mv, pending=True) if pending else await target.engine.aread(key, 0, mv)
+            mv = memoryview(buf)[: end - start]
+            if pending:
+                n = target.engine.read(key, start, mv, pending=True)
+            else:
+                n = await target.engine.aread(key, start, mv)
         except BaseException:
             self.pool.release(buf)
             raise
-        if n != length:
+        if n != end - start:
             self.pool.release(buf)
-            raise StatusError(Status.CHECKSUM_MISMATCH, f"chunk {key} v{req.exact_ver}: {n} of {length} bytes")
+            raise StatusError(Status.CHECKSUM_MISMATCH, f"chunk {key} v{req.exact_ver}: {n} of {end - start} bytes")
         rsp = ReadRsp(commit_ver=req.exact_ver, length=n, chunk_length=length)
-        return Reply(rsp, payload=memoryview(buf)[:n], payload_crc=crc, on_sent=lambda: self.pool.release(buf))
+        return Reply(rsp, payload=memoryview(buf)[:n], payload_crc=crc if whole else None,
+                     on_sent=lambda: self.pool.release(buf))
 
     async def _settle_for_read(self, target: StorageTarget, key: ChunkKey,
                                req: ReadReq) -> tuple[ChunkState | None, chain.Action]:

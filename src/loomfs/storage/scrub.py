@@ -16,6 +16,7 @@ import crc32c
 
 from loomfs.common.routing import Routing
 from loomfs.errors import LoomError
+from loomfs.storage.blockrepair import patched_pending, rebuild_from_blocks
 from loomfs.storage.dedupe import unpack_tags
 from loomfs.storage.engine.types import ChunkKey, ChunkState, ChunkTag
 from loomfs.storage.install import KeptPending, install_copy
@@ -201,28 +202,40 @@ class Scrubber:
                 got = await self._fetch_newer(routing, chain_id, info.version, other, target, key, st)
             else:
                 got = await self._fetch(routing, chain_id, info.version, other, target, key, st)
-            if got is None:
-                continue
-            ver, data, tags = got
-            async with target.locks.hold(key):
-                now = target.engine.get(key)
-                if now is None or (now.commit_ver, now.crc, now.length, now.pending_ver) != (
-                        st.commit_ver, st.crc, st.length, st.pending_ver):
-                    logger.info("scrub: target %d chunk %s changed while a good copy was fetched: next pass",
-                                target.target_id, key)
-                    return False
-                # a pending version on top of the same version stays (it may be the only copy
-                # of a version the old tail committed and served); one that carries the rot
-                # (an append staged from rotten bytes) is dropped: it can never be pushed intact
-                keep = self._pending_intact(target, key, now) if now.has_pending and ver == now.commit_ver else None
-                if now.has_pending and keep is None:
-                    logger.error("scrub: target %d chunk %s: pending v%d dropped with the rotten copy",
-                                 target.target_id, key, now.pending_ver)
-                await install_copy(svc, target, key, ver, data, tags, keep=keep)
-            logger.info("scrub: target %d chunk %s v%d repaired from target %d (v%d)", target.target_id, key,
-                        st.commit_ver, other, ver)
-            return True
-        return False
+            if got is not None:
+                ver, data, tags = got
+                return await self._install(target, key, st, ver, data, tags, f"target {other} (v{ver})")
+        # last resort: our version rebuilt block by block from any version the others hold
+        # (rot in a whole block an append carried into a version only this replica has)
+        rebuilt = await rebuild_from_blocks(svc, target, key, st, routing, chain_id, others, self.fetch_timeout_s)
+        if rebuilt is None:
+            return False
+        return await self._install(target, key, st, st.commit_ver, memoryview(rebuilt), st.tags, "other members' blocks")
+
+    async def _install(self, target: StorageTarget, key: ChunkKey, st: ChunkState, ver: int, data: memoryview,
+                       tags: tuple[ChunkTag, ...], source: str) -> bool:
+        """Install the good copy, unless the chunk changed while it was fetched."""
+        async with target.locks.hold(key):
+            now = target.engine.get(key)
+            if now is None or (now.commit_ver, now.crc, now.length, now.pending_ver) != (
+                    st.commit_ver, st.crc, st.length, st.pending_ver):
+                logger.info("scrub: target %d chunk %s changed while a good copy was fetched: next pass",
+                            target.target_id, key)
+                return False
+            # a pending version on top of the same version stays (it may be the only copy
+            # of a version the old tail committed and served); one that carries the rot
+            # (an append staged from rotten bytes) has its rotten blocks taken from the good
+            # copy where they match its own block CRCs, else it is dropped: it can never be
+            # pushed intact
+            keep = None
+            if now.has_pending and ver == now.commit_ver:
+                keep = self._pending_intact(target, key, now) or patched_pending(target, key, now, data)
+            if now.has_pending and keep is None:
+                logger.error("scrub: target %d chunk %s: pending v%d dropped with the rotten copy",
+                             target.target_id, key, now.pending_ver)
+            await install_copy(self.service, target, key, ver, data, tags, keep=keep)
+        logger.info("scrub: target %d chunk %s v%d repaired from %s", target.target_id, key, st.commit_ver, source)
+        return True
 
     async def _fetch_exact(self, routing: Routing, chain_id: int, chain_version: int, other: int, key: ChunkKey,
                            st: ChunkState) -> tuple[int, memoryview, tuple[ChunkTag, ...]] | None:
@@ -294,10 +307,11 @@ class Scrubber:
                 logger.warning("scrub: target %d has chunk %s v%d, ours holds pending v%d: retry next pass", other,
                                key, ver, st.pending_ver)
                 return None  # installing would drop a newer pending version (it may be all that is left)
-            # staged from the rotten bytes (an append carries them along): it can never be pushed
-            # down intact, and nobody committed it (the tail, asked first, does not have it)
-            logger.error("scrub: target %d chunk %s: pending v%d carries the rot too: dropping it",
-                         target.target_id, key, st.pending_ver)
+            # staged from the rotten bytes (an append carries them along): pushed down as it is it
+            # would never be intact, and nobody committed it (the tail, asked first, does not have
+            # it); ``_install`` patches its rotten blocks from the good copy, or drops it
+            logger.error("scrub: target %d chunk %s: pending v%d carries the rot too", target.target_id, key,
+                         st.pending_ver)
         if ver == st.commit_ver and len(data) == st.length and crc32c.crc32c(data) == st.crc:
             return ver, data, st.tags
         if ver <= st.commit_ver:

@@ -79,7 +79,8 @@ class ReadReq(Message):
     target_id: int = 0  # which replica the client chose (0 = any on that node)
     # repair reads: exactly this version of the chunk, committed or pending, whatever the
     # replica's state or lease (the reader checks it against the length and CRC it recorded
-    # for that version; a version names one content)
+    # for that version; a version names one content); ``length`` 0 reads the whole version,
+    # else that range of it (a block rebuild, storage/blockrepair.py)
     exact_ver: int = 0
     # meta's read grant for chunk.inode (loomfs.common.grants: READ_GRANTS, or an open/READ reply);
     # storage checks it for clients (storage/grantcheck.py ReadGrantCheck); services send none

@@ -53,3 +53,7 @@ class SimConfig:
 CI = SimConfig()
 SOAK = SimConfig(duration_s=20.0, clients=4)
 FSYNC = SimConfig(fault_kinds=FAULT_KINDS)  # ci plus failed fsyncs
+# ci plus failed fsyncs, with chunks of 2.5 CRC blocks (BLOCK_BYTES is 64 KiB) and writes up to
+# 16 KiB: overwrites that keep whole blocks, appends that carry earlier blocks unread, bit rot
+# in a block other than the last, and the scrubber's block-level repair (storage/blockrepair.py)
+BLOCKS = FSYNC.with_(chunk_size_bytes=160 << 10, write_bytes_max=16 << 10)

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from loomfs.common import trace as trace_ids
 from loomfs.storage import planted
 from loomfs.testing.sim.cluster import SimCluster
-from loomfs.testing.sim.config import CI, FSYNC, SOAK, SimConfig
+from loomfs.testing.sim.config import BLOCKS, CI, FSYNC, SOAK, SimConfig
 from loomfs.testing.sim.events import EventLog
 from loomfs.testing.sim.faults import FaultInjector
 from loomfs.testing.sim.invariants import (
@@ -35,7 +35,7 @@ from loomfs.testing.sim.invariants import (
 from loomfs.testing.sim.loop import SimError, SimLoop
 from loomfs.testing.sim.workload import Workload
 
-PROFILES: dict[str, SimConfig] = {"ci": CI, "soak": SOAK, "fsync": FSYNC}
+PROFILES: dict[str, SimConfig] = {"ci": CI, "soak": SOAK, "fsync": FSYNC, "blocks": BLOCKS}
 CHECK_STATES_MAX = 300_000
 
 
