@@ -11,6 +11,8 @@ missing=()
 command -v fusermount3 >/dev/null 2>&1 || missing+=(fuse3)
 [ -e /usr/include/fuse3/fuse_lowlevel.h ] || missing+=(libfuse3-dev)
 command -v pkg-config >/dev/null 2>&1 || missing+=(pkg-config)
+# the mount tests run rsync (and tar, cp, dd, find, git, sqlite3: in the base image) on a mount
+command -v rsync >/dev/null 2>&1 || missing+=(rsync)
 # the metastore tests run a private PostgreSQL server (initdb + pg_ctl; tests/conftest.py)
 pg_bin=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -1 || true)
 [ -n "$pg_bin" ] && [ -x "$pg_bin/initdb" ] || command -v initdb >/dev/null 2>&1 || missing+=(postgresql)

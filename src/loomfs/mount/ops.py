@@ -499,8 +499,11 @@ class LoomOperations(HoldOps, FileOps):
         attr = await self._attr_of(inode)
         if attr.type not in _XATTR_HOLDERS:
             return []
+        # the virtual layout attribute is not listed (as CephFS hides its ceph.* ones): listed,
+        # tools that copy attributes would copy it out of the mount as a stored attribute, and
+        # `rsync -X` into the mount would try to remove it from every file (EPERM, exit 23)
         stored = await self.call(xattrs.listxattr_inode(self.client, inode, path=self._label(inode)))
-        return [LAYOUT_XATTR, *(n for n in stored if n != LAYOUT_XATTR)]
+        return [n for n in stored if n != LAYOUT_XATTR]
 
     @fuse_errors
     async def setxattr(self, inode: int, name: bytes, value: bytes, ctx: Any) -> None:

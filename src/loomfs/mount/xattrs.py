@@ -1,7 +1,8 @@
 """Extended attributes through the mount: ``user.loomfs.layout``, a virtual attribute that
 reads a file's or directory's layout and, on a directory, sets the layout new files inherit
-(JSON, the fields of ``loomfs.wire.types.Layout``); the create/replace flags of a setxattr
-(``XattrProbes``). No I/O here.
+(JSON, the fields of ``loomfs.wire.types.Layout``), asked for by name only (``listxattr`` does
+not list it, so tools copying attributes leave it alone); the create/replace flags of a
+setxattr (``XattrProbes``). No I/O here.
 
 Other ``user.*`` names are stored by meta (``loomfs.meta.ops.xattrs``); other namespaces
 (``trusted.``, ``security.``, ``system.``) answer ENOTSUP, so ``cp -a``, ``tar`` and ``rsync -X``
