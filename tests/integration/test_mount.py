@@ -154,6 +154,22 @@ def test_python_os_and_shutil(pair: tuple[Path, Path], cluster: LocalCluster) ->
     assert abs(vfs.f_bavail * vfs.f_frsize - cap.free_bytes) < 64 << 20  # usage moves between the two reads
 
 
+def test_directory_times_after_creates_are_metas(pair: tuple[Path, Path], cluster: LocalCluster) -> None:
+    """After creates through the mount, the directory's mtime and ctime the mount answers (from
+    its cache, without asking meta) are the ones meta stamped: they do not move when meta is
+    asked again, which made `tar c` of a fresh tree fail ("file changed as we read it")."""
+    remote, _ = pair
+    rel = "/" + str(remote.relative_to(remote.parent))
+    with loomfs.connect(str(cluster.root)) as fs:
+        for i in range(5):
+            with open(remote / f"f{i}", "wb") as f:  # FUSE CREATE, then the kernel's GETATTR of the directory
+                f.write(b"x" * (i + 1) * 100_000)
+            st, meta = os.stat(remote), fs.stat(rel)
+            assert (st.st_mtime_ns, st.st_ctime_ns) == (meta.st_mtime_ns, meta.st_ctime_ns), i
+        r = subprocess.run(["tar", "-C", str(remote), "-cf", "-", "."], capture_output=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+
+
 def test_huge_directory_streams(pair: tuple[Path, Path], cluster: LocalCluster) -> None:
     """A few thousand entries (several READDIR pages) listed through the mount, twice at once."""
     remote, _ = pair

@@ -53,7 +53,8 @@ class FileOps(WriterOps, pyfuse3.Operations):
         def _known(self, attr: Attr, path: str) -> pyfuse3.EntryAttributes: ...
         def entry(self, attr: Attr) -> pyfuse3.EntryAttributes: ...
         def _dir_create_starts(self, inode: int) -> tuple[tuple[Attr, float] | None, int]: ...
-        def _dir_created_in(self, inode: int, known: tuple[Attr, float] | None, epoch: int, ok: bool) -> None: ...
+        def _dir_created_in(self, inode: int, known: tuple[Attr, float] | None, epoch: int,
+                            created_ns: int | None) -> None: ...
         def _inode_path(self, inode: int) -> str: ...
         async def _take_hold(self, path: str, f: AsyncFile) -> int: ...
         async def _release_hold(self, hold_id: int) -> None: ...
@@ -192,22 +193,24 @@ class FileOps(WriterOps, pyfuse3.Operations):
     async def create(self, parent_inode: int, name: bytes, mode: int, flags: int,
                      ctx: Any) -> tuple[pyfuse3.FileInfo, pyfuse3.EntryAttributes]:
         known, epoch = self._dir_create_starts(parent_inode)  # back with the create's times if it works
-        ok = False
+        created_ns: int | None = None
         try:
-            out = await self._create(parent_inode, name, mode, flags, ctx)
-            ok = True
-            return out
+            fi, entry, created_ns = await self._create(parent_inode, name, mode, flags, ctx)
+            return fi, entry
         finally:
-            self._dir_created_in(parent_inode, known, epoch, ok)
+            self._dir_created_in(parent_inode, known, epoch, created_ns)
 
     async def _create(self, parent_inode: int, name: bytes, mode: int, flags: int,
-                      ctx: Any) -> tuple[pyfuse3.FileInfo, pyfuse3.EntryAttributes]:
+                      ctx: Any) -> tuple[pyfuse3.FileInfo, pyfuse3.EntryAttributes, int | None]:
+        """(file info, entry, the directory's new mtime and ctime: meta's time of the create,
+        0 when no file was created (an existing one opened), None when not known)."""
         if self.options.read_only:
             raise pyfuse3.FUSEError(errno.EROFS)
         path = join(self.inodes.path(parent_inode), name)
         self.absent.adding(parent_inode, os.fsdecode(name))  # a LOOKUP of it asks meta from now on
         perm = mode & 0o7777
         c = self.client
+        created_ns: int | None = None
         if flags & os.O_EXCL:
             f = await self.call(c.open(path, "x+b", perm=perm))
         else:
@@ -219,15 +222,18 @@ class FileOps(WriterOps, pyfuse3.Operations):
                 if w is not None:
                     self.inodes.remember(w.inode, path)  # create counts a lookup
                     fi = await self.open(w.inode, flags & ~os.O_CREAT, ctx)
-                    return fi, self.entry(await self._attr(path))
+                    return fi, self.entry(await self._attr(path)), 0
                 f = await self.call(c.open(path, "w+b" if flags & os.O_TRUNC else "r+b", perm=perm))
+                created_ns = 0
         opened = f.opened_attr  # as meta answered the open (None for a lazy create)
+        if created_ns is None and opened is not None and opened.inode:
+            created_ns = opened.ctime_ns  # meta stamped the directory with the same time
         attr = opened if opened is not None and opened.inode else await self._attr(path)
         attr = await self._owned(path, attr, ctx, parent_inode)
         self.inodes.opened(attr.inode)
         h = Handle(attr.inode, f, True, append=bool(flags & os.O_APPEND))
         fi = self._file_info(h, flags)
-        return fi, self._known(attr, path)
+        return fi, self._known(attr, path), created_ns
 
     @fuse_errors
     async def read(self, fh: int, off: int, size: int) -> memoryview:

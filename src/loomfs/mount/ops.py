@@ -228,18 +228,24 @@ class LoomOperations(HoldOps, FileOps):
         self._dir_epoch += 1
         return self._dir_attrs.pop(inode, None), self._dir_epoch
 
-    def _dir_created_in(self, inode: int, known: tuple[Attr, float] | None, epoch: int, ok: bool) -> None:
-        """A create in directory ``inode`` ended (``ok``: it worked). Its cached attributes from
-        before (``known``: no older than attr_timeout from meta's answer, as the kernel's
-        would be) come back with the create's mtime and ctime, unless another directory
+    def _dir_created_in(self, inode: int, known: tuple[Attr, float] | None, epoch: int,
+                        created_ns: int | None) -> None:
+        """A create in directory ``inode`` ended: ``created_ns`` is the time meta stamped the
+        directory with (the new file's ctime), 0 when the create opened an existing file (the
+        directory did not change), None when it failed or the time is not known. Its cached
+        attributes from before (``known``: no older than attr_timeout from meta's answer, as
+        the kernel's would be) come back with that mtime and ctime, unless another directory
         change through this mount came meanwhile, so the kernel's GETATTR after every create
-        (it drops the parent's attributes) needs no meta round trip. The times are this
-        host's clock until meta is asked again."""
+        (it drops the parent's attributes) needs no meta round trip. Meta's own time, never
+        this host's clock: a directory's times that changed when meta was asked again made
+        `tar c` report "file changed as we read it" (exit 1)."""
         unchanged = self._dir_epoch == epoch
         self._dir_epoch += 1
-        if ok and known is not None and unchanged:
-            now = time.time_ns()
-            self._dir_attrs[inode] = (dataclasses.replace(known[0], mtime_ns=now, ctime_ns=now), known[1])
+        if created_ns is not None and known is not None and unchanged:
+            attr = known[0]
+            if created_ns:
+                attr = dataclasses.replace(attr, mtime_ns=created_ns, ctime_ns=created_ns)
+            self._dir_attrs[inode] = (attr, known[1])
 
     def _dir_changed(self, *inodes: int | None) -> None:
         """Other changes of these directories (entries, links, modes, attributes): ask meta."""
