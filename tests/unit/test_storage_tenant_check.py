@@ -225,6 +225,12 @@ def test_forwarded_and_resync_updates_are_for_chain_peers_only() -> None:
                         await n.svc.remove_chunks(RemoveChunksReq(chain_id=1, chain_version=1, inode=SHARED, **extra),
                                                   _ctx(who))
                 assert ei.value.status is Status.EPERM and "chain peers only" in str(ei.value), (who, kind, extra)
+            # a repair read of an exact version (the scrubber's: a version the tail may never
+            # have committed, from a member in any state)
+            with pytest.raises(StatusError) as ei:
+                await n.svc.read(ReadReq(chain_id=1, chain_version=1, chunk=ChunkId(inode=SHARED), length=8,
+                                         target_id=TID, exact_ver=1), _ctx(who))
+            assert ei.value.status is Status.EPERM and "chain peers only" in str(ei.value), who
         # a plain client write still works (the tenant check passes; no key: no grant check)
         await n.write(SHARED, data, _ident(""))
         assert await n.read(SHARED, SERVICE) == data

@@ -10,9 +10,11 @@ service, syncing or waiting) still hold v1, whose block 0 is the same content as
 
 Every block of a version has a stored CRC32C recorded when its bytes were last written (kept
 blocks keep theirs: rot is never blessed), so a block is taken from another copy only where
-those bytes match the CRC this replica stored for that block, and the rebuilt chunk is used
-only if its whole-chunk CRC and length are the recorded ones. The version number keeps naming
-the same content: nothing is recomputed over unchecked bytes.
+those bytes match the CRC this replica stored for that block (the whole-chunk CRC, checked
+too, follows from the block CRCs: each block's 32-bit CRC is what decides). The version number
+keeps naming the same content: nothing is recomputed over unchecked bytes. A member that fails
+other than "no such version" or "rotten block" is left out after its first failure, so a hung
+one costs one fetch timeout, not one per block.
 
 The same applies to a pending version staged on top of the rotten one (it carries the rot
 too): its rotten blocks are patched from the repaired committed bytes where they match its own
@@ -31,7 +33,12 @@ from loomfs.errors import LoomError
 from loomfs.storage.engine.types import BLOCK_BYTES, ChunkKey, ChunkState
 from loomfs.storage.install import KeptPending
 from loomfs.storage.target import StorageTarget
+from loomfs.wire.status import Status
 from loomfs.wire.storage import QUERY_CHUNKS, READ, ChunkId, QueryChunksReq, ReadReq
+
+# answers about one block of one version (the next block or version may still be there); any
+# other failure leaves the member out of this rebuild
+BLOCK_MISSES = frozenset({Status.VERSION_MISMATCH, Status.CHECKSUM_MISMATCH, Status.EAGAIN})
 
 if TYPE_CHECKING:
     from loomfs.storage.service import StorageService
@@ -124,9 +131,13 @@ async def _patch_from(service: StorageService, routing: Routing, chain_id: int, 
                           target_id=other, exact_ver=ver)
             try:
                 got = (await service.rpc.call(address, READ, req, timeout_s=timeout_s)).payload
-            except (LoomError, OSError) as exc:  # not there, or rotten there too
-                logger.info("scrub: block %d of chunk %s v%d from target %d: %s", i, key, ver, other, exc)
-                continue
+            except (LoomError, OSError) as exc:
+                if getattr(exc, "status", None) in BLOCK_MISSES:  # not there, or rotten there too
+                    logger.info("scrub: block %d of chunk %s v%d from target %d: %s", i, key, ver, other, exc)
+                    continue
+                # unreachable, timed out, refused: the member's other blocks would wait as long
+                logger.warning("scrub: block rebuild of chunk %s: target %d left out: %s", key, other, exc)
+                return bad
             if len(got) == end - start and crc32c.crc32c(got) == stored[i]:
                 into[start:end] = got
                 bad.remove(i)

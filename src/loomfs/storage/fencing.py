@@ -9,6 +9,7 @@ current chain version, at a SYNCING target, from its predecessor in the write ch
 from __future__ import annotations
 
 from loomfs.common.clock import Clock
+from loomfs.common.identity import Identity, Right
 from loomfs.common.routing import Routing
 from loomfs.errors import StatusError
 from loomfs.storage import chain, planted
@@ -17,6 +18,15 @@ from loomfs.wire.status import Status
 from loomfs.wire.types import TargetState
 
 READ_LEASE_FRACTION = 0.8
+
+
+def chain_peers_only(identity: Identity, what: str) -> None:
+    """Forwarded updates, resync copies, rollbacks and repair reads (``exact_ver``: a version
+    the tail may never have committed) come from chain peers (the head orders a chunk's
+    versions and dedupes retries): EPERM for anyone without SERVICE, admins included."""
+    if not identity.can(Right.SERVICE):
+        raise StatusError(Status.EPERM, f"a forwarded or resync {what} is for chain peers only "
+                          f"(token {identity.token_id or identity.uid})")
 
 
 class Fencing:

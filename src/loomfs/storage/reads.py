@@ -19,7 +19,7 @@ from loomfs.net.sendfile import FileRegion
 from loomfs.storage import chain, planted
 from loomfs.storage.engine.blocks import crc_join_blocks
 from loomfs.storage.engine.types import BLOCK_BYTES, ChunkKey, ChunkState
-from loomfs.storage.fencing import Fencing
+from loomfs.storage.fencing import Fencing, chain_peers_only
 from loomfs.storage.foreground import ForegroundGate
 from loomfs.storage.grantcheck import ReadGrantCheck
 from loomfs.storage.hotchunks import SENDFILE_MIN_BYTES, HotChunks, Plan, open_region
@@ -56,6 +56,8 @@ class ChunkReads(ChunkUpdates, Fencing):
     @handles(READ)
     async def read(self, req: ReadReq, ctx: CallContext) -> Reply:
         ident = ctx.identity
+        if req.exact_ver:  # a repair read may return a version the tail never committed
+            chain_peers_only(ident, "repair read (exact_ver)")
         if not ident.privileged:  # a client: only chunks of its tenant's inodes (storage/tenantcheck.py)
             inodes = (req.chunk.inode if req.chunk else 0,)
             if not self.tenant_check.check(ident, inodes, "read"):
@@ -103,6 +105,8 @@ class ChunkReads(ChunkUpdates, Fencing):
         buf = self.pool.acquire(want)
         try:
             n = await engine.aread(key, req.offset, memoryview(buf)[:want])
+        except asyncio.CancelledError:
+            raise  # a read thread may still be filling buf: it must not go back to the pool
         except BaseException as exc:
             self.pool.release(buf)
             if isinstance(exc, StatusError) and exc.status is Status.CHECKSUM_MISMATCH:
@@ -240,6 +244,8 @@ class ChunkReads(ChunkUpdates, Fencing):
                 n = target.engine.read(key, start, mv, pending=True)
             else:
                 n = await target.engine.aread(key, start, mv)
+        except asyncio.CancelledError:
+            raise  # a read thread may still be filling buf: it must not go back to the pool
         except BaseException:
             self.pool.release(buf)
             raise

@@ -194,8 +194,22 @@ class Scrubber:
         # last resort: a newer committed version from a member out of service, the syncing one
         # (the chain's write tail: it takes every new update) first
         newer = sorted(rest, key=lambda t: routing.targets[t].state != TargetState.SYNCING)
-        tries = [(t, "serving") for t in serving] + [(t, "exact") for t in rest] + [(t, "newer") for t in newer]
+        # our version rebuilt block by block from any version the others hold (rot in a whole
+        # block an append carried into a version only this replica has): the last resort, but
+        # ahead of another member's newer version when it keeps our pending one (which may be
+        # newer still, and served), never when it would drop it
+        tries = [(t, "serving") for t in serving] + [(t, "exact") for t in rest]
+        tries += [(0, "rebuild-keeping-pending")] if st.has_pending else []
+        tries += [(t, "newer") for t in newer] + [(0, "rebuild")]
         for other, how in tries:
+            if how.startswith("rebuild"):
+                rebuilt = await rebuild_from_blocks(svc, target, key, st, routing, chain_id, others,
+                                                    self.fetch_timeout_s)
+                if rebuilt is not None and await self._install(
+                        target, key, st, st.commit_ver, memoryview(rebuilt), st.tags, "other members' blocks",
+                        pending_kept=how == "rebuild-keeping-pending"):
+                    return True
+                continue
             if how == "exact":
                 got = await self._fetch_exact(routing, chain_id, info.version, other, key, st)
             elif how == "newer":
@@ -205,16 +219,12 @@ class Scrubber:
             if got is not None:
                 ver, data, tags = got
                 return await self._install(target, key, st, ver, data, tags, f"target {other} (v{ver})")
-        # last resort: our version rebuilt block by block from any version the others hold
-        # (rot in a whole block an append carried into a version only this replica has)
-        rebuilt = await rebuild_from_blocks(svc, target, key, st, routing, chain_id, others, self.fetch_timeout_s)
-        if rebuilt is None:
-            return False
-        return await self._install(target, key, st, st.commit_ver, memoryview(rebuilt), st.tags, "other members' blocks")
+        return False
 
     async def _install(self, target: StorageTarget, key: ChunkKey, st: ChunkState, ver: int, data: memoryview,
-                       tags: tuple[ChunkTag, ...], source: str) -> bool:
-        """Install the good copy, unless the chunk changed while it was fetched."""
+                       tags: tuple[ChunkTag, ...], source: str, *, pending_kept: bool = False) -> bool:
+        """Install the good copy, unless the chunk changed while it was fetched (or, with
+        ``pending_kept``, unless our pending version can be kept on top of it)."""
         async with target.locks.hold(key):
             now = target.engine.get(key)
             if now is None or (now.commit_ver, now.crc, now.length, now.pending_ver) != (
@@ -230,6 +240,8 @@ class Scrubber:
             keep = None
             if now.has_pending and ver == now.commit_ver:
                 keep = self._pending_intact(target, key, now) or patched_pending(target, key, now, data)
+            if now.has_pending and keep is None and pending_kept:
+                return False
             if now.has_pending and keep is None:
                 logger.error("scrub: target %d chunk %s: pending v%d dropped with the rotten copy",
                              target.target_id, key, now.pending_ver)

@@ -18,13 +18,13 @@ import math
 from collections.abc import Awaitable, Callable
 
 from loomfs.common.clock import SYSTEM_CLOCK, Clock
-from loomfs.common.identity import Identity, Right
 from loomfs.errors import InvalidArgument, StatusError
 from loomfs.net.buffers import DEFAULT_POOL, BufferPool
 from loomfs.net.rpc import CallContext, RpcClient, handles
 from loomfs.storage import chain, planted
 from loomfs.storage.dedupe import TagCache, pack_tags, unpack_tags
 from loomfs.storage.engine.types import ChunkKey
+from loomfs.storage.fencing import chain_peers_only
 from loomfs.storage.foreground import ForegroundGate
 from loomfs.storage.grantcheck import GrantCheck, ReadGrantCheck
 from loomfs.storage.reads import ChunkReads
@@ -60,14 +60,6 @@ _EMPTY = memoryview(b"")
 REMOVE_PAGE = 1024
 SYNC_FLUSH_BATCH = 1024
 READ_LEASE_FRACTION = 0.8
-
-
-def chain_peers_only(identity: Identity, what: str) -> None:
-    """Forwarded updates, resync copies and rollbacks come from chain peers (the head orders a
-    chunk's versions and dedupes retries): EPERM for anyone without SERVICE, admins included."""
-    if not identity.can(Right.SERVICE):
-        raise StatusError(Status.EPERM, f"a forwarded or resync {what} is for chain peers only "
-                          f"(token {identity.token_id or identity.uid})")
 
 
 class StorageService(ChunkReads, ChunkRemovals):
