@@ -170,6 +170,34 @@ def test_directory_times_after_creates_are_metas(pair: tuple[Path, Path], cluste
         assert r.returncode == 0, r.stderr
 
 
+def test_dot_entries(pair: tuple[Path, Path], mnt: str) -> None:
+    """A listing has "." and ".." first, as on a local directory (``ls -a``), with the
+    directory's and its parent's inode numbers; seeking back into a listing keeps them."""
+    def ops(root: Path) -> None:
+        (root / "d" / "e").mkdir(parents=True)
+        for i in range(5):
+            (root / "d" / f"f{i}").write_bytes(b"x")
+
+    both(pair, ops)
+    remote, local = pair
+
+    def ls(*args: str) -> list[str]:
+        return subprocess.run(["ls", *args], capture_output=True, text=True, check=True).stdout.split()
+
+    assert ls("-a1", str(remote / "d")) == ls("-a1", str(local / "d")) == [".", "..", "e", "f0", "f1", "f2", "f3", "f4"]
+    for d in (remote / "d" / "e", remote / "d", Path(mnt)):  # (ls stats the mount root's "..")
+        got = dict(reversed(line.split()) for line in subprocess.run(
+            ["ls", "-ai1", str(d)], capture_output=True, text=True, check=True).stdout.splitlines())
+        assert int(got["."]) == os.stat(d).st_ino and int(got[".."]) == os.stat(d / "..").st_ino
+    fd = os.open(remote / "d", os.O_RDONLY | os.O_DIRECTORY)
+    try:  # getdents from the start twice (a rewind), through the same descriptor
+        assert sorted(os.listdir(fd)) == ["e", "f0", "f1", "f2", "f3", "f4"]
+        os.lseek(fd, 0, os.SEEK_SET)
+        assert sorted(os.listdir(fd)) == ["e", "f0", "f1", "f2", "f3", "f4"]
+    finally:
+        os.close(fd)
+
+
 def test_huge_directory_streams(pair: tuple[Path, Path], cluster: LocalCluster) -> None:
     """A few thousand entries (several READDIR pages) listed through the mount, twice at once."""
     remote, _ = pair

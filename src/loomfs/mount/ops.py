@@ -55,6 +55,17 @@ _SPECIAL_OF_BITS = {stat.S_IFIFO: FileType.FIFO, stat.S_IFSOCK: FileType.SOCKET,
                     stat.S_IFBLK: FileType.BLOCK_DEVICE}
 
 
+DOT_ENTRIES = 2  # "." and "..", listed first
+
+
+def _dot_entry(inode: int) -> pyfuse3.EntryAttributes:
+    """A READDIR entry for "." or "..": the kernel takes its inode number and type only."""
+    e = pyfuse3.EntryAttributes()
+    e.st_ino = inode
+    e.st_mode = stat.S_IFDIR | 0o755
+    return e
+
+
 class LoomOperations(HoldOps, FileOps):
     supports_dot_lookup = False
 
@@ -557,20 +568,25 @@ class LoomOperations(HoldOps, FileOps):
 
     @fuse_errors
     async def readdir(self, fh: int, start_id: int, token: Any) -> None:
-        """Entries from offset ``start_id`` (entry i's offset is i + 1), a page at a time."""
+        """Entries from offset ``start_id``: "." at offset 1, ".." at 2 (POSIX lists them where
+        they exist, and ``ls -a`` shows them; the kernel links neither from a READDIRPLUS, so
+        they count no lookup), then the directory's entry i at offset i + 3, a page at a time."""
         h = self.handles[fh]
         assert isinstance(h, DirStream)
-        i = start_id
-        if i == 0:  # a listing from the start: if read to the end in order, its names are all
+        if start_id == 0:  # a listing from the start: if read to the end in order, its names are all
             if h.listing is not None:
                 self.absent.abandon(h.inode, h.listing[1])
             h.listing = (time.monotonic(), self.absent.begin_listing(h.inode))
+        for name, inode, off in ((b".", h.inode, 1), (b"..", self._parent_inode(h), 2)):
+            if start_id < off and not pyfuse3.readdir_reply(token, name, _dot_entry(inode), off):
+                return
+        i = max(0, start_id - DOT_ENTRIES)
         base, page = await h.page_at(i)
         while page:
             for e in page[i - base:]:
                 path = join(h.path, os.fsencode(e.name))
                 attr = e.attr if e.attr is not None else await self._attr(path)
-                if not pyfuse3.readdir_reply(token, os.fsencode(e.name), self.entry(attr), i + 1):
+                if not pyfuse3.readdir_reply(token, os.fsencode(e.name), self.entry(attr), i + 1 + DOT_ENTRIES):
                     return
                 self.inodes.remember(attr.inode, path)
                 i += 1
@@ -578,6 +594,14 @@ class LoomOperations(HoldOps, FileOps):
         if h.names is not None and h.complete and h.listing is not None:  # read to the end, in order
             self.absent.listed(h.inode, h.names, *h.listing)
             h.names = h.listing = None
+
+    def _parent_inode(self, h: DirStream) -> int:
+        """The inode of the listed directory's parent as known here (the root's is itself);
+        the directory's own when the parent is not known (only ``ls -ai`` shows it)."""
+        if h.inode == ROOT_INODE:
+            return ROOT_INODE
+        parent = self.inodes.inode_of(h.path.rsplit("/", 1)[0] or "/")
+        return parent if parent is not None else h.inode
 
     async def releasedir(self, fh: int) -> None:
         h = self.handles.pop(fh, None)
