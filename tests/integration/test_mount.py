@@ -198,6 +198,37 @@ def test_dot_entries(pair: tuple[Path, Path], mnt: str) -> None:
         os.close(fd)
 
 
+def test_fallocate(pair: tuple[Path, Path]) -> None:
+    """fallocate(1) and posix_fallocate through the mount as on a local directory: mode 0 grows
+    the file (zeros), inside it changes nothing, --keep-size changes nothing; a read-only
+    descriptor is EBADF. Punching holes is not offered (EOPNOTSUPP)."""
+
+    def ops(root: Path) -> None:
+        subprocess.run(["fallocate", "-l", "1M", str(root / "a")], check=True)
+        (root / "b").write_bytes(b"abc")
+        subprocess.run(["fallocate", "-o", "10", "-l", "100", str(root / "b")], check=True)
+        subprocess.run(["fallocate", "-o", "0", "-l", "50", str(root / "b")], check=True)  # inside: unchanged
+        subprocess.run(["fallocate", "-n", "-l", "10M", str(root / "b")], check=True)  # keep size
+        fd = os.open(root / "c", os.O_CREAT | os.O_RDWR)
+        os.write(fd, b"hello")
+        os.posix_fallocate(fd, 4096, 3 << 20)
+        os.pwrite(fd, b"end", (3 << 20) + 4093)
+        os.close(fd)
+        fd = os.open(root / "c", os.O_RDONLY)
+        try:
+            with pytest.raises(OSError) as ei:
+                os.posix_fallocate(fd, 0, 10 << 20)
+            assert ei.value.errno == errno.EBADF
+        finally:
+            os.close(fd)
+
+    both(pair, ops)
+    remote, _ = pair
+    assert (remote / "b").read_bytes() == b"abc" + bytes(107)
+    r = subprocess.run(["fallocate", "-p", "-o", "0", "-l", "2", str(remote / "b")], capture_output=True, text=True)
+    assert r.returncode != 0 and (remote / "b").read_bytes()[:3] == b"abc"
+
+
 def test_huge_directory_streams(pair: tuple[Path, Path], cluster: LocalCluster) -> None:
     """A few thousand entries (several READDIR pages) listed through the mount, twice at once."""
     remote, _ = pair

@@ -30,6 +30,7 @@ from loomfs.wire.types import Attr
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
 READ_BUFFERS_KEPT = 16  # per request size: read replies reuse them
+FALLOC_FL_KEEP_SIZE = 0x01  # linux/falloc.h
 
 
 class FileOps(WriterOps, pyfuse3.Operations):
@@ -234,6 +235,29 @@ class FileOps(WriterOps, pyfuse3.Operations):
         h = Handle(attr.inode, f, True, append=bool(flags & os.O_APPEND))
         fi = self._file_info(h, flags)
         return fi, self._known(attr, path), created_ns
+
+    async def fallocate(self, inode: int, fh: int, mode: int, offset: int, length: int) -> None:
+        """fallocate(2) through the lowlevel glue (``loomfs.mount.lowlevel``). Mode 0 makes the
+        file at least ``offset + length`` long (zeros, as a truncate up); ``FALLOC_FL_KEEP_SIZE``
+        alone changes nothing. LoomFS reserves no space ahead of writes (as JuiceFS: a write is
+        checked for space when it lands), so neither promises later writes cannot meet ENOSPC.
+        Other modes (punching holes, zeroing, collapsing, inserting ranges): EOPNOTSUPP."""
+        if offset < 0 or length <= 0:
+            raise OSError(errno.EINVAL, f"fallocate offset {offset} length {length}")
+        if mode & ~FALLOC_FL_KEEP_SIZE:
+            raise OSError(errno.EOPNOTSUPP, f"fallocate mode {mode:#x}")
+        h = self.handles.get(fh)
+        if not isinstance(h, Handle) or not h.writable:
+            raise OSError(errno.EBADF, "fallocate needs a file open for writing")
+        if mode & FALLOC_FL_KEEP_SIZE:
+            return
+        async with h.lock:
+            await self._usable_locked(h)  # a lock's reopen may have closed it
+            if offset + length > h.file.length:
+                self.drop_prefetched(inode)
+                h.file.path = self._inode_path(inode)  # the file truncates by path: its name now
+                await self.call(h.file.truncate(offset + length))
+                await self.call(h.file.fsync())  # the length at meta, as a truncate's
 
     @fuse_errors
     async def read(self, fh: int, off: int, size: int) -> memoryview:

@@ -89,7 +89,8 @@ class MountLocks:
         return f"MountLocks({self.locks!r} waits={waits} setlk={self.requests['lock_setlk']})"
 
     def handlers(self) -> Handlers:
-        return Handlers(getlk=self.getlk, setlk=self.setlk, flock=self.flock, flush=self.flush, release=self.release)
+        return Handlers(getlk=self.getlk, setlk=self.setlk, flock=self.flock, flush=self.flush, release=self.release,
+                        fallocate=self.fallocate)
 
     def _spawn(self, coro: Coroutine[Any, Any, None], key: tuple[int, int, int] | None = None) -> asyncio.Task[None]:
         task = asyncio.get_running_loop().create_task(coro)
@@ -251,6 +252,11 @@ class MountLocks:
                         self.requests["lock_release_unlocks"] += 1
 
         self._spawn(self._answer(r.req, work))
+
+    def fallocate(self, r: LockReq, mode: int, offset: int, length: int) -> None:
+        """Not a lock: the same glue's slot (``LoomOperations.fallocate``)."""
+        self.requests["fallocate"] += 1
+        self._spawn(self._answer(r.req, lambda: self.ops.fallocate(r.ino, r.fh, mode, offset, length)))
 
     async def close(self) -> None:
         """At unmount: waits stop (answered before libfuse's session goes), and every lock of

@@ -8,6 +8,8 @@ whether to ask for POSIX and flock locks (``op.getlk && op.setlk``, ``op.flock``
 the two this module fills, in the session's copy, the getlk, setlk and flock slots with
 ctypes callbacks and replaces flush and release by callbacks that see ``lock_owner`` (they
 run the mount's own ``flush``/``release`` as pyfuse3 would, then drop the owner's locks).
+The same way it fills the ``fallocate`` slot pyfuse3 has no handler for (``fallocate(1)`` and
+``posix_fallocate`` got EOPNOTSUPP; glibc then writes a byte per block).
 
 Finding the copy: pyfuse3's extension keeps its symbols (``.symtab``): its static ops table
 (``__pyx_v_7pyfuse3_fuse_ops``) and the session pointer (``__pyx_v_7pyfuse3_session``), at
@@ -39,7 +41,7 @@ PYFUSE3_VERSIONS = ("3.5.0",)
 SLOT_BYTES = 8
 # slots of struct fuse_lowlevel_ops (libfuse 3.14, fuse_lowlevel.h)
 SLOT_INIT, SLOT_LOOKUP, SLOT_FLUSH, SLOT_RELEASE = 0, 2, 17, 18
-SLOT_GETLK, SLOT_SETLK, SLOT_FLOCK = 31, 32, 39
+SLOT_GETLK, SLOT_SETLK, SLOT_FLOCK, SLOT_FALLOCATE = 31, 32, 39, 40
 OPS_SLOTS = 44
 MATCH_SLOTS = 16  # the copy is found by the static table's first pointers
 SESSION_SCAN_BYTES = 512
@@ -72,6 +74,8 @@ SETLK = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_uint64, ctypes.POINTER(
                          ctypes.c_int)
 FLOCK = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_uint64, ctypes.POINTER(FileInfo), ctypes.c_int)
 FILE_OP = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_uint64, ctypes.POINTER(FileInfo))
+FALLOCATE = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_uint64, ctypes.c_int, ctypes.c_int64, ctypes.c_int64,
+                             ctypes.POINTER(FileInfo))
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +97,7 @@ class Handlers:
     flock: Callable[[LockReq, int], None]  # (req, op)
     flush: Callable[[LockReq], None]
     release: Callable[[LockReq, bool], None]  # (req, flock_release)
+    fallocate: Callable[[LockReq, int, int, int], None]  # (req, mode, offset, length)
 
 
 def elf_symbols(path: str, names: set[str]) -> dict[str, int]:
@@ -173,8 +178,8 @@ class Libfuse:
         static = (ctypes.c_uint64 * OPS_SLOTS).from_address(base + syms[SYM_OPS])
         if not static[SLOT_INIT] or not static[SLOT_LOOKUP] or not static[SLOT_FLUSH] or not static[SLOT_RELEASE]:
             return "pyfuse3's ops table is not filled"
-        if static[SLOT_GETLK] or static[SLOT_SETLK] or static[SLOT_FLOCK]:
-            return "pyfuse3 has lock handlers of its own"
+        if static[SLOT_GETLK] or static[SLOT_SETLK] or static[SLOT_FLOCK] or static[SLOT_FALLOCATE]:
+            return "pyfuse3 has lock (or fallocate) handlers of its own"
         want = bytes(ctypes.string_at(ctypes.addressof(static), MATCH_SLOTS * SLOT_BYTES))
         seen = ctypes.string_at(session, SESSION_SCAN_BYTES)
         at = seen.find(want)
@@ -187,7 +192,8 @@ class Libfuse:
         self._keep.extend(callbacks.values())
         for slot, cb in callbacks.items():
             copy[slot] = ctypes.cast(cb, ctypes.c_void_p).value or 0
-        logger.info("libfuse lock requests on (session ops at +%d; getlk, setlk, flock, flush, release)", at)
+        logger.info("libfuse lock requests on (session ops at +%d; getlk, setlk, flock, flush, release, fallocate)",
+                    at)
         return None
 
     def _callbacks(self, h: Handlers) -> dict[int, Any]:
@@ -226,5 +232,10 @@ class Libfuse:
             flock_release = bool(f.bits >> FLOCK_RELEASE_BIT & 1)
             safe("release", req, lambda: h.release(r, flock_release))
 
+        def fallocate(req: int, ino: int, mode: int, offset: int, length: int, fi: ctypes._Pointer[FileInfo]) -> None:
+            f = fi.contents
+            r = LockReq(req, ino, f.fh, f.lock_owner)
+            safe("fallocate", req, lambda: h.fallocate(r, mode, offset, length))
+
         return {SLOT_GETLK: GETLK(getlk), SLOT_SETLK: SETLK(setlk), SLOT_FLOCK: FLOCK(flock),
-                SLOT_FLUSH: FILE_OP(flush), SLOT_RELEASE: FILE_OP(release)}
+                SLOT_FLUSH: FILE_OP(flush), SLOT_RELEASE: FILE_OP(release), SLOT_FALLOCATE: FALLOCATE(fallocate)}
