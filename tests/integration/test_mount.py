@@ -229,6 +229,27 @@ def test_fallocate(pair: tuple[Path, Path]) -> None:
     assert r.returncode != 0 and (remote / "b").read_bytes()[:3] == b"abc"
 
 
+def test_fallocate_never_cuts_another_clients_bytes(pair: tuple[Path, Path], cluster: LocalCluster) -> None:
+    """The reviewer's case: the mount has the file open (its idea of the length: 1 byte) while
+    another client makes it 1 MiB; a fallocate of 4 KiB through the mount must not cut it."""
+    remote, _ = pair
+    rel = "/" + str(remote.relative_to(remote.parent)) + "/f"
+    fd = os.open(remote / "f", os.O_CREAT | os.O_RDWR)
+    try:
+        os.write(fd, b"a")
+        os.fsync(fd)
+        big = os.urandom(1 << 20)
+        with loomfs.connect(str(cluster.root)) as fs:
+            with fs.open(rel, "r+b") as f:
+                f.write(big)
+            os.posix_fallocate(fd, 0, 4096)
+            assert fs.stat(rel).st_size == 1 << 20
+    finally:
+        os.close(fd)
+    with loomfs.connect(str(cluster.root)) as fs:
+        assert fs.stat(rel).st_size == 1 << 20 and fs.cat(rel) == big
+
+
 def test_huge_directory_streams(pair: tuple[Path, Path], cluster: LocalCluster) -> None:
     """A few thousand entries (several READDIR pages) listed through the mount, twice at once."""
     remote, _ = pair

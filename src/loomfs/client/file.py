@@ -466,6 +466,30 @@ class AsyncFile:
             self._written_end = size
         return size
 
+    async def grow(self, size: int) -> int:
+        """Make the file at least ``size`` bytes long (zeros), cutting nothing: fallocate
+        mode 0. Meta decides in its transaction (a file another client made longer stays so,
+        and open writers' unreported bytes are not cut); returns this file's length after."""
+        self._check(write=True)
+        if size < 0:
+            raise InvalidArgument("negative size", path=self.path)
+        if self._opener is not None:
+            await self._materialize()
+        await self.flush()
+        rsp = await self._meta.setattr(SetattrReq(path=self.path, inode=self.inode, size=size, grow_only=True))
+        self._trunc_epoch = max(self._trunc_epoch, rsp.trunc_epoch)
+        grown = max(self._length, size)
+        if self._inline is not None:
+            if rsp.attr is not None and rsp.attr.inline:
+                if grown > self._length:
+                    self._inline.truncate(grown)
+                self._length = grown
+                return grown
+            self._inline = None  # past the inline limit: meta moved it to chunks
+        self._cache.clear()
+        self._length = grown
+        return grown
+
     # --- reading ----------------------------------------------------------------------
 
     async def read(self, n: int | None = -1) -> bytes:

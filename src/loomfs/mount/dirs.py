@@ -51,9 +51,11 @@ class DirStream:
     def __repr__(self) -> str:
         return f"DirStream({self.path!r}, base={self.base}, page={len(self.page)}, pages_seen={len(self.starts)})"
 
-    async def page_at(self, offset: int) -> tuple[int, list[DirEntry]]:
-        """``(base, page)`` with ``base <= offset < base + len(page)``; an empty page past the end."""
-        if offset == 0 or not self.starts:
+    async def page_at(self, offset: int, *, rewind: bool = False) -> tuple[int, list[DirEntry]]:
+        """``(base, page)`` with ``base <= offset < base + len(page)``; an empty page past the end.
+        ``rewind``: the kernel asked from the very start (a first READDIR, or ``rewinddir``); a
+        READDIR right after "." and ".." asks for entry 0 too but continues the listing."""
+        if rewind or not self.starts:
             await self._restart(0)  # first readdir, or rewinddir: a fresh listing
         elif not self.base <= offset <= self.base + len(self.page):
             await self._restart(max(s for s in self.starts if s <= offset))  # seekdir

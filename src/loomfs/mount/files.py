@@ -224,8 +224,9 @@ class FileOps(WriterOps, pyfuse3.Operations):
                     self.inodes.remember(w.inode, path)  # create counts a lookup
                     fi = await self.open(w.inode, flags & ~os.O_CREAT, ctx)
                     return fi, self.entry(await self._attr(path)), 0
+                # the name went again meanwhile, a "w+b" open makes it: not known which, so
+                # meta is asked for the directory's times next
                 f = await self.call(c.open(path, "w+b" if flags & os.O_TRUNC else "r+b", perm=perm))
-                created_ns = 0
         opened = f.opened_attr  # as meta answered the open (None for a lazy create)
         if created_ns is None and opened is not None and opened.inode:
             created_ns = opened.ctime_ns  # meta stamped the directory with the same time
@@ -238,7 +239,8 @@ class FileOps(WriterOps, pyfuse3.Operations):
 
     async def fallocate(self, inode: int, fh: int, mode: int, offset: int, length: int) -> None:
         """fallocate(2) through the lowlevel glue (``loomfs.mount.lowlevel``). Mode 0 makes the
-        file at least ``offset + length`` long (zeros, as a truncate up); ``FALLOC_FL_KEEP_SIZE``
+        file at least ``offset + length`` long (zeros; meta grows it, never cuts it: another
+        client's longer file and open writers' bytes stay); ``FALLOC_FL_KEEP_SIZE``
         alone changes nothing. LoomFS reserves no space ahead of writes (as JuiceFS: a write is
         checked for space when it lands), so neither promises later writes cannot meet ENOSPC.
         Other modes (punching holes, zeroing, collapsing, inserting ranges): EOPNOTSUPP."""
@@ -253,11 +255,11 @@ class FileOps(WriterOps, pyfuse3.Operations):
             return
         async with h.lock:
             await self._usable_locked(h)  # a lock's reopen may have closed it
-            if offset + length > h.file.length:
-                self.drop_prefetched(inode)
-                h.file.path = self._inode_path(inode)  # the file truncates by path: its name now
-                await self.call(h.file.truncate(offset + length))
-                await self.call(h.file.fsync())  # the length at meta, as a truncate's
+            self.drop_prefetched(inode)
+            h.file.path = self._inode_path(inode)  # its name now (in errors)
+            # grow-only at meta: a file another client made longer is not cut (this handle's
+            # own idea of the length may be behind)
+            await self.call(h.file.grow(offset + length))
 
     @fuse_errors
     async def read(self, fh: int, off: int, size: int) -> memoryview:

@@ -581,7 +581,7 @@ class LoomOperations(HoldOps, FileOps):
             if start_id < off and not pyfuse3.readdir_reply(token, name, _dot_entry(inode), off):
                 return
         i = max(0, start_id - DOT_ENTRIES)
-        base, page = await h.page_at(i)
+        base, page = await h.page_at(i, rewind=start_id == 0)
         while page:
             for e in page[i - base:]:
                 path = join(h.path, os.fsencode(e.name))
@@ -600,7 +600,8 @@ class LoomOperations(HoldOps, FileOps):
         the directory's own when the parent is not known (only ``ls -ai`` shows it)."""
         if h.inode == ROOT_INODE:
             return ROOT_INODE
-        parent = self.inodes.inode_of(h.path.rsplit("/", 1)[0] or "/")
+        path = self.inodes.path(h.inode) if self.inodes.has_name(h.inode) else h.path  # renamed since opendir
+        parent = self.inodes.inode_of(path.rsplit("/", 1)[0] or "/")
         return parent if parent is not None else h.inode
 
     async def releasedir(self, fh: int) -> None:
