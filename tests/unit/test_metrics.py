@@ -28,7 +28,15 @@ from loomfs.storage.engine.memory import MemoryEngine
 from loomfs.storage.engine.types import ChunkKey
 from loomfs.storage.target import StorageTarget
 from loomfs.wire.status import Status
-from loomfs.wire.types import NodeInfo, NodeKind, NodeState, RoutingInfo, TargetInfo, TargetState
+from loomfs.wire.types import (
+    NodeInfo,
+    NodeKind,
+    NodeState,
+    RoutingInfo,
+    ScrubStats,
+    TargetInfo,
+    TargetState,
+)
 
 
 def _scrape(reg: CollectorRegistry, at_s: float = 0.0):  # type: ignore[no-untyped-def]
@@ -99,6 +107,7 @@ class _FakeStorageService:
         self.targets = {t.target_id: t for t in targets}
         self.forwards_total = 7
         self.reforwards_total = 1
+        self.scrub_stats = lambda tid: ScrubStats(checked=10, bad=2, repaired=2, rebuilt=1)
 
 
 def test_storage_collector_reads_engine_usage_and_progress() -> None:
@@ -118,6 +127,9 @@ def test_storage_collector_reads_engine_usage_and_progress() -> None:
     assert s.total("loomfs_storage_target_free_bytes", node="3") == (1 << 30) - 5000
     assert s.total("loomfs_storage_target_chunks") == 1
     assert s.total("loomfs_storage_forwards_total") == 7
+    assert s.total("loomfs_storage_scrub_checked_chunks_total", target="3001") == 10
+    assert s.total("loomfs_storage_scrub_rebuilt_chunks_total", node="3") == 1
+    assert s.total("loomfs_storage_scrub_repaired_chunks_total") == 2
     assert s.total("loomfs_storage_resync_done_units", target="3001") == 2
     assert s.total("loomfs_storage_resync_total_units", target="3001") == 8
     assert s.total("loomfs_storage_disk_seconds_count", op="read") == 1

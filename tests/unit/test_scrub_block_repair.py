@@ -46,6 +46,8 @@ def test_rotten_block_rebuilt_from_an_older_version_on_a_waiting_member() -> Non
         assert c.engine(1).verify(KEY) == []
         assert (await scrub.check_chunk(c.nodes[0].target, KEY))[0]  # the next pass finds it good
         assert c.content(2) == OLD  # the source is untouched
+        stats = scrub.target_stats(c.tid(1))  # `loomfs admin targets` and /metrics
+        assert (stats.bad, stats.repaired, stats.rebuilt) == (1, 1, 1)
 
     run(body)
 

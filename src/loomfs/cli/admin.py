@@ -123,7 +123,8 @@ def scrub_summary(s: ScrubStats | None, now_unix_s: float) -> str:
         parts.append("running")
     if s.last_pass_end_unix_s:
         parts.append(f"last {_ago(now_unix_s - s.last_pass_end_unix_s)} ago")
-    parts.append(f"{s.bad} bad" + (f" ({s.repaired} repaired)" if s.bad else ""))
+    rebuilt = f", {s.rebuilt} rebuilt from blocks" if s.rebuilt else ""
+    parts.append(f"{s.bad} bad" + (f" ({s.repaired} repaired{rebuilt})" if s.bad else ""))
     return ", ".join(parts)
 
 

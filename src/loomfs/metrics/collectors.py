@@ -58,6 +58,18 @@ class StorageCollector(Collector):
             free.add_metric(lv, max(0, u.capacity_bytes - u.used_bytes))
             chunks.add_metric(lv, u.chunk_count)
         yield from (used, cap, free, chunks)
+        stats_of = getattr(self.service, "scrub_stats", None)
+        if stats_of is not None:  # the scrubber's counts per target (also in `loomfs admin targets`)
+            scrub = {name: CounterMetricFamily(f"loomfs_storage_scrub_{name}_chunks", doc, labels=labels)
+                     for name, doc in (("checked", "chunks the scrubber checked"),
+                                       ("bad", "chunks found rotten (scrub passes, reads, clients' reports)"),
+                                       ("repaired", "rotten chunks repaired from other replicas"),
+                                       ("rebuilt", "of the repaired: rebuilt block by block from other versions"))}
+            for tid in sorted(self.service.targets):
+                s = stats_of(tid)
+                for name, family in scrub.items():
+                    family.add_metric([node, str(tid)], getattr(s, name))
+            yield from scrub.values()
         yield _counter("loomfs_storage_forwards", "updates forwarded to successors",
                        getattr(self.service, "forwards_total", 0))
         yield _counter("loomfs_storage_reforwards", "updates re-forwarded after a chain change",

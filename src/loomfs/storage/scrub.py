@@ -47,7 +47,7 @@ class Scrubber:
         self.chunks_checked = 0
         self.bad_found = 0
         self.repaired = 0
-        self._per_target: dict[int, list[int]] = {}  # target -> [checked, bad, repaired]
+        self._per_target: dict[int, list[int]] = {}  # target -> [checked, bad, repaired, rebuilt]
         self._last_pass_end_s: float | None = None
         self._next_pass_at_s: float | None = None  # None while a pass runs (or scrubbing is off)
         self.bad: list[tuple[int, ChunkKey]] = []  # (target, chunk) found bad, newest last (bounded)
@@ -152,7 +152,7 @@ class Scrubber:
         return False, n
 
     def _counts(self, target_id: int) -> list[int]:
-        return self._per_target.setdefault(target_id, [0, 0, 0])
+        return self._per_target.setdefault(target_id, [0, 0, 0, 0])
 
     def target_stats(self, target_id: int) -> ScrubStats:
         """What the scrubber did for ``target_id`` (for ``loomfs admin targets``)."""
@@ -163,12 +163,12 @@ class Scrubber:
         def unix(at_s: float | None) -> float:
             return float(round(wall_s + at_s - now_s)) if at_s is not None else 0.0
 
-        checked, bad, repaired = self._counts(target_id)
+        checked, bad, repaired, rebuilt = self._counts(target_id)
         on = self.bytes_per_s > 0
         return ScrubStats(
             interval_s=self.interval_s if on else 0.0, passes=self.passes, checked=checked, bad=bad,
             repaired=repaired, last_pass_end_unix_s=unix(self._last_pass_end_s),
-            next_pass_unix_s=unix(self._next_pass_at_s) if on else 0.0,
+            next_pass_unix_s=unix(self._next_pass_at_s) if on else 0.0, rebuilt=rebuilt,
         )
 
     async def _repair(self, target: StorageTarget, key: ChunkKey, st: ChunkState) -> bool:
@@ -208,6 +208,7 @@ class Scrubber:
                 if rebuilt is not None and await self._install(
                         target, key, st, st.commit_ver, memoryview(rebuilt), st.tags, "other members' blocks",
                         pending_kept=how == "rebuild-keeping-pending"):
+                    self._counts(target.target_id)[3] += 1
                     return True
                 continue
             if how == "exact":

@@ -71,6 +71,7 @@ class ScrubStats(Message):
     # the scrubber does something and mgmtd's routing cache keeps between passes
     last_pass_end_unix_s: float = 0.0  # when the last pass ended
     next_pass_unix_s: float = 0.0  # when the next pass starts (0: running now, or scrubbing off)
+    rebuilt: int = 0  # of ``repaired``: rebuilt block by block from other versions (storage/blockrepair.py)
 
 
 @message
