@@ -508,26 +508,3 @@ def test_an_erasure_coded_file_is_cut_by_whole_stripes(env: Env) -> None:
     assert set(chunks.data) == kept
     assert all(c[0] == "remove" for c in chunks.calls)  # no fragment truncated
     assert SHADOW_STRIPE_BASE * 6 > max(k[1] for k in live)
-
-
-def test_a_grow_only_size_never_cuts(env: Env) -> None:
-    """fallocate mode 0 (``grow_only``): a longer file stays as it is (no trim, no new epoch),
-    a shorter one grows with no new truncate epoch even while a writer has it open, so that
-    writer's later, larger length report still counts and nothing it wrote is cut."""
-    chunks = Chunks()
-    _with_trimmer(env, chunks)
-    ino = _file(env, chunks, "/f", 3 * MIB)
-    r = env.run(env.ns.setattr("/f", size=MIB, grow_only=True))  # shorter than the file: nothing
-    assert r.attr.size == 3 * MIB and _epoch(env, ino) == 0 and _entry(env, ino) is None
-    o = env.run(env.ns.open("/f", W))  # a writer with the file open ...
-    chunks.write(ino, 3 * MIB, b"w" * 100)  # ... wrote past the end, not reported yet
-    r = env.run(env.ns.setattr("/f", size=3 * MIB + 50, grow_only=True, inode=ino))
-    assert r.attr.size == 3 * MIB + 50 and r.trunc_epoch == 0 and _entry(env, ino) is None
-    env.run(env.ns.close(ino, o.session_id, 3 * MIB + 100, trunc_epoch=o.trunc_epoch))
-    assert env.run(env.ns.stat("/f")).size == 3 * MIB + 100  # the writer's report counted
-    assert chunks.read(ino, 3 * MIB, 100) == b"w" * 100
-    # a plain extend with the writer open would have been a shrink for it (its bytes cut)
-    o = env.run(env.ns.open("/f", W))
-    r = env.run(env.ns.setattr("/f", size=4 * MIB, inode=ino))
-    assert r.trunc_epoch == 1
-    env.run(env.ns.close(ino, o.session_id, -1, trunc_epoch=o.trunc_epoch))

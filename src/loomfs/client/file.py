@@ -467,28 +467,24 @@ class AsyncFile:
         return size
 
     async def grow(self, size: int) -> int:
-        """Make the file at least ``size`` bytes long (zeros), cutting nothing: fallocate
-        mode 0. Meta decides in its transaction (a file another client made longer stays so,
-        and open writers' unreported bytes are not cut); returns this file's length after."""
+        """Make the file at least ``size`` bytes long, writing nothing: fallocate mode 0. Like
+        a write that only moves this writer's end (holes read zeros), reported to meta at
+        once: meta takes the larger of the file's length and the report, so a file another
+        client made longer is not cut and nothing is written over its bytes; a report at an
+        older truncate epoch (another client truncated since) does not grow the file (the
+        grow then counts as before that truncate) and this writer takes meta's length, as any
+        ``fsync`` does. Returns this file's length after."""
         self._check(write=True)
         if size < 0:
             raise InvalidArgument("negative size", path=self.path)
-        if self._opener is not None:
-            await self._materialize()
-        await self.flush()
-        rsp = await self._meta.setattr(SetattrReq(path=self.path, inode=self.inode, size=size, grow_only=True))
-        self._trunc_epoch = max(self._trunc_epoch, rsp.trunc_epoch)
-        grown = max(self._length, size)
         if self._inline is not None:
-            if rsp.attr is not None and rsp.attr.inline:
-                if grown > self._length:
-                    self._inline.truncate(grown)
-                self._length = grown
-                return grown
-            self._inline = None  # past the inline limit: meta moved it to chunks
-        self._cache.clear()
-        self._length = grown
-        return grown
+            if size > len(self._inline.buf):  # an empty patch at ``size``: meta's content only grows
+                self._inline.truncate(size, record=True)
+        else:
+            self._written_end = max(self._written_end, size)
+        self._length = max(self._length, size)
+        await self.fsync()
+        return self._length
 
     # --- reading ----------------------------------------------------------------------
 

@@ -313,7 +313,7 @@ class MetaService(LockHandlers):
         r = await self.ns.setattr(
             req.path, follow_symlinks=req.follow_symlinks, mode=req.mode, uid=req.uid, gid=req.gid,
             atime_ns=req.atime_ns, mtime_ns=req.mtime_ns, size=req.size, inode=req.inode,
-            times_now=req.times_now, grow_only=req.grow_only,
+            times_now=req.times_now,
         )
         return w.SetattrRsp(attr=r.attr, truncated_from=r.truncated_from, trunc_epoch=r.trunc_epoch)
 

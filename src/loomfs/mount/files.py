@@ -239,8 +239,9 @@ class FileOps(WriterOps, pyfuse3.Operations):
 
     async def fallocate(self, inode: int, fh: int, mode: int, offset: int, length: int) -> None:
         """fallocate(2) through the lowlevel glue (``loomfs.mount.lowlevel``). Mode 0 makes the
-        file at least ``offset + length`` long (zeros; meta grows it, never cuts it: another
-        client's longer file and open writers' bytes stay); ``FALLOC_FL_KEEP_SIZE``
+        file at least ``offset + length`` long (zeros: a length report that writes nothing,
+        ``AsyncFile.grow``; meta keeps the larger length, so another client's longer file
+        stays); ``FALLOC_FL_KEEP_SIZE``
         alone changes nothing. LoomFS reserves no space ahead of writes (as JuiceFS: a write is
         checked for space when it lands), so neither promises later writes cannot meet ENOSPC.
         Other modes (punching holes, zeroing, collapsing, inserting ranges): EOPNOTSUPP."""
@@ -257,8 +258,8 @@ class FileOps(WriterOps, pyfuse3.Operations):
             await self._usable_locked(h)  # a lock's reopen may have closed it
             self.drop_prefetched(inode)
             h.file.path = self._inode_path(inode)  # its name now (in errors)
-            # grow-only at meta: a file another client made longer is not cut (this handle's
-            # own idea of the length may be behind)
+            # a length report (meta keeps the larger): a file another client made longer is
+            # not cut (this handle's own idea of the length may be behind)
             await self.call(h.file.grow(offset + length))
 
     @fuse_errors

@@ -242,9 +242,6 @@ class SetattrReq(Message):
     # utimes(path, NULL): atime and mtime := meta's clock (atime_ns/mtime_ns ignored). The
     # owner or a caller with write permission may; explicit times only the owner (or root)
     times_now: bool = False
-    # with ``size``: only grow the file to ``size`` (a longer file is left as it is; fallocate
-    # mode 0, which must never cut what another client wrote)
-    grow_only: bool = False
 
 
 @message

@@ -384,14 +384,12 @@ class FileOps(InlineOps):
     async def setattr(
         self, path: str, *, follow_symlinks: bool = True, mode: int = -1, uid: int = -1, gid: int = -1,
         atime_ns: int = -1, mtime_ns: int = -1, size: int = -1, inode: int = 0, times_now: bool = False,
-        grow_only: bool = False,
     ) -> SetattrResult:
         """chmod/chown/utimes/truncate. A size change settles the file's trim: an extend
         before it commits (the bytes it exposes must read zeros), a shrink after (its own).
         ``inode``: change that inode (an open file's), not what ``path`` names now.
         ``times_now``: set atime and mtime to meta's clock (utimes(path, NULL): the owner or
-        a caller with write permission may; explicit times only the owner).
-        ``grow_only``: ``size`` only grows the file (decided in the transaction)."""
+        a caller with write permission may; explicit times only the owner)."""
         if times_now:
             atime_ns = mtime_ns = self.clock.now_ns()
         parts = split_path(path) if not inode else []
@@ -401,7 +399,7 @@ class FileOps(InlineOps):
             raise StatusError(Status.EINVAL, f"negative size {size}")
         for _ in range(SETATTR_SETTLE_ROUNDS):
             r = await self._setattr(parts, path, follow_symlinks, mode, uid, gid, atime_ns, mtime_ns, size,
-                                    inode, times_now, grow_only)
+                                    inode, times_now)
             if isinstance(r, _Migrate):
                 await self.migrate(r.inode, checked=True)  # an extend past the inline limit (checked)
                 continue
@@ -417,7 +415,6 @@ class FileOps(InlineOps):
     async def _setattr(
         self, parts: list[str], path: str, follow_symlinks: bool, mode: int, uid: int, gid: int,
         atime_ns: int, mtime_ns: int, size: int, inode: int = 0, times_now: bool = False,
-        grow_only: bool = False,
     ) -> tuple[SetattrResult, bool] | int | _Migrate:
         """One try: the result and whether to settle the file's trim before replying; or an
         inode number: settle that file's trim first and try again; or ``_Migrate``: move the
@@ -446,8 +443,6 @@ class FileOps(InlineOps):
             changes: dict[str, int] = {}
             if size >= 0 and who.uid != 0:
                 perm.need(attr, who, perm.W, path)
-            if grow_only and 0 <= size <= attr.size:
-                size = -1  # long enough already (checked for write permission all the same)
             if uid >= 0 or gid >= 0:
                 changes["uid"], changes["gid"], changes["mode"] = perm.chown_attrs(attr, who, uid, gid, path)
             if mode >= 0:
@@ -479,10 +474,8 @@ class FileOps(InlineOps):
                 if size != attr.size:
                     await txn.add_counter(C_BYTES, size - attr.size)
                 # open writers may have written past the length they reported: for them any
-                # size set is a shrink (their bytes past it are cut, their reports stale);
-                # except a grow-only one (fallocate), which cuts nothing: their later reports
-                # still count (the length is the larger)
-                if size < attr.size or (not grow_only and await txn.has_session(attr.inode)):
+                # size set is a shrink (their bytes past it are cut, their reports stale)
+                if size < attr.size or await txn.has_session(attr.inode):
                     epoch = await self._shrink(txn, attr, size, now)
                 else:
                     epoch = await txn.trunc_epoch(attr.inode)
