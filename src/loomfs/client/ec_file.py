@@ -114,6 +114,10 @@ class EcFileIO:
                     zero_fill(payload(g, buf, j))
             else:
                 base_len = max(base_len, res.stripe_len)
+        elif load:  # a new stripe, written in parts: what no write covers (a gap between two
+            # writes) must read zeros, not what the pooled buffer held (review, session 13)
+            for j in range(g.k):
+                zero_fill(payload(g, buf, j))
         return _Pending(s, buf, base_len, 0, 0)
 
     async def dispatch(self) -> None:
@@ -160,6 +164,9 @@ class EcFileIO:
             logger.warning("%s: write of stripe %d failed: %s", f.path, cur.stripe, exc)
             if f._error is None:
                 f._error = exc
+            # the length reported to meta stops before it, as for a failed chunk write
+            at = cur.stripe * self.geometry.stripe_bytes + cur.lo
+            f._failed_at = at if f._failed_at is None else min(f._failed_at, at)
         finally:
             f._pool.release(cur.buf)
             f._budget.release(self.geometry.stripe_bytes)
