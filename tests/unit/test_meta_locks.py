@@ -5,6 +5,7 @@ mount (``loomfs.mount.lowlevel``: pyfuse3's symbols; ``loomfs.mount.locks``: byt
 from __future__ import annotations
 
 import errno
+import math
 
 import pyfuse3
 import pytest
@@ -88,3 +89,13 @@ def test_the_glue_finds_pyfuse3s_symbols_and_knows_the_structs() -> None:
     assert set(syms) == {SYM_SESSION, SYM_OPS, SYM_INIT} and all(syms.values())
     assert FileInfo.lock_owner.offset == 24 and FileInfo.fh.offset == 16
     assert Flock.l_start.offset == 8 and Flock.l_pid.offset == 24
+
+
+def test_a_lease_that_is_not_a_number_gets_the_default() -> None:
+    """A hostile LOCK_SET/LOCK_RENEW with lease_s NaN made ``int`` raise (INTERNAL; the
+    hostile-peer fuzzer in session 13's CI); bounds hold for the infinities."""
+    from loomfs.meta.locks import DEFAULT_LEASE_S, LEASE_MAX_S, LEASE_MIN_S, bounded_lease_ns
+
+    assert bounded_lease_ns(math.nan) == bounded_lease_ns(0.0) == int(DEFAULT_LEASE_S * 1e9)
+    assert bounded_lease_ns(math.inf) == int(LEASE_MAX_S * 1e9)
+    assert bounded_lease_ns(-math.inf) == bounded_lease_ns(-1.0) == int(LEASE_MIN_S * 1e9)

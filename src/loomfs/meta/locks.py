@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import math
 from collections.abc import Sequence
 from dataclasses import replace
 
@@ -111,6 +112,10 @@ def posix_apply(mine: Sequence[LockRow], type_: int, first: int, last: int, pid:
 
 
 def bounded_lease_ns(lease_s: float) -> int:
+    """The lease a client asked for, bounded; the default for 0 and for what is not a number
+    (a hostile NaN made ``int`` raise: INTERNAL, found by the hostile-peer fuzzer)."""
+    if math.isnan(lease_s):
+        lease_s = 0.0
     return int(min(max(lease_s or DEFAULT_LEASE_S, LEASE_MIN_S), LEASE_MAX_S) * 1e9)
 
 
