@@ -24,12 +24,14 @@ stored block CRCs (``patched_pending``), so a leftover the old tail may have ser
 from __future__ import annotations
 
 import logging
+import struct
 from typing import TYPE_CHECKING
 
 import crc32c
 
 from loomfs.common.routing import Routing
 from loomfs.errors import LoomError
+from loomfs.storage.engine.blocks import bad_blocks, block_crcs_of
 from loomfs.storage.engine.types import BLOCK_BYTES, ChunkKey, ChunkState
 from loomfs.storage.install import KeptPending
 from loomfs.storage.target import StorageTarget
@@ -47,12 +49,9 @@ logger = logging.getLogger(__name__)
 
 
 def bad_block_indexes(data: memoryview | bytes | bytearray, stored: list[int]) -> list[int]:
-    """Indexes of the blocks of ``data`` whose CRC32C is not the stored one (a block count that
-    differs from ``len(stored)`` makes every extra or missing block bad)."""
-    mv = memoryview(data)
-    nblocks = max(len(stored), (len(mv) + BLOCK_BYTES - 1) // BLOCK_BYTES)
-    return [i for i in range(nblocks)
-            if i >= len(stored) or crc32c.crc32c(mv[i * BLOCK_BYTES : (i + 1) * BLOCK_BYTES]) != stored[i]]
+    """Indexes of the blocks of ``data`` whose CRC32C is not the stored one (a block ``data``
+    is too short to hold is bad)."""
+    return bad_blocks(struct.pack(f"<{len(stored)}I", *stored), block_crcs_of(data))
 
 
 def patch_blocks(into: bytearray, length: int, bad: list[int], stored: list[int],

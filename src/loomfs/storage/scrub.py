@@ -201,10 +201,14 @@ class Scrubber:
         tries = [(t, "serving") for t in serving] + [(t, "exact") for t in rest]
         tries += [(0, "rebuild-keeping-pending")] if st.has_pending else []
         tries += [(t, "newer") for t in newer] + [(0, "rebuild")]
+        rebuilt: bytearray | None = None
+        rebuild_tried = False  # the blocks are fetched once: a second try reuses them
         for other, how in tries:
             if how.startswith("rebuild"):
-                rebuilt = await rebuild_from_blocks(svc, target, key, st, routing, chain_id, others,
-                                                    self.fetch_timeout_s)
+                if not rebuild_tried:
+                    rebuild_tried = True
+                    rebuilt = await rebuild_from_blocks(svc, target, key, st, routing, chain_id, others,
+                                                        self.fetch_timeout_s)
                 if rebuilt is not None and await self._install(
                         target, key, st, st.commit_ver, memoryview(rebuilt), st.tags, "other members' blocks",
                         pending_kept=how == "rebuild-keeping-pending"):
