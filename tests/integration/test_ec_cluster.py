@@ -8,6 +8,7 @@ servers runs last.
 from __future__ import annotations
 
 import asyncio
+import errno
 import hashlib
 import os
 import random
@@ -39,6 +40,7 @@ from loomfs.client.storage_client import StorageClient
 from loomfs.config import ClientConfig
 from loomfs.ec.codec import make_codec
 from loomfs.ec.stripe import Geometry
+from loomfs.errors import LoomError
 from loomfs.testing import LocalCluster
 from loomfs.wire.types import Layout, NodeState
 
@@ -148,6 +150,25 @@ def test_write_read_overwrite_append(efs: loomfs.LoomFS, ec_cluster: LocalCluste
         f.write(b"again")
     with efs.open("/cold/big", "rb") as f:
         assert f.read() == b"again"
+
+
+def test_truncate_by_path_then_extend_reads_zeros(efs: loomfs.LoomFS) -> None:
+    """A truncate with no writer open (by path, as a mount's setattr does) re-encodes the
+    stripe holding the new end in meta's trim: an extend reads zeros past the cut, never the
+    old bytes (docs/ec.md, known defect 3 of session 13)."""
+    rng = _rng("trunc-path")
+    data = bytearray(rng.randbytes(6 * CS + 777))  # a full stripe and part of the next
+    with efs.open("/cold/trunc", "wb") as f:
+        f.write(data)
+    for size, grow in ((5 * CS + 3, 6 * CS), (CS // 2, 3 * CS), (0, CS)):
+        efs.truncate("/cold/trunc", size)
+        del data[size:]
+        efs.truncate("/cold/trunc", grow)  # an extend by path: a hole past the old end
+        data += bytes(grow - size)
+        with efs.open("/cold/trunc", "rb") as f:
+            got = f.read()
+        assert len(got) == len(data) and got == data, f"after truncate to {size} and extend to {grow}"
+    assert efs.run(_fragments_clean(efs, "/cold/trunc", 1))
 
 
 def test_sparse_and_partial_stripes_read_zeros(efs: loomfs.LoomFS) -> None:
@@ -262,6 +283,43 @@ def test_convert_replicated_to_ec_and_back(efs: loomfs.LoomFS, ec_cluster: Local
     assert not _inode_files(ec_cluster, ec_inode)
     staged = efs.listdir("/.loomfs-convert")
     assert staged and all(efs.listdir(f"/.loomfs-convert/{d}") == [] for d in staged)  # no copies left
+
+
+def test_convert_never_loses_an_open_writers_bytes(efs: loomfs.LoomFS) -> None:
+    """A writer that sent bytes to storage and has not reported them (open, flushed, no
+    fsync): the conversion's copy misses them, so its switch is refused (the rename checks
+    in meta's transaction that no writer has the file open) and the file is left as it was;
+    once the writer closed, a later run converts it with every byte (docs/ec.md, known defect
+    4 of session 13)."""
+    rng = _rng("convert-open")
+    first, more = rng.randbytes(CS + 5), rng.randbytes(3000)
+    efs.makedirs("/openconv/tmp", exist_ok=True)
+    with efs.open("/openconv/f", "wb") as f:
+        f.write(first)
+    inode = efs.attr("/openconv/f").inode
+    with efs.open("/openconv/f", "r+b") as w:
+        w.seek(len(first))
+        w.write(more)
+        w.flush()
+        with pytest.raises(LoomError, match="open for writing"):
+            convert_file(efs, "/openconv/f", (4, 2))
+        assert efs.attr("/openconv/f").inode == inode
+    done = convert_file(efs, "/openconv/f", (4, 2))
+    assert not done.skipped and done.bytes == len(first) + len(more)
+    with efs.open("/openconv/f", "rb") as f:
+        assert f.read() == first + more
+    with efs.open("/openconv/f", "wb") as f:  # changed after the copy started: refused too
+        f.write(b"v1")
+    a = efs.attr("/openconv/f")
+    with efs.open("/openconv/f", "r+b") as f:
+        f.write(b"v2")
+    with efs.open("/openconv/tmp/x", "wb") as f:
+        f.write(b"new")
+    with pytest.raises(OSError) as e:
+        efs.rename("/openconv/tmp/x", "/openconv/f", expect=(a.inode, a.size, a.mtime_ns))
+    assert e.value.errno == errno.EBUSY
+    with efs.open("/openconv/f", "rb") as f:
+        assert f.read() == b"v2"
 
 
 def _cli(c: LocalCluster, *args: str) -> subprocess.CompletedProcess[str]:

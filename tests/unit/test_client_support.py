@@ -245,7 +245,9 @@ class FakeMeta(MetaClient):
         del self.nodes[path]
         return wm.UnlinkRsp(inode=a.inode)
 
-    async def rename(self, src: str, dst: str, no_replace: bool = False) -> None:
+    async def rename(self, src: str, dst: str, no_replace: bool = False,
+                     expect: tuple[int, int, int] | None = None) -> None:
+        assert expect is None  # conditional replaces are meta's (tests/unit/test_meta_rename.py)
         a = self._get(src)
         self.nodes[dst] = self.nodes.pop(src)
         assert a is not None

@@ -111,6 +111,26 @@ def test_rename_replace_open_file_keeps_session(env: Env) -> None:
     assert env.run(gc_len()) == 4096
 
 
+def test_conditional_replace_needs_the_same_idle_file(env: Env) -> None:
+    """``expect`` (a layout conversion's switch): the target must be the file the caller saw,
+    unchanged and with no writer open, checked in the rename's own transaction (EBUSY)."""
+    env.create("/copy")
+    o = env.run(env.ns.open("/src", CREAT))  # a writer still has it open
+    env.run(env.ns.close(o.attr.inode, o.session_id, 10, mtime_ns=5))
+    a = env.run(env.ns.stat("/src"))
+    seen = (a.inode, a.size, a.mtime_ns)
+    w = env.run(env.ns.open("/src", os.O_WRONLY))
+    assert env.err(env.ns.rename("/copy", "/src", expect=seen)) == errno.EBUSY  # open for writing
+    env.run(env.ns.close(w.attr.inode, w.session_id, 12, trunc_epoch=w.trunc_epoch))
+    assert env.err(env.ns.rename("/copy", "/src", expect=seen)) == errno.EBUSY  # grew since
+    assert env.err(env.ns.rename("/copy", "/gone", expect=seen)) == errno.EBUSY  # not there
+    b = env.run(env.ns.stat("/src"))
+    assert env.err(env.ns.rename("/copy", "/src", expect=(b.inode + 1, b.size, b.mtime_ns))) == errno.EBUSY
+    assert env.names("/") == ["copy", "src"]  # nothing moved
+    env.run(env.ns.rename("/copy", "/src", expect=(b.inode, b.size, b.mtime_ns)))
+    assert env.names("/") == ["src"]
+
+
 def test_interleaved_renames_keep_namespace_consistent(env: Env) -> None:
     """Many concurrent renames/creates/unlinks: entries are never lost or duplicated."""
     rng = random.Random(11)

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 import pytest
 from test_meta_namespace import CREAT, Env
 
+from loomfs.errors import StatusError
 from loomfs.meta.gc import GcWorker
 from loomfs.meta.store.base import TrimEntry
 from loomfs.meta.trim import Trimmer, merge
@@ -501,10 +502,22 @@ def test_an_erasure_coded_file_is_cut_by_whole_stripes(env: Env) -> None:
     shadow = {(ino, g.chunk_index(s, j, shadow=True)) for s in range(3) for j in range(6)}
     for key in live | shadow:
         chunks.data[key] = bytearray(b"f")
+    reencoded: list[tuple[int, int]] = []
+
+    async def stripe_cutter(lay: Layout, inode: int, length: int) -> None:
+        assert lay is layout
+        reencoded.append((inode, length))
+
     t = _trimmer(env, chunks)
+    with pytest.raises(StatusError):  # a partial last stripe and nothing to re-encode it: not cut
+        env.run(t._cut(layout, ino, 4 * MIB + 1))
+    t.stripe_cutter = stripe_cutter
     env.run(t._cut(layout, ino, 4 * MIB + 1))  # two stripes kept (the second one partial)
     kept = {(ino, g.chunk_index(s, j)) for s in range(2) for j in range(6)}
     kept |= {(ino, g.chunk_index(s, j, shadow=True)) for s in range(2) for j in range(6)}
     assert set(chunks.data) == kept
     assert all(c[0] == "remove" for c in chunks.calls)  # no fragment truncated
+    assert reencoded == [(ino, 4 * MIB + 1)]  # the second stripe re-encoded without its tail
     assert SHADOW_STRIPE_BASE * 6 > max(k[1] for k in live)
+    env.run(t._cut(layout, ino, 4 * MIB))  # on a stripe boundary: nothing to re-encode
+    assert reencoded == [(ino, 4 * MIB + 1)]

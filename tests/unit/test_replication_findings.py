@@ -261,6 +261,44 @@ def test_late_copy_of_a_trim_does_not_cut_a_write_that_followed_the_retried_trim
     run(body)
 
 
+def test_a_fenced_write_applies_only_to_a_chunk_no_newer_than_seen() -> None:
+    """An EC fragment repair writes the version it decoded only if the fragment was not
+    written after it looked (WriteReq.if_ver_le, checked at the head, like a fenced trim):
+    an overwrite that landed meanwhile is never replaced by the older bytes. A retry of an
+    applied fenced write is answered as applied, not refused."""
+    import crc32c
+
+    from loomfs.wire.storage import WRITE, RequestTag, WriteReq
+
+    def fenced(data: bytes, seen: int, request_id: int) -> WriteReq:
+        return WriteReq(chain_id=1, chain_version=1, chunk=CHUNK, offset=0, length=len(data),
+                        chunk_size=1 << 16, data_crc=crc32c.crc32c(data), if_ver_le=seen,
+                        tag=RequestTag(client_id=77, request_id=request_id))
+
+    async def body(c: Chain3) -> None:
+        await c.write(1, 0, b"old version")
+        seen = c.engine(1).get(KEY).commit_ver  # type: ignore[union-attr]  # what the repairer saw
+        await c.write(1, 0, b"NEW VERSION")  # an overwrite lands meanwhile
+        req = fenced(b"old version", seen, 1)
+        with pytest.raises(LoomError) as err:
+            await c.client.call(c.nodes[0].address, WRITE, req, payload=memoryview(b"old version"),
+                                payload_crc=crc32c.crc32c(b"old version"))
+        assert err.value.status is Status.VERSION_MISMATCH
+        assert [c.content(n) for n in (1, 2, 3)] == [b"NEW VERSION"] * 3
+        now = c.engine(1).get(KEY).commit_ver  # type: ignore[union-attr]
+        ok = fenced(b"repaired!!!", now, 2)
+        for _ in range(2):  # the second is a retry: deduplicated, not refused by the fence
+            await c.client.call(c.nodes[0].address, WRITE, ok, payload=memoryview(b"repaired!!!"),
+                                payload_crc=crc32c.crc32c(b"repaired!!!"))
+        assert [c.content(n) for n in (1, 2, 3)] == [b"repaired!!!"] * 3
+        bad = fenced(b"x", -5, 3)
+        with pytest.raises(LoomError) as err:
+            await c.client.call(c.nodes[0].address, WRITE, bad, payload=memoryview(b"x"), payload_crc=crc32c.crc32c(b"x"))
+        assert err.value.status is Status.EINVAL
+
+    run(body)
+
+
 def test_exact_repair_keeps_an_intact_pending_version() -> None:
     """Review: the old tail committed and served v2 and went offline; the head, the only
     serving member, held v2 pending (its push to the syncing member failing), and its v1

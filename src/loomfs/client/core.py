@@ -419,12 +419,15 @@ class AsyncClient:
         if not topdown:
             yield top, dirs, files
 
-    async def rename(self, src: str, dst: str, *, no_replace: bool = False) -> None:
+    async def rename(self, src: str, dst: str, *, no_replace: bool = False,
+                     expect: tuple[int, int, int] | None = None) -> None:
+        """``expect`` (inode, size, mtime_ns): replace ``dst`` only if it is still that file,
+        unchanged and not open for writing anywhere, else EBUSY (one meta transaction)."""
         s, d = paths.normalize(src), paths.normalize(dst)
         if self.lazy:
             await self.lazy.settle(s, d, subtree=True)
         try:
-            await self.meta.rename(s, d, no_replace)
+            await self.meta.rename(s, d, no_replace, expect)
         finally:
             self.caches.renamed(s, d)
 

@@ -2,12 +2,13 @@
 
 A file is converted by copy and atomic switch: its bytes are copied into a new file created in
 a staging directory that carries the wanted layout (``/.loomfs-convert/<layout>``), the copy
-is closed (committed), the source is checked unchanged (same inode, size, mtime), and the copy is renamed
-over the source — one meta transaction, so readers see the old file or the new one, never a
-mix; the old inode's chunks go to GC like any replaced file's. Mode and times are kept.
-A file with several hard links is skipped (the rename would split them). A writer that
-changes the source between the check and the rename loses that change (the window is one
-meta round trip; checkpoint retention converts files nobody writes any more).
+is closed (committed), and the copy is renamed over the source only if the source is still
+the file that was copied (same inode, size and mtime) and no writer has it open: checked in
+the rename's own meta transaction (``RenameReq.expect_inode``), so a writer's change, even one
+sent to storage and not reported yet, is never lost: the file is left as it was (EBUSY) and
+a later run converts it. Readers see the old file or the new one, never a mix; the old
+inode's chunks go to GC like any replaced file's. Mode and times are kept. A file with
+several hard links is skipped (the rename would split them).
 
 Blocking (runs on the caller's thread through the sync client), usable from checkpoint
 retention: ``convert_file(fs, path, (4, 2))``.
@@ -15,6 +16,7 @@ retention: ``convert_file(fs, path, (4, 2))``.
 
 from __future__ import annotations
 
+import errno
 import logging
 import stat as stat_mod
 import uuid
@@ -82,10 +84,13 @@ def convert_file(fs: Any, path: str, ec: tuple[int, int], *, chunk_size: int | N
         # closed: every chunk of the copy is committed on all its replicas / fragments
         fs.chmod(tmp, stat_mod.S_IMODE(fs.lstat(path).st_mode))
         fs.utime(tmp, ns=(attr.atime_ns, attr.mtime_ns))
-        now = fs.attr(path, follow_symlinks=False)
-        if (now.inode, now.size, now.mtime_ns) != (attr.inode, attr.size, attr.mtime_ns):
-            raise LoomError(f"{path} changed while it was converted; left as it was", path=path)
-        fs.rename(tmp, path)
+        try:
+            fs.rename(tmp, path, expect=(attr.inode, attr.size, attr.mtime_ns))
+        except OSError as exc:
+            if exc.errno != errno.EBUSY:
+                raise
+            raise LoomError(f"{path} changed or is open for writing; left as it was ({exc})",
+                            path=path) from exc
     except BaseException:
         try:
             fs.unlink(tmp)

@@ -50,6 +50,7 @@ class _Pending:
     base_len: int  # the stripe's bytes before this buffer (loaded into it when > 0)
     lo: int  # written range in the stripe
     hi: int
+    base_version: int = 0  # the loaded stripe's version: the one written is newer
 
 
 class EcFileIO:
@@ -114,6 +115,7 @@ class EcFileIO:
                     zero_fill(payload(g, buf, j))
             else:
                 base_len = max(base_len, res.stripe_len)
+                return _Pending(s, buf, base_len, 0, 0, res.version)
         elif load:  # a new stripe, written in parts: what no write covers (a gap between two
             # writes) must read zeros, not what the pooled buffer held (review, session 13)
             for j in range(g.k):
@@ -159,7 +161,7 @@ class EcFileIO:
             await write_stripe(self.io, self.codec, STATS, cur.stripe, cur.buf, stripe_len,
                                valid_lo=valid_lo, valid_hi=valid_hi, overwrite=cur.base_len > 0,
                                exact=stripe_len < self.geometry.stripe_bytes,
-                               ack_min=f._config.ec_ack_fragments_min)
+                               ack_min=f._config.ec_ack_fragments_min, above_version=cur.base_version)
         except Exception as exc:
             logger.warning("%s: write of stripe %d failed: %s", f.path, cur.stripe, exc)
             if f._error is None:
@@ -177,29 +179,31 @@ class EcFileIO:
         if self._last.get(stripe) is task:
             del self._last[stripe]
 
-    async def cut(self, size: int, old_len: int) -> None:
-        """After meta shrank the file to ``size`` (and cut the stripes past it): re-encode the
-        last stripe without the bytes past ``size``, so a later extend reads zeros there."""
-        g = self.geometry
-        s, rem = divmod(size, g.stripe_bytes)
-        if rem == 0 or size >= old_len:
-            return
-        pool = self.file._pool
-        buf = pool.acquire(stripe_buffer_bytes(g))
-        try:
-            res = await resolve(self.io, self.codec, STATS, s, buf, repair=False)
-            if res is not None:
-                await write_stripe(self.io, self.codec, STATS, s, buf, rem, valid_lo=0, valid_hi=rem,
-                                   overwrite=True, exact=True)
-        finally:
-            pool.release(buf)
-
     async def read_into(self, pos: int, view: memoryview) -> None:
         await read_range(self.io, self.codec, STATS, self.file._pool, pos, view,
                          parallel_max=max(1, self.file._config.parallel_chunks_max))
 
     def __repr__(self) -> str:
         return f"EcFileIO({self.io!r} codec={self.codec.name} buffered={self.buffered})"
+
+
+async def cut_last_stripe(storage: StorageClient, layout: Layout, inode: int, size: int) -> None:
+    """Meta's trim of an EC file to ``size`` (``loomfs.meta.trim``; the whole stripes past it
+    are removed there): re-encode the stripe holding the new end without the bytes past it, so
+    an extend afterwards reads zeros there. Nothing to do at a stripe boundary, for a hole, or
+    for a stripe that already ends at or before ``size``. Every fragment (and the shadow) is
+    read, and the newest version decoded, as a scrub does; EIO if no version has k."""
+    io = FragmentIO(storage, layout, inode)
+    g = io.geometry
+    s, rem = divmod(size, g.stripe_bytes)
+    if rem == 0:
+        return
+    buf = bytearray(stripe_buffer_bytes(g))
+    res = await resolve(io, make_codec(g.k, g.m), STATS, s, buf, repair=False, full=True)
+    if res is None or res.stripe_len <= rem:
+        return
+    await write_stripe(io, make_codec(g.k, g.m), STATS, s, buf, rem, valid_lo=0, valid_hi=rem,
+                       overwrite=True, exact=True, above_version=res.version)
 
 
 async def read_ec(storage: StorageClient, layout: Layout, inode: int, pos: int, view: memoryview,

@@ -59,12 +59,21 @@ class FragmentIO:
         """The chain of fragment chunk ``index`` (as the storage client routes it)."""
         return self.layout.chains[index % len(self.layout.chains)]
 
-    async def write(self, index: int, data: memoryview, *, exact: bool = False) -> None:
+    async def write(self, index: int, data: memoryview, *, exact: bool = False, if_ver_le: int = -1) -> None:
         """Write one whole fragment chunk (payload + trailer) at chunk ``index`` (``exact``: then
-        cut the chunk to that length, in case an older content was longer: repairs)."""
-        await self.storage.write_chunk(self.chunk_layout, self.inode, index, 0, data)
+        cut the chunk to that length, in case an older content was longer: repairs).
+        ``if_ver_le`` >= 0 (a repair): only if the chunk is no newer than that version, and the
+        cut only if nothing was written after this write (VERSION_MISMATCH otherwise)."""
+        ver = await self.storage.write_chunk(self.chunk_layout, self.inode, index, 0, data, if_ver_le=if_ver_le)
         if exact:
-            await self.storage.truncate_chunk(self.chunk_layout, self.inode, index, len(data))
+            await self.storage.truncate_chunk(self.chunk_layout, self.inode, index, len(data),
+                                              if_ver_le=ver if if_ver_le >= 0 else -1)
+
+    async def head_version(self, index: int) -> int:
+        """The newest version (committed or pending) of chunk ``index`` at its chain's head
+        (0: none)."""
+        vers = await self.storage._head_versions(self.chain_of(index), self.inode, index, index + 1)
+        return vers.get(index, 0)
 
     async def remove_all(self, index_begin: int, index_end: int) -> None:
         await self.storage.remove_chunks(self.chunk_layout, self.inode, index_begin, index_end, keep_versions=True)

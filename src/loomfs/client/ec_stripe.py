@@ -39,6 +39,7 @@ from loomfs.ec.stripe import (
 )
 from loomfs.errors import LoomError
 from loomfs.net.buffers import Buffer, BufferPool
+from loomfs.wire.status import Status
 
 logger = logging.getLogger(__name__)
 
@@ -108,11 +109,13 @@ def _zero_gaps(g: Geometry, buf: Buffer, valid_lo: int, valid_hi: int, plen: int
 
 async def write_stripe(io: FragmentIO, codec: Codec, stats: EcStats, stripe: int, buf: Buffer,
                        stripe_len: int, *, valid_lo: int, valid_hi: int, overwrite: bool,
-                       exact: bool = False, ack_min: int = 0) -> int:
+                       exact: bool = False, ack_min: int = 0, above_version: int = 0) -> int:
     """Encode and write one stripe from ``buf`` (data payloads hold stripe bytes
     [valid_lo, valid_hi), the rest is zero-filled). Returns the version written.
     ``ack_min`` (k+1..k+m-1, opt-in): fragments whose chain routing shows down are skipped
-    when at least that many remain; 0: all k+m (wait for the routing to heal, or fail)."""
+    when at least that many remain; 0: all k+m (wait for the routing to heal, or fail).
+    ``above_version``: the version written is newer than this one (one another process's
+    clock stamped), so a read never prefers the stripe's old version to the new one."""
     g = io.geometry
     plen = g.parity_len(stripe_len)
     _zero_gaps(g, buf, valid_lo, valid_hi, plen)
@@ -122,7 +125,7 @@ async def write_stripe(io: FragmentIO, codec: Codec, stats: EcStats, stripe: int
         await asyncio.to_thread(codec.encode, data, parity)
     else:
         codec.encode(data, parity)
-    version = next_version()
+    version = max(next_version(), above_version + 1)
     stamp(g, buf, stripe, stripe_len, version)
     frags: list[int] | None = None
     if g.k < ack_min < g.width:
@@ -164,31 +167,38 @@ ABSENT = "absent"  # the chunk does not exist
 BAD = "bad"  # it exists (or its server is up) but fails its header or CRC32C check
 
 
+async def _read_one(io: FragmentIO, view: memoryview, stripe: int, j: int, *,
+                    shadow: bool) -> FragmentHeader | str | None:
+    """Read fragment ``j`` whole into ``view`` (one slot): its header if it checks out (CRC32C
+    included), else ABSENT or BAD; None if unreachable."""
+    g = io.geometry
+    try:
+        n = await io.read(g.chunk_index(stripe, j, shadow=shadow), 0, len(view), view)
+    except FragmentUnavailable as exc:
+        logger.debug("stripe %d fragment %d: %s", stripe, j, exc)
+        return BAD if exc.corrupt else None
+    if n is None or n == 0:  # never written, or emptied (a trim, a used shadow): no fragment
+        return ABSENT
+    h = FragmentHeader.unpack(view[n - HEADER_BYTES : n]) if HEADER_BYTES <= n <= len(view) else None
+    if (h is not None and h.fragment == j and h.stripe == stripe and (h.k, h.m) == (g.k, g.m)
+            and h.payload_len == g.payload_len(h.stripe_len, j) == n - HEADER_BYTES
+            and payload_crc(view[: h.payload_len]) == h.crc):
+        return h
+    logger.warning("inode %d stripe %d fragment %d: bad header or CRC32C", io.inode, stripe, j)
+    return BAD
+
+
 async def _read_whole(io: FragmentIO, buf: Buffer, stripe: int, fragments: Sequence[int], *,
                       shadow: bool) -> dict[int, FragmentHeader | str]:
-    """Read fragments whole into their slots: the header of each that checks out (CRC32C
-    included), else ABSENT or BAD. Unreachable fragments are left out."""
+    """Read fragments whole into their slots (``_read_one``). Unreachable ones are left out."""
     g = io.geometry
 
-    async def one(j: int) -> tuple[int, FragmentHeader | str] | None:
+    async def one(j: int) -> tuple[int, FragmentHeader | str | None]:
         view = memoryview(buf)[j * slot_bytes(g) : (j + 1) * slot_bytes(g)]
-        try:
-            n = await io.read(g.chunk_index(stripe, j, shadow=shadow), 0, len(view), view)
-        except FragmentUnavailable as exc:
-            logger.debug("stripe %d fragment %d: %s", stripe, j, exc)
-            return (j, BAD) if exc.corrupt else None
-        if n is None or n == 0:  # never written, or emptied (a trim, a used shadow): no fragment
-            return (j, ABSENT)
-        h = FragmentHeader.unpack(view[n - HEADER_BYTES : n]) if HEADER_BYTES <= n <= len(view) else None
-        if (h is not None and h.fragment == j and h.stripe == stripe and (h.k, h.m) == (g.k, g.m)
-                and h.payload_len == g.payload_len(h.stripe_len, j) == n - HEADER_BYTES
-                and payload_crc(view[: h.payload_len]) == h.crc):
-            return (j, h)
-        logger.warning("inode %d stripe %d fragment %d: bad header or CRC32C", io.inode, stripe, j)
-        return (j, BAD)
+        return j, await _read_one(io, view, stripe, j, shadow=shadow)
 
     got = await asyncio.gather(*(one(j) for j in fragments))
-    return {r[0]: r[1] for r in got if r is not None}
+    return {j: r for j, r in got if r is not None}
 
 
 def _best(g: Geometry, found: dict[int, FragmentHeader | str]) -> tuple[int, int] | None:
@@ -285,21 +295,46 @@ async def repairs_settled() -> None:
 
 
 async def repair_fragments(io: FragmentIO, stats: EcStats, stripe: int, buf: Buffer, res: Resolved) -> None:
-    """Rewrite fragments ``res.bad`` in place with the resolved version (their headers restamped)."""
+    """Rewrite fragments ``res.bad`` in place with the resolved version (their headers
+    restamped); from the shadow, every in-place fragment not already at that version.
+
+    The stripe may have been overwritten since it was decoded (a writer's newer version): a
+    fragment is rewritten only if it still does not hold that version or a newer one, and
+    only if its chunk was not written after it was looked at (a fenced write, ``if_ver_le``),
+    so an old version never lands over a newer one (review, session 13). The shadow is left:
+    a newer overwrite may be staging there (its writer removes it), and a shadow no newer
+    than the stripe in place is never used."""
     g = io.geometry
-    stamp(g, buf, stripe, res.stripe_len, res.version, range(g.width) if res.from_shadow else res.bad)
+    todo = range(g.width) if res.from_shadow else res.bad
+    stamp(g, buf, stripe, res.stripe_len, res.version, todo)
+    scratch = memoryview(bytearray(slot_bytes(g)))
+
+    async def one(j: int) -> bool:
+        index = g.chunk_index(stripe, j)
+        seen = await io.head_version(index)  # before the look: a write after it is fenced off
+        now = await _read_one(io, scratch, stripe, j, shadow=False)
+        if now is None or (isinstance(now, FragmentHeader) and now.version >= res.version):
+            return False  # unreachable, or already this version or a newer one
+        try:
+            await io.write(index, chunk_view(g, buf, j, g.payload_len(res.stripe_len, j)), exact=True, if_ver_le=seen)
+        except LoomError as exc:
+            if exc.status is not Status.VERSION_MISMATCH:
+                raise
+            logger.info("inode %d stripe %d fragment %d: written since it was read; not repaired",
+                        io.inode, stripe, j)
+            return False
+        return True
+
+    done: list[int] = []
     try:
-        await write_fragments(io, buf, stripe, res.stripe_len, shadow=False, fragments=res.bad, exact=True)
-        if res.from_shadow:
-            await write_fragments(io, buf, stripe, res.stripe_len, shadow=False, exact=True,
-                                  fragments=[j for j in range(g.width) if j not in res.bad])
-            shadow = g.stripe_chunks(stripe, shadow=True)
-            await io.remove_all(shadow.start, shadow.stop)
+        for j in todo:  # one at a time: ``scratch`` is shared (a repair is rare)
+            if await one(j):
+                done.append(j)
     except (LoomError, OSError) as exc:
-        logger.warning("inode %d stripe %d: repair of fragments %s failed: %s", io.inode, stripe, res.bad, exc)
-        return
-    stats.repaired_fragments_total += len(res.bad)
-    logger.info("inode %d stripe %d: repaired fragments %s (version %d)", io.inode, stripe, res.bad, res.version)
+        logger.warning("inode %d stripe %d: repair of fragments %s failed: %s", io.inode, stripe, list(todo), exc)
+    if done:
+        stats.repaired_fragments_total += len([j for j in done if j in res.bad])
+        logger.info("inode %d stripe %d: repaired fragments %s (version %d)", io.inode, stripe, done, res.version)
 
 
 async def read_range(io: FragmentIO, codec: Codec, stats: EcStats, pool: BufferPool, pos: int,

@@ -458,8 +458,6 @@ class AsyncFile:
                 self._length = size
                 return size
             self._inline = None  # an extend past the limit moved it to chunks
-        if self._ec is not None:  # meta cut whole stripes; a partial last one is re-encoded here
-            await self._ec.cut(size, self._length)
         self._cache.clear()
         self._length = size
         if self._written_end >= 0:

@@ -183,8 +183,11 @@ class MetaClient:
         rsp: wm.ReaddirRsp = await self.call(wm.READDIR, req)
         return rsp
 
-    async def rename(self, src: str, dst: str, no_replace: bool = False) -> None:
-        await self.call(wm.RENAME, wm.RenameReq(src=src, dst=dst, no_replace=no_replace))
+    async def rename(self, src: str, dst: str, no_replace: bool = False,
+                     expect: tuple[int, int, int] | None = None) -> None:
+        inode, size, mtime_ns = expect or (0, 0, 0)
+        await self.call(wm.RENAME, wm.RenameReq(src=src, dst=dst, no_replace=no_replace, expect_inode=inode,
+                                                expect_size=size, expect_mtime_ns=mtime_ns))
 
     async def unlink(self, path: str) -> wm.UnlinkRsp:
         rsp: wm.UnlinkRsp = await self.call(wm.UNLINK, wm.PathReq(path=path, follow_symlinks=False))

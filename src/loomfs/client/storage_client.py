@@ -362,9 +362,11 @@ class StorageClient(ChunkTrims):
         return self.read_grants.get(inode) or await self.read_grants.grant_for(inode)
 
     async def write_chunk(
-        self, layout: Layout, inode: int, index: int, offset: int, data: memoryview
-    ) -> None:
-        """Write ``data`` at ``offset`` of chunk ``index`` through the chain head."""
+        self, layout: Layout, inode: int, index: int, offset: int, data: memoryview, *, if_ver_le: int = -1,
+    ) -> int:
+        """Write ``data`` at ``offset`` of chunk ``index`` through the chain head; returns the
+        chunk's version after it. ``if_ver_le`` >= 0: only if the chunk is no newer than that
+        version at the head (a fenced write: VERSION_MISMATCH, nothing written)."""
         chain_id = layout.chains[index % len(layout.chains)]
         crc = await payload_crc(data)
         chunk = ChunkId(inode=inode, index=index)
@@ -375,10 +377,11 @@ class StorageClient(ChunkTrims):
                 return WriteReq(
                     chain_id=chain_id, chain_version=version, chunk=chunk, offset=offset,
                     length=len(data), chunk_size=layout.chunk_size, data_crc=crc, tag=tag,
-                    durable=layout.durable, grant=self.write_grants.get(inode, b""),
+                    durable=layout.durable, grant=self.write_grants.get(inode, b""), if_ver_le=if_ver_le,
                 )
 
-            await self._call_chain(chain_id, "head", WRITE, make, payload=data, payload_crc=crc)
+            rsp = await self._call_chain(chain_id, "head", WRITE, make, payload=data, payload_crc=crc)
+            return int(rsp.body.commit_ver)
 
     def __repr__(self) -> str:
         return f"StorageClient(client={self.client_id:#x} retries={self.retries_total})"

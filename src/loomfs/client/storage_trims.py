@@ -56,17 +56,18 @@ class ChunkTrims:
                               ) -> Response[Any]: ...
 
     async def truncate_chunk(self, layout: Layout, inode: int, index: int, length: int, *,
-                             fenced: bool = False) -> None:
+                             fenced: bool = False, if_ver_le: int = -1) -> None:
         """Cut chunk ``index`` to ``length``. ``fenced`` (meta's trimmer): only if the chunk
         was not written after this call looked at it (a copy of the call that arrives late,
-        after a write that followed the trim, must not cut that write)."""
+        after a write that followed the trim, must not cut that write). ``if_ver_le`` >= 0:
+        only if the chunk is no newer than that version (VERSION_MISMATCH, not retried)."""
         chain_id = layout.chains[index % len(layout.chains)]
         chunk = ChunkId(inode=inode, index=index)
         async with self._chunk_updates.hold((inode, index)):
             tag = self._tag()
 
             async def attempt() -> None:
-                seen = (await self._head_versions(chain_id, inode, index, index + 1)).get(index, 0) if fenced else -1
+                seen = (await self._head_versions(chain_id, inode, index, index + 1)).get(index, 0) if fenced else if_ver_le
 
                 def make(version: int, target: int) -> Message:
                     return TruncateReq(

@@ -165,8 +165,9 @@ class LoomFS(CallerThreadOps):
     def rmtree(self, path: str) -> None:
         self._run(lambda c: c.rmtree(path))
 
-    def rename(self, src: str, dst: str, *, no_replace: bool = False) -> None:
-        self._run(lambda c: c.rename(src, dst, no_replace=no_replace))
+    def rename(self, src: str, dst: str, *, no_replace: bool = False,
+               expect: tuple[int, int, int] | None = None) -> None:
+        self._run(lambda c: c.rename(src, dst, no_replace=no_replace, expect=expect))
 
     mv = rename
 

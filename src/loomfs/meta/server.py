@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import random
@@ -23,7 +24,7 @@ from loomfs.meta.ops.namespace import Namespace
 from loomfs.meta.readgrants import ReadGrantService
 from loomfs.meta.service import MetaService, conflict_retrying, retry_conflicts
 from loomfs.meta.store.base import MetaStore, StoreUnavailable
-from loomfs.meta.trim import TRIM_CALL_TIMEOUT_S, Trimmer
+from loomfs.meta.trim import TRIM_CALL_TIMEOUT_S, StripeCutter, Trimmer
 from loomfs.meta.xattr_service import XattrService
 from loomfs.net.rpc import RpcClient, RpcServer
 from loomfs.net.tcp import default_transport
@@ -89,6 +90,15 @@ def _make_cutter(rpc: RpcClient, routing: RoutingClient, node_id: int) -> Storag
         logger.warning("trims left queued: no storage client (%s)", exc)
         return None
     return StorageClient(rpc, routing, client_id=remover_client_id(node_id), call_timeout_s=TRIM_CALL_TIMEOUT_S)
+
+
+def _stripe_cutter(storage: StorageClient | None) -> StripeCutter | None:
+    """What re-encodes the last stripe of a truncated EC file (``Trimmer.stripe_cutter``)."""
+    if storage is None:
+        return None
+    from loomfs.client.ec_file import cut_last_stripe
+
+    return functools.partial(cut_last_stripe, storage)
 
 
 def _make_rebuilder(store: MetaStore, rpc: RpcClient, routing: RoutingClient, node_id: int) -> Any:
@@ -164,7 +174,7 @@ async def serve(config: MetaConfig, *, ready: asyncio.Event | None = None) -> No
         inline_max_bytes=config.default_inline_max_bytes,
     )
     cutter = _make_cutter(rpc, routing, config.node_id)
-    trimmer = Trimmer(store, cutter, clock=SYSTEM_CLOCK) if cutter is not None else None
+    trimmer = Trimmer(store, cutter, clock=SYSTEM_CLOCK, stripe_cutter=_stripe_cutter(cutter)) if cutter is not None else None
     ns = Namespace(
         store, routing=routing, clock=SYSTEM_CLOCK,
         rng=random.Random(config.node_id or None), default_layout=default_layout, trimmer=trimmer,

@@ -269,7 +269,8 @@ class MetaService(LockHandlers):
         if req.exchange:
             await self.ns.exchange(req.src, req.dst)
         else:
-            await self.ns.rename(req.src, req.dst, no_replace=req.no_replace)
+            expect = (req.expect_inode, req.expect_size, req.expect_mtime_ns) if req.expect_inode else None
+            await self.ns.rename(req.src, req.dst, no_replace=req.no_replace, expect=expect)
         return Empty()
 
     @handles(w.UNLINK)

@@ -56,6 +56,7 @@ import contextlib
 import dataclasses
 import logging
 import random
+from collections.abc import Awaitable, Callable
 from typing import Protocol
 
 from loomfs.common.clock import SYSTEM_CLOCK, Clock
@@ -119,6 +120,10 @@ def must_settle(entry: TrimEntry | None, sessions: int) -> bool:
     return entry is not None and (not entry.idle or sessions == 0)
 
 
+# re-encodes an EC file's stripe holding a new end (layout, inode, length): ``loomfs.client.ec_file.cut_last_stripe``
+StripeCutter = Callable[[Layout, int, int], Awaitable[None]]
+
+
 class _Busy:
     pass
 
@@ -140,9 +145,11 @@ class Trimmer:
         cut_timeout_s: float = CUT_TIMEOUT_S,
         wait_s: float = WAIT_S,
         retry_s: float = RETRY_S,
+        stripe_cutter: StripeCutter | None = None,
     ):
         self.store = store
         self.cutter = cutter
+        self.stripe_cutter = stripe_cutter
         self.clock = clock
         self.owner = owner or (random.SystemRandom().getrandbits(62) | 1)  # fresh per process
         self.claim_s = claim_s
@@ -270,7 +277,8 @@ class Trimmer:
     async def _cut_ec(self, layout: Layout, inode: int, length: int) -> None:
         """An erasure-coded file (docs/ec.md): fragment j of stripe s is chunk s*(k+m) + slot,
         so the cut removes whole stripes past the end, and the shadow copies of those stripes
-        (an overwrite in flight); the last partial stripe is the client's to re-encode."""
+        (an overwrite in flight), then re-encodes the stripe holding the new end without the
+        bytes past it (``stripe_cutter``), so an extend afterwards reads zeros there."""
         g = Geometry(layout.ec_k, layout.ec_m, layout.chunk_size)
         first = g.stripes(length)
         calls = [
@@ -282,6 +290,10 @@ class Trimmer:
         for r in await asyncio.gather(*calls, return_exceptions=True):
             if isinstance(r, BaseException):
                 raise r
+        if length % g.stripe_bytes:
+            if self.stripe_cutter is None:
+                raise StatusError(Status.EIO, f"inode {inode}: no stripe cutter to re-encode the end of an EC file")
+            await self.stripe_cutter(layout, inode, length)
 
     def __repr__(self) -> str:
         return (f"Trimmer(owner={self.owner:#x} trims={self.trims_total} failures={self.failures_total} "

@@ -117,7 +117,7 @@ class ChunkUpdates(ChainForwarder):
 
     async def _update(self, req: WriteReq | TruncateReq, payload: memoryview) -> WriteRsp:
         key = chunk_key(req.chunk)
-        if isinstance(req, TruncateReq) and req.if_ver_le < -1:
+        if req.if_ver_le < -1:
             raise InvalidArgument(f"if_ver_le {req.if_ver_le}: a version (>= 0) or -1 (any)")
         target, pos, _ = await self._locate(req.chain_id, req.chain_version, for_update=True)
         # counted by the chain version it was placed by: a resync waits for the older ones
@@ -172,7 +172,7 @@ class ChunkUpdates(ChainForwarder):
                 if isinstance(action, chain.Reforward):
                     pos = await self._reforward(target, pos, key, action, req.chunk_size)  # type: ignore[arg-type]
                 elif isinstance(action, chain.Apply):
-                    if isinstance(req, TruncateReq) and req.if_ver_le >= 0 and not req.forwarded:
+                    if req.if_ver_le >= 0 and not req.forwarded:
                         _check_fence(engine.get(key), key, req.if_ver_le)
                     rsp = await self._apply(target, pos, key, req, payload, action)  # type: ignore[arg-type]
                     if gapped is not None:
@@ -438,7 +438,7 @@ class ChunkUpdates(ChainForwarder):
 
 
 def _check_fence(st: ChunkState | None, key: ChunkKey, if_ver_le: int) -> None:
-    """A fenced trim applies only to a chunk no newer than the trimmer saw it."""
+    """A fenced trim (or fenced write) applies only to a chunk no newer than its sender saw it."""
     newest = max(st.commit_ver, st.pending_ver if st.has_pending else 0) if st is not None else 0
     if newest > if_ver_le:
         raise StatusError(Status.VERSION_MISMATCH, f"chunk {key} is at v{newest}, the trim saw v{if_ver_le}: "

@@ -192,6 +192,11 @@ class RenameReq(Message):
     dst: str = ""
     no_replace: bool = False  # RENAME_NOREPLACE: EEXIST if dst exists
     exchange: bool = False  # RENAME_EXCHANGE: src and dst (both existing) swap
+    # replace dst only if it is still this file (inode != 0: same inode, size and mtime) and
+    # no writer has it open, else EBUSY: a layout conversion's switch (``client.ec_convert``)
+    expect_inode: int = 0
+    expect_size: int = 0
+    expect_mtime_ns: int = 0
 
 
 @message

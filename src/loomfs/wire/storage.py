@@ -60,6 +60,9 @@ class WriteReq(Message):
     durable: bool = False
     # the client's write grant for chunk.inode, from meta's open reply (loomfs.common.grants)
     grant: bytes = b""
+    # a fenced write (an EC fragment repair): the head applies it only if the chunk's newest
+    # version is at most this one, else VERSION_MISMATCH (-1: any); as TruncateReq.if_ver_le
+    if_ver_le: int = -1
 
 
 @message

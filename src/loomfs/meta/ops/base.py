@@ -48,7 +48,7 @@ class RoutingSource(Protocol):
 class ChunkWriter(Protocol):
     """What moving an inline file to chunks needs from storage (``StorageClient`` fits)."""
 
-    async def write_chunk(self, layout: Layout, inode: int, index: int, offset: int, data: memoryview) -> None: ...
+    async def write_chunk(self, layout: Layout, inode: int, index: int, offset: int, data: memoryview) -> int | None: ...
 
 
 class NamespaceBase:

@@ -124,7 +124,10 @@ class DirOps(NamespaceBase):
         entries = [DirEntry(name=d.name, inode=d.inode, type=d.type, attr=attrs.get(d.inode)) for d in rows]
         return entries, more
 
-    async def rename(self, src: str, dst: str, *, no_replace: bool = False) -> None:
+    async def rename(self, src: str, dst: str, *, no_replace: bool = False,
+                     expect: tuple[int, int, int] | None = None) -> None:
+        """``expect`` (inode, size, mtime_ns): ``dst`` must still be that file, unchanged and
+        with no write session open, else EBUSY (checked in the rename's transaction)."""
         sp, dp = split_path(src), split_path(dst)
         async with self.store.write() as txn:
             s = await walk(txn, sp, follow_last=False)
@@ -144,6 +147,11 @@ class DirOps(NamespaceBase):
                 return  # same entry, or a hard link of it
             moved = await self._attr(txn, s.inode)
             replaced = await self._attr(txn, d.inode) if d.inode is not None else None
+            if expect is not None:
+                if replaced is None or (replaced.inode, replaced.size, replaced.mtime_ns) != expect:
+                    raise StatusError(Status.EBUSY, f"{dst!r} changed")
+                if await txn.has_session(replaced.inode):
+                    raise StatusError(Status.EBUSY, f"{dst!r} is open for writing")
             who = caller()
             if who.uid != 0:
                 perm.may_delete(await self._attr(txn, s.parent), moved, who, src)

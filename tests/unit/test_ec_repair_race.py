@@ -1,0 +1,159 @@
+"""A degraded read's fragment repair racing an overwrite of the stripe (client/ec_stripe.py),
+over an in-memory fragment store with chunk versions (no sockets): the repair writes the
+version it decoded only where the fragment still lacks it and was not written after the
+repair looked (a fenced write), so a healthy read never mixes the old version's bytes into
+the new one (review, session 13, known defect 1)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+from loomfs.client import ec_stripe as es
+from loomfs.client.ec_file import STATS
+from loomfs.client.ec_io import FragmentUnavailable
+from loomfs.client.storage_client import zero_fill
+from loomfs.ec.codec import make_codec
+from loomfs.ec.stripe import Geometry
+from loomfs.errors import StatusError
+from loomfs.net.buffers import BufferPool
+from loomfs.wire.status import Status
+
+K, M, CS = 4, 2, 4096
+G = Geometry(K, M, CS)
+SB = G.stripe_bytes
+CODEC = make_codec(K, M)
+
+
+class VersionedIO:
+    """Fragment chunks as (bytes, version); a write bumps the version; ``if_ver_le`` fences."""
+
+    def __init__(self) -> None:
+        self.geometry = G
+        self.inode = 7
+        self.chunks: dict[int, tuple[bytes, int]] = {}
+        self.after_read: Callable[[int], Any] | None = None  # runs after a read of that chunk
+
+    def down(self, index: int) -> bool:
+        return False
+
+    async def head_version(self, index: int) -> int:
+        return self.chunks.get(index, (b"", 0))[1]
+
+    async def write(self, index: int, data: Any, *, exact: bool = False, if_ver_le: int = -1) -> None:
+        old, ver = self.chunks.get(index, (b"", 0))
+        if if_ver_le >= 0 and ver > if_ver_le:
+            raise StatusError(Status.VERSION_MISMATCH, f"chunk {index} at v{ver}, saw v{if_ver_le}")
+        d = bytes(data)
+        self.chunks[index] = (d if exact else d + old[len(d):], ver + 1)
+
+    async def remove_all(self, begin: int, end: int) -> None:
+        for i in range(begin, end):
+            if i in self.chunks:
+                self.chunks[i] = (b"", self.chunks[i][1] + 1)
+
+    async def read(self, index: int, offset: int, length: int, into: memoryview) -> int | None:
+        into = into[:length]
+        c = self.chunks.get(index)
+        if c is None:
+            zero_fill(into)
+            return None
+        part = c[0][offset : offset + length]
+        into[: len(part)] = part
+        zero_fill(into[len(part):])
+        hook, self.after_read = self.after_read, None
+        if hook is not None:
+            await hook(index)
+        return len(c[0])
+
+    def rot(self, index: int) -> None:
+        data, ver = self.chunks[index]
+        self.chunks[index] = (bytes([data[0] ^ 0xFF]) + data[1:], ver)
+
+
+async def write_full(io: VersionedIO, fill: bytes, *, overwrite: bool) -> None:
+    buf = bytearray(es.stripe_buffer_bytes(G))
+    for j in range(K):
+        es.payload(G, buf, j)[:] = fill * CS
+    await es.write_stripe(io, CODEC, STATS, 0, buf, SB, valid_lo=0, valid_hi=SB,  # type: ignore[arg-type]
+                          overwrite=overwrite)
+
+
+async def healthy_read(io: VersionedIO) -> bytes:
+    got = bytearray(SB)
+    await es.read_range(io, CODEC, STATS, BufferPool(), 0, memoryview(got))  # type: ignore[arg-type]
+    return bytes(got)
+
+
+async def decode_with_bad_fragment(io: VersionedIO) -> tuple[bytearray, es.Resolved]:
+    """What a degraded read of the stripe holds when it starts its repair of fragment 0."""
+    buf = bytearray(es.stripe_buffer_bytes(G))
+    res = await es.resolve(io, CODEC, STATS, 0, buf, repair=False, full=True)  # type: ignore[arg-type]
+    assert res is not None and res.bad == [0]
+    return buf, res
+
+
+def test_a_repair_after_an_overwrite_leaves_the_new_version() -> None:
+    async def main() -> None:
+        io = VersionedIO()
+        await write_full(io, b"1", overwrite=False)
+        io.rot(G.chunk_index(0, 0))
+        buf, res = await decode_with_bad_fragment(io)  # decoded version 1
+        await write_full(io, b"2", overwrite=True)  # the overwrite finished before the repair ran
+        await es.repair_fragments(io, STATS, 0, buf, res)  # type: ignore[arg-type]
+        assert await healthy_read(io) == b"2" * SB
+
+    asyncio.run(main())
+
+
+def test_an_overwrite_landing_between_the_look_and_the_repair_write_is_kept() -> None:
+    async def main() -> None:
+        io = VersionedIO()
+        await write_full(io, b"1", overwrite=False)
+        io.rot(G.chunk_index(0, 0))
+        buf, res = await decode_with_bad_fragment(io)
+
+        async def overwrite(index: int) -> None:  # right after the repair looked at fragment 0
+            await write_full(io, b"2", overwrite=True)
+
+        io.after_read = overwrite
+        await es.repair_fragments(io, STATS, 0, buf, res)  # type: ignore[arg-type]
+        assert await healthy_read(io) == b"2" * SB
+
+    asyncio.run(main())
+
+
+def test_a_repair_with_no_overwrite_restores_the_fragment() -> None:
+    async def main() -> None:
+        io = VersionedIO()
+        await write_full(io, b"1", overwrite=False)
+        io.rot(G.chunk_index(0, 0))
+        buf, res = await decode_with_bad_fragment(io)
+        before = STATS.repaired_fragments_total
+        await es.repair_fragments(io, STATS, 0, buf, res)  # type: ignore[arg-type]
+        assert STATS.repaired_fragments_total == before + 1
+        got = await es.resolve(io, CODEC, STATS, 0, bytearray(es.stripe_buffer_bytes(G)),  # type: ignore[arg-type]
+                               repair=False, full=True)
+        assert got is not None and got.bad == [] and got.version == res.version
+        assert await healthy_read(io) == b"1" * SB
+
+    asyncio.run(main())
+
+
+def test_an_unreachable_fragment_is_not_rewritten() -> None:
+    async def main() -> None:
+        io = VersionedIO()
+        await write_full(io, b"1", overwrite=False)
+        io.rot(G.chunk_index(0, 0))
+        buf, res = await decode_with_bad_fragment(io)
+
+        async def unreachable(index: int, offset: int, length: int, into: memoryview) -> int | None:
+            raise FragmentUnavailable("down")
+
+        io.read = unreachable  # type: ignore[method-assign]
+        versions = {i: v for i, (_, v) in io.chunks.items()}
+        await es.repair_fragments(io, STATS, 0, buf, res)  # type: ignore[arg-type]
+        assert {i: v for i, (_, v) in io.chunks.items()} == versions
+
+    asyncio.run(main())
