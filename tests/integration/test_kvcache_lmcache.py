@@ -103,3 +103,37 @@ def test_full_allocator_is_a_miss(backend: plugin.LoomFSBackend) -> None:
 
     backend.local_cpu_backend = Full()
     assert backend.get_blocking(key) is None
+
+
+def test_failed_batched_get_gives_back_its_allocations(backend: plugin.LoomFSBackend,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """A get_many that raises part-way (the second meta group's READ_MANY fails after the first
+    group's values were allocated) releases every MemoryObj it allocated."""
+    import asyncio
+
+    from loomfs.kvcache import _get
+
+    keys = [CacheEngineKey("leak", 1, 0, h) for h in range(_get.META_GROUP_KEYS + 8)]  # two meta groups
+    for f in backend.batched_submit_put_task(keys, [TensorMemoryObj(torch.full((2, 1, 4, 8), float(i)))
+                                                    for i in range(len(keys))]):
+        f.result(60)
+    alloc = backend.get_allocator_backend()
+    live_before = len(alloc.live)
+    orig = _get.read_entries
+    calls: list[int] = []
+    first_answered = asyncio.Event()
+
+    async def second_fails(client: object, paths: list[str], decode: object) -> object:
+        calls.append(len(paths))
+        if len(calls) == 1:
+            out = await orig(client, paths, decode)  # type: ignore[arg-type]
+            first_answered.set()  # its values are allocated before its task yields again
+            return out
+        await first_answered.wait()
+        raise ConnectionError("meta unreachable")
+
+    monkeypatch.setattr(_get, "read_entries", second_fails)
+    with pytest.raises(ConnectionError):
+        backend.batched_get_blocking(keys)
+    assert len(calls) == 2
+    assert len(alloc.live) == live_before

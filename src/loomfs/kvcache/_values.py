@@ -9,6 +9,7 @@ only when a value of theirs is seen.
 
 from __future__ import annotations
 
+import ast
 import sys
 from dataclasses import dataclass
 from typing import Any
@@ -22,7 +23,28 @@ def _is_torch(value: object) -> bool:
 
 
 def _is_numpy(value: object) -> bool:
-    return "numpy" in sys.modules and type(value).__name__ == "ndarray" and hasattr(value, "dtype")
+    """An ndarray or a subclass of it (``np.memmap``, ``np.matrix``)."""
+    np = sys.modules.get("numpy")
+    return np is not None and isinstance(value, np.ndarray)
+
+
+def _numpy_desc_dtype(dtype: Any) -> str:
+    """The dtype part of a descriptor: ``dtype.str``, or for a structured dtype its ``descr``
+    (``dtype.str`` of one is ``|V<n>``: the fields would be lost)."""
+    if dtype.names is not None:
+        return repr(dtype.descr)
+    return str(dtype.str)
+
+
+def _numpy_dtype(text: str) -> Any:
+    import numpy as np
+
+    if text.startswith("["):
+        try:
+            return np.dtype(ast.literal_eval(text))
+        except (ValueError, TypeError, SyntaxError) as exc:
+            raise InvalidArgument(f"bad numpy dtype {text!r} in a kvcache entry") from exc
+    return np.dtype(text)
 
 
 def _shape_text(shape: tuple[int, ...]) -> str:
@@ -30,7 +52,7 @@ def _shape_text(shape: tuple[int, ...]) -> str:
 
 
 def _parse_desc(desc: str) -> tuple[str, tuple[int, ...]]:
-    dtype, _, shape = desc.partition(";")
+    dtype, _, shape = desc.rpartition(";")  # the shape holds no ";" (a structured dtype's names may)
     try:
         dims = tuple(int(d) for d in shape.split(",") if d != "")
     except ValueError as exc:
@@ -57,26 +79,33 @@ def value_info(nbytes: int, kind: int, desc: str) -> ValueInfo:
 def as_bytes(value: Any) -> tuple[memoryview, int, str]:
     """(flat byte view, kind, descriptor) of a value to store."""
     if _is_torch(value):
+        import torch
+
         t = value.detach()
+        if t.layout != torch.strided:
+            raise InvalidArgument(f"kvcache cannot store a {t.layout} tensor (dense tensors only)")
         if t.device.type != "cpu":
             t = t.cpu()
-        t = t.contiguous()
+        t = t.resolve_conj().resolve_neg().contiguous()  # conj / neg views: their values, materialised
         flat = t.reshape(-1).view(__import__("torch").uint8) if t.numel() else t.new_empty(0, dtype=__import__("torch").uint8)
         desc = f"{str(t.dtype).removeprefix('torch.')};{_shape_text(tuple(t.shape))}"
         return memoryview(flat.numpy()).cast("B"), KIND_TORCH, desc
     if _is_numpy(value):
         import numpy as np
 
-        a = np.ascontiguousarray(value)
+        a = np.ascontiguousarray(np.asarray(value))  # a plain ndarray (np.matrix keeps its 2 dims)
         if a.dtype.hasobject:
             raise InvalidArgument("numpy arrays of Python objects cannot be cached")
-        desc = f"{a.dtype.str};{_shape_text(a.shape)}"
+        desc = f"{_numpy_desc_dtype(a.dtype)};{_shape_text(a.shape)}"
         return a.reshape(-1).view(np.uint8).data, KIND_NUMPY, desc
     if isinstance(value, bytes | bytearray | memoryview):
         view = memoryview(value)
-        if not view.contiguous:
+        if not view.c_contiguous:  # strided or Fortran order: cast() takes C-contiguous views only
             view = memoryview(view.tobytes())
-        return view.cast("B") if view.format != "B" or view.ndim != 1 else view, KIND_BYTES, ""
+        try:
+            return view.cast("B") if view.format != "B" or view.ndim != 1 else view, KIND_BYTES, ""
+        except TypeError as exc:
+            raise InvalidArgument(f"kvcache cannot take this buffer as bytes: {exc}") from exc
     raise InvalidArgument(f"kvcache values are bytes-like, numpy arrays or torch tensors, not {type(value).__name__}")
 
 
@@ -88,7 +117,7 @@ def rebuild(kind: int, desc: str, buf: bytearray | memoryview) -> Any:
     if kind == KIND_NUMPY:
         import numpy as np
 
-        return np.frombuffer(buf, dtype=np.dtype(dtype_name)).reshape(shape)
+        return np.frombuffer(buf, dtype=_numpy_dtype(dtype_name)).reshape(shape)
     if kind == KIND_TORCH:
         import torch
 
@@ -122,7 +151,10 @@ class Target:
         elif _is_numpy(into):
             if not into.flags.c_contiguous or not into.flags.writeable:
                 raise InvalidArgument("into= array must be C-contiguous and writable")
-            self.view = memoryview(into.reshape(-1).view("uint8"))
+            import numpy as np
+
+            plain: Any = np.asarray(into)  # np.matrix: a plain array (reshape keeps a matrix 2-d)
+            self.view = memoryview(plain.reshape(-1).view("uint8"))
         else:
             try:
                 view = memoryview(into)

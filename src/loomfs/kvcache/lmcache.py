@@ -169,7 +169,13 @@ class LoomFSBackend(_Base):
                 return None if obj is None else obj.tensor
             return alloc
 
-        got = self.kv.get_many([key_bytes(k) for k in keys], into=[allocator(i) for i in range(len(keys))])
+        try:
+            got = self.kv.get_many([key_bytes(k) for k in keys], into=[allocator(i) for i in range(len(keys))])
+        except BaseException:  # a group failed part-way: no read runs now; give back every allocation
+            for obj in allocated:
+                if obj is not None:
+                    obj.ref_count_down()
+            raise
         out: list[Any] = []
         for i, g in enumerate(got):
             obj = allocated[i]
