@@ -18,6 +18,7 @@ class KVStats:
     put_bytes: int = 0
     get_bytes: int = 0
     touches_written: int = 0
+    touches_dropped: int = 0  # pending touches of keys put, deleted or changed since their hit
     evicted: int = 0
     segments_removed: int = 0
     values_moved: int = 0

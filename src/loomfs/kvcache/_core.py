@@ -2,7 +2,8 @@
 
 Layout under ``prefix``: ``index/<entry name>`` one small inline file per key (``_entry``),
 ``seg/<writer>-<seq>`` append-only segment files, one writer per cache object
-(``_segments``), ``evictor`` the eviction lease. A put appends the values to this writer's
+(``_segments``), ``evictor`` the eviction lease, ``tmp/`` entries being rewritten
+conditionally (touches, compaction: ``_rewrite``). A put appends the values to this writer's
 segment, waits until storage acked them, then writes the entries (PUT_MANY: one meta round
 trip per batch), so an entry never names bytes that were not stored. A get reads the entries
 (READ_MANY, one request per ``META_GROUP_KEYS`` keys, all in flight) and then each value with one chunk read straight
@@ -28,6 +29,7 @@ import crc32c
 
 from loomfs.errors import InvalidArgument, LoomError
 from loomfs.kvcache import _entry as E
+from loomfs.kvcache import _rewrite
 from loomfs.kvcache._config import KVConfig, KVStats
 from loomfs.kvcache._get import GetPath
 from loomfs.kvcache._icache import IndexCache
@@ -56,6 +58,7 @@ class AsyncKVCache(GetPath):
                                   "inline_put_max_bytes less the entry's own bytes)")
         self.index_dir = f"{self.prefix}/index"
         self.seg_dir = f"{self.prefix}/seg"
+        self.tmp_dir = f"{self.prefix}/tmp"
         self.lease_path = f"{self.prefix}/evictor"
         self.clock = clock
         self.writer_id = writer_id or random.getrandbits(63) or 1
@@ -74,8 +77,9 @@ class AsyncKVCache(GetPath):
         c = self.client
         await c.makedirs(self.index_dir, exist_ok=True)
         await c.makedirs(self.seg_dir, exist_ok=True)
+        await c.makedirs(self.tmp_dir, exist_ok=True)
         want = self.config.inline_value_max_bytes + ENTRY_OVERHEAD_BYTES_MAX
-        for path, inline_max in ((self.index_dir, want), (self.seg_dir, 0)):
+        for path, inline_max in ((self.index_dir, want), (self.tmp_dir, want), (self.seg_dir, 0)):
             cur = await c.get_layout(path) or Layout()
             # a prefix whose chunk size was set away from the default keeps it for its segments
             default = cur.chunk_size == Layout().chunk_size
@@ -115,6 +119,9 @@ class AsyncKVCache(GetPath):
             last[E.check_key(key)] = as_bytes(value)
         if not last:
             return
+        if self._touches:  # a touch queued before this put must not write the old entry back
+            for k in last:
+                self._touches.pop(E.entry_name(k), None)
         now = self.clock()
         inline_max = self.config.inline_value_max_bytes
         big = [(k, v) for k, v in last.items() if len(v[0]) > inline_max]
@@ -165,6 +172,8 @@ class AsyncKVCache(GetPath):
         ks = [E.check_key(k) for k in keys]
         for k in ks:
             self.icache.forget(k)
+            if self._touches:
+                self._touches.pop(E.entry_name(k), None)
         errors = await self.client.rm_many([self._path(k) for k in ks])
         for err in errors:
             if err is not None and not isinstance(err, FileNotFoundError):
@@ -176,21 +185,43 @@ class AsyncKVCache(GetPath):
         return (await self.touch_many([key]))[0]
 
     async def touch_many(self, keys: Sequence[bytes]) -> list[bool]:
-        ks = [E.check_key(k) for k in keys]
-        entries = await self._entries(ks)
+        """Per key whether it had a live entry; each is rewritten with the time now, unless
+        a put, delete or move changed it meanwhile (``_rewrite``)."""
+        ks = list(dict.fromkeys(E.check_key(k) for k in keys))
         now = self.clock()
-        await self._write_entries([e.touched(now) for e in entries if e is not None])
-        return [e is not None for e in entries]
+
+        def decide(cur: E.Entry | None) -> E.Entry | None:
+            if cur is None or self._expired(cur, now):
+                return None
+            return cur.touched(max(now, cur.touched_s))
+
+        written, seen = await _rewrite.rewrite(self, ks, decide)
+        live = {k: w is not None or (s is not None and not self._expired(s, now))
+                for k, w, s in zip(ks, written, seen, strict=True)}
+        return [live[E.check_key(k)] for k in keys]
 
     async def flush_touches(self) -> int:
-        """Write the pending LRU touches of recent hits (the background task does this)."""
+        """Write the pending LRU touches of recent hits (the background task does this). A
+        touch is written only while the key still holds the value that was hit (same bytes;
+        after a compaction move, at their new place); one whose key was put, deleted or
+        changed since is dropped. Returns the touches written."""
         if not self._touches:
             return 0
         pending, self._touches = self._touches, {}
+        hit = {e.key: e for e in pending.values()}
         now = self.clock()
-        await self._write_entries([e.touched(now) for e in pending.values()])
-        self.stats.touches_written += len(pending)
-        return len(pending)
+
+        def decide(cur: E.Entry | None) -> E.Entry | None:
+            was = hit.get(cur.key) if cur is not None else None
+            if cur is None or was is None or not cur.same_value(was):
+                return None
+            return cur.touched(max(now, cur.touched_s))
+
+        written, _ = await _rewrite.rewrite(self, list(hit), decide)
+        n = sum(w is not None for w in written)
+        self.stats.touches_written += n
+        self.stats.touches_dropped += len(hit) - n
+        return n
 
     async def maintain(self) -> dict[str, int]:
         """One round of background work: touches, sealing an old segment, eviction and

@@ -65,6 +65,12 @@ class Entry:
         return (self.seg_inode, self.seg_offset, self.value_bytes, self.value_crc) == (
             other.seg_inode, other.seg_offset, other.value_bytes, other.value_crc)
 
+    def same_value(self, other: Entry) -> bool:
+        """Whether ``other`` holds the same value, wherever stored (a touch's check: a value
+        compaction moved is still the one that was hit)."""
+        return (self.key, self.value_bytes, self.value_crc, self.kind, self.desc, self.inline) == (
+            other.key, other.value_bytes, other.value_crc, other.kind, other.desc, other.inline)
+
 
 def check_key(key: object) -> bytes:
     if not isinstance(key, bytes | bytearray | memoryview):

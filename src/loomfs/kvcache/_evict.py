@@ -9,7 +9,9 @@ once every put into them wrote its entries; or still ``.open`` but older than
 ``segment_abandon_s``: a writer that died) with no live value are unlinked, and those
 whose live bytes are below ``compact_live_ratio`` of their size are compacted: their live
 values are read (CRC checked), appended to this writer's segment, and their entries rewritten
-where they still point at the old place; then the old segment is unlinked. A reader holding
+where they still point at the old place, each only if unchanged since read (``_rewrite``: a
+conditional rename; a put, delete or touch meanwhile wins); then the old segment is unlinked
+unless an entry still names it (the next pass tries again). A reader holding
 an old entry reads the old bytes until meta's GC removes them, and after that bytes that fail
 the CRC: a miss, never wrong data.
 
@@ -30,6 +32,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from loomfs.kvcache import _entry as E
+from loomfs.kvcache import _rewrite
 from loomfs.kvcache._jobs import run_all
 from loomfs.kvcache._segments import OPEN_SUFFIX
 
@@ -195,8 +198,11 @@ async def _remove_entries(cache: AsyncKVCache, items: Sequence[tuple[str, E.Entr
     return sum(err is None for err in errors)
 
 
-async def _move(cache: AsyncKVCache, entries: Sequence[tuple[str, E.Entry]]) -> tuple[int, int]:
-    """Move the values of ``entries`` to this writer's segment: (moved, dropped as bad)."""
+async def _move(cache: AsyncKVCache, entries: Sequence[tuple[str, E.Entry]]) -> tuple[int, int, int]:
+    """Move the values of ``entries`` to this writer's segment: (moved, dropped as bad, left:
+    entries that still name the old place, their rewrite having lost to a change each time).
+    Each entry is rewritten only if unchanged since read (``_rewrite``): a put, delete or
+    touch made meanwhile wins, and the new place is then named by no entry."""
     bufs = [bytearray(e.value_bytes) for _, e in entries]
     slots = asyncio.Semaphore(MOVE_READS_INFLIGHT)
 
@@ -209,17 +215,23 @@ async def _move(cache: AsyncKVCache, entries: Sequence[tuple[str, E.Entry]]) -> 
     bad: list[tuple[str, E.Entry | None]] = [(n, e) for (n, e), fine in zip(entries, ok, strict=True) if not fine]
     dropped = await _remove_entries(cache, bad)
     if not good:
-        return 0, dropped
+        return 0, dropped, 0
     async with cache.writer.append([memoryview(b) for _, _, b in good]) as placed:
-        current = await _current(cache, [n for n, _, _ in good])
-        rewrites = []
-        for (_, e, _), p, cur in zip(good, placed, current, strict=True):
-            if cur is not None and cur.same_place(e):  # keeps a touch made meanwhile
-                moved = dataclasses.replace(cur, seg_name=p.seg_name, seg_inode=p.seg_inode, seg_offset=p.offset,
-                                            chunk_size=p.chunk_size, chains=p.chains)
-                rewrites.append(moved)
-        await cache._write_entries(rewrites)
-    return len(rewrites), dropped
+        was = {e.key: (e, p) for (_, e, _), p in zip(good, placed, strict=True)}
+
+        def decide(cur: E.Entry | None) -> E.Entry | None:
+            if cur is None or cur.key not in was:
+                return None
+            e, p = was[cur.key]
+            if not cur.same_place(e):
+                return None  # put, deleted or moved since the scan: the newer entry stays
+            # from the entry now: keeps a touch made meanwhile
+            return dataclasses.replace(cur, seg_name=p.seg_name, seg_inode=p.seg_inode, seg_offset=p.offset,
+                                       chunk_size=p.chunk_size, chains=p.chains)
+
+        written, seen = await _rewrite.rewrite(cache, list(was), decide)
+    left = sum(w is None and s is not None and s.same_place(was[s.key][0]) for w, s in zip(written, seen, strict=True))
+    return sum(w is not None for w in written), dropped, left
 
 
 async def evict_once(cache: AsyncKVCache) -> dict[str, int]:
@@ -247,8 +259,9 @@ async def evict_once(cache: AsyncKVCache) -> dict[str, int]:
     current = cache.writer.current
     remove, compact = plan_segments(segments, [e for _, e in plan.live], open_names={current} if current else set(),
                                     abandon_s=cfg.segment_abandon_s, compact_live_ratio=cfg.compact_live_ratio)
-    moved = dropped = 0
+    moved = dropped = left = 0
     for seg in compact:
+        left_before = left
         todo = sorted(((n, e) for n, e in plan.live if e.inline is None and e.seg_name == seg.name),
                       key=lambda ne: ne[1].seg_offset)
         start = 0
@@ -257,10 +270,11 @@ async def evict_once(cache: AsyncKVCache) -> dict[str, int]:
             while stop < len(todo) and (stop == start or size < MOVE_BATCH_BYTES):
                 size += todo[stop][1].value_bytes
                 stop += 1
-            m, bad_n = await _move(cache, todo[start:stop])
-            moved, dropped = moved + m, dropped + bad_n
+            m, bad_n, left_n = await _move(cache, todo[start:stop])
+            moved, dropped, left = moved + m, dropped + bad_n, left + left_n
             start = stop
-        remove.append(seg)
+        if left == left_before:  # else entries still name it: the next pass compacts it again
+            remove.append(seg)
     unlinked = 0
     for seg in remove:
         try:
@@ -268,10 +282,12 @@ async def evict_once(cache: AsyncKVCache) -> dict[str, int]:
             unlinked += 1
         except FileNotFoundError:
             pass
+    tmp_removed = await _rewrite.sweep_tmp(cache, cfg.segment_abandon_s)
     cache.stats.segments_removed += unlinked
     cache.stats.values_moved += moved
     result = {"entries": len(scanned), "removed": removed, "expired": plan.expired, "evicted": plan.evicted,
               "garbage": plan.garbage, "live_bytes": plan.live_bytes, "segments_removed": unlinked,
-              "segments_compacted": len(compact), "values_moved": moved, "moved_dropped": dropped}
+              "segments_compacted": len(compact), "values_moved": moved, "moved_dropped": dropped,
+              "moved_left": left, "tmp_removed": tmp_removed}
     logger.debug("kvcache %s: eviction pass %s", cache.prefix, result)
     return result
