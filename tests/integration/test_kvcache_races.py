@@ -1,9 +1,11 @@
 """KVCache background writers racing puts, deletes and gets: LRU touches and compaction moves
-are conditional (``_rewrite``). Each test fails on the code before the fix; interleavings are
-forced with hooks, never with sleeps."""
+are conditional (``_rewrite``), a scan survives unreadable index items, and a get never
+re-learns an entry this process deleted or replaced while it was in flight. Each test fails
+on the code before the fix; interleavings are forced with hooks, never with sleeps."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 from typing import Any
@@ -11,7 +13,7 @@ from typing import Any
 import pytest
 
 import loomfs
-from loomfs.kvcache import KVCache
+from loomfs.kvcache import AsyncKVCache, KVCache, KVConfig, _get
 from loomfs.kvcache import _entry as E
 from loomfs.testing import LocalCluster
 
@@ -131,3 +133,43 @@ def test_compaction_never_overwrites_a_concurrent_put(cluster: LocalCluster, fs:
         a.close()
         b.close()
         fs2.close()
+
+
+def test_unreadable_index_item_does_not_stop_eviction(fs: loomfs.LoomFS, kv_dir: str) -> None:
+    with KVCache(fs, kv_dir, capacity_bytes=8 * 4096, background_interval_s=0, low_water=0.5) as kv:
+        kv.put_many([(b"e%02d" % i, bytes([i]) * 4096) for i in range(16)])
+        fs.makedirs(f"{kv_dir}/index/stray", exist_ok=True)
+        r = kv.evict_now()
+        assert r["garbage"] == 1 and kv.stats.unreadable == 1, r
+        assert sum(kv.contains_many([b"e%02d" % i for i in range(16)])) <= 8
+
+
+def test_get_in_flight_never_relearns_an_own_delete(fs: loomfs.LoomFS, kv_dir: str,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    orig = _get.read_entries
+
+    async def scenario() -> Any:
+        answered, go = asyncio.Event(), asyncio.Event()
+
+        async def held_reply(client: Any, paths: Any, decode: Any) -> Any:
+            out = await orig(client, paths, decode)  # meta answered before the delete
+            answered.set()
+            await go.wait()  # handled after it
+            return out
+
+        kv = await AsyncKVCache(fs.client, kv_dir, KVConfig(background_interval_s=0, index_cache_s=60)).open()
+        try:
+            await kv.put(b"k", b"v" * 20_000)
+            kv.icache.forget(b"k")  # as after the cache time
+            monkeypatch.setattr(_get, "read_entries", held_reply)
+            get = asyncio.ensure_future(kv.get(b"k"))
+            await answered.wait()
+            assert await kv.delete(b"k") is True
+            go.set()
+            await get  # overlapping the delete: either answer is fine
+            monkeypatch.setattr(_get, "read_entries", orig)
+            return await kv.get(b"k")  # begun after the delete returned
+        finally:
+            await kv.close()
+
+    assert fs.run(scenario()) is None

@@ -20,6 +20,7 @@ class KVStats:
     touches_written: int = 0
     touches_dropped: int = 0  # pending touches of keys put, deleted or changed since their hit
     evicted: int = 0
+    unreadable: int = 0  # index items an eviction pass could not read (a stray directory, bad CRC)
     segments_removed: int = 0
     values_moved: int = 0
 

@@ -148,7 +148,11 @@ class AsyncKVCache(GetPath):
         """Write index entries (one PUT_MANY per batch); this process's index cache learns them."""
         if not entries:
             return
-        errors = await self.client.put_many([(self._path(e.key), E.encode(e)) for e in entries])
+        try:
+            errors = await self.client.put_many([(self._path(e.key), E.encode(e)) for e in entries])
+        finally:  # a get in flight since before this write must not cache what it read
+            for e in entries:
+                self.icache.changed(e.key)
         for e, err in zip(entries, errors, strict=True):
             if err is None:
                 self.icache.learn(e)
@@ -174,7 +178,12 @@ class AsyncKVCache(GetPath):
             self.icache.forget(k)
             if self._touches:
                 self._touches.pop(E.entry_name(k), None)
-        errors = await self.client.rm_many([self._path(k) for k in ks])
+        try:
+            errors = await self.client.rm_many([self._path(k) for k in ks])
+        finally:  # a get in flight since before this delete must not cache what it read
+            for k in ks:
+                self.icache.changed(k)
+                self.icache.forget(k)
         for err in errors:
             if err is not None and not isinstance(err, FileNotFoundError):
                 raise err

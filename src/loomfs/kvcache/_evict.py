@@ -150,7 +150,9 @@ def plan_segments(segments: Sequence[SegmentInfo], live: Sequence[E.Entry], *, o
 
 
 async def scan_index(cache: AsyncKVCache) -> list[tuple[str, E.Entry | None]]:
-    """Every entry of the index (None: not a well-formed entry)."""
+    """Every entry of the index (None: not a well-formed entry, or bytes that cannot be
+    read as one: a ChecksumError, a stray directory; dropped by the pass as garbage, so one
+    bad item never stops eviction). ``cache.stats.unreadable`` counts those."""
     c = cache.client
     out: list[tuple[str, E.Entry | None]] = []
     async for page in c.readdir_pages(cache.index_dir):
@@ -160,7 +162,10 @@ async def scan_index(cache: AsyncKVCache) -> list[tuple[str, E.Entry | None]]:
             if isinstance(r, FileNotFoundError):
                 continue
             if isinstance(r, OSError):
-                raise r
+                cache.stats.unreadable += 1
+                logger.warning("kvcache %s: index item %s cannot be read (dropped): %s", cache.prefix, n, r)
+                out.append((n, None))
+                continue
             try:
                 out.append((n, E.decode(r)))
             except E.EntryError:

@@ -83,6 +83,7 @@ class GetPath(ValueFetch):
         if into is not None and len(into) != len(ks):
             raise InvalidArgument(f"get_many: {len(ks)} keys but {len(into)} into= buffers")
         targets: list[Any] = [None] * len(ks) if into is None else [_target(x) for x in into]
+        since = self.icache.gen  # puts and deletes made here from now on win over what meta answers
         cached = [self.icache.get(k) for k in ks] if self.icache.ttl_s > 0 else [None] * len(ks)
         now = self.clock()
         cached = [e if e is not None and not self._expired(e, now) else None for e in cached]
@@ -95,7 +96,7 @@ class GetPath(ValueFetch):
             slots, big = asyncio.Semaphore(READS_INFLIGHT), asyncio.Semaphore(BIG_RUNS_INFLIGHT)
 
             async def group(part: list[int]) -> None:
-                fresh = await self._entries([ks[i] for i in part])
+                fresh = await self._entries([ks[i] for i in part], since)
                 got = await self._read_values(fresh, [targets[i] for i in part], slots, big)
                 for i, g in zip(part, got, strict=True):
                     out[i] = g
@@ -155,8 +156,12 @@ class GetPath(ValueFetch):
         await run_all(jobs)
         return out
 
-    async def _entries(self, keys: Sequence[bytes]) -> list[E.Entry | None]:
-        """The live (present, well-formed, unexpired) entries of ``keys``."""
+    async def _entries(self, keys: Sequence[bytes], since: int | None = None) -> list[E.Entry | None]:
+        """The live (present, well-formed, unexpired) entries of ``keys``; the index cache
+        learns them unless this process put or deleted the key since ``since``
+        (``IndexCache.gen``; None: now)."""
+        if since is None:
+            since = self.icache.gen
         raw = await read_entries(self.client, [self._path(k) for k in keys], _decode_or_error)
         now = self.clock()
         out: list[E.Entry | None] = []
@@ -168,7 +173,7 @@ class GetPath(ValueFetch):
                     self.stats.expired += 1
                     out.append(None)
                 else:
-                    self.icache.learn(r)
+                    self.icache.learn(r, since)
                     out.append(r)
             elif isinstance(r, E.EntryError):
                 logger.warning("kvcache %s: bad entry for %s: %s", self.prefix, k.hex()[:32], r)
