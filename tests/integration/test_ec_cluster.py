@@ -8,6 +8,7 @@ servers runs last.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import errno
 import hashlib
 import os
@@ -320,6 +321,29 @@ def test_convert_never_loses_an_open_writers_bytes(efs: loomfs.LoomFS) -> None:
     assert e.value.errno == errno.EBUSY
     with efs.open("/openconv/f", "rb") as f:
         assert f.read() == b"v2"
+
+
+def test_convert_keeps_a_durable_file_durable(efs: loomfs.LoomFS) -> None:
+    """A checkpoint's files are durable (every replica or fragment fsyncs each commit): an
+    archive conversion to EC kept the bytes but lost the flag (checkpoint hunt, session 14)."""
+    efs.makedirs("/durconv", exist_ok=True)
+    cur = efs.get_layout("/durconv") or Layout()
+    efs.set_layout("/durconv", dataclasses.replace(cur, durable=True))
+    with efs.open("/durconv/ckpt", "wb") as f:
+        f.write(b"w" * 5000)
+    lay = efs.attr("/durconv/ckpt").layout
+    assert lay is not None and lay.durable
+    assert not convert_file(efs, "/durconv/ckpt", (4, 2)).skipped
+    lay = efs.attr("/durconv/ckpt").layout
+    assert lay is not None and (lay.ec_k, lay.durable) == (4, True)
+    efs.set_layout("/durconv", cur)  # and a plain file stays plain
+    with efs.open("/durconv/plain2", "wb") as f:
+        f.write(b"p")
+    assert not convert_file(efs, "/durconv/plain2", (4, 2)).skipped
+    lay = efs.attr("/durconv/plain2").layout
+    assert lay is not None and (lay.ec_k, lay.durable) == (4, False)
+    with efs.open("/durconv/ckpt", "rb") as f:
+        assert f.read() == b"w" * 5000
 
 
 def _cli(c: LocalCluster, *args: str) -> subprocess.CompletedProcess[str]:

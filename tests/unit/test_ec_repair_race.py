@@ -7,6 +7,7 @@ the new one (review, session 13, known defect 1)."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -34,9 +35,11 @@ class VersionedIO:
         self.inode = 7
         self.chunks: dict[int, tuple[bytes, int]] = {}
         self.after_read: Callable[[int], Any] | None = None  # runs after a read of that chunk
+        self.refused: set[int] = set()  # chunks their server refuses as corrupt (until rewritten)
+        self.down_chunks: set[int] = set()
 
     def down(self, index: int) -> bool:
-        return False
+        return index in self.down_chunks
 
     async def head_version(self, index: int) -> int:
         return self.chunks.get(index, (b"", 0))[1]
@@ -47,15 +50,23 @@ class VersionedIO:
             raise StatusError(Status.VERSION_MISMATCH, f"chunk {index} at v{ver}, saw v{if_ver_le}")
         d = bytes(data)
         self.chunks[index] = (d if exact else d + old[len(d):], ver + 1)
+        self.refused.discard(index)
 
     async def remove_all(self, begin: int, end: int) -> None:
         for i in range(begin, end):
             if i in self.chunks:
                 self.chunks[i] = (b"", self.chunks[i][1] + 1)
 
-    async def read(self, index: int, offset: int, length: int, into: memoryview) -> int | None:
+    async def read(self, index: int, offset: int, length: int, into: memoryview, *,
+                   versions: dict[int, int] | None = None) -> int | None:
         into = into[:length]
+        if index in self.refused:
+            err = FragmentUnavailable("checksum mismatch")
+            err.corrupt = True
+            raise err
         c = self.chunks.get(index)
+        if versions is not None:
+            versions[index] = c[1] if c is not None else 0
         if c is None:
             zero_fill(into)
             return None
@@ -73,6 +84,7 @@ class VersionedIO:
 
 
 async def write_full(io: VersionedIO, fill: bytes, *, overwrite: bool) -> None:
+    """A whole-stripe write, as ``EcFileIO`` sends one (it loads nothing: no version to exceed)."""
     buf = bytearray(es.stripe_buffer_bytes(G))
     for j in range(K):
         es.payload(G, buf, j)[:] = fill * CS
@@ -107,18 +119,46 @@ def test_a_repair_after_an_overwrite_leaves_the_new_version() -> None:
     asyncio.run(main())
 
 
-def test_an_overwrite_landing_between_the_look_and_the_repair_write_is_kept() -> None:
+def test_an_overwrite_by_a_writer_whose_clock_is_behind_is_kept() -> None:
+    """The fence is the chunk version the decode read, not the stripe versions (wall clocks
+    of different processes): a whole-stripe overwrite stamped below the decoded version by a
+    writer whose clock is behind is still never undone by the repair (review, session 14)."""
+    async def main() -> None:
+        io = VersionedIO()
+        saved = es._last_version
+        try:
+            es._last_version = time.time_ns() + 50_000_000  # writer A's clock: 50 ms ahead
+            await write_full(io, b"1", overwrite=False)
+            io.rot(G.chunk_index(0, 0))
+            buf, res = await decode_with_bad_fragment(io)  # the reader decodes A's version
+            es._last_version = 0  # writer B, another process: its clock is behind A's
+            await write_full(io, b"2", overwrite=True)
+        finally:
+            es._last_version = max(saved, es._last_version)
+        assert await healthy_read(io) == b"2" * SB
+        await es.repair_fragments(io, STATS, 0, buf, res)  # type: ignore[arg-type]
+        assert await healthy_read(io) == b"2" * SB
+
+    asyncio.run(main())
+
+
+def test_a_fragment_refused_as_corrupt_written_after_the_look_is_kept() -> None:
+    """A fragment its server refused as corrupt has no version read: the repair looks at its
+    head version, then at its content; an overwrite landing right after that look is fenced off."""
     async def main() -> None:
         io = VersionedIO()
         await write_full(io, b"1", overwrite=False)
-        io.rot(G.chunk_index(0, 0))
+        io.refused.add(G.chunk_index(0, 0))
         buf, res = await decode_with_bad_fragment(io)
+        assert 0 not in res.fence
 
-        async def overwrite(index: int) -> None:  # right after the repair looked at fragment 0
+        async def overwrite(index: int) -> None:  # right after the repair's look at fragment 0
             await write_full(io, b"2", overwrite=True)
 
+        io.refused.discard(G.chunk_index(0, 0))  # (the look reads it: answer with its bad bytes)
+        io.rot(G.chunk_index(0, 0))
         io.after_read = overwrite
-        await es.repair_fragments(io, STATS, 0, buf, res)  # type: ignore[arg-type]
+        assert await es.repair_fragments(io, STATS, 0, buf, res) == []  # type: ignore[arg-type]
         assert await healthy_read(io) == b"2" * SB
 
     asyncio.run(main())
@@ -131,7 +171,7 @@ def test_a_repair_with_no_overwrite_restores_the_fragment() -> None:
         io.rot(G.chunk_index(0, 0))
         buf, res = await decode_with_bad_fragment(io)
         before = STATS.repaired_fragments_total
-        await es.repair_fragments(io, STATS, 0, buf, res)  # type: ignore[arg-type]
+        assert await es.repair_fragments(io, STATS, 0, buf, res) == [0]  # type: ignore[arg-type]
         assert STATS.repaired_fragments_total == before + 1
         got = await es.resolve(io, CODEC, STATS, 0, bytearray(es.stripe_buffer_bytes(G)),  # type: ignore[arg-type]
                                repair=False, full=True)
@@ -141,19 +181,18 @@ def test_a_repair_with_no_overwrite_restores_the_fragment() -> None:
     asyncio.run(main())
 
 
-def test_an_unreachable_fragment_is_not_rewritten() -> None:
+def test_a_fragment_on_a_down_chain_is_not_rewritten_and_the_others_are() -> None:
+    """Review (session 14): a from-shadow repair stopped at the first fragment whose server
+    did not answer; now a fragment on a chain known down is skipped and the rest repaired."""
     async def main() -> None:
         io = VersionedIO()
         await write_full(io, b"1", overwrite=False)
-        io.rot(G.chunk_index(0, 0))
-        buf, res = await decode_with_bad_fragment(io)
-
-        async def unreachable(index: int, offset: int, length: int, into: memoryview) -> int | None:
-            raise FragmentUnavailable("down")
-
-        io.read = unreachable  # type: ignore[method-assign]
-        versions = {i: v for i, (_, v) in io.chunks.items()}
-        await es.repair_fragments(io, STATS, 0, buf, res)  # type: ignore[arg-type]
-        assert {i: v for i, (_, v) in io.chunks.items()} == versions
+        for j in (0, 1):
+            io.rot(G.chunk_index(0, j))
+        buf = bytearray(es.stripe_buffer_bytes(G))
+        res = await es.resolve(io, CODEC, STATS, 0, buf, repair=False, full=True)  # type: ignore[arg-type]
+        assert res is not None and res.bad == [0, 1]
+        io.down_chunks.add(G.chunk_index(0, 0))
+        assert await es.repair_fragments(io, STATS, 0, buf, res) == [1]  # type: ignore[arg-type]
 
     asyncio.run(main())

@@ -521,3 +521,47 @@ def test_an_erasure_coded_file_is_cut_by_whole_stripes(env: Env) -> None:
     assert SHADOW_STRIPE_BASE * 6 > max(k[1] for k in live)
     env.run(t._cut(layout, ino, 4 * MIB))  # on a stripe boundary: nothing to re-encode
     assert reencoded == [(ino, 4 * MIB + 1)]
+
+
+def test_a_write_open_waits_for_an_idle_cut_in_flight(env: Env) -> None:
+    """Review (session 14): an idle trim's cut (an EC file's stripe re-encode, a read-modify-
+    write) ran while a fresh writer's OPEN answered without waiting: the open's own session
+    made the idle entry look like one to leave for later. A claimed idle entry is settled."""
+    from loomfs.wire.types import Layout as _Layout
+
+    async def go() -> None:
+        chunks = Chunks()
+        t = _with_trimmer(env, chunks)
+        gate, started = asyncio.Event(), asyncio.Event()
+        calls: list[int] = []
+        hold = False
+
+        async def stripe_cutter(layout: _Layout, inode: int, length: int) -> None:
+            calls.append(length)
+            if hold:
+                started.set()
+                await gate.wait()  # the stripe read, its fragment writes in flight
+
+        t.stripe_cutter = stripe_cutter
+        await env.ns.set_layout("/", _Layout(chunk_size=MIB, table_id=1, ec_k=4, ec_m=2))
+        stale = await env.ns.open("/f", CREAT, client_id=1)
+        ino = stale.attr.inode
+        await env.ns.sync(ino, 4000, trunc_epoch=stale.trunc_epoch)
+        await env.ns.setattr("/f", size=100)  # another client truncates (cut at once)
+        calls.clear()
+        hold = True
+        # the stale writer closes reporting past the length: an idle trim, cut at its close
+        closing = asyncio.ensure_future(env.ns.close(ino, stale.session_id, 8000, trunc_epoch=stale.trunc_epoch))
+        await asyncio.wait_for(started.wait(), 5)
+        assert calls == [100]
+        opening = asyncio.ensure_future(env.ns.open("/f", os.O_WRONLY, client_id=2))
+        for _ in range(50):
+            await asyncio.sleep(0)
+        answered_during_cut = opening.done()
+        gate.set()
+        await closing
+        o = await opening
+        assert not answered_during_cut, "a writer got its session while the idle cut was in flight"
+        assert await entry_of(env, ino) is None and o.session_id
+
+    env.run(go())

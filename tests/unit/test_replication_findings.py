@@ -299,6 +299,32 @@ def test_a_fenced_write_applies_only_to_a_chunk_no_newer_than_seen() -> None:
     run(body)
 
 
+def test_a_retry_answered_from_the_tags_reports_the_version_it_made() -> None:
+    """Review (session 14): a retried write answered from the chunk's tags (the head's reply
+    cache lost in a restart) reported the chunk's current version, a later writer's; an EC
+    repair fences its exact cut on that version, which then covered the later write."""
+    import crc32c
+
+    from loomfs.storage.dedupe import TagCache
+    from loomfs.wire.storage import WRITE, RequestTag, WriteReq
+
+    async def body(c: Chain3) -> None:
+        await c.write(1, 0, b"o" * 100, tag=(5, 1))
+        data = b"r" * 100
+        req = WriteReq(chain_id=1, chain_version=1, chunk=CHUNK, offset=0, length=len(data), chunk_size=1 << 16,
+                       data_crc=crc32c.crc32c(data), tag=RequestTag(client_id=77, request_id=1))
+        first = await c.client.call(c.nodes[0].address, WRITE, req, payload=memoryview(data),
+                                    payload_crc=crc32c.crc32c(data))
+        await c.write(1, 0, b"N" * 300, tag=(88, 1))  # a later writer's version
+        c.nodes[0].service.tags = TagCache()  # the head restarted: its reply cache is gone
+        retry = await c.client.call(c.nodes[0].address, WRITE, req, payload=memoryview(data),
+                                    payload_crc=crc32c.crc32c(data))
+        assert retry.body.commit_ver == first.body.commit_ver < c.engine(1).get(KEY).commit_ver  # type: ignore[union-attr]
+        assert c.content(1) == b"N" * 300  # not applied again
+
+    run(body)
+
+
 def test_exact_repair_keeps_an_intact_pending_version() -> None:
     """Review: the old tail committed and served v2 and went offline; the head, the only
     serving member, held v2 pending (its push to the syncing member failing), and its v1

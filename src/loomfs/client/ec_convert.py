@@ -16,6 +16,7 @@ retention: ``convert_file(fs, path, (4, 2))``.
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import logging
 import stat as stat_mod
@@ -39,27 +40,33 @@ class Converted:
     skipped: str = ""  # why the file was left as it was ("" = converted)
 
 
-def _target_layout(cur: Layout, ec: tuple[int, int], chunk_size: int | None) -> Layout:
+def _target_layout(cur: Layout, ec: tuple[int, int], chunk_size: int | None,
+                   durable: bool | None = None) -> Layout:
     from loomfs.cli.layout import ec_layout
 
-    return ec_layout(cur, ec, chunk_size=chunk_size)
+    lay = ec_layout(cur, ec, chunk_size=chunk_size)
+    return lay if durable is None else dataclasses.replace(lay, durable=durable)
 
 
-def _same_kind(lay: Layout | None, ec: tuple[int, int], chunk_size: int | None) -> bool:
+def _same_kind(lay: Layout | None, ec: tuple[int, int], chunk_size: int | None,
+               durable: bool | None = None) -> bool:
     if lay is None:
         return False
     want_cs = chunk_size or lay.chunk_size
-    return (lay.ec_k, lay.ec_m) == ec and lay.chunk_size == want_cs
+    return ((lay.ec_k, lay.ec_m) == ec and lay.chunk_size == want_cs
+            and (durable is None or lay.durable == durable))
 
 
-def staging_dir(fs: Any, ec: tuple[int, int], chunk_size: int) -> str:
-    """The staging directory whose new files get the wanted layout (created on first use)."""
+def staging_dir(fs: Any, ec: tuple[int, int], chunk_size: int, durable: bool = False) -> str:
+    """The staging directory whose new files get the wanted layout (created on first use):
+    one per layout, a durable one (checkpoints: every replica or fragment fsyncs each commit)
+    apart, so a copy keeps its file's durability."""
     name = f"ec{ec[0]}+{ec[1]}" if ec[0] else "replicated"
-    d = f"{STAGING_DIR}/{name}-{chunk_size >> 10}k"
+    d = f"{STAGING_DIR}/{name}-{chunk_size >> 10}k" + ("-durable" if durable else "")
     fs.makedirs(d, exist_ok=True)
     lay = fs.get_layout(d)
-    if not _same_kind(lay, ec, chunk_size):
-        fs.set_layout(d, _target_layout(lay or Layout(), ec, chunk_size))
+    if not _same_kind(lay, ec, chunk_size, durable):
+        fs.set_layout(d, _target_layout(lay or Layout(), ec, chunk_size, durable))
     return d
 
 
@@ -73,7 +80,8 @@ def convert_file(fs: Any, path: str, ec: tuple[int, int], *, chunk_size: int | N
     if attr.nlink > 1:
         return Converted(path, 0, f"{attr.nlink} hard links")
     cs = chunk_size or (attr.layout.chunk_size if attr.layout is not None else Layout().chunk_size)
-    tmp = f"{staging_dir(fs, ec, cs)}/{attr.inode:x}-{uuid.uuid4().hex[:12]}"
+    durable = attr.layout is not None and attr.layout.durable  # kept: a checkpoint stays fsynced
+    tmp = f"{staging_dir(fs, ec, cs, durable)}/{attr.inode:x}-{uuid.uuid4().hex[:12]}"
     copied = 0
     try:
         with fs.open(path, "rb") as src, fs.open(tmp, "wb") as dst:

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 from loomfs.client.ec_io import FragmentIO
 from loomfs.client.ec_stripe import (
     EcStats,
+    StripeLost,
     payload,
     read_range,
     resolve,
@@ -192,14 +193,25 @@ async def cut_last_stripe(storage: StorageClient, layout: Layout, inode: int, si
     are removed there): re-encode the stripe holding the new end without the bytes past it, so
     an extend afterwards reads zeros there. Nothing to do at a stripe boundary, for a hole, or
     for a stripe that already ends at or before ``size``. Every fragment (and the shadow) is
-    read, and the newest version decoded, as a scrub does; EIO if no version has k."""
-    io = FragmentIO(storage, layout, inode)
-    g = io.geometry
+    read, and the newest version decoded, as a scrub does. Fragments unreachable now: raises
+    (the trim is retried). A stripe lost for good (every fragment answered, no version has k
+    good ones) is left as it is: it reads EIO before the cut and after it, as it did, and the
+    file's writers are not held up by a re-encode that cannot succeed (review, session 14)."""
+    await reencode_end(FragmentIO(storage, layout, inode), size)
+
+
+async def reencode_end(io: FragmentIO, size: int) -> None:
+    """``cut_last_stripe`` on the fragments of ``io``."""
+    g, inode = io.geometry, io.inode
     s, rem = divmod(size, g.stripe_bytes)
     if rem == 0:
         return
     buf = bytearray(stripe_buffer_bytes(g))
-    res = await resolve(io, make_codec(g.k, g.m), STATS, s, buf, repair=False, full=True)
+    try:
+        res = await resolve(io, make_codec(g.k, g.m), STATS, s, buf, repair=False, full=True)
+    except StripeLost as exc:
+        logger.error("inode %d: truncate to %d leaves stripe %d as it is (lost): %s", inode, size, s, exc)
+        return
     if res is None or res.stripe_len <= rem:
         return
     await write_stripe(io, make_codec(g.k, g.m), STATS, s, buf, rem, valid_lo=0, valid_hi=rem,

@@ -61,12 +61,10 @@ async def scrub_file(storage: StorageClient, path: str, attr: Attr, *, repair: b
         rep.unreachable_fragments += len(res.unreachable)
         unhealthy = list(res.unreachable)
         if repair and (res.bad or res.from_shadow):
-            before = STATS.repaired_fragments_total
-            await repair_fragments(io, STATS, s, buf, res)
-            repaired = STATS.repaired_fragments_total - before
-            rep.repaired_fragments += repaired
-            if repaired < len(res.bad):  # repair_fragments writes them together: all or none
-                unhealthy += res.bad
+            done = await repair_fragments(io, STATS, s, buf, res)
+            rep.repaired_fragments += len(done)
+            # one not rewritten (failed, or written since it was read): looked at again later
+            unhealthy += [j for j in res.bad if j not in done]
         else:
             unhealthy += res.bad
         rep.unhealthy_chains.update(io.chain_of(g.chunk_index(s, j)) for j in unhealthy)

@@ -82,8 +82,16 @@ class Resolved:
     stripe_len: int
     version: int
     from_shadow: bool
-    bad: list[int] = field(default_factory=list)  # reachable fragments that need rewriting
+    bad: list[int] = field(default_factory=list)  # reachable fragments that need rewriting (in place)
     unreachable: list[int] = field(default_factory=list)  # fragments whose server did not answer
+    # bad fragment -> its chunk's version when the decode read it (a corrupt one refused by its
+    # server is not here): a repair is written only if the chunk is still at most that version
+    fence: dict[int, int] = field(default_factory=dict)
+
+
+class StripeLost(LoomError):
+    """Every fragment of the stripe answered and no version has k good ones: lost for good
+    (unlike fragments that are only unreachable now)."""
 
 
 @dataclass
@@ -156,24 +164,31 @@ def stamp(g: Geometry, buf: Buffer, stripe: int, stripe_len: int, version: int,
 
 async def write_fragments(io: FragmentIO, buf: Buffer, stripe: int, stripe_len: int, *, shadow: bool,
                           fragments: Sequence[int] | None = None, exact: bool = False) -> None:
+    """Write the fragments in parallel; raises (the first error) only once every call ended,
+    so a failed stripe write leaves no fragment write of its own in flight (a trim's re-encode
+    relies on it: its entry's back-off assumes no call of it can land later)."""
     g = io.geometry
     frags = range(g.width) if fragments is None else fragments
-    await asyncio.gather(*(io.write(g.chunk_index(stripe, j, shadow=shadow),
-                                    chunk_view(g, buf, j, g.payload_len(stripe_len, j)), exact=exact)
-                           for j in frags))
+    got = await asyncio.gather(*(io.write(g.chunk_index(stripe, j, shadow=shadow),
+                                          chunk_view(g, buf, j, g.payload_len(stripe_len, j)), exact=exact)
+                                 for j in frags), return_exceptions=True)
+    for r in got:
+        if isinstance(r, BaseException):
+            raise r
 
 
 ABSENT = "absent"  # the chunk does not exist
 BAD = "bad"  # it exists (or its server is up) but fails its header or CRC32C check
 
 
-async def _read_one(io: FragmentIO, view: memoryview, stripe: int, j: int, *,
-                    shadow: bool) -> FragmentHeader | str | None:
+async def _read_one(io: FragmentIO, view: memoryview, stripe: int, j: int, *, shadow: bool,
+                    versions: dict[int, int] | None = None) -> FragmentHeader | str | None:
     """Read fragment ``j`` whole into ``view`` (one slot): its header if it checks out (CRC32C
-    included), else ABSENT or BAD; None if unreachable."""
+    included), else ABSENT or BAD; None if unreachable. ``versions``: gets the chunk version
+    read, by chunk index (not for a fragment whose server refused it as corrupt)."""
     g = io.geometry
     try:
-        n = await io.read(g.chunk_index(stripe, j, shadow=shadow), 0, len(view), view)
+        n = await io.read(g.chunk_index(stripe, j, shadow=shadow), 0, len(view), view, versions=versions)
     except FragmentUnavailable as exc:
         logger.debug("stripe %d fragment %d: %s", stripe, j, exc)
         return BAD if exc.corrupt else None
@@ -189,13 +204,13 @@ async def _read_one(io: FragmentIO, view: memoryview, stripe: int, j: int, *,
 
 
 async def _read_whole(io: FragmentIO, buf: Buffer, stripe: int, fragments: Sequence[int], *,
-                      shadow: bool) -> dict[int, FragmentHeader | str]:
+                      shadow: bool, versions: dict[int, int] | None = None) -> dict[int, FragmentHeader | str]:
     """Read fragments whole into their slots (``_read_one``). Unreachable ones are left out."""
     g = io.geometry
 
     async def one(j: int) -> tuple[int, FragmentHeader | str | None]:
         view = memoryview(buf)[j * slot_bytes(g) : (j + 1) * slot_bytes(g)]
-        return j, await _read_one(io, view, stripe, j, shadow=shadow)
+        return j, await _read_one(io, view, stripe, j, shadow=shadow, versions=versions)
 
     got = await asyncio.gather(*(one(j) for j in fragments))
     return {j: r for j, r in got if r is not None}
@@ -224,15 +239,17 @@ async def resolve(io: FragmentIO, codec: Codec, stats: EcStats, stripe: int, buf
     (a hole). EIO if no version has k good fragments: never a mix of two versions."""
     g = io.geometry
     stats.degraded_stripes_total += 1
+    seen: dict[int, int] = {}  # in-place chunk index -> version read (a repair's fence)
     if not full:
         up = [j for j in range(g.width) if not io.down(g.chunk_index(stripe, j))]
         if len(up) >= g.k:
-            found = await _read_whole(io, buf, stripe, up[: g.k], shadow=False)
+            found = await _read_whole(io, buf, stripe, up[: g.k], shadow=False, versions=seen)
             key = _best(g, found)
             if key is not None:
                 return _decoded(io, codec, stats, stripe, buf, found, key, from_shadow=False, repair=repair,
-                                unread=[j for j in range(g.width) if j not in up[: g.k]])
-    found = await _read_whole(io, buf, stripe, range(g.width), shadow=False)
+                                unread=[j for j in range(g.width) if j not in up[: g.k]], seen=seen)
+    found = await _read_whole(io, buf, stripe, range(g.width), shadow=False, versions=seen)
+    in_place = found
     key = _best(g, found)
     from_shadow = False
     if key is None or _count(found, key) < g.width:
@@ -247,16 +264,21 @@ async def resolve(io: FragmentIO, codec: Codec, stats: EcStats, stripe: int, buf
         absent = sum(1 for h in found.values() if h == ABSENT)
         if absent == len(found) and absent >= g.k:
             return None  # never written (a written stripe would have k of these)
-        raise LoomError(f"inode {io.inode} stripe {stripe}: fewer than {g.k} consistent fragments "
-                        f"({len(found)} of {g.width} reachable)")
-    return _decoded(io, codec, stats, stripe, buf, found, key, from_shadow=from_shadow, repair=repair, unread=[])
+        err = StripeLost if len(found) == g.width else LoomError  # every fragment answered: for good
+        raise err(f"inode {io.inode} stripe {stripe}: fewer than {g.k} consistent fragments "
+                  f"({len(found)} of {g.width} reachable)")
+    return _decoded(io, codec, stats, stripe, buf, found, key, from_shadow=from_shadow, repair=repair, unread=[],
+                    seen=seen, in_place=in_place)
 
 
 def _decoded(io: FragmentIO, codec: Codec, stats: EcStats, stripe: int, buf: Buffer,
              found: dict[int, FragmentHeader | str], key: tuple[int, int], *, from_shadow: bool,
-             repair: bool, unread: list[int]) -> Resolved:
+             repair: bool, unread: list[int], seen: dict[int, int],
+             in_place: dict[int, FragmentHeader | str] | None = None) -> Resolved:
     """Decode what ``buf`` lacks of version ``key`` (``unread`` fragments were not asked for:
-    only the data ones among them are decoded) and start the repair of bad fragments."""
+    only the data ones among them are decoded) and start the repair of bad fragments
+    (``seen``: the in-place chunk versions read; ``in_place``: what the in-place fragments
+    held when ``found`` is the shadow's)."""
     g = io.geometry
     version, stripe_len = key
     good = [j for j, h in found.items() if isinstance(h, FragmentHeader) and h.key() == key]
@@ -274,8 +296,11 @@ def _decoded(io: FragmentIO, codec: Codec, stats: EcStats, stripe: int, buf: Buf
         if n < g.chunk_size:
             zero_fill(payload(g, buf, j)[n:])
     bad = [j for j in missing if j in found]  # answered, but absent, corrupt or of another version
+    if from_shadow and in_place is not None:  # every in-place fragment that answered and lacks it
+        bad = [j for j, h in sorted(in_place.items()) if not (isinstance(h, FragmentHeader) and h.key() == key)]
+    fence = {j: seen[i] for j in bad if (i := g.chunk_index(stripe, j)) in seen}
     res = Resolved(stripe_len, version, from_shadow, bad,
-                   [j for j in range(g.width) if j not in found and j not in unread])
+                   [j for j in range(g.width) if j not in found and j not in unread], fence)
     if repair and (bad or from_shadow):
         copy = bytearray(stripe_buffer_bytes(g))  # the caller reuses ``buf``
         copy[:] = memoryview(buf)[: len(copy)]
@@ -285,7 +310,7 @@ def _decoded(io: FragmentIO, codec: Codec, stats: EcStats, stripe: int, buf: Buf
     return res
 
 
-_REPAIRS: set[asyncio.Task[None]] = set()  # repairs run in the background of the read that found them
+_REPAIRS: set[asyncio.Task[list[int]]] = set()  # repairs run in the background of the read that found them
 
 
 async def repairs_settled() -> None:
@@ -294,29 +319,35 @@ async def repairs_settled() -> None:
         await asyncio.gather(*list(_REPAIRS), return_exceptions=True)
 
 
-async def repair_fragments(io: FragmentIO, stats: EcStats, stripe: int, buf: Buffer, res: Resolved) -> None:
+async def repair_fragments(io: FragmentIO, stats: EcStats, stripe: int, buf: Buffer, res: Resolved) -> list[int]:
     """Rewrite fragments ``res.bad`` in place with the resolved version (their headers
-    restamped); from the shadow, every in-place fragment not already at that version.
+    restamped); from the shadow, those are every in-place fragment that lacked that version.
 
-    The stripe may have been overwritten since it was decoded (a writer's newer version): a
-    fragment is rewritten only if it still does not hold that version or a newer one, and
-    only if its chunk was not written after it was looked at (a fenced write, ``if_ver_le``),
-    so an old version never lands over a newer one (review, session 13). The shadow is left:
-    a newer overwrite may be staging there (its writer removes it), and a shadow no newer
-    than the stripe in place is never used."""
+    The stripe may have been overwritten since it was decoded (a writer's newer version,
+    whatever its writer's clock): each rewrite is a fenced write (``if_ver_le``), applied only
+    if the fragment's chunk was not written after the decode read it, so an old version never
+    lands over a newer one (review, sessions 13-14). A fragment its server refused as corrupt
+    has no version read: it is looked at again (its head version, then its content) and left
+    alone if it holds a valid fragment now (only a write makes a corrupt chunk valid). The
+    shadow is left: a newer overwrite may be staging there (its writer removes it), and a
+    shadow no newer than the stripe in place is never used. Fragments are repaired one at a
+    time (rare); one that fails does not stop the others. Returns the fragments rewritten."""
     g = io.geometry
-    todo = range(g.width) if res.from_shadow else res.bad
-    stamp(g, buf, stripe, res.stripe_len, res.version, todo)
+    stamp(g, buf, stripe, res.stripe_len, res.version, res.bad)
     scratch = memoryview(bytearray(slot_bytes(g)))
 
     async def one(j: int) -> bool:
         index = g.chunk_index(stripe, j)
-        seen = await io.head_version(index)  # before the look: a write after it is fenced off
-        now = await _read_one(io, scratch, stripe, j, shadow=False)
-        if now is None or (isinstance(now, FragmentHeader) and now.version >= res.version):
-            return False  # unreachable, or already this version or a newer one
+        if io.down(index):
+            return False
+        fence = res.fence.get(j)
+        if fence is None:  # refused as corrupt when the decode read it
+            fence = await io.head_version(index)  # before the look: a write after it is fenced off
+            if not isinstance(await _read_one(io, scratch, stripe, j, shadow=False), str):
+                return False  # unreachable, or written since (valid now)
         try:
-            await io.write(index, chunk_view(g, buf, j, g.payload_len(res.stripe_len, j)), exact=True, if_ver_le=seen)
+            await io.write(index, chunk_view(g, buf, j, g.payload_len(res.stripe_len, j)), exact=True,
+                           if_ver_le=fence)
         except LoomError as exc:
             if exc.status is not Status.VERSION_MISMATCH:
                 raise
@@ -326,15 +357,16 @@ async def repair_fragments(io: FragmentIO, stats: EcStats, stripe: int, buf: Buf
         return True
 
     done: list[int] = []
-    try:
-        for j in todo:  # one at a time: ``scratch`` is shared (a repair is rare)
+    for j in res.bad:
+        try:
             if await one(j):
                 done.append(j)
-    except (LoomError, OSError) as exc:
-        logger.warning("inode %d stripe %d: repair of fragments %s failed: %s", io.inode, stripe, list(todo), exc)
+        except (LoomError, OSError) as exc:
+            logger.warning("inode %d stripe %d: repair of fragment %d failed: %s", io.inode, stripe, j, exc)
     if done:
-        stats.repaired_fragments_total += len([j for j in done if j in res.bad])
+        stats.repaired_fragments_total += len(done)
         logger.info("inode %d stripe %d: repaired fragments %s (version %d)", io.inode, stripe, done, res.version)
+    return done
 
 
 async def read_range(io: FragmentIO, codec: Codec, stats: EcStats, pool: BufferPool, pos: int,

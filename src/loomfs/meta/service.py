@@ -267,6 +267,8 @@ class MetaService(LockHandlers):
     async def rename(self, req: w.RenameReq, ctx: CallContext) -> Empty:
         act_for(ctx, self.root_squash)
         if req.exchange:
+            if req.expect_inode:
+                raise StatusError(Status.EINVAL, "a conditional replace (expect_inode) is not an exchange")
             await self.ns.exchange(req.src, req.dst)
         else:
             expect = (req.expect_inode, req.expect_size, req.expect_mtime_ns) if req.expect_inode else None

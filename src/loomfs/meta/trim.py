@@ -114,10 +114,16 @@ async def queue_trim(txn: MetaTxn, entry: TrimEntry, now_ns: int) -> TrimEntry:
     return merged
 
 
-def must_settle(entry: TrimEntry | None, sessions: int) -> bool:
+def must_settle(entry: TrimEntry | None, sessions: int, now_ns: int = 0) -> bool:
     """Whether a call that lets writes land past the length must settle ``entry`` first:
-    truncate trims always; idle ones when no write session is open (they are cut then)."""
-    return entry is not None and (not entry.idle or sessions == 0)
+    truncate trims always; idle ones when no write session is open (they are cut then), or
+    when a performer is cutting one now (claimed before this caller's session was counted:
+    its cut, an EC stripe's re-encode included, must not race the writes this call allows)."""
+    if entry is None:
+        return False
+    if not entry.idle or sessions == 0:
+        return True
+    return entry.claim_owner != 0 and entry.claim_until_ns > now_ns
 
 
 # re-encodes an EC file's stripe holding a new end (layout, inode, length): ``loomfs.client.ec_file.cut_last_stripe``
@@ -234,9 +240,11 @@ class Trimmer:
         if attr is None or attr.type != _FILE:
             await txn.trim_delete(inode)  # unlinked: GC removes every chunk (it waited for us)
             return None
-        if e.idle and await txn.has_session(inode):
-            return None  # cut once the writers are gone
         now = self.clock.now_ns()
+        if e.idle and await txn.has_session(inode):
+            if e.claim_owner not in (0, self.owner) and e.claim_until_ns > now:
+                return _BUSY  # another meta is cutting it: a writer that opened meanwhile waits
+            return None  # cut once the writers are gone
         if e.claim_owner != self.owner and e.claim_until_ns > now:
             return _BUSY  # another meta's claim, or a back-off
         cut_at = max(e.length, attr.size) if e.idle else e.length

@@ -91,6 +91,15 @@ def tag_seen(st: ChunkState | None, tag: RequestTag | None) -> chain.TagSeen:
     return chain.TagSeen.NO
 
 
+def applied_version(st: ChunkState | None, tag: RequestTag | None) -> int | None:
+    """The version a request already applied to the chunk made (its tag on the committed
+    version), None if the chunk does not say (superseded by a later request of its client)."""
+    if st is None or tag is None or (tag.client_id == 0 and tag.request_id == 0):
+        return None
+    c = next((t for t in st.tags if t.client_id == tag.client_id), None)
+    return c.version if c is not None and c.request_id == tag.request_id else None
+
+
 def next_tags(st: ChunkState | None, tag: RequestTag | None, version: int) -> tuple[ChunkTag, ...] | None:
     """The tags version ``version`` carries: the committed ones with this client's replaced by
     this request (the last ``TAGS_MAX`` clients that changed the chunk)."""

@@ -20,7 +20,7 @@ from loomfs.common.routing import Routing
 from loomfs.errors import InvalidArgument, LoomError, NoSpace, StatusError
 from loomfs.net.buffers import BufferPool
 from loomfs.storage import chain, planted
-from loomfs.storage.dedupe import next_tags, pack_tags, tag_seen, unpack_tags
+from loomfs.storage.dedupe import applied_version, next_tags, pack_tags, tag_seen, unpack_tags
 from loomfs.storage.engine.types import ChunkKey, ChunkState, ChunkTag
 from loomfs.storage.forward import ChainForwarder
 from loomfs.storage.routing import write_chain
@@ -40,10 +40,14 @@ def chunk_key(chunk: ChunkId | None) -> ChunkKey:
     return ChunkKey(chunk.inode, chunk.index)
 
 
-def write_rsp(st: ChunkState | None) -> WriteRsp:
+def write_rsp(st: ChunkState | None, applied_ver: int | None = None) -> WriteRsp:
+    """The reply to an update: the chunk as committed now; ``commit_ver`` is the version the
+    update made when known (``applied_ver``: a retry answered from the chunk's tags, so the
+    client's fence on that version — an EC repair's exact cut — never covers a later write)."""
     if st is None:
         return WriteRsp()
-    return WriteRsp(commit_ver=st.commit_ver, chunk_length=st.length, chunk_crc=st.crc)
+    ver = st.commit_ver if applied_ver is None else applied_ver
+    return WriteRsp(commit_ver=ver, chunk_length=st.length, chunk_crc=st.crc)
 
 
 def versions_of(st: ChunkState | None) -> chain.Versions:
@@ -168,7 +172,8 @@ class ChunkUpdates(ChainForwarder):
                         self.dedupes_total += 1
                     if isinstance(req, WriteReq | TruncateReq) and req.durable:
                         await engine.make_durable(key)  # a retry of a durable write: acked only on disk
-                    return write_rsp(engine.get(key))
+                    now = engine.get(key)
+                    return write_rsp(now, applied_version(now, req.tag) if ev.seen is not chain.TagSeen.NO else None)
                 if isinstance(action, chain.Reforward):
                     pos = await self._reforward(target, pos, key, action, req.chunk_size)  # type: ignore[arg-type]
                 elif isinstance(action, chain.Apply):

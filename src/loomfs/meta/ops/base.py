@@ -228,7 +228,7 @@ class NamespaceBase:
     async def _must_settle(self, txn: MetaTxn, inode: int) -> bool:
         """Whether ``inode`` has a trim to cut before the caller's reply (``must_settle``)."""
         entry = await txn.trim_get(inode)
-        return entry is not None and must_settle(entry, await txn.session_count(inode))
+        return entry is not None and must_settle(entry, await txn.session_count(inode), self.clock.now_ns())
 
     async def _settle(self, inode: int) -> None:
         if self.trimmer is not None:
