@@ -1,6 +1,6 @@
 """kill -9 of a process in the middle of a checkpoint save, at every commit point and after a
 random number of item writes: the previous checkpoint stays loadable (bitwise), and the next
-save removes what the killed one left in staging."""
+save commits; prune removes what the killed one left in staging."""
 
 from __future__ import annotations
 
@@ -15,7 +15,13 @@ import torch
 import torch.distributed.checkpoint as dcp
 
 import loomfs
-from loomfs.checkpoint import LoomStorageReader, LoomStorageWriter, list_checkpoints, read_latest
+from loomfs.checkpoint import (
+    LoomStorageReader,
+    LoomStorageWriter,
+    list_checkpoints,
+    prune,
+    read_latest,
+)
 from loomfs.checkpoint import _layout as L
 from loomfs.testing import LocalCluster
 
@@ -79,8 +85,12 @@ def test_kill9_during_save_keeps_previous(fs: loomfs.LoomFS, base: str, cluster:
         dcp.load(got, storage_reader=LoomStorageReader(run, fs, verify=True))
         want = state_of(expect_step)
         assert all(torch.equal(got[k], want[k]) for k in want), (p, seed)
-        # the next save commits and removes the killed save's staging directory
+        # the next save commits; it leaves the killed save's staging directory (fresh: it could
+        # be a save still writing), which goes once abandoned (here: prune with age 0)
+        left = L.list_staging(fs, run)
         dcp.save(state_of(3), storage_writer=LoomStorageWriter(run, fs, step=3))
+        assert L.list_staging(fs, run) == left
+        prune(fs, run, keep_last=5, staging_age_s=0)
         assert L.list_staging(fs, run) == []
         dcp.load(got, storage_reader=LoomStorageReader(run, fs))
         assert all(torch.equal(got[k], v) for k, v in state_of(3).items())

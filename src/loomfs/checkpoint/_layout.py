@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as _dt
+import errno
 import json
 import re
 import uuid
@@ -21,6 +22,8 @@ METADATA_NAME = ".metadata"
 MANIFEST_NAME = "loomfs-checkpoint.json"
 LATEST_NAME = "latest"
 STAGING_PREFIX = ".staging-"
+TRASH_PREFIX = ".staging-trash-"  # a staging directory renamed aside, being deleted
+STAGING_AGE_S = 3600.0  # a staging directory nothing touched this long was abandoned
 _STEP_RE = re.compile(r"^step-(\d+)-(\d{8}T\d{6}Z)$")
 _STAGING_RE = re.compile(r"^\.staging-(step-(\d+)-\d{8}T\d{6}Z)-[0-9a-f]+$")
 
@@ -87,6 +90,30 @@ def list_staging(fs: Any, run: str) -> list[str]:
     return sorted(n for n in fs.listdir(run) if n.startswith(STAGING_PREFIX))
 
 
+def last_modified(fs: Any, path: str) -> float:
+    """The newest mtime of a directory and its entries (a save writing into it moves it)."""
+    newest = fs.stat(path).st_mtime
+    for name in fs.listdir(path):
+        try:
+            newest = max(newest, fs.stat(join(path, name)).st_mtime)
+        except FileNotFoundError:
+            continue
+    return float(newest)
+
+
+def remove_aside(fs: Any, run: str, name: str) -> bool:
+    """Delete ``run/name`` by first renaming it aside (atomic): a save still writing into it
+    then fails at its next create or its commit rename, instead of committing a directory
+    that lost files to a half-done ``rmtree``. False when it was gone already."""
+    trash = join(run, f"{TRASH_PREFIX}{uuid.uuid4().hex[:12]}")
+    try:
+        fs.rename(join(run, name), trash, no_replace=True)
+    except FileNotFoundError:
+        return False
+    fs.rmtree(trash)
+    return True
+
+
 def read_latest(fs: Any, run: str) -> str | None:
     try:
         name = fs.cat(join(run, LATEST_NAME)).decode().strip()
@@ -95,18 +122,65 @@ def read_latest(fs: Any, run: str) -> str | None:
     return name if parse_step(name) is not None else None
 
 
+LATEST_ATTEMPTS = 20  # conditional renames of ``latest`` refused by a concurrent move
+
+
+def _newer(a: str, b: str) -> bool:
+    return (parse_step(a), a) > (parse_step(b), b)
+
+
 def write_latest(fs: Any, run: str, name: str) -> bool:
     """Point ``latest`` at ``name`` (atomically: a fsynced temp file renamed over it), unless
-    it already names a newer step. True when it was moved."""
-    cur = read_latest(fs, run)
-    if cur is not None and (parse_step(cur), cur) > (parse_step(name), name):
-        return False
+    it already names a newer step. True when it was moved.
+
+    On LoomFS the rename is conditional (``expect``: still the ``latest`` that was read, or
+    ``no_replace`` when there was none), so two savers racing never move it backwards: the
+    one whose read went stale reads again. Other file systems: read, compare, rename."""
+    path = join(run, LATEST_NAME)
     tmp = join(run, f".{LATEST_NAME}.tmp-{uuid.uuid4().hex[:12]}")
-    with fs.open(tmp, "wb") as f:
-        f.write(name.encode() + b"\n")
-        f.fsync()
-    fs.rename(tmp, join(run, LATEST_NAME))
-    return True
+    written = False
+    try:
+        for _ in range(LATEST_ATTEMPTS):
+            attr = None
+            if hasattr(fs, "attr"):
+                try:
+                    attr = fs.attr(path)  # before the content: a move after it fails the rename
+                except FileNotFoundError:
+                    attr = None
+            cur = read_latest(fs, run)
+            if cur is not None and _newer(cur, name):
+                return False
+            if not written:
+                with fs.open(tmp, "wb") as f:
+                    f.write(name.encode() + b"\n")
+                    f.fsync()
+                written = True
+            if not hasattr(fs, "attr"):
+                fs.rename(tmp, path)
+                written = False
+                return True
+            try:
+                if attr is None:
+                    fs.rename(tmp, path, no_replace=True)
+                else:
+                    fs.rename(tmp, path, expect=(attr.inode, attr.size, attr.mtime_ns))
+            except FileExistsError:  # another saver made the first one: look again
+                continue
+            except FileNotFoundError:  # it went (an operator's rm) between the look and the rename
+                continue
+            except OSError as exc:
+                if exc.errno != errno.EBUSY:
+                    raise
+                continue  # moved since it was read: look again
+            written = False
+            return True
+        raise OSError(errno.EBUSY, f"latest kept moving ({LATEST_ATTEMPTS} attempts)", path)
+    finally:
+        if written:
+            try:
+                fs.unlink(tmp)
+            except FileNotFoundError:
+                pass
 
 
 def resolve(fs: Any, path: str) -> str:

@@ -15,7 +15,9 @@ checks and commits the batch.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import io
+import logging
 import os
 import pickle
 import threading
@@ -32,8 +34,10 @@ from torch.futures import Future
 
 from loomfs.checkpoint import _layout as L
 from loomfs.checkpoint._format import ItemLoc, crc, dtype_of, tensor_bytes
+from loomfs.checkpoint._holds import ReadHolds
 from loomfs.checkpoint._writer import _connect
 
+logger = logging.getLogger(__name__)
 PIECE_BYTES = 4 << 20  # a read piece where the file's chunk size is unknown
 # the largest read piece: a checkpoint's 16 MiB chunks are read in aligned 4 MiB parts. Cold
 # 1 GiB loads, one cluster, 3 rounds alternating: 4 MiB chunks 1768 MiB/s, 16 MiB chunks read
@@ -43,6 +47,13 @@ PIECE_MAX_BYTES: int | None = 4 << 20
 
 class ChecksumError(OSError):
     pass
+
+
+def _read_metadata(fs: Any, ckpt: str) -> Metadata:
+    md = pickle.loads(fs.cat(L.join(ckpt, L.METADATA_NAME)))
+    if not isinstance(md, Metadata):
+        raise ValueError(f"{ckpt}: .metadata is not a DCP Metadata")
+    return md
 
 
 def read_exact(f: Any, view: memoryview) -> None:
@@ -71,6 +82,7 @@ class LoomStorageReader(StorageReader):
         self.batch_bytes = batch_bytes  # bytes resolved (and scratch allocated) per loop hop
         self.checkpoint_path: str | None = None
         self.storage_data: dict[Any, ItemLoc] = {}
+        self._metadata: Metadata | None = None  # as this rank read it
         self._lock = threading.Lock()
 
     def __repr__(self) -> str:
@@ -81,6 +93,7 @@ class LoomStorageReader(StorageReader):
             self.path = os.fspath(checkpoint_id)
         self.checkpoint_path = None
         self.storage_data = {}
+        self._metadata = None
 
     def _dir(self) -> str:
         if self.checkpoint_path is None:
@@ -88,9 +101,7 @@ class LoomStorageReader(StorageReader):
         return self.checkpoint_path
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
-        md = pickle.loads(self.fs.cat(L.join(self._dir(), L.METADATA_NAME)))
-        if not isinstance(md, Metadata):
-            raise ValueError(f"{self._dir()}: .metadata is not a DCP Metadata")
+        md = self._metadata = _read_metadata(self.fs, self._dir())
         return md
 
     def set_up_storage_reader(self, metadata: Metadata, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
@@ -102,9 +113,28 @@ class LoomStorageReader(StorageReader):
         return plan
 
     def prepare_global_plan(self, plans: list[LoadPlan]) -> list[LoadPlan]:
-        return plans
+        """The coordinator's checkpoint goes to every rank with its plan: each rank resolved
+        a run directory's ``latest`` on its own (DCP reads the metadata on every rank before
+        any collective), and a save committed meanwhile would have split them."""
+        chosen = self._dir()
+        return [dataclasses.replace(p, storage_data=chosen) for p in plans]
+
+    def _follow_coordinator(self, plan: LoadPlan) -> None:
+        """Read what the coordinator resolved: its checkpoint must have this rank's structure
+        (the same items, shapes and chunks), else the load fails here."""
+        chosen = plan.storage_data
+        if not isinstance(chosen, str) or chosen == self.checkpoint_path:
+            return
+        md = _read_metadata(self.fs, chosen)
+        mine = self._metadata
+        if mine is None or md.storage_data is None or md.state_dict_metadata != mine.state_dict_metadata:
+            raise RuntimeError(f"this rank resolved {self.checkpoint_path} but the coordinator {chosen}, and "
+                               "their structures differ: pass the checkpoint directory, not the run")
+        logger.info("%s resolved here, loading %s as the coordinator resolved", self.checkpoint_path, chosen)
+        self.checkpoint_path, self.storage_data, self._metadata = chosen, md.storage_data, md
 
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
+        self._follow_coordinator(plan)
         if hasattr(self.fs, "loop") and hasattr(self.fs, "client"):
             self._read_on_loop(plan.items, planner)
             fut0: Future[None] = Future()
@@ -236,7 +266,9 @@ async def read_files(client: Any, reads: dict[str, list[tuple[int, memoryview]]]
                      piece_bytes: int | None = None) -> None:
     """Read every (offset, buffer) of every file, in pieces that do not cross a chunk
     boundary (nor a multiple of ``piece_bytes``), ``inflight`` pieces at a time (so as many
-    chunk reads are in flight, whatever the items' sizes); a short read raises EOFError."""
+    chunk reads are in flight, whatever the items' sizes); a short read raises EOFError.
+    Every file is read under a read hold (``_holds``): a checkpoint deleted or archived while
+    it loads still reads its own bytes, and a hold that lapsed raises instead of zeros."""
     sem = asyncio.Semaphore(max(1, inflight))
 
     async def one(f: Any, path: str, offset: int, view: memoryview) -> None:
@@ -251,9 +283,10 @@ async def read_files(client: Any, reads: dict[str, list[tuple[int, memoryview]]]
     files: dict[str, Any] = {}
     jobs: list[Coroutine[Any, Any, None]] = []
     started = False
+    holds = ReadHolds(client)
     try:
         for path, rs in reads.items():
-            f = files[path] = await client.open(path, "rb")
+            f = files[path] = await holds.open(path)
             layout = getattr(f, "layout", None)
             chunk = int(getattr(layout, "chunk_size", 0) or PIECE_BYTES)
             if piece_bytes and chunk % piece_bytes == 0:
@@ -272,12 +305,15 @@ async def read_files(client: Any, reads: dict[str, list[tuple[int, memoryview]]]
             jobs.extend(one(f, path, off, v) for off, v in pieces)
         started = True
         outcomes = await asyncio.gather(*jobs, return_exceptions=True)
+        for out in outcomes:
+            if isinstance(out, BaseException):
+                raise out
+        await holds.renew()  # still held after the last read: what was read is the file's
+        holds.check()
     finally:
         if not started:  # an open failed: the reads never ran
             for job in jobs:
                 job.close()
         for f in files.values():
             await f.close()
-    for out in outcomes:
-        if isinstance(out, BaseException):
-            raise out
+        await holds.close()

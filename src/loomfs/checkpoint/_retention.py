@@ -53,7 +53,7 @@ def plan_prune(checkpoints: list[L.CheckpointInfo], *, keep_last: int, keep_ever
 
 
 def prune(fs: Any, run: str, *, keep_last: int, keep_every: int = 0, dry_run: bool = False,
-          staging_age_s: float = 3600.0, archive_ec: tuple[int, int] | None = None) -> PrunePlan:
+          staging_age_s: float = L.STAGING_AGE_S, archive_ec: tuple[int, int] | None = None) -> PrunePlan:
     """Apply ``plan_prune`` to ``run``; also delete staging directories not modified for
     ``staging_age_s`` (saves that crashed). ``archive_ec`` = (k, m): the kept checkpoints older
     than the last ``keep_last`` are rewritten erasure-coded (``loomfs.client.ec_convert``: copy,
@@ -62,11 +62,17 @@ def prune(fs: Any, run: str, *, keep_last: int, keep_every: int = 0, dry_run: bo
     plan = plan_prune(L.list_checkpoints(fs, run), keep_last=keep_last, keep_every=keep_every,
                       latest=L.read_latest(fs, run))
     now = time.time()
-    stale = [n for n in L.list_staging(fs, run) if now - fs.stat(L.join(run, n)).st_mtime >= staging_age_s]
+    stale = []
+    for n in L.list_staging(fs, run):  # newest mtime of it and its files: a save in progress moves it
+        try:
+            if now - L.last_modified(fs, L.join(run, n)) >= staging_age_s:
+                stale.append(n)
+        except FileNotFoundError:
+            continue
     plan = PrunePlan(keep=plan.keep, delete=plan.delete + stale, archive=plan.archive if archive_ec else [])
     if not dry_run:
-        for name in plan.delete:
-            fs.rmtree(L.join(run, name))
+        for name in plan.delete:  # renamed aside first: atomic for a save still writing into it
+            L.remove_aside(fs, run, name)
         if archive_ec is not None:
             from loomfs.client.ec_convert import convert_tree
 

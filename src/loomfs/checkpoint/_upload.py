@@ -128,12 +128,17 @@ def rank_upload_job(fs: Any, local: str, info: PlanInfo, names: list[str]) -> Jo
         with fs.open(L.join(info.staging, done_marker(info.rank)), "wb") as f:
             f.write(b"done\n")
             f.fsync()
-        shutil.rmtree(local, ignore_errors=True)
+        shutil.rmtree(local, ignore_errors=True)  # this rank's own directory (rank-N)
+        try:
+            os.rmdir(os.path.dirname(local))  # the save's, once every rank of the host emptied it
+        except OSError:
+            pass
 
     return job
 
 
-def commit_job(fs: Any, info: PlanInfo, blobs: dict[str, bytes], move_latest: bool, timeout_s: float) -> Job:
+def commit_job(fs: Any, info: PlanInfo, blobs: dict[str, bytes], move_latest: bool, timeout_s: float,
+               need: dict[str, int] | None = None) -> Job:
     def job(prog: Progress) -> None:
         from loomfs.checkpoint._writer import commit
 
@@ -143,6 +148,6 @@ def commit_job(fs: Any, info: PlanInfo, blobs: dict[str, bytes], move_latest: bo
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{info.final}: not every rank uploaded within {timeout_s} s")
             time.sleep(POLL_S)
-        commit(fs, info, blobs, move_latest)
+        commit(fs, info, blobs, move_latest, need)
 
     return job

@@ -23,11 +23,14 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import errno
 import io
 import json
 import logging
 import os
 import pickle
+import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -79,6 +82,33 @@ def _connect(fs: Any) -> Any:
     return loomfs.connect()
 
 
+def _storages(obj: Any) -> set[int]:
+    """The storages of the tensors in a (nested) state_dict."""
+    out: set[int] = set()
+    if isinstance(obj, torch.Tensor):
+        t = getattr(obj, "_local_tensor", obj)  # a DTensor's shard
+        if t.layout == torch.strided and not t.is_quantized and t.untyped_storage().data_ptr():
+            out.add(t.untyped_storage().data_ptr())
+    elif isinstance(obj, dict):
+        for v in obj.values():
+            out |= _storages(v)
+    elif isinstance(obj, list | tuple):
+        for v in obj:
+            out |= _storages(v)
+    return out
+
+
+def _item_storages(items: list[WriteItem], planner: SavePlanner) -> set[int]:
+    """The storages a save's tensor items read (a few suffice to tell which staged copy)."""
+    out: set[int] = set()
+    for item in items:
+        if item.type != WriteItemType.BYTE_IO:
+            out |= _storages(planner.resolve_data(item))
+            if len(out) >= 4:
+                break
+    return out
+
+
 def _item_bytes(item: WriteItem) -> int:
     if item.type == WriteItemType.BYTE_IO or item.tensor_data is None:
         return 0
@@ -107,11 +137,26 @@ def _item_buffer(item: WriteItem, data: Any) -> tuple[WriteItem, memoryview, Ite
         buf = data.getbuffer()
         return item, buf, ItemLoc("", 0, len(buf), 0, KIND_BYTES)
     assert isinstance(data, torch.Tensor)
-    t = data.detach()
-    t = t.cpu() if t.device.type != "cpu" else t
-    t = t.contiguous()
+    t = plain_tensor(data, item)
     buf = tensor_bytes(t)
     return item, buf, ItemLoc("", 0, len(buf), 0, KIND_TENSOR, dtype_name(t.dtype), tuple(t.shape))
+
+
+def plain_tensor(data: torch.Tensor, item: WriteItem | None = None) -> torch.Tensor:
+    """A contiguous CPU tensor whose bytes are ``data``'s values. A lazy conj/neg bit is
+    applied (its memory holds the unconjugated/unnegated values); a quantized tensor (its
+    scale and zero point are not in the bytes) and a sparse one are refused."""
+    where = f"{item.index.fqn}: " if item is not None else ""
+    if data.is_quantized:
+        raise ValueError(f"{where}quantized tensors cannot be saved (their scale and zero point are not "
+                         "stored): save t.dequantize() or t.int_repr() with the qparams")
+    if data.layout != torch.strided:
+        raise ValueError(f"{where}{data.layout} tensors cannot be saved: save t.to_dense()")
+    t = data.detach()
+    t = t.cpu() if t.device.type != "cpu" else t
+    if t.is_conj() or t.is_neg():
+        t = t.resolve_conj().resolve_neg()
+    return t.contiguous()
 
 
 async def write_files(client: Any, files: list[tuple[str, list[memoryview]]]) -> None:
@@ -169,13 +214,31 @@ class LoomStorageWriter(StorageWriter):
         self.chunk_size = chunk_size  # the staging directory's chunk size (None: the run directory's)
         self.is_coordinator = False
         self.rank = 0
-        self.info: PlanInfo | None = None
+        # one save's state, per thread: dcp.async_save runs each save on its own thread, and
+        # saves through one writer may overlap (the second's reset must not touch the first's)
+        self._save = threading.local()
         self.checkpoint_path: str | None = None  # set by finish (or the commit upload)
         self.stager = stager if stager is not None else DEFAULT_STAGER  # dcp.async_save's staging copies
-        self._staged: object | None = None  # the staged copy this writer's save reads, until written
+        # staged copies not written yet: (their tensors' storages, the stager's token)
+        self._staged: list[tuple[frozenset[int], object]] = []
+        self._staged_lock = threading.Lock()
 
     def __repr__(self) -> str:
         return f"LoomStorageWriter({self.path!r}, step={self.step}, rank={self.rank})"
+
+    @property
+    def info(self) -> PlanInfo | None:
+        """This thread's save's plan (None before ``write_data``)."""
+        info: PlanInfo | None = getattr(self._save, "info", None)
+        return info
+
+    @info.setter
+    def info(self, value: PlanInfo | None) -> None:
+        self._save.info = value
+
+    def _path(self) -> str:
+        path: str = getattr(self._save, "path", None) or self.path
+        return path
 
     # --- the AsyncStager protocol (dcp.async_save stages through the writer) ---------------
 
@@ -187,25 +250,37 @@ class LoomStorageWriter(StorageWriter):
 
     def stage(self, state_dict: dict[str, Any]) -> dict[str, Any]:
         """A CPU copy of ``state_dict`` for ``dcp.async_save``, in memory reused across saves."""
-        staged, self._staged = self.stager.stage(state_dict)
+        staged, token = self.stager.stage(state_dict)
+        if token is not None:
+            with self._staged_lock:
+                self._staged.append((frozenset(_storages(staged)), token))
         return staged
 
     def synchronize_staging(self) -> None:
         """Nothing to wait for: ``stage`` copies before it returns."""
 
     def close(self) -> None:
-        self._release_staged()
+        with self._staged_lock:
+            tokens, self._staged = [t for _s, t in self._staged], []
+        for token in tokens:
+            self.stager.release(token)
 
-    def _release_staged(self) -> None:
-        token, self._staged = self._staged, None
-        if token is not None:
+    def _release_staged(self, storages: set[int]) -> None:
+        """Release the staged copies this save read (its items' tensors live in them); a
+        copy staged for another save through this writer stays busy."""
+        with self._staged_lock:
+            if not storages and len(self._staged) == 1:  # a save with no tensor here: the one copy
+                storages = set(self._staged[0][0])
+            mine = [t for st, t in self._staged if st & storages]
+            self._staged = [(st, t) for st, t in self._staged if not st & storages]
+        for token in mine:
             self.stager.release(token)
 
     # --- the StorageWriter protocol -------------------------------------------------------
 
     def reset(self, checkpoint_id: str | os.PathLike[str] | None = None) -> None:
         if checkpoint_id is not None:
-            self.path = os.fspath(checkpoint_id)
+            self.path = self._save.path = os.fspath(checkpoint_id)
         self.info = None
         self.checkpoint_path = None
 
@@ -222,9 +297,12 @@ class LoomStorageWriter(StorageWriter):
 
     def prepare_global_plan(self, plans: list[SavePlan]) -> list[SavePlan]:
         if self.step is not None:
-            run, final_name = self.path, L.step_name(self.step)
+            run, final_name = self._path(), L.step_name(self.step)
         else:
-            run, final_name = os.path.dirname(self.path.rstrip("/")) or "/", os.path.basename(self.path.rstrip("/"))
+            path = self._path().rstrip("/")
+            run, final_name = os.path.dirname(path) or "/", os.path.basename(path)
+            if self.fs.exists(path):  # before any data is written (the commit rename would refuse)
+                raise FileExistsError(17, "checkpoint directory exists (a plain save never replaces one)", path)
         self.fs.makedirs(run, exist_ok=True)
         staging = L.join(run, L.staging_name(final_name))
         self.fs.mkdir(staging)
@@ -249,8 +327,9 @@ class LoomStorageWriter(StorageWriter):
         self.info = info
         try:
             results = self._write_items(info, split_items(plan.items, self.files_per_rank), planner)
-        finally:
-            self._release_staged()  # written (or failed): the staged copy may be reused
+        finally:  # written (or failed): the staged copy may be reused
+            if self._staged:
+                self._release_staged(_item_storages(plan.items, planner))
         fut: Future[list[WriteResult]] = Future()
         fut.set_result(results)
         return fut
@@ -261,7 +340,10 @@ class LoomStorageWriter(StorageWriter):
             results = self._write_on_loop(info, names, groups, planner)
             _fault("written")
             return results
-        local = L.join(self.local_dir, os.path.basename(info.staging)) if self.local_dir else None
+        # one directory per rank: ranks of a host may share local_dir, and each uploader
+        # deletes its own files once uploaded
+        local = (os.path.join(self.local_dir, os.path.basename(info.staging), f"rank-{info.rank}")
+                 if self.local_dir else None)
         if local is not None:
             os.makedirs(local, exist_ok=True)
         opener = (lambda name: open(os.path.join(local, name), "wb")) if local else (  # noqa: E731
@@ -326,12 +408,13 @@ class LoomStorageWriter(StorageWriter):
             storage.update({wr.index: wr.storage_data for wr in rank_results})
         metadata.storage_data = storage
         blobs = {L.METADATA_NAME: pickle.dumps(metadata), L.MANIFEST_NAME: manifest(self.step, info, storage)}
+        need = files_needed(storage)
         if self.local_dir is not None:
             assert self.uploader is not None
             self.uploader.submit(
-                commit_job(self.fs, info, blobs, self.step is not None, self.commit_timeout_s), key=info.final)
+                commit_job(self.fs, info, blobs, self.step is not None, self.commit_timeout_s, need), key=info.final)
             return
-        commit(self.fs, info, blobs, self.step is not None)
+        commit(self.fs, info, blobs, self.step is not None, need)
         self.checkpoint_path = info.final
 
     @classmethod
@@ -358,8 +441,11 @@ def manifest(step: int | None, info: PlanInfo, storage: dict[MetadataIndex, Item
     return json.dumps(doc, sort_keys=True).encode()
 
 
-def commit(fs: Any, info: PlanInfo, blobs: dict[str, bytes], move_latest: bool) -> None:
-    """Metadata in, fsynced; rename staging -> final; move ``latest``; drop older staging dirs."""
+def commit(fs: Any, info: PlanInfo, blobs: dict[str, bytes], move_latest: bool,
+           need: dict[str, int] | None = None) -> None:
+    """Check every data file is there (``need``: file -> bytes its items end at); metadata
+    in, fsynced; rename staging -> final; move ``latest``; drop abandoned staging dirs."""
+    check_files(fs, info.staging, need or {})
     for name, data in blobs.items():
         with fs.open(L.join(info.staging, name), "wb") as f:
             f.write(data)
@@ -369,7 +455,11 @@ def commit(fs: Any, info: PlanInfo, blobs: dict[str, bytes], move_latest: bool) 
         if fs.exists(marker):
             fs.unlink(marker)
     _fault("metadata")
-    fs.rename(info.staging, info.final, no_replace=True)
+    try:
+        fs.rename(info.staging, info.final, no_replace=True)
+    except FileExistsError:  # a checkpoint of this name appeared meanwhile: ours goes
+        L.remove_aside(fs, os.path.dirname(info.staging), os.path.basename(info.staging))
+        raise
     _fault("renamed")
     run = os.path.dirname(info.final)
     step = L.parse_step(os.path.basename(info.final))
@@ -380,12 +470,42 @@ def commit(fs: Any, info: PlanInfo, blobs: dict[str, bytes], move_latest: bool) 
     logger.info("checkpoint %s committed", info.final)
 
 
-def gc_staging(fs: Any, run: str, up_to_step: int) -> list[str]:
-    """Remove staging directories of steps <= ``up_to_step`` (abandoned by crashed saves)."""
+def gc_staging(fs: Any, run: str, up_to_step: int, *, min_age_s: float = L.STAGING_AGE_S,
+               now: float | None = None) -> list[str]:
+    """Remove staging directories of steps <= ``up_to_step`` that nothing touched for
+    ``min_age_s`` (abandoned by crashed saves): a save still writing into one (an overlapping
+    async save, a restarted job's predecessor) is left alone. Each goes by ``remove_aside``."""
+    now = time.time() if now is None else now
     removed = []
     for name in L.list_staging(fs, run):
         s = L.parse_staging_step(name)
-        if s is not None and s <= up_to_step:
-            fs.rmtree(L.join(run, name))
+        if s is None or s > up_to_step:
+            continue
+        try:
+            if now - L.last_modified(fs, L.join(run, name)) < min_age_s:
+                continue
+        except FileNotFoundError:
+            continue
+        if L.remove_aside(fs, run, name):
             removed.append(name)
     return removed
+
+
+def check_files(fs: Any, staging: str, need: dict[str, int]) -> None:
+    """Every data file is in ``staging`` with at least the bytes its items need; else the
+    save fails here, before ``.metadata`` makes it look complete."""
+    for name, end in sorted(need.items()):
+        try:
+            size = fs.stat(L.join(staging, name)).st_size
+        except FileNotFoundError:
+            size = -1
+        if size < end:
+            state = "missing" if size < 0 else f"{size} bytes, items need {end}"
+            raise OSError(errno.EIO, f"data file {name} is {state}: checkpoint not committed", staging)
+
+
+def files_needed(storage: dict[MetadataIndex, ItemLoc]) -> dict[str, int]:
+    need: dict[str, int] = {}
+    for loc in storage.values():
+        need[loc.file] = max(need.get(loc.file, 0), loc.offset + loc.length)
+    return need
