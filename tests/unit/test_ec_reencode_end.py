@@ -63,3 +63,38 @@ def test_fragments_unreachable_now_fail_the_reencode_to_be_retried() -> None:
         assert not isinstance(err.value, es.StripeLost)
 
     asyncio.run(main())
+
+
+def test_a_stripe_whose_shadow_did_not_answer_is_not_lost() -> None:
+    """Review (session 14): an overwrite cut short left 3 new and 3 old fragments in place
+    (4+2) and the new version whole in the shadow; with shadow reads timing out, the stripe
+    was called lost for good and the re-encode dropped, so once the shadow answered again the
+    old bytes past the cut came back. Lost needs every fragment to answer, shadow included."""
+    async def main() -> None:
+        io = VersionedIO()
+        await write_full(io, b"2", overwrite=False)
+        new = dict(io.chunks)
+        io.chunks.clear()
+        await write_full(io, b"1", overwrite=False)
+        for j in range(G.width):
+            io.chunks[G.chunk_index(0, j, shadow=True)] = new[G.chunk_index(0, j)]
+        for j in (0, 1, 2):
+            io.chunks[G.chunk_index(0, j)] = new[G.chunk_index(0, j)]
+        shadow_down = {G.chunk_index(0, j, shadow=True) for j in (3, 4, 5)}
+        real_read = io.read
+
+        async def read(index: int, offset: int, length: int, into: memoryview) -> int | None:
+            if index in shadow_down:
+                raise es.FragmentUnavailable("timeout")
+            return await real_read(index, offset, length, into)
+
+        io.read = read  # type: ignore[method-assign]
+        with pytest.raises(es.LoomError) as err:
+            await reencode_end(io, 100)  # type: ignore[arg-type]
+        assert not isinstance(err.value, es.StripeLost)  # the trim stays, to be retried
+        shadow_down.clear()
+        await reencode_end(io, 100)  # type: ignore[arg-type]
+        got = await healthy_read(io)
+        assert got[:100] == b"2" * 100 and got[100:] == bytes(SB - 100)
+
+    asyncio.run(main())

@@ -48,8 +48,7 @@ class FakeIO:
             if i in self.chunks:
                 self.chunks[i] = b""
 
-    async def read(self, index: int, offset: int, length: int, into: memoryview, *,
-                   versions: dict[int, int] | None = None) -> int | None:
+    async def read(self, index: int, offset: int, length: int, into: memoryview) -> int | None:
         into = into[:length]
         if self.down(index):
             raise FragmentUnavailable("down")

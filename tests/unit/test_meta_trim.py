@@ -565,3 +565,48 @@ def test_a_write_open_waits_for_an_idle_cut_in_flight(env: Env) -> None:
         assert await entry_of(env, ino) is None and o.session_id
 
     env.run(go())
+
+
+def test_an_idle_entry_left_to_its_writers_keeps_no_claim(env: Env) -> None:
+    """Review (session 14): a cut that found the entry merged again (an idle trim, with a
+    writer's session open by then) left it to the writers with its claim still on: every
+    write open on another meta waited for a cut nobody was making, then EAGAIN, for claim_s."""
+    from loomfs.meta.trim import must_settle, queue_trim
+    from loomfs.wire.types import Layout as _Layout
+
+    async def go() -> None:
+        chunks = Chunks()
+        a = _with_trimmer(env, chunks)
+        b = _trimmer(env, chunks, wait_s=0.0)
+        b.owner = 0x2222
+        gate, started = asyncio.Event(), asyncio.Event()
+        hold = False
+
+        async def stripe_cutter(layout: _Layout, inode: int, length: int) -> None:
+            if hold:
+                started.set()
+                await gate.wait()
+
+        a.stripe_cutter = b.stripe_cutter = stripe_cutter
+        await env.ns.set_layout("/", _Layout(chunk_size=MIB, table_id=1, ec_k=4, ec_m=2))
+        stale = await env.ns.open("/f", CREAT, client_id=1)
+        ino = stale.attr.inode
+        await env.ns.sync(ino, 4000, trunc_epoch=stale.trunc_epoch)
+        await env.ns.setattr("/f", size=100)
+        hold = True
+        closing = asyncio.ensure_future(env.ns.close(ino, stale.session_id, 8000, trunc_epoch=stale.trunc_epoch))
+        await asyncio.wait_for(started.wait(), 5)
+        now = env.clock.now_ns()
+        async with env.store.write() as txn:  # meanwhile: a writer opens on meta B, and a
+            await txn.add_session(ino, 777, 9, now)  # stale report merges another idle trim
+            await queue_trim(txn, TrimEntry(inode=ino, layout=stale.attr.layout, length=100, old_length=9000,
+                                            idle=True, generation=0, enqueued_ns=now), now)
+        gate.set()
+        await closing
+        e = await entry_of(env, ino)
+        assert e is not None and e.idle and e.claim_owner == 0
+        async with env.store.read() as txn:
+            assert not must_settle(e, await txn.session_count(ino), env.clock.now_ns())
+        await b.settle(ino)  # answers at once: nobody is cutting
+
+    env.run(go())

@@ -83,12 +83,10 @@ class FragmentIO:
         rc = self.storage.routing
         return rc.has_routing and not rc.current.serving_targets(self.chain_of(index))
 
-    async def read(self, index: int, offset: int, length: int, into: memoryview, *,
-                   versions: dict[int, int] | None = None) -> int | None:
+    async def read(self, index: int, offset: int, length: int, into: memoryview) -> int | None:
         """Read ``length`` bytes at ``offset`` of chunk ``index`` into ``into[:length]`` (what the
         chunk does not have there is zeroed). Returns the chunk's whole length, None if the chunk
-        does not exist. Raises FragmentUnavailable. ``versions``: gets the chunk's version
-        that was read (0: none), the fence of a repair written from these bytes."""
+        does not exist. Raises FragmentUnavailable."""
         into = into[:length]
         chain_id = self.chain_of(index)
         sc = self.storage
@@ -130,8 +128,6 @@ class FragmentIO:
                 err.corrupt = st is Status.CHECKSUM_MISMATCH
                 raise err from exc
             body: ReadRsp = rsp.body
-            if versions is not None:
-                versions[index] = body.commit_ver if body.exists else 0
             if not body.exists:
                 zero_fill(into)
                 return None

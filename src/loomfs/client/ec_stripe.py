@@ -84,9 +84,9 @@ class Resolved:
     from_shadow: bool
     bad: list[int] = field(default_factory=list)  # reachable fragments that need rewriting (in place)
     unreachable: list[int] = field(default_factory=list)  # fragments whose server did not answer
-    # bad fragment -> its chunk's version when the decode read it (a corrupt one refused by its
-    # server is not here): a repair is written only if the chunk is still at most that version
-    fence: dict[int, int] = field(default_factory=dict)
+    # bad fragment -> what it held in place when the decode read it (its header, BAD or ABSENT):
+    # a repair rewrites it only if it still holds that (else someone wrote it since)
+    was: dict[int, FragmentHeader | str] = field(default_factory=dict)
 
 
 class StripeLost(LoomError):
@@ -181,14 +181,13 @@ ABSENT = "absent"  # the chunk does not exist
 BAD = "bad"  # it exists (or its server is up) but fails its header or CRC32C check
 
 
-async def _read_one(io: FragmentIO, view: memoryview, stripe: int, j: int, *, shadow: bool,
-                    versions: dict[int, int] | None = None) -> FragmentHeader | str | None:
+async def _read_one(io: FragmentIO, view: memoryview, stripe: int, j: int, *,
+                    shadow: bool) -> FragmentHeader | str | None:
     """Read fragment ``j`` whole into ``view`` (one slot): its header if it checks out (CRC32C
-    included), else ABSENT or BAD; None if unreachable. ``versions``: gets the chunk version
-    read, by chunk index (not for a fragment whose server refused it as corrupt)."""
+    included), else ABSENT or BAD; None if unreachable."""
     g = io.geometry
     try:
-        n = await io.read(g.chunk_index(stripe, j, shadow=shadow), 0, len(view), view, versions=versions)
+        n = await io.read(g.chunk_index(stripe, j, shadow=shadow), 0, len(view), view)
     except FragmentUnavailable as exc:
         logger.debug("stripe %d fragment %d: %s", stripe, j, exc)
         return BAD if exc.corrupt else None
@@ -204,13 +203,13 @@ async def _read_one(io: FragmentIO, view: memoryview, stripe: int, j: int, *, sh
 
 
 async def _read_whole(io: FragmentIO, buf: Buffer, stripe: int, fragments: Sequence[int], *,
-                      shadow: bool, versions: dict[int, int] | None = None) -> dict[int, FragmentHeader | str]:
+                      shadow: bool) -> dict[int, FragmentHeader | str]:
     """Read fragments whole into their slots (``_read_one``). Unreachable ones are left out."""
     g = io.geometry
 
     async def one(j: int) -> tuple[int, FragmentHeader | str | None]:
         view = memoryview(buf)[j * slot_bytes(g) : (j + 1) * slot_bytes(g)]
-        return j, await _read_one(io, view, stripe, j, shadow=shadow, versions=versions)
+        return j, await _read_one(io, view, stripe, j, shadow=shadow)
 
     got = await asyncio.gather(*(one(j) for j in fragments))
     return {j: r for j, r in got if r is not None}
@@ -239,19 +238,19 @@ async def resolve(io: FragmentIO, codec: Codec, stats: EcStats, stripe: int, buf
     (a hole). EIO if no version has k good fragments: never a mix of two versions."""
     g = io.geometry
     stats.degraded_stripes_total += 1
-    seen: dict[int, int] = {}  # in-place chunk index -> version read (a repair's fence)
     if not full:
         up = [j for j in range(g.width) if not io.down(g.chunk_index(stripe, j))]
         if len(up) >= g.k:
-            found = await _read_whole(io, buf, stripe, up[: g.k], shadow=False, versions=seen)
+            found = await _read_whole(io, buf, stripe, up[: g.k], shadow=False)
             key = _best(g, found)
             if key is not None:
                 return _decoded(io, codec, stats, stripe, buf, found, key, from_shadow=False, repair=repair,
-                                unread=[j for j in range(g.width) if j not in up[: g.k]], seen=seen)
-    found = await _read_whole(io, buf, stripe, range(g.width), shadow=False, versions=seen)
+                                unread=[j for j in range(g.width) if j not in up[: g.k]])
+    found = await _read_whole(io, buf, stripe, range(g.width), shadow=False)
     in_place = found
     key = _best(g, found)
     from_shadow = False
+    shadow: dict[int, FragmentHeader | str] = {}
     if key is None or _count(found, key) < g.width:
         # an overwrite may have been cut short: its complete new version waits in the shadow
         sbuf = bytearray(stripe_buffer_bytes(g))
@@ -264,21 +263,21 @@ async def resolve(io: FragmentIO, codec: Codec, stats: EcStats, stripe: int, buf
         absent = sum(1 for h in found.values() if h == ABSENT)
         if absent == len(found) and absent >= g.k:
             return None  # never written (a written stripe would have k of these)
-        err = StripeLost if len(found) == g.width else LoomError  # every fragment answered: for good
+        # lost for good only if every fragment answered, in place and in the shadow
+        err = StripeLost if len(found) == len(shadow) == g.width else LoomError
         raise err(f"inode {io.inode} stripe {stripe}: fewer than {g.k} consistent fragments "
                   f"({len(found)} of {g.width} reachable)")
     return _decoded(io, codec, stats, stripe, buf, found, key, from_shadow=from_shadow, repair=repair, unread=[],
-                    seen=seen, in_place=in_place)
+                    in_place=in_place)
 
 
 def _decoded(io: FragmentIO, codec: Codec, stats: EcStats, stripe: int, buf: Buffer,
              found: dict[int, FragmentHeader | str], key: tuple[int, int], *, from_shadow: bool,
-             repair: bool, unread: list[int], seen: dict[int, int],
+             repair: bool, unread: list[int],
              in_place: dict[int, FragmentHeader | str] | None = None) -> Resolved:
     """Decode what ``buf`` lacks of version ``key`` (``unread`` fragments were not asked for:
     only the data ones among them are decoded) and start the repair of bad fragments
-    (``seen``: the in-place chunk versions read; ``in_place``: what the in-place fragments
-    held when ``found`` is the shadow's)."""
+    (``in_place``: what the in-place fragments held when ``found`` is the shadow's)."""
     g = io.geometry
     version, stripe_len = key
     good = [j for j, h in found.items() if isinstance(h, FragmentHeader) and h.key() == key]
@@ -296,11 +295,12 @@ def _decoded(io: FragmentIO, codec: Codec, stats: EcStats, stripe: int, buf: Buf
         if n < g.chunk_size:
             zero_fill(payload(g, buf, j)[n:])
     bad = [j for j in missing if j in found]  # answered, but absent, corrupt or of another version
+    unreachable = [j for j in range(g.width) if j not in found and j not in unread]
     if from_shadow and in_place is not None:  # every in-place fragment that answered and lacks it
         bad = [j for j, h in sorted(in_place.items()) if not (isinstance(h, FragmentHeader) and h.key() == key)]
-    fence = {j: seen[i] for j in bad if (i := g.chunk_index(stripe, j)) in seen}
-    res = Resolved(stripe_len, version, from_shadow, bad,
-                   [j for j in range(g.width) if j not in found and j not in unread], fence)
+        unreachable = sorted(set(unreachable) | {j for j in range(g.width) if j not in in_place})
+    was = in_place if from_shadow and in_place is not None else found
+    res = Resolved(stripe_len, version, from_shadow, bad, unreachable, {j: was[j] for j in bad if j in was})
     if repair and (bad or from_shadow):
         copy = bytearray(stripe_buffer_bytes(g))  # the caller reuses ``buf``
         copy[:] = memoryview(buf)[: len(copy)]
@@ -323,35 +323,36 @@ async def repair_fragments(io: FragmentIO, stats: EcStats, stripe: int, buf: Buf
     """Rewrite fragments ``res.bad`` in place with the resolved version (their headers
     restamped); from the shadow, those are every in-place fragment that lacked that version.
 
-    The stripe may have been overwritten since it was decoded (a writer's newer version,
-    whatever its writer's clock): each rewrite is a fenced write (``if_ver_le``), applied only
-    if the fragment's chunk was not written after the decode read it, so an old version never
-    lands over a newer one (review, sessions 13-14). A fragment its server refused as corrupt
-    has no version read: it is looked at again (its head version, then its content) and left
-    alone if it holds a valid fragment now (only a write makes a corrupt chunk valid). The
-    shadow is left: a newer overwrite may be staging there (its writer removes it), and a
-    shadow no newer than the stripe in place is never used. Fragments are repaired one at a
-    time (rare); one that fails does not stop the others. Returns the fragments rewritten."""
+    The stripe may have been overwritten since it was decoded (a writer's version, whatever
+    its writer's clock; on a spare swapped in meanwhile, whose chunk versions start afresh), so
+    each fragment is looked at again first: its chunk's version at the head, then its content.
+    It is rewritten only if it still holds what the decode saw there (the same stale header,
+    BAD, or ABSENT: any write since changes that), and the rewrite is a fenced write
+    (``if_ver_le`` = the version at the look), so a write landing after the look is never
+    replaced either (review, sessions 13-14). The shadow is left: a newer overwrite may be
+    staging there (its writer removes it), and a shadow no newer than the stripe in place is
+    never used. Fragments on a chain known down are skipped; they are repaired one at a time
+    (rare), and one that fails does not stop the others. Returns the fragments rewritten."""
     g = io.geometry
     stamp(g, buf, stripe, res.stripe_len, res.version, res.bad)
     scratch = memoryview(bytearray(slot_bytes(g)))
 
     async def one(j: int) -> bool:
         index = g.chunk_index(stripe, j)
-        if io.down(index):
+        was = res.was.get(j)
+        if io.down(index) or was is None:
             return False
-        fence = res.fence.get(j)
-        if fence is None:  # refused as corrupt when the decode read it
-            fence = await io.head_version(index)  # before the look: a write after it is fenced off
-            if not isinstance(await _read_one(io, scratch, stripe, j, shadow=False), str):
-                return False  # unreachable, or written since (valid now)
+        fence = await io.head_version(index)  # before the look: a write after it is fenced off
+        now = await _read_one(io, scratch, stripe, j, shadow=False)
+        if now is None or now != was:
+            return False  # unreachable, or written since the decode read it
         try:
             await io.write(index, chunk_view(g, buf, j, g.payload_len(res.stripe_len, j)), exact=True,
                            if_ver_le=fence)
         except LoomError as exc:
             if exc.status is not Status.VERSION_MISMATCH:
                 raise
-            logger.info("inode %d stripe %d fragment %d: written since it was read; not repaired",
+            logger.info("inode %d stripe %d fragment %d: written since it was looked at; not repaired",
                         io.inode, stripe, j)
             return False
         return True

@@ -244,6 +244,8 @@ class Trimmer:
         if e.idle and await txn.has_session(inode):
             if e.claim_owner not in (0, self.owner) and e.claim_until_ns > now:
                 return _BUSY  # another meta is cutting it: a writer that opened meanwhile waits
+            if e.claim_owner == self.owner:  # ours, from a cut that just ended: no longer cutting
+                await txn.trim_put(dataclasses.replace(e, claim_owner=0, claim_until_ns=0))
             return None  # cut once the writers are gone
         if e.claim_owner != self.owner and e.claim_until_ns > now:
             return _BUSY  # another meta's claim, or a back-off
