@@ -82,30 +82,17 @@ def _connect(fs: Any) -> Any:
     return loomfs.connect()
 
 
-def _storages(obj: Any) -> set[int]:
-    """The storages of the tensors in a (nested) state_dict."""
+def _tensor_ids(obj: Any) -> set[int]:
+    """The ids of the tensor objects in a (nested) state_dict."""
     out: set[int] = set()
     if isinstance(obj, torch.Tensor):
-        t = getattr(obj, "_local_tensor", obj)  # a DTensor's shard
-        if t.layout == torch.strided and not t.is_quantized and t.untyped_storage().data_ptr():
-            out.add(t.untyped_storage().data_ptr())
+        out.add(id(obj))
     elif isinstance(obj, dict):
         for v in obj.values():
-            out |= _storages(v)
+            out |= _tensor_ids(v)
     elif isinstance(obj, list | tuple):
         for v in obj:
-            out |= _storages(v)
-    return out
-
-
-def _item_storages(items: list[WriteItem], planner: SavePlanner) -> set[int]:
-    """The storages a save's tensor items read (a few suffice to tell which staged copy)."""
-    out: set[int] = set()
-    for item in items:
-        if item.type != WriteItemType.BYTE_IO:
-            out |= _storages(planner.resolve_data(item))
-            if len(out) >= 4:
-                break
+            out |= _tensor_ids(v)
     return out
 
 
@@ -219,8 +206,9 @@ class LoomStorageWriter(StorageWriter):
         self._save = threading.local()
         self.checkpoint_path: str | None = None  # set by finish (or the commit upload)
         self.stager = stager if stager is not None else DEFAULT_STAGER  # dcp.async_save's staging copies
-        # staged copies not written yet: (their tensors' storages, the stager's token)
-        self._staged: list[tuple[frozenset[int], object]] = []
+        # staged copies no save has read yet: the stager's token -> the ids of the copy's tensor
+        # objects (the token keeps them alive, so the ids stay theirs)
+        self._staged: dict[object, frozenset[int]] = {}
         self._staged_lock = threading.Lock()
 
     def __repr__(self) -> str:
@@ -253,7 +241,7 @@ class LoomStorageWriter(StorageWriter):
         staged, token = self.stager.stage(state_dict)
         if token is not None:
             with self._staged_lock:
-                self._staged.append((frozenset(_storages(staged)), token))
+                self._staged[token] = frozenset(_tensor_ids(staged))
         return staged
 
     def synchronize_staging(self) -> None:
@@ -261,20 +249,30 @@ class LoomStorageWriter(StorageWriter):
 
     def close(self) -> None:
         with self._staged_lock:
-            tokens, self._staged = [t for _s, t in self._staged], []
+            tokens, self._staged = list(self._staged), {}
         for token in tokens:
             self.stager.release(token)
 
-    def _release_staged(self, storages: set[int]) -> None:
-        """Release the staged copies this save read (its items' tensors live in them); a
-        copy staged for another save through this writer stays busy."""
+    def _claim_staged(self, planner: SavePlanner) -> object | None:
+        """The token of the staged copy this save reads, taken out of ``_staged`` (None: not
+        a save of a staged copy, or one this writer cannot tell). It is the copy whose tensor
+        objects the planner was set up with (``planner.state_dict``, as ``DefaultSavePlanner``
+        and its subclasses keep it: whatever ``resolve_data`` makes of them, a cast copy
+        included, and whatever items this rank's plan holds). A planner that keeps no state
+        claims the one staged copy when there is only one (a sync save through a writer with
+        an async save staged is then ambiguous: it claims nothing, the copy stays busy)."""
+        state = getattr(planner, "state_dict", None)
         with self._staged_lock:
-            if not storages and len(self._staged) == 1:  # a save with no tensor here: the one copy
-                storages = set(self._staged[0][0])
-            mine = [t for st, t in self._staged if st & storages]
-            self._staged = [(st, t) for st, t in self._staged if not st & storages]
-        for token in mine:
-            self.stager.release(token)
+            if not self._staged:
+                return None
+            if isinstance(state, dict):
+                ids = _tensor_ids(state)
+                token = next((t for t, mine in self._staged.items() if mine & ids), None)
+            else:
+                token = next(iter(self._staged)) if len(self._staged) == 1 else None
+            if token is not None:
+                del self._staged[token]
+        return token
 
     # --- the StorageWriter protocol -------------------------------------------------------
 
@@ -325,11 +323,12 @@ class LoomStorageWriter(StorageWriter):
         if not isinstance(info, PlanInfo):
             raise RuntimeError("LoomStorageWriter needs the coordinated save (use_collectives=True)")
         self.info = info
+        token = self._claim_staged(planner)  # before the writes: this save's own copy
         try:
             results = self._write_items(info, split_items(plan.items, self.files_per_rank), planner)
         finally:  # written (or failed): the staged copy may be reused
-            if self._staged:
-                self._release_staged(_item_storages(plan.items, planner))
+            if token is not None:
+                self.stager.release(token)
         fut: Future[list[WriteResult]] = Future()
         fut.set_result(results)
         return fut
