@@ -4,7 +4,8 @@
         .metadata                       DCP's pickled Metadata (written last, by rank 0)
         loomfs-checkpoint.json          manifest: step, time, world size, files and item CRCs
         __0_0.distcp ...                each rank's data files
-    RUN/.staging-step-000124-...-NONCE/ a save in progress (or abandoned by a crash)
+    RUN/.staging-step-000124-...-NONCE/ a save in progress (or abandoned by a crash); its
+        .alive-rank-N, .alive-commit    heartbeats of the saving ranks, rewritten every minute
     RUN/latest                          the newest complete checkpoint's name, updated last
 """
 
@@ -23,7 +24,9 @@ MANIFEST_NAME = "loomfs-checkpoint.json"
 LATEST_NAME = "latest"
 STAGING_PREFIX = ".staging-"
 TRASH_PREFIX = ".staging-trash-"  # a staging directory renamed aside, being deleted
-STAGING_AGE_S = 3600.0  # a staging directory nothing touched this long was abandoned
+STAGING_AGE_S = 3600.0  # a staging directory with no sign of life this long was abandoned
+HEARTBEAT_PREFIX = ".alive-"  # a saving rank's heartbeat file in its staging directory (``_heartbeat``)
+HEARTBEAT_S = min(STAGING_AGE_S / 4, 60.0)  # how often a saving rank rewrites it
 _STEP_RE = re.compile(r"^step-(\d+)-(\d{8}T\d{6}Z)$")
 _STAGING_RE = re.compile(r"^\.staging-(step-(\d+)-\d{8}T\d{6}Z)-[0-9a-f]+$")
 
@@ -99,6 +102,31 @@ def last_modified(fs: Any, path: str) -> float:
         except FileNotFoundError:
             continue
     return float(newest)
+
+
+def heartbeat_name(rank: int | None) -> str:
+    """A rank's heartbeat file (None: the coordinator's tiered commit)."""
+    return f"{HEARTBEAT_PREFIX}{'commit' if rank is None else f'rank-{rank}'}"
+
+
+def staging_idle_s(fs: Any, path: str, now: float) -> float:
+    """How long the staging directory ``path`` showed no sign of life at ``now``: since its
+    newest heartbeat (each saving rank rewrites one every ``HEARTBEAT_S``: on LoomFS a file
+    being written shows no new mtime until its close, nor does its directory); a directory
+    without heartbeats (a save from before them) by the newest mtime of it and its entries."""
+    names = fs.listdir(path)
+    beats = [n for n in names if n.startswith(HEARTBEAT_PREFIX)]
+    if not beats:
+        return now - last_modified(fs, path)
+    newest = None
+    for name in beats:
+        try:
+            mtime = float(fs.stat(join(path, name)).st_mtime)
+        except FileNotFoundError:  # being committed: its heartbeats are removed just before the rename
+            return 0.0
+        newest = mtime if newest is None else max(newest, mtime)
+    assert newest is not None
+    return now - newest
 
 
 def remove_aside(fs: Any, run: str, name: str) -> bool:

@@ -54,18 +54,19 @@ def plan_prune(checkpoints: list[L.CheckpointInfo], *, keep_last: int, keep_ever
 
 def prune(fs: Any, run: str, *, keep_last: int, keep_every: int = 0, dry_run: bool = False,
           staging_age_s: float = L.STAGING_AGE_S, archive_ec: tuple[int, int] | None = None) -> PrunePlan:
-    """Apply ``plan_prune`` to ``run``; also delete staging directories not modified for
-    ``staging_age_s`` (saves that crashed). ``archive_ec`` = (k, m): the kept checkpoints older
-    than the last ``keep_last`` are rewritten erasure-coded (``loomfs.client.ec_convert``: copy,
+    """Apply ``plan_prune`` to ``run``; also delete staging directories whose newest heartbeat
+    is ``staging_age_s`` old (saves that crashed; ``L.staging_idle_s``; keep it well above
+    ``L.HEARTBEAT_S``, the period a saving rank rewrites its heartbeat at). ``archive_ec`` =
+    (k, m): the kept checkpoints older than the last ``keep_last`` are rewritten erasure-coded (``loomfs.client.ec_convert``: copy,
     check, atomic rename per file; already converted files are skipped). ``dry_run``: only say
     what would go."""
     plan = plan_prune(L.list_checkpoints(fs, run), keep_last=keep_last, keep_every=keep_every,
                       latest=L.read_latest(fs, run))
     now = time.time()
     stale = []
-    for n in L.list_staging(fs, run):  # newest mtime of it and its files: a save in progress moves it
+    for n in L.list_staging(fs, run):  # its newest heartbeat: a save in progress rewrites one
         try:
-            if now - L.last_modified(fs, L.join(run, n)) >= staging_age_s:
+            if L.staging_idle_s(fs, L.join(run, n), now) >= staging_age_s:
                 stale.append(n)
         except FileNotFoundError:
             continue

@@ -21,6 +21,7 @@ from typing import Any
 
 from loomfs.checkpoint import _layout as L
 from loomfs.checkpoint._format import PlanInfo
+from loomfs.checkpoint._heartbeat import Beat
 
 logger = logging.getLogger(__name__)
 COPY_BLOCK_BYTES = 16 << 20
@@ -113,18 +114,24 @@ class Uploader:
     flush = wait
 
 
-def rank_upload_job(fs: Any, local: str, info: PlanInfo, names: list[str]) -> Job:
+def rank_upload_job(fs: Any, local: str, info: PlanInfo, names: list[str], beat: Beat | None = None) -> Job:
+    """Copy a rank's files into the staging directory, then its marker. ``beat``: the rank's
+    heartbeat, stopped when the copy ends (before the marker: the commit removes it)."""
     def job(prog: Progress) -> None:
-        prog.bytes_total += sum(os.path.getsize(os.path.join(local, n)) for n in names)
-        for name in names:
-            with open(os.path.join(local, name), "rb") as src, fs.open(L.join(info.staging, name), "wb") as dst:
-                while True:
-                    block = src.read(COPY_BLOCK_BYTES)
-                    if not block:
-                        break
-                    dst.write(block)
-                    prog.bytes_done += len(block)
-                dst.fsync()
+        try:
+            prog.bytes_total += sum(os.path.getsize(os.path.join(local, n)) for n in names)
+            for name in names:
+                with open(os.path.join(local, name), "rb") as src, fs.open(L.join(info.staging, name), "wb") as dst:
+                    while True:
+                        block = src.read(COPY_BLOCK_BYTES)
+                        if not block:
+                            break
+                        dst.write(block)
+                        prog.bytes_done += len(block)
+                    dst.fsync()
+        finally:
+            if beat is not None:
+                beat.stop()
         with fs.open(L.join(info.staging, done_marker(info.rank)), "wb") as f:
             f.write(b"done\n")
             f.fsync()
@@ -138,16 +145,22 @@ def rank_upload_job(fs: Any, local: str, info: PlanInfo, names: list[str]) -> Jo
 
 
 def commit_job(fs: Any, info: PlanInfo, blobs: dict[str, bytes], move_latest: bool, timeout_s: float,
-               need: dict[str, int] | None = None) -> Job:
+               need: dict[str, int] | None = None, beat: Beat | None = None) -> Job:
+    """Wait for every rank's marker, then commit. ``beat``: the commit's heartbeat, stopped
+    before the commit (which removes the heartbeat files)."""
     def job(prog: Progress) -> None:
         from loomfs.checkpoint._writer import commit
 
-        deadline = time.monotonic() + timeout_s
-        markers = [L.join(info.staging, done_marker(r)) for r in range(info.world_size)]
-        while not all(fs.exists(m) for m in markers):
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{info.final}: not every rank uploaded within {timeout_s} s")
-            time.sleep(POLL_S)
+        try:
+            deadline = time.monotonic() + timeout_s
+            markers = [L.join(info.staging, done_marker(r)) for r in range(info.world_size)]
+            while not all(fs.exists(m) for m in markers):
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{info.final}: not every rank uploaded within {timeout_s} s")
+                time.sleep(POLL_S)
+        finally:
+            if beat is not None:
+                beat.stop()
         commit(fs, info, blobs, move_latest, need)
 
     return job

@@ -52,6 +52,7 @@ from loomfs.checkpoint._format import (
     dtype_name,
     tensor_bytes,
 )
+from loomfs.checkpoint._heartbeat import DEFAULT_HEARTBEATS, Beat, Heartbeats, write_beat
 from loomfs.checkpoint._staging import DEFAULT_STAGER, Stager
 from loomfs.checkpoint._upload import Uploader, commit_job, done_marker, rank_upload_job
 
@@ -188,6 +189,7 @@ class LoomStorageWriter(StorageWriter):
         durable: bool = True,
         stager: Stager | None = None,
         chunk_size: int | None = CHUNK_BYTES,
+        heartbeats: Heartbeats | None = None,
     ):
         super().__init__()
         self.path = os.fspath(path)
@@ -210,6 +212,8 @@ class LoomStorageWriter(StorageWriter):
         # objects (the token keeps them alive, so the ids stay theirs)
         self._staged: dict[object, frozenset[int]] = {}
         self._staged_lock = threading.Lock()
+        # the saving ranks' heartbeats in the staging directory (a save in progress is never gc'd)
+        self.heartbeats = heartbeats if heartbeats is not None else DEFAULT_HEARTBEATS
 
     def __repr__(self) -> str:
         return f"LoomStorageWriter({self.path!r}, step={self.step}, rank={self.rank})"
@@ -311,6 +315,7 @@ class LoomStorageWriter(StorageWriter):
             layout["chunk_size"] = self.chunk_size
         if layout and hasattr(self.fs, "set_layout"):
             self.fs.set_layout(staging, **layout)
+        write_beat(self.fs, L.join(staging, L.heartbeat_name(self.rank)))  # alive until write_data beats
         _fault("staged")
         final = L.join(run, final_name)
         return [
@@ -324,16 +329,24 @@ class LoomStorageWriter(StorageWriter):
             raise RuntimeError("LoomStorageWriter needs the coordinated save (use_collectives=True)")
         self.info = info
         token = self._claim_staged(planner)  # before the writes: this save's own copy
+        beat = self.heartbeats.start(self.fs, L.join(info.staging, L.heartbeat_name(info.rank)))
         try:
-            results = self._write_items(info, split_items(plan.items, self.files_per_rank), planner)
+            # a tiered save hands its heartbeat to its upload, which stops it
+            results = self._write_items(info, split_items(plan.items, self.files_per_rank), planner, beat)
+        except BaseException:
+            beat.stop()
+            raise
         finally:  # written (or failed): the staged copy may be reused
             if token is not None:
                 self.stager.release(token)
+        if self.local_dir is None:
+            beat.stop()
         fut: Future[list[WriteResult]] = Future()
         fut.set_result(results)
         return fut
 
-    def _write_items(self, info: PlanInfo, groups: list[list[WriteItem]], planner: SavePlanner) -> list[WriteResult]:
+    def _write_items(self, info: PlanInfo, groups: list[list[WriteItem]], planner: SavePlanner,
+                     beat: Beat | None = None) -> list[WriteResult]:
         names = [f"__{info.rank}_{i}.distcp" for i in range(len(groups))]
         if self.local_dir is None and hasattr(self.fs, "loop") and hasattr(self.fs, "client"):
             results = self._write_on_loop(info, names, groups, planner)
@@ -353,7 +366,7 @@ class LoomStorageWriter(StorageWriter):
         _fault("written")
         if local is not None:
             assert self.uploader is not None
-            self.uploader.submit(rank_upload_job(self.fs, local, info, names), key=info.final)
+            self.uploader.submit(rank_upload_job(self.fs, local, info, names, beat), key=info.final)
         return [r for part in parts for r in part]
 
     def _write_on_loop(self, info: PlanInfo, names: list[str], groups: list[list[WriteItem]],
@@ -410,8 +423,14 @@ class LoomStorageWriter(StorageWriter):
         need = files_needed(storage)
         if self.local_dir is not None:
             assert self.uploader is not None
-            self.uploader.submit(
-                commit_job(self.fs, info, blobs, self.step is not None, self.commit_timeout_s, need), key=info.final)
+            # alive while the commit waits in the queue and for the ranks' uploads
+            beat = self.heartbeats.start(self.fs, L.join(info.staging, L.heartbeat_name(None)))
+            try:
+                self.uploader.submit(commit_job(self.fs, info, blobs, self.step is not None, self.commit_timeout_s,
+                                                need, beat), key=info.final)
+            except BaseException:
+                beat.stop()
+                raise
             return
         commit(self.fs, info, blobs, self.step is not None, need)
         self.checkpoint_path = info.final
@@ -445,14 +464,14 @@ def commit(fs: Any, info: PlanInfo, blobs: dict[str, bytes], move_latest: bool,
     """Check every data file is there (``need``: file -> bytes its items end at); metadata
     in, fsynced; rename staging -> final; move ``latest``; drop abandoned staging dirs."""
     check_files(fs, info.staging, need or {})
+    done_markers = {done_marker(r) for r in range(info.world_size)}
     for name, data in blobs.items():
         with fs.open(L.join(info.staging, name), "wb") as f:
             f.write(data)
             f.fsync()
-    for r in range(info.world_size):  # markers of a tiered save
-        marker = L.join(info.staging, done_marker(r))
-        if fs.exists(marker):
-            fs.unlink(marker)
+    for name in fs.listdir(info.staging):  # a tiered save's markers; heartbeats (every one stopped)
+        if name.startswith(L.HEARTBEAT_PREFIX) or name in done_markers:
+            fs.unlink(L.join(info.staging, name))
     _fault("metadata")
     try:
         fs.rename(info.staging, info.final, no_replace=True)
@@ -471,9 +490,11 @@ def commit(fs: Any, info: PlanInfo, blobs: dict[str, bytes], move_latest: bool,
 
 def gc_staging(fs: Any, run: str, up_to_step: int, *, min_age_s: float = L.STAGING_AGE_S,
                now: float | None = None) -> list[str]:
-    """Remove staging directories of steps <= ``up_to_step`` that nothing touched for
-    ``min_age_s`` (abandoned by crashed saves): a save still writing into one (an overlapping
-    async save, a restarted job's predecessor) is left alone. Each goes by ``remove_aside``."""
+    """Remove staging directories of steps <= ``up_to_step`` whose newest heartbeat is
+    ``min_age_s`` old (abandoned by crashed saves; ``L.staging_idle_s``): a save still writing
+    into one (an overlapping async save, a restarted job's predecessor, a tiered save waiting
+    for its upload) rewrites its heartbeat every ``L.HEARTBEAT_S``, and is left alone. Each
+    goes by ``remove_aside``."""
     now = time.time() if now is None else now
     removed = []
     for name in L.list_staging(fs, run):
@@ -481,7 +502,7 @@ def gc_staging(fs: Any, run: str, up_to_step: int, *, min_age_s: float = L.STAGI
         if s is None or s > up_to_step:
             continue
         try:
-            if now - L.last_modified(fs, L.join(run, name)) < min_age_s:
+            if L.staging_idle_s(fs, L.join(run, name), now) < min_age_s:
                 continue
         except FileNotFoundError:
             continue
