@@ -3,6 +3,7 @@ through meta, growth into chunks, directory limits, GC and fsck."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import Any
 
@@ -289,3 +290,50 @@ def test_truncate_of_an_open_file_follows_it_across_a_rename(fs: loomfs.LoomFS, 
     assert fs.cat(moved) == b"x" * 100 and fs.cat(p) == b"newcomer"
     if other is not fs:
         other.close()
+
+
+def test_fallocate_of_an_inline_file_past_the_limit_moves_it_to_chunks(fs: loomfs.LoomFS, base: str) -> None:
+    """Inline hunt (session 14): a grow (fallocate mode 0) of an inline file zero-filled a
+    client buffer of the new size (64 MiB for a 64 MiB grow; MemoryError for 64 TiB). Past
+    the inline limit the file goes to chunks first and only its length grows."""
+    client = fs.client
+    p = f"{base}/f"
+    fs.run(client.pipe(p, b"hello"))
+
+    async def grow(size: int) -> None:
+        f = await client.open(p, "r+b")
+        assert f.inline
+        await f.grow(size)
+        await f.close()
+
+    fs.run(grow(1 << 46))
+    a = fs.attr(p)
+    assert a.size == 1 << 46 and not a.inline
+    with fs.open(p, "rb") as f:
+        assert f.read(8) == b"hello\0\0\0"
+        f.seek((1 << 46) - 4)
+        assert f.read() == bytes(4)
+
+
+@pytest.mark.parametrize("limit", [0, 4096])
+def test_a_lazy_files_shrinking_truncate_keeps_its_length_in_chunks(fs: loomfs.LoomFS, base: str, limit: int) -> None:
+    """Inline hunt (session 14): a lazy "w" file cut by a truncate into a hole past its bytes
+    lost that length when its put went to chunks (inline off, or past the directory's limit):
+    the length came from the patches' ends only."""
+    from loomfs.wire.types import Layout
+
+    cur = fs.get_layout(base) or Layout()
+    fs.set_layout(base, dataclasses.replace(cur, inline_max_bytes=limit))
+    p = f"{base}/f"
+
+    async def write() -> None:
+        f = await fs.client.open(p, "wb")
+        await f.write(b"abc")
+        await f.seek(limit + 200)
+        await f.write(b"x")
+        await f.truncate(limit + 150)
+        await f.close()
+
+    fs.run(write())
+    assert fs.stat(p).st_size == limit + 150
+    assert fs.cat(p) == b"abc" + bytes(limit + 147)

@@ -208,7 +208,8 @@ class FakeMeta(MetaClient):
             self.nodes[path] = replace(self.nodes[path], size=length)
         return self.nodes[path]
 
-    async def sync(self, inode: int, length: int, mtime_ns: int = 0, *, trunc_epoch: int = 0) -> wm.AttrRsp:
+    async def sync(self, inode: int, length: int, mtime_ns: int = 0, *, trunc_epoch: int = 0,
+                   session_id: int = 0) -> wm.AttrRsp:
         self.syncs.append((inode, length))
         path = self._by_inode(inode)
         epoch = self.epochs.get(inode, 0)

@@ -412,3 +412,27 @@ def test_setattr_by_inode_changes_that_file_whatever_its_name(env: Env) -> None:
     env.run(env.ns.unlink("/b"))
     assert env.err(env.ns.setattr("/b", inode=o.attr.inode, size=0)) == errno.ENOENT
     assert env.err(env.ns.setattr("/a", inode=-1, size=0)) == errno.EINVAL
+
+
+def test_a_chunk_writer_whose_session_expired_under_a_put_gets_eio(env: Env, chunks: WritingChunks) -> None:
+    """Inline hunt (session 14): a chunk writer cut off from meta past its lease lost its
+    session; a put made the file inline; the writer's fsync learnt the new epoch, it wrote on
+    in chunks of an inline file nobody reads, and every later fsync and close succeeded. Bytes
+    from before the put are ordered before it (no error); ones written since are reported lost."""
+    o = env.run(env.ns.open("/w", CREAT, chunked=True))
+    ino = o.attr.inode
+    chunks.write(ino, 0, b"o" * 6000)
+    env.run(env.ns.sync(ino, 6000, trunc_epoch=o.trunc_epoch))
+
+    async def expire() -> None:
+        async with env.store.write() as t:
+            await t.remove_session(ino, o.session_id)
+
+    env.run(expire())
+    p = put(env, "/w", b"small")
+    assert p.attr.inline  # type: ignore[attr-defined]
+    r = env.run(env.ns.report(ino, 0, 6000, trunc_epoch=o.trunc_epoch))  # before the put: dropped
+    assert r.trunc_epoch > o.trunc_epoch and r.attr is not None and r.attr.size == 5
+    assert env.err(env.ns.sync(ino, 8, trunc_epoch=r.trunc_epoch)) == errno.EIO  # written since: lost
+    assert env.err(env.ns.close(ino, o.session_id, 8, trunc_epoch=r.trunc_epoch)) == errno.EIO
+    assert read(env, "/w") == b"small"

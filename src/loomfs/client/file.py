@@ -427,7 +427,8 @@ class AsyncFile:
         if self._inline is not None:
             return  # WRITE_INLINE committed the bytes and the length together
         if self.writable:
-            rsp = await self._meta.sync(self.inode, self._reported_end(), trunc_epoch=self._trunc_epoch)
+            rsp = await self._meta.sync(self.inode, self._reported_end(), trunc_epoch=self._trunc_epoch,
+                                        session_id=self.session_id)
             if rsp.trunc_epoch > self._trunc_epoch:
                 # truncated by someone else since we last heard: what we wrote before this
                 # reply was not counted; the length is meta's, and only new writes count
@@ -475,6 +476,8 @@ class AsyncFile:
         self._check(write=True)
         if size < 0:
             raise InvalidArgument("negative size", path=self.path)
+        if self._inline is not None and not self._inline.fits(size):
+            await self._leave_inline()  # past the inline limit: in chunks (no buffer of ``size``)
         if self._inline is not None:
             if size > len(self._inline.buf):  # an empty patch at ``size``: meta's content only grows
                 self._inline.truncate(size, record=True)

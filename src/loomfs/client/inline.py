@@ -75,6 +75,10 @@ class InlineContent:
         if size < len(self.buf):
             del self.buf[size:]
             self.patches = [(o, d[: size - o]) for o, d in self.patches if o < size]
+            if record and not any(o + len(d) >= size for o, d in self.patches):
+                # the new length is carried too (a lazy file's bytes may go to chunks, whose
+                # length comes from the patches' ends: a cut into a hole kept only the bytes)
+                self.patches.append((size, bytearray()))
         else:
             self.buf.extend(bytes(size - len(self.buf)))
             if record:

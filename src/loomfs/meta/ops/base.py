@@ -168,8 +168,11 @@ class NamespaceBase:
 
     async def _report_length(
         self, txn: MetaTxn, inode: int, length: int, mtime_ns: int, trunc_epoch: int
-    ) -> tuple[Attr | None, int]:
-        """A writer's length report; returns the attributes and the file's truncate epoch.
+    ) -> tuple[Attr | None, int, bool]:
+        """A writer's length report; returns the attributes, the file's truncate epoch, and
+        whether the writer's bytes are lost (written in chunks of a file that became inline
+        after the writer learnt the current epoch: its session had expired, so a put could
+        make it inline; the caller answers EIO once its transaction is committed).
 
         At the file's truncate epoch (or a newer one): length = max(current, reported). At an
         older one the writer has not seen the last truncate: the length does not grow, and
@@ -180,12 +183,12 @@ class NamespaceBase:
             gc = await txn.gc_get(inode)  # unlinked while open: GC must cover what was written
             if gc is not None and length > gc.length:
                 await txn.gc_put(dataclasses.replace(gc, length=length))
-            return None, 0
+            return None, 0, False
         if attr.type != FILE:
-            return attr, 0
+            return attr, 0, False
         epoch = await txn.trunc_epoch(inode)
         if length < 0:
-            return attr, epoch
+            return attr, epoch, False
         if attr.inline:
             # a writer in chunks of a file that became inline since (an O_TRUNC put): its
             # bytes are not the file's; GC or the next migration removes them
@@ -193,7 +196,7 @@ class NamespaceBase:
             if row is not None and length > 0:
                 # dirty, and a new version: a migration copying now starts again and cuts first
                 await txn.put_inline(inode, dataclasses.replace(row, chunks_dirty=True, version=row.version + 1))
-            return attr, epoch
+            return attr, epoch, length > 0 and trunc_epoch >= epoch
         now = self.clock.now_ns()
         size = max(attr.size, length)
         if trunc_epoch < epoch and length > attr.size:
@@ -208,7 +211,7 @@ class NamespaceBase:
         await txn.put_inode(attr2)
         if size != attr.size:
             await txn.add_counter(C_BYTES, size - attr.size)
-        return attr2, epoch
+        return attr2, epoch, False
 
     async def _shrink(self, txn: MetaTxn, attr: Attr, size: int, now: int) -> int:
         """``attr`` (a file) is cut to ``size`` (below its length, or anywhere while writers

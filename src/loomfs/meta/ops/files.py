@@ -333,10 +333,15 @@ class FileOps(InlineOps):
                 released = held or await txn.remove_hold(inode, session_id)
             if who.uid != 0 and not held and length >= 0:
                 await self._may_write_inode(txn, inode, session_id, who)
-            attr, epoch = await self._report_length(txn, inode, length, mtime_ns, trunc_epoch)
+            attr, epoch, lost = await self._report_length(txn, inode, length, mtime_ns, trunc_epoch)
+            if lost and (held or (session_id and await txn.session_client(inode, session_id) is not None)):
+                lost = False  # a live session: it opened the file inline (it writes patches)
             if released and await orphans.release_if_unheld(txn, inode, self.clock.now_ns(), self.default_layout):
                 attr = None  # the last holder of a nameless file: it is gone now
             settle = attr is not None and await self._must_settle(txn, inode)
+        if lost:
+            raise StatusError(Status.EIO, f"inode {inode}: this writer's bytes were written in chunks of a file "
+                                          "made inline since its session expired (a put): they are not the file's")
         if settle:
             try:
                 await self._settle(inode)
