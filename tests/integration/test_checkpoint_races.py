@@ -13,6 +13,7 @@ import torch.distributed.checkpoint as dcp
 
 import loomfs
 from loomfs.checkpoint import LoomStorageReader, LoomStorageWriter, list_checkpoints, prune
+from loomfs.checkpoint._holds import ReadHolds
 from loomfs.testing import LocalCluster
 from loomfs.wire.meta import SetattrReq
 
@@ -29,11 +30,11 @@ def test_prune_during_a_load_keeps_the_files_it_reads(fs: loomfs.LoomFS, base: s
     old = list_checkpoints(fs, run)[0].path
     other = loomfs.connect(str(cluster.root))
     client = fs.client
-    real_open = client.open
+    real_open = ReadHolds.open
     held: list[Any] = []
 
-    async def open_then_prune(path: str, mode: str = "rb", **kw: Any) -> Any:
-        f = await real_open(path, mode, **kw)
+    async def open_then_prune(self: ReadHolds, path: str) -> Any:
+        f = await real_open(self, path)  # opened under its hold
         if path.endswith(".distcp") and not held:
             def retire() -> None:
                 dcp.save(_state(2.0), storage_writer=LoomStorageWriter(run, other, step=2))
@@ -44,12 +45,12 @@ def test_prune_during_a_load_keeps_the_files_it_reads(fs: loomfs.LoomFS, base: s
             held.append(rsp.attr)
         return f
 
-    client.open = open_then_prune  # type: ignore[method-assign]
+    ReadHolds.open = open_then_prune  # type: ignore[method-assign]
     try:
         got = {k: torch.full_like(v, -7.0) for k, v in _state(0.0).items()}
         dcp.load(got, storage_reader=LoomStorageReader(old, fs))
     finally:
-        client.open = real_open  # type: ignore[method-assign]
+        ReadHolds.open = real_open  # type: ignore[method-assign]
         other.close()
     assert held and held[0].nlink == 0
     assert all(torch.equal(v, torch.full_like(v, 1.0)) for v in got.values())

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from loomfs.checkpoint._holds import HoldLapsed
+from loomfs.checkpoint._holds import HoldLapsed, ReadHolds
 from loomfs.checkpoint._reader import PIECE_MAX_BYTES, read_files
 
 
@@ -109,5 +109,17 @@ def test_a_name_renamed_over_between_hold_and_open_is_held_again() -> None:
 def test_a_hold_that_lapsed_fails_the_load_instead_of_returning_zeros() -> None:
     c = _Client(4 << 20)
     c.meta.expire = True  # meta dropped the hold (this client was cut off past the lease)
-    with pytest.raises(HoldLapsed):
-        asyncio.run(read_files(c, {"/f": [(0, memoryview(bytearray(100)))]}, 4))
+    now = [0.0]
+    holds = ReadHolds(c, clock=lambda: now[0])
+    real = _File.pread
+
+    async def slow(self: _File, offset: int, view: memoryview) -> int:
+        now[0] += 61.0  # the read outlasted the 60 s lease without a renewal meta answered
+        return await real(self, offset, view)
+
+    _File.pread = slow  # type: ignore[method-assign]
+    try:
+        with pytest.raises(HoldLapsed):
+            asyncio.run(read_files(c, {"/f": [(0, memoryview(bytearray(100)))]}, 4, None, holds))
+    finally:
+        _File.pread = real  # type: ignore[method-assign]

@@ -7,12 +7,16 @@ error. A read hold (what the mount takes, ``loomfs.mount.holds``: a read-only OP
 hold id) makes meta keep such a file as a nameless orphan until the hold ends, so the load
 reads the bytes of the file it opened, whatever happens to its name.
 
-``ReadHolds`` takes a hold *before* opening (the hold's OPEN answers the inode it holds) and
-checks the opened file is that inode (else the name moved meanwhile: the hold ends and both
-are taken again), renews the holds every third of meta's lease while the reads run and ends
-them at ``close``. A hold meta no longer has at a renewal (this client was cut off from meta
-for longer than the lease) makes ``check`` raise: the file may be gone and the bytes read
-zeros. A file whose whole content came with the open (inline) needs none.
+``ReadHolds`` holds every file of a load from before its first batch to its end
+(``open_all``, ``META_CALLS_INFLIGHT`` OPENs at a time; ``close`` closes the files and ends the
+holds as concurrently, also when a file's close failed): a checkpoint pruned between batches
+fails nothing. On an ``AsyncClient`` the file is made from the hold's own OPEN reply (one OPEN
+per file; it is the inode held); another client opens after the hold and the opened inode is
+checked (else the name moved meanwhile: both again). Holds are renewed every third of meta's
+lease; after each batch ``confirm`` raises ``HoldLapsed`` when meta dropped one, or when none
+of its answers covers the reads' end (the last full renewal older than the lease and one now
+fails): the file may be gone and the bytes read zeros. A renewal error within the lease fails
+nothing. A file whose whole content came with the open (inline) needs no hold.
 """
 
 from __future__ import annotations
@@ -22,12 +26,15 @@ import errno
 import logging
 import os
 import secrets
+import time
+from collections.abc import Callable, Iterable
 from typing import Any
 
 logger = logging.getLogger(__name__)
 
 OPEN_ATTEMPTS = 3  # a name renamed over between the hold and the open: take both again
 DEFAULT_LEASE_S = 60.0  # meta's session lease when its OPEN reply does not say
+META_CALLS_INFLIGHT = 16  # hold OPENs (and CLOSEs ending them) in flight at once
 
 
 def new_hold_id() -> int:
@@ -39,18 +46,63 @@ class HoldLapsed(OSError):
     """A read hold ended before the reads did: the bytes read may be zeros."""
 
 
-class ReadHolds:
-    """The read holds of one batch of reads on ``client`` (an ``AsyncClient``)."""
+def _file_from_reply(client: Any, path: str, rsp: Any) -> Any | None:
+    """The read-only file the hold's OPEN reply describes, made as ``AsyncClient.open`` makes
+    one from its own OPEN (attributes, read grant, inline bytes: the hold's reply carries them
+    all), so the load pays one OPEN per file, not two. None for another client (the caller
+    then opens through it)."""
+    from loomfs.client.core import AsyncClient
+    from loomfs.client.file import AsyncFile
+    from loomfs.client.inline import check_crc
+    from loomfs.client.storage_client import note_grant
 
-    def __init__(self, client: Any) -> None:
+    if not isinstance(client, AsyncClient):
+        return None
+    attr = client._check_opened(path, rsp)
+    if rsp.read_grant:
+        note_grant(client.storage, attr.inode, rsp)
+    data = check_crc(path, rsp.data, rsp.data_crc) if rsp.data is not None else None
+    f = AsyncFile(attr=attr, session_id=0, inline_data=data, **client._file_args(path, os.O_RDONLY))
+    client._open_files.add(f)
+    return f
+
+
+class ReadHolds:
+    """The read holds (and the files) of one load on ``client`` (an ``AsyncClient``): taken
+    for every file before the first read, kept until ``close`` at the load's end."""
+
+    def __init__(self, client: Any, *, clock: Callable[[], float] = time.monotonic,
+                 inflight: int = META_CALLS_INFLIGHT) -> None:
         self.client = client
+        self.clock = clock
+        self.inflight = inflight
         self.held: dict[int, tuple[int, str]] = {}  # hold id -> (inode, path)
+        self.files: dict[str, Any] = {}  # path -> its open file
         self.lease_s = DEFAULT_LEASE_S
         self.lost: list[str] = []  # paths whose hold meta no longer had at a renewal
+        # when the last OPEN or renewal that meta answered for every hold was sent: every hold
+        # is good until this plus the lease (meta renewed it after the send)
+        self.confirmed_at: float | None = None
         self._task: asyncio.Task[None] | None = None
 
     def __repr__(self) -> str:
-        return f"ReadHolds(held={len(self.held)} lost={len(self.lost)})"
+        return f"ReadHolds(files={len(self.files)} held={len(self.held)} lost={len(self.lost)})"
+
+    async def open_all(self, paths: Iterable[str]) -> dict[str, Any]:
+        """Every path opened under a hold, ``inflight`` OPENs at a time (``files``). On a
+        failure the caller still calls ``close`` (what was opened is in ``files``)."""
+        sem = asyncio.Semaphore(max(1, self.inflight))
+
+        async def one(path: str) -> None:
+            async with sem:
+                self.files[path] = await self.open(path)
+
+        todo = [p for p in dict.fromkeys(paths) if p not in self.files]
+        outcomes = await asyncio.gather(*(one(p) for p in todo), return_exceptions=True)
+        for out in outcomes:
+            if isinstance(out, BaseException):
+                raise out
+        return self.files
 
     async def open(self, path: str) -> Any:
         """``path`` opened read-only, held at meta (unless inline). FileNotFoundError when the
@@ -58,10 +110,21 @@ class ReadHolds:
         meta = self.client.meta
         for _ in range(OPEN_ATTEMPTS):
             hold_id = new_hold_id()
+            sent = self.clock()
             rsp = await meta.open(path, os.O_RDONLY, 0, self.client.client_id, hold_id)
             inode = rsp.attr.inode if rsp.attr is not None else 0
+            held = getattr(rsp, "data", None) is None  # meta takes no hold on an inline file: its bytes came along
             if rsp.session_lease_s:
                 self.lease_s = min(self.lease_s, rsp.session_lease_s)
+            try:
+                f = _file_from_reply(self.client, path, rsp)
+            except BaseException:
+                await self._end(inode if held else 0, hold_id)
+                raise
+            if f is not None:  # the hold's own reply: the file is what the hold holds
+                if held:
+                    self._add(hold_id, inode, path, sent)
+                return f
             try:
                 f = await self.client.open(path, "rb")
             except BaseException:
@@ -71,13 +134,17 @@ class ReadHolds:
                 await self._end(inode, hold_id)
                 return f
             if f.inode == inode:
-                self.held[hold_id] = (inode, path)
-                self._keep_renewing()
+                self._add(hold_id, inode, path, sent)
                 return f
             # the name went to another file between the hold and the open: again
             await f.close()
             await self._end(inode, hold_id)
         raise OSError(errno.ESTALE, "the file's name kept moving during the open", path)
+
+    def _add(self, hold_id: int, inode: int, path: str, sent: float) -> None:
+        self.held[hold_id] = (inode, path)
+        self.confirmed_at = sent if self.confirmed_at is None else min(self.confirmed_at, sent)
+        self._keep_renewing()
 
     def check(self) -> None:
         """Raise when a hold lapsed while the reads ran (their bytes may be zeros)."""
@@ -85,29 +152,61 @@ class ReadHolds:
             raise HoldLapsed(errno.EIO, f"read holds lapsed during the load (meta unreachable past its "
                              f"{self.lease_s:.0f} s lease): the files may be gone", self.lost[0])
 
+    async def confirm(self) -> None:
+        """After reads that ended now: raise unless every hold is known to have lasted until
+        now. Known without a meta call while the last full confirmation is younger than the
+        lease; else a renewal now (meta still has every hold: it had them throughout). A
+        renewal that fails then raises ``HoldLapsed`` (the lease ran out unconfirmed); a
+        renewal error while the lease still covers the reads fails nothing."""
+        self.check()
+        if not self.held or self.confirmed_at is None or self.clock() - self.confirmed_at < self.lease_s:
+            return
+        try:
+            await self.renew()
+        except OSError as exc:
+            raise HoldLapsed(errno.EIO, f"read holds unconfirmed for the {self.lease_s:.0f} s lease "
+                             f"(renewal failed: {exc}): the files may be gone", next(iter(self.held.values()))[1]
+                             ) from exc
+        self.check()
+
     async def renew(self) -> None:
         """One renewal of every hold; holds meta no longer has are recorded in ``lost``."""
         ids = list(self.held)
         if not ids:
             return
         meta, client_id = self.client.meta, self.client.client_id
-        if await meta.renew_sessions(client_id, ids) == len(ids):
-            return
-        for hold_id in ids:  # which ones: one at a time (rare)
-            if hold_id in self.held and not await meta.renew_sessions(client_id, [hold_id]):
-                self.lost.append(self.held.pop(hold_id)[1])
+        sent = self.clock()
+        if await meta.renew_sessions(client_id, ids) != len(ids):
+            for hold_id in ids:  # which ones: one at a time (rare)
+                if hold_id in self.held and not await meta.renew_sessions(client_id, [hold_id]):
+                    self.lost.append(self.held.pop(hold_id)[1])
+        self.confirmed_at = sent  # the rest: renewed after the send
 
     async def close(self) -> None:
-        task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            try:
-                await task
-            except asyncio.CancelledError:
-                pass
-        held, self.held = self.held, {}
-        for hold_id, (inode, _path) in held.items():
-            await self._end(inode, hold_id)
+        """Close every file, then end every hold (``inflight`` at a time) and the renewals,
+        whatever the closes raised (the first such error is raised after)."""
+        files, self.files = list(self.files.values()), {}
+        try:
+            outcomes = await asyncio.gather(*(f.close() for f in files), return_exceptions=True)
+            for out in outcomes:
+                if isinstance(out, BaseException):
+                    raise out
+        finally:
+            task, self._task = self._task, None
+            if task is not None:
+                task.cancel()
+                try:
+                    await task
+                except asyncio.CancelledError:
+                    pass
+            held, self.held = self.held, {}
+            sem = asyncio.Semaphore(max(1, self.inflight))
+
+            async def end(inode: int, hold_id: int) -> None:
+                async with sem:
+                    await self._end(inode, hold_id)
+
+            await asyncio.gather(*(end(inode, hold_id) for hold_id, (inode, _p) in held.items()))
 
     def _keep_renewing(self) -> None:
         if self._task is None or self._task.done():
@@ -118,7 +217,7 @@ class ReadHolds:
             await asyncio.sleep(self.lease_s / 3)
             try:
                 await self.renew()
-            except OSError as exc:  # meta unreachable: next period (a lapse shows at the next one)
+            except OSError as exc:  # meta unreachable: next period (``confirm`` knows how long)
                 logger.warning("renewing %d checkpoint read holds: %s", len(self.held), exc)
 
     async def _end(self, inode: int, hold_id: int) -> None:

@@ -206,20 +206,28 @@ class LoomStorageReader(StorageReader):
                     planner.commit_tensor(item, dest)
 
     def _read_on_loop(self, items: list[ReadItem], planner: LoadPlanner) -> None:
+        """Every file of the plan opened under a read hold first, held until the last batch
+        is read (a checkpoint pruned between batches still reads its own bytes), then closed."""
         order = sorted(items, key=lambda i: (self.storage_data[i.storage_index].file,
                                              self.storage_data[i.storage_index].offset))
-        batch: list[ReadItem] = []
-        size = 0
-        for item in order:
-            batch.append(item)
-            size += self.storage_data[item.storage_index].length
-            if size >= self.batch_bytes:
-                self._read_batch(batch, planner)
-                batch, size = [], 0
-        if batch:
-            self._read_batch(batch, planner)
+        holds = ReadHolds(self.fs.client)
+        try:
+            paths = [L.join(self._dir(), self.storage_data[i.storage_index].file) for i in order]
+            self.fs.run(holds.open_all(paths))
+            batch: list[ReadItem] = []
+            size = 0
+            for item in order:
+                batch.append(item)
+                size += self.storage_data[item.storage_index].length
+                if size >= self.batch_bytes:
+                    self._read_batch(batch, planner, holds)
+                    batch, size = [], 0
+            if batch:
+                self._read_batch(batch, planner, holds)
+        finally:
+            self.fs.run(holds.close())
 
-    def _read_batch(self, items: list[ReadItem], planner: LoadPlanner) -> None:
+    def _read_batch(self, items: list[ReadItem], planner: LoadPlanner, holds: ReadHolds | None = None) -> None:
         """Resolve destinations, read every item on the loop at once, check and commit."""
         jobs: list[tuple[ReadItem, ItemLoc, Any, Any]] = []  # item, loc, destination, buffer read into
         for item in items:
@@ -239,7 +247,7 @@ class LoomStorageReader(StorageReader):
         for _item, loc, _dest, into in jobs:
             view = memoryview(into) if isinstance(into, bytearray) else tensor_bytes(into)
             reads.setdefault(L.join(self._dir(), loc.file), []).append((loc.offset, view))
-        self.fs.run(read_files(self.fs.client, reads, self.inflight, self.piece_bytes))
+        self.fs.run(read_files(self.fs.client, reads, self.inflight, self.piece_bytes, holds))
         for item, loc, dest, into in jobs:
             if dest is None:
                 self._check(loc, into)
@@ -263,12 +271,14 @@ class LoomStorageReader(StorageReader):
 
 
 async def read_files(client: Any, reads: dict[str, list[tuple[int, memoryview]]], inflight: int,
-                     piece_bytes: int | None = None) -> None:
+                     piece_bytes: int | None = None, holds: ReadHolds | None = None) -> None:
     """Read every (offset, buffer) of every file, in pieces that do not cross a chunk
     boundary (nor a multiple of ``piece_bytes``), ``inflight`` pieces at a time (so as many
     chunk reads are in flight, whatever the items' sizes); a short read raises EOFError.
     Every file is read under a read hold (``_holds``): a checkpoint deleted or archived while
-    it loads still reads its own bytes, and a hold that lapsed raises instead of zeros."""
+    it loads still reads its own bytes, and a hold that lapsed raises instead of zeros.
+    ``holds``: the load's holds, its files opened already (kept open after); without, the
+    files are opened, held and closed here."""
     sem = asyncio.Semaphore(max(1, inflight))
 
     async def one(f: Any, path: str, offset: int, view: memoryview) -> None:
@@ -280,13 +290,13 @@ async def read_files(client: Any, reads: dict[str, list[tuple[int, memoryview]]]
                     raise EOFError(f"{path}: short read ({got} of {len(view)} bytes at {offset})")
                 got += n
 
-    files: dict[str, Any] = {}
-    jobs: list[Coroutine[Any, Any, None]] = []
-    started = False
-    holds = ReadHolds(client)
+    own = holds is None
+    held = ReadHolds(client) if holds is None else holds
     try:
+        files = await held.open_all(reads)
+        jobs: list[Coroutine[Any, Any, None]] = []
         for path, rs in reads.items():
-            f = files[path] = await holds.open(path)
+            f = files[path]
             layout = getattr(f, "layout", None)
             chunk = int(getattr(layout, "chunk_size", 0) or PIECE_BYTES)
             if piece_bytes and chunk % piece_bytes == 0:
@@ -303,17 +313,11 @@ async def read_files(client: Any, reads: dict[str, list[tuple[int, memoryview]]]
             # copy, and refetches when many are in flight); every byte here is asked for already
             pieces.sort(key=lambda p: p[0], reverse=True)
             jobs.extend(one(f, path, off, v) for off, v in pieces)
-        started = True
         outcomes = await asyncio.gather(*jobs, return_exceptions=True)
         for out in outcomes:
             if isinstance(out, BaseException):
                 raise out
-        await holds.renew()  # still held after the last read: what was read is the file's
-        holds.check()
+        await held.confirm()  # every hold lasted until the reads ended: what was read is the file's
     finally:
-        if not started:  # an open failed: the reads never ran
-            for job in jobs:
-                job.close()
-        for f in files.values():
-            await f.close()
-        await holds.close()
+        if own:
+            await held.close()
