@@ -155,7 +155,14 @@ def test_migration_that_fails_leaves_the_file_inline_and_cuts_first_next_time(en
 
 def test_migration_retries_when_the_content_moves_under_it(env: Env, chunks: WritingChunks) -> None:
     inode = put(env, "/r", b"old").attr.inode  # type: ignore[attr-defined]
-    chunks.before_write.append(env.ns.write_inline(inode, 0, [Patch(0, b"NEW")]))
+
+    async def another_metas_patch() -> None:  # (this meta's own patches wait for the migration)
+        async with env.store.write() as txn:
+            attr = await txn.get_inode(inode)
+            assert attr is not None
+            await env.ns._set_inline(txn, attr, b"NEW", env.clock.now_ns())
+
+    chunks.before_write.append(another_metas_patch())
     attr, _ = env.run(env.ns.migrate(inode))
     assert not attr.inline and chunks.read(inode, 0, 3) == b"NEW"
     assert [c[0] for c in chunks.calls].count("write") == 2  # the first copy was stale
@@ -436,3 +443,91 @@ def test_a_chunk_writer_whose_session_expired_under_a_put_gets_eio(env: Env, chu
     assert env.err(env.ns.sync(ino, 8, trunc_epoch=r.trunc_epoch)) == errno.EIO  # written since: lost
     assert env.err(env.ns.close(ino, o.session_id, 8, trunc_epoch=r.trunc_epoch)) == errno.EIO
     assert read(env, "/w") == b"small"
+
+
+def test_a_migration_copy_landing_during_gcs_removal_is_removed_again() -> None:
+    """Inline hunt (session 14): the file was unlinked while its migration's copy was in
+    flight; GC's removal reached storage first, the copy landed after it, the migration saw
+    GC's entry still queued and did not queue it again, then GC deleted its entry: the copied
+    chunk stayed on storage for ever. The migration queues a fresh entry, which a removal in
+    flight does not delete."""
+    chunks = WritingChunks()
+    env = Env(inline_max_bytes=LIMIT, chunk_writer=chunks)
+    env.ns.trimmer = _trimmer(env, chunks)
+    gc = _gc(env, chunks, env.ns.trimmer)
+    gc.delay_s = 0.0
+    inode = put(env, "/f", b"D" * 200).attr.inode  # type: ignore[attr-defined]
+    removed = asyncio.Event()
+    release: asyncio.Future[None] | None = None
+    real_remove = chunks.remove_files_chunks
+    tasks: list[asyncio.Future[int]] = []
+
+    async def slow_remove(files: list[tuple[int, Layout]]) -> None:
+        await real_remove(files)  # GC's removal reaches storage...
+        removed.set()
+        assert release is not None
+        await release  # ...its reply (and GC's delete of its entry) comes later
+
+    chunks.remove_files_chunks = slow_remove  # type: ignore[method-assign]
+
+    async def unlink_and_start_gc() -> None:
+        nonlocal release
+        release = asyncio.get_running_loop().create_future()
+        await env.ns.unlink("/f")
+        env.clock.advance(1)
+        tasks.append(asyncio.ensure_future(gc.run_once()))
+        await removed.wait()  # the removal is done on storage; now the copy lands
+
+    chunks.before_write.append(unlink_and_start_gc())
+
+    async def main() -> None:
+        with pytest.raises(OSError) as ei:
+            await env.ns.migrate(inode)
+        assert ei.value.errno == errno.ENOENT
+        assert release is not None
+        release.set_result(None)
+        await tasks[0]
+
+    try:
+        env.run(main())
+        orphan = [k for k in chunks.data if k[0] == inode]
+        assert not orphan or _gc_pending(env) > 0, f"chunks {orphan} of a gone inode, nothing queued"
+        env.clock.advance(1)
+        env.run(gc.run_once())  # the next round removes them
+        assert not [k for k in chunks.data if k[0] == inode]
+    finally:
+        env.close()
+
+
+def test_a_writers_patches_wait_for_a_migration_in_progress() -> None:
+    """Inline hunt (session 14): another writer's patches, applied while a migration copied
+    the content, moved its version every round: the migrating writer's write past the limit
+    failed with EAGAIN. Patches arriving during a migration wait for it, then find the file in
+    chunks (applied=False: their writer sends them there)."""
+    chunks = WritingChunks()
+    env = Env(inline_max_bytes=LIMIT, chunk_writer=chunks)
+    env.ns.trimmer = _trimmer(env, chunks)
+    inode = put(env, "/f", b"a" * 100).attr.inode  # type: ignore[attr-defined]
+    other = env.run(env.ns.open("/f", os.O_RDWR, client_id=7))
+    me = env.run(env.ns.open("/f", os.O_RDWR, client_id=8))
+    real = chunks.write_chunk
+    flushes: list[asyncio.Future[Any]] = []
+
+    async def write_chunk(*a: Any, **k: Any) -> None:  # the other writer flushes during every copy
+        flushes.append(asyncio.ensure_future(env.ns.write_inline(inode, other.session_id, [Patch(101, b"L")])))
+        for _ in range(20):
+            await asyncio.sleep(0)
+        await real(*a, **k)
+
+    chunks.write_chunk = write_chunk  # type: ignore[method-assign]
+
+    async def main() -> None:
+        w = await env.ns.write_inline(inode, me.session_id, [Patch(LIMIT, b"x")])
+        assert not w.applied and w.attr is not None and not w.attr.inline  # migrated: on in chunks
+        got = await asyncio.gather(*flushes)
+        assert len(got) == 1 and not got[0].applied  # waited, then told: the file is in chunks
+
+    try:
+        env.run(main())
+    finally:
+        env.close()

@@ -179,8 +179,9 @@ class GcWorker:
             async with self.store.write() as txn:
                 for e in batch:
                     cur = await txn.gc_get(e.inode)
-                    if cur is not None and cur.length > e.length:
-                        continue  # a late length report arrived meanwhile: remove again next round
+                    if cur is not None and (cur.length > e.length or cur.enqueued_ns != e.enqueued_ns):
+                        continue  # a late length report, or chunks written since (a migration's
+                        # copy landing after this removal): remove again next round
                     await txn.gc_delete(e.inode)
                     removed += 1
                     logger.debug("gc: removed inode %d (%d bytes)", e.inode, e.length)

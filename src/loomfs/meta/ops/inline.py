@@ -172,8 +172,12 @@ class InlineOps(NamespaceBase):
     ) -> InlineWritten:
         """Apply a writer's patches to an inline file in one transaction. A file in chunks
         (or one the patches would grow past its limit: migrated here first) answers
-        ``applied=False`` and is left alone, session included."""
+        ``applied=False`` and is left alone, session included. A migration of the file in
+        progress (in this meta) is waited for first: patches applied meanwhile change the
+        content under its copy, and a writer's stream of them starved it to EAGAIN."""
         who = caller()
+        if self._migrations.busy(inode):
+            await self.wait_migration(inode)
         async with self.store.write() as txn:
             await self._confine(txn, inode)
             attr = await txn.get_inode(inode)
@@ -243,11 +247,13 @@ class InlineOps(NamespaceBase):
                     await self.chunk_writer.write_chunk(layout, inode, 0, 0, memoryview(data))
                 async with self.store.write() as txn:
                     attr = await txn.get_inode(inode)
-                    if attr is None:
+                    if attr is None and layout is not None:
                         # unlinked meanwhile: GC may have removed the chunks before our copy
-                        # landed; have it remove them (again)
-                        if layout is not None and await txn.gc_get(inode) is None:
-                            await txn.gc_put(GcEntry(inode, layout, 0, self.clock.now_ns()))
+                        # landed, or be removing them now; have it remove them (again): a
+                        # fresh entry, which a removal already in flight does not delete
+                        cur = await txn.gc_get(inode)
+                        await txn.gc_put(GcEntry(inode, cur.layout if cur is not None else layout,
+                                                 cur.length if cur is not None else 0, self.clock.now_ns()))
                 if attr is None:
                     raise StatusError(Status.ENOENT, f"inode {inode}")
                 async with self.store.write() as txn:
