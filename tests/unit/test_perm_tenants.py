@@ -104,6 +104,11 @@ def test_other_tenants_inodes_are_not_there_by_number(env: Env) -> None:
         assert env.err(env.ns.setattr("/", inode=victim, mode=0o777), ACME) == errno.ENOENT
         assert env.err(env.ns.migrate(victim), ACME) == errno.ENOENT
         assert env.err(env.ns.sync(victim, 5), ACME) == errno.ENOENT
+        # extended attributes by number too (PostgreSQL hunt, session 14: not confined)
+        assert env.err(env.ns.getxattr("", b"user.k", inode=victim), ACME) == errno.ENOENT
+        assert env.err(env.ns.setxattr("", b"user.k", b"pwned", inode=victim), ACME) == errno.ENOENT
+        assert env.err(env.ns.listxattr("", inode=victim), ACME) == errno.ENOENT
+        assert env.err(env.ns.removexattr("", b"user.k", inode=victim), ACME) == errno.ENOENT
     assert env.run(env.ns.sessions_held(0, [(ino, sid)]), ACME) == [False]
     assert env.run(env.ns.write_inline(ino, sid, [Patch(0, b"ok")], close=True), BETA).applied
     assert env.run(env.ns.read("/f"), BETA)[1] == b"ok"
@@ -153,3 +158,35 @@ def test_a_tenantless_user_reaches_only_the_shared_range_by_number(env: Env) -> 
     assert admin.privileged
     env.run(env.ns.setattr("/", inode=ino, mode=0o640), admin)
     assert env.run(env.ns.stat("/f"), ACME).mode & 0o777 == 0o640
+
+
+def test_lock_calls_are_confined_to_the_callers_tenant(env: Env) -> None:
+    """PostgreSQL hunt (session 14): the lock calls (by inode number) were not confined: a
+    tenant's caller could lock, test or release locks on another tenant's or the shared
+    namespace's files."""
+    from loomfs.meta.service import MetaService
+    from loomfs.net.rpc_base import CallContext
+    from loomfs.wire import meta_lock as wl
+
+    env.run(env.ns.create_tenant("acme", uid=1000, gid=1000))
+    env.run(env.ns.create_tenant("beta", uid=1000, gid=1000))
+    theirs = env.run(env.ns.open("/f", os.O_CREAT | os.O_WRONLY, mode=0o666), BETA).attr.inode
+    shared = env.put("/shared", b"s", TRUSTED).inode
+    mine = env.run(env.ns.open("/m", os.O_CREAT | os.O_WRONLY, mode=0o666), ACME).attr.inode
+    svc = MetaService(env.ns)
+
+    def ctx(who: Identity) -> CallContext:
+        return CallContext(memoryview(b""), 1, "test", None, 0, who)
+
+    def lock(inode: int) -> wl.LockReq:
+        return wl.LockReq(inode=inode, client_id=7, owner=1, kind=1, type=1, first=0, last=10)
+
+    for victim in (theirs, shared):
+        assert env.err(svc.lock_set(lock(victim), ctx(ACME)), ACME) == errno.ENOENT
+        assert env.err(svc.lock_get(lock(victim), ctx(ACME)), ACME) == errno.ENOENT
+        rel = wl.LockReleaseReq(inode=victim, client_id=7, owner=1, kind=1)
+        assert env.err(svc.lock_release(rel, ctx(ACME)), ACME) == errno.ENOENT
+    assert env.run(svc.lock_set(lock(mine), ctx(ACME)), ACME).granted  # its own file: as before
+    shared_user = Identity(uid=1000, gid=1000)
+    assert env.err(svc.lock_set(lock(mine), ctx(shared_user)), shared_user) == errno.ENOENT
+    assert env.run(svc.lock_set(lock(shared), ctx(shared_user)), shared_user).granted

@@ -8,10 +8,13 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from loomfs.errors import StatusError
+from loomfs.meta import tenancy
 from loomfs.meta.locks import LockTable
 from loomfs.meta.store.base import LockRow
 from loomfs.net.rpc import CallContext, handles
 from loomfs.wire import meta_lock as wl
+from loomfs.wire.status import Status
 
 logger = logging.getLogger(__name__)
 
@@ -35,6 +38,19 @@ class LockHandlers:
             self._lock_table = LockTable(self.ns.store, self.ns.clock)
         return self._lock_table
 
+    async def _confine(self, ctx: CallContext, inode: int) -> None:
+        """A lock names its file by inode number: ENOENT outside the caller's tenant (as every
+        call by number; PostgreSQL hunt, session 14: lock calls were not confined)."""
+        who = ctx.identity
+        if who.privileged:
+            return
+        if not who.tenant:  # the shared namespace: no lookup
+            if tenancy.tenant_of(inode) != 0:
+                raise StatusError(Status.ENOENT, f"inode {inode}")
+            return
+        async with self.ns.store.read() as txn:
+            await tenancy.confine(txn, who.tenant, inode)
+
     async def _retrying(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
         from loomfs.meta.service import retry_conflicts
 
@@ -42,6 +58,7 @@ class LockHandlers:
 
     @handles(wl.LOCK_SET)
     async def lock_set(self, req: wl.LockReq, ctx: CallContext) -> wl.LockRsp:
+        await self._confine(ctx, req.inode)
         hit, fresh = await self._retrying(self.locks.setlk_lease, req.inode, req.client_id, req.owner, req.kind,
                                           req.type, req.first, req.last, pid=req.pid, lease_s=req.lease_s)
         logger.debug("req %d: lock_set inode %d kind %d type %d %d..%d client %#x owner %#x: %s", ctx.request_id,
@@ -51,11 +68,13 @@ class LockHandlers:
 
     @handles(wl.LOCK_GET)
     async def lock_get(self, req: wl.LockReq, ctx: CallContext) -> wl.LockRsp:
+        await self._confine(ctx, req.inode)
         hit = await self.locks.getlk(req.inode, req.client_id, req.owner, req.kind, req.type, req.first, req.last)
         return wl.LockRsp(granted=hit is None, conflict=_info(hit))
 
     @handles(wl.LOCK_RELEASE)
     async def lock_release(self, req: wl.LockReleaseReq, ctx: CallContext) -> wl.LockReleaseRsp:
+        await self._confine(ctx, req.inode)
         n = await self._retrying(self.locks.release, req.inode, req.client_id, req.owner, req.kind)
         return wl.LockReleaseRsp(released=n)
 

@@ -125,6 +125,7 @@ class XattrOps(NamespaceBase):
 
     async def _xattr_holder(self, txn: MetaTxn, path: str, follow_symlinks: bool, inode: int = 0) -> Attr:
         if inode:
+            await self._confine(txn, inode)  # by inode number: only inodes of the caller's tenant
             attr = await txn.get_inode(inode)
             if attr is None:
                 raise StatusError(Status.ENOENT, f"{path or 'inode'} (inode {inode})")
