@@ -9,9 +9,9 @@ and reads those whole in one READ_MANY. Big files move in ``_transfer.BLOCK_BYTE
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
 import posixpath
-import secrets
 from glob import has_magic
 from typing import Any
 
@@ -21,7 +21,7 @@ from fsspec.utils import isfilelike
 from loomfs.errors import IsADirectory
 from loomfs.fsspec import _transfer as xfer
 from loomfs.fsspec._base import LoomBase, on_core_loop
-from loomfs.fsspec._file import AsyncLoomFile, LoomBufferedFile
+from loomfs.fsspec._file import AsyncLoomFile, LoomBufferedFile, temp_name
 from loomfs.wire.types import FileType
 
 FILES_INFLIGHT = 64  # files opened at once by one cat_ranges
@@ -227,14 +227,26 @@ class DataOps(LoomBase):
 
     def _open(self, path: str, mode: str = "rb", block_size: int | None = None, autocommit: bool = True,
               cache_options: dict[str, Any] | None = None, **kwargs: Any) -> LoomBufferedFile:
+        """A file object. In a transaction (``autocommit=False``) a new file ("w" and "x"
+        modes) is written under a temporary name that ``commit()`` renames into place ("x":
+        only if the target still does not exist); other modes ("a", "r+") change the file
+        in place at once, as fsspec's local filesystem does."""
         p = self._strip_protocol(path)
         temp = None
         if "r" not in mode:
             if self.auto_mkdir:
                 self.loom.run(self._parent_made(p))
-            if not autocommit:
-                temp = posixpath.join(posixpath.dirname(p), f".{posixpath.basename(p)}.loomfs-{secrets.token_hex(6)}")
+            if not autocommit and ("w" in mode or "x" in mode):
+                if "x" in mode and self.loom.exists(p):
+                    raise FileExistsError(errno.EEXIST, "file exists", p)
+                temp = temp_name(p)
         raw = self.loom.open(p if temp is None else temp, mode)
+        if "a" in mode:
+            try:
+                raw.seek(0, os.SEEK_END)  # tell() is the file's size, as with open()
+            except BaseException:
+                raw.close()
+                raise
         return LoomBufferedFile(self, p, mode, raw, autocommit=autocommit, temp_path=temp)
 
     async def open_async(self, path: str, mode: str = "rb", **kwargs: Any) -> AsyncLoomFile:
@@ -246,4 +258,11 @@ class DataOps(LoomBase):
     async def _open_async(self, p: str, mode: str) -> AsyncLoomFile:
         if "r" not in mode:
             await self._parent_made(p)
-        return AsyncLoomFile(self, p, mode, await self.core.open(p, mode))
+        af = await self.core.open(p, mode)
+        if "a" in mode:
+            try:
+                await af.seek(0, os.SEEK_END)  # tell() is the file's size, as with open()
+            except BaseException:
+                await af.close()
+                raise
+        return AsyncLoomFile(self, p, mode, af)

@@ -3,9 +3,11 @@
 ``LoomBufferedFile`` is what ``fs.open()`` returns: the blocking client's own file object
 (``loomfs.client.syncfile.LoomFile``: one OPEN, then chunk reads straight from storage with
 the client's read-ahead, or write-back of whole chunks), with the attributes fsspec users
-expect (``fs``, ``path``, ``size``, ``details``, ``loc``) and transactions: opened with
-``autocommit=False`` it writes to a temporary name that ``commit()`` renames into place in
-one step (readers never see half a file) and ``discard()`` removes.
+expect (``fs``, ``path``, ``size``, ``details``, ``loc``) and transactions: a new file ("w",
+"x") opened with ``autocommit=False`` is written under a temporary name that ``commit()``
+renames into place in one step (readers never see half a file; "x" refuses to replace a
+file) and ``discard()`` removes; "a" and "r+" change the file in place, as in fsspec's
+local filesystem.
 
 ``AsyncLoomFile`` is what ``await fs.open_async()`` returns: the async core's file, usable
 from any event loop.
@@ -16,6 +18,8 @@ from __future__ import annotations
 import asyncio
 import io
 import os
+import posixpath
+import secrets
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -25,6 +29,22 @@ if TYPE_CHECKING:
     from loomfs.fsspec._filesystem import LoomFileSystem
 
 T = TypeVar("T")
+
+TEMP_INFIX = ".loomfs-"  # a transaction's file is ".<name>.loomfs-<12 hex digits>" until commit
+
+
+def temp_name(path: str) -> str:
+    """Where a transaction writes ``path`` until its commit (same directory, hidden name)."""
+    head, name = posixpath.split(path)
+    return posixpath.join(head, f".{name}{TEMP_INFIX}{secrets.token_hex(6)}")
+
+
+def is_temp_name(path: str) -> bool:
+    """Whether ``path`` is a transaction's temporary file (see ``temp_name``)."""
+    name = posixpath.basename(path.rstrip("/"))
+    head, sep, tail = name.rpartition(TEMP_INFIX)
+    return (bool(sep) and head.startswith(".") and len(head) > 1 and len(tail) == 12
+            and all(c in "0123456789abcdef" for c in tail))
 
 
 class LoomBufferedFile(io.BufferedIOBase):
@@ -152,11 +172,16 @@ class LoomBufferedFile(io.BufferedIOBase):
             super().close()
 
     def commit(self) -> None:
-        """Move a transaction's file into place (one rename)."""
+        """Move a transaction's file into place (one rename; for "x", one that refuses to
+        replace a file made since the open: FileExistsError, and the temporary file goes)."""
         if self._temp_path is None:
             return
         self.close()
-        self.fs.loom.rename(self._temp_path, self.path)
+        try:
+            self.fs.loom.rename(self._temp_path, self.path, no_replace="x" in self.mode)
+        except FileExistsError:
+            self.discard()
+            raise
         self._temp_path = None
         self._details = None
 
