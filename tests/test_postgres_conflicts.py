@@ -193,3 +193,47 @@ def test_store_recovers_after_the_database_restarts(pg_server: PgServer, pg_url:
             await s.close()
 
     asyncio.run(go())
+
+
+def test_values_postgresql_cannot_hold_are_einval(pg_url: str) -> None:
+    """PostgreSQL hunt (session 14): an integer past int64 or a NUL in a name answered INTERNAL
+    (asyncpg's DataError) or EIO (at the commit of deferred writes), where SQLite answers
+    BAD_REQUEST; a conflict at commit went back to the pool inside the failed transaction."""
+    import os
+    import random
+
+    from loomfs.meta.ops.namespace import Namespace
+    from loomfs.wire.types import ChainInfo, ChainTable, Layout, RoutingInfo
+
+    class OneTable:
+        def __init__(self) -> None:
+            from loomfs.common.routing import Routing
+
+            infos = [ChainInfo(chain_id=101, targets=[101], table_id=1)]
+            tables = [ChainTable(table_id=1, replicas=1, chain_ids=[101])]
+            self.routing = Routing(RoutingInfo(version=1, chains=infos, tables=tables))
+
+        async def get(self) -> object:
+            return self.routing
+
+        async def refresh(self, min_version: int = 0) -> object:
+            return self.routing
+
+    async def go() -> None:
+        store = _open(pg_url)
+        ns = Namespace(store, routing=OneTable(), rng=random.Random(1),  # type: ignore[arg-type]
+                       default_layout=Layout(table_id=1, inline_max_bytes=0))
+        try:
+            await ns.init()
+            await ns.open("/f", os.O_CREAT | os.O_WRONLY)
+            for call in (ns.setattr("", inode=1 << 63, mode=0o600),  # an argument past int64
+                         ns.readdir("/", after="a\x00b"),  # a NUL PostgreSQL text cannot hold
+                         ns.setattr("/f", mtime_ns=1 << 63)):  # a deferred write's, at commit
+                with pytest.raises(OSError) as e:
+                    await call
+                assert e.value.errno == errno.EINVAL, e.value
+            assert (await ns.stat("/f")).size == 0  # the store goes on
+        finally:
+            await store.close()
+
+    asyncio.run(go())

@@ -346,3 +346,23 @@ def test_namespace_calls() -> None:
         assert not await client.exists("/a") and list(meta.nodes) == ["/"]
 
     run(body)
+
+
+def test_writes_and_sizes_past_the_largest_file_length_are_efbig() -> None:
+    from loomfs.wire.types import FILE_BYTES_MAX
+
+    async def body(client: Any, meta: Any, storage: Any) -> None:
+        f = await client.open("/big", "wb")
+        await f.seek(FILE_BYTES_MAX - 1)
+        with pytest.raises(OSError) as e:
+            await f.write(b"xy")
+        assert e.value.errno == errno.EFBIG
+        for call in (f.truncate(FILE_BYTES_MAX + 1), f.grow(FILE_BYTES_MAX + 1)):
+            with pytest.raises(OSError) as e:
+                await call
+            assert e.value.errno == errno.EFBIG
+        await f.write(b"x")  # up to the limit: fine
+        await f.close()
+        assert not storage.writes or all(idx * CHUNK < FILE_BYTES_MAX for (_, idx, _, _) in storage.writes)
+
+    run(body)

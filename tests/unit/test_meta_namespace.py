@@ -479,3 +479,20 @@ def test_directory_mtime_on_entry_changes(env: Env) -> None:
     env.create("/d/f")
     d2 = env.run(env.ns.stat("/d"))
     assert d2.mtime_ns > d.mtime_ns and d2.ctime_ns > d.ctime_ns
+
+
+def test_sizes_past_the_largest_file_length_are_efbig(env: Env) -> None:
+    """PostgreSQL hunt (session 14): sizes up to 2^63-1 were taken, and two such files
+    overflowed meta's byte counter (int64): STATFS failed on PostgreSQL, and SQLite turned the
+    counter into a float for good. Past FILE_BYTES_MAX a size set or length report is EFBIG."""
+    from loomfs.wire.types import FILE_BYTES_MAX
+
+    o = env.run(env.ns.open("/big", W | os.O_CREAT))
+    assert env.err(env.ns.setattr("/big", size=FILE_BYTES_MAX + 1)) == errno.EFBIG
+    assert env.err(env.ns.setattr("/big", size=(1 << 63) - 1)) == errno.EFBIG
+    assert env.err(env.ns.sync(o.attr.inode, FILE_BYTES_MAX + 1, trunc_epoch=o.trunc_epoch)) == errno.EFBIG
+    env.run(env.ns.setattr("/big", size=FILE_BYTES_MAX))
+    env.run(env.ns.open("/big2", W | os.O_CREAT))
+    env.run(env.ns.setattr("/big2", size=FILE_BYTES_MAX))
+    s = env.run(env.ns.statfs())
+    assert s.bytes_used == 2 * FILE_BYTES_MAX and isinstance(s.bytes_used, int)

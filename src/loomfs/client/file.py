@@ -27,6 +27,7 @@ open, rename, unlink, a listing of the directory, ...) create it first (``create
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import os
 from collections.abc import Awaitable, Callable
@@ -42,7 +43,7 @@ from loomfs.config import ClientConfig
 from loomfs.errors import InvalidArgument, LoomError, NotFound
 from loomfs.net.buffers import BufferPool
 from loomfs.wire.meta import OpenRsp, SetattrReq
-from loomfs.wire.types import Attr, Layout
+from loomfs.wire.types import FILE_BYTES_MAX, Attr, Layout
 
 if TYPE_CHECKING:
     from loomfs.client.meta_client import MetaClient
@@ -199,6 +200,7 @@ class AsyncFile:
             return 0
         if self.append:
             self._pos = self._length
+        _check_length(self._pos + total, self.path)
         if self._inline is not None:
             end = self._pos + total
             if self._inline.fits(end):
@@ -443,6 +445,7 @@ class AsyncFile:
         size = self._pos if size is None else size
         if size < 0:
             raise InvalidArgument("negative size", path=self.path)
+        _check_length(size, self.path)
         if self._opener is not None and self._inline is not None and self._inline.fits(size):
             self._inline.truncate(size, record=True)  # not created yet: the put carries it
             self._length = size
@@ -476,6 +479,7 @@ class AsyncFile:
         self._check(write=True)
         if size < 0:
             raise InvalidArgument("negative size", path=self.path)
+        _check_length(size, self.path)
         if self._inline is not None and not self._inline.fits(size):
             await self._leave_inline()  # past the inline limit: in chunks (no buffer of ``size``)
         if self._inline is not None:
@@ -710,3 +714,9 @@ class AsyncFile:
             f"AsyncFile({self.path} inode={self.inode} len={self._length} {state} "
             f"inflight={len(self._flushes)})"
         )
+
+
+def _check_length(end: int, path: str) -> None:
+    """EFBIG for a write or size past the largest file length (meta refuses it too)."""
+    if end > FILE_BYTES_MAX:
+        raise LoomError(f"{end} bytes: past the largest file length ({FILE_BYTES_MAX})", errno=errno.EFBIG, path=path)

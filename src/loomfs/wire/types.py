@@ -11,6 +11,9 @@ SERVICE_META = 2
 SERVICE_STORAGE = 3
 
 ROOT_INODE = 1
+# the largest file length (1 PiB; ext4 allows 16 TiB, CephFS 1 TiB by default): EFBIG past it,
+# so meta's byte counters (sums of lengths, int64 in both stores) never overflow
+FILE_BYTES_MAX = 1 << 50
 
 
 class NodeKind(IntEnum):

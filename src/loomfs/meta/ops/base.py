@@ -21,7 +21,7 @@ from loomfs.meta.layout import ChainAllocator
 from loomfs.meta.store.base import InlineData, MetaStore, MetaTxn, TrimEntry
 from loomfs.meta.trim import Trimmer, must_settle, queue_trim
 from loomfs.wire.status import Status
-from loomfs.wire.types import ROOT_INODE, Attr, FileType, Layout
+from loomfs.wire.types import FILE_BYTES_MAX, ROOT_INODE, Attr, FileType, Layout
 
 logger = logging.getLogger(__name__)
 
@@ -189,6 +189,8 @@ class NamespaceBase:
         epoch = await txn.trunc_epoch(inode)
         if length < 0:
             return attr, epoch, False
+        if length > FILE_BYTES_MAX:
+            raise StatusError(Status.EFBIG, f"inode {inode}: length {length} past the largest file length")
         if attr.inline:
             # a writer in chunks of a file that became inline since (an O_TRUNC put): its
             # bytes are not the file's; GC or the next migration removes them

@@ -28,7 +28,7 @@ from loomfs.meta.paths import split_path
 from loomfs.meta.store.base import MetaTxn
 from loomfs.wire.meta import RENEW_SESSIONS_MAX
 from loomfs.wire.status import Status
-from loomfs.wire.types import Attr
+from loomfs.wire.types import FILE_BYTES_MAX, Attr
 
 logger = logging.getLogger(__name__)
 
@@ -402,6 +402,8 @@ class FileOps(InlineOps):
             raise StatusError(Status.EINVAL, f"bad inode {inode}")
         if size < -1:
             raise StatusError(Status.EINVAL, f"negative size {size}")
+        if size > FILE_BYTES_MAX:
+            raise StatusError(Status.EFBIG, f"size {size} past the largest file length {FILE_BYTES_MAX}")
         for _ in range(SETATTR_SETTLE_ROUNDS):
             r = await self._setattr(parts, path, follow_symlinks, mode, uid, gid, atime_ns, mtime_ns, size,
                                     inode, times_now)

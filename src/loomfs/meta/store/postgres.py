@@ -34,7 +34,7 @@ from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
 import asyncpg
 
-from loomfs.errors import LoomError
+from loomfs.errors import LoomError, StatusError
 from loomfs.meta.store.base import (
     WRITE_ALONE,
     CommitFailed,
@@ -53,6 +53,7 @@ from loomfs.meta.store.postgres_schema import (
     sequence_name,
 )
 from loomfs.meta.store.postgres_txn import PostgresTxn, ReadOnlyTxn
+from loomfs.wire.status import Status
 
 __all__ = ["PostgresStore", "PostgresTxn", "ReadOnlyTxn", "StoreUnavailable"]
 
@@ -65,6 +66,15 @@ _BEGIN_GATED = f"BEGIN ISOLATION LEVEL SERIALIZABLE; SELECT pg_advisory_xact_loc
 _CONFLICT = (asyncpg.SerializationError, asyncpg.DeadlockDetectedError)
 _UNAVAILABLE = (asyncpg.PostgresConnectionError, asyncpg.InterfaceError, OSError,
                 asyncpg.exceptions.OperatorInterventionError, asyncpg.exceptions.TooManyConnectionsError)
+
+
+# a value PostgreSQL cannot hold (an integer past int64, a NUL in a text): the caller's input,
+# answered EINVAL, not INTERNAL or EIO (PostgreSQL hunt, session 14; SQLite answers BAD_REQUEST)
+_BAD_VALUE = (asyncpg.exceptions.DataError, asyncpg.exceptions._base.DataError)
+
+
+def _bad_value(exc: BaseException) -> StatusError:
+    return StatusError(Status.EINVAL, f"a value the metastore cannot hold: {exc}")
 
 
 def _unavailable(exc: BaseException) -> bool:
@@ -216,6 +226,8 @@ class PostgresStore(MetaStore):
             yield PostgresLockTxn(conn, False, self)
             ok = True
         except Exception as exc:
+            if isinstance(exc, _BAD_VALUE):
+                raise _bad_value(exc) from exc
             if _unavailable(exc):
                 raise StoreUnavailable(f"metastore read failed: {exc}") from exc
             raise
@@ -285,6 +297,8 @@ class PostgresStore(MetaStore):
                 if isinstance(exc, _CONFLICT):
                     self.conflicts += 1
                     raise TxnConflict(f"serialisation conflict: {exc}") from exc
+                if isinstance(exc, _BAD_VALUE):
+                    raise _bad_value(exc) from exc
                 if _unavailable(exc):
                     raise StoreUnavailable(f"metastore write failed: {exc}") from exc
                 raise
@@ -294,7 +308,13 @@ class PostgresStore(MetaStore):
                 txn.pending.clear()
             except _CONFLICT as exc:
                 self.conflicts += 1
+                with contextlib.suppress(Exception):  # not back to the pool inside a failed transaction
+                    await conn.execute("ROLLBACK")
                 raise TxnConflict(f"serialisation conflict at commit: {exc}") from exc
+            except _BAD_VALUE as exc:
+                with contextlib.suppress(Exception):
+                    await conn.execute("ROLLBACK")
+                raise _bad_value(exc) from exc
             except Exception as exc:
                 self.commits_failed += 1
                 with contextlib.suppress(Exception):
