@@ -29,7 +29,12 @@ the same bytes by then. Writers of an inline file send their writes to meta
 (``write_inline``, patches applied in one transaction); one that finds the file migrated
 (``applied=False``) writes to the chunks instead. Truncates of inline files edit the content,
 and an extend past the limit migrates first. Several meta processes migrating one inode at
-once are not serialised yet (issue 12: a claim like the trim queue's).
+once are not serialised yet (issue 12: a claim like the trim queue's), and neither is a
+migration on one meta with an O_TRUNC or put of the file on another (only this process's
+migrations are waited for, ``MigrationBusy``): the migration's copy, landing after the other
+meta's O_TRUNC and its cut, leaves the old bytes in chunk 0 past the new length, where an
+extend reads them (PostgreSQL hunt, session 14). The fix is the same claim, kept in the
+inline row and checked by O_TRUNC and puts; not done yet.
 """
 
 from __future__ import annotations
