@@ -610,3 +610,22 @@ def test_an_idle_entry_left_to_its_writers_keeps_no_claim(env: Env) -> None:
         await b.settle(ino)  # answers at once: nobody is cutting
 
     env.run(go())
+
+
+def test_a_conflict_while_settling_is_a_status_error(env: Env) -> None:
+    """PostgreSQL hunt (session 14): a TxnConflict out of a settle (a claim lost to another
+    meta) is not a StatusError, so an open or close that had committed skipped its cleanup
+    (the open's session removal) and the caller's retry wrapper could not re-run it either."""
+    from loomfs.meta.store.base import TxnConflict
+
+    chunks = Chunks()
+    t = _with_trimmer(env, chunks)
+    ino = _file(env, chunks, "/c", 3000)
+
+    async def lost(txn: object, inode: int) -> None:
+        raise TxnConflict("serialisation conflict")
+
+    t._claim = lost  # type: ignore[assignment,method-assign]
+    with pytest.raises(StatusError) as e:
+        env.run(t.settle(ino))
+    assert e.value.errno == errno.EAGAIN

@@ -62,7 +62,7 @@ from typing import Protocol
 from loomfs.common.clock import SYSTEM_CLOCK, Clock
 from loomfs.ec.stripe import SHADOW_STRIPE_BASE, Geometry
 from loomfs.errors import LoomError, StatusError
-from loomfs.meta.store.base import MetaStore, MetaTxn, TrimEntry
+from loomfs.meta.store.base import MetaStore, MetaTxn, TrimEntry, TxnConflict
 from loomfs.wire.status import Status
 from loomfs.wire.types import FileType, Layout
 
@@ -183,7 +183,13 @@ class Trimmer:
             task = asyncio.get_running_loop().create_task(self._settle(inode), name=f"trim-{inode}")
             self._tasks[inode] = task
             task.add_done_callback(lambda t: self._forget(inode, t))
-        await asyncio.shield(task)  # a caller that goes away does not stop a cut half-way
+        try:
+            await asyncio.shield(task)  # a caller that goes away does not stop a cut half-way
+        except TxnConflict as exc:
+            # a claim or release lost to another meta (PostgreSQL): the entry stays queued. As a
+            # StatusError, so the caller (an open, a close) runs its cleanup as for any failed
+            # settle; the operation it settles for was committed and must not be re-run
+            raise StatusError(Status.EAGAIN, f"inode {inode}: trim pending: {exc}") from exc
 
     def _forget(self, inode: int, task: asyncio.Task[None]) -> None:
         if self._tasks.get(inode) is task:
