@@ -5,6 +5,7 @@ each test failed on the code before its fix)."""
 from __future__ import annotations
 
 import asyncio
+import errno
 from collections.abc import Iterator
 
 import pytest
@@ -74,3 +75,17 @@ def test_append_starts_at_the_end(lfs: LoomFileSystem, base: str) -> None:
             return af.tell()
 
     assert asyncio.run(go()) == 12
+
+
+def test_rm_recursive_maxdepth_removes_only_what_it_finds(lfs: LoomFileSystem, base: str) -> None:
+    d = f"{base}/d"
+    lfs.pipe({f"{d}/a": b"1", f"{d}/sub/deep/b": b"2", f"{d}/empty/c": b"3"})
+    with pytest.raises(OSError) as err:  # as fsspec's memory filesystem: rmdir of a non-empty one
+        lfs.rm(d, recursive=True, maxdepth=1)
+    assert err.value.errno == errno.ENOTEMPTY
+    assert lfs.cat(f"{d}/sub/deep/b") == b"2"  # below the depth: kept (the old code removed the tree)
+    assert not lfs.exists(f"{d}/a")
+    lfs.rm(f"{d}/empty", recursive=True, maxdepth=1)  # all of it within the depth
+    assert not lfs.exists(f"{d}/empty")
+    lfs.rm(d, recursive=True, maxdepth=3)
+    assert not lfs.exists(d)

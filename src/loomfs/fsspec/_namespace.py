@@ -154,7 +154,10 @@ class NamespaceOps(LoomBase):
     @on_core_loop
     async def _rm(self, path: Any, recursive: bool = False, maxdepth: int | None = None, **kwargs: Any) -> None:
         """Remove files (one UNLINK_MANY for all of them) and, with ``recursive``,
-        directories with everything in them."""
+        directories with everything in them; with ``maxdepth`` too, only what ``find``
+        lists to that depth, directories with rmdir from the deepest up (one that still
+        holds deeper entries raises ``OSError(ENOTEMPTY)``, as in fsspec's memory
+        filesystem)."""
         if isinstance(path, str) and recursive and maxdepth is None and not has_magic(path):
             await self.core.rm(self._strip_protocol(path), recursive=True)  # native rmtree
             return
@@ -170,6 +173,13 @@ class NamespaceOps(LoomBase):
                 raise r
         if dirs and not recursive:
             raise IsADirectory("is a directory (use recursive=True)", path=dirs[0])
+        if maxdepth is not None:
+            for d in sorted(dirs, reverse=True):  # children sort after their parents
+                try:
+                    await self.core.rmdir(d)
+                except FileNotFoundError:
+                    pass
+            return
         tops: list[str] = []
         for d in sorted(dirs):  # parents sort before their children
             if not any(d.startswith(t.rstrip("/") + "/") for t in tops):
