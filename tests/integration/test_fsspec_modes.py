@@ -1,15 +1,17 @@
 """fsspec file modes against a real cluster: appends and exclusive creates inside a
-transaction, where an append starts, ``rm`` with ``maxdepth`` (found by the fsspec bug hunt;
-each test failed on the code before its fix)."""
+transaction, where an append starts, ``rm`` with ``maxdepth``, what a pickle keeps (found by
+the fsspec bug hunt; each test failed on the code before its fix)."""
 
 from __future__ import annotations
 
 import asyncio
 import errno
+import pickle
 from collections.abc import Iterator
 
 import pytest
 
+from loomfs.config import ClientConfig
 from loomfs.fsspec import LoomFileSystem, close_clients
 from loomfs.testing import LocalCluster
 
@@ -89,3 +91,12 @@ def test_rm_recursive_maxdepth_removes_only_what_it_finds(lfs: LoomFileSystem, b
     assert not lfs.exists(f"{d}/empty")
     lfs.rm(d, recursive=True, maxdepth=3)
     assert not lfs.exists(d)
+
+
+def test_pickle_keeps_config_and_asynchronous(cluster: LocalCluster) -> None:
+    cfg = ClientConfig(mgmtd=cluster.mgmtd_address, readahead_chunks=3)
+    fs = LoomFileSystem(cluster.mgmtd_address, config=cfg, asynchronous=True, batch_size=7,
+                        skip_instance_cache=True)
+    back = pickle.loads(pickle.dumps(fs))  # as to a spawned DataLoader worker
+    assert back.asynchronous and back.batch_size == 7  # came back blocking, default batches
+    assert back.loom is fs.loom  # the client of that config (was the default config's)

@@ -88,7 +88,10 @@ class LoomBase(AsyncFileSystem):
         self._loom: LoomFS = client
         self.mgmtd = mgmtd
         self.auto_mkdir = auto_mkdir
-        self._options = {"cluster": mgmtd or cluster, "consistency": consistency, "auto_mkdir": auto_mkdir}
+        self._options = {  # what a pickle carries (None: left out)
+            "cluster": mgmtd or cluster, "consistency": consistency, "config": config,
+            "auto_mkdir": auto_mkdir, "asynchronous": asynchronous or None, "batch_size": batch_size,
+        }
         super().__init__(asynchronous=asynchronous, loop=client.loop, batch_size=batch_size, **kwargs)
         _bridge.mirror_sync_methods(self)
 
