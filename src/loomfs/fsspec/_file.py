@@ -34,17 +34,10 @@ TEMP_INFIX = ".loomfs-"  # a transaction's file is ".<name>.loomfs-<12 hex digit
 
 
 def temp_name(path: str) -> str:
-    """Where a transaction writes ``path`` until its commit (same directory, hidden name)."""
+    """Where a transaction writes ``path`` until its commit (same directory, hidden name;
+    ``loomfs.torch.files`` leaves such names out of a dataset)."""
     head, name = posixpath.split(path)
     return posixpath.join(head, f".{name}{TEMP_INFIX}{secrets.token_hex(6)}")
-
-
-def is_temp_name(path: str) -> bool:
-    """Whether ``path`` is a transaction's temporary file (see ``temp_name``)."""
-    name = posixpath.basename(path.rstrip("/"))
-    head, sep, tail = name.rpartition(TEMP_INFIX)
-    return (bool(sep) and head.startswith(".") and len(head) > 1 and len(tail) == 12
-            and all(c in "0123456789abcdef" for c in tail))
 
 
 class LoomBufferedFile(io.BufferedIOBase):

@@ -2,12 +2,22 @@
 
 from __future__ import annotations
 
+import posixpath
+import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from torch.utils.data import Dataset
 
 from loomfs.torch.common import PathTable, Source, resolve
+
+# a file an fsspec transaction is writing (loomfs.fsspec._file.temp_name): ".NAME.loomfs-HEX"
+_TRANSACTION_TEMP = re.compile(r"\..+\.loomfs-[0-9a-f]{12}")
+
+
+def _not_in_flight(paths: list[str]) -> list[str]:
+    """``paths`` less the files fsspec transactions are still writing."""
+    return [p for p in paths if not _TRANSACTION_TEMP.fullmatch(posixpath.basename(p))]
 
 
 def _named(exc: OSError, url: str, index: int) -> OSError:
@@ -18,7 +28,8 @@ def _named(exc: OSError, url: str, index: int) -> OSError:
 
 class LoomFileDataset(Dataset[Any]):
     """Files from a directory (every file below it, sorted), a glob (``/data/**/*.jpg``), or a
-    list of paths, on LoomFS or local.
+    list of paths, on LoomFS or local. Files an fsspec transaction is still writing (hidden
+    ``.NAME.loomfs-HEX`` temporaries) are left out of a directory or glob.
 
     ``ds[i]`` is the file's bytes, or ``transform(bytes)``; with ``with_path`` the sample is
     ``(path, bytes)`` (and the transform gets that). ``ds.__getitems__(indices)`` (used by a
@@ -34,7 +45,8 @@ class LoomFileDataset(Dataset[Any]):
     def __init__(self, source: Source, *, address: str | None = None,
                  transform: Callable[[Any], Any] | None = None, with_path: bool = False):
         self.store, where = resolve(source, address)
-        self.paths = PathTable(self.store.expand(where))
+        found = self.store.expand(where)
+        self.paths = PathTable(found if isinstance(where, list) else _not_in_flight(found))
         self.transform = transform
         self.with_path = with_path
 
