@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import gc
 import pickle
 from collections.abc import Iterator
 
@@ -100,3 +101,15 @@ def test_pickle_keeps_config_and_asynchronous(cluster: LocalCluster) -> None:
     back = pickle.loads(pickle.dumps(fs))  # as to a spawned DataLoader worker
     assert back.asynchronous and back.batch_size == 7  # came back blocking, default batches
     assert back.loom is fs.loom  # the client of that config (was the default config's)
+
+
+def test_dropped_uncommitted_file_leaves_no_temporary(lfs: LoomFileSystem, base: str) -> None:
+    f = lfs.open(f"{base}/w", "wb", autocommit=False)
+    f.write(b"never committed")
+    f.close()  # closed is not committed: commit() may still come
+    assert len(_temps(lfs, base)) == 1
+    del f  # fsspec's transaction object still holds it...
+    with lfs.transaction:  # ...until the next transaction starts afresh and drops it
+        gc.collect()
+    assert _temps(lfs, base) == []  # was left behind forever
+    assert not lfs.exists(f"{base}/w")

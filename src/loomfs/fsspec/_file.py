@@ -191,6 +191,14 @@ class LoomBufferedFile(io.BufferedIOBase):
                 pass
             self._temp_path = None
 
+    def __del__(self) -> None:
+        if getattr(self, "_temp_path", None) is not None:  # uncommitted, and no one can commit it now
+            try:
+                self.discard()
+            except Exception:  # noqa: S110 - best effort (on the loop thread, at exit...)
+                pass
+        super().__del__()
+
     def __repr__(self) -> str:
         return f"<LoomBufferedFile {self.fs.unstrip_protocol(self.path)} mode={self.mode!r} closed={self.closed}>"
 
