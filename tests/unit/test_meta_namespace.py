@@ -496,3 +496,23 @@ def test_sizes_past_the_largest_file_length_are_efbig(env: Env) -> None:
     env.run(env.ns.setattr("/big2", size=FILE_BYTES_MAX))
     s = env.run(env.ns.statfs())
     assert s.bytes_used == 2 * FILE_BYTES_MAX and isinstance(s.bytes_used, int)
+
+
+def test_the_byte_counter_stays_an_integer_past_int64(env: Env) -> None:
+    """Review (session 14): 8193 sparse files of 1 PiB still summed past int64, and SQLite kept
+    the counter as a float for good. The sum is held at the bound, an integer (PostgreSQL:
+    tests/test_postgres_conflicts.py)."""
+    from loomfs.meta.ops.base import C_BYTES
+    from loomfs.wire.types import FILE_BYTES_MAX
+
+    async def add(n: int, delta: int) -> None:
+        async with env.store.write() as txn:
+            for _ in range(n):
+                await txn.add_counter(C_BYTES, delta)
+
+    env.run(add(9000, FILE_BYTES_MAX))
+    s = env.run(env.ns.statfs())
+    assert s.bytes_used == (1 << 63) - 1 and isinstance(s.bytes_used, int)
+    env.run(add(9000, -FILE_BYTES_MAX))
+    s = env.run(env.ns.statfs())
+    assert isinstance(s.bytes_used, int) and s.bytes_used >= 0

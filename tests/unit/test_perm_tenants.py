@@ -187,6 +187,13 @@ def test_lock_calls_are_confined_to_the_callers_tenant(env: Env) -> None:
         rel = wl.LockReleaseReq(inode=victim, client_id=7, owner=1, kind=1)
         assert env.err(svc.lock_release(rel, ctx(ACME)), ACME) == errno.ENOENT
     assert env.run(svc.lock_set(lock(mine), ctx(ACME)), ACME).granted  # its own file: as before
+    # a tenant's inode 1 is its own root (its mount's root is FUSE inode 1): the review of
+    # f6f8021 found `flock` on a tenant mount's root refused
+    mine_root = wl.LockReq(inode=ROOT_INODE, client_id=7, owner=1, kind=1, type=2, first=0, last=10)
+    assert env.run(svc.lock_set(mine_root, ctx(ACME)), ACME).granted
+    other = wl.LockReq(inode=ROOT_INODE, client_id=8, owner=2, kind=1, type=2, first=0, last=10)
+    assert not env.run(svc.lock_set(other, ctx(ACME)), ACME).granted  # the same lock: held
+    assert env.run(svc.lock_set(other, ctx(BETA)), BETA).granted  # beta's root is another inode
     shared_user = Identity(uid=1000, gid=1000)
     assert env.err(svc.lock_set(lock(mine), ctx(shared_user)), shared_user) == errno.ENOENT
     assert env.run(svc.lock_set(lock(shared), ctx(shared_user)), shared_user).granted

@@ -15,6 +15,7 @@ from loomfs.meta.store.base import LockRow
 from loomfs.net.rpc import CallContext, handles
 from loomfs.wire import meta_lock as wl
 from loomfs.wire.status import Status
+from loomfs.wire.types import ROOT_INODE
 
 logger = logging.getLogger(__name__)
 
@@ -38,18 +39,22 @@ class LockHandlers:
             self._lock_table = LockTable(self.ns.store, self.ns.clock)
         return self._lock_table
 
-    async def _confine(self, ctx: CallContext, inode: int) -> None:
+    async def _confine(self, ctx: CallContext, inode: int) -> int:
         """A lock names its file by inode number: ENOENT outside the caller's tenant (as every
-        call by number; PostgreSQL hunt, session 14: lock calls were not confined)."""
+        call by number; PostgreSQL hunt, session 14: lock calls were not confined). Returns
+        the inode to lock: a tenant's inode 1 is its own root (a mount's root is FUSE inode 1)."""
         who = ctx.identity
         if who.privileged:
-            return
+            return inode
         if not who.tenant:  # the shared namespace: no lookup
             if tenancy.tenant_of(inode) != 0:
                 raise StatusError(Status.ENOENT, f"inode {inode}")
-            return
+            return inode
         async with self.ns.store.read() as txn:
+            if inode == ROOT_INODE:
+                return tenancy.root_of(await tenancy.tenant_number(txn, who.tenant))
             await tenancy.confine(txn, who.tenant, inode)
+        return inode
 
     async def _retrying(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
         from loomfs.meta.service import retry_conflicts
@@ -58,8 +63,8 @@ class LockHandlers:
 
     @handles(wl.LOCK_SET)
     async def lock_set(self, req: wl.LockReq, ctx: CallContext) -> wl.LockRsp:
-        await self._confine(ctx, req.inode)
-        hit, fresh = await self._retrying(self.locks.setlk_lease, req.inode, req.client_id, req.owner, req.kind,
+        inode = await self._confine(ctx, req.inode)
+        hit, fresh = await self._retrying(self.locks.setlk_lease, inode, req.client_id, req.owner, req.kind,
                                           req.type, req.first, req.last, pid=req.pid, lease_s=req.lease_s)
         logger.debug("req %d: lock_set inode %d kind %d type %d %d..%d client %#x owner %#x: %s", ctx.request_id,
                      req.inode, req.kind, req.type, req.first, req.last, req.client_id, req.owner,
@@ -68,14 +73,14 @@ class LockHandlers:
 
     @handles(wl.LOCK_GET)
     async def lock_get(self, req: wl.LockReq, ctx: CallContext) -> wl.LockRsp:
-        await self._confine(ctx, req.inode)
-        hit = await self.locks.getlk(req.inode, req.client_id, req.owner, req.kind, req.type, req.first, req.last)
+        inode = await self._confine(ctx, req.inode)
+        hit = await self.locks.getlk(inode, req.client_id, req.owner, req.kind, req.type, req.first, req.last)
         return wl.LockRsp(granted=hit is None, conflict=_info(hit))
 
     @handles(wl.LOCK_RELEASE)
     async def lock_release(self, req: wl.LockReleaseReq, ctx: CallContext) -> wl.LockReleaseRsp:
-        await self._confine(ctx, req.inode)
-        n = await self._retrying(self.locks.release, req.inode, req.client_id, req.owner, req.kind)
+        inode = await self._confine(ctx, req.inode)
+        n = await self._retrying(self.locks.release, inode, req.client_id, req.owner, req.kind)
         return wl.LockReleaseRsp(released=n)
 
     @handles(wl.LOCK_RENEW)

@@ -62,7 +62,8 @@ class DirOps(NamespaceBase):
             c = await txn.counters()
             gc = await txn.gc_count()
             trims = await txn.trim_count()
-        return Statfs(c.get(C_FILES, 0), c.get(C_DIRS, 0), c.get(C_BYTES, 0), gc, trims)
+        # never negative: a counter held at the int64 bound (sizes summing past it) drifts after
+        return Statfs(c.get(C_FILES, 0), c.get(C_DIRS, 0), max(0, c.get(C_BYTES, 0)), gc, trims)
 
     async def mkdir(
         self, path: str, *, mode: int = 0o755, parents: bool = False, exist_ok: bool = False,

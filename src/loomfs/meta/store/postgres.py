@@ -77,6 +77,17 @@ def _bad_value(exc: BaseException) -> StatusError:
     return StatusError(Status.EINVAL, f"a value the metastore cannot hold: {exc}")
 
 
+def _int64_parts(total: int) -> list[int]:
+    """``total`` as int64 values that add up to it (one, unless it is past int64)."""
+    bound = (1 << 63) - 1
+    parts = []
+    while abs(total) > bound:
+        step = bound if total > 0 else -bound
+        parts.append(step)
+        total -= step
+    return [*parts, total]
+
+
 def _unavailable(exc: BaseException) -> bool:
     """The database connection failed (not an error of the caller: LoomErrors are OSErrors)."""
     return isinstance(exc, _UNAVAILABLE) and not isinstance(exc, LoomError)
@@ -351,9 +362,9 @@ class PostgresStore(MetaStore):
             sums: dict[str, int] = {}
             for name, delta in rows:
                 sums[name] = sums.get(name, 0) + delta
-            if sums:
+            if sums:  # a sum past int64 goes back as several rows (the table holds deltas)
                 await conn.executemany("INSERT INTO counter_deltas (name, delta) VALUES ($1, $2)",
-                                       list(sums.items()))
+                                       [(name, part) for name, total in sums.items() for part in _int64_parts(total)])
             return len(rows)
 
     async def release(self) -> None:

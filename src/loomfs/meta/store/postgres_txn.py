@@ -67,8 +67,10 @@ _PUT_XATTR = (
     "INSERT INTO xattrs (inode, name, value) VALUES ($1,$2,$3) "
     "ON CONFLICT (inode, name) DO UPDATE SET value = excluded.value"
 )
+# sum() of bigints is a numeric: held within int64 before the cast (bytes_used of thousands of
+# 1 PiB sparse files passed it, and every STATFS failed; review, session 14)
 _COUNTERS = (
-    "SELECT name, sum(v)::bigint FROM ("
+    "SELECT name, greatest(least(sum(v), 9223372036854775807), -9223372036854775808)::bigint FROM ("
     " SELECT name, delta AS v FROM counter_deltas"
     " UNION ALL"
     " SELECT i.name, coalesce(s.last_value, 0) FROM id_counters i JOIN pg_sequences s"

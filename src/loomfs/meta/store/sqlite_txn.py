@@ -136,9 +136,11 @@ _HAS = "SELECT 1 FROM dentries WHERE parent = ? LIMIT 1"
 _PUT_DENTRY = "INSERT OR REPLACE INTO dentries (parent, name, inode, type) VALUES (?,?,?,?)"
 _DEL_DENTRY = "DELETE FROM dentries WHERE parent = ? AND name = ?"
 _NEXT_ID = "UPDATE counters SET value = value + 1 WHERE name = ? RETURNING value"
+# CAST: a sum past int64 (SQLite would store it as a float for good) stays an integer, held
+# at the int64 bound: bytes_used of thousands of 1 PiB sparse files (review, session 14)
 _ADD_COUNTER = (
     "INSERT INTO counters (name, value) VALUES (?, ?) "
-    "ON CONFLICT(name) DO UPDATE SET value = value + excluded.value"
+    "ON CONFLICT(name) DO UPDATE SET value = CAST(value + excluded.value AS INTEGER)"
 )
 _GC_DUE = (
     "SELECT inode, layout, length, enqueued_ns FROM gc_queue g WHERE enqueued_ns <= ? "
