@@ -112,14 +112,18 @@ class Heartbeats:
                 b.stopped = True
             except OSError as exc:  # next period (the age threshold is many periods)
                 logger.warning("checkpoint heartbeat %s: %s", b.path, exc)
-            written += ok
-            with self._cv:
-                b.writing = False
-                b.due = now + b.period_s
-                if b.stopped and b in self._beats:
-                    self._beats.remove(b)
-                self.written_total += ok
-                self._cv.notify_all()
+            except Exception as exc:  # e.g. the client closed mid-save: this beat is over
+                logger.warning("checkpoint heartbeat %s stops: %r", b.path, exc)
+                b.stopped = True
+            finally:  # whatever happened, ``stop`` must not wait for this write for ever
+                written += ok
+                with self._cv:
+                    b.writing = False
+                    b.due = now + b.period_s
+                    if b.stopped and b in self._beats:
+                        self._beats.remove(b)
+                    self.written_total += ok
+                    self._cv.notify_all()
         return written
 
     def _run(self) -> None:

@@ -30,6 +30,8 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from loomfs.client import paths
+
 logger = logging.getLogger(__name__)
 
 OPEN_ATTEMPTS = 3  # a name renamed over between the hold and the open: take both again
@@ -108,6 +110,7 @@ class ReadHolds:
         """``path`` opened read-only, held at meta (unless inline). FileNotFoundError when the
         name is gone (the checkpoint was deleted before the load reached this file)."""
         meta = self.client.meta
+        path = paths.normalize(path)  # as the client's own open does (meta takes normal paths only)
         for _ in range(OPEN_ATTEMPTS):
             hold_id = new_hold_id()
             sent = self.clock()

@@ -263,17 +263,18 @@ class LoomStorageWriter(StorageWriter):
         objects the planner was set up with (``planner.state_dict``, as ``DefaultSavePlanner``
         and its subclasses keep it: whatever ``resolve_data`` makes of them, a cast copy
         included, and whatever items this rank's plan holds). A planner that keeps no state
-        claims the one staged copy when there is only one (a sync save through a writer with
-        an async save staged is then ambiguous: it claims nothing, the copy stays busy)."""
+        claims nothing: with one copy staged it cannot tell its own async save from a sync save
+        next to another's, and taking another save's copy lets the next ``stage`` overwrite
+        buffers that save still reads (review, session 14); such copies stay busy until
+        ``close``."""
         state = getattr(planner, "state_dict", None)
         with self._staged_lock:
             if not self._staged:
                 return None
-            if isinstance(state, dict):
-                ids = _tensor_ids(state)
-                token = next((t for t, mine in self._staged.items() if mine & ids), None)
-            else:
-                token = next(iter(self._staged)) if len(self._staged) == 1 else None
+            if not isinstance(state, dict):
+                return None
+            ids = _tensor_ids(state)
+            token = next((t for t, mine in self._staged.items() if mine & ids), None)
             if token is not None:
                 del self._staged[token]
         return token
