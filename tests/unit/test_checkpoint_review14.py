@@ -86,3 +86,26 @@ def test_a_planner_without_state_claims_no_staged_copy() -> None:
     assert w._claim_staged(Stateless()) is None
     st.stage({"a": torch.zeros(4)})  # another stage does not reuse the busy copy
     assert staged["a"].tolist() == [1.0] * 4
+
+
+def test_a_forked_child_has_none_of_the_parents_heartbeats() -> None:
+    """A DataLoader worker forked during a save inherited the parent's beats (and maybe a held
+    lock): it would rewrite the parent's heartbeats, or deadlock on its first save."""
+    import os
+
+    from loomfs.checkpoint import _heartbeat
+
+    class Fs:
+        def open(self, path: str, mode: str) -> io.BytesIO:
+            return io.BytesIO()
+
+    beat = _heartbeat.DEFAULT_HEARTBEATS.start(Fs(), "/run/.staging-y/.alive-rank-0", period_s=60.0)
+    try:
+        pid = os.fork()
+        if pid == 0:  # the child: report, never return into pytest
+            hb = _heartbeat.DEFAULT_HEARTBEATS
+            os._exit(0 if hb._beats == [] and hb._runner is None else 1)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+    finally:
+        _heartbeat.DEFAULT_HEARTBEATS.stop(beat)

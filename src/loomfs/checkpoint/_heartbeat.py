@@ -19,6 +19,7 @@ cost is one small put per saving rank per ``HEARTBEAT_S`` (60 s).
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -140,3 +141,15 @@ class Heartbeats:
 
 
 DEFAULT_HEARTBEATS = Heartbeats()
+
+
+def _after_fork_in_child() -> None:
+    """A forked child (a DataLoader worker) has none of the parent's saves: no beats of
+    them, no thread, and a fresh lock (a parent thread may have held it at the fork)."""
+    DEFAULT_HEARTBEATS._beats = []
+    DEFAULT_HEARTBEATS._cv = threading.Condition()
+    DEFAULT_HEARTBEATS._runner = None
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
