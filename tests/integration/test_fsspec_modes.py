@@ -113,3 +113,52 @@ def test_dropped_uncommitted_file_leaves_no_temporary(lfs: LoomFileSystem, base:
         gc.collect()
     assert _temps(lfs, base) == []  # was left behind forever
     assert not lfs.exists(f"{base}/w")
+
+
+def test_a_script_that_dies_in_a_transaction_exits(cluster: LocalCluster, base: str) -> None:
+    """Review (session 14): the uncommitted file's __del__ ran at interpreter exit after the
+    shared client was closed, and ``fs.loom`` built a new client there: starting its thread
+    during finalisation blocked for ever (a crashed training script never exited)."""
+    import subprocess
+    import sys
+    import time
+
+    script = (
+        "from loomfs.fsspec import LoomFileSystem\n"
+        f"fs = LoomFileSystem({cluster.mgmtd_address!r})\n"
+        "fs.start_transaction()\n"
+        f"with fs.open({base + '/crash'!r}, 'wb') as f:\n"
+        "    f.write(b'x')\n"
+        "raise ValueError('training crashed')\n"
+    )
+    t0 = time.monotonic()
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1 and "training crashed" in r.stderr
+    assert time.monotonic() - t0 < 60
+
+
+def test_a_forked_childs_copy_of_a_transaction_file_leaves_it_alone(cluster: LocalCluster, base: str) -> None:
+    """Review (session 14): a forked child (a DataLoader worker) freed its copy of the
+    parent's pending transaction file and __del__ unlinked the parent's temporary: the
+    parent's commit then failed and the data was lost."""
+    import os
+
+    lfs = LoomFileSystem(cluster.mgmtd_address, skip_instance_cache=True)
+    lfs.start_transaction()
+    f = lfs.open(f"{base}/out", "wb")
+    f.write(b"important")
+    f.close()
+    assert len(_temps(lfs, base)) == 1
+    pid = os.fork()
+    if pid == 0:  # the child: drop its copy of the pending file, then leave
+        code = 0
+        try:
+            f.__del__()
+        except BaseException:
+            code = 1
+        os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert len(_temps(lfs, base)) == 1  # still there for the parent
+    lfs.end_transaction()
+    assert lfs.cat(f"{base}/out") == b"important"

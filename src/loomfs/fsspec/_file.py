@@ -20,6 +20,7 @@ import io
 import os
 import posixpath
 import secrets
+import sys
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -54,6 +55,7 @@ class LoomBufferedFile(io.BufferedIOBase):
         self._raw = raw  # loomfs.client.syncfile.LoomFile
         self._temp_path = temp_path  # written here until commit() (autocommit=False)
         self._details: dict[str, Any] | None = None
+        self._pid = os.getpid()  # a forked child's copy of this object never touches the file
 
     # what fsspec's AbstractBufferedFile offers
     @property
@@ -192,11 +194,20 @@ class LoomBufferedFile(io.BufferedIOBase):
             self._temp_path = None
 
     def __del__(self) -> None:
-        if getattr(self, "_temp_path", None) is not None:  # uncommitted, and no one can commit it now
-            try:
-                self.discard()
-            except Exception:  # noqa: S110 - best effort (on the loop thread, at exit...)
-                pass
+        temp = getattr(self, "_temp_path", None)
+        # uncommitted, and no one can commit it now: remove the temporary, best effort, and only
+        # in the process that opened it (a forked child's copy is the parent's file, which the
+        # parent may still commit), never at interpreter exit, and never through a new client
+        # (``fs.loom`` reconnects a closed shared client: at exit that blocked for ever)
+        if temp is not None and getattr(self, "_pid", None) == os.getpid() and not sys.is_finalizing():
+            loom = self.fs._loom
+            if not loom.closed:
+                try:
+                    self.close()
+                    loom.unlink(temp)
+                except Exception:  # noqa: S110 - best effort (on the loop thread, gone already...)
+                    pass
+                self._temp_path = None
         super().__del__()
 
     def __repr__(self) -> str:
