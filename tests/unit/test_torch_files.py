@@ -19,3 +19,4 @@ def test_transaction_temporaries_are_not_samples(tmp_path: Path) -> None:
     ds = LoomFileDataset(tmp_path, with_path=True)
     assert [data for _, data in ds] == [b"H", b"A", b"B"]
     assert LoomFileDataset([temp])[0] == b"half"  # a path listed by the caller is taken as it is
+    assert LoomFileDataset(temp)[0] == b"half"  # and so is one path named alone (review, session 14)

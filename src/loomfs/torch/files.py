@@ -15,9 +15,10 @@ from loomfs.torch.common import PathTable, Source, resolve
 _TRANSACTION_TEMP = re.compile(r"\..+\.loomfs-[0-9a-f]{12}")
 
 
-def _not_in_flight(paths: list[str]) -> list[str]:
-    """``paths`` less the files fsspec transactions are still writing."""
-    return [p for p in paths if not _TRANSACTION_TEMP.fullmatch(posixpath.basename(p))]
+def _not_in_flight(paths: list[str], named: object = None) -> list[str]:
+    """``paths`` less the files fsspec transactions are still writing (a file the caller
+    ``named`` itself is kept whatever its name)."""
+    return [p for p in paths if p == named or not _TRANSACTION_TEMP.fullmatch(posixpath.basename(p))]
 
 
 def _named(exc: OSError, url: str, index: int) -> OSError:
@@ -46,7 +47,7 @@ class LoomFileDataset(Dataset[Any]):
                  transform: Callable[[Any], Any] | None = None, with_path: bool = False):
         self.store, where = resolve(source, address)
         found = self.store.expand(where)
-        self.paths = PathTable(found if isinstance(where, list) else _not_in_flight(found))
+        self.paths = PathTable(found if isinstance(where, list) else _not_in_flight(found, where))
         self.transform = transform
         self.with_path = with_path
 
