@@ -2,30 +2,20 @@
 transaction, where an append starts, ``rm`` with ``maxdepth``, what a pickle keeps (found by
 the fsspec bug hunt; each test failed on the code before its fix)."""
 
+# ruff: noqa: F811  (the fixtures imported from the sibling module are the parameters below)
 from __future__ import annotations
 
 import asyncio
 import errno
 import gc
 import pickle
-from collections.abc import Iterator
 
 import pytest
+from test_fsspec import _close_shared_clients, lfs  # noqa: F401 (fixtures: shared clients end with the module)
 
 from loomfs.config import ClientConfig
-from loomfs.fsspec import LoomFileSystem, close_clients
+from loomfs.fsspec import LoomFileSystem
 from loomfs.testing import LocalCluster
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _close_shared_clients() -> Iterator[None]:
-    yield
-    close_clients()
-
-
-@pytest.fixture()
-def lfs(cluster: LocalCluster) -> LoomFileSystem:
-    return LoomFileSystem(cluster.mgmtd_address)
 
 
 def _temps(lfs: LoomFileSystem, d: str) -> list[str]:

@@ -3,6 +3,7 @@ are conditional (``_rewrite``), a scan survives unreadable index items, and a ge
 re-learns an entry this process deleted or replaced while it was in flight. Each test fails
 on the code before the fix; interleavings are forced with hooks, never with sleeps."""
 
+# ruff: noqa: F811  (the fixtures imported from the sibling module are the parameters below)
 from __future__ import annotations
 
 import asyncio
@@ -11,6 +12,7 @@ import time
 from typing import Any
 
 import pytest
+from test_kvcache import CHUNK_BYTES, FakeClock, kv_dir  # noqa: F401 (kv_dir: a fixture)
 
 import loomfs
 from loomfs.kvcache import AsyncKVCache, KVCache, KVConfig, _get
@@ -18,22 +20,6 @@ from loomfs.kvcache import _entry as E
 from loomfs.testing import LocalCluster
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
-CHUNK_BYTES = 256 << 10
-
-
-class FakeClock:
-    def __init__(self, now_s: float = 1_000_000.0):
-        self.now_s = now_s
-
-    def __call__(self) -> float:
-        return self.now_s
-
-
-@pytest.fixture()
-def kv_dir(fs: loomfs.LoomFS, base: str) -> str:
-    fs.makedirs(f"{base}/kv", exist_ok=True)
-    fs.set_layout(f"{base}/kv", chunk_size=CHUNK_BYTES)
-    return f"{base}/kv"
 
 
 def _wait_sealed(fs: loomfs.LoomFS, seg_dir: str, count: int) -> None:
