@@ -56,6 +56,21 @@ def _read_metadata(fs: Any, ckpt: str) -> Metadata:
     return md
 
 
+def picklable(exc: Exception) -> Exception:
+    """``exc``, or a built-in error of the same errno and text when it would not survive a
+    pickle round trip: DCP gathers every rank's error by pickling it, and an error whose
+    unpickling fails (``LoomError``'s keyword-only constructor) reaches every rank as a
+    ``TypeError`` about ``__init__`` instead of the error."""
+    try:
+        pickle.loads(pickle.dumps(exc))
+        return exc
+    except Exception:
+        pass
+    if isinstance(exc, OSError) and exc.errno is not None:
+        return OSError(exc.errno, exc.strerror or str(exc), exc.filename)  # ENOENT: a FileNotFoundError
+    return RuntimeError(f"{type(exc).__name__}: {exc}")
+
+
 def read_exact(f: Any, view: memoryview) -> None:
     got = 0
     while got < len(view):
@@ -83,6 +98,7 @@ class LoomStorageReader(StorageReader):
         self.checkpoint_path: str | None = None
         self.storage_data: dict[Any, ItemLoc] = {}
         self._metadata: Metadata | None = None  # as this rank read it
+        self._coordinator = True  # DCP's word, at set_up_storage_reader
         self._lock = threading.Lock()
 
     def __repr__(self) -> str:
@@ -101,13 +117,19 @@ class LoomStorageReader(StorageReader):
         return self.checkpoint_path
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
-        md = self._metadata = _read_metadata(self.fs, self._dir())
+        try:
+            md = self._metadata = _read_metadata(self.fs, self._dir())
+        except Exception as exc:
+            if (out := picklable(exc)) is exc:
+                raise
+            raise out from exc
         return md
 
     def set_up_storage_reader(self, metadata: Metadata, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
         if metadata.storage_data is None:
             raise ValueError("checkpoint metadata has no storage_data")
         self.storage_data = metadata.storage_data
+        self._coordinator = bool(is_coordinator)
 
     def prepare_local_plan(self, plan: LoadPlan) -> LoadPlan:
         return plan
@@ -123,7 +145,14 @@ class LoomStorageReader(StorageReader):
         """Read what the coordinator resolved: its checkpoint must have this rank's structure
         (the same items, shapes and chunks), else the load fails here."""
         chosen = plan.storage_data
-        if not isinstance(chosen, str) or chosen == self.checkpoint_path:
+        if not isinstance(chosen, str):
+            if self._coordinator or self.checkpoint_path == self.path:
+                return  # the coordinator's own choice, or no choice (a checkpoint directory named)
+            raise RuntimeError(f"the coordinator's checkpoint did not reach this rank (LoadPlan.storage_data is "
+                               f"{type(chosen).__name__}: did the planner's finish_plan drop it?); this rank "
+                               f"resolved {self.path} to {self.checkpoint_path} on its own, which may not be the "
+                               "coordinator's: pass the checkpoint directory, not the run")
+        if chosen == self.checkpoint_path:
             return
         md = _read_metadata(self.fs, chosen)
         mine = self._metadata
@@ -134,6 +163,14 @@ class LoomStorageReader(StorageReader):
         self.checkpoint_path, self.storage_data, self._metadata = chosen, md.storage_data, md
 
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
+        try:
+            return self._read_data(plan, planner)
+        except Exception as exc:
+            if (out := picklable(exc)) is exc:
+                raise
+            raise out from exc
+
+    def _read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
         self._follow_coordinator(plan)
         if hasattr(self.fs, "loop") and hasattr(self.fs, "client"):
             self._read_on_loop(plan.items, planner)
