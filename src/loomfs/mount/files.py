@@ -116,12 +116,10 @@ class FileOps(WriterOps, pyfuse3.Operations):
             return self._file_info(Handle(inode, w.file, True, append=append, lock=w.lock), flags)
         await self._sync_writers(inode)
         if acc == os.O_RDONLY:
-            try:
-                opened = await self._opened_as(inode, await self.call(self.client.open(path, "rb")))
-            except FileNotFoundError:  # unlinked elsewhere: /proc/PID/fd/N of a file open here,
-                return self._open_nameless(inode, flags, gone_errno=errno.ESTALE)  # else ESTALE
-            if opened is None:  # the name is another file's now
-                return self._open_nameless(inode, flags, gone_errno=errno.ESTALE)
+            opened = await self._open_by_names(inode, "rb")
+            if opened is None:  # unlinked elsewhere, or the name is another file's now:
+                return self._open_nameless(inode, flags, gone_errno=errno.ESTALE)  # /proc/PID/fd/N, else ESTALE
+            path = opened.path
             try:  # kept by meta if unlinked while open; ENOENT if it went meanwhile
                 hold_id = await self._take_hold(path, opened)
             except BaseException:
@@ -133,10 +131,7 @@ class FileOps(WriterOps, pyfuse3.Operations):
         self.drop_prefetched(inode)  # what readers here fetched ahead may be written over now
         # r+b, then O_TRUNC through the file once it is known to be the kernel's inode (a
         # "w+b" open would have cut whatever file the name leads to by now)
-        try:
-            f = await self._opened_as(inode, await self.call(self.client.open(path, "r+b")))
-        except FileNotFoundError:
-            return self._open_nameless(inode, flags, gone_errno=errno.ESTALE)
+        f = await self._open_by_names(inode, "r+b")
         if f is None:
             return self._open_nameless(inode, flags, gone_errno=errno.ESTALE)
         if flags & os.O_TRUNC:
@@ -147,6 +142,20 @@ class FileOps(WriterOps, pyfuse3.Operations):
                 raise
         self.inodes.opened(inode)
         return self._file_info(Handle(inode, f, True, append=append), flags)
+
+    async def _open_by_names(self, inode: int, mode: str) -> AsyncFile | None:
+        """Meta's open of the kernel's ``inode`` by its names here, the last one a LOOKUP
+        confirmed first; a name that leads nowhere or to another file now (renamed or
+        unlinked by another client) is dropped while another is left to try (a hard link).
+        None when none leads to it."""
+        while True:
+            path = self._inode_path(inode)
+            try:
+                f = await self._opened_as(inode, await self.call(self.client.open(path, mode)))
+            except FileNotFoundError:
+                f = None
+            if f is not None or not self.inodes.drop_stale(inode, path):
+                return f
 
     async def _opened_as(self, inode: int, f: AsyncFile) -> AsyncFile | None:
         """``f`` if meta opened the kernel's ``inode``; else (the name was renamed over, or

@@ -61,6 +61,38 @@ class InodeTable:
         self._by_path[path] = inode
         self._lookups[inode] = self._lookups.get(inode, 0) + count
 
+    def found(self, inode: int, path: str, *, directory: bool = False) -> None:
+        """Meta just named ``inode`` by ``path`` (a LOOKUP): one more lookup, and ``path`` goes
+        first among its names, the one calls ask meta by (another client may have renamed or
+        unlinked the others). A directory has one name: its old one here moves to ``path``
+        with everything known under it (the directory was renamed elsewhere)."""
+        if directory:
+            for old in [n for n in self._names.get(inode, []) if n != path]:
+                if path.startswith(old.rstrip("/") + "/"):
+                    self._drop_name(inode, old)  # moved under its old name: that path is another's now
+                else:
+                    self.renamed(old, path)
+        self.remember(inode, path)
+        names = self._names[inode]
+        names.remove(path)
+        names.insert(0, path)
+
+    def missing(self, path: str) -> None:
+        """Meta found nothing at ``path``: whatever the table knew by it lost that name (another
+        client renamed or unlinked it; the inode may live on under other names)."""
+        inode = self._by_path.get(path)
+        if inode is not None and inode != ROOT_INODE:
+            self._drop_name(inode, path)
+
+    def drop_stale(self, inode: int, path: str) -> bool:
+        """``path`` no longer leads to ``inode`` at meta: drop it when the inode has another
+        name here to try (True), else keep it (False: the caller answers as for no name)."""
+        names = self._names.get(inode, [])
+        if path not in names or len(names) < 2:
+            return False
+        self._drop_name(inode, path)
+        return True
+
     def forget(self, inode: int, count: int) -> None:
         if inode == ROOT_INODE:
             return

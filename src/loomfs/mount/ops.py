@@ -146,7 +146,8 @@ class LoomOperations(HoldOps, FileOps):
         return await self.call(self.client.lstat(path))
 
     def _known(self, attr: Attr, path: str) -> pyfuse3.EntryAttributes:
-        self.inodes.remember(attr.inode, path)
+        # first among the inode's names: another client may have renamed or unlinked the others
+        self.inodes.found(attr.inode, path, directory=attr.type == FileType.DIRECTORY)
         return self.entry(attr)
 
     @fuse_errors
@@ -163,6 +164,7 @@ class LoomOperations(HoldOps, FileOps):
             attr = await self._attr(path)
         except FileNotFoundError:
             self.absent.missed(parent_inode, text, asked, epoch)
+            self.inodes.missing(path)  # renamed or unlinked elsewhere: not a name to ask by
             return self._no_such_name(path)
         return self._known(attr, path)
 
@@ -280,15 +282,23 @@ class LoomOperations(HoldOps, FileOps):
         name is gone or names another file now."""
         if not self.inodes.has_name(inode) and self.inodes.is_open(inode):
             return await self._attr_of_open(inode)  # its last name went: by inode
-        try:
-            attr = await self._attr(self.inodes.path(inode))
-        except FileNotFoundError:
-            if not self.inodes.is_open(inode):
-                raise
-            attr = await self._attr_of_open(inode)  # unlinked elsewhere while open here
-        if attr.inode != inode and self.inodes.is_open(inode):
-            attr = await self._attr_of_open(inode)  # the name went to another file meanwhile
-        return attr
+        while True:
+            path = self.inodes.path(inode)
+            try:
+                attr = await self._attr(path)
+            except FileNotFoundError:
+                if self.inodes.drop_stale(inode, path):
+                    continue  # unlinked or renamed elsewhere: its other name (a hard link)
+                if not self.inodes.is_open(inode):
+                    raise
+                return await self._attr_of_open(inode)  # unlinked elsewhere while open here
+            if attr.inode == inode:
+                return attr
+            if self.inodes.drop_stale(inode, path):
+                continue
+            if self.inodes.is_open(inode):
+                return await self._attr_of_open(inode)  # the name went to another file meanwhile
+            return attr
 
     async def _attr_of_open(self, inode: int) -> Attr:
         """An open file's attributes by inode: a SETATTR that changes nothing answers them,
