@@ -62,6 +62,14 @@ DEFAULT_LEASE_S = 30.0
 WAIT_BACKOFF = Backoff(0.002, 0.1)
 
 
+def _holder(hit: wl.LockInfo, client_id: int) -> str:
+    """Who holds the lock in the way, for messages: meta names another client only to
+    administrators (``wire.meta_lock.LockInfo``); 0 is "another client"."""
+    if hit.client_id == client_id:
+        return "this client"
+    return f"client {hit.client_id:#x}" if hit.client_id else "another client"
+
+
 class LockClient:
     """This client's locks at meta: set/get/release, blocking waits, the lease."""
 
@@ -141,7 +149,7 @@ class LockClient:
             if hit is None:
                 return
             if not wait or (deadline is not None and loop.time() >= deadline):
-                raise BlockingIOError(errno.EAGAIN, f"inode {inode}: locked by client {hit.client_id:#x} "
+                raise BlockingIOError(errno.EAGAIN, f"inode {inode}: locked by {_holder(hit, self.client_id)} "
                                       f"(pid {hit.pid}) over {hit.first}..{hit.last}")
             if interrupted is not None and interrupted():
                 raise InterruptedError(errno.EINTR, f"inode {inode}: lock wait interrupted")
@@ -273,8 +281,8 @@ class LockClient:
             st.held = typed_less(st.held, (first, last))
             self.lost_total += 1
             logger.error("inode %d: owner %#x lost its exclusive lock over %d..%d: a call cut short made it shared "
-                         "at meta, and client %#x took a shared lock over %d..%d before it was set back",
-                         inode, owner, first, last, hit.client_id, hit.first, hit.last)
+                         "at meta, and %s took a shared lock over %d..%d before it was set back",
+                         inode, owner, first, last, _holder(hit, self.client_id), hit.first, hit.last)
 
     def _tidy(self, key: tuple[int, int, int], st: OwnerRecord) -> None:
         """The record goes once it is idle, and with it the key from ``_held``: nothing to

@@ -1,6 +1,10 @@
 """RPC adapter for locks (``loomfs.wire.meta_lock``, methods 70-73): decode, ``LockTable``,
 encode. Mixed into ``MetaService`` (so every meta server answers them); each operation re-runs
 on a lost PostgreSQL conflict (``retry_conflicts``). The rules are in ``loomfs.meta.locks``.
+Every call hands ``LockTable`` the connection's identity (``ctx.identity``, never the request
+body): a user's client ids are bound to that user (``bound_client_id``), so a request naming
+another user's client acts on a client of its own; the lock in the way is shown as
+``shown_to`` says (another client's id and owner hidden from unprivileged callers).
 """
 
 from __future__ import annotations
@@ -10,7 +14,7 @@ from typing import Any
 
 from loomfs.errors import StatusError
 from loomfs.meta import tenancy
-from loomfs.meta.locks import LockTable
+from loomfs.meta.locks import LockTable, bound_client_id
 from loomfs.meta.store.base import LockRow
 from loomfs.net.rpc import CallContext, handles
 from loomfs.wire import meta_lock as wl
@@ -64,29 +68,34 @@ class LockHandlers:
     @handles(wl.LOCK_SET)
     async def lock_set(self, req: wl.LockReq, ctx: CallContext) -> wl.LockRsp:
         inode = await self._confine(ctx, req.inode)
+        who = ctx.identity
         hit, fresh = await self._retrying(self.locks.setlk_lease, inode, req.client_id, req.owner, req.kind,
-                                          req.type, req.first, req.last, pid=req.pid, lease_s=req.lease_s)
-        logger.debug("req %d: lock_set inode %d kind %d type %d %d..%d client %#x owner %#x: %s", ctx.request_id,
-                     req.inode, req.kind, req.type, req.first, req.last, req.client_id, req.owner,
-                     "granted" if hit is None else "refused")
+                                          req.type, req.first, req.last, pid=req.pid, lease_s=req.lease_s, who=who)
+        if logger.isEnabledFor(logging.DEBUG):  # (the hash is not free)
+            logger.debug("req %d: lock_set inode %d kind %d type %d %d..%d client %#x (kept as %#x) owner %#x: %s",
+                         ctx.request_id, req.inode, req.kind, req.type, req.first, req.last, req.client_id,
+                         bound_client_id(who, req.client_id), req.owner, "granted" if hit is None else "refused")
         return wl.LockRsp(granted=hit is None, conflict=_info(hit), lease_new=fresh)
 
     @handles(wl.LOCK_GET)
     async def lock_get(self, req: wl.LockReq, ctx: CallContext) -> wl.LockRsp:
         inode = await self._confine(ctx, req.inode)
-        hit = await self.locks.getlk(inode, req.client_id, req.owner, req.kind, req.type, req.first, req.last)
+        hit = await self.locks.getlk(inode, req.client_id, req.owner, req.kind, req.type, req.first, req.last,
+                                     who=ctx.identity)
         return wl.LockRsp(granted=hit is None, conflict=_info(hit))
 
     @handles(wl.LOCK_RELEASE)
     async def lock_release(self, req: wl.LockReleaseReq, ctx: CallContext) -> wl.LockReleaseRsp:
         inode = await self._confine(ctx, req.inode)
-        n = await self._retrying(self.locks.release, inode, req.client_id, req.owner, req.kind)
+        n = await self._retrying(self.locks.release, inode, req.client_id, req.owner, req.kind, who=ctx.identity)
         return wl.LockReleaseRsp(released=n)
 
     @handles(wl.LOCK_RENEW)
     async def lock_renew(self, req: wl.LockRenewReq, ctx: CallContext) -> wl.LockRenewRsp:
+        who = ctx.identity
         if req.drop:
-            n = await self._retrying(self.locks.drop_client, req.client_id)
-            logger.debug("req %d: client %#x ended its locks (%d)", ctx.request_id, req.client_id, n)
+            n = await self._retrying(self.locks.drop_client, req.client_id, who=who)
+            logger.debug("req %d: client %#x (kept as %#x) ended its locks (%d)", ctx.request_id, req.client_id,
+                         bound_client_id(who, req.client_id), n)
             return wl.LockRenewRsp(held=False)
-        return wl.LockRenewRsp(held=await self._retrying(self.locks.renew, req.client_id, req.lease_s))
+        return wl.LockRenewRsp(held=await self._retrying(self.locks.renew, req.client_id, req.lease_s, who=who))

@@ -20,6 +20,16 @@ engine).
   rows, a renewal of it answers "lost" (and drops it), and every renewal sweeps a few other
   expired clients (``SWEEP_MAX``). So a dead mount's locks go one lease after its last
   renewal, with no background worker.
+* **Client ids are bound to users** (``bound_client_id``). The client id in a request is the
+  caller's own pick; a caller that is not privileged (a user token: not ADMIN, not SERVICE)
+  gets its locks kept under a 63-bit hash of (its tenant, its uid, that id), stored negative.
+  A request naming another user's client id therefore names a client of the caller's own: it
+  cannot take, drop, release, renew or end the other client's locks (it conflicts with them,
+  as any client does). Privileged callers (services, admin tokens, and every caller of a
+  server without a cluster secret, where all are ``TRUSTED``) name stored ids as they are: an
+  administrator can end a stuck client's locks, and an auth-off cluster keeps raw ids. The
+  lock in the way is shown to an unprivileged caller without another client's id and owner
+  (0, as POSIX F_GETLK tells only a pid); its own client's locks carry the id it sent.
 
 The rules here do no I/O besides the store's transaction; ``LockTable`` runs them.
 """
@@ -27,12 +37,14 @@ The rules here do no I/O besides the store's transaction; ``LockTable`` runs the
 from __future__ import annotations
 
 import errno
+import hashlib
 import logging
 import math
 from collections.abc import Sequence
 from dataclasses import replace
 
 from loomfs.common.clock import SYSTEM_CLOCK, Clock
+from loomfs.common.identity import TRUSTED, Identity
 from loomfs.errors import error_for_errno
 from loomfs.meta.store.base import LockRow, MetaStore, MetaTxn
 
@@ -61,6 +73,34 @@ def to_signed(owner: int) -> int:
 
 def to_unsigned(owner: int) -> int:
     return owner & ((1 << OWNER_BITS) - 1)
+
+
+_BIND_PERSON = b"loomfs-lockcli"  # blake2b personalisation: these hashes are for nothing else
+
+
+def bound_client_id(who: Identity, client_id: int) -> int:
+    """The client id the locks of ``who``'s client ``client_id`` are kept under. Privileged
+    callers: ``client_id`` itself. Others: bound to (tenant, uid), not to the token, so a
+    renewed token (a new token id for the same user) keeps its client's locks; negative, so
+    no id an unprivileged caller picks lands on a privileged client's (clients pick positive
+    ids). Pure: the same caller and id give the same number on every meta server."""
+    if who.privileged:
+        return client_id
+    key = f"{len(who.tenant)}:{who.tenant}:{who.uid}:{client_id}".encode()
+    digest = hashlib.blake2b(key, digest_size=8, person=_BIND_PERSON).digest()
+    return -1 - (int.from_bytes(digest, "big") >> 1)
+
+
+def shown_to(who: Identity, hit: LockRow, bound: int, client_id: int) -> LockRow:
+    """The lock in the way as ``who`` (whose client is stored as ``bound``, named
+    ``client_id`` in its request) may see it: all of it when privileged; its own client's
+    lock with the id it sent (a mount tells its own processes' pids); another client's
+    without client id and owner."""
+    if who.privileged:
+        return hit
+    if hit.client_id == bound:
+        return replace(hit, client_id=client_id)
+    return replace(hit, client_id=0, owner=0)
 
 
 def check_range(kind: int, type_: int, first: int, last: int) -> None:
@@ -121,7 +161,10 @@ def bounded_lease_ns(lease_s: float) -> int:
 
 class LockTable:
     """The lock operations over a store (each one transaction). Conflicts between meta servers
-    on PostgreSQL re-run from the start (``TxnConflict``: the caller's ``retry_conflicts``)."""
+    on PostgreSQL re-run from the start (``TxnConflict``: the caller's ``retry_conflicts``).
+    ``who``: the caller (``CallContext.identity``); its client ids go through
+    ``bound_client_id`` and the lock in the way through ``shown_to``. The default, ``TRUSTED``
+    (tools, tests), names stored ids as they are."""
 
     def __init__(self, store: MetaStore, clock: Clock = SYSTEM_CLOCK):
         self.store = store
@@ -156,18 +199,20 @@ class LockTable:
         return expiry is None or expiry <= now_ns
 
     async def setlk(self, inode: int, client_id: int, owner: int, kind: int, type_: int, first: int = 0,
-                    last: int = OFFSET_MAX, *, pid: int = 0, lease_s: float = DEFAULT_LEASE_S) -> LockRow | None:
+                    last: int = OFFSET_MAX, *, pid: int = 0, lease_s: float = DEFAULT_LEASE_S,
+                    who: Identity = TRUSTED) -> LockRow | None:
         """Take (READ/WRITE) or drop (UNLOCK) ``first..last`` for the owner; None when done, the
         conflicting lock when another owner holds one (nothing changed). flock: whole file."""
         return (await self.setlk_lease(inode, client_id, owner, kind, type_, first, last, pid=pid,
-                                       lease_s=lease_s))[0]
+                                       lease_s=lease_s, who=who))[0]
 
     async def setlk_lease(self, inode: int, client_id: int, owner: int, kind: int, type_: int, first: int = 0,
                           last: int = OFFSET_MAX, *, pid: int = 0, lease_s: float = DEFAULT_LEASE_S,
-                          ) -> tuple[LockRow | None, bool]:
+                          who: Identity = TRUSTED) -> tuple[LockRow | None, bool]:
         """``setlk``, and whether the client's lease is a new one: a client that believed it
         held locks learns they were lost (its lease had run out and been dropped)."""
         check_range(kind, type_, first, last)
+        named, client_id = client_id, bound_client_id(who, client_id)
         if kind == FLOCK:
             first, last = 0, OFFSET_MAX
         owner = to_signed(owner)
@@ -180,7 +225,7 @@ class LockTable:
             if type_ != UNLOCK:
                 hit = conflict(rows, client_id, owner, type_, first, last)
                 if hit is not None:
-                    return replace(hit, owner=to_unsigned(hit.owner)), fresh
+                    return shown_to(who, replace(hit, owner=to_unsigned(hit.owner)), client_id, named), fresh
             mine = [r for r in rows if r.client_id == client_id and r.owner == owner]
             if kind == FLOCK:
                 new = [] if type_ == UNLOCK else [LockRow(client_id, owner, type_, 0, OFFSET_MAX, pid)]
@@ -191,9 +236,10 @@ class LockTable:
         return None, fresh
 
     async def getlk(self, inode: int, client_id: int, owner: int, kind: int, type_: int, first: int = 0,
-                    last: int = OFFSET_MAX) -> LockRow | None:
+                    last: int = OFFSET_MAX, *, who: Identity = TRUSTED) -> LockRow | None:
         """F_GETLK: the lock that would stop this one, None if it would be granted."""
         check_range(kind, type_, first, last)
+        named, client_id = client_id, bound_client_id(who, client_id)
         if type_ == UNLOCK:
             return None
         now = self.clock.now_ns()
@@ -203,12 +249,13 @@ class LockTable:
                 expiry = await txn.lock_clients_expiry(sorted({r.client_id for r in rows}))
                 rows = [r for r in rows if expiry.get(r.client_id, 0) > now]
         hit = conflict(rows, client_id, to_signed(owner), type_, first, last)
-        return None if hit is None else replace(hit, owner=to_unsigned(hit.owner))
+        return None if hit is None else shown_to(who, replace(hit, owner=to_unsigned(hit.owner)), client_id, named)
 
-    async def release(self, inode: int, client_id: int, owner: int, kind: int) -> int:
+    async def release(self, inode: int, client_id: int, owner: int, kind: int, *, who: Identity = TRUSTED) -> int:
         """Every lock of the owner on ``inode`` of ``kind`` goes (close: FLUSH, RELEASE); how many."""
         if kind not in KINDS:
             raise error_for_errno(errno.EINVAL, f"lock kind {kind}")
+        client_id = bound_client_id(who, client_id)
         owner = to_signed(owner)
         async with self.store.write() as txn:
             mine = [r for r in await txn.locks_on(inode, kind) if r.client_id == client_id and r.owner == owner]
@@ -216,9 +263,10 @@ class LockTable:
                 await txn.locks_replace(inode, kind, client_id, owner, [])
         return len(mine)
 
-    async def renew(self, client_id: int, lease_s: float = DEFAULT_LEASE_S) -> bool:
+    async def renew(self, client_id: int, lease_s: float = DEFAULT_LEASE_S, *, who: Identity = TRUSTED) -> bool:
         """Move the client's lease on; False when it had lapsed (its locks are gone) or it held
         none. Sweeps up to ``SWEEP_MAX`` other expired clients."""
+        client_id = bound_client_id(who, client_id)
         now = self.clock.now_ns()
         async with self.store.write() as txn:
             expiry = (await txn.lock_clients_expiry([client_id])).get(client_id)
@@ -231,8 +279,9 @@ class LockTable:
                 logger.info("locks: client %#x's lease ran out: its %d lock(s) dropped", c, n)
         return live
 
-    async def drop_client(self, client_id: int) -> int:
+    async def drop_client(self, client_id: int, *, who: Identity = TRUSTED) -> int:
         """A client going away cleanly (unmount): all its locks go now; how many."""
+        client_id = bound_client_id(who, client_id)
         async with self.store.write() as txn:
             return await txn.lock_client_drop(client_id)
 

@@ -9,6 +9,12 @@ Every call carries ``lease_s``, how long meta keeps the client's locks without a
 (meta bounds it to 1..600 s); LOCK_RENEW renews, and answers ``held=False`` when the lease
 had run out (every lock of the client is gone then). All four are idempotent: a re-sent
 set or release leaves the same table.
+
+The client id is the caller's own pick (random, positive), but meta keeps a user's locks
+under that id bound to the user the connection authenticated as (``loomfs.meta.locks``:
+``bound_client_id``): naming another user's client id names a client of one's own. Services
+and admin tokens (and everyone on a cluster without a cluster secret) name stored ids as they
+are. No field changed for this: older clients and servers speak the same messages.
 """
 
 from __future__ import annotations
@@ -22,7 +28,9 @@ OFFSET_MAX = (1 << 63) - 1
 
 @message
 class LockInfo(Message):
-    """A held lock (the one in the way, for LOCK_SET and LOCK_GET)."""
+    """A held lock (the one in the way, for LOCK_SET and LOCK_GET). To a caller without ADMIN or
+    SERVICE rights, a lock of another client comes with ``client_id`` and ``owner`` 0 (POSIX
+    F_GETLK tells only a pid), one of its own client with the ``client_id`` it sent."""
 
     client_id: int = 0
     owner: int = 0
