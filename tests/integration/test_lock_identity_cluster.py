@@ -20,6 +20,7 @@ from loomfs.client.sync_locks import POSIX, READ, WRITE, lock
 from loomfs.config import ClientConfig, RpcConfig
 from loomfs.testing import LocalCluster
 from loomfs.wire import meta_lock as wl
+from loomfs.wire.message import Message, Method
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -30,7 +31,7 @@ def _user(cluster: LocalCluster, token_file: Path, clients: list[loomfs.LoomFS])
     return fs
 
 
-def _call(fs: loomfs.LoomFS, m: object, req: object) -> object:
+def _call(fs: loomfs.LoomFS, m: Method, req: Message) -> object:
     return fs.run(fs.client.meta.call(m, req))
 
 
