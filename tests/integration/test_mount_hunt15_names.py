@@ -8,44 +8,23 @@ inode that still has a valid name here (a directory renamed elsewhere, the other
 from __future__ import annotations
 
 import os
-import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from test_mount import _mount, _umount
-
-from loomfs.testing import LocalCluster
+from test_mount_locks import two  # noqa: F401 - two: the module's fixture of two mounts (default options)
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 WINDOW_S = 15.0  # the revalidation window is 1 s; slack for a loaded machine
 
 
-@pytest.fixture(scope="module")
-def mounts(cluster: LocalCluster) -> Iterator[tuple[Path, Path]]:
-    """Two plain mounts of the shared cluster (default options)."""
-    a = tempfile.mkdtemp(prefix="loomfs-mnt-h15a-")
-    b = tempfile.mkdtemp(prefix="loomfs-mnt-h15b-")
-    _mount(cluster, a)
-    try:
-        _mount(cluster, b)
-        try:
-            yield Path(a), Path(b)
-        finally:
-            _umount(b)
-    finally:
-        _umount(a)
-        os.rmdir(a)
-        os.rmdir(b)
-
-
 @pytest.fixture()
-def where(mounts: tuple[Path, Path], request: pytest.FixtureRequest) -> tuple[Path, Path]:
+def where(two: tuple[str, str], request: pytest.FixtureRequest) -> tuple[Path, Path]:  # noqa: F811
     """(a fresh directory through mount a, the same directory through mount b)."""
     name = f"{request.node.name}-{os.getpid()}-{time.monotonic_ns()}"
-    (mounts[0] / name).mkdir()
-    return mounts[0] / name, mounts[1] / name
+    (Path(two[0]) / name).mkdir()
+    return Path(two[0]) / name, Path(two[1]) / name
 
 
 def eventually(what: str, fn: Callable[[], object], timeout_s: float = WINDOW_S) -> object:

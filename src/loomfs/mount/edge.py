@@ -68,4 +68,5 @@ class Handle:
     prefetch: Prefetcher | None = None  # read-only handles: sequential read-ahead (loomfs.mount.prefetch)
     hold_id: int = 0  # read-only handles of files in chunks: the read hold at meta (loomfs.mount.holds)
     lost: bool = False  # its hold lapsed and could not be taken again: reads answer EIO
+    error: BaseException | None = None  # a write error met by a getattr: its next fsync or close(2) raises it
 

@@ -71,6 +71,8 @@ class FileOps(WriterOps, pyfuse3.Operations):
     def _file_info(self, h: Handle, flags: int) -> pyfuse3.FileInfo:
         fi = pyfuse3.FileInfo()
         fi.fh = self._new_handle(h)
+        if h.writable:
+            self._writer_opened(h.file)
         fi.direct_io = (self.options.direct_io or bool(flags & os.O_DIRECT)
                         or (self.options.direct_read and not h.writable))
         fi.keep_cache = self._keep_cache(h)
@@ -325,6 +327,8 @@ class FileOps(WriterOps, pyfuse3.Operations):
         async with h.lock:
             await self._usable_locked(h)  # closed by a close(2), or by a lock's reopen meanwhile
             if h.append:  # the end as this mount's writer knows it (what getattr answers): the
+                await self._catch_up_locked(h)  # (meta's, when last compared over attr_timeout ago)
+                await self._usable_locked(h)
                 off = h.file.length  # kernel's may be older, e.g. a size cut at another node
             return await self.call(self._write_at(h.file, off, buf))
 

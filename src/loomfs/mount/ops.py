@@ -18,6 +18,7 @@ import logging
 import os
 import stat
 import time
+import weakref
 from collections.abc import Callable, Coroutine, Iterator
 from typing import Any, TypeVar
 
@@ -25,6 +26,7 @@ import pyfuse3
 
 from loomfs.client import xattrs
 from loomfs.client.core import AsyncClient
+from loomfs.client.file import AsyncFile
 from loomfs.meta.ops.special import rdev_of
 from loomfs.meta.ops.xattrs import check_name
 from loomfs.metrics.capacity import cluster_capacity
@@ -94,6 +96,7 @@ class LoomOperations(HoldOps, FileOps):
         self.prefetch_budget = Budget(options.prefetch_mb << 20)  # loomfs.mount.prefetch
         self.uses = FileUses(lambda f: self.call(f.close()))  # reads in flight per client file
         self.xattr_probes = XattrProbes()  # setxattr's flags, from pyfuse3's check before it
+        self._writer_checked: weakref.WeakKeyDictionary[AsyncFile, float] = weakref.WeakKeyDictionary()
         # run on this loop once the kernel's INIT is answered (the bdi read-ahead: INIT's
         # reply sets it to min(itself, what the kernel offered at mount time, 128 KiB))
         self.after_init: Callable[[], None] | None = None
@@ -166,6 +169,8 @@ class LoomOperations(HoldOps, FileOps):
             self.absent.missed(parent_inode, text, asked, epoch)
             self.inodes.missing(path)  # renamed or unlinked elsewhere: not a name to ask by
             return self._no_such_name(path)
+        if attr.type == FileType.FILE:
+            await self._catch_up(attr.inode)  # a write file open here: its length is what entry() answers
         return self._known(attr, path)
 
     async def _relist(self, dir_inode: int) -> None:
@@ -228,6 +233,7 @@ class LoomOperations(HoldOps, FileOps):
             self.stats.requests["getattr_dir_cached"] += 1
             return self.entry(known[0])
         epoch, asked = self._dir_epoch, time.monotonic()
+        await self._catch_up(inode)  # a write file open here: another mount may have grown or cut it
         attr = await self._attr_of(inode)
         if attr.type == FileType.DIRECTORY and self._dir_epoch == epoch:
             # kept only when no directory changed through this mount while meta answered:

@@ -5,26 +5,93 @@ kernel inode. Mixed into ``FileOps`` (``loomfs.mount.files``)."""
 from __future__ import annotations
 
 import errno
+import logging
+import time
+import weakref
 from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from loomfs.client.core import AsyncClient
+from loomfs.client.file import AsyncFile
 from loomfs.mount.dirs import DirStream
 from loomfs.mount.edge import Handle
 from loomfs.mount.inodes import InodeTable
+from loomfs.mount.options import MountOptions
+from loomfs.mount.stats import MountStats
 from loomfs.wire.meta import SetattrReq
+from loomfs.wire.types import Attr
 
+logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
 class WriterOps:
     client: AsyncClient
+    options: MountOptions
     inodes: InodeTable
     handles: dict[int, Handle | DirStream]
+    stats: MountStats
+    _writer_checked: weakref.WeakKeyDictionary[AsyncFile, float]  # write file -> when its length was meta's
 
     if TYPE_CHECKING:  # LoomOperations's
         async def call(self, coro: Coroutine[Any, Any, T]) -> T: ...
         def _inode_path(self, inode: int) -> str: ...
+        async def _attr(self, path: str) -> Attr: ...
+
+    def _writer_opened(self, f: AsyncFile) -> None:
+        """``f`` was opened from meta just now: its length is meta's."""
+        self._writer_checked.setdefault(f, time.monotonic())
+
+    async def _catch_up(self, inode: int) -> None:
+        """Before ``getattr`` answers with this mount's write file's length: see
+        ``_catch_up_locked``. A file still sending what it buffers is left as it is (its
+        own length is ahead); a write error met here is kept for the descriptors' next
+        fsync or close(2), which report it."""
+        w = self._writer(inode)
+        if w is None or w.file.dirty:
+            return
+        async with w.lock:
+            if not w.file.closed and not w.file.dirty:
+                await self._catch_up_locked(w, keep_errors=True)
+
+    async def _catch_up_locked(self, h: Handle, *, keep_errors: bool = False) -> None:
+        """Under ``h.lock``: a write file whose length was last compared with meta's more than
+        ``attr_timeout`` ago (the window the kernel's attributes may be that old) is compared
+        again, as NFS revalidates the size before an O_APPEND write: another mount or client
+        may have appended to the file or cut it (logrotate's copytruncate) meanwhile. Its own
+        writes are reported first (fsync: meta's length is then the larger of its end and
+        another's, or another client's cut), then meta's length asked; when the two differ the
+        file is closed and opened again from meta (``_usable_locked``: its length, inline bytes,
+        truncate epoch, a new write session). Before, a write file's length was the one it
+        opened with and its own writes ever after: the ``O_APPEND`` records of two mounts
+        wrote over each other, a writer's next line after a copytruncate elsewhere left a hole
+        of zeros up to its old end, and ``fstat`` never showed either."""
+        f = h.file
+        now = time.monotonic()
+        if f.closed or now - self._writer_checked.setdefault(f, now) < self.options.attr_timeout_s:
+            return
+        if not self.inodes.has_name(h.inode):  # nameless: no other client can reach it by a name
+            return
+        self._writer_checked[f] = now
+        try:
+            await self.call(f.fsync())
+        except OSError as exc:
+            if not keep_errors:
+                raise
+            for o in self.handles.values():  # for the next fsync or close(2) to report
+                if isinstance(o, Handle) and o.file is f and o.error is None:
+                    o.error = exc
+            return
+        try:
+            attr = await self._attr(self._inode_path(h.inode))
+        except FileNotFoundError:  # renamed or unlinked elsewhere: its next open finds out
+            return
+        if attr.inode != h.inode or attr.size == f.length:
+            return
+        self.stats.requests["writer_catch_ups"] += 1
+        logger.debug("inode %d: meta's length %d, this mount's writer's %d: reopened", h.inode, attr.size, f.length)
+        await self.call(f.close())  # synced just now: ends the write session
+        await self._usable_locked(h)  # opened again from meta, for every descriptor sharing it
 
     def _writers(self, inode: int) -> list[Handle]:
         """Write handles of ``inode`` with an open client file (not one a close(2) closed)."""
@@ -60,6 +127,7 @@ class WriterOps:
         if f.inode != h.inode:  # the name is another file's now
             await self.call(f.close())
             raise OSError(errno.ENOENT, "the file's name went to another file", f.path)
+        self._writer_opened(f)
         for o in self.handles.values():
             if isinstance(o, Handle) and o.file is old:
                 o.file = f
@@ -78,17 +146,30 @@ class WriterOps:
             await self._synced_locked(h, close=close)
 
     async def _synced_locked(self, h: Handle, *, close: bool = False) -> None:
-        if h.file.closed:  # by another descriptor's close(2), or a lock's reopen, meanwhile: synced
-            return
-        await self.call(h.file.close() if close else h.file.fsync())
-        if h.times_ns is not None:  # by inode: also after its last name went
-            path = self._path_of(h) or h.file.path
-            req = SetattrReq(path=path, inode=h.inode, follow_symlinks=False,
-                             atime_ns=h.times_ns[0], mtime_ns=h.times_ns[1])
-            await self.call(self.client._setattr(req))
+        kept = self._kept_error(h)  # met by a getattr's catch-up: reported here, once
+        if not h.file.closed:  # (closed by another descriptor's close(2), or a lock's reopen: synced)
+            await self.call(h.file.close() if close else h.file.fsync())
+            if h.times_ns is not None:  # by inode: also after its last name went
+                path = self._path_of(h) or h.file.path
+                req = SetattrReq(path=path, inode=h.inode, follow_symlinks=False,
+                                 atime_ns=h.times_ns[0], mtime_ns=h.times_ns[1])
+                await self.call(self.client._setattr(req))
+        if kept is not None:
+            raise kept
 
     def _path_of(self, h: Handle) -> str | None:
         """An open file's name now (None when the last one was unlinked)."""
         if self.inodes.has_name(h.inode):
             return self.inodes.path(h.inode)
         return None if self.inodes.lookups(h.inode) else h.file.path
+
+    def _kept_error(self, h: Handle) -> BaseException | None:
+        """A write error a getattr's catch-up met (``_catch_up``), taken from every
+        descriptor sharing it (reported once)."""
+        exc = h.error
+        if exc is not None:
+            for o in self.handles.values():
+                if isinstance(o, Handle) and o.error is exc:
+                    o.error = None
+            h.error = None
+        return exc
