@@ -22,6 +22,7 @@ from loomfs.mount.inodes import InodeTable
 from loomfs.mount.names import AbsentNames
 from loomfs.mount.options import MountOptions
 from loomfs.mount.prefetch import Budget, Prefetcher
+from loomfs.mount.revalidate import refresh_readers
 from loomfs.mount.stats import MountStats
 from loomfs.mount.uses import FileUses
 from loomfs.mount.writers import WriterOps
@@ -57,6 +58,7 @@ class FileOps(WriterOps, pyfuse3.Operations):
         def _dir_created_in(self, inode: int, known: tuple[Attr, float] | None, epoch: int,
                             created_ns: int | None) -> None: ...
         def _inode_path(self, inode: int) -> str: ...
+        async def _attr_of(self, inode: int) -> Attr: ...
         async def _take_hold(self, path: str, f: AsyncFile) -> int: ...
         async def _release_hold(self, hold_id: int) -> None: ...
         async def _drop_holds(self) -> None: ...
@@ -71,8 +73,7 @@ class FileOps(WriterOps, pyfuse3.Operations):
     def _file_info(self, h: Handle, flags: int) -> pyfuse3.FileInfo:
         fi = pyfuse3.FileInfo()
         fi.fh = self._new_handle(h)
-        if h.writable:
-            self._writer_opened(h.file)
+        self._file_opened(h.file)
         fi.direct_io = (self.options.direct_io or bool(flags & os.O_DIRECT)
                         or (self.options.direct_read and not h.writable))
         fi.keep_cache = self._keep_cache(h)
@@ -279,8 +280,11 @@ class FileOps(WriterOps, pyfuse3.Operations):
         assert isinstance(h, Handle)
         if h.writable:
             await self._usable(h)
-        elif h.hold_id or h.lost:
-            await self._check_holds(h)  # a hold lapsed while the mount was away: EIO, not zeros
+        else:
+            if h.hold_id or h.lost:
+                await self._check_holds(h)  # a hold lapsed while the mount was away: EIO, not zeros
+            if self._due(h.file):  # changed by another client since: read it as meta has it now
+                await refresh_readers(self, h.inode, await self._attr_of(h.inode))
         w = h if h.writable else self._writer(h.inode)
         self.stats.read_started(size)
         n = 0

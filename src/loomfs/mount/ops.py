@@ -38,6 +38,7 @@ from loomfs.mount.inodes import ROOT_INODE, InodeTable
 from loomfs.mount.names import RELIST_MAX_NAMES, AbsentNames
 from loomfs.mount.options import MountOptions
 from loomfs.mount.prefetch import Budget
+from loomfs.mount.revalidate import refresh_readers
 from loomfs.mount.stats import STATS_XATTR, MountStats
 from loomfs.mount.uses import FileUses
 from loomfs.mount.xattrs import LAYOUT_XATTR, XattrProbes, decode_layout, encode_layout
@@ -96,7 +97,7 @@ class LoomOperations(HoldOps, FileOps):
         self.prefetch_budget = Budget(options.prefetch_mb << 20)  # loomfs.mount.prefetch
         self.uses = FileUses(lambda f: self.call(f.close()))  # reads in flight per client file
         self.xattr_probes = XattrProbes()  # setxattr's flags, from pyfuse3's check before it
-        self._writer_checked: weakref.WeakKeyDictionary[AsyncFile, float] = weakref.WeakKeyDictionary()
+        self._checked_at: weakref.WeakKeyDictionary[AsyncFile, float] = weakref.WeakKeyDictionary()
         # run on this loop once the kernel's INIT is answered (the bdi read-ahead: INIT's
         # reply sets it to min(itself, what the kernel offered at mount time, 128 KiB))
         self.after_init: Callable[[], None] | None = None
@@ -171,6 +172,7 @@ class LoomOperations(HoldOps, FileOps):
             return self._no_such_name(path)
         if attr.type == FileType.FILE:
             await self._catch_up(attr.inode)  # a write file open here: its length is what entry() answers
+            await refresh_readers(self, attr.inode, attr)
         return self._known(attr, path)
 
     async def _relist(self, dir_inode: int) -> None:
@@ -235,6 +237,7 @@ class LoomOperations(HoldOps, FileOps):
         epoch, asked = self._dir_epoch, time.monotonic()
         await self._catch_up(inode)  # a write file open here: another mount may have grown or cut it
         attr = await self._attr_of(inode)
+        await refresh_readers(self, inode, attr)  # read-only files open here: meta's version
         if attr.type == FileType.DIRECTORY and self._dir_epoch == epoch:
             # kept only when no directory changed through this mount while meta answered:
             # an answer from before such a change commits must not outlive it

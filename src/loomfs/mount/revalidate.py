@@ -39,6 +39,7 @@ import pyfuse3
 
 from loomfs.client.file import AsyncFile
 from loomfs.mount.edge import Handle
+from loomfs.wire.types import Attr, FileType
 
 logger = logging.getLogger(__name__)
 ENABLED = os.environ.get("LOOMFS_MOUNT_LOCK_REVALIDATE", "1") != "0"
@@ -96,6 +97,27 @@ async def revalidate(ops: Any, inode: int) -> None:
     except OSError as exc:  # ENOENT: the kernel has forgotten the inode (nothing cached)
         if exc.errno != errno.ENOENT:
             logger.warning("dropping the kernel's cache of inode %d at a lock: %s", inode, exc)
+
+
+async def refresh_readers(ops: Any, inode: int, attr: Attr) -> None:
+    """Meta's attributes of ``inode`` are ``attr`` (a GETATTR, a LOOKUP, or a READ of a
+    handle last compared over ``attr_timeout`` ago): its read-only files here opened at
+    another version (size, mtime, ctime: another client wrote, cut or extended it since) are
+    opened again, as at a lock grant (their inline bytes, length and prefetched chunks go).
+    Before, a read-only descriptor served what it had at its open for as long as it stayed
+    open: after another mount cut the file and extended it again, the bytes from before the
+    cut came back where the file reads zeros (the kernel, told the new size, re-read its
+    pages from the stale copy). Files whose name is gone here are left as they are."""
+    if attr.inode != inode or attr.type != FileType.FILE or not ops.inodes.has_name(inode):
+        return
+    version = (attr.size, attr.mtime_ns, attr.ctime_ns)
+    for group in _open_files(ops, inode, writable=False):
+        f = group[0].file
+        seen = f.opened_attr
+        if seen is not None and (seen.size, seen.mtime_ns, seen.ctime_ns) == version:
+            continue
+        ops.stats.requests["reader_refreshes"] += 1
+        await _reopen_reader(ops, inode, f)
 
 
 async def _reopen_reader(ops: Any, inode: int, old: AsyncFile) -> None:

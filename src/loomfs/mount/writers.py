@@ -31,16 +31,26 @@ class WriterOps:
     inodes: InodeTable
     handles: dict[int, Handle | DirStream]
     stats: MountStats
-    _writer_checked: weakref.WeakKeyDictionary[AsyncFile, float]  # write file -> when its length was meta's
+    # client file -> when its length (a read-only one's version) was last known to be meta's
+    _checked_at: weakref.WeakKeyDictionary[AsyncFile, float]
 
     if TYPE_CHECKING:  # LoomOperations's
         async def call(self, coro: Coroutine[Any, Any, T]) -> T: ...
         def _inode_path(self, inode: int) -> str: ...
         async def _attr(self, path: str) -> Attr: ...
 
-    def _writer_opened(self, f: AsyncFile) -> None:
+    def _file_opened(self, f: AsyncFile) -> None:
         """``f`` was opened from meta just now: its length is meta's."""
-        self._writer_checked.setdefault(f, time.monotonic())
+        self._checked_at.setdefault(f, time.monotonic())
+
+    def _due(self, f: AsyncFile) -> bool:
+        """Whether ``f`` was last compared with meta more than ``attr_timeout`` ago (then it
+        counts as compared now)."""
+        now = time.monotonic()
+        if now - self._checked_at.setdefault(f, now) < self.options.attr_timeout_s:
+            return False
+        self._checked_at[f] = now
+        return True
 
     async def _catch_up(self, inode: int) -> None:
         """Before ``getattr`` answers with this mount's write file's length: see
@@ -67,12 +77,9 @@ class WriterOps:
         wrote over each other, a writer's next line after a copytruncate elsewhere left a hole
         of zeros up to its old end, and ``fstat`` never showed either."""
         f = h.file
-        now = time.monotonic()
-        if f.closed or now - self._writer_checked.setdefault(f, now) < self.options.attr_timeout_s:
+        # (nameless here: no other client reaches it by a name)
+        if f.closed or not self.inodes.has_name(h.inode) or not self._due(f):
             return
-        if not self.inodes.has_name(h.inode):  # nameless: no other client can reach it by a name
-            return
-        self._writer_checked[f] = now
         try:
             await self.call(f.fsync())
         except OSError as exc:
@@ -127,7 +134,7 @@ class WriterOps:
         if f.inode != h.inode:  # the name is another file's now
             await self.call(f.close())
             raise OSError(errno.ENOENT, "the file's name went to another file", f.path)
-        self._writer_opened(f)
+        self._file_opened(f)
         for o in self.handles.values():
             if isinstance(o, Handle) and o.file is old:
                 o.file = f
