@@ -358,6 +358,9 @@ class FileOps(WriterOps, pyfuse3.Operations):
     @fuse_errors
     async def fsync(self, fh: int, datasync: bool) -> None:
         h = self.handles[fh]
+        if isinstance(h, Handle) and not h.writable:  # Linux syncs the inode whichever descriptor
+            w = self._writer(h.inode)  # asks: what this mount's write descriptors wrote (session 15;
+            h = w if w is not None else h  # before, nothing: their bytes stayed buffered)
         if isinstance(h, Handle) and h.writable and not h.file.closed:  # closed: all synced
             await self._synced(h)
 
