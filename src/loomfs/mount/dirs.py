@@ -4,12 +4,16 @@ FUSE's readdir asks for entries from an offset: the offset of entry ``i`` (from 
 order) is ``i + 1`` and the next call resumes at the last offset the kernel took. One opendir
 holds a ``DirStream``: the page holding the current offset, the iterator that reads the pages
 after it, and the name cursor each page started after (so a ``seekdir`` back, or a
-``rewinddir``, reads from the nearest page start again). A huge directory streams: memory is
-one page plus one name per page.
+``rewinddir``, reads from the nearest page start again). The kernel's resume inside the
+entries just before the current page (a READDIR reply that crossed a page boundary, of which
+a small getdents buffer took only part) is answered from memory (``back``): listed again,
+names made or removed meanwhile would move the positions (session 15). A huge directory
+streams: memory is two pages (at least ``BACK_ENTRIES`` entries) plus one name per page.
 """
 
 from __future__ import annotations
 
+import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,6 +21,7 @@ from typing import Any
 from loomfs.wire.types import DirEntry
 
 Pages = AsyncIterator[list[DirEntry]]
+BACK_ENTRIES = 512  # kept before the current page, at least (more than a READDIR reply holds)
 
 
 async def _next_page(pages: Pages) -> list[DirEntry] | None:
@@ -47,6 +52,12 @@ class DirStream:
     names: set[str] | None = field(default=None, repr=False)
     complete: bool = False
     listing: tuple[float, set[str]] | None = None  # (monotonic time, AbsentNames token) at its start
+    # the entries just before ``base`` (at least one page's worth): the kernel resumes inside
+    # them when a reader's getdents buffer took only part of a READDIR reply that crossed
+    # into the next page (it drops the rest and asks again from the last entry it handed out,
+    # never before ``replied_from``, the first entry of the last READDIR answered)
+    back: list[DirEntry] = field(default_factory=list, repr=False)
+    replied_from: int = sys.maxsize  # set by the READDIR handler; a direct page_at leaves it
 
     def __repr__(self) -> str:
         return f"DirStream({self.path!r}, base={self.base}, page={len(self.page)}, pages_seen={len(self.starts)})"
@@ -57,6 +68,11 @@ class DirStream:
         READDIR right after "." and ".." asks for entry 0 too but continues the listing."""
         if rewind or not self.starts:
             await self._restart(0)  # first readdir, or rewinddir: a fresh listing
+        elif max(self.replied_from, self.base - len(self.back)) <= offset < self.base:
+            # from memory: listed again from a page start, the positions would have moved
+            # with every name made or removed before them since (a name listed twice, or
+            # one that existed throughout skipped)
+            return self.base - len(self.back), self.back + self.page
         elif not self.base <= offset <= self.base + len(self.page):
             await self._restart(max(s for s in self.starts if s <= offset))  # seekdir
         while offset >= self.base + len(self.page):
@@ -66,6 +82,7 @@ class DirStream:
                 self.complete = self.names is not None
                 return offset, []
             before = self.page[-1].name if self.page else self.starts[self.base]
+            self.back = (self.back + self.page)[-max(BACK_ENTRIES, len(self.page)):]
             self.base += len(self.page)
             self.page = nxt
             if self.names is not None:
@@ -78,7 +95,7 @@ class DirStream:
         self.names, self.complete = (set() if base == 0 else None), False
         if base == 0:
             self.starts = {0: ""}
-        self.base, self.page = base, []
+        self.base, self.page, self.back = base, [], []
         self.pages = self.pages_after(self.starts[base])
 
     async def close(self) -> None:

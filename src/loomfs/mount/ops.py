@@ -601,6 +601,7 @@ class LoomOperations(HoldOps, FileOps):
                 return
         i = max(0, start_id - DOT_ENTRIES)
         base, page = await h.page_at(i, rewind=start_id == 0)
+        h.replied_from = i  # the kernel's next READDIR of this stream resumes at or after it
         while page:
             for e in page[i - base:]:
                 path = join(h.path, os.fsencode(e.name))
