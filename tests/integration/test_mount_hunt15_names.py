@@ -89,3 +89,19 @@ def test_a_file_renamed_by_the_other_mount_opens_under_its_new_name(where: tuple
     with open(a / "new", "ab") as f:
         f.write(b"!")
     assert eventually("a's append seen by b", lambda: (b / "new").read_bytes()) == b"moved!"
+
+
+def test_a_directory_renamed_elsewhere_and_met_in_a_listing(where: tuple[Path, Path]) -> None:
+    """The new name reaches the kernel by a READDIRPLUS entry of the parent, not a LOOKUP."""
+    a, b = where
+    (a / "d").mkdir()
+    (a / "d" / "f").write_bytes(b"listed")
+    assert os.listdir(a / "d") == ["f"] and (a / "d" / "f").read_bytes() == b"listed"
+    os.rename(b / "d", b / "e")
+
+    def listed() -> list[str]:
+        names = os.listdir(a)  # READDIRPLUS: the kernel learns "e" from the entry
+        assert "e" in names and "d" not in names, names
+        return os.listdir(a / "e")
+    assert eventually("the renamed directory listed", listed) == ["f"]
+    assert (a / "e" / "f").read_bytes() == b"listed"

@@ -608,7 +608,8 @@ class LoomOperations(HoldOps, FileOps):
                 attr = e.attr if e.attr is not None else await self._attr(path)
                 if not pyfuse3.readdir_reply(token, os.fsencode(e.name), self.entry(attr), i + 1 + DOT_ENTRIES):
                     return
-                self.inodes.remember(attr.inode, path)
+                # first among its names (a directory renamed elsewhere moves its subtree here)
+                self.inodes.found(attr.inode, path, directory=attr.type == FileType.DIRECTORY)
                 i += 1
             base, page = await h.page_at(i)
         if h.names is not None and h.complete and h.listing is not None:  # read to the end, in order
