@@ -238,7 +238,8 @@ def test_rotten_inline_bytes_read_as_eio(env: Env) -> None:
 
 def test_migration_survives_a_meta_restart(tmp_path: object, chunks: WritingChunks) -> None:
     """A meta that died mid-migration (chunks written, not committed) restarts on the same
-    store: the file is inline and whole; its next migration cuts the leftovers first."""
+    store: the file is inline and whole; once the dead one's claim ran out, its next
+    migration cuts the leftovers first."""
     path = os.path.join(str(tmp_path), "meta.db")
     env = Env(inline_max_bytes=LIMIT, chunk_writer=chunks)
     env.store = SqliteStore(path)
@@ -268,6 +269,9 @@ def test_migration_survives_a_meta_restart(tmp_path: object, chunks: WritingChun
     env2.ns.trimmer = _trimmer(env2, chunks)
     assert read(env2, "/x") == b"Q" * 1000
     put(env2, "/x", b"R" * 10)
+    env2.ns.migration_wait_s = 0.0
+    assert env2.err(env2.ns.migrate(inode)) == errno.EAGAIN  # the dead meta's claim: its copy may land
+    env2.clock.advance(env2.ns.migration_claim_s + 1)
     attr, _ = env2.run(env2.ns.migrate(inode))
     assert not attr.inline and chunks.read(inode, 0, 1000) == b"R" * 10 + bytes(990)
     env2.run(env2.store.close())

@@ -19,7 +19,7 @@ from loomfs.meta.caller import caller
 from loomfs.meta.gc import SESSION_LEASE_S
 from loomfs.meta.layout import ChainAllocator
 from loomfs.meta.store.base import InlineData, MetaStore, MetaTxn, TrimEntry
-from loomfs.meta.trim import Trimmer, must_settle, queue_trim
+from loomfs.meta.trim import CLAIM_S, CUT_TIMEOUT_S, WAIT_S, Trimmer, must_settle, queue_trim
 from loomfs.wire.status import Status
 from loomfs.wire.types import FILE_BYTES_MAX, ROOT_INODE, Attr, FileType, Layout
 
@@ -78,6 +78,13 @@ class NamespaceBase:
         self.chunk_writer = chunk_writer
         self._migrations: KeyLocks[int] = KeyLocks()
         self.migrations_total = 0
+        # the migration claim kept in the inline row (``loomfs.meta.ops.inline``): this
+        # process's owner id; a claim outlives a copy (its timeout) plus a storage request's
+        # deadline, so a copy never lands after a claim ran out; others wait this long for it
+        self.migration_owner = random.SystemRandom().getrandbits(62) | 1
+        self.migration_claim_s = CLAIM_S
+        self.migration_copy_timeout_s = CUT_TIMEOUT_S
+        self.migration_wait_s = WAIT_S
 
     async def init(self) -> None:
         """Create the root directory on a fresh store (idempotent)."""

@@ -285,8 +285,8 @@ class FileOps(InlineOps):
         if attr.inline:
             if not to_chunks:
                 return await self._set_inline(txn, attr, data or b"", now)
-            self._check_not_migrating(attr.inode)
             row = await txn.get_inline(attr.inode)
+            self._check_not_migrating(attr.inode, row)
             cut = row is None or row.chunks_dirty  # a migration may have left chunks
             await txn.delete_inline(attr.inode)
             attr = dataclasses.replace(attr, inline=False)

@@ -15,30 +15,40 @@ Invariants:
   ``put`` made it inline): they are cut before a migration writes, and GC removes them when
   the file goes. A clean inline file costs storage nothing, also to delete.
 
-Migration (``migrate``), crash-safe and serialised per inode in this process:
+Migration (``migrate``), crash-safe, serialised per inode in this process by a lock and
+across meta processes by a *claim* kept in the inline row (``claim_owner``, ``claim_until_ns``):
 
-1. mark the row ``chunks_dirty`` (and, if it already was, queue a trim of every chunk);
+1. in one transaction: take the claim (a live one of another process: wait for it, EAGAIN
+   after ``migration_wait_s``), mark the row ``chunks_dirty`` (and, if it already was, queue
+   a trim of every chunk);
 2. cut that trim (``Trimmer.settle``), then write the content to chunk 0 (the limit is at
-   most a chunk);
-3. in one transaction, if the content's version did not move and no trim is pending: drop
-   the row, clear ``inline``. Otherwise start again.
+   most a chunk) within ``migration_copy_timeout_s``;
+3. in one transaction, if the content's version did not move, the claim is still ours and no
+   trim is pending: drop the row, clear ``inline``. Otherwise start again.
 
-A crash before 3 leaves an inline file (the truth) with dirty chunks; the next migration cuts
-them first. Readers see the inline content until 3 commits and the chunks after, which hold
-the same bytes by then. Writers of an inline file send their writes to meta
-(``write_inline``, patches applied in one transaction); one that finds the file migrated
-(``applied=False``) writes to the chunks instead. Truncates of inline files edit the content,
-and an extend past the limit migrates first. Several meta processes migrating one inode at
-once are not serialised yet (issue 12: a claim like the trim queue's), and neither is a
-migration on one meta with an O_TRUNC or put of the file on another (only this process's
-migrations are waited for, ``MigrationBusy``): the migration's copy, landing after the other
-meta's O_TRUNC and its cut, leaves the old bytes in chunk 0 past the new length, where an
-extend reads them (PostgreSQL hunt, session 14). The fix is the same claim, kept in the
-inline row and checked by O_TRUNC and puts; not done yet.
+A crash before 3 leaves an inline file (the truth) with dirty chunks and a claim that runs
+out; the next migration cuts them first. Readers see the inline content until 3 commits and
+the chunks after, which hold the same bytes by then. Writers of an inline file send their
+writes to meta (``write_inline``, patches applied in one transaction; a patch keeps the
+claim and moves the version, so the migration copies again); one that finds the file
+migrated (``applied=False``) writes to the chunks instead. Truncates of inline files edit the
+content, and an extend past the limit migrates first.
+
+Every other move of an inline file to chunks (an O_TRUNC or put in chunks, on any meta) waits
+while the row holds a live claim (``MigrationBusy``, ``wait_migration``), so a migration's
+copy of the old content can never land after the file's new chunks or its cut (PostgreSQL
+hunt, session 14: an O_TRUNC on another meta cut before the copy landed, and an extend then
+read old bytes past the new end). A claim lasts ``migration_claim_s``, longer than a copy
+may take plus a storage request's deadline (as the trim queue's claims); a copy that failed
+drops it; one that hung (or a migration cancelled mid-copy) turns it into a fence (owner 0)
+that nobody, this process included, passes before it runs out, because that write may still
+land. A meta that died holding a claim delays moves to chunks of that file until it runs out.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import dataclasses
 import logging
 from collections.abc import Sequence
@@ -53,9 +63,9 @@ from loomfs.meta.ops.base import C_BYTES, FILE, NamespaceBase
 from loomfs.meta.ops.walk import walk
 from loomfs.meta.paths import split_path
 from loomfs.meta.store.base import GcEntry, InlineData, MetaTxn, TrimEntry
-from loomfs.meta.trim import queue_trim
+from loomfs.meta.trim import POLL_S, queue_trim
 from loomfs.wire.status import Status
-from loomfs.wire.types import ROOT_INODE, Attr
+from loomfs.wire.types import ROOT_INODE, Attr, Layout
 
 logger = logging.getLogger(__name__)
 
@@ -105,6 +115,18 @@ def patched_length(length: int, patches: Sequence[Patch]) -> int:
     return end
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Round:
+    data: bytes
+    layout: Layout | None
+    version: int
+    dirty: bool  # the chunks were dirty: a trim of them was queued, to settle before the copy
+
+
+class _CopyHung(Exception):
+    pass
+
+
 class MigrationBusy(Exception):
     """Raised inside a transaction that would move an inline file to chunks while this
     process is migrating it: the caller waits for the migration (``wait_migration``) and
@@ -132,7 +154,8 @@ class InlineOps(NamespaceBase):
         row = await txn.get_inline(attr.inode)
         version = row.version + 1 if row is not None else 1
         dirty = chunks_dirty if chunks_dirty is not None else (row.chunks_dirty if row is not None else False)
-        await txn.put_inline(attr.inode, InlineData(bytes(data), crc32c.crc32c(data), version, dirty))
+        claim = (row.claim_owner, row.claim_until_ns) if row is not None else (0, 0)  # a migration's stays
+        await txn.put_inline(attr.inode, InlineData(bytes(data), crc32c.crc32c(data), version, dirty, *claim))
         new = dataclasses.replace(attr, inline=True, size=len(data), mtime_ns=mtime_ns or now, ctime_ns=now)
         await txn.put_inode(new)
         if new.size != attr.size:
@@ -213,43 +236,36 @@ class InlineOps(NamespaceBase):
         """Move an inline file's content to chunks (see the module docstring); returns the
         attributes (chunked) and the file's truncate epoch. A file in chunks is answered as is."""
         async with self._migrations.hold(inode):
-            for _ in range(MIGRATE_ROUNDS):
+            deadline = self.clock.monotonic() + self.migration_wait_s
+            rounds = 0
+            while rounds < MIGRATE_ROUNDS:
                 async with self.store.write() as txn:
-                    await self._confine(txn, inode)
-                    attr = await txn.get_inode(inode)
-                    if attr is None:
-                        raise StatusError(Status.ENOENT, f"inode {inode}")
-                    who = caller()
-                    if not checked and who.uid != 0 and not perm.allowed(attr, who, perm.W):
-                        raise StatusError(Status.EACCES, f"inode {inode}: permission denied")
-                    if attr.type != FILE:
-                        raise StatusError(Status.EINVAL, f"inode {inode} is not a file")
-                    if not attr.inline:
-                        return attr, await txn.trunc_epoch(inode)
-                    row = await txn.get_inline(inode)
-                    if row is None:
-                        raise StatusError(Status.EIO, f"inode {inode} is inline but has no data")
-                    data = check_crc(inode, row)
-                    if not data and not row.chunks_dirty:  # nothing in storage, nothing to write
-                        return await self._finish_migration(txn, attr), await txn.trunc_epoch(inode)
-                    now = self.clock.now_ns()
-                    if row.chunks_dirty:
-                        owner, until = self.trimmer.claim(now) if self.trimmer is not None else (0, 0)
-                        await queue_trim(txn, TrimEntry(
-                            inode=inode, layout=attr.layout or self.default_layout, length=0,
-                            old_length=attr.size, idle=False, generation=0, enqueued_ns=now,
-                            claim_owner=owner, claim_until_ns=until,
-                        ), now)
-                    else:
-                        await txn.put_inline(inode, dataclasses.replace(row, chunks_dirty=True))
-                    layout = attr.layout
-                    version = row.version
-                if row.chunks_dirty:
-                    await self._settle(inode)
-                if data:
-                    if self.chunk_writer is None or layout is None or not layout.chains:
-                        raise StatusError(Status.EIO, f"inode {inode}: no storage to migrate inline data to")
-                    await self.chunk_writer.write_chunk(layout, inode, 0, 0, memoryview(data))
+                    step = await self._claim_migration(txn, inode, checked)
+                if isinstance(step, tuple):
+                    return step
+                if step is None:  # another meta's claim (or a hung copy's fence): wait for it
+                    if self.clock.monotonic() >= deadline:
+                        raise StatusError(Status.EAGAIN, f"inode {inode}: another meta is migrating it")
+                    await asyncio.sleep(POLL_S)
+                    continue
+                rounds += 1
+                data, layout, version, dirty = step.data, step.layout, step.version, step.dirty
+                try:
+                    if dirty:
+                        await self._settle(inode)
+                        if not await self._renew_migration(inode, version):
+                            continue  # the content moved, or the claim was lost meanwhile
+                    if data:
+                        await self._copy(inode, layout, data)
+                except _CopyHung as hung:  # its write may still land: nobody moves the file meanwhile
+                    await self._release_migration(inode, self.migration_claim_s)
+                    raise StatusError(Status.EIO, f"inode {inode}: migration copy: {hung}") from None
+                except asyncio.CancelledError:
+                    await asyncio.shield(self._release_migration(inode, self.migration_claim_s))
+                    raise
+                except BaseException:
+                    await self._release_migration(inode, 0.0)
+                    raise
                 async with self.store.write() as txn:
                     attr = await txn.get_inode(inode)
                     if attr is None and layout is not None:
@@ -268,18 +284,107 @@ class InlineOps(NamespaceBase):
                     if not attr.inline:
                         return attr, await txn.trunc_epoch(inode)
                     row = await txn.get_inline(inode)
-                    if row is not None and row.version == version and await txn.trim_get(inode) is None:
+                    if (row is not None and row.version == version and row.claim_owner == self.migration_owner
+                            and await txn.trim_get(inode) is None):
                         logger.debug("meta: inode %d (%d bytes) migrated to chunks", inode, attr.size)
                         self.migrations_total += 1
                         return await self._finish_migration(txn, attr), await txn.trunc_epoch(inode)
+            await self._release_migration(inode, 0.0)
             raise StatusError(Status.EAGAIN, f"inode {inode}: changed during every migration attempt")
 
+    async def _claim_migration(self, txn: MetaTxn, inode: int, checked: bool) -> _Round | tuple[Attr, int] | None:
+        """Step 1 of a migration round, in ``txn``: the answer when there is nothing to copy
+        (a file in chunks, an empty clean one: migrated here), None while another claim
+        holds the file, else the round (the claim taken, the chunks marked dirty, a trim of
+        them queued when they already were)."""
+        await self._confine(txn, inode)
+        attr = await txn.get_inode(inode)
+        if attr is None:
+            raise StatusError(Status.ENOENT, f"inode {inode}")
+        who = caller()
+        if not checked and who.uid != 0 and not perm.allowed(attr, who, perm.W):
+            raise StatusError(Status.EACCES, f"inode {inode}: permission denied")
+        if attr.type != FILE:
+            raise StatusError(Status.EINVAL, f"inode {inode} is not a file")
+        if not attr.inline:
+            return attr, await txn.trunc_epoch(inode)
+        row = await txn.get_inline(inode)
+        if row is None:
+            raise StatusError(Status.EIO, f"inode {inode} is inline but has no data")
+        data = check_crc(inode, row)
+        now = self.clock.now_ns()
+        if row.claim_until_ns > now and row.claim_owner != self.migration_owner:
+            return None
+        if not data and not row.chunks_dirty:  # nothing in storage, nothing to write
+            return await self._finish_migration(txn, attr), await txn.trunc_epoch(inode)
+        if row.chunks_dirty:
+            owner, until = self.trimmer.claim(now) if self.trimmer is not None else (0, 0)
+            await queue_trim(txn, TrimEntry(
+                inode=inode, layout=attr.layout or self.default_layout, length=0,
+                old_length=attr.size, idle=False, generation=0, enqueued_ns=now,
+                claim_owner=owner, claim_until_ns=until,
+            ), now)
+        await txn.put_inline(inode, dataclasses.replace(
+            row, chunks_dirty=True, claim_owner=self.migration_owner,
+            claim_until_ns=now + int(self.migration_claim_s * 1e9)))
+        return _Round(data, attr.layout, row.version, row.chunks_dirty)
+
+    async def _renew_migration(self, inode: int, version: int) -> bool:
+        """After a settle (which may take up to a claim's worth of waits and cuts): the claim
+        starts again for the copy, if it is still ours and the content did not move."""
+        async with self.store.write() as txn:
+            row = await txn.get_inline(inode)
+            if row is None or row.version != version or row.claim_owner != self.migration_owner:
+                return False
+            until = self.clock.now_ns() + int(self.migration_claim_s * 1e9)
+            await txn.put_inline(inode, dataclasses.replace(row, claim_until_ns=until))
+            return True
+
+    async def _copy(self, inode: int, layout: Layout | None, data: bytes) -> None:
+        """Write the content to chunk 0 within the copy timeout (``_CopyHung`` past it: a
+        write of it may still be in flight)."""
+        if self.chunk_writer is None or layout is None or not layout.chains:
+            raise StatusError(Status.EIO, f"inode {inode}: no storage to migrate inline data to")
+        copy = asyncio.ensure_future(self.chunk_writer.write_chunk(layout, inode, 0, 0, memoryview(data)))
+        try:
+            done, _ = await asyncio.wait({copy}, timeout=self.migration_copy_timeout_s)
+        finally:
+            if not copy.done():
+                copy.cancel()
+        if not done:
+            raise _CopyHung(f"no answer in {self.migration_copy_timeout_s:.0f}s")
+        copy.result()
+
+    async def _release_migration(self, inode: int, fence_s: float) -> None:
+        """Drop this process's claim after a failed round; ``fence_s`` > 0: a write of the
+        copy may still land, so nobody (this process included) moves the file to chunks for
+        that long."""
+        with contextlib.suppress(Exception):
+            async with self.store.write() as txn:
+                row = await txn.get_inline(inode)
+                if row is not None and row.claim_owner == self.migration_owner:
+                    until = self.clock.now_ns() + int(fence_s * 1e9) if fence_s > 0 else 0
+                    await txn.put_inline(inode, dataclasses.replace(row, claim_owner=0, claim_until_ns=until))
+
     async def wait_migration(self, inode: int) -> None:
+        """Wait for this process's migration of ``inode`` and then for any other claim on it
+        (another meta's migration, a hung copy's fence): EAGAIN past the wait."""
         async with self._migrations.hold(inode):
             pass
+        deadline = self.clock.monotonic() + self.migration_wait_s
+        while True:
+            async with self.store.read() as txn:
+                row = await txn.get_inline(inode)
+            if row is None or row.claim_until_ns <= self.clock.now_ns():
+                return
+            if self.clock.monotonic() >= deadline:
+                raise StatusError(Status.EAGAIN, f"inode {inode}: being migrated to chunks elsewhere")
+            await asyncio.sleep(POLL_S)
 
-    def _check_not_migrating(self, inode: int) -> None:
-        if self._migrations.busy(inode):
+    def _check_not_migrating(self, inode: int, row: InlineData | None = None) -> None:
+        """Before a move of ``inode`` to chunks: ``MigrationBusy`` while a migration (here, or
+        another meta's claim in ``row``) may still land a copy of the old content."""
+        if self._migrations.busy(inode) or (row is not None and row.claim_until_ns > self.clock.now_ns()):
             raise MigrationBusy(inode)
 
     async def _finish_migration(self, txn: MetaTxn, attr: Attr) -> Attr:

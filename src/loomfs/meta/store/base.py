@@ -134,12 +134,17 @@ class InlineData:
     ``version`` grows with every change (a migration to chunks checks it did not move);
     ``chunks_dirty``: storage may hold chunks of this inode (a migration that did not
     finish, a file that was in chunks before): they are cut before the next migration
-    writes, and removed by GC when the file goes."""
+    writes, and removed by GC when the file goes. ``claim_owner``/``claim_until_ns``: the
+    migration claim (a meta process's migration copying the content to chunks until then;
+    owner 0 with a time: a copy that hung, whose write may still land until then), which
+    every move of the file to chunks waits for."""
 
     data: bytes
     crc: int
     version: int = 1
     chunks_dirty: bool = False
+    claim_owner: int = 0
+    claim_until_ns: int = 0
 
 
 @dataclass(frozen=True, slots=True)

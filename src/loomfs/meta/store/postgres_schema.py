@@ -24,7 +24,7 @@ from typing import Any
 
 from loomfs.meta.store.locks_schema import POSTGRES_STATEMENTS as POSTGRES_LOCK_STATEMENTS
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 ADVISORY_LOCK_KEY = 0x4C4F4F4D_46530001  # "LOOMFS" + 1: migrations
 WRITE_GATE_KEY = 0x4C4F4F4D_46530002  # every write passes it shared; a lone writer holds it alone
 
@@ -83,6 +83,11 @@ MIGRATIONS: list[list[str]] = [
     # 5: cross-client locks (flock, POSIX byte ranges) and their clients' leases
     # (``locks_schema``, ``loomfs.meta.locks``)
     POSTGRES_LOCK_STATEMENTS,
+    # 6: inline files' migration claims (``InlineData.claim_owner``: several meta processes)
+    [
+        "ALTER TABLE inline_data ADD COLUMN IF NOT EXISTS claim_owner bigint NOT NULL DEFAULT 0, "
+        "ADD COLUMN IF NOT EXISTS claim_until_ns bigint NOT NULL DEFAULT 0",
+    ],
 ]
 assert len(MIGRATIONS) == SCHEMA_VERSION
 

@@ -59,9 +59,11 @@ _PUT_DENTRY = (
     "ON CONFLICT (parent, name) DO UPDATE SET inode = excluded.inode, type = excluded.type"
 )
 _PUT_INLINE = (
-    "INSERT INTO inline_data (inode, data, crc, version, chunks_dirty) VALUES ($1,$2,$3,$4,$5) "
+    "INSERT INTO inline_data (inode, data, crc, version, chunks_dirty, claim_owner, claim_until_ns) "
+    "VALUES ($1,$2,$3,$4,$5,$6,$7) "
     "ON CONFLICT (inode) DO UPDATE SET data = excluded.data, crc = excluded.crc, "
-    "version = excluded.version, chunks_dirty = excluded.chunks_dirty"
+    "version = excluded.version, chunks_dirty = excluded.chunks_dirty, claim_owner = excluded.claim_owner, "
+    "claim_until_ns = excluded.claim_until_ns"
 )
 _PUT_XATTR = (
     "INSERT INTO xattrs (inode, name, value) VALUES ($1,$2,$3) "
@@ -243,12 +245,13 @@ class PostgresTxn(MetaTxn):
 
     async def get_inline(self, inode: int) -> InlineData | None:
         row = await (await self._r()).fetchrow(
-            "SELECT data, crc, version, chunks_dirty FROM inline_data WHERE inode = $1", inode)
-        return None if row is None else InlineData(bytes(row[0]), row[1], row[2], row[3])
+            "SELECT data, crc, version, chunks_dirty, claim_owner, claim_until_ns FROM inline_data "
+            "WHERE inode = $1", inode)
+        return None if row is None else InlineData(bytes(row[0]), row[1], row[2], row[3], row[4], row[5])
 
     async def put_inline(self, inode: int, inline: InlineData) -> None:
         self._defer(_PUT_INLINE, inode, bytes(inline.data), inline.crc, inline.version,
-                                bool(inline.chunks_dirty))
+                    bool(inline.chunks_dirty), inline.claim_owner, inline.claim_until_ns)
 
     async def delete_inline(self, inode: int) -> None:
         self._defer("DELETE FROM inline_data WHERE inode = $1", inode)

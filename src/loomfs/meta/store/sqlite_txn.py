@@ -35,7 +35,8 @@ CREATE TABLE IF NOT EXISTS inodes (
 );
 CREATE TABLE IF NOT EXISTS inline_data (
     inode INTEGER PRIMARY KEY, data BLOB NOT NULL, crc INTEGER NOT NULL, version INTEGER NOT NULL,
-    chunks_dirty INTEGER NOT NULL
+    chunks_dirty INTEGER NOT NULL, claim_owner INTEGER NOT NULL DEFAULT 0,
+    claim_until_ns INTEGER NOT NULL DEFAULT 0
 );
 CREATE TABLE IF NOT EXISTS dentries (
     parent INTEGER NOT NULL, name TEXT NOT NULL, inode INTEGER NOT NULL, type INTEGER NOT NULL,
@@ -221,14 +222,17 @@ class SqliteTxn(MetaTxn):
 
     async def get_inline(self, inode: int) -> InlineData | None:
         row = self._c.execute(
-            "SELECT data, crc, version, chunks_dirty FROM inline_data WHERE inode = ?", (inode,)
+            "SELECT data, crc, version, chunks_dirty, claim_owner, claim_until_ns FROM inline_data WHERE inode = ?",
+            (inode,),
         ).fetchone()
-        return None if row is None else InlineData(bytes(row[0]), row[1], row[2], bool(row[3]))
+        return None if row is None else InlineData(bytes(row[0]), row[1], row[2], bool(row[3]), row[4], row[5])
 
     async def put_inline(self, inode: int, inline: InlineData) -> None:
         self._w().execute(
-            "INSERT OR REPLACE INTO inline_data (inode, data, crc, version, chunks_dirty) VALUES (?,?,?,?,?)",
-            (inode, inline.data, inline.crc, inline.version, int(inline.chunks_dirty)),
+            "INSERT OR REPLACE INTO inline_data (inode, data, crc, version, chunks_dirty, claim_owner, claim_until_ns) "
+            "VALUES (?,?,?,?,?,?,?)",
+            (inode, inline.data, inline.crc, inline.version, int(inline.chunks_dirty), inline.claim_owner,
+             inline.claim_until_ns),
         )
 
     async def delete_inline(self, inode: int) -> None:
@@ -483,7 +487,7 @@ def _gc(row: tuple[Any, ...]) -> GcEntry:
     return GcEntry(row[0], layout, row[2], row[3])
 
 
-SCHEMA_VERSION = 6  # PRAGMA user_version of a store this code wrote
+SCHEMA_VERSION = 7  # PRAGMA user_version of a store this code wrote
 
 
 class SchemaTooNew(sqlite3.DatabaseError):
@@ -535,6 +539,15 @@ def _add_holds_and_orphans(conn: sqlite3.Connection) -> None:
     conn.execute("CREATE TABLE IF NOT EXISTS orphans (inode INTEGER PRIMARY KEY, since_ns INTEGER NOT NULL)")
 
 
+def _add_inline_claims(conn: sqlite3.Connection) -> None:
+    """The migration claim of inline files (``InlineData.claim_owner``)."""
+    cols = {row[1] for row in conn.execute("PRAGMA table_info(inline_data)")}
+    for col in ("claim_owner", "claim_until_ns"):
+        if col not in cols:
+            conn.execute(f"ALTER TABLE inline_data ADD COLUMN {col} INTEGER NOT NULL DEFAULT 0")
+    logger.info("metastore: inline_data has its migration claim columns")
+
+
 _DEVICE_TYPES = f"{int(FileType.CHAR_DEVICE)}, {int(FileType.BLOCK_DEVICE)}"
 
 # MIGRATIONS[n] brings a store at version n to n + 1 (version 1: the tables of SCHEMA
@@ -547,6 +560,7 @@ MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [
     _add_xattrs_and_rdev,  # 3 -> 4: extended attributes, device numbers
     _add_holds_and_orphans,  # 4 -> 5: read holds, orphan inodes
     sqlite_add_locks,  # 5 -> 6: cross-client locks (flock, POSIX ranges), lock leases
+    _add_inline_claims,  # 6 -> 7: inline files' migration claims (several meta processes)
 ]
 assert len(MIGRATIONS) == SCHEMA_VERSION
 
