@@ -60,7 +60,6 @@ class ChunkRemovals(ChunkUpdates, Fencing):
     tenant_check: TenantCheck
     tags: TagCache
     foreground: ForegroundGate
-    _removing: dict[tuple[int, int], list[tuple[int, int]]]  # (target, inode) -> [begin, end) under way
 
     @handles(REMOVE_CHUNKS)
     async def remove_chunks(self, req: RemoveChunksReq, ctx: CallContext) -> RemoveChunksRsp:
@@ -124,11 +123,6 @@ class ChunkRemovals(ChunkUpdates, Fencing):
                 if not ranges:
                     del self._removing[span]
         return RemoveChunksRsp(removed=removed)
-
-    def being_removed(self, target_id: int, key: ChunkKey) -> bool:
-        """Whether a REMOVE_CHUNKS covering ``key`` is under way on ``target_id``: a resync
-        treats the chunk as gone (it is, or will be, on every member)."""
-        return any(begin <= key.index < end for begin, end in self._removing.get((target_id, key.inode), ()))
 
     async def _trim(self, req: RemoveChunksReq) -> RemoveChunksRsp:
         """A trim of a live file at the head: every chunk of the range that still holds bytes

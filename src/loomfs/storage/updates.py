@@ -79,6 +79,7 @@ class ChunkUpdates(ChainForwarder):
     # reads refuse it until the replacement is committed, rather than find no chunk
     replacing: set[tuple[int, ChunkKey]]
     revoked: set[int]  # targets mgmtd is taking out of their chains: nothing is served from them
+    _removing: dict[tuple[int, int], list[tuple[int, int]]]  # (target, inode) -> removals under way
 
     async def _locate(
         self, chain_id: int, chain_version: int, target_id: int = 0, *, for_update: bool = False
@@ -138,6 +139,12 @@ class ChunkUpdates(ChainForwarder):
                 del located[slot]
                 self._drained.set()
 
+    def being_removed(self, target_id: int, key: ChunkKey) -> bool:
+        """Whether a REMOVE_CHUNKS covering ``key`` is under way on ``target_id``: nothing may
+        re-create the chunk meanwhile (an update, a leftover's push, a resync copy: it is, or
+        will be, gone from every member)."""
+        return any(begin <= key.index < end for begin, end in self._removing.get((target_id, key.inode), ()))
+
     async def updates_drained(self, target_id: int, chain_id: int, chain_version: int) -> None:
         """Wait until no update of ``chain_id`` on ``target_id`` placed by a chain version older
         than ``chain_version`` is in flight. Such an update has no way to the members that
@@ -154,6 +161,11 @@ class ChunkUpdates(ChainForwarder):
         engine = target.engine
         async with target.locks.hold(key):
             target.check_in_service()  # it may have failed while this waited for the lock
+            if self.being_removed(target.target_id, key):
+                # a removal goes down the chain first and removes here last: an update let in
+                # meanwhile would re-create the chunk on the members that already removed it,
+                # then this one removes it too (replicas that disagree for good). Retried.
+                raise StatusError(Status.EAGAIN, f"chunk {key} on target {target.target_id} is being removed")
             st = engine.get(key)
             full = isinstance(req, WriteReq) and req.full_replace
             expect_length = -1 if planted.on("no_content_check") else req.expect_length
@@ -408,6 +420,8 @@ class ChunkUpdates(ChainForwarder):
             if st is None or not st.has_pending:
                 self._leftovers.get(target.target_id, set()).discard(key)
                 return 0
+            if self.being_removed(target.target_id, key):
+                return 0  # the removal drops it (pushed now, it would re-create the chunk behind it)
             routing = await self.routing.get()
             chain_id = self._chain_of(routing, target.target_id)
             if chain_id is None:
