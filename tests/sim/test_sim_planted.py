@@ -41,6 +41,13 @@ FOUND_BUGS = [18, 24, 40, 48, 49, 50, 70, 72, 82, 86, 108, 132, 164, 173, 239, 3
 # the same for seeds of the "fsync" profile (failed fsyncs, lost pages, refused markers)
 FOUND_BUGS_FSYNC = [173070]
 
+# the same for seeds of the "replace" profile (replaced disks, spares, removals; session 15):
+# 303012, a spare that had finished a resync in another chain at the same chain version served
+# unsynced (tests/unit/test_repl_hunt15_spare_sync_done.py); 304678, a restarted mgmtd fenced
+# again a target whose fence had ended, leaving a replaced (empty) disk the only serving member
+# (tests/unit/test_repl_hunt15_stale_fence.py)
+FOUND_BUGS_REPLACE = [303012, 304678]
+
 
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("plant", list(CAUGHT_WITHIN), ids=lambda p: "+".join(p))
@@ -62,5 +69,12 @@ def test_seeds_that_found_bugs_pass() -> None:
 @pytest.mark.timeout(300)
 def test_fsync_seeds_that_found_bugs_pass() -> None:
     results = run_many(FOUND_BUGS_FSYNC, "fsync", jobs=JOBS)
+    failed = [r for r in results if not r.ok]
+    assert not failed, "\n".join(r.summary() for r in failed)
+
+
+@pytest.mark.timeout(300)
+def test_replace_seeds_that_found_bugs_pass() -> None:
+    results = run_many(FOUND_BUGS_REPLACE, "replace", jobs=JOBS)
     failed = [r for r in results if not r.ok]
     assert not failed, "\n".join(r.summary() for r in failed)

@@ -54,6 +54,7 @@ def replace_lost_ec_targets(state: ClusterState, now_s: float) -> list[tuple[int
         old.chain_id = 0
         old.state = TargetState.OFFLINE
         spare.chain_id = chain.chain_id
+        old.sync_done_version = spare.sync_done_version = 0  # versions of another chain
         spare.state = TargetState.SERVING
         chain.targets = [spare.target_id]
         chain.version += 1

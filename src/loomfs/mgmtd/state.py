@@ -90,7 +90,7 @@ class TargetRecord:
     disk_id: str = ""  # reported by the node (st_dev of the target's file system)
     scrub: ScrubStats | None = None  # reported with each heartbeat (not persisted)
     offline_since_s: float = 0.0  # monotonic time it went OFFLINE (0 = not offline)
-    sync_done_version: int = 0  # chain version under which its resync was reported done
+    sync_done_version: int = 0  # version of its chain under which its resync was reported done (0 on a move)
     sync_chunks_left: int = 0
     sync_bytes_left: int = 0
     restarted: bool = False  # its process re-registered; consumed by the next reconcile
@@ -536,6 +536,11 @@ class ClusterState:
         routing version was bumped, unless ``bump=False``)."""
         changed = False
         self._now_s = now_s
+        for t in self.targets.values():
+            if t.fenced_until_s and t.fenced_until_s <= now_s:
+                # ended: 0 in the store, or a restarted mgmtd (whose reload cannot compare the old
+                # process's monotonic deadline) fences it again for a whole hold (sim seed 304678)
+                t.fenced_until_s = 0.0
         for t in self.targets.values():  # spares follow their node
             if t.chain_id == 0:
                 want = TargetState.SERVING if self._usable(t) else TargetState.OFFLINE
@@ -561,10 +566,14 @@ class ClusterState:
             for tid in plan.removed:
                 tr = self.targets[tid]
                 tr.chain_id = 0
+                # a version of this chain: it must not count as a resync done in the next chain
+                # the target joins, whose versions are numbered on their own (sim seed 303012)
+                tr.sync_done_version = 0
                 tr.state = TargetState.SERVING if self._usable(tr) else TargetState.OFFLINE
                 load[tr.node_id] = load.get(tr.node_id, 1) - 1
             for tid in plan.added:
                 self.targets[tid].chain_id = chain.chain_id
+                self.targets[tid].sync_done_version = 0
                 load[self.targets[tid].node_id] = load.get(self.targets[tid].node_id, 0) + 1
             states_changed = False
             for m in plan.members:
@@ -622,6 +631,7 @@ class ClusterState:
             table.chain_ids.append(next_chain)
             for tid in group:
                 self.targets[tid].chain_id = next_chain
+                self.targets[tid].sync_done_version = 0
             next_chain += 1
         self.tables[table_id] = table
         logger.info("chain table %d: %d chains x %d replicas", table_id, len(groups), replicas)

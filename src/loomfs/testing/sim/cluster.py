@@ -48,6 +48,7 @@ MGMTD_HOST = "mgmtd"
 MGMTD_PORT = 8000
 STORAGE_PORT = 8200
 INODE = 0x5EED
+DOOMED_BASE = 0xD00D0000  # deleted files of the removal workload: one inode per file, never reused
 
 
 async def poll_until(pred: Callable[[], bool], *, step_s: float, timeout_s: float, what: str) -> None:

@@ -9,6 +9,7 @@ update, nothing committed) plus seeded faults the simulator switches on and off:
   scrubber must notice it);
 * ``crash(tear=True)``: besides losing pending updates, the chunk committed last gets a torn
   tail (part of its newest bytes did not reach the disk before power went, its CRC did);
+* ``wipe``: a replaced disk: the target comes back empty (same id) after its process restarts;
 * ``lose_pages``: after a failed fsync, the pages of one committed chunk are lost (its bytes
   rot); ``marker_refused``: the next process is not told to verify (only mgmtd remembers);
 * ``down``: the process is dead; any call raises EIO (so a task that outlives its crash by a
@@ -25,6 +26,7 @@ import random
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from loomfs.storage.engine.chunkmap import ChunkMap
 from loomfs.storage.engine.memory import MemoryEngine
 from loomfs.storage.engine.types import ChunkKey, ChunkState
 
@@ -51,6 +53,7 @@ class FaultyEngine(MemoryEngine):
         self.flips = 0
         self.tears = 0
         self.lost_pages = 0
+        self.wipes = 0
         self.last_torn: ChunkKey | None = None
         # called once, right after the next commit or committed read (op is "commit" or "read")
         self.after_io: Callable[[str, ChunkKey], None] | None = None
@@ -161,6 +164,18 @@ class FaultyEngine(MemoryEngine):
         self.corrupt(lost.key, rng.randrange(lost.length))
         self.lost_pages += 1
         return lost.key
+
+    def wipe(self) -> int:
+        """A replaced disk (while the process is down): every chunk gone, committed or not; the
+        target comes back empty under the same id. Returns how many chunks it held."""
+        held = len(super().list_chunks(0, limit=1 << 20))
+        self._slots = ChunkMap()
+        self._used_bytes = self._committed = 0
+        self._durable_pending.clear()
+        self.suspect_chunks = []
+        self._last_commit = None
+        self.wipes += 1
+        return held
 
     def bad_chunks(self) -> list[ChunkKey]:
         """Committed chunks whose bytes do not match their block CRCs."""

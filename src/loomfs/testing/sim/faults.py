@@ -5,7 +5,8 @@ delay; pause (a frozen process and NIC: gray failure); two-way and one-way parti
 any two hosts; link faults on every link of one host (delay spikes, reordering, duplicated
 requests, connection resets); disk faults (EIO or ENOSPC on stage); a bit flip in committed
 data; mgmtd crash and restart; a failed fsync (the target leaves service until its process
-restarts; profile "fsync" only).
+restarts; profiles "fsync", "blocks" and "replace"); a replaced disk (the process restarts with
+one target empty; profile "replace" only).
 
 Budget: a fault may only hit storage nodes if afterwards every chain still has a member that
 mgmtd lists as serving on a node no fault touches (nor touched within ``grace_s``, nor holding
@@ -230,6 +231,30 @@ class FaultInjector:
         torn = await c.crash_storage(n, tear=tear, killed=killed)
         when = f" right after a {at_io}" if at_io else ""
         self.log.add(f"fault: crash s{n}{when} for {delay_s:.3f}s" + (f" torn {' '.join(torn)}" if torn else ""))
+
+    async def _wipe(self) -> None:
+        """A replaced disk: the node's process stops, one of its targets loses every chunk
+        (a new, empty disk under the same target id) and the process starts again after a
+        delay. The target must come back through a full resync, never serve or head anything
+        from its empty disk meanwhile."""
+        c = self.cluster
+        n = self._victim()
+        sh = c.storage[n]
+        if not sh.up or self._busy(f"proc:{sh.host}", f"disk:{sh.host}") or not self.allowed({n}):
+            return self._refuse("wipe")
+        engine = sh.engines[self.rng.randrange(len(sh.engines))]
+        delay_s = self.rng.uniform(0.05, self.cfg.restart_delay_s_max)
+
+        async def undo() -> None:
+            if not c.storage[n].up:
+                c.start_storage(n)
+
+        fault = Fault(f"wipe s{n} t{engine.target_id}", frozenset({n}),
+                      frozenset({f"proc:{sh.host}", f"disk:{sh.host}"}), undo)
+        self._start(fault, delay_s)
+        await c.crash_storage(n)
+        held = engine.wipe()
+        self.log.add(f"fault: wipe s{n} t{engine.target_id} ({held} chunks) for {delay_s:.3f}s")
 
     async def _pause(self) -> None:
         c = self.cluster

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from loomfs.common import trace as trace_ids
 from loomfs.storage import planted
 from loomfs.testing.sim.cluster import SimCluster
-from loomfs.testing.sim.config import BLOCKS, CI, FSYNC, SOAK, SimConfig
+from loomfs.testing.sim.config import BLOCKS, CI, FSYNC, REPLACE, SOAK, SimConfig
 from loomfs.testing.sim.events import EventLog
 from loomfs.testing.sim.faults import FaultInjector
 from loomfs.testing.sim.invariants import (
@@ -35,7 +35,7 @@ from loomfs.testing.sim.invariants import (
 from loomfs.testing.sim.loop import SimError, SimLoop
 from loomfs.testing.sim.workload import Workload
 
-PROFILES: dict[str, SimConfig] = {"ci": CI, "soak": SOAK, "fsync": FSYNC, "blocks": BLOCKS}
+PROFILES: dict[str, SimConfig] = {"ci": CI, "soak": SOAK, "fsync": FSYNC, "blocks": BLOCKS, "replace": REPLACE}
 CHECK_STATES_MAX = 300_000
 
 
@@ -125,16 +125,23 @@ async def _life(seed: int, cfg: SimConfig, log: EventLog, record: VersionRecord)
     cluster = SimCluster(cfg, seed, log, record)
     await cluster.start()
     watcher = asyncio.ensure_future(_watch_chains(cluster, log))
-    workload = Workload(cluster, cfg, log, cluster.rng("workload"))
+    workload = Workload(cluster, cfg, log, cluster.rng("workload"), record.removed_inodes)
     injector = FaultInjector(cluster, cfg, log, cluster.rng("faults"))
     until_s = loop.time() + cfg.duration_s
     clients = [cluster.spawn(c.host, workload.run_client(c, until_s)) for c in cluster.clients]
+    if cfg.removals:
+        clients.append(cluster.spawn(cluster.clients[0].host, workload.run_removals(until_s)))
     if cfg.faults:
         await injector.run(until_s)
     await asyncio.gather(*clients)
     await injector.heal_all()
     violations: list[Violation] = []
     deadline_s = loop.time() + cfg.converge_s
+    if cfg.removals:
+        await workload.finish_removals(cfg.converge_s / 2)
+        if workload.unremoved:
+            violations.append(Violation("removal", f"deleted files' chunks never removed: "
+                                        f"{[hex(i) for i in workload.unremoved]}"))
     problems = convergence_problems(cluster)
     while problems and loop.time() < deadline_s:
         await asyncio.sleep(0.25)
@@ -161,7 +168,7 @@ async def _life(seed: int, cfg: SimConfig, log: EventLog, record: VersionRecord)
         "ops": workload.ops(), "acked": workload.acked, "failed": workload.failed,
         "faults": injector.injected, "faults_refused": injector.refused, "commits": record.commits,
         "serves": record.serves, "frames": cluster.net.frames_delivered, "virtual_s": loop.time(),
-        "converge_s": converged_s,
+        "converge_s": converged_s, "removals": workload.removals,
     }
     return SimResult(seed, "", violations, "", notes, stats)
 

@@ -13,7 +13,7 @@ import asyncio
 import random
 
 from loomfs.errors import LoomError
-from loomfs.testing.sim.cluster import INODE, SimClient, SimCluster
+from loomfs.testing.sim.cluster import DOOMED_BASE, INODE, SimClient, SimCluster
 from loomfs.testing.sim.config import SimConfig
 from loomfs.testing.sim.events import EventLog
 from loomfs.testing.sim.history import Op
@@ -26,8 +26,13 @@ def pattern(op_id: int, length: int) -> bytes:
 
 
 class Workload:
-    def __init__(self, cluster: SimCluster, cfg: SimConfig, log: EventLog, rng: random.Random):
+    def __init__(self, cluster: SimCluster, cfg: SimConfig, log: EventLog, rng: random.Random,
+                 removed_inodes: set[int] | None = None):
         self.cluster = cluster
+        self.removed_inodes = removed_inodes if removed_inodes is not None else set()
+        self.unremoved: list[int] = []  # deleted files whose removal has not succeeded yet
+        self.late: list[asyncio.Task[None]] = []  # late writers of deleted files
+        self.removals = 0
         self.cfg = cfg
         self.log = log
         self.rng = rng
@@ -137,6 +142,79 @@ class Workload:
         extra = f" -> {result} bytes" if op.kind == "read" else ""
         self.log.add(f"c{op.client} op{op.op_id} ok{extra}")
         return result if isinstance(result, int) else None
+
+    # ---- deleted files: chunks removed while late writers still write them ------------------
+    async def run_removals(self, until_s: float) -> None:
+        """Meta's GC, roughly: a file's chunks are written, the file is deleted and its chunks
+        removed (REMOVE_CHUNKS through each chain's head), while a writer that has not heard of
+        the delete may still write one of them. Nothing is read back: the replicas must agree
+        (convergence), whatever the order the removal and the late write took."""
+        rng = random.Random(f"{self.cluster.seed}/workload/removals")
+        clients = self.cluster.clients
+        gc = clients[0]
+        loop = asyncio.get_running_loop()
+        gen = 0
+        while loop.time() < until_s:
+            inode, gen = DOOMED_BASE + gen, gen + 1
+            chunks = 1 + rng.randrange(4)
+            writer = rng.choice(clients)
+            for index in range(chunks):
+                await self._doomed_write(writer, inode, index, rng)
+            await asyncio.sleep(rng.uniform(0.0, 0.2))
+            if rng.random() < self.cfg.late_writes:  # a late writer, racing the removal
+                late = rng.choice(clients)
+                self.late.append(self.cluster.spawn(late.host, self._late_write(
+                    late, inode, rng.randrange(chunks), rng.uniform(0.0, 0.02), rng)))
+            self.unremoved.append(inode)
+            await self._remove(gc, inode)
+            await asyncio.sleep(rng.uniform(0.0, 0.3))
+
+    async def finish_removals(self, timeout_s: float) -> None:
+        """After the faults: every deleted file's chunks removed once more, until it took effect
+        (meta's GC retries an entry until storage removed it; ``loomfs admin fsck --repair``
+        removes orphans). Once more even where a removal succeeded: a late copy of a forwarded
+        update (a retried RPC) can re-create a deleted file's chunk on the replica it reaches
+        after the removal, an orphan on some replicas only (known: no tombstones,
+        docs/fault-tolerance.md). Late writes end first."""
+        if self.late:
+            await asyncio.gather(*self.late, return_exceptions=True)
+        self.unremoved = sorted(self.removed_inodes)
+        loop = asyncio.get_running_loop()
+        end_s = loop.time() + timeout_s
+        gc = self.cluster.clients[0]
+        while self.unremoved and loop.time() < end_s:
+            for inode in list(self.unremoved):
+                await self._remove(gc, inode)
+            if self.unremoved:
+                await asyncio.sleep(0.25)
+
+    async def _doomed_write(self, client: SimClient, inode: int, index: int, rng: random.Random) -> None:
+        length = 1 + rng.randrange(self.cfg.write_bytes_max)
+        offset = rng.randrange(self.cfg.chunk_size_bytes - length + 1)
+        op_id = self._op_id()
+        try:
+            await client.storage.write_chunk(self.cluster.layout, inode, index, offset,
+                                             memoryview(pattern(op_id, length)))
+            self.log.add(f"c{client.index} op{op_id} write {inode:x}/{index} ok")
+        except (LoomError, OSError) as exc:
+            self.log.add(f"c{client.index} op{op_id} write {inode:x}/{index} failed: {type(exc).__name__}")
+
+    async def _late_write(self, client: SimClient, inode: int, index: int, delay_s: float,
+                          rng: random.Random) -> None:
+        await asyncio.sleep(delay_s)
+        await self._doomed_write(client, inode, index, rng)
+
+    async def _remove(self, client: SimClient, inode: int) -> None:
+        self.removed_inodes.add(inode)  # from now on its chunks may start their numbers again
+        try:
+            await client.storage.remove_chunks(self.cluster.layout, inode, 0)
+        except (LoomError, OSError) as exc:
+            self.log.add(f"gc: removal of {inode:x} failed: {type(exc).__name__} {_status(exc)}")
+            return
+        if inode in self.unremoved:
+            self.unremoved.remove(inode)
+        self.removals += 1
+        self.log.add(f"gc: removed {inode:x}")
 
     @staticmethod
     def _now() -> float:
