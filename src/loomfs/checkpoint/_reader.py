@@ -7,7 +7,7 @@ whole lands with ``readinto`` straight in the destination tensor's memory; a sli
 (resharding) is read into a scratch tensor and copied.
 
 On a ``LoomFS`` client the reads run as coroutines on the client's loop instead: every item
-of a batch (up to ``batch_bytes``) is read straight into its destination (``_readfiles``: a
+of a batch (up to ``batch_bytes`` of scratch) is read straight into its destination (``_readfiles``: a
 chunk the batch wants whole in one READ into the items that cover it, the rest in pieces
 within one chunk), ``inflight`` reads at a time, one hop from the caller's thread per batch;
 the caller then checks and commits the batch.
@@ -42,6 +42,9 @@ logger = logging.getLogger(__name__)
 # (load average ~5 on 2 cores), medians: 8 in flight 1117 MiB/s, 12 1242, 16 1096
 INFLIGHT = 12
 __all__ = ["PIECE_MAX_BYTES", "ChecksumError", "LoomStorageReader", "picklable", "read_exact", "read_files"]
+
+
+_Job = tuple[ReadItem, ItemLoc, Any, Any]  # item, where it lies, destination (None: bytes), read into
 
 
 class ChecksumError(OSError):
@@ -93,7 +96,7 @@ class LoomStorageReader(StorageReader):
         self.verify = verify
         self.inflight = inflight  # reads (whole chunks, or pieces of one) in flight on the loop
         self.piece_bytes = piece_bytes  # at most this much per piece (None: a whole chunk)
-        self.batch_bytes = batch_bytes  # bytes resolved (and scratch allocated) per loop hop
+        self.batch_bytes = batch_bytes  # scratch (and bytes items) allocated per loop hop
         self.checkpoint_path: str | None = None
         self.storage_data: dict[Any, ItemLoc] = {}
         self._metadata: Metadata | None = None  # as this rank read it
@@ -243,42 +246,47 @@ class LoomStorageReader(StorageReader):
 
     def _read_on_loop(self, items: list[ReadItem], planner: LoadPlanner) -> None:
         """Every file of the plan opened under a read hold first, held until the last batch
-        is read (a checkpoint pruned between batches still reads its own bytes), then closed."""
+        is read (a checkpoint pruned between batches still reads its own bytes), then closed.
+        A batch ends once the reader's own buffers in it (scratch tensors, bytes items) reach
+        ``batch_bytes``: items read straight into their destination tensors need none, so a
+        load without resharding is one batch (one hop, no pause between batches)."""
         order = sorted(items, key=lambda i: (self.storage_data[i.storage_index].file,
                                              self.storage_data[i.storage_index].offset))
         holds = ReadHolds(self.fs.client)
         try:
             paths = [L.join(self._dir(), self.storage_data[i.storage_index].file) for i in order]
             self.fs.run(holds.open_all(paths))
-            batch: list[ReadItem] = []
-            size = 0
+            jobs: list[_Job] = []
+            scratch = 0
             for item in order:
-                batch.append(item)
-                size += self.storage_data[item.storage_index].length
-                if size >= self.batch_bytes:
-                    self._read_batch(batch, planner, holds)
-                    batch, size = [], 0
-            if batch:
-                self._read_batch(batch, planner, holds)
+                job = self._job(item, planner)
+                jobs.append(job)
+                if job[3] is not job[2]:  # read into a buffer of the reader's own
+                    scratch += job[1].length
+                if scratch >= self.batch_bytes:
+                    self._read_batch(jobs, planner, holds)
+                    jobs, scratch = [], 0
+            if jobs:
+                self._read_batch(jobs, planner, holds)
         finally:
             self.fs.run(holds.close())
 
-    def _read_batch(self, items: list[ReadItem], planner: LoadPlanner, holds: ReadHolds | None = None) -> None:
-        """Resolve destinations, read every item on the loop at once, check and commit."""
-        jobs: list[tuple[ReadItem, ItemLoc, Any, Any]] = []  # item, loc, destination, buffer read into
-        for item in items:
-            loc = self.storage_data[item.storage_index]
-            if item.type == LoadItemType.BYTE_IO:
-                buf = bytearray(loc.length)
-                jobs.append((item, loc, None, buf))
-                continue
-            dest = planner.resolve_tensor(item).detach()
-            shape, dtype = torch.Size(loc.shape), dtype_of(loc.dtype)
-            whole = (all(o == 0 for o in item.storage_offsets) and tuple(item.lengths) == tuple(shape)
-                     and dest.dtype == dtype and dest.device.type == "cpu" and dest.is_contiguous()
-                     and dest.shape == shape)
-            into = dest if whole else torch.empty(shape, dtype=dtype)
-            jobs.append((item, loc, dest, into))
+    def _job(self, item: ReadItem, planner: LoadPlanner) -> _Job:
+        """The item, where it lies, its destination (None: a bytes item) and what it is read
+        into: the destination tensor itself when the item is all of it, else a scratch tensor
+        (a slice of the item: resharding; another dtype or device) or a bytes buffer."""
+        loc = self.storage_data[item.storage_index]
+        if item.type == LoadItemType.BYTE_IO:
+            return item, loc, None, bytearray(loc.length)
+        dest = planner.resolve_tensor(item).detach()
+        shape, dtype = torch.Size(loc.shape), dtype_of(loc.dtype)
+        whole = (all(o == 0 for o in item.storage_offsets) and tuple(item.lengths) == tuple(shape)
+                 and dest.dtype == dtype and dest.device.type == "cpu" and dest.is_contiguous()
+                 and dest.shape == shape)
+        return item, loc, dest, dest if whole else torch.empty(shape, dtype=dtype)
+
+    def _read_batch(self, jobs: list[_Job], planner: LoadPlanner, holds: ReadHolds | None = None) -> None:
+        """Read every job's item on the loop at once, then check and commit them."""
         reads: dict[str, list[tuple[int, memoryview]]] = {}
         for _item, loc, _dest, into in jobs:
             view = memoryview(into) if isinstance(into, bytearray) else tensor_bytes(into)
