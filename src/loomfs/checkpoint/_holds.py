@@ -54,19 +54,10 @@ def _file_from_reply(client: Any, path: str, rsp: Any) -> Any | None:
     all), so the load pays one OPEN per file, not two. None for another client (the caller
     then opens through it)."""
     from loomfs.client.core import AsyncClient
-    from loomfs.client.file import AsyncFile
-    from loomfs.client.inline import check_crc
-    from loomfs.client.storage_client import note_grant
 
     if not isinstance(client, AsyncClient):
         return None
-    attr = client._check_opened(path, rsp)
-    if rsp.read_grant:
-        note_grant(client.storage, attr.inode, rsp)
-    data = check_crc(path, rsp.data, rsp.data_crc) if rsp.data is not None else None
-    f = AsyncFile(attr=attr, session_id=0, inline_data=data, **client._file_args(path, os.O_RDONLY))
-    client._open_files.add(f)
-    return f
+    return client.file_from_open(path, rsp)
 
 
 class ReadHolds:

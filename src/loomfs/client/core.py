@@ -624,6 +624,18 @@ class AsyncClient:
         self._open_files.add(f)
         return f
 
+    def file_from_open(self, path: str, rsp: OpenRsp) -> AsyncFile:
+        """The read-only file an OPEN reply the caller sent itself describes (a read hold's,
+        ``loomfs.checkpoint._holds``), made as ``open`` makes one: attributes, read grant,
+        inline bytes (CRC checked). ``path``: normalised."""
+        attr = self._check_opened(path, rsp)
+        if rsp.read_grant:
+            note_grant(self.storage, attr.inode, rsp)
+        data = check_crc(path, rsp.data, rsp.data_crc) if rsp.data is not None else None
+        f = AsyncFile(attr=attr, session_id=0, inline_data=data, **self._file_args(path, os.O_RDONLY))
+        self._open_files.add(f)
+        return f
+
     def cached_data(self, attr: Attr, *, revalidated: bool = False) -> bytes | None:
         """The whole content of the version ``attr`` names, if cached (an empty file always)."""
         if attr.type == FileType.FILE and attr.size == 0:

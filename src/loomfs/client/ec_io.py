@@ -72,7 +72,7 @@ class FragmentIO:
     async def head_version(self, index: int) -> int:
         """The newest version (committed or pending) of chunk ``index`` at its chain's head
         (0: none)."""
-        vers = await self.storage._head_versions(self.chain_of(index), self.inode, index, index + 1)
+        vers = await self.storage.head_versions(self.chain_of(index), self.inode, index, index + 1)
         return vers.get(index, 0)
 
     async def remove_all(self, index_begin: int, index_end: int) -> None:

@@ -67,7 +67,7 @@ class ChunkTrims:
             tag = self._tag()
 
             async def attempt() -> None:
-                seen = (await self._head_versions(chain_id, inode, index, index + 1)).get(index, 0) if fenced else if_ver_le
+                seen = (await self.head_versions(chain_id, inode, index, index + 1)).get(index, 0) if fenced else if_ver_le
 
                 def make(version: int, target: int) -> Message:
                     return TruncateReq(
@@ -96,7 +96,7 @@ class ChunkTrims:
                 tag = self._tag()  # each attempt a new request: chunks an earlier one cut are empty (skipped)
                 seen: list[int] = []
                 if fenced:
-                    vers = await self._head_versions(chain_id, inode, index_begin, index_end)
+                    vers = await self.head_versions(chain_id, inode, index_begin, index_end)
                     seen = [x for iv in sorted(vers.items()) for x in iv]
 
                 def make(version: int, target: int) -> Message:
@@ -124,7 +124,7 @@ class ChunkTrims:
                     raise
                 logger.info("fenced %s: written meanwhile, looking again", what)
 
-    async def _head_versions(self, chain_id: int, inode: int, index_begin: int, index_end: int) -> dict[int, int]:
+    async def head_versions(self, chain_id: int, inode: int, index_begin: int, index_end: int) -> dict[int, int]:
         """index -> newest version (committed or pending) of the inode's chunks in the range at
         the chain's head."""
         out: dict[int, int] = {}
