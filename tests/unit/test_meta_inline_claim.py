@@ -1,3 +1,4 @@
+# ruff: noqa: F811  (the fixtures imported from test_meta_inline, used as arguments)
 """The migration claim of inline files (``InlineData.claim_owner``): two meta processes over
 one store (two ``Namespace`` objects, each with its own trimmer owner) never let a
 migration's copy of old content land after the other moved the file to chunks. A model of
@@ -9,13 +10,11 @@ import asyncio
 import errno
 import os
 import random
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from test_meta_inline import LIMIT, WritingChunks, put, row
+from test_meta_inline import WritingChunks, chunks, env, put, row  # noqa: F401  (fixtures)
 from test_meta_namespace import Env
-from test_meta_trim import _trimmer
 
 from loomfs.meta.ops.inline import Patch
 from loomfs.meta.service import Namespace
@@ -25,24 +24,11 @@ CHUNKED_TRUNC = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
 
 
 @pytest.fixture
-def chunks() -> WritingChunks:
-    return WritingChunks()
-
-
-@pytest.fixture
-def env(chunks: WritingChunks) -> Iterator[Env]:
-    e = Env(inline_max_bytes=LIMIT, chunk_writer=chunks)
-    e.ns.trimmer = _trimmer(e, chunks)
-    yield e
-    e.close()
-
-
-@pytest.fixture
 def other(env: Env, chunks: WritingChunks) -> Namespace:
     """A second meta process over the same store: its own migrations, its own trim owner."""
     ns = Namespace(env.store, routing=env.routing, clock=env.clock, rng=random.Random(8),
                    default_layout=env.ns.default_layout, chunk_writer=chunks)
-    ns.trimmer = Trimmer(env.store, chunks, clock=env.clock, owner=0x2222, wait_s=0.0)  # type: ignore[arg-type]
+    ns.trimmer = Trimmer(env.store, chunks, clock=env.clock, owner=0x2222, wait_s=0.0)
     return ns
 
 
