@@ -58,6 +58,9 @@ class DirStream:
     # never before ``replied_from``, the first entry of the last READDIR answered)
     back: list[DirEntry] = field(default_factory=list, repr=False)
     replied_from: int = sys.maxsize  # set by the READDIR handler; a direct page_at leaves it
+    # the path ``pages`` lists: the handler sets ``path`` to the directory's name now (renamed
+    # since the opendir), and the next page is asked by it, after the last name listed
+    listed_path: str = field(default="", repr=False)
 
     def __repr__(self) -> str:
         return f"DirStream({self.path!r}, base={self.base}, page={len(self.page)}, pages_seen={len(self.starts)})"
@@ -76,6 +79,12 @@ class DirStream:
         elif not self.base <= offset <= self.base + len(self.page):
             await self._restart(max(s for s in self.starts if s <= offset))  # seekdir
         while offset >= self.base + len(self.page):
+            if self.pages is not None and self.listed_path != self.path:
+                # renamed since these pages were asked for: the old path is another
+                # directory's now, or nothing's (session 15 review)
+                await self.close()
+                self.pages = self.pages_after(self.page[-1].name if self.page else self.starts[self.base])
+                self.listed_path = self.path
             nxt = await self.run(_next_page(self.pages)) if self.pages is not None else None
             if nxt is None:
                 await self.close()
@@ -97,6 +106,7 @@ class DirStream:
             self.starts = {0: ""}
         self.base, self.page, self.back = base, [], []
         self.pages = self.pages_after(self.starts[base])
+        self.listed_path = self.path
 
     async def close(self) -> None:
         pages, self.pages = self.pages, None

@@ -150,6 +150,12 @@ class InodeTable:
             self._move(tmp, dst)
             return
         self.unlinked(dst)
+        # what the table still knew under ``dst`` is stale (a directory renamed over is empty;
+        # one met by a LOOKUP under a new name replaced whatever was there elsewhere): those
+        # names would lead to what moves there now
+        under, moving = dst.rstrip("/") + "/", src.rstrip("/") + "/"
+        for p in [p for p in self._by_path if p.startswith(under) and p != src and not p.startswith(moving)]:
+            self._drop_name(self._by_path[p], p)
         self._move(src, dst)
 
     def _move(self, src: str, dst: str) -> None:

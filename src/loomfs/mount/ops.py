@@ -168,12 +168,21 @@ class LoomOperations(HoldOps, FileOps):
             attr = await self._attr(path)
         except FileNotFoundError:
             self.absent.missed(parent_inode, text, asked, epoch)
-            self.inodes.missing(path)  # renamed or unlinked elsewhere: not a name to ask by
+            self.inodes.missing(self._path_now(parent_inode, name, path))  # renamed or unlinked elsewhere
             return self._no_such_name(path)
         if attr.type == FileType.FILE:
             await self._catch_up(attr.inode)  # a write file open here: its length is what entry() answers
             await refresh_readers(self, attr.inode, attr)
-        return self._known(attr, path)
+        # by the parent's name now: a rename of a parent further up through this mount (the
+        # kernel does not serialise it with this LOOKUP) while meta answered moved it there
+        return self._known(attr, self._path_now(parent_inode, name, path))
+
+    def _path_now(self, parent_inode: int, name: bytes, asked: str) -> str:
+        """The path of ``name`` in ``parent_inode`` by the parent's name now (``asked``, the
+        path meta was asked by, when the parent has no name here any more)."""
+        if not self.inodes.has_name(parent_inode):
+            return asked
+        return join(self.inodes.path(parent_inode), name)
 
     async def _relist(self, dir_inode: int) -> None:
         """List ``dir_inode`` again (names only, one READDIR) for ``AbsentNames``; one listing
@@ -461,12 +470,14 @@ class LoomOperations(HoldOps, FileOps):
                     self.absent.removed(parent_inode_old, os.fsdecode(name_old))
             self.inodes.renamed(src, dst, exchange=exchange)
             moves = [(src, dst), (dst, src)] if exchange else [(src, dst)]
-            for h in self.handles.values():  # open files under the old names go by the new ones
-                if isinstance(h, Handle):
-                    for a, b in moves:
-                        if h.file.path == a or h.file.path.startswith(a + "/"):
-                            h.file.path = b + h.file.path[len(a):]
-                            break
+            for h in self.handles.values():  # open files (and listings) under the old names go by the new ones
+                for a, b in moves:
+                    if isinstance(h, Handle) and (h.file.path == a or h.file.path.startswith(a + "/")):
+                        h.file.path = b + h.file.path[len(a):]
+                        break
+                    if isinstance(h, DirStream) and (h.path == a or h.path.startswith(a + "/")):
+                        h.path = b + h.path[len(a):]
+                        break
 
     @fuse_errors
     async def symlink(self, parent_inode: int, name: bytes, target: bytes, ctx: Any) -> pyfuse3.EntryAttributes:
@@ -580,10 +591,11 @@ class LoomOperations(HoldOps, FileOps):
     async def opendir(self, inode: int, ctx: Any) -> int:
         path = self.inodes.path(inode)
 
-        def pages_after(after: str) -> Pages:
-            return self.client.readdir_pages(path, with_attrs=True, page_size=self.options.readdir_page,
+        def pages_after(after: str) -> Pages:  # by the stream's path then (renamed since: its new one)
+            return self.client.readdir_pages(stream.path, with_attrs=True, page_size=self.options.readdir_page,
                                              after=after)
-        return self._new_handle(DirStream(path, pages_after, self.call, inode=inode))
+        stream = DirStream(path, pages_after, self.call, inode=inode)
+        return self._new_handle(stream)
 
     @fuse_errors
     async def readdir(self, fh: int, start_id: int, token: Any) -> None:
@@ -600,6 +612,8 @@ class LoomOperations(HoldOps, FileOps):
             if start_id < off and not pyfuse3.readdir_reply(token, name, _dot_entry(inode), off):
                 return
         i = max(0, start_id - DOT_ENTRIES)
+        if self.inodes.has_name(h.inode):  # renamed since the opendir: listed by its name now
+            h.path = self.inodes.path(h.inode)
         base, page = await h.page_at(i, rewind=start_id == 0)
         h.replied_from = i  # the kernel's next READDIR of this stream resumes at or after it
         while page:
@@ -608,8 +622,15 @@ class LoomOperations(HoldOps, FileOps):
                 attr = e.attr if e.attr is not None else await self._attr(path)
                 if not pyfuse3.readdir_reply(token, os.fsencode(e.name), self.entry(attr), i + 1 + DOT_ENTRIES):
                     return
-                # first among its names (a directory renamed elsewhere moves its subtree here)
-                self.inodes.found(attr.inode, path, directory=attr.type == FileType.DIRECTORY)
+                # the directory's name now (a rename of it or of a parent while this READDIR
+                # ran): the stream's own may be another directory's by now (session 15 review)
+                named = self.inodes.has_name(h.inode)
+                if named:
+                    path = join(self.inodes.path(h.inode), os.fsencode(e.name))
+                    # first among its names (a directory renamed elsewhere moves its subtree here)
+                    self.inodes.found(attr.inode, path, directory=attr.type == FileType.DIRECTORY)
+                else:  # no name here: counted, not put first (a path that may lead elsewhere)
+                    self.inodes.remember(attr.inode, path)
                 i += 1
             base, page = await h.page_at(i)
         if h.names is not None and h.complete and h.listing is not None:  # read to the end, in order

@@ -43,22 +43,26 @@ class WriterOps:
         """``f`` was opened from meta just now: its length is meta's."""
         self._checked_at.setdefault(f, time.monotonic())
 
-    def _due(self, f: AsyncFile) -> bool:
-        """Whether ``f`` was last compared with meta more than ``attr_timeout`` ago (then it
-        counts as compared now)."""
+    def _is_due(self, f: AsyncFile) -> bool:
+        """Whether ``f`` was last compared with meta more than ``attr_timeout`` ago."""
         now = time.monotonic()
-        if now - self._checked_at.setdefault(f, now) < self.options.attr_timeout_s:
+        return now - self._checked_at.setdefault(f, now) >= self.options.attr_timeout_s
+
+    def _due(self, f: AsyncFile) -> bool:
+        """``_is_due``; then it counts as compared now."""
+        if not self._is_due(f):
             return False
-        self._checked_at[f] = now
+        self._checked_at[f] = time.monotonic()
         return True
 
     async def _catch_up(self, inode: int) -> None:
         """Before ``getattr`` answers with this mount's write file's length: see
         ``_catch_up_locked``. A file still sending what it buffers is left as it is (its
         own length is ahead); a write error met here is kept for the descriptors' next
-        fsync or close(2), which report it."""
+        fsync or close(2), which report it. The file's lock is taken only when a comparison
+        is due: a stat does not wait for the WRITE or fsync in flight otherwise."""
         w = self._writer(inode)
-        if w is None or w.file.dirty:
+        if w is None or w.file.dirty or not self._is_due(w.file):
             return
         async with w.lock:
             if not w.file.closed and not w.file.dirty:
@@ -80,6 +84,30 @@ class WriterOps:
         # (nameless here: no other client reaches it by a name)
         if f.closed or not self.inodes.has_name(h.inode) or not self._due(f):
             return
+        # A sync only when something is buffered, or the lengths differ: meta stamps mtime and
+        # ctime at every sync that reports a length, so a sync at each stat of an idle write
+        # file moved its times forward (and reopened every reader of it) (session 15 review)
+        synced = False
+        if f.dirty:
+            if not await self._catch_up_sync(h, keep_errors):
+                return
+            synced = True
+        attr = await self._catch_up_attr(h)
+        if attr is not None and attr.size != f.length and not synced:
+            if not await self._catch_up_sync(h, keep_errors):  # its writes may be what differs
+                return
+            attr = await self._catch_up_attr(h)
+        if attr is None or attr.size == f.length:
+            return
+        self.stats.requests["writer_catch_ups"] += 1
+        logger.debug("inode %d: meta's length %d, this mount's writer's %d: reopened", h.inode, attr.size, f.length)
+        await self.call(f.close())  # synced just now: ends the write session
+        await self._usable_locked(h)  # opened again from meta, for every descriptor sharing it
+
+    async def _catch_up_sync(self, h: Handle, keep_errors: bool) -> bool:
+        """The catch-up's fsync of ``h``'s file: False when it failed and the error is kept for
+        the descriptors' next fsync or close(2) (``keep_errors``; else it is raised)."""
+        f = h.file
         try:
             await self.call(f.fsync())
         except OSError as exc:
@@ -88,17 +116,21 @@ class WriterOps:
             for o in self.handles.values():  # for the next fsync or close(2) to report
                 if isinstance(o, Handle) and o.file is f and o.error is None:
                     o.error = exc
-            return
+            return False
+        return True
+
+    async def _catch_up_attr(self, h: Handle) -> Attr | None:
+        """Meta's attributes of ``h``'s file by its name here, for the catch-up; None when the
+        name leads elsewhere or nowhere now (its next open finds out), or meta could not be
+        asked (compared again once attr_timeout has passed: a failed check fails no write)."""
         try:
             attr = await self._attr(self._inode_path(h.inode))
-        except FileNotFoundError:  # renamed or unlinked elsewhere: its next open finds out
-            return
-        if attr.inode != h.inode or attr.size == f.length:
-            return
-        self.stats.requests["writer_catch_ups"] += 1
-        logger.debug("inode %d: meta's length %d, this mount's writer's %d: reopened", h.inode, attr.size, f.length)
-        await self.call(f.close())  # synced just now: ends the write session
-        await self._usable_locked(h)  # opened again from meta, for every descriptor sharing it
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            logger.info("inode %d: meta's length not known (%s): not compared this time", h.inode, exc)
+            return None
+        return attr if attr.inode == h.inode else None
 
     def _writers(self, inode: int) -> list[Handle]:
         """Write handles of ``inode`` with an open client file (not one a close(2) closed)."""
