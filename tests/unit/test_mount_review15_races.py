@@ -171,6 +171,39 @@ def test_a_lookup_answered_before_an_ancestor_rename_here_takes_the_new_path() -
     asyncio.run(main())
 
 
+def test_a_lookup_miss_by_a_path_an_ancestor_rename_here_moved_drops_no_name() -> None:
+    """The other order: meta renamed the ancestor first, so the LOOKUP by the old path missed;
+    the name under the parent's new path is not what meta said was missing."""
+
+    async def main() -> None:
+        ops, _client, meta = await _ops()
+        for p in ("/a", "/a/b", "/a/b/c"):
+            await meta.mkdir(p, 0o755, False, False)
+        a = (await ops.lookup(1, b"a")).st_ino
+        b = (await ops.lookup(a, b"b")).st_ino
+        c = (await ops.lookup(b, b"c")).st_ino
+        gate = asyncio.Event()
+        asked = asyncio.Event()
+        stat = meta.stat
+
+        async def slow_stat(path: str, follow_symlinks: bool = True) -> Attr:
+            if path == "/a/b/c":
+                asked.set()
+                await gate.wait()  # meta answers after the rename
+            return await stat(path, follow_symlinks)
+
+        meta.stat = slow_stat  # type: ignore[method-assign]
+        lookup = asyncio.ensure_future(ops.lookup(b, b"c"))
+        await asyncio.wait_for(asked.wait(), 5)
+        await ops.rename(1, b"a", 1, b"z", 0, None)
+        gate.set()
+        with pytest.raises(pyfuse3.FUSEError):
+            await lookup
+        assert ops.inodes.path(c) == "/z/b/c"
+
+    asyncio.run(main())
+
+
 def test_a_directory_found_under_a_name_the_table_knew_children_under_drops_them() -> None:
     """found() moves a directory's subtree under its new name; entries the table still had
     under that name (of the directory removed there, elsewhere) must go, not stay as names of

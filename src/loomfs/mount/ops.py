@@ -168,7 +168,8 @@ class LoomOperations(HoldOps, FileOps):
             attr = await self._attr(path)
         except FileNotFoundError:
             self.absent.missed(parent_inode, text, asked, epoch)
-            self.inodes.missing(self._path_now(parent_inode, name, path))  # renamed or unlinked elsewhere
+            if self._path_now(parent_inode, name, path) == path:  # (else meta was asked by a name gone here)
+                self.inodes.missing(path)  # renamed or unlinked elsewhere: not a name to ask by
             return self._no_such_name(path)
         if attr.type == FileType.FILE:
             await self._catch_up(attr.inode)  # a write file open here: its length is what entry() answers
