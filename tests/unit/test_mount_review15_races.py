@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+from dataclasses import replace
 from typing import Any
 
 import pyfuse3
@@ -283,6 +284,46 @@ def test_an_append_write_is_not_refused_for_a_failed_length_check() -> None:
         await ops.release(fi.fh)
         f = await client.open("/log", "rb")
         assert await f.read() == b"line1\nline2\n"
+        await f.close()
+
+    asyncio.run(main())
+
+
+def test_a_catch_up_whose_name_went_meanwhile_keeps_the_open_file() -> None:
+    """The catch-up found the lengths different, closed the write file, then opened its name
+    again: renamed (logrotate elsewhere) between meta's answer and that open, the descriptor
+    was left a closed file no name reopens, and every later write failed (ENOENT)."""
+
+    async def main() -> None:
+        ops, client, meta = await _ops()
+        await _file(client, "/log", b"line1\n")
+        inode = meta.nodes["/log"].inode
+        ops.inodes.remember(inode, "/log")
+        fi = await ops.open(inode, os.O_WRONLY | os.O_APPEND, None)
+        h = ops.handles[fi.fh]
+        assert isinstance(h, Handle)
+        _as_due(ops, h.file)
+        stat = meta.stat
+        open_ = meta.open
+
+        async def longer(path: str, follow_symlinks: bool = True) -> Attr:
+            attr = await stat(path, follow_symlinks)  # another client wrote to it
+            return replace(attr, size=attr.size + 1) if path == "/log" else attr
+
+        async def then_renamed(path: str, *args: Any, **kw: Any) -> Any:
+            if path == "/log" and "/log" in meta.nodes:  # then renamed it away (logrotate)
+                meta.nodes["/log.1"] = meta.nodes.pop("/log")
+            return await open_(path, *args, **kw)
+
+        meta.stat = longer  # type: ignore[method-assign]
+        meta.open = then_renamed  # type: ignore[method-assign]
+
+        assert await ops.write(fi.fh, 0, b"line2\n") == 6
+        assert await ops.write(fi.fh, 0, b"line3\n") == 6
+        await ops.flush(fi.fh)
+        await ops.release(fi.fh)
+        f = await client.open("/log.1", "rb")
+        assert await f.read() == b"line1\nline2\nline3\n"
         await f.close()
 
     asyncio.run(main())

@@ -101,8 +101,26 @@ class WriterOps:
             return
         self.stats.requests["writer_catch_ups"] += 1
         logger.debug("inode %d: meta's length %d, this mount's writer's %d: reopened", h.inode, attr.size, f.length)
-        await self.call(f.close())  # synced just now: ends the write session
-        await self._usable_locked(h)  # opened again from meta, for every descriptor sharing it
+        # opened again from meta before the old file closes: a name renamed or unlinked
+        # elsewhere meanwhile leaves the descriptors their open file (its write session keeps
+        # it at meta), not a closed one no path reopens (session 15 review)
+        try:
+            new = await self.call(self.client.open(self._inode_path(h.inode), "r+b"))
+        except OSError as exc:
+            logger.info("inode %d: not reopened (%s): its open file stays", h.inode, exc)
+            return
+        if new.inode != h.inode:  # the name is another file's now
+            await self.call(new.close())
+            return
+        try:
+            await self.call(f.close())  # synced just now: ends the old write session
+        except OSError as exc:
+            logger.warning("inode %d: closing the write file it caught up from: %s", h.inode, exc)
+        self._file_opened(new)
+        for o in self.handles.values():  # every descriptor sharing it
+            if isinstance(o, Handle) and o.file is f:
+                o.file = new
+        h.file = new
 
     async def _catch_up_sync(self, h: Handle, keep_errors: bool) -> bool:
         """The catch-up's fsync of ``h``'s file: False when it failed and the error is kept for
