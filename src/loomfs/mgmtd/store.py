@@ -76,6 +76,11 @@ def decode_rows(rows: Iterable[Sequence[Any]], state: ClusterState, now_s: float
             if t.fenced_until_s:
                 t.fenced_until_s = now_s + state.unreachable_hold_s
                 t.last_fence_s = now_s
+            elif t.last_fence_s:
+                # the old process's reading: compared with this clock (which may be behind it, a
+                # rebooted host or another mgmtd taking over) the quiet period that resets the
+                # fence count would never pass, and every fence would double the hold again
+                t.last_fence_s = now_s
             if t.revoke_deadline_s:  # leases granted by the last incarnation may still run
                 t.revoke_deadline_s = now_s + state.lease_s
                 t.revoke_acked = False
