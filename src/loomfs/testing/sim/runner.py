@@ -169,6 +169,7 @@ async def _life(seed: int, cfg: SimConfig, log: EventLog, record: VersionRecord)
         "faults": injector.injected, "faults_refused": injector.refused, "commits": record.commits,
         "serves": record.serves, "frames": cluster.net.frames_delivered, "virtual_s": loop.time(),
         "converge_s": converged_s, "removals": workload.removals,
+        "removed_chunks_held": workload.removed_chunks_held,
     }
     return SimResult(seed, "", violations, "", notes, stats)
 
