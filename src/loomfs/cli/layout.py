@@ -125,6 +125,10 @@ def cmd_scrub(args: argparse.Namespace) -> int:
     with connect(args) as fs:
         for p, attr in ec_files(fs, args.path):
             rep = fs.run(scrub_file(fs.client.storage, p, attr, repair=args.repair))
+            if args.repair and rep.full_redundancy and attr.layout is not None and attr.layout.ec_reduced:
+                # every fragment checked and good: reads need not compare versions any more
+                # (unless a reduced write marked the file again meanwhile: meta keeps that)
+                fs.run(fs.client.meta.sync(attr.inode, -1, ec_reduced_done=attr.layout.ec_reduced))
             state = "ok" if rep.full_redundancy else ("LOST STRIPES" if rep.lost_stripes else "degraded")
             print(f"{p}: {rep.stripes} stripes, {rep.bad_fragments} bad fragments, {rep.repaired_fragments} "
                   f"repaired, {rep.unreachable_fragments} unreachable, {rep.lost_stripes} lost: {state}")

@@ -55,6 +55,8 @@ class _Pending:
 
 
 class EcFileIO:
+    verify = False
+
     def __init__(self, file: AsyncFile):
         storage = file._storage
         if not isinstance(storage, StorageClient):
@@ -66,6 +68,8 @@ class EcFileIO:
         self._cur: _Pending | None = None
         self._last: dict[int, asyncio.Task[None]] = {}  # per stripe: keeps same-stripe order
         self._inflight = asyncio.Semaphore(max(1, INFLIGHT_STRIPES_MAX))
+        # reads compare versions (``Layout.ec_reduced``: written with fragments skipped)
+        self.verify = bool(file.layout.ec_reduced)
 
     @property
     def buffered(self) -> bool:
@@ -162,7 +166,8 @@ class EcFileIO:
             await write_stripe(self.io, self.codec, STATS, cur.stripe, cur.buf, stripe_len,
                                valid_lo=valid_lo, valid_hi=valid_hi, overwrite=cur.base_len > 0,
                                exact=stripe_len < self.geometry.stripe_bytes,
-                               ack_min=f._config.ec_ack_fragments_min, above_version=cur.base_version)
+                               ack_min=f._config.ec_ack_fragments_min, above_version=cur.base_version,
+                               mark_reduced=self._mark_reduced)
         except Exception as exc:
             logger.warning("%s: write of stripe %d failed: %s", f.path, cur.stripe, exc)
             if f._error is None:
@@ -180,9 +185,17 @@ class EcFileIO:
         if self._last.get(stripe) is task:
             del self._last[stripe]
 
+    async def _mark_reduced(self) -> None:
+        """Around each stripe written without some fragments: mark the file in meta
+        (``Layout.ec_reduced``, a new generation), so readers compare versions until a scrub
+        repaired it (``write_stripe``); a failed mark fails the stripe write."""
+        f = self.file
+        await f._meta.sync(f.inode, -1, trunc_epoch=f._trunc_epoch, session_id=f.session_id, ec_reduced=True)
+        self.verify = True
+
     async def read_into(self, pos: int, view: memoryview) -> None:
         await read_range(self.io, self.codec, STATS, self.file._pool, pos, view,
-                         parallel_max=max(1, self.file._config.parallel_chunks_max))
+                         parallel_max=max(1, self.file._config.parallel_chunks_max), verify=self.verify)
 
     def __repr__(self) -> str:
         return f"EcFileIO({self.io!r} codec={self.codec.name} buffered={self.buffered})"
@@ -223,4 +236,4 @@ async def read_ec(storage: StorageClient, layout: Layout, inode: int, pos: int, 
     """Read an EC file's bytes at ``pos`` into ``view`` without an open file (batch reads)."""
     io = FragmentIO(storage, layout, inode)
     codec = make_codec(io.geometry.k, io.geometry.m)
-    await read_range(io, codec, STATS, pool, pos, view, parallel_max=parallel_max)
+    await read_range(io, codec, STATS, pool, pos, view, parallel_max=parallel_max, verify=bool(layout.ec_reduced))

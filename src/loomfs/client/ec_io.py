@@ -78,6 +78,11 @@ class FragmentIO:
     async def remove_all(self, index_begin: int, index_end: int) -> None:
         await self.storage.remove_chunks(self.chunk_layout, self.inode, index_begin, index_end, keep_versions=True)
 
+    async def remove_one(self, index: int) -> None:
+        """Remove chunk ``index`` on its own chain only (``remove_all`` asks every chain)."""
+        lay = dataclasses.replace(self.chunk_layout, chains=[self.chain_of(index)])
+        await self.storage.remove_chunks(lay, self.inode, index, index + 1, keep_versions=True)
+
     def down(self, index: int) -> bool:
         """Whether chunk ``index``'s chain has no serving target in the cached routing."""
         rc = self.storage.routing

@@ -23,7 +23,7 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
 from loomfs.client.ec_io import FragmentIO, FragmentUnavailable
@@ -117,11 +117,17 @@ def _zero_gaps(g: Geometry, buf: Buffer, valid_lo: int, valid_hi: int, plen: int
 
 async def write_stripe(io: FragmentIO, codec: Codec, stats: EcStats, stripe: int, buf: Buffer,
                        stripe_len: int, *, valid_lo: int, valid_hi: int, overwrite: bool,
-                       exact: bool = False, ack_min: int = 0, above_version: int = 0) -> int:
+                       exact: bool = False, ack_min: int = 0, above_version: int = 0,
+                       mark_reduced: Callable[[], Awaitable[None]] | None = None) -> int:
     """Encode and write one stripe from ``buf`` (data payloads hold stripe bytes
     [valid_lo, valid_hi), the rest is zero-filled). Returns the version written.
     ``ack_min`` (k+1..k+m-1, opt-in): fragments whose chain routing shows down are skipped
     when at least that many remain; 0: all k+m (wait for the routing to heal, or fail).
+    ``mark_reduced``: awaited before and after a stripe is written without some fragments:
+    the file is marked in meta (``Layout.ec_reduced``, a new generation each time), so reads
+    compare versions (a skipped fragment's server may come back with the old bytes), and a
+    scrub that read this stripe before the write landed cannot clear the mark (its
+    generation moved after the write).
     ``above_version``: the version written is newer than this one (one another process's
     clock stamped), so a read never prefers the stripe's old version to the new one."""
     g = io.geometry
@@ -139,6 +145,8 @@ async def write_stripe(io: FragmentIO, codec: Codec, stats: EcStats, stripe: int
     if g.k < ack_min < g.width:
         up = [j for j in range(g.width) if not io.down(g.chunk_index(stripe, j))]
         if ack_min <= len(up) < g.width:
+            if mark_reduced is not None:
+                await mark_reduced()
             frags = up
             stats.reduced_stripes_total += 1
             logger.warning("inode %d stripe %d: written with %d of %d fragments (ec_ack_fragments_min=%d); "
@@ -147,10 +155,23 @@ async def write_stripe(io: FragmentIO, codec: Codec, stats: EcStats, stripe: int
         stats.shadow_writes_total += 1
         await write_fragments(io, buf, stripe, stripe_len, shadow=True, exact=exact, fragments=frags)
     await write_fragments(io, buf, stripe, stripe_len, shadow=False, exact=exact, fragments=frags)
-    if overwrite:
+    if overwrite and frags is None:
         shadow = g.stripe_chunks(stripe, shadow=True)
         await io.remove_all(shadow.start, shadow.stop)
+    elif overwrite and frags is not None:  # the skipped fragments' servers are down: their
+        # shadow chunks are left (never written by this overwrite; an older leftover there is
+        # older than the stripe, and a shadow no newer than the stripe in place is never used)
+        await _remove_each(io, [g.chunk_index(stripe, j, shadow=True) for j in frags])
+    if frags is not None and mark_reduced is not None:
+        await mark_reduced()
     return version
+
+
+async def _remove_each(io: FragmentIO, indexes: Sequence[int]) -> None:
+    got = await asyncio.gather(*(io.remove_one(i) for i in indexes), return_exceptions=True)
+    for r in got:
+        if isinstance(r, BaseException):
+            raise r
 
 
 def stamp(g: Geometry, buf: Buffer, stripe: int, stripe_len: int, version: int,
@@ -371,8 +392,11 @@ async def repair_fragments(io: FragmentIO, stats: EcStats, stripe: int, buf: Buf
 
 
 async def read_range(io: FragmentIO, codec: Codec, stats: EcStats, pool: BufferPool, pos: int,
-                     view: memoryview, *, parallel_max: int = 16) -> None:
-    """Fill ``view`` with the file's bytes at ``pos`` (healthy: data fragments only)."""
+                     view: memoryview, *, parallel_max: int = 16, verify: bool = False) -> None:
+    """Fill ``view`` with the file's bytes at ``pos`` (healthy: data fragments only).
+    ``verify`` (a file written with fragments skipped, ``Layout.ec_reduced``): every stripe
+    is resolved from all its fragments (headers and versions compared: a skipped fragment's
+    old bytes are never served, and are repaired), not read from its data fragments alone."""
     g = io.geometry
     pieces = list(split_range(g, pos, len(view)))
     by_stripe: dict[int, list[FragPiece]] = {}
@@ -395,13 +419,15 @@ async def read_range(io: FragmentIO, codec: Codec, stats: EcStats, pool: BufferP
             return True
 
     async def stripe(s: int, ps: list[FragPiece]) -> None:
-        if not any(io.down(g.chunk_index(s, p.fragment)) for p in ps):  # else straight to decoding
+        if not verify and not any(io.down(g.chunk_index(s, p.fragment)) for p in ps):  # else decoding
             oks = await asyncio.gather(*(piece(p) for p in ps))
             if all(oks):
                 return
         buf = pool.acquire(stripe_buffer_bytes(g))
         try:
-            res = await resolve(io, codec, stats, s, buf)
+            # verify: all k+m (k of them could all be a skipped write's old fragments, which
+            # agree with each other); the newest version with k good fragments wins
+            res = await resolve(io, codec, stats, s, buf, full=verify)
             for p in ps:
                 target = view[p.buffer_offset : p.buffer_offset + p.length]
                 if res is None:

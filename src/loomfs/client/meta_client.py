@@ -173,11 +173,12 @@ class MetaClient:
         return renewed
 
     async def sync(self, inode: int, length: int, mtime_ns: int = 0, *, trunc_epoch: int = 0,
-                   session_id: int = 0) -> wm.AttrRsp:
+                   session_id: int = 0, ec_reduced: bool = False, ec_reduced_done: int = 0) -> wm.AttrRsp:
         """An open writer's length report (as ``close``); the reply has the current epoch.
-        ``session_id``: the writer's session (meta tells a live one from an expired one)."""
+        ``session_id``: the writer's session (meta tells a live one from an expired one).
+        ``ec_reduced`` / ``ec_reduced_done``: see ``SyncReq``."""
         req = wm.SyncReq(inode=inode, length=length, mtime_ns=mtime_ns, trunc_epoch=trunc_epoch,
-                         session_id=session_id)
+                         session_id=session_id, ec_reduced=ec_reduced, ec_reduced_done=ec_reduced_done)
         rsp: wm.AttrRsp = await self.call(wm.SYNC, req)
         return rsp
 

@@ -123,6 +123,18 @@ class LostClaim(Exception):
 ScrubFn = Callable[[Attr], Awaitable[ScrubReport]]
 
 
+async def clear_ec_reduced(store: MetaStore, inode: int, gen: int) -> None:
+    """After a repairing scrub that found the whole file at full redundancy, having read its
+    attributes at ``Layout.ec_reduced`` = ``gen`` first: reads need not compare versions any
+    more, unless a reduced write marked it again meanwhile (``mark_ec_reduced``)."""
+    from loomfs.meta.ops.files import mark_ec_reduced
+
+    async with store.write() as txn:
+        attr = await txn.get_inode(inode)
+        if attr is not None:
+            await mark_ec_reduced(txn, attr, False, gen)
+
+
 class RebuildWorker:
     """``scrub``: how one file is scrubbed with repair (default: ``scrub_file`` through
     ``storage``; unit tests pass their own)."""
@@ -152,7 +164,10 @@ class RebuildWorker:
 
     async def _scrub_file(self, a: Attr) -> ScrubReport:
         assert self.storage is not None
-        return await scrub_file(self.storage, f"inode {a.inode}", a, repair=True)
+        rep = await scrub_file(self.storage, f"inode {a.inode}", a, repair=True)
+        if rep.full_redundancy and a.layout is not None and a.layout.ec_reduced:
+            await clear_ec_reduced(self.store, a.inode, a.layout.ec_reduced)
+        return rep
 
     def _unix_s(self) -> float:
         return self.clock.now_ns() / 1e9

@@ -252,7 +252,8 @@ class MetaService(LockHandlers):
     @handles(w.SYNC)
     async def sync(self, req: w.SyncReq, ctx: CallContext) -> w.AttrRsp:
         act_for(ctx, self.root_squash)
-        r = await self.ns.report(req.inode, req.session_id, req.length, req.mtime_ns, trunc_epoch=req.trunc_epoch)
+        r = await self.ns.report(req.inode, req.session_id, req.length, req.mtime_ns, trunc_epoch=req.trunc_epoch,
+                                 ec_reduced=req.ec_reduced, ec_reduced_done=req.ec_reduced_done)
         return w.AttrRsp(attr=r.attr, trunc_epoch=r.trunc_epoch)
 
     @handles(w.READDIR)

@@ -147,6 +147,11 @@ class SyncReq(Message):
     # the writer's session: a caller who lost write permission since its open (chmod) still
     # reports lengths through it, as an open fd keeps writing (0: write permission needed)
     session_id: int = 0
+    # EC files (``Layout.ec_reduced``): a writer about to write a stripe without some of its
+    # fragments marks the file (a new generation); a scrub that repaired the whole file
+    # clears the generation it started with (nothing when a newer one was marked meanwhile)
+    ec_reduced: bool = False
+    ec_reduced_done: int = 0
 
 
 @message

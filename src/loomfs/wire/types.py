@@ -144,6 +144,11 @@ class Layout(Message):
     # every replica fsyncs each commit of this file's chunks before it acks (checkpoints:
     # docs/checkpoints.md), whatever the storage nodes' fsync_on_commit
     durable: bool = False
+    # EC files: > 0 while a stripe may have been written without some of its fragments
+    # (``ec_ack_fragments_min``) since the last scrub that repaired the whole file; a skipped
+    # fragment's server may come back with the old bytes, so reads compare versions (a
+    # generation: each reduced write bumps it, a scrub clears the one it started with)
+    ec_reduced: int = 0
 
 
 @message

@@ -316,13 +316,14 @@ class FileOps(InlineOps):
 
     async def report(
         self, inode: int, session_id: int = 0, length: int = -1, mtime_ns: int = 0, *, trunc_epoch: int = 0,
-        end: bool = False,
+        end: bool = False, ec_reduced: bool = False, ec_reduced_done: int = 0,
     ) -> Reported:
         """A writer's length report (SYNC; CLOSE with ``end``: its session ends too).
 
         ``trunc_epoch``: the epoch the writer knows; an older one than the file's does not
         grow the length (``_report_length``). The file's pending trim is settled before the
-        reply, which hands the writer the current epoch."""
+        reply, which hands the writer the current epoch. ``ec_reduced`` / ``ec_reduced_done``:
+        ``Layout.ec_reduced`` marked (a new generation) / cleared if still that generation."""
         who = caller()
         async with self.store.write() as txn:
             await self._confine(txn, inode)
@@ -331,9 +332,11 @@ class FileOps(InlineOps):
                 held = await txn.remove_session(inode, session_id)
                 # or the end of a read hold (it proves nothing about writing: checked below)
                 released = held or await txn.remove_hold(inode, session_id)
-            if who.uid != 0 and not held and length >= 0:
+            if who.uid != 0 and not held and (length >= 0 or ec_reduced or ec_reduced_done):
                 await self._may_write_inode(txn, inode, session_id, who)
             attr, epoch, lost = await self._report_length(txn, inode, length, mtime_ns, trunc_epoch)
+            if attr is not None and (ec_reduced or ec_reduced_done):
+                attr = await mark_ec_reduced(txn, attr, ec_reduced, ec_reduced_done)
             if lost and (held or (session_id and await txn.session_client(inode, session_id) is not None)):
                 lost = False  # a live session: it opened the file inline (it writes patches)
             if released and await orphans.release_if_unheld(txn, inode, self.clock.now_ns(), self.default_layout):
@@ -492,3 +495,18 @@ class FileOps(InlineOps):
                 await txn.put_inode(attr)
             settle = size >= 0 and await self._must_settle(txn, attr.inode)
             return SetattrResult(attr, truncated_from, epoch), settle
+
+
+async def mark_ec_reduced(txn: MetaTxn, attr: Attr, mark: bool, done: int) -> Attr:
+    """``Layout.ec_reduced`` of an EC file: a new generation (``mark``: a writer around a
+    stripe written without some fragments), or 0 if it is still ``done`` (a scrub that read
+    that generation before it started repaired the whole file). Other inodes: unchanged."""
+    lay = attr.layout
+    if attr.type != FILE or lay is None or not lay.ec_k:
+        return attr
+    gen = lay.ec_reduced + 1 if mark else (0 if lay.ec_reduced == done else lay.ec_reduced)
+    if gen == lay.ec_reduced:
+        return attr
+    attr = dataclasses.replace(attr, layout=dataclasses.replace(lay, ec_reduced=gen))
+    await txn.put_inode(attr)
+    return attr

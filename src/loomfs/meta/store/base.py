@@ -506,7 +506,11 @@ def encode_layout(layout: Layout | None) -> bytes | None:
         return None
     tail: list[int] = []
     if layout.ec_k or layout.durable:  # older layouts keep their shorter encoding
-        tail = [layout.ec_k, layout.ec_m] + ([1] if layout.durable else [])
+        tail = [layout.ec_k, layout.ec_m]
+        if layout.durable or layout.ec_reduced:
+            tail.append(1 if layout.durable else 0)
+        if layout.ec_reduced:
+            tail.append(layout.ec_reduced)
     return pack(  # this thread's reused Packer: packb builds one with a 1 MiB buffer per call
         [layout.chunk_size, layout.stripe, layout.table_id, layout.replicas, list(layout.chains),
          layout.inline_max_bytes, *tail]
@@ -523,8 +527,9 @@ def decode_layout(blob: bytes | None) -> Layout | None:
         inline_max = fields[5] if len(fields) > 5 else -1  # written before inline data: the default
         ec_k, ec_m = (fields[6], fields[7]) if len(fields) > 7 else (0, 0)  # erasure-coded layouts only
         durable = bool(fields[8]) if len(fields) > 8 else False  # durable layouts only
+        ec_reduced = int(fields[9]) if len(fields) > 9 else 0  # EC files written reduced only
         layout = Layout(chunk_size=cs, stripe=stripe, table_id=tid, replicas=rep, chains=list(chains),
-                        inline_max_bytes=inline_max, ec_k=ec_k, ec_m=ec_m, durable=durable)
+                        inline_max_bytes=inline_max, ec_k=ec_k, ec_m=ec_m, durable=durable, ec_reduced=ec_reduced)
         if len(_layout_cache) >= _LAYOUT_CACHE_MAX:
             _layout_cache.clear()
         _layout_cache[bytes(blob)] = layout
