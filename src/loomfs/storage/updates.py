@@ -274,6 +274,13 @@ class ChunkUpdates(ChainForwarder):
             raise StatusError(Status.VERSION_MISMATCH,
                               f"chunk {key} v{ver}: staged {staged.pending_length} bytes crc {staged.pending_crc:08x}, "
                               f"sender has {req.expect_length} bytes crc {req.expect_crc:08x}")
+        if not req.forwarded and self.being_removed(target.target_id, key):
+            # a removal began while this staged (an await: the file engine writes a whole chunk
+            # on an I/O thread); its wait for updates in flight could not list a chunk that did
+            # not exist yet, so it may be down the chain already: forwarded now, this would
+            # re-create the chunk behind it (review of 161d9fc). Retried, as at the lock.
+            engine.abort(key)
+            raise StatusError(Status.EAGAIN, f"chunk {key} on target {target.target_id} is being removed")
         if pos.successor is None:
             return write_rsp(await engine.commit(key, ver, durable=req.durable))
         m = WRITE if isinstance(req, WriteReq) else TRUNCATE
