@@ -27,6 +27,22 @@ class LoomError(OSError):
             super().__init__(code, message or os.strerror(code))
         self.status: Status | None = None
 
+    def __reduce__(self) -> tuple[object, ...]:
+        """Pickled as its class, errno, text, path and attributes (every subclass, whatever
+        its constructor takes): torch.distributed hands one rank's error to the others by
+        pickling it, and the keyword-only constructor could not be called back."""
+        return _rebuild, (type(self), self.errno, self.strerror, self.filename), dict(self.__dict__)
+
+
+def _rebuild(cls: type[LoomError], code: int | None, text: str | None, path: str | None) -> LoomError:
+    exc = cls.__new__(cls)
+    if path is not None:
+        OSError.__init__(exc, code, text, path)
+    else:
+        OSError.__init__(exc, code, text)
+    exc.status = None
+    return exc
+
 
 class NotFound(LoomError, FileNotFoundError):
     default_errno = _errno.ENOENT
