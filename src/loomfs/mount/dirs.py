@@ -61,6 +61,9 @@ class DirStream:
     # the path ``pages`` lists: the handler sets ``path`` to the directory's name now (renamed
     # since the opendir), and the next page is asked by it, after the last name listed
     listed_path: str = field(default="", repr=False)
+    # before each page asked of meta: raises when ``path`` may no longer lead to this
+    # directory (it has no name here: the listing must not go on with another one's entries)
+    confirm: Callable[[], Awaitable[None]] | None = field(default=None, repr=False)
 
     def __repr__(self) -> str:
         return f"DirStream({self.path!r}, base={self.base}, page={len(self.page)}, pages_seen={len(self.starts)})"
@@ -85,6 +88,8 @@ class DirStream:
                 await self.close()
                 self.pages = self.pages_after(self.page[-1].name if self.page else self.starts[self.base])
                 self.listed_path = self.path
+            if self.pages is not None and self.confirm is not None:
+                await self.confirm()
             nxt = await self.run(_next_page(self.pages)) if self.pages is not None else None
             if nxt is None:
                 await self.close()

@@ -22,7 +22,7 @@ from loomfs.mount.inodes import InodeTable
 from loomfs.mount.names import AbsentNames
 from loomfs.mount.options import MountOptions
 from loomfs.mount.prefetch import Budget, Prefetcher
-from loomfs.mount.revalidate import refresh_readers
+from loomfs.mount.revalidate import refresh_readers, refreshable
 from loomfs.mount.stats import MountStats
 from loomfs.mount.uses import FileUses
 from loomfs.mount.writers import WriterOps
@@ -43,6 +43,7 @@ class FileOps(WriterOps, pyfuse3.Operations):
     _next_fh: int
     _read_buffers: dict[int, list[bytearray]]  # request size -> free reply buffers
     _dir_attrs: dict[int, tuple[Attr, float]]  # directory inode -> (attributes, when meta gave them)
+    _stale_names: dict[int, str]  # open inode -> its name here a reopen found leading elsewhere
     stats: MountStats
     prefetch_budget: Budget
     uses: FileUses
@@ -283,7 +284,9 @@ class FileOps(WriterOps, pyfuse3.Operations):
         else:
             if h.hold_id or h.lost:
                 await self._check_holds(h)  # a hold lapsed while the mount was away: EIO, not zeros
-            if self._due(h.file):  # changed by another client since: read it as meta has it now
+            # changed by another client since: read it as meta has it now (a file whose name
+            # leads elsewhere keeps reading its own bytes, asking meta nothing: refreshable)
+            if refreshable(self, h.inode) and self._due(h.file):
                 try:
                     attr = await self._attr_of(h.inode)
                 except OSError as exc:  # a READ needs no meta: served as before (session 15 review)
@@ -354,7 +357,7 @@ class FileOps(WriterOps, pyfuse3.Operations):
         sync now and a CLOSE at release; ``_usable`` reopens it if the open file is used
         again (a dup'd descriptor, a shared mapping's writeback)."""
         h = self.handles[fh]
-        if isinstance(h, Handle) and h.writable and not h.file.closed:
+        if isinstance(h, Handle) and h.writable:  # (a closed file: synced; a kept error is reported)
             shared = any(isinstance(o, Handle) and o is not h and o.file is h.file for o in self.handles.values())
             # a file whose last name went stays open until release: its write session is
             # what keeps it at meta, and no path could reopen it for a dup'd descriptor
@@ -365,9 +368,10 @@ class FileOps(WriterOps, pyfuse3.Operations):
         h = self.handles[fh]
         if isinstance(h, Handle) and not h.writable:  # Linux syncs the inode whichever descriptor
             w = self._writer(h.inode)  # asks: what this mount's write descriptors wrote (session 15;
-            h = w if w is not None else h  # before, nothing: their bytes stayed buffered)
-        if isinstance(h, Handle) and h.writable and not h.file.closed:  # closed: all synced
-            await self._synced(h)
+            if w is not None:  # before, nothing: their bytes stayed buffered). Their kept errors
+                await self._synced(w, report=False)  # stay theirs; this sync's failure is theirs too
+        elif isinstance(h, Handle) and h.writable:
+            await self._synced(h)  # (a file closed by a close(2): synced; its kept error reported)
 
     @fuse_errors
     async def release(self, fh: int) -> None:
@@ -383,6 +387,8 @@ class FileOps(WriterOps, pyfuse3.Operations):
                     await self.call(h.file.close())
             finally:
                 self.inodes.closed(h.inode)
+                if not self.inodes.is_open(h.inode):
+                    self._stale_names.pop(h.inode, None)
                 if h.hold_id:
                     await self._pass_or_release_hold(h)
 

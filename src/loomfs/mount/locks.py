@@ -207,10 +207,11 @@ class MountLocks:
     async def _sync_writers(self, inode: int) -> None:
         """Before an unlock reaches meta: what this mount wrote to the file reaches storage and
         its length meta (as a close would), so whoever takes the lock next, on any node, and
-        opens the file then reads it. An unlock does not fail for a failed sync (logged)."""
+        opens the file then reads it. An unlock does not fail for a failed sync (logged): the
+        error, and any a descriptor kept, stays for every descriptor's next fsync or close(2)."""
         for h in self.ops._writers(inode):
             try:
-                await self.ops._synced(h)
+                await self.ops._synced(h, report=False)
             except Exception as exc:  # noqa: BLE001 - the unlock goes on; the writer's close reports it
                 logger.warning("syncing inode %d before an unlock: %s", inode, exc)
 

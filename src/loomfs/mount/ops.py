@@ -38,7 +38,7 @@ from loomfs.mount.inodes import ROOT_INODE, InodeTable
 from loomfs.mount.names import RELIST_MAX_NAMES, AbsentNames
 from loomfs.mount.options import MountOptions
 from loomfs.mount.prefetch import Budget
-from loomfs.mount.revalidate import refresh_readers
+from loomfs.mount.revalidate import refresh_readers, refreshable
 from loomfs.mount.stats import STATS_XATTR, MountStats
 from loomfs.mount.uses import FileUses
 from loomfs.mount.xattrs import LAYOUT_XATTR, XattrProbes, decode_layout, encode_layout
@@ -98,6 +98,10 @@ class LoomOperations(HoldOps, FileOps):
         self.uses = FileUses(lambda f: self.call(f.close()))  # reads in flight per client file
         self.xattr_probes = XattrProbes()  # setxattr's flags, from pyfuse3's check before it
         self._checked_at: weakref.WeakKeyDictionary[AsyncFile, float] = weakref.WeakKeyDictionary()
+        # open inode -> its name here that a reader's reopen found leading nowhere or to another
+        # file (loomfs.mount.revalidate.refreshable); inode -> the lock of its readers' reopens
+        self._stale_names: dict[int, str] = {}
+        self._reader_locks: dict[int, tuple[asyncio.Lock, list[int]]] = {}
         # run on this loop once the kernel's INIT is answered (the bdi read-ahead: INIT's
         # reply sets it to min(itself, what the kernel offered at mount time, 128 KiB))
         self.after_init: Callable[[], None] | None = None
@@ -171,8 +175,9 @@ class LoomOperations(HoldOps, FileOps):
             if self._path_now(parent_inode, name, path) == path:  # (else meta was asked by a name gone here)
                 self.inodes.missing(path)  # renamed or unlinked elsewhere: not a name to ask by
             return self._no_such_name(path)
-        if attr.type == FileType.FILE:
-            await self._catch_up(attr.inode)  # a write file open here: its length is what entry() answers
+        self._stale_names.pop(attr.inode, None)  # a name leads to it (its readers refresh again)
+        if attr.type == FileType.FILE:  # a write file open here: its length is what entry() answers
+            attr = await self._catch_up(attr.inode, attr) or attr  # (compared with this STAT's)
             await refresh_readers(self, attr.inode, attr)
         # by the parent's name now: a rename of a parent further up through this mount (the
         # kernel does not serialise it with this LOOKUP) while meta answered moved it there
@@ -245,8 +250,9 @@ class LoomOperations(HoldOps, FileOps):
             self.stats.requests["getattr_dir_cached"] += 1
             return self.entry(known[0])
         epoch, asked = self._dir_epoch, time.monotonic()
-        await self._catch_up(inode)  # a write file open here: another mount may have grown or cut it
-        attr = await self._attr_of(inode)
+        # a write file open here: another mount may have grown or cut it (the catch-up's STAT,
+        # when it asked one, is this answer's too)
+        attr = await self._catch_up(inode) or await self._attr_of(inode)
         await refresh_readers(self, inode, attr)  # read-only files open here: meta's version
         if attr.type == FileType.DIRECTORY and self._dir_epoch == epoch:
             # kept only when no directory changed through this mount while meta answered:
@@ -299,8 +305,8 @@ class LoomOperations(HoldOps, FileOps):
     async def _attr_of(self, inode: int) -> Attr:
         """``inode``'s attributes: by its name here, or by inode when it is open here and the
         name is gone or names another file now."""
-        if not self.inodes.has_name(inode) and self.inodes.is_open(inode):
-            return await self._attr_of_open(inode)  # its last name went: by inode
+        if self.inodes.is_open(inode) and not refreshable(self, inode):
+            return await self._attr_of_open(inode)  # its last name went, or leads elsewhere: by inode
         while True:
             path = self.inodes.path(inode)
             try:
@@ -595,7 +601,18 @@ class LoomOperations(HoldOps, FileOps):
         def pages_after(after: str) -> Pages:  # by the stream's path then (renamed since: its new one)
             return self.client.readdir_pages(stream.path, with_attrs=True, page_size=self.options.readdir_page,
                                              after=after)
-        stream = DirStream(path, pages_after, self.call, inode=inode)
+        async def confirm() -> None:
+            """A directory with no name here (a LOOKUP miss dropped it: renamed or removed
+            elsewhere) is listed on only while its opendir path still leads to it at meta (one
+            STAT per page); else ENOENT, as Linux answers getdents of a directory removed while
+            open: its path may name another directory by now, whose entries must not be given
+            as this one's (review session 15)."""
+            if inode == ROOT_INODE or self.inodes.has_name(inode):
+                return
+            attr = await self._attr(stream.path)
+            if attr.inode != inode:
+                raise OSError(errno.ENOENT, "the directory's name leads to another one now", stream.path)
+        stream = DirStream(path, pages_after, self.call, inode=inode, confirm=confirm)
         return self._new_handle(stream)
 
     @fuse_errors
@@ -617,6 +634,7 @@ class LoomOperations(HoldOps, FileOps):
             h.path = self.inodes.path(h.inode)
         base, page = await h.page_at(i, rewind=start_id == 0)
         h.replied_from = i  # the kernel's next READDIR of this stream resumes at or after it
+        first = i
         while page:
             for e in page[i - base:]:
                 path = join(h.path, os.fsencode(e.name))
@@ -633,7 +651,14 @@ class LoomOperations(HoldOps, FileOps):
                 else:  # no name here: counted, not put first (a path that may lead elsewhere)
                     self.inodes.remember(attr.inode, path)
                 i += 1
-            base, page = await h.page_at(i)
+            try:
+                base, page = await h.page_at(i)
+            except OSError:
+                if i == first:
+                    raise
+                # the entries given so far go (an error reply would drop them, and the lookups
+                # counted for them would never be forgotten); the next READDIR meets it again
+                return
         if h.names is not None and h.complete and h.listing is not None:  # read to the end, in order
             self.absent.listed(h.inode, h.names, *h.listing)
             h.names = h.listing = None

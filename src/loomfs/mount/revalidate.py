@@ -30,9 +30,11 @@ measurements of what they cost; locks are then no sync point for files already o
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import logging
 import os
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pyfuse3
@@ -99,6 +101,19 @@ async def revalidate(ops: Any, inode: int) -> None:
             logger.warning("dropping the kernel's cache of inode %d at a lock: %s", inode, exc)
 
 
+def refreshable(ops: Any, inode: int) -> bool:
+    """Whether ``inode``'s read-only files here can be opened again by a name: it has one here,
+    and not the one a reopen found leading nowhere or to another file (``ops._stale_names``:
+    unlinked or renamed elsewhere while open here). Such a file keeps reading its own bytes
+    (POSIX: an open file outlives its name) and costs no more meta calls per GETATTR or READ
+    until a LOOKUP finds it by a name again (review session 15: before, its version never
+    matched meta's by-inode answer and every GETATTR, and a READ per attr_timeout, cost a STAT,
+    a SETATTR by inode and an OPEN that failed or a CLOSE of another file's)."""
+    if not ops.inodes.has_name(inode):
+        return False
+    return bool(_state(ops, "_stale_names").get(inode) != ops.inodes.path(inode))
+
+
 async def refresh_readers(ops: Any, inode: int, attr: Attr) -> None:
     """Meta's attributes of ``inode`` are ``attr`` (a GETATTR, a LOOKUP, or a READ of a
     handle last compared over ``attr_timeout`` ago): its read-only files here opened at
@@ -107,8 +122,9 @@ async def refresh_readers(ops: Any, inode: int, attr: Attr) -> None:
     Before, a read-only descriptor served what it had at its open for as long as it stayed
     open: after another mount cut the file and extended it again, the bytes from before the
     cut came back where the file reads zeros (the kernel, told the new size, re-read its
-    pages from the stale copy). Files whose name is gone here are left as they are."""
-    if attr.inode != inode or attr.type != FileType.FILE or not ops.inodes.has_name(inode):
+    pages from the stale copy). Files whose name is gone here, or leads elsewhere at meta
+    (``refreshable``), are left as they are."""
+    if attr.inode != inode or attr.type != FileType.FILE or not refreshable(ops, inode):
         return
     version = (attr.size, attr.mtime_ns, attr.ctime_ns)
     for group in _open_files(ops, inode, writable=False):
@@ -120,18 +136,58 @@ async def refresh_readers(ops: Any, inode: int, attr: Attr) -> None:
         await _reopen_reader(ops, inode, f)
 
 
-async def _reopen_reader(ops: Any, inode: int, old: AsyncFile) -> None:
+@contextlib.asynccontextmanager
+async def _reader_lock(ops: Any, inode: int) -> AsyncIterator[None]:
+    """One reopen of ``inode``'s read-only files at a time (a GETATTR's, a READ's, a lock's):
+    two at once both opened the file, and the second's was swapped into no handle and never
+    closed (review session 15)."""
+    locks: dict[int, tuple[asyncio.Lock, list[int]]] = _state(ops, "_reader_locks")
+    lock, users = locks.setdefault(inode, (asyncio.Lock(), [0]))
+    users[0] += 1
     try:
-        f = await ops.call(ops.client.open(ops._inode_path(inode), "rb"))
-    except OSError as exc:  # gone or renamed: the handles keep what they had
-        logger.info("revalidating inode %d at a lock: %s", inode, exc)
-        return
-    if f.inode != inode or old.closed:  # the name is another file's now; or closed meanwhile
-        await ops.call(f.close())
-        return
-    _swap(ops, old, f)
-    ops.stats.requests["lock_reopens"] += 1
-    await ops.uses.retire(old)  # now, or once the reads that took it before the swap are done
+        async with lock:
+            yield
+    finally:
+        users[0] -= 1
+        if not users[0]:
+            del locks[inode]
+
+
+def _state(ops: Any, name: str) -> dict[int, Any]:
+    """``ops``'s table ``name`` (LoomOperations makes both; a stand-in gets them here)."""
+    table: dict[int, Any] | None = getattr(ops, name, None)
+    if table is None:
+        table = {}
+        setattr(ops, name, table)
+    return table
+
+
+def _in_use(ops: Any, f: AsyncFile) -> bool:
+    return any(isinstance(h, Handle) and h.file is f for h in ops.handles.values())
+
+
+async def _reopen_reader(ops: Any, inode: int, old: AsyncFile) -> None:
+    async with _reader_lock(ops, inode):
+        if old.closed or not _in_use(ops, old):  # swapped by the reopen before this one; released
+            return
+        path = ops._inode_path(inode)
+        try:
+            f = await ops.call(ops.client.open(path, "rb"))
+        except FileNotFoundError as exc:  # gone or renamed: the handles keep what they had
+            _state(ops, "_stale_names")[inode] = path
+            logger.info("reopening inode %d: %s", inode, exc)
+            return
+        except OSError as exc:  # (tried again at the next check)
+            logger.info("reopening inode %d: %s", inode, exc)
+            return
+        if f.inode != inode or old.closed or not _in_use(ops, old):  # the name is another file's now
+            await ops.call(f.close())
+            if f.inode != inode:
+                _state(ops, "_stale_names")[inode] = path
+            return
+        _swap(ops, old, f)
+        ops.stats.requests["lock_reopens"] += 1
+        await ops.uses.retire(old)  # now, or once the reads that took it before the swap are done
 
 
 async def _reopen_writer(ops: Any, inode: int, h: Handle) -> None:
@@ -141,11 +197,19 @@ async def _reopen_writer(ops: Any, inode: int, h: Handle) -> None:
         old = h.file
         if old.closed:  # a close(2) closed it meanwhile
             return
+        # its bytes, length, times; the session ends. A write error (this close's, or the one
+        # a GETATTR's catch-up kept) stays with the descriptors for their next fsync or
+        # close(2): before, the reopen took a kept one and only logged it (review session 15)
+        kept = h.error
         try:
-            await ops._synced_locked(h, close=True)  # its bytes, length, times; the session ends
+            await ops._synced_locked(h, close=True)  # raises (and takes) h's kept error, else its own
         except OSError as exc:
-            ops.stats.requests["lock_revalidate_errors"] += 1
-            logger.error("inode %d: a write before the lock was lost closing its file: %s", inode, exc)
+            if exc is not kept:  # the others keep it too (WriterOps._keep_error)
+                ops.stats.requests["lock_revalidate_errors"] += 1
+                logger.error("inode %d: a write before the lock failed closing its file (kept for "
+                             "the descriptors' next fsync or close): %s", inode, exc)
+            if h.error is None:
+                h.error = kept if kept is not None else exc
         f = await ops.call(ops.client.open(ops._inode_path(inode), "r+b"))
         if f.inode != inode:  # the name is another file's now: the next use reopens (ENOENT)
             await ops.call(f.close())

@@ -55,20 +55,26 @@ class WriterOps:
         self._checked_at[f] = time.monotonic()
         return True
 
-    async def _catch_up(self, inode: int) -> None:
-        """Before ``getattr`` answers with this mount's write file's length: see
+    async def _catch_up(self, inode: int, seen: Attr | None = None) -> Attr | None:
+        """Before ``getattr``/``lookup`` answer with this mount's write file's length: see
         ``_catch_up_locked``. A file still sending what it buffers is left as it is (its
         own length is ahead); a write error met here is kept for the descriptors' next
         fsync or close(2), which report it. The file's lock is taken only when a comparison
-        is due: a stat does not wait for the WRITE or fsync in flight otherwise."""
+        is due: a stat does not wait for the WRITE or fsync in flight otherwise. ``seen``:
+        meta's attributes of the file the caller asked by a name just now (a LOOKUP's), the
+        first comparison's. Returns meta's attributes of the file as the catch-up left them
+        (``seen``, or what it asked after its sync), None when not known (the caller asks):
+        a due GETATTR costs one STAT, not two (review session 15)."""
         w = self._writer(inode)
         if w is None or w.file.dirty or not self._is_due(w.file):
-            return
+            return seen
         async with w.lock:
             if not w.file.closed and not w.file.dirty:
-                await self._catch_up_locked(w, keep_errors=True)
+                return await self._catch_up_locked(w, keep_errors=True, seen=seen)
+        return seen
 
-    async def _catch_up_locked(self, h: Handle, *, keep_errors: bool = False) -> None:
+    async def _catch_up_locked(self, h: Handle, *, keep_errors: bool = False,
+                               seen: Attr | None = None) -> Attr | None:
         """Under ``h.lock``: a write file whose length was last compared with meta's more than
         ``attr_timeout`` ago (the window the kernel's attributes may be that old) is compared
         again, as NFS revalidates the size before an O_APPEND write: another mount or client
@@ -79,26 +85,29 @@ class WriterOps:
         truncate epoch, a new write session). Before, a write file's length was the one it
         opened with and its own writes ever after: the ``O_APPEND`` records of two mounts
         wrote over each other, a writer's next line after a copytruncate elsewhere left a hole
-        of zeros up to its old end, and ``fstat`` never showed either."""
+        of zeros up to its old end, and ``fstat`` never showed either. Returns meta's
+        attributes of the file by its name after the catch-up's sync (``seen`` when it
+        asked nothing), None when not known or the file was opened again."""
         f = h.file
         # (nameless here: no other client reaches it by a name)
         if f.closed or not self.inodes.has_name(h.inode) or not self._due(f):
-            return
+            return seen
         # A sync only when something is buffered, or the lengths differ: meta stamps mtime and
         # ctime at every sync that reports a length, so a sync at each stat of an idle write
         # file moved its times forward (and reopened every reader of it) (session 15 review)
         synced = False
         if f.dirty:
             if not await self._catch_up_sync(h, keep_errors):
-                return
+                return None
             synced = True
-        attr = await self._catch_up_attr(h)
+            seen = None  # asked before the sync
+        attr = seen if seen is not None and seen.inode == h.inode else await self._catch_up_attr(h)
         if attr is not None and attr.size != f.length and not synced:
             if not await self._catch_up_sync(h, keep_errors):  # its writes may be what differs
-                return
+                return None
             attr = await self._catch_up_attr(h)
         if attr is None or attr.size == f.length:
-            return
+            return attr
         self.stats.requests["writer_catch_ups"] += 1
         logger.debug("inode %d: meta's length %d, this mount's writer's %d: reopened", h.inode, attr.size, f.length)
         # opened again from meta before the old file closes: a name renamed or unlinked
@@ -108,32 +117,34 @@ class WriterOps:
             new = await self.call(self.client.open(self._inode_path(h.inode), "r+b"))
         except OSError as exc:
             logger.info("inode %d: not reopened (%s): its open file stays", h.inode, exc)
-            return
+            return None
         if new.inode != h.inode:  # the name is another file's now
             await self.call(new.close())
-            return
+            return None
         try:
             await self.call(f.close())  # synced just now: ends the old write session
         except OSError as exc:
             logger.warning("inode %d: closing the write file it caught up from: %s", h.inode, exc)
+            self._keep_error(f, exc)  # every descriptor's next fsync or close(2) reports it
         self._file_opened(new)
         for o in self.handles.values():  # every descriptor sharing it
             if isinstance(o, Handle) and o.file is f:
                 o.file = new
         h.file = new
+        return None
 
     async def _catch_up_sync(self, h: Handle, keep_errors: bool) -> bool:
         """The catch-up's fsync of ``h``'s file: False when it failed and the error is kept for
-        the descriptors' next fsync or close(2) (``keep_errors``; else it is raised)."""
+        the descriptors' next fsync or close(2) (``keep_errors``, a GETATTR's: every descriptor
+        sharing the file keeps it); else it is raised (an O_APPEND write's: that write reports
+        it for its descriptor, and every other descriptor sharing the file keeps it)."""
         f = h.file
         try:
             await self.call(f.fsync())
         except OSError as exc:
+            self._keep_error(f, exc, reported_by=None if keep_errors else h)
             if not keep_errors:
                 raise
-            for o in self.handles.values():  # for the next fsync or close(2) to report
-                if isinstance(o, Handle) and o.file is f and o.error is None:
-                    o.error = exc
             return False
         return True
 
@@ -198,14 +209,26 @@ class WriterOps:
                 if not w.file.closed:  # closed while this waited (a lock's reopen): synced
                     await self.call(w.file.fsync())
 
-    async def _synced(self, h: Handle, *, close: bool = False) -> None:
+    async def _synced(self, h: Handle, *, close: bool = False, report: bool = True) -> None:
         async with h.lock:
-            await self._synced_locked(h, close=close)
+            await self._synced_locked(h, close=close, report=report)
 
-    async def _synced_locked(self, h: Handle, *, close: bool = False) -> None:
-        kept = self._kept_error(h)  # met by a getattr's catch-up: reported here, once
+    async def _synced_locked(self, h: Handle, *, close: bool = False, report: bool = True) -> None:
+        """``h``'s file synced (or closed: ``close``), its times set again after. ``report``:
+        the fsync or close(2) of ``h``'s descriptor, which raises the write error ``h`` kept
+        (met by a catch-up or another descriptor's sync) or this sync's; without it (a lock's
+        reopen, a read-only descriptor's fsync) ``h``'s kept error stays for its descriptor.
+        A failed sync's error is kept by every other descriptor sharing the file (and by
+        ``h`` without ``report``) for its next fsync or close(2): as Linux reports a
+        writeback error to every file open at the time, once each (errseq)."""
+        kept = self._kept_error(h) if report else None
         if not h.file.closed:  # (closed by another descriptor's close(2), or a lock's reopen: synced)
-            await self.call(h.file.close() if close else h.file.fsync())
+            f = h.file
+            try:
+                await self.call(f.close() if close else f.fsync())
+            except OSError as exc:
+                self._keep_error(f, exc, reported_by=h if report else None)
+                raise
             if h.times_ns is not None:  # by inode: also after its last name went
                 path = self._path_of(h) or h.file.path
                 req = SetattrReq(path=path, inode=h.inode, follow_symlinks=False,
@@ -220,13 +243,17 @@ class WriterOps:
             return self.inodes.path(h.inode)
         return None if self.inodes.lookups(h.inode) else h.file.path
 
-    def _kept_error(self, h: Handle) -> BaseException | None:
-        """A write error a getattr's catch-up met (``_catch_up``), taken from every
-        descriptor sharing it (reported once)."""
-        exc = h.error
-        if exc is not None:
-            for o in self.handles.values():
-                if isinstance(o, Handle) and o.error is exc:
-                    o.error = None
-            h.error = None
+    def _keep_error(self, f: AsyncFile, exc: BaseException, *, reported_by: Handle | None = None) -> None:
+        """A write error of the client file ``f``: every descriptor sharing it but
+        ``reported_by`` (whose request raises it now) reports it at its next fsync or
+        close(2), once (a descriptor keeps the first error it has not reported)."""
+        for o in self.handles.values():
+            if isinstance(o, Handle) and o.file is f and o is not reported_by and o.error is None:
+                o.error = exc
+
+    @staticmethod
+    def _kept_error(h: Handle) -> BaseException | None:
+        """The write error ``h``'s descriptor kept (``_keep_error``), taken: reported once
+        by each descriptor."""
+        exc, h.error = h.error, None
         return exc
