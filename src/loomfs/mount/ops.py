@@ -24,24 +24,25 @@ from typing import Any, TypeVar
 
 import pyfuse3
 
-from loomfs.client import xattrs
 from loomfs.client.core import AsyncClient
 from loomfs.client.file import AsyncFile
 from loomfs.meta.ops.special import rdev_of
-from loomfs.meta.ops.xattrs import check_name
 from loomfs.metrics.capacity import cluster_capacity
-from loomfs.mount.dirs import DirStream, Pages
+from loomfs.mount.dirops import DirOps
+from loomfs.mount.dirs import DirStream
 from loomfs.mount.edge import Handle, fuse_errors, join
 from loomfs.mount.files import FileOps
 from loomfs.mount.holds import HoldOps, Holds
 from loomfs.mount.inodes import ROOT_INODE, InodeTable
+from loomfs.mount.nameops import NameOps
 from loomfs.mount.names import RELIST_MAX_NAMES, AbsentNames
 from loomfs.mount.options import MountOptions
 from loomfs.mount.prefetch import Budget
 from loomfs.mount.revalidate import refresh_readers, refreshable
-from loomfs.mount.stats import STATS_XATTR, MountStats
+from loomfs.mount.stats import MountStats
 from loomfs.mount.uses import FileUses
-from loomfs.mount.xattrs import LAYOUT_XATTR, XattrProbes, decode_layout, encode_layout
+from loomfs.mount.xattrops import XattrOps
+from loomfs.mount.xattrs import XattrProbes
 from loomfs.wire.meta import SetattrReq
 from loomfs.wire.types import Attr, FileType
 
@@ -53,23 +54,9 @@ STATFS_FREE_BYTES = 1 << 50  # meta does not know the storage capacity yet
 _TYPE_BITS = {FileType.FILE: stat.S_IFREG, FileType.DIRECTORY: stat.S_IFDIR, FileType.SYMLINK: stat.S_IFLNK,
               FileType.FIFO: stat.S_IFIFO, FileType.SOCKET: stat.S_IFSOCK, FileType.CHAR_DEVICE: stat.S_IFCHR,
               FileType.BLOCK_DEVICE: stat.S_IFBLK}
-_XATTR_HOLDERS = (FileType.FILE, FileType.DIRECTORY)  # what user.* attributes live on (Linux)
-_SPECIAL_OF_BITS = {stat.S_IFIFO: FileType.FIFO, stat.S_IFSOCK: FileType.SOCKET, stat.S_IFCHR: FileType.CHAR_DEVICE,
-                    stat.S_IFBLK: FileType.BLOCK_DEVICE}
 
 
-DOT_ENTRIES = 2  # "." and "..", listed first
-
-
-def _dot_entry(inode: int) -> pyfuse3.EntryAttributes:
-    """A READDIR entry for "." or "..": the kernel takes its inode number and type only."""
-    e = pyfuse3.EntryAttributes()
-    e.st_ino = inode
-    e.st_mode = stat.S_IFDIR | 0o755
-    return e
-
-
-class LoomOperations(HoldOps, FileOps):
+class LoomOperations(NameOps, XattrOps, DirOps, HoldOps, FileOps):
     supports_dot_lookup = False
 
     def __init__(self, client: AsyncClient, client_loop: asyncio.AbstractEventLoop, options: MountOptions):
@@ -400,287 +387,6 @@ class LoomOperations(HoldOps, FileOps):
             if last is not None:
                 return self.entry(last)
             return self.entry(await self._attr_of(inode))
-
-    # --- names --------------------------------------------------------------------------
-
-    @fuse_errors
-    async def mkdir(self, parent_inode: int, name: bytes, mode: int, ctx: Any) -> pyfuse3.EntryAttributes:
-        with self._dir_change(parent_inode):
-            path = join(self.inodes.path(parent_inode), name)
-            if self._setgid(parent_inode):
-                mode |= stat.S_ISGID  # a set-group-ID directory's subdirectories are too
-            self.absent.adding(parent_inode, os.fsdecode(name))
-            asked = time.monotonic()
-            attr = await self.call(self.client.mkdir(path, mode & 0o7777))
-            self.absent.listed(attr.inode, (), asked, set())  # new: empty (nothing here knew its inode)
-            attr = await self._owned(path, attr, ctx, parent_inode)
-            return self._known(attr, path)
-
-    def _setgid(self, dir_inode: int) -> bool:
-        mode_gid = self._dirs.get(dir_inode)
-        return mode_gid is not None and bool(mode_gid[0] & stat.S_ISGID)
-
-    def _owner(self, ctx: Any, parent_inode: int) -> tuple[int, int]:
-        """(uid, gid) as meta stores them for what ``ctx``'s caller creates in the directory:
-        the caller's, but the directory's group when it is set-group-ID (Linux)."""
-        uid, gid = (ctx.uid, ctx.gid) if ctx is not None else (os.getuid(), os.getgid())
-        uid, gid = self.options.uid_map.cluster(uid), self.options.gid_map.cluster(gid)
-        if self._setgid(parent_inode):
-            gid = self._dirs[parent_inode][1]
-        return uid, gid
-
-    async def _owned(self, path: str, attr: Attr, ctx: Any, parent_inode: int) -> Attr:
-        """New objects belong to the caller (meta creates them as this process's user)."""
-        if ctx is None:
-            return attr
-        uid, gid = self._owner(ctx, parent_inode)
-        if (attr.uid, attr.gid) != (uid, gid):
-            req = SetattrReq(path=path, follow_symlinks=False, uid=uid, gid=gid)
-            rsp = await self.call(self.client._setattr(req))
-            return rsp.attr if rsp.attr is not None else await self._attr(path)
-        return attr
-
-    @fuse_errors
-    async def rmdir(self, parent_inode: int, name: bytes, ctx: Any) -> None:
-        with self._dir_change(parent_inode):
-            path = join(self.inodes.path(parent_inode), name)
-            await self.call(self.client.rmdir(path))
-            self.absent.removed(parent_inode, os.fsdecode(name))
-            self.inodes.unlinked(path)
-
-    @fuse_errors
-    async def unlink(self, parent_inode: int, name: bytes, ctx: Any) -> None:
-        with self._dir_change(parent_inode):
-            path = join(self.inodes.path(parent_inode), name)
-            # a file open here (or anywhere) stays usable without a name: meta keeps it while
-            # held (loomfs.meta.orphans; read-only opens here hold it, loomfs.mount.holds)
-            await self.call(self.client.unlink(path))
-            self.absent.removed(parent_inode, os.fsdecode(name))
-            self.inodes.unlinked(path)
-
-    @fuse_errors
-    async def rename(self, parent_inode_old: int, name_old: bytes, parent_inode_new: int,
-                     name_new: bytes, flags: int, ctx: Any) -> None:
-        with self._dir_change(parent_inode_old, parent_inode_new):
-            src = join(self.inodes.path(parent_inode_old), name_old)
-            dst = join(self.inodes.path(parent_inode_new), name_new)
-            self._dir_changed(self.inodes.inode_of(src), self.inodes.inode_of(dst))  # moved ones: new ctime
-            exchange = bool(flags & pyfuse3.RENAME_EXCHANGE)
-            no_replace = bool(flags & pyfuse3.RENAME_NOREPLACE)
-            self.absent.adding(parent_inode_new, os.fsdecode(name_new))
-            self.absent.adding(parent_inode_old, os.fsdecode(name_old))  # an exchange keeps both
-            if exchange:
-                await self.call(self.client.exchange(src, dst))
-            else:  # an open file replaced lives on at meta while held (loomfs.meta.orphans)
-                await self.call(self.client.rename(src, dst, no_replace=no_replace))
-                if src != dst:
-                    self.absent.removed(parent_inode_old, os.fsdecode(name_old))
-            self.inodes.renamed(src, dst, exchange=exchange)
-            moves = [(src, dst), (dst, src)] if exchange else [(src, dst)]
-            for h in self.handles.values():  # open files (and listings) under the old names go by the new ones
-                for a, b in moves:
-                    if isinstance(h, Handle) and (h.file.path == a or h.file.path.startswith(a + "/")):
-                        h.file.path = b + h.file.path[len(a):]
-                        break
-                    if isinstance(h, DirStream) and (h.path == a or h.path.startswith(a + "/")):
-                        h.path = b + h.path[len(a):]
-                        break
-
-    @fuse_errors
-    async def symlink(self, parent_inode: int, name: bytes, target: bytes, ctx: Any) -> pyfuse3.EntryAttributes:
-        with self._dir_change(parent_inode):
-            path = join(self.inodes.path(parent_inode), name)
-            self.absent.adding(parent_inode, os.fsdecode(name))
-            await self.call(self.client.symlink(os.fsdecode(target), path))
-            return self._known(await self._owned(path, await self._attr(path), ctx, parent_inode), path)
-
-    @fuse_errors
-    async def mknod(self, parent_inode: int, name: bytes, mode: int, rdev: int, ctx: Any) -> pyfuse3.EntryAttributes:
-        with self._dir_change(parent_inode):
-            path = join(self.inodes.path(parent_inode), name)
-            self.absent.adding(parent_inode, os.fsdecode(name))
-            kind = _SPECIAL_OF_BITS.get(stat.S_IFMT(mode))
-            if kind is None:
-                if stat.S_IFMT(mode) not in (0, stat.S_IFREG):
-                    raise pyfuse3.FUSEError(errno.EINVAL)
-                f = await self.call(self.client.open(path, "xb", perm=mode & 0o7777))  # mknod of a regular file
-                await self.call(f.close())
-                attr = await self._owned(path, await self._attr(path), ctx, parent_inode)
-            else:
-                uid, gid = self._owner(ctx, parent_inode)
-                made = await self.call(self.client.mknod(path, kind, mode & 0o7777, rdev, uid=uid, gid=gid))
-                attr = made if made is not None else await self._attr(path)
-            return self._known(attr, path)
-
-    @fuse_errors
-    async def readlink(self, inode: int, ctx: Any) -> bytes:
-        return os.fsencode(await self.call(self.client.readlink(self.inodes.path(inode))))
-
-    @fuse_errors
-    async def link(self, inode: int, new_parent_inode: int, new_name: bytes, ctx: Any) -> pyfuse3.EntryAttributes:
-        with self._dir_change(new_parent_inode):
-            src = self.inodes.path(inode)
-            dst = join(self.inodes.path(new_parent_inode), new_name)
-            self.absent.adding(new_parent_inode, os.fsdecode(new_name))
-            await self.call(self.client.link(src, dst))
-            return self._known(await self._attr(dst), dst)
-
-    # --- extended attributes ----------------------------------------------------------------
-
-    @fuse_errors
-    async def getxattr(self, inode: int, name: bytes, ctx: Any) -> bytes:
-        if name == STATS_XATTR and inode == ROOT_INODE:
-            return self.stats.as_json()
-        # meta's answer for a name it never stores, without asking it: the kernel asks for
-        # security.capability before the first write of every open file
-        check_name(name)
-        if name != LAYOUT_XATTR:  # stored (user.*): by inode (also a file open here whose name went)
-            try:
-                value = await self.call(xattrs.getxattr_inode(self.client, inode, name, path=self._label(inode)))
-            except OSError as exc:
-                if exc.errno == errno.ENODATA:
-                    self.xattr_probes.seen(ctx, inode, name, present=False)
-                raise
-            self.xattr_probes.seen(ctx, inode, name, present=True)
-            return value
-        attr = await self._attr_of(inode)
-        if attr.type not in _XATTR_HOLDERS:  # symlinks, FIFOs, sockets, devices: no user attributes
-            raise pyfuse3.FUSEError(errno.ENODATA)
-        return encode_layout(attr.layout)
-
-    @fuse_errors
-    async def listxattr(self, inode: int, ctx: Any) -> list[bytes]:
-        attr = await self._attr_of(inode)
-        if attr.type not in _XATTR_HOLDERS:
-            return []
-        # the virtual layout attribute is not listed (as CephFS hides its ceph.* ones): listed,
-        # tools that copy attributes would copy it out of the mount as a stored attribute, and
-        # `rsync -X` into the mount would try to remove it from every file (EPERM, exit 23)
-        stored = await self.call(xattrs.listxattr_inode(self.client, inode, path=self._label(inode)))
-        return [n for n in stored if n != LAYOUT_XATTR]
-
-    @fuse_errors
-    async def setxattr(self, inode: int, name: bytes, value: bytes, ctx: Any) -> None:
-        with self._dir_change(inode):
-            # pyfuse3 does not pass XATTR_CREATE / XATTR_REPLACE: it checks them with a getxattr
-            # first, in this request; what that check found says which flag it was, and meta
-            # applies that flag in its own transaction (two clients creating one name at once:
-            # one gets EEXIST). The kernel checked the caller's permission (default_permissions)
-            # and meta checks the mount's.
-            if self.options.read_only:
-                raise pyfuse3.FUSEError(errno.EROFS)
-            check_name(name)  # ENOTSUP for trusted.*, security.*, system.* (cp -a, tar --xattrs)
-            if name != LAYOUT_XATTR:
-                flags = self.xattr_probes.flags_for(ctx, inode, name)
-                await self.call(xattrs.setxattr_inode(self.client, inode, name, value, flags, path=self._label(inode)))
-                return
-            path = self._inode_path(inode)
-            attr = await self._attr(path)
-            if attr.type != FileType.DIRECTORY:
-                raise pyfuse3.FUSEError(errno.EPERM)  # a file's layout is fixed when it is created
-            if ctx is not None and ctx.uid != 0 and self.options.uid_map.cluster(ctx.uid) != attr.uid:
-                raise pyfuse3.FUSEError(errno.EPERM)  # like chmod: the owner's (or root's) to change
-            await self.call(self.client.set_layout(path, decode_layout(value, attr.layout)))
-
-    @fuse_errors
-    async def removexattr(self, inode: int, name: bytes, ctx: Any) -> None:
-        with self._dir_change(inode):
-            if name == LAYOUT_XATTR:
-                raise pyfuse3.FUSEError(errno.EPERM)
-            if self.options.read_only:
-                raise pyfuse3.FUSEError(errno.EROFS)
-            check_name(name)
-            await self.call(xattrs.removexattr_inode(self.client, inode, name, path=self._label(inode)))
-
-    # --- directories ----------------------------------------------------------------------
-
-    @fuse_errors
-    async def opendir(self, inode: int, ctx: Any) -> int:
-        path = self.inodes.path(inode)
-
-        def pages_after(after: str) -> Pages:  # by the stream's path then (renamed since: its new one)
-            return self.client.readdir_pages(stream.path, with_attrs=True, page_size=self.options.readdir_page,
-                                             after=after)
-        async def confirm() -> None:
-            """A directory with no name here (a LOOKUP miss dropped it: renamed or removed
-            elsewhere) is listed on only while its opendir path still leads to it at meta (one
-            STAT per page); else ENOENT, as Linux answers getdents of a directory removed while
-            open: its path may name another directory by now, whose entries must not be given
-            as this one's (review session 15)."""
-            if inode == ROOT_INODE or self.inodes.has_name(inode):
-                return
-            attr = await self._attr(stream.path)
-            if attr.inode != inode:
-                raise OSError(errno.ENOENT, "the directory's name leads to another one now", stream.path)
-        stream = DirStream(path, pages_after, self.call, inode=inode, confirm=confirm)
-        return self._new_handle(stream)
-
-    @fuse_errors
-    async def readdir(self, fh: int, start_id: int, token: Any) -> None:
-        """Entries from offset ``start_id``: "." at offset 1, ".." at 2 (POSIX lists them where
-        they exist, and ``ls -a`` shows them; the kernel links neither from a READDIRPLUS, so
-        they count no lookup), then the directory's entry i at offset i + 3, a page at a time."""
-        h = self.handles[fh]
-        assert isinstance(h, DirStream)
-        if start_id == 0:  # a listing from the start: if read to the end in order, its names are all
-            if h.listing is not None:
-                self.absent.abandon(h.inode, h.listing[1])
-            h.listing = (time.monotonic(), self.absent.begin_listing(h.inode))
-        for name, inode, off in ((b".", h.inode, 1), (b"..", self._parent_inode(h), 2)):
-            if start_id < off and not pyfuse3.readdir_reply(token, name, _dot_entry(inode), off):
-                return
-        i = max(0, start_id - DOT_ENTRIES)
-        if self.inodes.has_name(h.inode):  # renamed since the opendir: listed by its name now
-            h.path = self.inodes.path(h.inode)
-        base, page = await h.page_at(i, rewind=start_id == 0)
-        h.replied_from = i  # the kernel's next READDIR of this stream resumes at or after it
-        first = i
-        while page:
-            for e in page[i - base:]:
-                path = join(h.path, os.fsencode(e.name))
-                attr = e.attr if e.attr is not None else await self._attr(path)
-                if not pyfuse3.readdir_reply(token, os.fsencode(e.name), self.entry(attr), i + 1 + DOT_ENTRIES):
-                    return
-                # the directory's name now (a rename of it or of a parent while this READDIR
-                # ran): the stream's own may be another directory's by now (session 15 review)
-                named = self.inodes.has_name(h.inode)
-                if named:
-                    path = join(self.inodes.path(h.inode), os.fsencode(e.name))
-                    # first among its names (a directory renamed elsewhere moves its subtree here)
-                    self.inodes.found(attr.inode, path, directory=attr.type == FileType.DIRECTORY)
-                else:  # no name here: counted, not put first (a path that may lead elsewhere)
-                    self.inodes.remember(attr.inode, path)
-                i += 1
-            try:
-                base, page = await h.page_at(i)
-            except OSError:
-                if i == first:
-                    raise
-                # the entries given so far go (an error reply would drop them, and the lookups
-                # counted for them would never be forgotten); the next READDIR meets it again
-                return
-        if h.names is not None and h.complete and h.listing is not None:  # read to the end, in order
-            self.absent.listed(h.inode, h.names, *h.listing)
-            h.names = h.listing = None
-
-    def _parent_inode(self, h: DirStream) -> int:
-        """The inode of the listed directory's parent as known here (the root's is itself);
-        the directory's own when the parent is not known (only ``ls -ai`` shows it)."""
-        if h.inode == ROOT_INODE:
-            return ROOT_INODE
-        path = self.inodes.path(h.inode) if self.inodes.has_name(h.inode) else h.path  # renamed since opendir
-        parent = self.inodes.inode_of(path.rsplit("/", 1)[0] or "/")
-        return parent if parent is not None else h.inode
-
-    async def releasedir(self, fh: int) -> None:
-        h = self.handles.pop(fh, None)
-        if isinstance(h, DirStream):
-            if h.listing is not None:
-                self.absent.abandon(h.inode, h.listing[1])
-            await h.close()
-
-    async def fsyncdir(self, fh: int, datasync: bool) -> None:
-        return None  # meta commits every change before it answers
 
     @fuse_errors
     async def statfs(self, ctx: Any) -> pyfuse3.StatvfsData:
