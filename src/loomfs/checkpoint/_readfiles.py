@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Coroutine
+import functools
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from loomfs.checkpoint._holds import ReadHolds
@@ -98,53 +99,96 @@ def _whole_chunks_ok(client: Any, f: Any) -> bool:
             and isinstance(getattr(f, "length", None), int) and bool(getattr(f, "inode", 0)))
 
 
+async def run_jobs(jobs: list[Callable[[], Awaitable[None]]], inflight: int) -> None:
+    """Run ``jobs`` in order, ``inflight`` at a time (as many workers, so a load of millions
+    of reads keeps ``inflight`` coroutines, not one task per read). The first failure ends the
+    run: no job starts after it, those in flight are cancelled (a read cancelled mid-reply
+    writes no more into its buffer once its cancellation returns), and it is raised. A load
+    without resharding is one batch: without this, its first failed read (a dead chain's, each
+    waiting out the call timeout) surfaced only after every other read of the checkpoint."""
+    todo = iter(jobs)
+    stop = False
+
+    async def worker() -> None:
+        nonlocal stop
+        for job in todo:
+            if stop:
+                return
+            try:
+                await job()
+            except BaseException:
+                stop = True
+                raise
+
+    tasks = [asyncio.ensure_future(worker()) for _ in range(max(1, min(inflight, len(jobs))))]
+    try:
+        done, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+    except BaseException:  # cancelled: the workers too, and wait for them
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
+    for t in pending:
+        t.cancel()
+    await asyncio.gather(*pending, return_exceptions=True)
+    for t in tasks:  # the failure that ended the run (done first), not our cancellations
+        if t in done:
+            if t.cancelled():
+                raise asyncio.CancelledError()  # a job cancelled from within: not read
+            exc = t.exception()
+            if exc is not None:
+                raise exc
+
+
 async def read_files(client: Any, reads: dict[str, list[tuple[int, memoryview]]], inflight: int,
                      piece_bytes: int | None = None, holds: ReadHolds | None = None) -> None:
     """Read every (offset, buffer) of every file: whole chunks where the buffers cover them,
-    else pieces (``plan_file``), ``inflight`` reads at a time; a short read raises EOFError.
-    Every file is read under a read hold (``_holds``): a checkpoint deleted or archived while
-    it loads still reads its own bytes, and a hold that lapsed raises instead of zeros.
-    ``holds``: the load's holds, its files opened already (kept open after); without, the
-    files are opened, held and closed here."""
+    else pieces (``plan_file``), ``inflight`` reads at a time (``run_jobs``: the first failure
+    ends them all); a short read raises EOFError, and so does a whole chunk storage holds fewer
+    bytes of than the file's length says (a checkpoint's data files have no holes: a lost or
+    cut chunk, which would otherwise load as zeros). Every file is read under a read hold
+    (``_holds``): a checkpoint deleted or archived while it loads still reads its own bytes,
+    and a hold that lapsed raises instead of zeros (checked before each read, and after the
+    last). ``holds``: the load's holds, its files opened already (kept open after); without,
+    the files are opened, held and closed here."""
     from loomfs.net.scatter import Scatter
-
-    sem = asyncio.Semaphore(max(1, inflight))
-
-    async def piece(f: Any, path: str, offset: int, view: memoryview) -> None:
-        async with sem:
-            got = 0
-            while got < len(view):
-                n = await f.pread(offset + got, view[got:])
-                if not n:
-                    raise EOFError(f"{path}: short read ({got} of {len(view)} bytes at {offset})")
-                got += n
-
-    async def whole(f: Any, w: WholeChunk) -> None:
-        into: Any = w.parts[0] if len(w.parts) == 1 else Scatter(w.parts)
-        async with sem:
-            # a chunk shorter than the file says reads as zeros past its end, as pread does
-            await client.storage.read_chunk(f.layout, f.inode, w.index, 0, w.length, into)
 
     own = holds is None
     held = ReadHolds(client) if holds is None else holds
+
+    async def piece(f: Any, path: str, offset: int, view: memoryview) -> None:
+        held.check()
+        got = 0
+        while got < len(view):
+            n = await f.pread(offset + got, view[got:])
+            if not n:
+                raise EOFError(f"{path}: short read ({got} of {len(view)} bytes at {offset})")
+            got += n
+
+    async def whole(f: Any, path: str, w: WholeChunk) -> None:
+        held.check()
+        into: Any = w.parts[0] if len(w.parts) == 1 else Scatter(w.parts)
+        n = await client.storage.read_chunk(f.layout, f.inode, w.index, 0, w.length, into)
+        if n < w.length:  # the rest was zero-filled
+            held.check()  # a lapsed hold (its chunks collected) says so first
+            raise EOFError(f"{path}: chunk {w.index} holds {n} of its {w.length} bytes (the file is {f.length} "
+                           "bytes long): a lost or truncated chunk")
+
     try:
         files = await held.open_all(reads)
-        jobs: list[Coroutine[Any, Any, None]] = []
+        jobs: list[Callable[[], Awaitable[None]]] = []
         for path, rs in reads.items():
             f = files[path]
             layout = getattr(f, "layout", None)
             chunk = int(getattr(layout, "chunk_size", 0) or 0)
             wholes, pieces = plan_file(rs, chunk, f.length if _whole_chunks_ok(client, f) else None, piece_bytes)
-            jobs.extend(whole(f, w) for w in sorted(wholes, key=lambda w: w.index, reverse=True))
+            jobs.extend(functools.partial(whole, f, path, w) for w in sorted(wholes, key=lambda w: w.index, reverse=True))
             # last piece first: a pread that continues the previous one counts as a sequential
             # stream, and the file then stages sub-chunk reads through its read-ahead cache (a
             # copy, and refetches when many are in flight); every byte here is asked for already
             pieces.sort(key=lambda p: p[0], reverse=True)
-            jobs.extend(piece(f, path, off, v) for off, v in pieces)
-        outcomes = await asyncio.gather(*jobs, return_exceptions=True)
-        for out in outcomes:
-            if isinstance(out, BaseException):
-                raise out
+            jobs.extend(functools.partial(piece, f, path, off, v) for off, v in pieces)
+        await run_jobs(jobs, inflight)
         await held.confirm()  # every hold lasted until the reads ended: what was read is the file's
     finally:
         if own:
