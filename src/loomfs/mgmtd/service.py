@@ -141,7 +141,7 @@ class MgmtdService:
             node_id = self.state.register(
                 node_id=req.node_id, kind=req.kind, host=req.host, port=req.port,
                 targets=req.targets, now_s=self.clock.monotonic(), metrics_port=req.metrics_port,
-                domain=req.domain,
+                domain=req.domain, formats=req.target_formats,
             )
             await self._commit()
             return self._registered(node_id)
@@ -159,7 +159,8 @@ class MgmtdService:
         async with self._lock:
             self._guard()
             revoked = self.state.heartbeat(req.node_id, req.targets, self.clock.monotonic(),
-                                           revoked_acked=req.revoked_targets, routing_version=req.routing_version)
+                                           revoked_acked=req.revoked_targets, routing_version=req.routing_version,
+                                           formats=req.target_formats)
             await self._commit()
             return w.HeartbeatRsp(routing_version=self.state.version, lease_s=self.state.lease_s,
                                   revoked_targets=revoked, verify_targets=self.state.verify_targets(req.node_id))

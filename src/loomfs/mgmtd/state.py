@@ -32,8 +32,10 @@ import logging
 from dataclasses import dataclass, field
 
 from loomfs.errors import InvalidArgument, StatusError
+from loomfs.mgmtd.diskident import note_formats, reported_format, warn_blank_chains
 from loomfs.mgmtd.placement import plan_chains
 from loomfs.mgmtd.transitions import ChainPlan, Member, Suspicion, pick_suspicion, plan_chain
+from loomfs.wire.mgmtd import TargetFormat
 from loomfs.wire.status import Status
 from loomfs.wire.types import (
     ChainInfo,
@@ -106,6 +108,12 @@ class TargetRecord:
     # its node reported it OFFLINE: a failed fsync took it out of service (storage.engine.diskfail);
     # not usable until the node reports it serving again (a new process that verified it)
     failed: bool = False
+    # the last format id its node reported (the identity of its disk, storage.diskident; "" = none
+    # seen yet) and whether it came back with another one while in a chain: then it holds none of
+    # the chain's data and never serves from its own contents until a resync into the chain
+    # finished (mgmtd.diskident); cleared when it serves again or leaves the chain
+    format_id: str = ""
+    blank: bool = False
 
 
 @dataclass(slots=True)
@@ -170,7 +178,7 @@ class ClusterState:
     # ---- events ----------------------------------------------------------------------------
     def register(
         self, *, node_id: int, kind: int, host: str, port: int, targets: list[TargetInfo], now_s: float,
-        metrics_port: int = 0, domain: str = "",
+        metrics_port: int = 0, domain: str = "", formats: list[TargetFormat] | None = None,
     ) -> int:
         if kind not in (NodeKind.META, NodeKind.STORAGE, NodeKind.MGMTD):
             raise InvalidArgument(f"unknown node kind {kind}")
@@ -216,6 +224,7 @@ class ClusterState:
                     t.used_bytes, t.capacity_bytes, t.chunk_count, t.disk_id,
                 )
                 self.targets[t.target_id].failed = t.state == TargetState.OFFLINE
+                self.targets[t.target_id].format_id = reported_format(formats, t.target_id)
                 changed = True
             else:
                 if tr.node_id != node_id:
@@ -237,13 +246,17 @@ class ClusterState:
                 # its pending versions (its next update number may name other bytes elsewhere)
                 changed |= tr.restarted
                 tr.revoke_deadline_s, tr.revoke_acked, tr.revoke_version = 0.0, False, 0  # a new process
+        recorded, blanked = note_formats(self, node_id, formats or ())
+        changed |= recorded
         changed |= self.reconcile(now_s, bump=False)
+        warn_blank_chains(self, blanked)
         if changed:
             self._bump()
         return node_id
 
     def heartbeat(self, node_id: int, targets: list[TargetInfo], now_s: float, *,
-                  revoked_acked: list[int] | None = None, routing_version: int = 0) -> list[int]:
+                  revoked_acked: list[int] | None = None, routing_version: int = 0,
+                  formats: list[TargetFormat] | None = None) -> list[int]:
         """A storage node is alive. ``revoked_acked``: targets it has stopped serving, as an
         earlier reply asked; ``routing_version``: the routing it serves by. Returns the targets
         it must stop serving now (the reply carries them with the new lease)."""
@@ -276,6 +289,11 @@ class ClusterState:
                                "disk failure reported: out of service" if tr.failed else "reported serving again")
         if failed_changed and self.reconcile(now_s, bump=False):
             self._bump()
+        recorded, blanked = note_formats(self, node_id, formats or ())
+        if recorded:  # saved with the bump (a recorded id must survive a restart of mgmtd)
+            self.reconcile(now_s, bump=False)
+            self._bump()
+            warn_blank_chains(self, blanked)
         for t in targets:
             tr = self.targets.get(t.target_id)
             if tr is not None and tr.node_id == node_id:
@@ -529,6 +547,7 @@ class ClusterState:
             fenced=self._alive(t.node_id) and t.fenced_until_s > self._now_s,
             failed=t.failed,
             domain=node.domain if node is not None else "",
+            blank=t.blank,
         )
 
     def reconcile(self, now_s: float, *, bump: bool = True) -> bool:
@@ -566,6 +585,7 @@ class ClusterState:
             for tid in plan.removed:
                 tr = self.targets[tid]
                 tr.chain_id = 0
+                tr.blank = False  # a spare holds no chain's data; joining one always resyncs
                 # a version of this chain: it must not count as a resync done in the next chain
                 # the target joins, whose versions are numbered on their own (sim seed 303012)
                 tr.sync_done_version = 0
@@ -582,6 +602,10 @@ class ClusterState:
                     states_changed = True
                     tr.state = m.state
                     tr.offline_since_s = now_s if m.state == TargetState.OFFLINE else 0.0
+                    if m.state == TargetState.SERVING and tr.blank:  # (only by a finished resync)
+                        tr.blank = False
+                        logger.info("target %d: resynced into chain %d after its disk was replaced",
+                                    tr.target_id, chain.chain_id)
                 if tr.state != TargetState.SYNCING:
                     tr.sync_chunks_left = tr.sync_bytes_left = 0
             if states_changed or plan.targets() != chain.targets:

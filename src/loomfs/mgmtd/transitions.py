@@ -17,6 +17,11 @@ The rules (docs/fault-tolerance.md has them as a table):
 * a SYNCING target whose predecessor reported sync done becomes SERVING;
 * a chain with no serving and no lastsrv member (nothing better is known) serves from its
   first alive member, so a chain never stays stuck;
+* a *blank* member (its disk was replaced: a new format id, ``mgmtd.diskident``) holds none
+  of the chain's data: it is never made SERVING or LASTSRV from its own contents (alive, it
+  WAITs and then resyncs; a resync its restart interrupted starts over) and is skipped by the
+  rule above: a chain whose only alive members are blank serves nothing until a member that
+  holds its data returns;
 * an OFFLINE target offline for longer than ``replace_after_s`` is swapped for a spare on
   another node, which then syncs like a returning target;
 * a draining target gets a spare added beside it; once the chain has ``replicas`` serving
@@ -54,6 +59,9 @@ class Member:
     fenced: bool = False  # alive, but reported unreachable by its predecessor (alive is False)
     failed: bool = False  # its node reported a disk failure (a failed fsync; alive is False)
     domain: str = ""  # its node's failure domain ("" = the node is a domain of its own)
+    # its disk was replaced (a new format id, mgmtd.diskident): it holds none of the chain's
+    # data, so it never serves from its own contents (serving, lastsrv) until a resync finished
+    blank: bool = False
 
     @property
     def domain_key(self) -> object:
@@ -89,6 +97,13 @@ def _why_gone(m: Member) -> str:
 
 def _step_states(ms: list[Member], reasons: list[str]) -> None:
     """The per-target rules, applied in place in a fixed order."""
+    # 0. replaced disks: an empty target is no copy of the chain's data. It waits (then resyncs
+    # from a serving member); a resync under way when its process restarted starts over
+    for i, m in enumerate(ms):
+        if m.blank and m.alive and (m.state in (S.SERVING, S.LASTSRV) or (m.state == S.SYNCING and m.restarted)):
+            _set(ms, i, S.WAITING, reasons, "disk replaced: empty, resync from the chain")
+        elif m.blank and not m.alive and m.state in (S.SERVING, S.LASTSRV):
+            _set(ms, i, S.OFFLINE, reasons, "disk replaced: empty")
     # 1. failures
     serving_alive = [m for m in ms if m.state == S.SERVING and m.alive]
     dying = [i for i, m in enumerate(ms) if m.state == S.SERVING and not m.alive]
@@ -112,15 +127,16 @@ def _step_states(ms: list[Member], reasons: list[str]) -> None:
         if not m.alive:
             continue
         serving = S.SERVING in _states(ms)
-        if m.state == S.LASTSRV:
+        if m.state == S.LASTSRV:  # (never blank: rule 0)
             _set(ms, i, S.WAITING if serving else S.SERVING, reasons, "lastsrv back")
         elif m.state == S.OFFLINE:
             _set(ms, i, S.WAITING, reasons, "back")
-    # 4. never stuck: no serving and no lastsrv member -> the first alive member serves
+    # 4. never stuck: no serving and no lastsrv member -> the first alive member serves; never
+    # an empty one (a replaced disk): with no other, the chain waits for a member holding its data
     st = _states(ms)
     if S.SERVING not in st and S.LASTSRV not in st:
         for i, m in enumerate(ms):
-            if m.alive:
+            if m.alive and not m.blank:
                 _set(ms, i, S.SERVING, reasons, "no better replica known")
                 break
     # 5. syncing: finished -> serving; no source left -> waiting; one at a time
@@ -133,7 +149,9 @@ def _step_states(ms: list[Member], reasons: list[str]) -> None:
                 _set(ms, i, S.SERVING, reasons, "resync done")
     if serving and S.SYNCING not in _states(ms):
         for i, m in enumerate(ms):
-            if m.state == S.WAITING and m.alive:
+            # (a blank target whose process just restarted waits one round: a resync it was in
+            # must end under a new chain version, not go on as if nothing had happened)
+            if m.state == S.WAITING and m.alive and not (m.blank and m.restarted):
                 _set(ms, i, S.SYNCING, reasons, "resync from predecessor")
                 break
 

@@ -22,7 +22,7 @@ from loomfs.errors import LoomError
 from loomfs.net.rpc import RetryPolicy, RpcClient, RpcServer
 from loomfs.net.tcp import default_transport
 from loomfs.net.transport import Address, Transport
-from loomfs.storage import planted
+from loomfs.storage import diskident, planted
 from loomfs.storage.chain import Position
 from loomfs.storage.engine.file import FileEngine
 from loomfs.storage.grantcheck import GrantCheck, ReadGrantCheck
@@ -61,8 +61,10 @@ def open_targets(config: StorageConfig) -> list[StorageTarget]:
     targets = []
     for i, path in enumerate(target_dirs(config)):
         path.mkdir(parents=True, exist_ok=True)
+        format_id, fresh = diskident.load_or_create(path)  # before the engine fills the directory
         engine = FileEngine(path, fsync_on_commit=config.fsync_on_commit)
-        targets.append(StorageTarget(target_id_for(config.node_id, i), engine, str(path.resolve())))
+        targets.append(StorageTarget(target_id_for(config.node_id, i), engine, str(path.resolve()),
+                                     format_id=format_id, formatted_now=fresh))
     return targets
 
 
@@ -196,6 +198,7 @@ class StorageNode:
             node_id=self.config.node_id, kind=NodeKind.STORAGE, host=self.config.host,
             port=self.server.address.port, targets=self.service.target_infos(self.config.node_id),
             metrics_port=self.metrics.port if self.metrics is not None else 0, domain=self.config.domain,
+            target_formats=diskident.target_formats(self.targets),
         )
         attempt = 0
         mgmtd = self.routing.mgmtd_set
@@ -289,7 +292,8 @@ class StorageNode:
     async def _heartbeat_once(self) -> None:
         req = HeartbeatReq(node_id=self.config.node_id, targets=self.service.target_infos(self.config.node_id),
                            revoked_targets=sorted(self.service.revoked),
-                           routing_version=self.routing.current.version if self.routing.has_routing else 0)
+                           routing_version=self.routing.current.version if self.routing.has_routing else 0,
+                           target_formats=diskident.target_formats(self.targets))
         mgmtd = self.routing.mgmtd_set
         sent_s = self.clock.monotonic()
         try:

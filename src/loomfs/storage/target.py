@@ -32,12 +32,17 @@ def _disk_id(path: str) -> str:
 
 
 class StorageTarget:
-    def __init__(self, target_id: int, engine: ChunkEngine, path: str = ""):
+    def __init__(self, target_id: int, engine: ChunkEngine, path: str = "", *, format_id: str = "",
+                 formatted_now: bool = False):
         self.target_id = target_id
         self.engine = engine
         self.path = path
         self.locks = ChunkLocks()
         self.disk_id = _disk_id(path)
+        # the identity of the storage under ``path`` (storage.diskident; "" = none, e.g. in memory)
+        # and whether this process created it in an empty directory (a new disk)
+        self.format_id = format_id
+        self.formatted_now = formatted_now
 
     @property
     def failed(self) -> str:

@@ -7,6 +7,20 @@ from loomfs.wire.types import SERVICE_MGMTD, ChainTable, NodeInfo, RoutingInfo, 
 
 
 @message
+class TargetFormat(Message):
+    """The identity of a target's storage: a random id its node created when it first formatted
+    the target's directory (``storage.diskident``). mgmtd remembers the last one per target; a
+    different one means the disk was replaced, wiped or reformatted: the target holds none of
+    its chain's data and must be resynced before it serves (``mgmtd.diskident``)."""
+
+    target_id: int = 0
+    format_id: str = ""  # 32 hex digits ("" = not known: the node cannot tell)
+    # this process created the id in an empty directory (a new disk): with no id recorded yet
+    # (a store from before format ids) mgmtd still knows the target came back empty
+    formatted_now: bool = False
+
+
+@message
 class RegisterNodeReq(Message):
     node_id: int = 0  # 0 = assign one
     kind: int = 0
@@ -17,6 +31,7 @@ class RegisterNodeReq(Message):
     # storage: its failure domain (rack, room...); mgmtd keeps a chain's replicas in distinct
     # domains when there are enough ("" = the node is a domain of its own)
     domain: str = ""
+    target_formats: list[TargetFormat] = many()  # storage: each target's format id (absent: older node)
 
 
 @message
@@ -37,6 +52,7 @@ class HeartbeatReq(Message):
     targets: list[TargetInfo] = many()  # current usage and local state
     revoked_targets: list[int] = many()  # targets this node has stopped serving (HeartbeatRsp asked)
     routing_version: int = 0  # the routing this node serves by
+    target_formats: list[TargetFormat] = many()  # as RegisterNodeReq.target_formats
 
 
 @message

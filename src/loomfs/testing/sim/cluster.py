@@ -113,9 +113,12 @@ class SimCluster:
         self.last_state: ClusterState | None = None  # kept while mgmtd is down
         self.mgmtd_incarnation = 0
         self.storage: dict[int, StorageHost] = {}
+        self._formats: dict[int, int] = {}  # target id -> disks it has had (wipes)
         for node_id in range(1, cfg.storage_nodes + 1):
             engines = [FaultyEngine(target_id_for(node_id, i), self.rng(f"engine/{node_id}/{i}"), observer)
                        for i in range(cfg.targets_per_node)]
+            for e in engines:
+                e.format_id = self.new_format_id(e.target_id)
             self.storage[node_id] = StorageHost(node_id, storage_host(node_id), engines)
         self.clients: list[SimClient] = []
         self.layout = Layout()
@@ -125,6 +128,12 @@ class SimCluster:
         """An RNG stream of its own per component, derived from the seed (str seeds are
         hashed with SHA-512, not PYTHONHASHSEED)."""
         return random.Random(f"{self.seed}/{what}")
+
+    def new_format_id(self, target_id: int) -> str:
+        """A disk's identity (``storage.diskident``): the next one for ``target_id``, from a stream
+        of its own (the other streams' draws stay as they were)."""
+        n = self._formats[target_id] = self._formats.get(target_id, -1) + 1
+        return f"{self.rng(f'format/{target_id}/{n}').getrandbits(128):032x}"
 
     def spawn(self, host: str, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
         """Start ``coro`` as a task of ``host`` (killed with it, frozen with it)."""
@@ -211,7 +220,8 @@ class SimCluster:
         self.spawn(sh.host, self._storage_main(sh))
 
     async def _storage_main(self, sh: StorageHost) -> None:
-        targets = [StorageTarget(e.target_id, e, f"/sim/{sh.host}/t{i}") for i, e in enumerate(sh.engines)]
+        targets = [StorageTarget(e.target_id, e, f"/sim/{sh.host}/t{i}", format_id=e.format_id)
+                   for i, e in enumerate(sh.engines)]
         node = StorageNode(self._storage_config(sh.node_id), transport=self.net.transport(sh.host),
                            targets=targets, clock=LOOP_CLOCK, rng=self.rng(f"storage/{sh.node_id}/{sh.incarnation}"))
         sh.node = node

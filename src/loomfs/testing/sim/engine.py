@@ -9,7 +9,8 @@ update, nothing committed) plus seeded faults the simulator switches on and off:
   scrubber must notice it);
 * ``crash(tear=True)``: besides losing pending updates, the chunk committed last gets a torn
   tail (part of its newest bytes did not reach the disk before power went, its CRC did);
-* ``wipe``: a replaced disk: the target comes back empty (same id) after its process restarts;
+* ``wipe``: a replaced disk: the target comes back empty (same id) after its process restarts,
+  with a new format id (``storage.diskident``: what tells mgmtd the disk is not the old one);
 * ``lose_pages``: after a failed fsync, the pages of one committed chunk are lost (its bytes
   rot); ``marker_refused``: the next process is not told to verify (only mgmtd remembers);
 * ``down``: the process is dead; any call raises EIO (so a task that outlives its crash by a
@@ -58,6 +59,7 @@ class FaultyEngine(MemoryEngine):
         # called once, right after the next commit or committed read (op is "commit" or "read")
         self.after_io: Callable[[str, ChunkKey], None] | None = None
         self._last_commit: tuple[ChunkKey, int] | None = None  # (chunk, bytes its update wrote)
+        self.format_id = ""  # the disk's identity (the cluster sets it; a wipe gives a new one)
 
     def _alive(self) -> None:
         if self.down:
@@ -165,10 +167,12 @@ class FaultyEngine(MemoryEngine):
         self.lost_pages += 1
         return lost.key
 
-    def wipe(self) -> int:
+    def wipe(self, format_id: str = "") -> int:
         """A replaced disk (while the process is down): every chunk gone, committed or not; the
-        target comes back empty under the same id. Returns how many chunks it held."""
+        target comes back empty under the same id, with ``format_id`` (the new disk's identity).
+        Returns how many chunks it held."""
         held = len(super().list_chunks(0, limit=1 << 20))
+        self.format_id = format_id
         self._slots = ChunkMap()
         self._used_bytes = self._committed = 0
         self._durable_pending.clear()

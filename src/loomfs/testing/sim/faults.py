@@ -253,7 +253,7 @@ class FaultInjector:
                       frozenset({f"proc:{sh.host}", f"disk:{sh.host}"}), undo)
         self._start(fault, delay_s)
         await c.crash_storage(n)
-        held = engine.wipe()
+        held = engine.wipe(c.new_format_id(engine.target_id))
         self.log.add(f"fault: wipe s{n} t{engine.target_id} ({held} chunks) for {delay_s:.3f}s")
 
     async def _pause(self) -> None:

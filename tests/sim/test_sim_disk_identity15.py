@@ -1,0 +1,21 @@
+"""The simulator's ``wipe`` fault (a replaced disk) gives the target a new format id, so mgmtd
+sees an empty target come back (mgmtd.diskident) and resyncs it before it serves: seed 307002
+of profile "replace" wipes two members of chain 1 in turn."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from loomfs.testing.sim.runner import run_seed
+
+
+@pytest.mark.timeout(300)
+def test_a_wiped_target_is_seen_as_empty_and_resynced(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="loomfs.mgmtd")
+    r = run_seed(307002, "replace", verbose=True)
+    assert r.ok, r.summary()
+    blanked = [m for m in caplog.messages if "came back with another disk" in m]
+    assert len(blanked) >= 2, blanked
+    assert any("resynced into chain" in m for m in caplog.messages)
