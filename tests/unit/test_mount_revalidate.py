@@ -17,6 +17,7 @@ import pytest
 from loomfs.mount import revalidate as rv
 from loomfs.mount.edge import Handle
 from loomfs.mount.uses import FileUses
+from loomfs.mount.writers import WriterOps
 
 T = TypeVar("T")
 
@@ -51,6 +52,8 @@ class _Ops:
         self.client = SimpleNamespace(open=self._open)
         self.inodes = SimpleNamespace(has_name=lambda inode: inode in self.named)
         self.uses = FileUses(lambda f: f.close())
+        self._stale_names: dict[int, str] = {}  # as LoomOperations makes them
+        self._reader_locks: dict[int, Any] = {}
 
     async def call(self, coro: Coroutine[Any, Any, T]) -> T:
         return await coro
@@ -70,6 +73,8 @@ class _Ops:
 
     def _prefetcher(self, f: Any) -> None:
         return None
+
+    _keep_error = WriterOps._keep_error
 
 
 @pytest.fixture()
@@ -169,6 +174,9 @@ def test_flush_before_the_request_sends_each_write_file_once_and_raises_its_erro
         with pytest.raises(OSError) as err:
             await rv.flush_writers(ops, 5)
         assert err.value.errno == errno.ENOSPC
+        # the descriptors keep it for their next fsync or close(2); the read-only one has none
+        assert ops.handles[1].error is err.value and ops.handles[2].error is err.value
+        assert ops.handles[3].error is None
 
     asyncio.run(main())
 

@@ -67,14 +67,20 @@ def _swap(ops: Any, old: AsyncFile, new: AsyncFile) -> None:
 
 async def flush_writers(ops: Any, inode: int) -> None:
     """Before a lock request of ``inode``: its write files here send what they buffer (to
-    storage; an inline file's writes to meta). Raises the first write error."""
+    storage; an inline file's writes to meta). Raises the first write error, which every
+    descriptor of that file keeps too for its next fsync or close(2) (``_keep_error``; before,
+    only the lock request saw it)."""
     if not ENABLED:
         return
     for group in _open_files(ops, inode, writable=True):
         h = group[0]
         async with h.lock:
             if not h.file.closed:
-                await ops.call(h.file.flush())
+                try:
+                    await ops.call(h.file.flush())
+                except OSError as exc:
+                    ops._keep_error(h.file, exc)
+                    raise
 
 
 async def revalidate(ops: Any, inode: int) -> None:
@@ -111,7 +117,7 @@ def refreshable(ops: Any, inode: int) -> bool:
     a SETATTR by inode and an OPEN that failed or a CLOSE of another file's)."""
     if not ops.inodes.has_name(inode):
         return False
-    return bool(_state(ops, "_stale_names").get(inode) != ops.inodes.path(inode))
+    return bool(ops._stale_names.get(inode) != ops.inodes.path(inode))
 
 
 async def refresh_readers(ops: Any, inode: int, attr: Attr) -> None:
@@ -141,7 +147,7 @@ async def _reader_lock(ops: Any, inode: int) -> AsyncIterator[None]:
     """One reopen of ``inode``'s read-only files at a time (a GETATTR's, a READ's, a lock's):
     two at once both opened the file, and the second's was swapped into no handle and never
     closed (review session 15)."""
-    locks: dict[int, tuple[asyncio.Lock, list[int]]] = _state(ops, "_reader_locks")
+    locks: dict[int, tuple[asyncio.Lock, list[int]]] = ops._reader_locks
     lock, users = locks.setdefault(inode, (asyncio.Lock(), [0]))
     users[0] += 1
     try:
@@ -151,15 +157,6 @@ async def _reader_lock(ops: Any, inode: int) -> AsyncIterator[None]:
         users[0] -= 1
         if not users[0]:
             del locks[inode]
-
-
-def _state(ops: Any, name: str) -> dict[int, Any]:
-    """``ops``'s table ``name`` (LoomOperations makes both; a stand-in gets them here)."""
-    table: dict[int, Any] | None = getattr(ops, name, None)
-    if table is None:
-        table = {}
-        setattr(ops, name, table)
-    return table
 
 
 def _in_use(ops: Any, f: AsyncFile) -> bool:
@@ -174,7 +171,7 @@ async def _reopen_reader(ops: Any, inode: int, old: AsyncFile) -> None:
         try:
             f = await ops.call(ops.client.open(path, "rb"))
         except FileNotFoundError as exc:  # gone or renamed: the handles keep what they had
-            _state(ops, "_stale_names")[inode] = path
+            ops._stale_names[inode] = path
             logger.info("reopening inode %d: %s", inode, exc)
             return
         except OSError as exc:  # (tried again at the next check)
@@ -183,7 +180,7 @@ async def _reopen_reader(ops: Any, inode: int, old: AsyncFile) -> None:
         if f.inode != inode or old.closed or not _in_use(ops, old):  # the name is another file's now
             await ops.call(f.close())
             if f.inode != inode:
-                _state(ops, "_stale_names")[inode] = path
+                ops._stale_names[inode] = path
             return
         _swap(ops, old, f)
         ops.stats.requests["lock_reopens"] += 1
