@@ -602,10 +602,10 @@ class ClusterState:
                     states_changed = True
                     tr.state = m.state
                     tr.offline_since_s = now_s if m.state == TargetState.OFFLINE else 0.0
-                    if m.state == TargetState.SERVING and tr.blank:  # (only by a finished resync)
-                        tr.blank = False
-                        logger.info("target %d: resynced into chain %d after its disk was replaced",
-                                    tr.target_id, chain.chain_id)
+                if tr.blank and not m.blank:  # (only by a finished resync)
+                    tr.blank = False
+                    logger.info("target %d: resynced into chain %d after its disk was replaced", tr.target_id,
+                                chain.chain_id)
                 if tr.state != TargetState.SYNCING:
                     tr.sync_chunks_left = tr.sync_bytes_left = 0
             if states_changed or plan.targets() != chain.targets:

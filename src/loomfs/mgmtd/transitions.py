@@ -147,6 +147,7 @@ def _step_states(ms: list[Member], reasons: list[str]) -> None:
                 _set(ms, i, S.WAITING, reasons, "no serving source")
             elif m.sync_done:
                 _set(ms, i, S.SERVING, reasons, "resync done")
+                ms[i] = replace(ms[i], blank=False)  # it holds the chain's data now
     if serving and S.SYNCING not in _states(ms):
         for i, m in enumerate(ms):
             # (a blank target whose process just restarted waits one round: a resync it was in
