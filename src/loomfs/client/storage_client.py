@@ -320,7 +320,13 @@ class StorageClient(ChunkTrims):
         chunk = ChunkId(inode=inode, index=index)
         grants = self.read_grants
         grant = await self.read_grant(inode)
-        prefer = replica_pick(inode, index, len(layout.chains))
+        # one replica per chunk (its page cache keeps it hot), and chunks next to each other on
+        # different chains read from different replica positions: chains list their replicas in
+        # the same node order where a chain table is regular (the local cluster's), so two
+        # chunks of one row read from one node, serially; a KV get of 16 x 2 MiB values (two
+        # 16 MiB chunks) then had one storage node serve both (docs/kvcache.md, session 15)
+        stripe = len(layout.chains)
+        prefer = replica_pick(inode, index, stripe) + index % max(1, stripe)
 
         def make(version: int, target: int) -> Message:
             return read_req(grant, chain_id=chain_id, chain_version=version, chunk=chunk, offset=offset,

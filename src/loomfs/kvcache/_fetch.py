@@ -139,23 +139,35 @@ class ValueFetch:
 
     def _hand_out_run(self, r: Run, entries: Sequence[E.Entry | None], targets: Sequence[Target | None],
                       out: list[Any], scratch: memoryview, checked: bool) -> None:
+        """Each value of a run read into ``scratch``: checked (hashed unless ``checked``),
+        copied into its target or a fresh buffer, handed out. The per-value work is kept lean
+        (a 1 MiB run of 16 KiB values is 64 of these per request): the entry's fields read
+        once, one CRC, one copy, the hits' bookkeeping once per run (``_hits``)."""
+        crc = crc32c.crc32c
+        start = r.start
+        hits: list[E.Entry] = []
         for i in r.members:
             e = entries[i]
             assert e is not None
-            at = e.seg_offset % e.chunk_size - r.start
-            view = scratch[at : at + e.value_bytes]
-            if not checked and crc32c.crc32c(view) != e.value_crc:
+            n = e.value_bytes
+            at = e.seg_offset % e.chunk_size - start
+            view = scratch[at : at + n]
+            if not checked and crc(view) != e.value_crc:
                 self.stats.corrupt += 1
                 continue
             t = targets[i]
             if t is not None:
-                t.fit(e.value_bytes)[:] = view
-                out[i] = t.result(e.value_bytes)
+                t.fit(n)[:] = view
+                out[i] = t.result(n)
+            elif e.kind == E.KIND_BYTES:
+                out[i] = bytearray(view)
             else:
-                out[i] = bytearray(view) if e.kind == E.KIND_BYTES else self._rebuild(e, bytearray(view))
-                if out[i] is None:
+                value = self._rebuild(e, bytearray(view))
+                if value is None:
                     continue
-            self._hit(e)
+                out[i] = value
+            hits.append(e)
+        self._hits(hits)
 
     def _read_failed(self, exc: OSError) -> None:
         """A value read that failed after the storage client's retries (its chain had no
@@ -175,9 +187,19 @@ class ValueFetch:
             return None
 
     def _hit(self, e: E.Entry) -> None:
-        self.stats.get_bytes += e.value_bytes
+        self._hits((e,))
+
+    def _hits(self, hits: Sequence[E.Entry]) -> None:
+        """The bookkeeping of hits: bytes counted, and an LRU touch queued for each whose
+        entry was last touched ``touch_after_s`` ago or more (half the TTL if shorter)."""
+        if not hits:
+            return
+        self.stats.get_bytes += sum(e.value_bytes for e in hits)
         after_s = self.config.touch_after_s
         if self.config.ttl_s:
             after_s = min(after_s, self.config.ttl_s / 2)
-        if self.clock() - e.touched_s >= after_s and len(self._touches) < TOUCHES_PENDING_MAX:
-            self._touches[E.entry_name(e.key)] = e
+        stale = self.clock() - after_s  # entries touched before this are touched again
+        touches = self._touches
+        for e in hits:
+            if e.touched_s <= stale and len(touches) < TOUCHES_PENDING_MAX:
+                touches[E.entry_name(e.key)] = e

@@ -88,9 +88,12 @@ class GetPath(ValueFetch):
         now = self.clock()
         cached = [e if e is not None and not self._expired(e, now) else None for e in cached]
         ask = [i for i, e in enumerate(cached) if e is None]
-        out = await self._read_values(cached, targets)  # the cached ones (none when off)
-        # a cached entry whose bytes failed: ask meta about it too
-        ask += [i for i, e in enumerate(cached) if e is not None and out[i] is None]
+        if len(ask) < len(ks):
+            out = await self._read_values(cached, targets)  # the cached ones
+            # a cached entry whose bytes failed: ask meta about it too
+            ask += [i for i, e in enumerate(cached) if e is not None and out[i] is None]
+        else:
+            out = [None] * len(ks)
         if ask:
             ask.sort()
             slots, big = asyncio.Semaphore(READS_INFLIGHT), asyncio.Semaphore(BIG_RUNS_INFLIGHT)
