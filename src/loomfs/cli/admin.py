@@ -1,5 +1,6 @@
 """``loomfs admin nodes|targets|chains|rebuilds|create-chain-table``: the cluster as mgmtd sees it
-(``rebuilds``: the EC rebuild workers' progress, read from the meta servers' ``/metrics``)."""
+(``rebuilds``: the EC rebuild workers' progress, read from the meta servers' ``/metrics``);
+``table set-ec`` and ``chain accept-loss``: ``admin_chain``."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from loomfs.cli import admin_tenant, admin_token
+from loomfs.cli import admin_chain, admin_tenant, admin_token
 from loomfs.cli.common import human_bytes, target
 from loomfs.common.routing import MgmtdSet, parse_addresses
 from loomfs.metrics.capacity import target_state_name
@@ -50,7 +51,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--table", type=int, default=0, help="table id (default: next free)")
     c.add_argument("--targets-per-node", type=int, default=0,
                    help="use at most N free targets of each node (the rest stay spares; default: all)")
+    c.add_argument("--ec", action="store_true",
+                   help="an EC group's table (needs --replicas 1): a chain whose target is lost gets an empty "
+                        "spare that the EC layer rebuilds; without it a lost target is kept (replicated table)")
     c.set_defaults(func=cmd_create_table)
+    admin_chain.register(asub)
     admin_token.register(asub)
     admin_tenant.register(asub)
 
@@ -163,9 +168,10 @@ def cmd_chains(args: argparse.Namespace) -> int:
 def cmd_create_table(args: argparse.Namespace) -> int:
     body = asyncio.run(_call(args, wm.CREATE_CHAIN_TABLE,
                              wm.CreateChainTableReq(replicas=args.replicas, table_id=args.table,
-                                                    targets_per_node=args.targets_per_node)))
+                                                    targets_per_node=args.targets_per_node, ec=args.ec)))
     t = body.table
-    print(f"chain table {t.table_id}: {len(t.chain_ids)} chains x {t.replicas} replicas")
+    print(f"chain table {t.table_id}: {len(t.chain_ids)} chains x {t.replicas} replicas"
+          + (" (EC group)" if args.ec else ""))
     return 0
 
 

@@ -17,9 +17,10 @@ chain has no serving member: reads and writes of its chunks fail (the client's "
 target" error) rather than return an empty disk's "no chunk" as zeros. That is logged at error
 level; ``blank_targets`` lists the targets concerned.
 
-A single-replica chain (an EC group's, ``mgmtd.ec``) cannot resync: its blank target is swapped
-for a spare at once, as a lost one is, so the chain's target id changes and meta's EC rebuild
-worker regenerates the fragments onto it.
+A chain of an EC group's table (``TableRecord.ec``, ``mgmtd.ec``) cannot resync: its blank target
+is swapped for a spare at once, as a lost one is, so the chain's target id changes and meta's EC
+rebuild worker regenerates the fragments onto it. A replicated chain (any replicas, 1 included)
+whose members all came back blank has lost its data: it waits, serving nothing.
 
 Upgrades: a target with no id recorded (a store from before format ids) gets the reported id
 recorded as it is, unless the node says it created the id just now in an empty directory

@@ -2,7 +2,9 @@
 
 Erasure-coded files keep their stripes' fragments on the ``chains`` of their layout, k+m
 chains of a single-replica table on distinct nodes (``CreateChainTableReq(replicas=1,
-targets_per_node=1)``). Chain replication cannot rebuild such a chain (there is no other
+targets_per_node=1, ec=True)``). Only a table created as an EC group's (``TableRecord.ec``) is
+handled here: a replicated table with replicas=1 never gets an empty spare (its target may come
+back with the data after a reboot; docs/fault-tolerance.md). Chain replication cannot rebuild such a chain (there is no other
 replica to resync from), so the transition rules leave it LASTSRV when its target dies. Here,
 once the target's node has been dead for ``replace_after_s`` (or at once when its target came
 back with another disk: ``mgmtd.diskident``), the chain is handed an empty spare target,
@@ -30,7 +32,9 @@ def replace_lost_ec_targets(state: ClusterState, now_s: float) -> list[tuple[int
     swaps: list[tuple[int, int, int]] = []
     for chain in sorted(state.chains.values(), key=lambda c: c.chain_id):
         table = state.tables.get(chain.table_id)
-        if table is None or table.replicas != 1 or len(chain.targets) != 1:
+        # only an EC group's table (TableRecord.ec): a replicated table with one replica (scratch
+        # data, a one-node cluster) keeps its target, whose node may only be rebooting
+        if table is None or not table.ec or table.replicas != 1 or len(chain.targets) != 1:
             continue
         old = state.targets[chain.targets[0]]
         node = state.nodes.get(old.node_id)

@@ -15,7 +15,7 @@ import logging
 from collections.abc import Awaitable, Callable
 
 from loomfs.common.clock import SYSTEM_CLOCK, Clock
-from loomfs.errors import StatusError
+from loomfs.errors import InvalidArgument, StatusError
 from loomfs.mgmtd.ec import replace_lost_ec_targets
 from loomfs.mgmtd.lease import Election, HaStore
 from loomfs.mgmtd.state import ClusterState
@@ -178,12 +178,23 @@ class MgmtdService:
         async with self._lock:
             self._guard()
             t = self.state.create_chain_table(replicas=req.replicas, table_id=req.table_id,
-                                              targets_per_node=req.targets_per_node)
+                                              targets_per_node=req.targets_per_node, ec=req.ec)
             await self._commit()
         return w.CreateChainTableRsp(
             table=ChainTable(table_id=t.table_id, version=t.version, replicas=t.replicas,
                              chain_ids=list(t.chain_ids))
         )
+
+    @handles(w.SET_TABLE_EC)
+    async def set_table_ec(self, req: w.SetTableEcReq, ctx: CallContext) -> w.SetTableEcRsp:
+        if not req.confirm:
+            raise InvalidArgument("set_table_ec needs confirm=True: marked EC, a single-replica chain whose target "
+                                  "is lost gets an empty spare (its data is rebuilt only by the EC layer)")
+        async with self._lock:
+            self._guard()
+            changed = self.state.set_table_ec(req.table_id, req.ec)
+            await self._commit(force=changed)
+        return w.SetTableEcRsp(table_id=req.table_id, ec=req.ec, changed=changed)
 
     @handles(w.SYNC_REPORT)
     async def sync_report(self, req: w.SyncReportReq, ctx: CallContext) -> w.SyncReportRsp:

@@ -130,6 +130,11 @@ class TableRecord:
     replicas: int
     chain_ids: list[int] = field(default_factory=list)
     version: int = 1
+    # an EC group's table (CreateChainTableReq.ec): only its single-replica chains are handed an
+    # empty spare when their target is lost (mgmtd.ec). A replicated table (False), even with
+    # replicas=1, waits for the member that holds its data. Stores from before the flag load
+    # as False (store.decode_rows; ``set_table_ec`` marks an old EC table)
+    ec: bool = False
 
 
 def _still_failed(tr: TargetRecord, t: TargetInfo) -> bool:
@@ -625,10 +630,18 @@ class ClusterState:
         return max([AUTO_NODE_ID_BASE - 1, *self.nodes]) + 1
 
     # ---- chain tables -------------------------------------------------------------------
-    def create_chain_table(self, *, replicas: int, table_id: int = 0, targets_per_node: int = 0) -> TableRecord:
-        """Build chains of ``replicas`` targets on distinct alive nodes from unassigned targets."""
+    def create_chain_table(self, *, replicas: int, table_id: int = 0, targets_per_node: int = 0,
+                           ec: bool | None = None) -> TableRecord:
+        """Build chains of ``replicas`` targets on distinct alive nodes from unassigned targets.
+        ``ec``: an EC group's table (needs replicas=1). None (Python callers only; the RPC always
+        says): the recipe EC tables were made with before the flag, replicas=1 with
+        targets_per_node > 0, is EC; anything else is not."""
         if replicas < 1:
             raise InvalidArgument("replicas must be >= 1")
+        if ec is None:
+            ec = replicas == 1 and targets_per_node > 0
+        if ec and replicas != 1:
+            raise InvalidArgument("an EC group's table has single-replica chains (replicas=1)")
         if table_id == 0:
             table_id = max([0, *self.tables]) + 1
         if table_id in self.tables:
@@ -647,7 +660,7 @@ class ClusterState:
                 Status.NO_CHAIN_TABLE,
                 f"need {replicas} storage nodes with free targets, have {len(free)}",
             )
-        table = TableRecord(table_id, replicas)
+        table = TableRecord(table_id, replicas, ec=ec)
         next_chain = max([0, *self.chains]) + 1
         for group in groups:
             chain = ChainRecord(next_chain, table_id, group)
@@ -658,9 +671,26 @@ class ClusterState:
                 self.targets[tid].sync_done_version = 0
             next_chain += 1
         self.tables[table_id] = table
-        logger.info("chain table %d: %d chains x %d replicas", table_id, len(groups), replicas)
+        logger.info("chain table %d: %d chains x %d replicas%s", table_id, len(groups), replicas,
+                    " (EC group: lost targets are replaced by empty spares)" if ec else "")
         self._bump()
         return table
+
+    def set_table_ec(self, table_id: int, ec: bool) -> bool:
+        """Mark a table as an EC group's (or not). True if it changed; the caller saves the state
+        (nothing in routing moves: the next tick acts on it, ``mgmtd.ec``)."""
+        table = self.tables.get(table_id)
+        if table is None:
+            raise StatusError(Status.ENOENT, f"no chain table {table_id}")
+        if ec and table.replicas != 1:
+            raise InvalidArgument(f"chain table {table_id} has {table.replicas} replicas: an EC group's table has 1")
+        if table.ec == ec:
+            return False
+        table.ec = ec
+        logger.warning("chain table %d marked %s", table_id,
+                       "an EC group's table: a chain whose target is lost gets an empty spare" if ec
+                       else "replicated: its chains wait for a member that holds their data")
+        return True
 
     # ---- views -----------------------------------------------------------------------------
     def routing(self) -> RoutingInfo:

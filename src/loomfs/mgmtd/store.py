@@ -9,6 +9,7 @@ so a restarted mgmtd keeps serving the routing it had.
 
 from __future__ import annotations
 
+import logging
 import os
 import sqlite3
 from collections.abc import Iterable, Sequence
@@ -23,6 +24,8 @@ SCHEMA = """
 CREATE TABLE IF NOT EXISTS kv (kind TEXT NOT NULL, id INTEGER NOT NULL, value BLOB NOT NULL,
                                PRIMARY KEY (kind, id));
 """
+
+logger = logging.getLogger(__name__)
 
 _NOT_PERSISTED = frozenset({"scrub"})  # reported with every heartbeat
 
@@ -87,7 +90,16 @@ def decode_rows(rows: Iterable[Sequence[Any]], state: ClusterState, now_s: float
         elif kind == "chain":
             state.chains[v["chain_id"]] = ChainRecord(**v)
         elif kind == "table":
-            state.tables[v["table_id"]] = TableRecord(**v)
+            known = {k: x for k, x in v.items() if k in TableRecord.__slots__}
+            table = state.tables[v["table_id"]] = TableRecord(**known)
+            if "ec" not in v and table.replicas == 1:
+                # saved before tables said whether they are an EC group's: treated as replicated
+                # (a target whose node is gone is kept, never swapped for an empty spare), the
+                # choice that drops nothing; an EC table is marked again by the operator
+                logger.warning("chain table %d (single replica) was saved before mgmtd recorded EC tables: treated "
+                               "as replicated (a lost target is kept, never replaced by an empty spare); if it is "
+                               "an EC group's table: loomfs admin table set-ec %d --yes", table.table_id,
+                               table.table_id)
         elif kind == "version":
             state.version = v + 1  # a new incarnation always advertises a newer version
         elif kind == "revoked":  # token id -> until (wall-clock s): mgmtd.revoked

@@ -115,6 +115,11 @@ class ClusterWaits(ClusterConfig):
     def _ensure_chain_table(self, timeout_s: float) -> None:
         r = self.routing()
         if r.tables:
+            ec_table = max(r.tables, key=lambda t: t.table_id)
+            if self.ec_targets_per_node and len(r.tables) >= 2 and ec_table.replicas == 1:
+                # a cluster directory from before tables said they are EC: its EC table (the
+                # second one made below) is marked again; a no-op once it is
+                self._mark_ec(ec_table.table_id, timeout_s)
             return
 
         async def go() -> None:
@@ -127,8 +132,21 @@ class ClusterWaits(ClusterConfig):
                                                         targets_per_node=self.targets_per_node if ec else 0),
                                  timeout_s=timeout_s)
                 if ec:
-                    await mgmtd.call(wm.CREATE_CHAIN_TABLE, wm.CreateChainTableReq(replicas=1, targets_per_node=ec),
+                    await mgmtd.call(wm.CREATE_CHAIN_TABLE,
+                                     wm.CreateChainTableReq(replicas=1, targets_per_node=ec, ec=True),
                                      timeout_s=timeout_s)
+            finally:
+                await rpc.close()
+
+        _run(go())
+
+    def _mark_ec(self, table_id: int, timeout_s: float) -> None:
+        async def go() -> None:
+            rpc = self._rpc()
+            try:
+                mgmtd = MgmtdSet(rpc, parse_addresses(self.mgmtd_addresses))
+                await mgmtd.call(wm.SET_TABLE_EC, wm.SetTableEcReq(table_id=table_id, ec=True, confirm=True),
+                                 timeout_s=timeout_s)
             finally:
                 await rpc.close()
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from loomfs.common.identity import Right
 from loomfs.wire.message import Empty, Message, many, message, method
 from loomfs.wire.types import SERVICE_MGMTD, ChainTable, NodeInfo, RoutingInfo, TargetInfo
 
@@ -82,6 +83,10 @@ class CreateChainTableReq(Message):
     table_id: int = 0  # 0 = next free id
     chains_per_target: int = 1  # reserved; each target belongs to one chain
     targets_per_node: int = 0  # at most this many free targets of each node (0 = all); EC tables use 1
+    # an EC group's table (replicas=1): mgmtd swaps an empty spare into a chain whose target is
+    # lost (mgmtd.ec). False: a replicated table, whatever its replicas; its chains are never
+    # handed an empty target while a member that held their data may come back
+    ec: bool = False
 
 
 @message
@@ -156,3 +161,24 @@ class ReportUnreachableRsp(Message):
 
 REPORT_UNREACHABLE = method(SERVICE_MGMTD, 9, "report_unreachable", ReportUnreachableReq, ReportUnreachableRsp,
                             idempotent=True)
+
+
+@message
+class SetTableEcReq(Message):
+    """Mark chain table ``table_id`` as an EC group's table (or not): only such tables get empty
+    spares swapped in for lost targets (mgmtd.ec). For tables created before the flag existed."""
+
+    table_id: int = 0
+    ec: bool = True
+    confirm: bool = False  # required: marked EC, a single-replica chain's target is replaced when lost
+
+
+@message
+class SetTableEcRsp(Message):
+    table_id: int = 0
+    ec: bool = False
+    changed: bool = False
+
+
+SET_TABLE_EC = method(SERVICE_MGMTD, 10, "set_table_ec", SetTableEcReq, SetTableEcRsp, idempotent=True,
+                      needs=Right.ADMIN)
