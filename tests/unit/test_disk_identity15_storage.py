@@ -6,6 +6,8 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+import pytest
+
 from loomfs.config import StorageConfig
 from loomfs.storage import diskident
 from loomfs.storage.engine.memory import MemoryEngine
@@ -38,14 +40,39 @@ def test_a_directory_with_data_but_no_id_is_an_upgrade_not_a_new_disk(tmp_path: 
     assert fid and not fresh
 
 
-def test_a_malformed_id_is_replaced(tmp_path: Path) -> None:
+def test_a_malformed_id_is_refused_not_replaced(tmp_path: Path) -> None:
+    """(review, session 15: it was replaced by a new id, and mgmtd then treated the good copy
+    as a new disk and resynced over it)"""
     d = tmp_path / "t0"
     d.mkdir()
     (d / diskident.FORMAT_ID_FILE).write_text("not an id\n")
     (d / "index.sqlite").write_bytes(b"x")
-    fid, fresh = diskident.load_or_create(d)
-    assert len(fid) == 32 and fid != "not an id" and not fresh
-    assert diskident.read_format_id(d) == fid
+    with pytest.raises(diskident.TargetDirError, match="malformed"):
+        diskident.load_or_create(d)
+    assert (d / diskident.FORMAT_ID_FILE).read_text() == "not an id\n"
+
+
+def test_the_id_names_its_target_and_another_target_is_refused(tmp_path: Path) -> None:
+    d = tmp_path / "t0"
+    fid, _ = diskident.load_or_create(d, 3001)
+    assert (d / diskident.FORMAT_ID_FILE).read_text() == f"{fid}\ntarget 3001\n"
+    assert diskident.load_or_create(d, 3001) == (fid, False)
+    with pytest.raises(diskident.TargetDirError, match="belongs to target 3001"):
+        diskident.load_or_create(d, 3002)  # the node's target order changed: not another disk
+    old = tmp_path / "t1"  # a file of 5efb700 names no target: accepted for any
+    old.mkdir()
+    (old / diskident.FORMAT_ID_FILE).write_text("0123456789abcdef0123456789abcdef\n")
+    assert diskident.load_or_create(old, 3002) == ("0123456789abcdef0123456789abcdef", False)
+
+
+def test_swapped_or_shared_target_directories_are_refused(tmp_path: Path) -> None:
+    cfg = StorageConfig(node_id=3, data_dir=str(tmp_path), targets=["a", "b"])
+    for t in open_targets(cfg):
+        t.engine.close()
+    with pytest.raises(diskident.TargetDirError, match="belongs to target"):
+        open_targets(StorageConfig(node_id=3, data_dir=str(tmp_path), targets=["b", "a"]))
+    with pytest.raises(diskident.TargetDirError, match="share directory"):
+        open_targets(StorageConfig(node_id=3, data_dir=str(tmp_path), targets=["a", str(tmp_path / "a")]))
 
 
 def test_open_targets_reports_the_ids(tmp_path: Path) -> None:

@@ -10,9 +10,16 @@ is resynced from a serving member of its chain, never made the chain's serving c
 own (empty) contents (``mgmtd.diskident``).
 
 ``formatted_now`` says the id was created by this process in a directory that held nothing
-else (a new disk): mgmtd uses it when it has no id recorded yet (a store written before format
-ids). A directory that already held data but no id (a target of older code) gets an id
-without ``formatted_now``: an upgrade, accepted as it is.
+else (a new disk; a new file system's ``lost+found`` does not count): mgmtd uses it when it has
+no id recorded yet (a store written before format ids). A directory that already held data but
+no id (a target of older code) gets an id without ``formatted_now``: an upgrade, accepted as it is.
+
+The file also names the target it was made for (a second line, ``target <id>``). A directory
+whose file names another target (the order of ``targets`` changed, two mounts swapped), whose
+file is unreadable or malformed, or that two targets of the node share, is refused
+(``TargetDirError``: the process does not start) rather than given a new id, which would make
+mgmtd treat a good copy as a new disk and resync over it (review, session 15). The operator
+decides: put the directories back, or remove the file of a directory known to be empty.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Protocol
 
+from loomfs.errors import LoomError
 from loomfs.wire.mgmtd import TargetFormat
 
 logger = logging.getLogger(__name__)
@@ -32,6 +40,9 @@ logger = logging.getLogger(__name__)
 FORMAT_ID_FILE = "loomfs-format-id"
 _TMP_SUFFIX = ".tmp"
 _ID = re.compile(r"[0-9a-f]{32}")
+_OWNER = re.compile(r"target (\d{1,19})")
+# what a new disk may hold besides the id (a new ext4/xfs file system's lost+found)
+_NOT_DATA = frozenset({FORMAT_ID_FILE, FORMAT_ID_FILE + _TMP_SUFFIX, "lost+found"})
 
 
 def _fsync_dir(path: Path) -> None:
@@ -42,36 +53,58 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+class TargetDirError(LoomError):
+    """A target directory that must not be opened (see the module docstring)."""
+
+
 def read_format_id(path: Path) -> str:
-    """The target directory's format id; "" when it has none (or an unreadable one)."""
+    """The target directory's format id; "" when it has none. Raises ``TargetDirError`` when
+    the file is there but unreadable or malformed (never treated as missing)."""
+    return _read(path)[0]
+
+
+def _read(path: Path) -> tuple[str, int]:
+    """(format id, the target id the file names or 0); ("", 0) when there is no file."""
     try:
-        text = (path / FORMAT_ID_FILE).read_text(encoding="ascii").strip()
+        text = (path / FORMAT_ID_FILE).read_text(encoding="ascii")
     except FileNotFoundError:
-        return ""
+        return "", 0
     except (OSError, UnicodeDecodeError) as exc:
-        logger.error("target directory %s: format id unreadable (%s): treated as a new disk", path, exc)
-        return ""
-    if not _ID.fullmatch(text):
-        logger.error("target directory %s: malformed format id %r: treated as a new disk", path, text[:64])
-        return ""
-    return text
+        raise TargetDirError(f"target directory {path}: format id unreadable ({exc}); not opened: an "
+                             "operator decides (the file of a directory known to be empty may be removed)") from exc
+    lines = text.split("\n")
+    fid = lines[0].strip()
+    tail = [ln.strip() for ln in lines[1:] if ln.strip()]
+    owner = 0
+    if len(tail) == 1 and (m := _OWNER.fullmatch(tail[0])):
+        owner = int(m.group(1))
+    elif tail:
+        fid = ""  # malformed below
+    if not _ID.fullmatch(fid):
+        raise TargetDirError(f"target directory {path}: malformed format id {text[:80]!r}; not opened: an "
+                             "operator decides (the file of a directory known to be empty may be removed)")
+    return fid, owner
 
 
-def load_or_create(path: str | os.PathLike[str]) -> tuple[str, bool]:
+def load_or_create(path: str | os.PathLike[str], target_id: int = 0) -> tuple[str, bool]:
     """The format id of target directory ``path`` (created there if missing) and whether this
-    call created it in a directory that held nothing else. Call before the engine opens the
-    directory (the engine creates its index and chunk folders)."""
+    call created it in a directory that held nothing else. ``target_id``: the target opening
+    it (written with a new id; a file naming another target is refused). Call before the
+    engine opens the directory (the engine creates its index and chunk folders)."""
     p = Path(path)
     p.mkdir(parents=True, exist_ok=True)
-    fid = read_format_id(p)
+    fid, owner = _read(p)
     if fid:
+        if owner and target_id and owner != target_id:
+            raise TargetDirError(f"target directory {p} belongs to target {owner}, not {target_id} (the order of "
+                                 "the node's targets changed, or mounts were swapped); not opened")
         return fid, False
-    fresh = not any(e.name != FORMAT_ID_FILE + _TMP_SUFFIX and e.name != FORMAT_ID_FILE for e in p.iterdir())
+    fresh = not any(e.name not in _NOT_DATA for e in p.iterdir())
     fid = uuid.uuid4().hex
     tmp = p / (FORMAT_ID_FILE + _TMP_SUFFIX)
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
-        os.write(fd, (fid + "\n").encode("ascii"))
+        os.write(fd, (fid + "\n" + (f"target {target_id}\n" if target_id else "")).encode("ascii"))
         os.fsync(fd)
     finally:
         os.close(fd)

@@ -59,11 +59,16 @@ def target_dirs(config: StorageConfig) -> list[Path]:
 
 def open_targets(config: StorageConfig) -> list[StorageTarget]:
     targets = []
+    seen: dict[Path, int] = {}
     for i, path in enumerate(target_dirs(config)):
         path.mkdir(parents=True, exist_ok=True)
-        format_id, fresh = diskident.load_or_create(path)  # before the engine fills the directory
+        tid = target_id_for(config.node_id, i)
+        other = seen.setdefault(path.resolve(), tid)
+        if other != tid:  # two targets, one directory: one copy counted twice
+            raise diskident.TargetDirError(f"targets {other} and {tid} share directory {path.resolve()}")
+        format_id, fresh = diskident.load_or_create(path, tid)  # before the engine fills the directory
         engine = FileEngine(path, fsync_on_commit=config.fsync_on_commit)
-        targets.append(StorageTarget(target_id_for(config.node_id, i), engine, str(path.resolve()),
+        targets.append(StorageTarget(tid, engine, str(path.resolve()),
                                      format_id=format_id, formatted_now=fresh))
     return targets
 
