@@ -20,7 +20,9 @@ level; ``blank_targets`` lists the targets concerned.
 A chain of an EC group's table (``TableRecord.ec``, ``mgmtd.ec``) cannot resync: its blank target
 is swapped for a spare at once, as a lost one is, so the chain's target id changes and meta's EC
 rebuild worker regenerates the fragments onto it. A replicated chain (any replicas, 1 included)
-whose members all came back blank has lost its data: it waits, serving nothing.
+whose members all came back blank has lost its data: it waits, serving nothing, for ever, unless
+an operator accepts the loss (``accept_chain_loss``: ``loomfs admin chain accept-loss CHAIN
+--yes-lose-data``), which lets one empty member serve; refused while any alive member holds data.
 
 Upgrades: a target with no id recorded (a store from before format ids) gets the reported id
 recorded as it is, unless the node says it created the id just now in an empty directory
@@ -34,11 +36,13 @@ import logging
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
+from loomfs.errors import InvalidArgument, StatusError
 from loomfs.wire.mgmtd import TargetFormat
-from loomfs.wire.types import TargetState
+from loomfs.wire.status import Status
+from loomfs.wire.types import NodeState, TargetState
 
 if TYPE_CHECKING:
-    from loomfs.mgmtd.state import ClusterState
+    from loomfs.mgmtd.state import ClusterState, TargetRecord
 
 logger = logging.getLogger(__name__)
 
@@ -98,3 +102,51 @@ def warn_blank_chains(state: ClusterState, blanked: list[int]) -> None:
 def blank_targets(state: ClusterState) -> list[int]:
     """Targets whose disk was replaced and that have not been resynced into their chain yet."""
     return sorted(t.target_id for t in state.targets.values() if t.blank)
+
+
+def accept_chain_loss(state: ClusterState, chain_id: int, now_s: float, *,
+                      give_up_dead: bool = False) -> tuple[int, list[int]]:
+    """Operator action (the caller checked the confirmation): chain ``chain_id``, whose members
+    all lost their disks, serves again from an empty member, its data given up. Returns (the
+    member that serves now, the dead members given up). Nothing else changes: the chosen member
+    is no longer blank, so the transition rules (rule 4) make it serve; the other members stay
+    blank and resync from it as usual.
+
+    Refused (EBUSY) while any member on an alive node is not blank: it holds the chain's data and
+    the normal rules serve from it (a failed or fenced one included: it may come back). A member
+    on a dead node that was not found blank may hold the data too: refused unless
+    ``give_up_dead``; then it is marked blank (it resyncs from the chain if it returns)."""
+    chain = state.chains.get(chain_id)
+    if chain is None:
+        raise StatusError(Status.ENOENT, f"no chain {chain_id}")
+    members = [state.targets[t] for t in chain.targets]
+
+    def alive(t: TargetRecord) -> bool:
+        n = state.nodes.get(t.node_id)
+        return n is not None and n.state == NodeState.ALIVE
+
+    holding = [t.target_id for t in members if not t.blank and alive(t)]
+    if holding:
+        raise StatusError(Status.EBUSY, f"chain {chain_id}: member(s) {holding} on alive nodes hold its data "
+                                        "(not blank): nothing to accept, the chain serves from them")
+    dead = [t.target_id for t in members if not t.blank]
+    if dead and not give_up_dead:
+        raise StatusError(Status.EBUSY, f"chain {chain_id}: member(s) {dead} on dead nodes were not found blank and "
+                                        "may hold its data if they come back; give them up too explicitly")
+    usable = [t for t in members if t.blank and alive(t) and not t.failed and t.fenced_until_s <= now_s]
+    if not usable:
+        raise InvalidArgument(f"chain {chain_id}: no alive, usable (not failed, not fenced) member to serve from")
+    for tid in dead:
+        t = state.targets[tid]
+        t.blank = True
+        t.sync_done_version = 0
+    chosen = usable[0]
+    chosen.blank = False
+    state.accepted_losses += 1
+    logger.error("chain %d: the operator accepted the loss of its data: every member lost its disk%s; target %d "
+                 "(node %d, empty) serves the chain from now on, its other members resync from it; chunks written "
+                 "before are gone (%d chain(s) accepted as lost so far)", chain_id,
+                 f" or is given up (dead: {dead})" if dead else "", chosen.target_id, chosen.node_id,
+                 state.accepted_losses)
+    state.reconcile(now_s)
+    return chosen.target_id, dead

@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable
 
 from loomfs.common.clock import SYSTEM_CLOCK, Clock
 from loomfs.errors import InvalidArgument, StatusError
+from loomfs.mgmtd.diskident import accept_chain_loss
 from loomfs.mgmtd.ec import replace_lost_ec_targets
 from loomfs.mgmtd.lease import Election, HaStore
 from loomfs.mgmtd.state import ClusterState
@@ -195,6 +196,20 @@ class MgmtdService:
             changed = self.state.set_table_ec(req.table_id, req.ec)
             await self._commit(force=changed)
         return w.SetTableEcRsp(table_id=req.table_id, ec=req.ec, changed=changed)
+
+    @handles(w.ACCEPT_CHAIN_LOSS)
+    async def accept_chain_loss(self, req: w.AcceptChainLossReq, ctx: CallContext) -> w.AcceptChainLossRsp:
+        if not req.confirm:
+            raise InvalidArgument("accept_chain_loss needs confirm=True: the chain's data is given up for good")
+        async with self._lock:
+            self._guard()
+            target, given_up = accept_chain_loss(self.state, req.chain_id, self.clock.monotonic(),
+                                                 give_up_dead=req.give_up_dead)
+            await self._commit(force=True)
+            chain = self.state.chains[req.chain_id]
+            return w.AcceptChainLossRsp(target_id=target, given_up=given_up, chain_version=chain.version,
+                                        routing_version=self.state.version,
+                                        accepted_losses=self.state.accepted_losses)
 
     @handles(w.SYNC_REPORT)
     async def sync_report(self, req: w.SyncReportReq, ctx: CallContext) -> w.SyncReportRsp:

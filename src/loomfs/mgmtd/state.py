@@ -167,6 +167,9 @@ class ClusterState:
         # revoked token id -> wall-clock time it may be forgotten (``mgmtd.revoked``); saved with
         # the rest, so with several mgmtd the primary's revocations survive a failover
         self.revoked_tokens: dict[str, float] = {}
+        # chains an operator let serve again from an empty member (mgmtd.diskident.accept_chain_loss);
+        # saved with the rest, so the count survives restarts and failovers
+        self.accepted_losses = 0
         self._routing_cache: RoutingInfo | None = None
 
     def clear(self) -> None:
@@ -178,6 +181,7 @@ class ClusterState:
         self.chains.clear()
         self.tables.clear()
         self.revoked_tokens.clear()
+        self.accepted_losses = 0
         self._routing_cache = None
 
     # ---- events ----------------------------------------------------------------------------

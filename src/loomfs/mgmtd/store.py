@@ -100,6 +100,8 @@ def decode_rows(rows: Iterable[Sequence[Any]], state: ClusterState, now_s: float
                                "as replicated (a lost target is kept, never replaced by an empty spare); if it is "
                                "an EC group's table: loomfs admin table set-ec %d --yes", table.table_id,
                                table.table_id)
+        elif kind == "accepted_losses":
+            state.accepted_losses = int(v)
         elif kind == "version":
             state.version = v + 1  # a new incarnation always advertises a newer version
         elif kind == "revoked":  # token id -> until (wall-clock s): mgmtd.revoked
@@ -122,4 +124,6 @@ def encode_rows(state: ClusterState) -> list[Row]:
              for t in state.tables.values()]
     if state.revoked_tokens:
         rows.append(("revoked", 0, msgpack.packb(state.revoked_tokens)))
+    if state.accepted_losses:
+        rows.append(("accepted_losses", 0, msgpack.packb(state.accepted_losses)))
     return rows

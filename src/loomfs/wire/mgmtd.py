@@ -180,5 +180,29 @@ class SetTableEcRsp(Message):
     changed: bool = False
 
 
+@message
+class AcceptChainLossReq(Message):
+    """Operator action: every member of chain ``chain_id`` lost its disk (all blank,
+    mgmtd.diskident); let the chain serve again from an empty member, accepting that its data
+    is gone. Refused while any alive member holds data."""
+
+    chain_id: int = 0
+    confirm: bool = False  # required
+    # also give up members on dead nodes that were not found blank (they may hold the data, if
+    # they ever come back): without it such a member makes the call refuse
+    give_up_dead: bool = False
+
+
+@message
+class AcceptChainLossRsp(Message):
+    target_id: int = 0  # the empty member that serves now
+    given_up: list[int] = many()  # dead members given up (give_up_dead), treated as blank
+    chain_version: int = 0
+    routing_version: int = 0
+    accepted_losses: int = 0  # chains accepted as lost by mgmtd so far (all incarnations)
+
+
 SET_TABLE_EC = method(SERVICE_MGMTD, 10, "set_table_ec", SetTableEcReq, SetTableEcRsp, idempotent=True,
                       needs=Right.ADMIN)
+ACCEPT_CHAIN_LOSS = method(SERVICE_MGMTD, 11, "accept_chain_loss", AcceptChainLossReq, AcceptChainLossRsp,
+                           needs=Right.ADMIN)
