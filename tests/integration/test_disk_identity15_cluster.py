@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from test_mgmtd_ectables15_cluster import _admin
 
 import loomfs
 from loomfs.config import ClientConfig, RpcConfig
@@ -107,9 +108,11 @@ def test_an_empty_target_alone_serves_nothing(c3: LocalCluster) -> None:
     seen = Path(c3.services["mgmtd"].log_path).stat().st_size
     _wipe(c3, "storage1")
     _wait_log(c3, f"target {tid} (node 1, chain", after=seen)
-    r = c3.wait_routing(lambda r: _state(r, tid) == S.WAITING, 30, "the empty target waiting")
+    # it served alone: the chain's newest copy is gone with its disk; it stays lastsrv, blank
+    # (the loss's marker), never serving
+    r = c3.wait_routing(lambda r: _state(r, tid) == S.LASTSRV, 30, "the empty target waiting")
     chain = next(ch for ch in r.chains if tid in ch.targets)
-    assert not [t for t in chain.targets if _state(r, t) in (S.SERVING, S.LASTSRV)]
+    assert not [t for t in chain.targets if _state(r, t) == S.SERVING]
     # reads fail (the chain has no serving member): never the empty disk's "no chunk" as zeros
     quick = loomfs.connect(str(c3.root), config=ClientConfig(rpc=RpcConfig(call_timeout_s=3.0)))
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
@@ -117,10 +120,19 @@ def test_an_empty_target_alone_serves_nothing(c3: LocalCluster) -> None:
         with pytest.raises(OSError):
             fut.result(timeout=120)
     quick.close()
-    # a member that holds the data returns: it serves, the empty one resyncs from it
+    # the members behind it return: mgmtd cannot know whether writes were acknowledged while the
+    # lost one served alone, so none of them is served in its place (review, session 15) until
+    # an operator accepts the loss; then the first serves, and the empty one resyncs from it
     for name in others:
         c3.start_service(name)
+    for name in others:
+        c3.wait_listening(name, 30)
+    r = c3.wait_routing(lambda r: all(_state(r, c3.services[n].node_id * 1000 + 1) == S.WAITING for n in others),
+                        60, "the members behind it back, waiting")
+    assert not [t for t in chain.targets if _state(r, t) == S.SERVING]
+    ok = _admin(c3, "chain", "accept-loss", str(chain.chain_id), "--yes-lose-data")
+    assert ok.returncode == 0, ok.stdout + ok.stderr
     c3.wait_routing(c3.fully_replicated, 90, "the chain whole again")
-    assert fs.cat("/alone.bin") == data
+    assert fs.cat("/alone.bin") == data  # written before the others went down: they hold it
     assert hashlib.sha256(fs.cat("/keep.bin")).digest() != b""  # the first test's file is intact too
     fs.close()

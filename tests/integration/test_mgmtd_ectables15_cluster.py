@@ -85,9 +85,11 @@ def test_a_wiped_single_replica_chain_serves_again_only_when_the_loss_is_accepte
     shutil.rmtree(d)
     d.mkdir()
     c1.start_service("storage1")
-    c1.wait_routing(lambda r: _state(r, tid) == S.WAITING, 30, "the empty target waiting")
+    # the chain's only (newest) copy is gone: the empty target stays lastsrv, blank (the loss's
+    # marker: never serving), not swapped, not served
+    c1.wait_routing(lambda r: _state(r, tid) == S.LASTSRV, 30, "the empty target waiting")
     time.sleep(1.0)
-    assert _state(c1.routing(), tid) == S.WAITING  # not swapped, not served: it waits
+    assert _state(c1.routing(), tid) == S.LASTSRV
     refused = _admin(c1, "chain", "accept-loss", str(chain))
     assert refused.returncode != 0 and "--yes-lose-data" in refused.stderr
     ok = _admin(c1, "chain", "accept-loss", str(chain), "--yes-lose-data")

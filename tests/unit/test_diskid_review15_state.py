@@ -1,6 +1,5 @@
 """Review of the disk-identity change (5efb700, c48224f): gaps in mgmtd's handling of blank
-targets. Each test is a real problem, marked xfail(strict=True) until it is fixed. State
-machine only, no I/O."""
+targets, each fixed in session 15 (the tests were xfail until then). State machine only, no I/O."""
 
 from __future__ import annotations
 
@@ -46,10 +45,6 @@ def _states(st: ClusterState, chain_id: int = 1) -> dict[int, TargetState]:
     return {t: TargetState(st.targets[t].state) for t in st.chains[chain_id].targets}
 
 
-@pytest.mark.xfail(strict=True, reason="review15: rule 0 turns a blank LASTSRV into WAITING, so the chain forgets "
-                                       "that its newest copy is gone; rule 4 ('no serving, no lastsrv') then serves "
-                                       "from a member that was offline before it: acked writes dropped, their "
-                                       "version numbers reused for other bytes")
 def test_a_stale_member_does_not_serve_when_the_last_serving_member_came_back_blank() -> None:
     st = _cluster(2, 2)
     head, tail = st.chains[1].targets
@@ -74,9 +69,6 @@ def test_a_stale_member_does_not_serve_when_the_last_serving_member_came_back_bl
     assert _states(st)[tail] != S.SERVING, _states(st)
 
 
-@pytest.mark.xfail(strict=True, reason="review15: heartbeat() reconciles (node back from DEAD) before note_formats; "
-                                       "a LASTSRV target becomes SERVING, then is found blank and its demotion is "
-                                       "held by the revocation: the published routing has a blank member serving")
 def test_a_heartbeat_that_brings_a_node_back_with_a_new_disk_never_publishes_it_serving() -> None:
     # a store from before format ids (nothing recorded); the node runs new code and formatted an
     # empty directory (formatted_now) while an older mgmtd ran; it never re-registers
@@ -94,9 +86,6 @@ def test_a_heartbeat_that_brings_a_node_back_with_a_new_disk_never_publishes_it_
     assert _states(st)[tail] != S.SERVING, _states(st)
 
 
-@pytest.mark.xfail(strict=True, reason="review15: two target directories of one node swapped (config order changed, "
-                                       "mounts swapped): each reports the id mgmtd recorded for the other; mgmtd marks "
-                                       "both blank and resyncs over both good disks instead of refusing")
 def test_swapped_target_directories_are_refused_not_blanked() -> None:
     st = ClusterState(lease_s=LEASE_S)
 
@@ -114,8 +103,6 @@ def test_swapped_target_directories_are_refused_not_blanked() -> None:
         reg(1, [fid(1, 1), fid(1, 0)])  # the two directories trade places
 
 
-@pytest.mark.xfail(strict=True, reason="review15: two targets reporting the same format id (one directory used twice) "
-                                       "are accepted silently")
 def test_one_directory_reported_by_two_targets_is_refused() -> None:
     st = ClusterState(lease_s=LEASE_S)
     with pytest.raises(LoomError):
@@ -123,3 +110,34 @@ def test_one_directory_reported_by_two_targets_is_refused() -> None:
                     targets=[TargetInfo(target_id=1001, path="/a"), TargetInfo(target_id=1002, path="/a")],
                     now_s=0.0, formats=[TargetFormat(target_id=1001, format_id=fid(1)),
                                         TargetFormat(target_id=1002, format_id=fid(1))])
+
+
+def test_accepting_the_loss_of_the_newest_copy_serves_the_member_behind_it() -> None:
+    """The way out of the case above: an operator accepts the loss of the writes acknowledged
+    while the tail was down; the tail serves, the blank head resyncs from it."""
+    from loomfs.mgmtd.diskident import accept_chain_loss
+
+    st = _cluster(2, 2)
+    head, tail = st.chains[1].targets
+    now = 0.0
+    for _ in range(8):
+        now += 0.25
+        _beat(st, now, (head // 1000,))
+    for _ in range(8):
+        now += 0.25
+        _beat(st, now, ())
+    _register(st, head // 1000, now, gen=1)
+    _register(st, tail // 1000, now)
+    for _ in range(4):
+        now += 0.25
+        _beat(st, now, (head // 1000, tail // 1000))
+    assert S.SERVING not in _states(st).values()
+    served, given_up = accept_chain_loss(st, 1, now)
+    assert (served, given_up) == (tail, []) and st.accepted_losses == 1
+    assert _states(st)[tail] == S.SERVING and st.targets[head].blank
+    for _ in range(4):
+        now += 0.25
+        _beat(st, now, (head // 1000, tail // 1000))
+    assert _states(st)[head] == S.SYNCING
+    with pytest.raises(LoomError):
+        accept_chain_loss(st, 1, now)  # it serves: nothing to accept

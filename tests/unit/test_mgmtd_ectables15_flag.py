@@ -118,7 +118,8 @@ def test_a_blank_target_of_a_replicated_single_replica_chain_is_not_swapped() ->
     _register(st, 1, 0.5, gen=1)  # its disk was replaced: the chain's data is gone
     _beat(st, 0.6, (1, 2, 3))
     assert chain.targets == [old] and st.targets[old].blank
-    assert st.targets[old].state == S.WAITING  # serves nothing (docs: accept-loss is the way out)
+    # serves nothing: the blank lastsrv is the loss's marker (docs: accept-loss is the way out)
+    assert st.targets[old].state == S.LASTSRV
 
 
 def _service(st: ClusterState, store: MgmtdStore | None = None) -> MgmtdService:

@@ -55,6 +55,29 @@ def reported_format(formats: Iterable[TargetFormat] | None, target_id: int) -> s
     return ""
 
 
+def check_formats(state: ClusterState, node_id: int, formats: Iterable[TargetFormat]) -> None:
+    """Before a registration or heartbeat changes anything: EEXIST when two of the reported
+    targets share a format id (one directory used twice) or a reported id is recorded for
+    another target (the node's target directories swapped, or a disk moved between nodes).
+    Marking them blank would resync over good copies; the operator decides (review, session 15)."""
+    seen: dict[str, int] = {}
+    for f in formats:
+        if not f.format_id:
+            continue
+        other = seen.setdefault(f.format_id, f.target_id)
+        if other != f.target_id:
+            raise StatusError(Status.EEXIST, f"node {node_id}: targets {other} and {f.target_id} report one format "
+                              f"id {f.format_id} (one directory used twice)")
+    if not seen:
+        return
+    for t in state.targets.values():
+        owner = seen.get(t.format_id) if t.format_id else None
+        if owner is not None and owner != t.target_id:
+            raise StatusError(Status.EEXIST, f"node {node_id}: target {owner} reports format id {t.format_id}, "
+                              f"recorded for target {t.target_id} (node {t.node_id}): directories swapped or a disk "
+                              "moved; put them back, or let an operator decide")
+
+
 def note_formats(state: ClusterState, node_id: int, formats: Iterable[TargetFormat]) -> tuple[bool, list[int]]:
     """Compare the format ids node ``node_id`` reported with the recorded ones. Returns (a
     record changed: save it, the targets of chains found blank now: reconcile)."""
@@ -106,16 +129,22 @@ def blank_targets(state: ClusterState) -> list[int]:
 
 def accept_chain_loss(state: ClusterState, chain_id: int, now_s: float, *,
                       give_up_dead: bool = False) -> tuple[int, list[int]]:
-    """Operator action (the caller checked the confirmation): chain ``chain_id``, whose members
-    all lost their disks, serves again from an empty member, its data given up. Returns (the
-    member that serves now, the dead members given up). Nothing else changes: the chosen member
-    is no longer blank, so the transition rules (rule 4) make it serve; the other members stay
-    blank and resync from it as usual.
+    """Operator action (the caller checked the confirmation): chain ``chain_id``, whose data is
+    lost, serves again, its lost data given up. Returns (the member that serves now, the dead
+    members given up). Two cases:
 
-    Refused (EBUSY) while any member on an alive node is not blank: it holds the chain's data and
-    the normal rules serve from it (a failed or fenced one included: it may come back). A member
-    on a dead node that was not found blank may hold the data too: refused unless
-    ``give_up_dead``; then it is marked blank (it resyncs from the chain if it returns)."""
+    * the chain's newest copy is lost (a blank LASTSRV: the disk of the member that last
+      served alone was replaced; ``mgmtd.transitions`` rule 0) while members that fell behind
+      it hold older data: it serves from the first of those on an alive node (the writes
+      acknowledged since it fell behind are given up); the blank one resyncs from it;
+    * every member lost its disk (all blank): it serves from an empty member, which is no
+      longer blank; the others stay blank and resync from it.
+
+    Refused (EBUSY) while the chain serves, and, when no newest copy is known lost, while any
+    member on an alive node is not blank: it holds the chain's data and the normal rules serve
+    from it (a failed or fenced one included: it may come back). A member on a dead node that
+    was not found blank may hold the data too: refused unless ``give_up_dead``; then it is
+    marked blank (it resyncs from the chain if it returns)."""
     chain = state.chains.get(chain_id)
     if chain is None:
         raise StatusError(Status.ENOENT, f"no chain {chain_id}")
@@ -125,28 +154,44 @@ def accept_chain_loss(state: ClusterState, chain_id: int, now_s: float, *,
         n = state.nodes.get(t.node_id)
         return n is not None and n.state == NodeState.ALIVE
 
-    holding = [t.target_id for t in members if not t.blank and alive(t)]
-    if holding:
-        raise StatusError(Status.EBUSY, f"chain {chain_id}: member(s) {holding} on alive nodes hold its data "
-                                        "(not blank): nothing to accept, the chain serves from them")
-    dead = [t.target_id for t in members if not t.blank]
-    if dead and not give_up_dead:
+    def usable(t: TargetRecord) -> bool:
+        return alive(t) and not t.failed and t.fenced_until_s <= now_s
+
+    if any(t.state == TargetState.SERVING for t in members):
+        raise StatusError(Status.EBUSY, f"chain {chain_id} serves: nothing to accept")
+    markers = [t for t in members if t.blank and t.state == TargetState.LASTSRV]
+    holding = [t for t in members if not t.blank and alive(t)]
+    if holding and not markers:
+        raise StatusError(Status.EBUSY, f"chain {chain_id}: member(s) {[t.target_id for t in holding]} on alive "
+                                        "nodes hold its data (not blank): nothing to accept, the chain serves from them")
+    dead = [t.target_id for t in members if not t.blank and not alive(t)]
+    if dead and not give_up_dead and not (holding and markers):
         raise StatusError(Status.EBUSY, f"chain {chain_id}: member(s) {dead} on dead nodes were not found blank and "
                                         "may hold its data if they come back; give them up too explicitly")
-    usable = [t for t in members if t.blank and alive(t) and not t.failed and t.fenced_until_s <= now_s]
-    if not usable:
+    if holding:  # the newest copy is gone; an older one is here
+        choices = [t for t in holding if usable(t)]
+        given_up: list[int] = []
+    else:
+        choices = [t for t in members if t.blank and usable(t)]
+        given_up = dead
+    if not choices:
         raise InvalidArgument(f"chain {chain_id}: no alive, usable (not failed, not fenced) member to serve from")
-    for tid in dead:
+    for tid in given_up:
         t = state.targets[tid]
         t.blank = True
         t.sync_done_version = 0
-    chosen = usable[0]
+    for t in markers:  # the loss is accepted: no marker holds the chain back any more
+        t.state = TargetState.WAITING if alive(t) else TargetState.OFFLINE
+    chosen = choices[0]
     chosen.blank = False
+    if chosen.state in (TargetState.LASTSRV, TargetState.WAITING, TargetState.OFFLINE):
+        chosen.state = TargetState.WAITING  # rule 4 serves it: the chain's first alive member not blank
     state.accepted_losses += 1
-    logger.error("chain %d: the operator accepted the loss of its data: every member lost its disk%s; target %d "
-                 "(node %d, empty) serves the chain from now on, its other members resync from it; chunks written "
-                 "before are gone (%d chain(s) accepted as lost so far)", chain_id,
-                 f" or is given up (dead: {dead})" if dead else "", chosen.target_id, chosen.node_id,
-                 state.accepted_losses)
+    what = ("its newest copy was lost with a replaced disk; the writes acknowledged since this member fell "
+            "behind are gone" if holding else "every member lost its disk" +
+            (f" or is given up (dead: {given_up})" if given_up else "") + "; chunks written before are gone")
+    logger.error("chain %d: the operator accepted the loss of its data: %s; target %d (node %d) serves the chain "
+                 "from now on, its other members resync from it (%d chain(s) accepted as lost so far)", chain_id,
+                 what, chosen.target_id, chosen.node_id, state.accepted_losses)
     state.reconcile(now_s)
-    return chosen.target_id, dead
+    return chosen.target_id, given_up

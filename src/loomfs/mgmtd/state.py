@@ -32,7 +32,7 @@ import logging
 from dataclasses import dataclass, field
 
 from loomfs.errors import InvalidArgument, StatusError
-from loomfs.mgmtd.diskident import note_formats, reported_format, warn_blank_chains
+from loomfs.mgmtd.diskident import check_formats, note_formats, reported_format, warn_blank_chains
 from loomfs.mgmtd.placement import plan_chains
 from loomfs.mgmtd.transitions import ChainPlan, Member, Suspicion, pick_suspicion, plan_chain
 from loomfs.wire.mgmtd import TargetFormat
@@ -200,6 +200,7 @@ class ClusterState:
             raise InvalidArgument(f"failure domain label longer than {DOMAIN_MAX_CHARS} characters")
         if node_id == 0:
             node_id = self._find_or_assign(kind, host, port)
+        check_formats(self, node_id, formats or ())  # before anything changes
         rec = self.nodes.get(node_id)
         changed = False
         if rec is None:
@@ -272,7 +273,11 @@ class ClusterState:
         rec = self.nodes.get(node_id)
         if rec is None:
             raise StatusError(Status.ENOENT, f"node {node_id} is not registered")
+        check_formats(self, node_id, formats or ())
         rec.last_heartbeat_s = now_s
+        # the disks first: a target back on a new disk must be known blank before any
+        # reconcile below (a node back from DEAD) could make it serve (review, session 15)
+        recorded, blanked = note_formats(self, node_id, formats or ())
         acked = False
         for tid in revoked_acked or ():
             tr = self.targets.get(tid)
@@ -298,7 +303,6 @@ class ClusterState:
                                "disk failure reported: out of service" if tr.failed else "reported serving again")
         if failed_changed and self.reconcile(now_s, bump=False):
             self._bump()
-        recorded, blanked = note_formats(self, node_id, formats or ())
         if recorded:  # saved with the bump (a recorded id must survive a restart of mgmtd)
             self.reconcile(now_s, bump=False)
             self._bump()

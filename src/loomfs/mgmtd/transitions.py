@@ -18,10 +18,12 @@ The rules (docs/fault-tolerance.md has them as a table):
 * a chain with no serving and no lastsrv member (nothing better is known) serves from its
   first alive member, so a chain never stays stuck;
 * a *blank* member (its disk was replaced: a new format id, ``mgmtd.diskident``) holds none
-  of the chain's data: it is never made SERVING or LASTSRV from its own contents (alive, it
-  WAITs and then resyncs; a resync its restart interrupted starts over) and is skipped by the
-  rule above: a chain whose only alive members are blank serves nothing until a member that
-  holds its data returns;
+  of the chain's data: it is never made SERVING from its own contents (alive, it WAITs and
+  then resyncs; a resync its restart interrupted starts over) and is skipped by the rule
+  above: a chain whose only alive members are blank serves nothing until a member that holds
+  its data returns. A blank member that held the chain's newest copy (LASTSRV, or the only
+  serving member) stays or becomes LASTSRV, blank: the loss's marker, never serving, so no
+  member behind it is served in its place; the chain waits for an operator's accept-loss;
 * an OFFLINE target offline for longer than ``replace_after_s`` is swapped for a spare on
   another node, which then syncs like a returning target;
 * a draining target gets a spare added beside it; once the chain has ``replicas`` serving
@@ -98,12 +100,23 @@ def _why_gone(m: Member) -> str:
 def _step_states(ms: list[Member], reasons: list[str]) -> None:
     """The per-target rules, applied in place in a fixed order."""
     # 0. replaced disks: an empty target is no copy of the chain's data. It waits (then resyncs
-    # from a serving member); a resync under way when its process restarted starts over
+    # from a serving member); a resync under way when its process restarted starts over. If it
+    # held the chain's newest copy (lastsrv, or the only serving member), that copy is gone: it
+    # stays (or becomes) lastsrv, blank, as the chain's marker of the loss, so no member that
+    # was behind it is served in its place (rule 4) until an operator accepts the loss
+    # (``accept_chain_loss``; review, session 15: acknowledged writes were dropped and their
+    # version numbers reused for other bytes)
     for i, m in enumerate(ms):
-        if m.blank and m.alive and (m.state in (S.SERVING, S.LASTSRV) or (m.state == S.SYNCING and m.restarted)):
+        if not m.blank or m.state == S.LASTSRV:
+            continue
+        if m.state == S.SERVING:
+            if not any(j != i and x.state == S.SERVING and x.alive and not x.blank for j, x in enumerate(ms)):
+                _set(ms, i, S.LASTSRV, reasons, "disk replaced: the chain's newest copy is lost; "
+                                                "waits for an operator to accept the loss")
+            else:
+                _set(ms, i, S.WAITING if m.alive else S.OFFLINE, reasons, "disk replaced: empty, resync from the chain")
+        elif m.state == S.SYNCING and m.restarted and m.alive:
             _set(ms, i, S.WAITING, reasons, "disk replaced: empty, resync from the chain")
-        elif m.blank and not m.alive and m.state in (S.SERVING, S.LASTSRV):
-            _set(ms, i, S.OFFLINE, reasons, "disk replaced: empty")
     # 1. failures
     serving_alive = [m for m in ms if m.state == S.SERVING and m.alive]
     dying = [i for i, m in enumerate(ms) if m.state == S.SERVING and not m.alive]
@@ -127,7 +140,7 @@ def _step_states(ms: list[Member], reasons: list[str]) -> None:
         if not m.alive:
             continue
         serving = S.SERVING in _states(ms)
-        if m.state == S.LASTSRV:  # (never blank: rule 0)
+        if m.state == S.LASTSRV and not m.blank:  # (a blank one: the loss's marker, rule 0)
             _set(ms, i, S.WAITING if serving else S.SERVING, reasons, "lastsrv back")
         elif m.state == S.OFFLINE:
             _set(ms, i, S.WAITING, reasons, "back")
