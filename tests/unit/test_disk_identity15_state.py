@@ -30,10 +30,10 @@ def _register(st: ClusterState, n: int, now_s: float, *, gen: int = 0, formats: 
                 if formats else None)
 
 
-def _cluster(nodes: int = 3, replicas: int = 3) -> ClusterState:
+def _cluster(nodes: int = 3, replicas: int = 3, *, formats: bool = True) -> ClusterState:
     st = ClusterState(lease_s=LEASE_S)
     for n in range(1, nodes + 1):
-        _register(st, n, 0.0)
+        _register(st, n, 0.0, formats=formats)
     st.create_chain_table(replicas=replicas)
     return st
 

@@ -4,6 +4,7 @@ targets, each fixed in session 15 (the tests were xfail until then). State machi
 from __future__ import annotations
 
 import pytest
+from test_disk_identity15_state import LEASE_S, _beat, _cluster, _register, _states, fid
 
 from loomfs.errors import LoomError
 from loomfs.mgmtd.state import ClusterState
@@ -11,38 +12,6 @@ from loomfs.wire.mgmtd import TargetFormat
 from loomfs.wire.types import NodeKind, TargetInfo, TargetState
 
 S = TargetState
-LEASE_S = 1.0
-
-
-def fid(n: int, gen: int = 0) -> str:
-    return f"{n:016x}{gen:016x}"
-
-
-def _register(st: ClusterState, n: int, now_s: float, *, gen: int = 0, formats: bool = True,
-              formatted_now: bool = False) -> None:
-    tid = n * 1000 + 1
-    st.register(node_id=n, kind=NodeKind.STORAGE, host="h", port=9000 + n,
-                targets=[TargetInfo(target_id=tid, path="/t")], now_s=now_s,
-                formats=[TargetFormat(target_id=tid, format_id=fid(n, gen), formatted_now=formatted_now)]
-                if formats else None)
-
-
-def _cluster(nodes: int, replicas: int, *, formats: bool = True) -> ClusterState:
-    st = ClusterState(lease_s=LEASE_S)
-    for n in range(1, nodes + 1):
-        _register(st, n, 0.0, formats=formats)
-    st.create_chain_table(replicas=replicas)
-    return st
-
-
-def _beat(st: ClusterState, now_s: float, nodes: tuple[int, ...]) -> None:
-    for n in nodes:
-        st.heartbeat(n, [], now_s)
-    st.tick(now_s)
-
-
-def _states(st: ClusterState, chain_id: int = 1) -> dict[int, TargetState]:
-    return {t: TargetState(st.targets[t].state) for t in st.chains[chain_id].targets}
 
 
 def test_a_stale_member_does_not_serve_when_the_last_serving_member_came_back_blank() -> None:
