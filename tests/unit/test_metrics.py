@@ -256,3 +256,19 @@ def test_service_metrics_renders_info_and_process() -> None:
     assert s.total("loomfs_service_info", service="meta1") == 1
     assert s.total("process_resident_memory_bytes") > 0
     assert repr(m).startswith("ServiceMetrics(meta1 port=0")
+
+
+def test_mgmtd_collector_counts_blank_targets_and_accepted_losses() -> None:
+    from types import SimpleNamespace
+
+    state = _FakeState()
+    state.targets = {1001: SimpleNamespace(blank=True), 1002: SimpleNamespace(blank=False)}  # type: ignore[attr-defined]
+    state.accepted_losses = 2  # type: ignore[attr-defined]
+    reg = CollectorRegistry()
+    reg.register(MgmtdCollector(state))
+    s = _scrape(reg)
+    assert s.total("loomfs_mgmtd_blank_targets") == 1
+    assert s.total("loomfs_mgmtd_accepted_chain_losses_total") == 2
+    reg2 = CollectorRegistry()
+    reg2.register(MgmtdCollector(_FakeState()))  # a state without them (a stand-in): zeros
+    assert _scrape(reg2).total("loomfs_mgmtd_blank_targets") == 0

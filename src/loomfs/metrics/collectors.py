@@ -149,6 +149,13 @@ class MgmtdCollector(Collector):
         yield GaugeMetricFamily("loomfs_mgmtd_capacity_bytes", "capacity over all disks (each disk once)",
                                 value=cap.capacity_bytes)
         yield GaugeMetricFamily("loomfs_mgmtd_disks", "disks the targets live on", value=cap.disks)
+        # replaced disks (mgmtd.diskident): targets not resynced yet, and the chains whose data
+        # loss an operator accepted (a counter: it only grows, and survives restarts)
+        targets_by_id = getattr(self.state, "targets", {})
+        yield GaugeMetricFamily("loomfs_mgmtd_blank_targets", "targets back on a replaced disk, not resynced yet",
+                                value=sum(1 for t in targets_by_id.values() if getattr(t, "blank", False)))
+        yield CounterMetricFamily("loomfs_mgmtd_accepted_chain_losses", "chains whose data loss an operator accepted",
+                                  value=getattr(self.state, "accepted_losses", 0))
 
 
 class ClientCollector(Collector):
