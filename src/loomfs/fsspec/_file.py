@@ -144,7 +144,9 @@ class LoomBufferedFile(io.BufferedIOBase):
         return int(self._raw.truncate(size))
 
     def flush(self) -> None:
-        if not self.closed:
+        # close() closes the raw file first, then io's close flushes: a closed raw file
+        # (a relaxed read's in-memory CachedFile raises on flush once closed) has nothing to flush
+        if not self.closed and not self._raw.closed:
             self._raw.flush()
 
     def fsync(self) -> None:
@@ -210,8 +212,24 @@ class LoomBufferedFile(io.BufferedIOBase):
                 self._temp_path = None
         super().__del__()
 
+    def __reduce__(self) -> Any:
+        """A file open for reading pickles as (filesystem, path, position), as fsspec's
+        AbstractBufferedFile does: the copy (a DataLoader worker's) opens the file again and
+        seeks there. A file open for writing does not pickle."""
+        if "r" not in self.mode or "+" in self.mode:
+            raise TypeError(f"a LoomFS file open for writing (mode {self.mode!r}) cannot be pickled")
+        if self.closed:
+            raise ValueError("a closed LoomFS file cannot be pickled")
+        return _reopen, (self.fs, self.path, self.mode, self.tell())
+
     def __repr__(self) -> str:
         return f"<LoomBufferedFile {self.fs.unstrip_protocol(self.path)} mode={self.mode!r} closed={self.closed}>"
+
+
+def _reopen(fs: LoomFileSystem, path: str, mode: str, loc: int) -> LoomBufferedFile:
+    f = fs.open(path, mode)
+    f.seek(loc)
+    return f
 
 
 class AsyncLoomFile:
