@@ -201,8 +201,8 @@ async def _walk(txn: MetaTxn, parts: list[str], follow_last: bool, searched: lis
             absolute, tparts, trailing = split_target(link.symlink_target)
             if absolute:
                 del stack[1:]
-            if last:
-                must_be_dir = trailing
+            if last:  # a slash at the end of any link of the last name's chain asks for a directory
+                must_be_dir = must_be_dir or trailing
             if not tparts:
                 # target "/" (or only slashes)
                 if last:
