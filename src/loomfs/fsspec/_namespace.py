@@ -199,13 +199,17 @@ class NamespaceOps(LoomBase):
     async def _mv(self, path1: Any, path2: Any, recursive: bool = False, maxdepth: int | None = None,
                   **kwargs: Any) -> None:
         """Native renames (a directory moves with one rename, whatever its size): onto
-        ``path2``, or into it when it is an existing directory or ends with '/'; a glob or
-        list of sources moves each into the directory ``path2``."""
+        ``path2``, or into it when it is an existing directory or ends with '/'; a directory
+        named with a trailing '/' moves its contents into ``path2`` (as fsspec's ``cp``); a
+        glob or list of sources moves each into the directory ``path2``."""
         if isinstance(path1, list) and isinstance(path2, list):
             pairs = list(zip(self._strip_protocol(path1), self._strip_protocol(path2), strict=True))
         elif isinstance(path1, str) and not has_magic(path1):
             src, dst = self._strip_protocol(path1), self._strip_protocol(path2)
             if src == dst:
+                return
+            if str(path1).endswith("/") and src != "/" and await self._isdir(src):
+                await self._mv_contents(src, dst)
                 return
             if str(path2).endswith("/") or await self._isdir(dst):
                 dst = posixpath.join(dst, posixpath.basename(src))
@@ -219,6 +223,16 @@ class NamespaceOps(LoomBase):
             pairs = [(s, posixpath.join(dst_dir, posixpath.basename(s))) for s in srcs]
         for src, dst in pairs:
             await self._with_parent(dst, lambda s=src, d=dst: self.core.rename(s, d))  # type: ignore[misc]
+
+    async def _mv_contents(self, src: str, dst: str) -> None:
+        """``mv("a/", dst)``: what directory ``a`` holds moves into ``dst`` (made when
+        missing), one rename per entry, and ``a`` goes, as fsspec's copy-then-remove does
+        with a source that ends with '/'."""
+        names = await self._ls(src, detail=False)
+        await self.core.makedirs(dst, exist_ok=True)
+        for name in names:
+            await self.core.rename(name, posixpath.join(dst, posixpath.basename(name)))
+        await self.core.rmdir(src)
 
     def mv(self, path1: Any, path2: Any, recursive: bool = False, maxdepth: int | None = None,
            **kwargs: Any) -> None:
