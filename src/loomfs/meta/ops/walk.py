@@ -21,7 +21,7 @@ from loomfs.common.identity import Identity
 from loomfs.errors import StatusError
 from loomfs.meta import perm, tenancy
 from loomfs.meta.caller import CALLER
-from loomfs.meta.paths import split_target
+from loomfs.meta.paths import NAME_MAX_BYTES, split_target
 from loomfs.meta.store.base import DentryRow, MetaTxn
 from loomfs.wire.status import Status
 from loomfs.wire.types import ROOT_INODE, FileType
@@ -199,6 +199,9 @@ async def _walk(txn: MetaTxn, parts: list[str], follow_last: bool, searched: lis
             if link is None:
                 raise StatusError(Status.EIO, f"dangling dentry {comp!r} -> inode {row.inode}")
             absolute, tparts, trailing = split_target(link.symlink_target)
+            for name in tparts:  # a request's own names were checked (``split_path``); a target's were not
+                if len(name) > NAME_MAX_BYTES // 4 and len(name.encode("utf-8", "surrogatepass")) > NAME_MAX_BYTES:
+                    raise StatusError(Status.ENAMETOOLONG, f"name too long in the target of {comp!r}")
             if absolute:
                 del stack[1:]
             if last:  # a slash at the end of any link of the last name's chain asks for a directory
