@@ -69,7 +69,7 @@ class DataOps(LoomBase):
             for r in out:
                 if isinstance(r, BaseException):
                     raise r
-        if len(paths) > 1 or isinstance(path, list) or paths[0] != self._strip_protocol(path):
+        if not paths or len(paths) > 1 or isinstance(path, list) or paths[0] != self._strip_protocol(path):
             return {k: v for k, v in zip(paths, out, strict=True)
                     if on_error != "omit" or not isinstance(v, BaseException)}
         return out[0]
