@@ -12,6 +12,7 @@ import dataclasses
 import logging
 import os
 import secrets
+import stat
 from collections.abc import Sequence
 
 import crc32c
@@ -238,6 +239,9 @@ class FileOps(InlineOps):
                 if flags & os.O_TRUNC and attr.type == FILE:
                     truncated_from = attr.size
                     attr = await self._truncate_at_open(txn, attr, data, chunked, now)
+                    if who.uid != 0 and _killpriv(attr.mode) != attr.mode:
+                        attr = dataclasses.replace(attr, mode=_killpriv(attr.mode))
+                        await txn.put_inode(attr)
                     if data is not None and attr.inline:
                         return Opened(attr, 0, truncated_from, settle=await self._must_settle(txn, attr.inode))
             else:
@@ -458,6 +462,8 @@ class FileOps(InlineOps):
             if mode >= 0:
                 regrouped = dataclasses.replace(attr, gid=changes["gid"]) if "gid" in changes else attr
                 changes["mode"] = perm.chmod_mode(regrouped, who, mode, path)
+            if size >= 0 and who.uid != 0 and _killpriv(changes.get("mode", attr.mode)) != attr.mode:
+                changes["mode"] = _killpriv(changes.get("mode", attr.mode))  # a truncate, as Linux's
             if atime_ns >= 0 or mtime_ns >= 0:
                 perm.may_set_times(attr, who, now=times_now, what=path)
             if atime_ns >= 0:
@@ -495,6 +501,15 @@ class FileOps(InlineOps):
                 await txn.put_inode(attr)
             settle = size >= 0 and await self._must_settle(txn, attr.inode)
             return SetattrResult(attr, truncated_from, epoch), settle
+
+
+def _killpriv(mode: int) -> int:
+    """A regular file's mode after a truncate by a caller other than root: without setuid,
+    and without setgid when group-executable (Linux's should_remove_suid)."""
+    mode &= ~stat.S_ISUID
+    if mode & (stat.S_ISGID | stat.S_IXGRP) == (stat.S_ISGID | stat.S_IXGRP):
+        mode &= ~stat.S_ISGID
+    return mode
 
 
 async def mark_ec_reduced(txn: MetaTxn, attr: Attr, mark: bool, done: int) -> Attr:
