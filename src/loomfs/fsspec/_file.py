@@ -104,21 +104,43 @@ class LoomBufferedFile(io.BufferedIOBase):
     def isatty(self) -> bool:
         return False
 
+    @property
+    def _io(self) -> Any:
+        """The raw file to use in this process: a forked child (a DataLoader worker given a
+        file its parent opened, inside a pyarrow ParquetFile say) cannot use the parent's
+        handle, so a file open for reading opens the path again at the same position (as
+        fsspec's buffered files, which hold no handle, just work); a written one raises the
+        client's error (its bytes are the parent's to write)."""
+        if self._pid != os.getpid() and self._read_only and not self.closed:
+            pos = self._raw.tell()  # the position is kept locally
+            raw = self.fs.loom.open(self.path, self.mode)
+            try:
+                raw.seek(pos)
+            except BaseException:
+                raw.close()
+                raise
+            self._raw, self._pid = raw, os.getpid()  # the parent's handle: never closed here
+        return self._raw
+
+    @property
+    def _read_only(self) -> bool:
+        return "r" in self.mode and "+" not in self.mode
+
     # reading
     def read(self, size: int | None = -1) -> bytes:
-        return bytes(self._raw.read(size))
+        return bytes(self._io.read(size))
 
     def read1(self, size: int = -1) -> bytes:
-        return bytes(self._raw.read(size))
+        return bytes(self._io.read(size))
 
     def readinto(self, b: Any) -> int:
-        return int(self._raw.readinto(b))
+        return int(self._io.readinto(b))
 
     def readinto1(self, b: Any) -> int:
-        return int(self._raw.readinto(b))
+        return int(self._io.readinto(b))
 
     def readline(self, size: int | None = -1) -> bytes:
-        return bytes(self._raw.readline(size))
+        return bytes(self._io.readline(size))
 
     def readuntil(self, char: bytes = b"\n", blocks: int | None = None) -> bytes:
         """Read up to and including ``char`` (fsspec's AbstractBufferedFile has it)."""
@@ -154,10 +176,10 @@ class LoomBufferedFile(io.BufferedIOBase):
 
     # position
     def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
-        return int(self._raw.seek(offset, whence))
+        return int(self._io.seek(offset, whence))
 
     def tell(self) -> int:
-        return int(self._raw.tell())
+        return int(self._raw.tell())  # kept locally: no need to reopen in a forked child
 
     # lifetime
     def close(self) -> None:
@@ -216,7 +238,7 @@ class LoomBufferedFile(io.BufferedIOBase):
         """A file open for reading pickles as (filesystem, path, position), as fsspec's
         AbstractBufferedFile does: the copy (a DataLoader worker's) opens the file again and
         seeks there. A file open for writing does not pickle."""
-        if "r" not in self.mode or "+" in self.mode:
+        if not self._read_only:
             raise TypeError(f"a LoomFS file open for writing (mode {self.mode!r}) cannot be pickled")
         if self.closed:
             raise ValueError("a closed LoomFS file cannot be pickled")
