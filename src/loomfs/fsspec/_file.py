@@ -88,6 +88,16 @@ class LoomBufferedFile(io.BufferedIOBase):
     def info(self) -> dict[str, Any]:
         return self.details
 
+    @property
+    def closed(self) -> bool:
+        return bool(io.BufferedIOBase.closed.__get__(self))
+
+    @closed.setter
+    def closed(self, value: bool) -> None:
+        """fsspec's caching layers set ``f.closed = True`` after closing (a file of theirs)."""
+        if value and not self.closed:
+            LoomBufferedFile.close(self)
+
     # io capabilities
     def readable(self) -> bool:
         return bool(self._raw.readable())
@@ -126,18 +136,40 @@ class LoomBufferedFile(io.BufferedIOBase):
     def _read_only(self) -> bool:
         return "r" in self.mode and "+" not in self.mode
 
+    # what fsspec's caching layers use (``blockcache::loom://...`` sets ``f.cache`` to an
+    # MMapCache over ``_fetch_range`` and reads through it)
+    def _fetch_range(self, start: int, end: int) -> bytes:
+        return bytes(self.fs.cat_file(self.path, start, end))
+
+    def _cached_read(self, cache: Any, size: int | None) -> bytes:
+        pos = self.tell()
+        end = self.size if size is None or size < 0 else min(self.size, pos + size)
+        if end <= pos:
+            return b""
+        data = bytes(cache._fetch(pos, end))
+        self._io.seek(pos + len(data))
+        return data
+
     # reading
     def read(self, size: int | None = -1) -> bytes:
+        cache = self.__dict__.get("cache")
+        if cache is not None:
+            return self._cached_read(cache, size)
         return bytes(self._io.read(size))
 
     def read1(self, size: int = -1) -> bytes:
-        return bytes(self._io.read(size))
+        return self.read(size)
 
     def readinto(self, b: Any) -> int:
+        if self.__dict__.get("cache") is not None:
+            view = memoryview(b).cast("B")
+            data = self.read(len(view))
+            view[:len(data)] = data
+            return len(data)
         return int(self._io.readinto(b))
 
     def readinto1(self, b: Any) -> int:
-        return int(self._io.readinto(b))
+        return self.readinto(b)
 
     def readline(self, size: int | None = -1) -> bytes:
         return bytes(self._io.readline(size))
