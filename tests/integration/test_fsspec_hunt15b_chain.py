@@ -8,7 +8,7 @@ import os
 from typing import Any
 
 import fsspec
-from tests.integration.test_fsspec import _close_shared_clients, lfs  # noqa: F401
+from test_fsspec import _close_shared_clients, lfs  # noqa: F401
 
 from loomfs.fsspec import LoomFileSystem
 

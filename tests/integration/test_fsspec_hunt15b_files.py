@@ -6,7 +6,7 @@ from __future__ import annotations
 import pickle
 
 import pytest
-from tests.integration.test_fsspec import _close_shared_clients, lfs  # noqa: F401
+from test_fsspec import _close_shared_clients, lfs  # noqa: F401
 
 from loomfs.fsspec import LoomFileSystem
 from loomfs.testing import LocalCluster

@@ -9,7 +9,7 @@ import multiprocessing
 import os
 
 import pytest
-from tests.integration.test_fsspec import _close_shared_clients, lfs  # noqa: F401
+from test_fsspec import _close_shared_clients, lfs  # noqa: F401
 
 from loomfs.fsspec import LoomBufferedFile, LoomFileSystem
 

@@ -4,7 +4,7 @@ directory itself."""
 
 from __future__ import annotations
 
-from tests.integration.test_fsspec import _close_shared_clients, lfs  # noqa: F401
+from test_fsspec import _close_shared_clients, lfs  # noqa: F401
 
 from loomfs.fsspec import LoomFileSystem
 

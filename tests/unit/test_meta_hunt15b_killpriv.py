@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 import stat
 
-from tests.unit.test_meta_namespace import CREAT, Env
+from test_meta_namespace import CREAT, Env
 
 from loomfs.common.identity import Identity
 from loomfs.meta.caller import acting_as

@@ -7,7 +7,7 @@ from __future__ import annotations
 import errno
 import os
 
-from tests.unit.test_meta_namespace import CREAT, Env
+from test_meta_namespace import CREAT, Env
 
 LONG = "é" * 128  # 128 characters, 256 bytes
 OK = "é" * 127 + "a"  # 255 bytes

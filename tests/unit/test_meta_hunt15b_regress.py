@@ -7,7 +7,7 @@ from __future__ import annotations
 import errno
 import os
 
-from tests.unit.test_meta_namespace import CREAT, Env
+from test_meta_namespace import CREAT, Env
 
 
 def _counts(env: Env) -> tuple[int, int, int]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import errno
 import os
 
-from tests.unit.test_meta_namespace import Env
+from test_meta_namespace import Env
 
 
 def test_trailing_slash_survives_a_later_link_without_one() -> None:
