@@ -30,12 +30,16 @@ def test_an_update_staging_when_a_removal_starts_does_not_recreate_the_chunk_beh
         engine = c.engine(1)
         staging = asyncio.Event()
         release = asyncio.Event()
+        staged = asyncio.Event()
         stage = engine.astage_write
 
         async def slow_stage(*args: Any, **kw: Any) -> Any:  # a whole-chunk write on an I/O thread
             staging.set()
             await release.wait()
-            return await stage(*args, **kw)
+            try:
+                return await stage(*args, **kw)
+            finally:
+                staged.set()
 
         engine.astage_write = slow_stage
         forward = head._forward_chain
@@ -44,7 +48,7 @@ def test_an_update_staging_when_a_removal_starts_does_not_recreate_the_chunk_beh
             out = await forward(pos, m, *args, **kw)
             if m == REMOVE_CHUNKS:  # the successors removed (nothing): now the head's stage ends
                 release.set()
-                await asyncio.sleep(0.01)
+                await asyncio.wait_for(staged.wait(), 5)
             return out
 
         head._forward_chain = forward_then_release

@@ -41,6 +41,11 @@ class KeyLocks(Generic[K]):
         """Whether someone holds (or waits for) ``key``'s lock."""
         return key in self._locks
 
+    def users(self, key: K) -> int:
+        """How many hold or wait for ``key``'s lock."""
+        entry = self._locks.get(key)
+        return 0 if entry is None else entry.users
+
     def __len__(self) -> int:
         return len(self._locks)
 
