@@ -32,9 +32,9 @@ mid-cut) may be taken over. It lasts ``claim_s``, longer than a cut may take
 (``cut_timeout_s``) plus the deadline of a storage request already sent, so a storage update
 of the old performer cannot land after the new one finished and a write followed. A cut
 that failed waits for all its calls and backs off ``retry_s``; one that hung fences the
-entry for ``claim_s``. A shrink merges into a pending entry (lowest length, highest old
-length, generation + 1) and keeps a live claim: the holder sees the generation change and
-cuts again.
+entry for ``claim_s``. A shrink merges into a pending entry (lowest length, or the shrink's
+over an idle one; highest old length, generation + 1) and keeps a live claim: the holder sees
+the generation change and cuts again.
 
 Rule 2, stale lengths never grow back past a truncate. Writers send the truncate epoch they
 know with their length reports (SYNC, CLOSE); meta answers with the current one. A report at
@@ -93,14 +93,23 @@ def merge(cur: TrimEntry | None, new: TrimEntry, now_ns: int) -> TrimEntry:
     """``new`` queued where ``cur`` may already be: one entry that cuts what both cut.
 
     Lowest length and highest old length; idle only if both are; a live claim of ``cur`` is
-    kept (its holder cuts again when it sees the generation change), and so is a back-off."""
+    kept (its holder cuts again when it sees the generation change), and so is a back-off.
+
+    A shrink (not idle) merged into an idle entry cuts at the shrink's length, also when the
+    idle entry's is lower: the idle cut falls at ``max(its length, the file's length)``, and
+    the shrink has just set the file's length to its own, so the idle cut would fall there
+    too. The idle entry's length is only the file's length when its stale report came; a
+    current writer may have written past it since (unreported, still open), and a size set
+    under it (an extend, for meta) keeps those bytes below the new size (hunt 16: the merge
+    took the lowest length and cut them)."""
     if cur is None:
         return dataclasses.replace(new, generation=1)
     owner, until = new.claim_owner, new.claim_until_ns
     if cur.claim_until_ns > now_ns:
         owner, until = cur.claim_owner, cur.claim_until_ns
+    length = new.length if cur.idle and not new.idle else min(cur.length, new.length)
     return TrimEntry(
-        inode=cur.inode, layout=cur.layout, length=min(cur.length, new.length),
+        inode=cur.inode, layout=cur.layout, length=length,
         old_length=max(cur.old_length, new.old_length), idle=cur.idle and new.idle,
         generation=cur.generation + 1, enqueued_ns=cur.enqueued_ns, claim_owner=owner,
         claim_until_ns=until,
