@@ -18,7 +18,7 @@ def _routing(nodes: list[int], dead: frozenset[int] = frozenset()) -> tuple[Rout
                           state=TargetState.LASTSRV if n in dead else TargetState.SERVING)
                for i, n in enumerate(nodes)]
     chains = [ChainInfo(chain_id=10 + i, targets=[100 + i], table_id=2) for i in range(len(nodes))]
-    table = ChainTable(table_id=2, replicas=1, chain_ids=[c.chain_id for c in chains])
+    table = ChainTable(table_id=2, replicas=1, chain_ids=[c.chain_id for c in chains], ec=True)
     return Routing(RoutingInfo(version=1, targets=targets, chains=chains, tables=[table])), table
 
 

@@ -52,7 +52,7 @@ class FixedRouting:
         targets = [TargetInfo(target_id=t, node_id=t, chain_id=c) for c, t in self.targets.items()]
         targets += [TargetInfo(target_id=t, node_id=t, chain_id=1) for t in (1, 2, 3)]
         return Routing(RoutingInfo(version=sum(self.versions.values()), targets=targets, chains=chains, tables=[
-            ChainTable(table_id=1, replicas=3, chain_ids=[1]), ChainTable(table_id=2, replicas=1, chain_ids=EC_CHAINS)]))
+            ChainTable(table_id=1, replicas=3, chain_ids=[1]), ChainTable(table_id=2, replicas=1, chain_ids=EC_CHAINS, ec=True)]))
 
 
 def _ec(inode: int, size: int, chains: list[int]) -> Attr:

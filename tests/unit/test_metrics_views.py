@@ -66,8 +66,8 @@ def test_view_totals_and_rates_from_scrapes() -> None:
     node1 = next(n for n in v["nodes"] if n["node_id"] == 1)
     assert node1["scraped"] and node1["iops"] == 5
     assert not next(n for n in v["nodes"] if n["node_id"] == 2)["scraped"]
-    assert v["chains"][0]["targets"] == [{"target_id": 1001, "state": "serving"},
-                                         {"target_id": 2001, "state": "syncing"}]
+    assert v["chains"][0]["targets"] == [{"target_id": 1001, "state": "serving", "blank": False},
+                                         {"target_id": 2001, "state": "syncing", "blank": False}]
     h = History(points_max=2)
     for _ in range(3):
         h.add(v)

@@ -67,7 +67,7 @@ def durable_dir(t: Any, path: str, replicas: int = DURABLE_REPLICAS) -> int:
     if t.spec[0] != "loomfs" or fs is None:
         return 0
     tables = fs.client.routing.current.tables
-    if any(tb.replicas == replicas for tb in tables.values()):
+    if any(tb.replicas == replicas and not tb.ec for tb in tables.values()):  # an EC group's is none
         lay = fs.set_layout(path, replicas=replicas, table_id=0, durable=True)
     else:
         lay = fs.set_layout(path, durable=True)

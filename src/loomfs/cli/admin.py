@@ -1,5 +1,6 @@
-"""``loomfs admin nodes|targets|chains|rebuilds|create-chain-table``: the cluster as mgmtd sees it
-(``rebuilds``: the EC rebuild workers' progress, read from the meta servers' ``/metrics``);
+"""``loomfs admin nodes|targets|chains|tables|rebuilds|create-chain-table``: the cluster as mgmtd
+sees it (``targets`` marks *blank* ones, back on a replaced disk; ``tables`` says which are EC
+groups'; ``rebuilds``: the EC rebuild workers' progress, read from the meta servers' ``/metrics``);
 ``table set-ec`` and ``chain accept-loss``: ``admin_chain``."""
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from rich.table import Table
 from loomfs.cli import admin_chain, admin_tenant, admin_token
 from loomfs.cli.common import human_bytes, target
 from loomfs.common.routing import MgmtdSet, parse_addresses
-from loomfs.metrics.capacity import target_state_name
+from loomfs.metrics.capacity import target_blank_note, target_state_name
 from loomfs.net.rpc import RpcClient
 from loomfs.net.tcp import TcpTransport
 from loomfs.wire import mgmtd as wm
@@ -29,8 +30,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     asub = p.add_subparsers(dest="admin_command", metavar="ACTION", required=True)
     for name, fn, text in (
         ("nodes", cmd_nodes, "list nodes and their state"),
-        ("targets", cmd_targets, "list storage targets: state, chain, usage"),
+        ("targets", cmd_targets, "list storage targets: state (blank: back on a replaced disk), chain, usage"),
         ("chains", cmd_chains, "list chains: version and targets head..tail"),
+        ("tables", cmd_tables, "list chain tables: replicas, EC group's or replicated, chains"),
         ("rebuilds", cmd_rebuilds, "EC rebuilds onto new targets: files/bytes done and left per chain"),
     ):
         s = asub.add_parser(name, help=text)
@@ -86,9 +88,14 @@ def fetch_routing(args: argparse.Namespace) -> RoutingInfo:
     return body.routing
 
 
-def _emit(args: argparse.Namespace, title: str, cols: list[str], rows: list[list[Any]]) -> None:
+def _emit(args: argparse.Namespace, title: str, cols: list[str], rows: list[list[Any]],
+          json_extra: list[dict[str, Any]] | None = None) -> None:
+    """A table, or with ``--json`` a list of objects (``json_extra``: more keys per row)."""
     if args.json:
-        print(json.dumps([dict(zip(cols, r, strict=True)) for r in rows], indent=2))
+        out = [dict(zip(cols, r, strict=True)) for r in rows]
+        for o, extra in zip(out, json_extra or [{}] * len(out), strict=True):
+            o.update(extra)
+        print(json.dumps(out, indent=2))
         return
     t = Table(title=title)
     for c in cols:
@@ -146,23 +153,48 @@ def cmd_targets(args: argparse.Namespace) -> int:
             return {"chunks": t.sync_chunks_left, "bytes": t.sync_bytes_left}
         return f"{t.sync_chunks_left} chunks / {human_bytes(t.sync_bytes_left)}"
 
-    rows = [[t.target_id, t.node_id, target_state_name(t) + (" (draining)" if t.draining else ""),
+    def state(t: Any) -> str:
+        note = "" if args.json else target_blank_note(t)  # JSON: the "blank" key
+        return target_state_name(t) + (" (draining)" if t.draining else "") + (f" ({note})" if note else "")
+
+    rows = [[t.target_id, t.node_id, state(t),
              t.chain_id or "spare", t.chunk_count, human_bytes(t.used_bytes) if not args.json else t.used_bytes,
              human_bytes(t.capacity_bytes) if not args.json else t.capacity_bytes, sync_left(t),
              scrub_summary(t.scrub, time.time()) if not args.json else scrub_json(t.scrub), t.path]
             for t in r.targets]
     _emit(args, f"targets (routing v{r.version})",
-          ["target", "node", "state", "chain", "chunks", "used", "capacity", "sync left", "scrub", "path"], rows)
+          ["target", "node", "state", "chain", "chunks", "used", "capacity", "sync left", "scrub", "path"], rows,
+          [{"blank": t.blank, "format_id": t.format_id} for t in r.targets])
     return 0
 
 
 def cmd_chains(args: argparse.Namespace) -> int:
     r = fetch_routing(args)
-    states = {t.target_id: TargetState(t.state).name.lower() for t in r.targets}
+    states = {t.target_id: TargetState(t.state).name.lower() + (", blank" if t.blank else "") for t in r.targets}
     rows = [[c.chain_id, c.table_id, c.version,
              " -> ".join(f"{t}({states.get(t, '?')})" for t in c.targets)] for c in r.chains]
     _emit(args, f"chains (routing v{r.version})", ["chain", "table", "version", "targets head..tail"], rows)
     return 0
+
+
+def cmd_tables(args: argparse.Namespace) -> int:
+    r = fetch_routing(args)
+    rows = [[t.table_id, "EC group" if t.ec else "replicated", t.replicas, t.version, len(t.chain_ids),
+             list(t.chain_ids) if args.json else _ids(list(t.chain_ids))] for t in r.tables]
+    _emit(args, f"chain tables (routing v{r.version})", ["table", "kind", "replicas", "version", "chains", "chain ids"],
+          rows, [{"ec": t.ec} for t in r.tables])
+    return 0
+
+
+def _ids(ids: list[int]) -> str:
+    """``1-4, 7``: runs of consecutive ids folded."""
+    runs: list[list[int]] = []
+    for i in sorted(ids):
+        if runs and i == runs[-1][1] + 1:
+            runs[-1][1] = i
+        else:
+            runs.append([i, i])
+    return ", ".join(f"{a}-{b}" if b > a else str(a) for a, b in runs)
 
 
 def cmd_create_table(args: argparse.Namespace) -> int:
@@ -171,7 +203,7 @@ def cmd_create_table(args: argparse.Namespace) -> int:
                                                     targets_per_node=args.targets_per_node, ec=args.ec)))
     t = body.table
     print(f"chain table {t.table_id}: {len(t.chain_ids)} chains x {t.replicas} replicas"
-          + (" (EC group)" if args.ec else ""))
+          + (" (EC group)" if t.ec else ""))
     return 0
 
 

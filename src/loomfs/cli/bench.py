@@ -139,8 +139,9 @@ def _replicas(args: argparse.Namespace, fs: Any) -> int:
     fs.makedirs("/.bench", exist_ok=True)
     layout = fs.get_layout("/.bench")
     r = fetch_routing(args)
+    named = layout.table_id if layout is not None else 0
     for t in r.tables:
-        if layout is None or not layout.table_id or t.table_id == layout.table_id:
+        if t.table_id == named if named else not t.ec:  # none named: meta picks a replicated table
             return int(t.replicas)
     return 3
 

@@ -152,21 +152,28 @@ def cmd_convert(args: argparse.Namespace) -> int:
 
 
 def ec_capacity_problem(args: argparse.Namespace, ec: tuple[int, int]) -> str:
-    """Why the cluster cannot place ``ec`` files (no single-replica table on k+m nodes), or ""."""
+    """Why the cluster cannot place ``ec`` files, or "": no EC group's table (``ChainTable.ec``;
+    a replicated single-replica table is none) on k+m nodes, or, with ``--table``, that
+    single-replica table spans fewer (meta takes a table named explicitly as it is)."""
     from loomfs.cli.admin import fetch_routing
 
     r = fetch_routing(args)
     node_of = {t.target_id: t.node_id for t in r.targets}
+    named = getattr(args, "table", None)
     best = 0
     for table in r.tables:
-        if table.replicas != 1:
+        if (table.table_id != named or table.replicas != 1) if named else not table.ec:
             continue
         chains = [c for c in r.chains if c.table_id == table.table_id and c.targets]
         best = max(best, len({node_of.get(c.targets[0]) for c in chains}))
     k, m = ec
     if best >= k + m:
         return ""
+    what = f"chain table {named} (single-replica)" if named else "the EC group's table"
     if best == 0:
-        return (f"ec {k}+{m} needs a single-replica chain table on {k + m} storage nodes; this cluster has "
-                "none (mgmtd CreateChainTableReq(replicas=1, targets_per_node=1) over free targets)")
-    return f"ec {k}+{m} needs {k + m} storage nodes; the single-replica chain table spans {best}"
+        if named:
+            return f"ec {k}+{m}: chain table {named} is no single-replica table of this cluster"
+        return (f"ec {k}+{m} needs an EC group's chain table on {k + m} storage nodes; this cluster has none "
+                "(loomfs admin create-chain-table --replicas 1 --targets-per-node 1 --ec, or mark an old one: "
+                "loomfs admin table set-ec TABLE --yes)")
+    return f"ec {k}+{m} needs {k + m} storage nodes; {what} spans {best}"

@@ -47,7 +47,8 @@ def render(view: dict[str, Any]) -> Group:
         ("LoomFS  ", "bold"), ("health ", ""), _c(view.get("health", "?")),
         f"   routing v{view.get('routing_version', 0)}",
         f"   storage {t.get('storage_nodes_alive', 0)}/{t.get('storage_nodes', 0)} alive",
-        f"   targets {t.get('targets_serving', 0)}/{t.get('targets', 0)} serving, {t.get('targets_spare', 0)} spare",
+        f"   targets {t.get('targets_serving', 0)}/{t.get('targets', 0)} serving, {t.get('targets_spare', 0)} spare"
+        + (f", {t['targets_blank']} blank" if t.get("targets_blank") else ""),
         f"   used {human_bytes(t.get('used_bytes', 0))} of {human_bytes(t.get('capacity_bytes', 0))} "
         f"({t.get('disks', 0)} disk{'' if t.get('disks', 0) == 1 else 's'})",
     )
@@ -76,14 +77,15 @@ def render(view: dict[str, Any]) -> Group:
         targets.add_column(col)
     for x in view.get("targets", []):
         left = human_bytes(x["sync_bytes_left"]) if x["sync_bytes_left"] else ""
-        targets.add_row(str(x["target_id"]), str(x["node_id"]), _c(x["state"]), str(x["chain_id"] or "spare"),
+        state = Text.assemble(_c(x["state"]), (" blank", "bold red") if x.get("blank") else "")
+        targets.add_row(str(x["target_id"]), str(x["node_id"]), state, str(x["chain_id"] or "spare"),
                         str(x["chunks"]), human_bytes(x["used_bytes"]), human_bytes(x["capacity_bytes"]), left)
     chains = Table(title="chains", expand=True)
     for col in ("chain", "table", "version", "targets head..tail"):
         chains.add_column(col)
     for c in view.get("chains", []):
         line = Text(" -> ").join(Text.assemble(f"{m['target_id']}(", _c(m["state"]), ")") for m in c["targets"])
-        chains.add_row(str(c["chain_id"]), str(c["table_id"]), str(c["version"]), line)
+        chains.add_row(str(c["chain_id"]), str(c["table_id"]) + (" (ec)" if c.get("ec") else ""), str(c["version"]), line)
     return Group(*parts, nodes, targets, chains)
 
 

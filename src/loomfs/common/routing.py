@@ -77,16 +77,22 @@ class Routing:
         n = self.node_of(target_id)
         return Address(n.host, n.port)
 
-    def table(self, table_id: int = 0, replicas: int = 0) -> ChainTable:
-        """A chain table by id, or the lowest-numbered one with ``replicas`` replicas."""
-        if table_id and table_id in self.tables and not replicas:
+    def table(self, table_id: int = 0, replicas: int = 0, *, ec: bool | None = None) -> ChainTable:
+        """A chain table by id, or the lowest-numbered one with ``replicas`` replicas; ``ec``
+        (when not None): only an EC group's table (``ChainTable.ec``), or only a replicated one.
+        An EC table is known by its flag, never by its replica count (a replicated table may
+        have one replica)."""
+        if table_id and table_id in self.tables and not replicas and ec is None:
             return self.tables[table_id]
         for tid in sorted(self.tables):
             t = self.tables[tid]
-            if (not table_id or tid == table_id) and (not replicas or t.replicas == replicas):
+            if (not table_id or tid == table_id) and (not replicas or t.replicas == replicas) \
+                    and (ec is None or t.ec == ec):
                 return t
-        what = f"with {replicas} replicas" if replicas else f"{table_id}"
-        raise NotFound(f"no chain table {what}")
+        kind = "" if ec is None else ("of an EC group (ec)" if ec else "replicated (not ec)")
+        what = " ".join(filter(None, (f"{table_id}" if table_id else "",
+                                      f"with {replicas} replicas" if replicas else "", kind)))
+        raise NotFound(f"no chain table {what}".rstrip())
 
     def alive_nodes(self, kind: int) -> list[NodeInfo]:
         return [n for n in self.info.nodes if n.kind == kind and n.state == NodeState.ALIVE]

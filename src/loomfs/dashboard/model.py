@@ -8,7 +8,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from loomfs.metrics.capacity import cluster_capacity, target_state_name
+from loomfs.metrics.capacity import cluster_capacity, target_blank_note, target_state_name
 from loomfs.metrics.scrape import Scrape, method_rates, rates
 from loomfs.wire.types import NodeKind, NodeState, RoutingInfo, TargetState
 
@@ -81,12 +81,19 @@ def build_view(routing: RoutingInfo, scrapes: dict[int, Scrape], prev: dict[int,
             "chain_id": t.chain_id, "used_bytes": t.used_bytes, "capacity_bytes": t.capacity_bytes,
             "chunks": t.chunk_count, "sync_chunks_left": getattr(t, "sync_chunks_left", 0),
             "sync_bytes_left": getattr(t, "sync_bytes_left", 0), "path": t.path,
+            # back on a replaced disk, not resynced yet (mgmtd.diskident); note: what it means
+            "blank": bool(getattr(t, "blank", False)), "format_id": getattr(t, "format_id", ""),
+            "note": target_blank_note(t),
         })
     states = {t.target_id: _name(TargetState, t.state) for t in routing.targets}
+    blank = {t.target_id for t in routing.targets if getattr(t, "blank", False)}
+    ec_tables = {t.table_id for t in routing.tables if getattr(t, "ec", False)}
     cap = cluster_capacity(routing)
-    chains = [{"chain_id": c.chain_id, "table_id": c.table_id, "version": c.version,
-               "targets": [{"target_id": t, "state": states.get(t, "?")} for t in c.targets]}
+    chains = [{"chain_id": c.chain_id, "table_id": c.table_id, "version": c.version, "ec": c.table_id in ec_tables,
+               "targets": [{"target_id": t, "state": states.get(t, "?"), "blank": t in blank} for t in c.targets]}
               for c in sorted(routing.chains, key=lambda c: c.chain_id)]
+    tables = [{"table_id": t.table_id, "version": t.version, "replicas": t.replicas, "ec": bool(getattr(t, "ec", False)),
+               "chains": len(t.chain_ids)} for t in sorted(routing.tables, key=lambda t: t.table_id)]
     storage = [n for n in routing.nodes if n.kind == NodeKind.STORAGE]
     return {
         "at_s": now_s,
@@ -95,6 +102,7 @@ def build_view(routing: RoutingInfo, scrapes: dict[int, Scrape], prev: dict[int,
         "nodes": nodes,
         "targets": targets,
         "chains": chains,
+        "tables": tables,
         "totals": {
             "nodes": len(routing.nodes),
             "storage_nodes_alive": sum(1 for n in storage if n.state == NodeState.ALIVE),
@@ -102,6 +110,7 @@ def build_view(routing: RoutingInfo, scrapes: dict[int, Scrape], prev: dict[int,
             "targets_serving": sum(1 for t in routing.targets if t.chain_id and t.state == TargetState.SERVING),
             "targets": sum(1 for t in routing.targets if t.chain_id),
             "targets_spare": sum(1 for t in routing.targets if not t.chain_id),
+            "targets_blank": len(blank),
             "used_bytes": cap.used_bytes,
             "capacity_bytes": cap.capacity_bytes,
             "disks": cap.disks,

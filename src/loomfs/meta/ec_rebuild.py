@@ -101,11 +101,12 @@ def key_of(chain_id: int) -> str:
 
 
 def ec_chains(routing: Routing) -> dict[int, tuple[int, int]]:
-    """Single-replica chains (the EC tables'): chain -> (target, chain version)."""
+    """The EC tables' chains (``ChainTable.ec``; a replicated single-replica table's are not:
+    mgmtd never swaps an empty spare into them): chain -> (target, chain version)."""
     out: dict[int, tuple[int, int]] = {}
     for c in routing.chains.values():
         t = routing.tables.get(c.table_id)
-        if t is not None and t.replicas == 1 and len(c.targets) == 1:
+        if t is not None and t.ec and len(c.targets) == 1:
             out[c.chain_id] = (c.targets[0], c.version)
     return out
 

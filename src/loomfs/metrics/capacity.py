@@ -59,3 +59,15 @@ def target_state_name(target: Any) -> str:
     if not target.chain_id and target.state == TargetState.SERVING:
         return "spare"
     return name
+
+
+def target_blank_note(target: Any) -> str:
+    """"" unless the target is *blank* (routing's ``TargetInfo.blank``: it came back with another
+    disk, mgmtd.diskident): what that means for its chain, in a few words."""
+    if not getattr(target, "blank", False):
+        return ""
+    if target.state == TargetState.LASTSRV:  # the marker of a chain whose newest copy is lost
+        return "blank: disk replaced, the chain's newest copy is lost (admin chain accept-loss)"
+    if target.state == TargetState.SYNCING:
+        return "blank: disk replaced, resyncing"
+    return "blank: disk replaced, waiting to resync"

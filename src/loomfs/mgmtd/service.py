@@ -183,7 +183,7 @@ class MgmtdService:
             await self._commit()
         return w.CreateChainTableRsp(
             table=ChainTable(table_id=t.table_id, version=t.version, replicas=t.replicas,
-                             chain_ids=list(t.chain_ids))
+                             chain_ids=list(t.chain_ids), ec=t.ec)
         )
 
     @handles(w.SET_TABLE_EC)

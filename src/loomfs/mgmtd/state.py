@@ -685,8 +685,9 @@ class ClusterState:
         return table
 
     def set_table_ec(self, table_id: int, ec: bool) -> bool:
-        """Mark a table as an EC group's (or not). True if it changed; the caller saves the state
-        (nothing in routing moves: the next tick acts on it, ``mgmtd.ec``)."""
+        """Mark a table as an EC group's (or not). True if it changed; the caller saves the state.
+        No chain moves here (the next tick acts on it, ``mgmtd.ec``), but routing carries the flag
+        (``ChainTable.ec``: meta's EC rebuild and layout choice go by it): the version is bumped."""
         table = self.tables.get(table_id)
         if table is None:
             raise StatusError(Status.ENOENT, f"no chain table {table_id}")
@@ -695,6 +696,7 @@ class ClusterState:
         if table.ec == ec:
             return False
         table.ec = ec
+        self._bump()
         logger.warning("chain table %d marked %s", table_id,
                        "an EC group's table: a chain whose target is lost gets an empty spare" if ec
                        else "replicated: its chains wait for a member that holds their data")
@@ -712,13 +714,13 @@ class ClusterState:
                                     chain_id=t.chain_id, used_bytes=t.used_bytes,
                                     capacity_bytes=t.capacity_bytes, chunk_count=t.chunk_count,
                                     disk_id=t.disk_id, scrub=t.scrub, sync_chunks_left=t.sync_chunks_left, sync_bytes_left=t.sync_bytes_left,
-                                    draining=self._draining(t.node_id))
+                                    draining=self._draining(t.node_id), blank=t.blank, format_id=t.format_id)
                          for t in sorted(self.targets.values(), key=lambda t: t.target_id)],
                 chains=[ChainInfo(chain_id=c.chain_id, version=c.version, targets=list(c.targets),
                                   table_id=c.table_id)
                         for c in sorted(self.chains.values(), key=lambda c: c.chain_id)],
                 tables=[ChainTable(table_id=t.table_id, version=t.version, replicas=t.replicas,
-                                   chain_ids=list(t.chain_ids))
+                                   chain_ids=list(t.chain_ids), ec=t.ec)
                         for t in sorted(self.tables.values(), key=lambda t: t.table_id)],
             )
         return self._routing_cache

@@ -116,9 +116,10 @@ class ClusterWaits(ClusterConfig):
         r = self.routing()
         if r.tables:
             ec_table = max(r.tables, key=lambda t: t.table_id)
-            if self.ec_targets_per_node and len(r.tables) >= 2 and ec_table.replicas == 1:
-                # a cluster directory from before tables said they are EC: its EC table (the
-                # second one made below) is marked again; a no-op once it is
+            if self.ec_targets_per_node and len(r.tables) >= 2 and not any(t.ec for t in r.tables) \
+                    and ec_table.replicas == 1:
+                # a cluster directory from before tables said they are EC (routing shows no
+                # table flagged ec): its EC table, the second one made below, is marked again
                 self._mark_ec(ec_table.table_id, timeout_s)
             return
 

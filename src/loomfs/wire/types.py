@@ -98,6 +98,13 @@ class TargetInfo(Message):
     # only once its node says so (the FSYNC_FAILED marker that makes a new process verify is best
     # effort: the failing disk may refuse it too). Absent (an older node): not verified.
     verified: bool = False
+    # mgmtd -> everyone (routing; a storage node's report leaves them unset, mgmtd ignores them):
+    # the target came back with another disk (a new format id, mgmtd.diskident) and holds none of
+    # its chain's data until a resync into the chain finished; it never serves from its contents
+    # (a blank LASTSRV marks a chain whose newest copy is lost). format_id: the disk's id mgmtd
+    # recorded ("": none). Absent (an older mgmtd): False / "".
+    blank: bool = False
+    format_id: str = ""
 
 
 @message
@@ -114,6 +121,11 @@ class ChainTable(Message):
     version: int = 1
     replicas: int = 3
     chain_ids: list[int] = many()
+    # an EC group's table (mgmtd's TableRecord.ec: CreateChainTableReq.ec, admin table set-ec):
+    # its single-replica chains hold EC fragments; a lost target gets an empty spare that meta's
+    # EC rebuild fills. A replicated table, one replica included, is False. Absent (an older
+    # mgmtd): False, so nothing is taken for EC by its replica count (docs/ec.md)
+    ec: bool = False
 
 
 @message

@@ -115,8 +115,12 @@ class NamespaceBase:
         if routing is None:
             raise StatusError(Status.NO_CHAIN_TABLE, "no routing source: cannot place file data")
         dir_layout = parent.layout or self.default_layout
+        # no table named: an erasure-coded file goes to an EC group's table, a replicated one
+        # to a replicated table (a replicated single-replica table is no EC group, nor the
+        # other way round: ChainTable.ec). A table named explicitly is taken as it is
+        ec = None if dir_layout.table_id else dir_layout.ec_k > 0
         try:
-            table = routing.table(dir_layout.table_id, dir_layout.replicas)
+            table = routing.table(dir_layout.table_id, dir_layout.replicas, ec=ec)
         except LoomError as exc:
             raise StatusError(Status.NO_CHAIN_TABLE, str(exc)) from exc
         return self.chains.file_layout(table, dir_layout, routing, inline_max_bytes=inline_max_bytes)
