@@ -101,7 +101,10 @@ def merge(cur: TrimEntry | None, new: TrimEntry, now_ns: int) -> TrimEntry:
     too. The idle entry's length is only the file's length when its stale report came; a
     current writer may have written past it since (unreported, still open), and a size set
     under it (an extend, for meta) keeps those bytes below the new size (hunt 16: the merge
-    took the lowest length and cut them)."""
+    took the lowest length and cut them). The stale writer's bytes below the shrink's length
+    then read as data, not zeros, as they would have at the idle cut: the known gap of idle
+    trims (docs/fault-tolerance.md, "truncates are crash-safe"); never a live writer's bytes
+    lost for it."""
     if cur is None:
         return dataclasses.replace(new, generation=1)
     owner, until = new.claim_owner, new.claim_until_ns
