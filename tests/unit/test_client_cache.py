@@ -438,9 +438,10 @@ class VersionedMeta(FakeMeta):
         self.calls["open"] += 1
         return await super().open(path, flags, mode, client_id, session_id, data=data, chunked=chunked)
 
-    async def readdir(self, path: str, after: str, limit: int, with_attrs: bool) -> wm.ReaddirRsp:
+    async def readdir(self, path: str, after: str, limit: int, with_attrs: bool,
+                      dir_inode: int = 0) -> wm.ReaddirRsp:
         self.calls["readdir"] += 1
-        return await super().readdir(path, after, limit, with_attrs)
+        return await super().readdir(path, after, limit, with_attrs, dir_inode)
 
     async def close(self, inode: int, session_id: int, length: int, mtime_ns: int = 0, *,
                     trunc_epoch: int = 0) -> Attr | None:

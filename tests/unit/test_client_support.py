@@ -217,8 +217,11 @@ class FakeMeta(MetaClient):
             self.nodes[path] = replace(self.nodes[path], size=max(length, self.nodes[path].size))
         return wm.AttrRsp(attr=self.nodes[path], trunc_epoch=epoch)
 
-    async def readdir(self, path: str, after: str, limit: int, with_attrs: bool) -> wm.ReaddirRsp:
+    async def readdir(self, path: str, after: str, limit: int, with_attrs: bool,
+                      dir_inode: int = 0) -> wm.ReaddirRsp:
         d = self._get(path)
+        if dir_inode and d.inode != dir_inode:  # as meta: another directory at path now
+            raise NotFound(path=path)
         if d.type != FileType.DIRECTORY:
             raise NotADirectory(path=path)
         prefix = path.rstrip("/") + "/"
@@ -230,7 +233,7 @@ class FakeMeta(MetaClient):
                      attr=self.nodes[prefix + n] if with_attrs else None)
             for n in page
         ]
-        return wm.ReaddirRsp(entries=entries, more=len(names) > len(page))
+        return wm.ReaddirRsp(entries=entries, more=len(names) > len(page), dir_inode=d.inode)
 
     async def unlink(self, path: str) -> wm.UnlinkRsp:
         a = self._get(path)

@@ -380,7 +380,41 @@ def test_a_listing_of_a_directory_without_a_name_here_goes_on_while_its_path_lea
         calls = _counted(meta, "stat", "readdir")
         await ops.readdir(fh, 0, None)
         await ops.releasedir(fh)
-        # one STAT per page asked (and one before the iterator found the end)
-        assert calls["readdir"] == 2 and calls["stat"] == 3
+        # each page asks meta for this directory's inode in the READDIR itself (session 16):
+        # no STAT per page any more (there was one per page and one before the end)
+        assert calls["readdir"] == 2 and calls["stat"] == 0
+
+    asyncio.run(main())
+
+
+def test_a_failed_page_is_asked_again_not_taken_for_the_end(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A READDIR page meta failed (a transient error) ended the stream's pages iterator with
+    the error; the kernel's next READDIR took the dead iterator's end for the directory's: the
+    listing ended early, silently, without the names after the failed page (session 16)."""
+    replies: list[bytes] = []
+    monkeypatch.setattr(pyfuse3, "readdir_reply", lambda token, name, entry, off: replies.append(name) or True)
+
+    async def main() -> None:
+        ops, client, meta = await _ops()
+        await meta.mkdir("/d", 0o755, False, False)
+        for n in ("a1", "a2", "a3", "a4", "a5"):
+            await _file(client, f"/d/{n}", n.encode())
+        d = (await ops.lookup(1, b"d")).st_ino
+        fh = await ops.opendir(d, None)
+        readdir = meta.readdir
+        fail = [1]
+
+        async def flaky(path: str, after: str, *args: Any, **kw: Any) -> wm.ReaddirRsp:
+            if after == "a2" and fail[0]:  # the second page fails once
+                fail[0] -= 1
+                raise LoomError("meta unavailable", errno=errno.EAGAIN)
+            return await readdir(path, after, *args, **kw)
+
+        meta.readdir = flaky  # type: ignore[method-assign]
+        await ops.readdir(fh, 0, None)  # ".", "..", a1, a2; the next page fails: what was given stays
+        assert replies == [b".", b"..", b"a1", b"a2"]
+        await ops.readdir(fh, 4, None)  # the kernel asks again after a2
+        await ops.releasedir(fh)
+        assert replies == [b".", b"..", b"a1", b"a2", b"a3", b"a4", b"a5"]
 
     asyncio.run(main())

@@ -305,14 +305,18 @@ class AsyncClient:
 
     async def readdir_pages(
         self, path: str, *, with_attrs: bool = False, page_size: int = READDIR_PAGE, after: str = "",
+        dir_inode: int = 0,
     ) -> AsyncIterator[list[DirEntry]]:
         """A directory's entries a page at a time, in name order (a huge directory streams:
-        one READDIR per page, entries with their attributes when ``with_attrs``)."""
+        one READDIR per page, entries with their attributes when ``with_attrs``). Every page
+        comes from one directory (``dir_inode``, else the one the first page came from): when
+        ``path`` leads to another by then, the next page raises FileNotFoundError."""
         p = paths.normalize(path)
         if self.lazy:
             await self.lazy.settle(p, children=True)
         while True:
-            rsp = await self.meta.readdir(p, after, page_size, with_attrs)
+            rsp = await self.meta.readdir(p, after, page_size, with_attrs, dir_inode)
+            dir_inode = dir_inode or rsp.dir_inode
             if rsp.entries:
                 yield rsp.entries
             if not rsp.more or not rsp.entries:

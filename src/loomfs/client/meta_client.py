@@ -182,8 +182,9 @@ class MetaClient:
         rsp: wm.AttrRsp = await self.call(wm.SYNC, req)
         return rsp
 
-    async def readdir(self, path: str, after: str, limit: int, with_attrs: bool) -> wm.ReaddirRsp:
-        req = wm.ReaddirReq(path=path, after=after, limit=limit, with_attrs=with_attrs)
+    async def readdir(self, path: str, after: str, limit: int, with_attrs: bool,
+                      dir_inode: int = 0) -> wm.ReaddirRsp:
+        req = wm.ReaddirReq(path=path, after=after, limit=limit, with_attrs=with_attrs, dir_inode=dir_inode)
         rsp: wm.ReaddirRsp = await self.call(wm.READDIR, req)
         return rsp
 

@@ -141,8 +141,10 @@ class LoomFS(CallerThreadOps):
         READDIR page at a time: a directory of millions is never held in memory at once."""
         top = paths.normalize(path)
         after = ""
+        dir_inode = 0  # the first page's directory: every page comes from it (core.readdir_pages)
         while True:
-            entries, more = self._run(lambda c, a=after: _page(c, top, a, detail))  # type: ignore[misc]
+            entries, more, got = self._run(lambda c, a=after, d=dir_inode: _page(c, top, a, detail, d))  # type: ignore[misc]
+            dir_inode = dir_inode or got
             for e in entries:
                 child = paths.join(top, e.name)
                 yield info_of(child, e.attr) if detail and e.attr is not None else child
@@ -342,9 +344,9 @@ class LoomFS(CallerThreadOps):
         return f"LoomFS({self.address!r} {state})"
 
 
-async def _page(c: AsyncClient, top: str, after: str, detail: bool) -> tuple[list[Any], bool]:
-    rsp = await c.meta.readdir(top, after, READDIR_PAGE, detail)
-    return rsp.entries, rsp.more
+async def _page(c: AsyncClient, top: str, after: str, detail: bool, dir_inode: int) -> tuple[list[Any], bool, int]:
+    rsp = await c.meta.readdir(top, after, READDIR_PAGE, detail, dir_inode)
+    return rsp.entries, rsp.more, rsp.dir_inode
 
 
 def connect(

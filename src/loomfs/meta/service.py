@@ -259,10 +259,10 @@ class MetaService(LockHandlers):
     @handles(w.READDIR)
     async def readdir(self, req: w.ReaddirReq, ctx: CallContext) -> w.ReaddirRsp:
         act_for(ctx, self.root_squash)
-        entries, more = await self.ns.readdir(
-            req.path, after=req.after, limit=req.limit, with_attrs=req.with_attrs
+        entries, more, dir_inode = await self.ns.readdir_in(
+            req.path, after=req.after, limit=req.limit, with_attrs=req.with_attrs, dir_inode=req.dir_inode
         )
-        return w.ReaddirRsp(entries=entries, more=more)
+        return w.ReaddirRsp(entries=entries, more=more, dir_inode=dir_inode)
 
     @handles(w.RENAME)
     async def rename(self, req: w.RenameReq, ctx: CallContext) -> Empty:

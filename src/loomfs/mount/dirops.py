@@ -6,7 +6,6 @@
 
 from __future__ import annotations
 
-import errno
 import os
 import stat
 import time
@@ -52,21 +51,15 @@ class DirOps:
     async def opendir(self, inode: int, ctx: Any) -> int:
         path = self.inodes.path(inode)
 
-        def pages_after(after: str) -> Pages:  # by the stream's path then (renamed since: its new one)
+        def pages_after(after: str) -> Pages:
+            """By the stream's path then (renamed here since: its new one), from this directory
+            only: each page asks meta for this inode, so a path that leads to another directory
+            by now (renamed away or removed elsewhere, another made under its name, which this
+            mount may not know yet) is ENOENT, as Linux answers getdents of a directory removed
+            while open, never the other directory's entries (sessions 15-16)."""
             return self.client.readdir_pages(stream.path, with_attrs=True, page_size=self.options.readdir_page,
-                                             after=after)
-        async def confirm() -> None:
-            """A directory with no name here (a LOOKUP miss dropped it: renamed or removed
-            elsewhere) is listed on only while its opendir path still leads to it at meta (one
-            STAT per page); else ENOENT, as Linux answers getdents of a directory removed while
-            open: its path may name another directory by now, whose entries must not be given
-            as this one's (review session 15)."""
-            if inode == ROOT_INODE or self.inodes.has_name(inode):
-                return
-            attr = await self._attr(stream.path)
-            if attr.inode != inode:
-                raise OSError(errno.ENOENT, "the directory's name leads to another one now", stream.path)
-        stream = DirStream(path, pages_after, self.call, inode=inode, confirm=confirm)
+                                             after=after, dir_inode=inode)
+        stream = DirStream(path, pages_after, self.call, inode=inode)
         return self._new_handle(stream)
 
     @fuse_errors

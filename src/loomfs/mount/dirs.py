@@ -61,9 +61,10 @@ class DirStream:
     # the path ``pages`` lists: the handler sets ``path`` to the directory's name now (renamed
     # since the opendir), and the next page is asked by it, after the last name listed
     listed_path: str = field(default="", repr=False)
-    # before each page asked of meta: raises when ``path`` may no longer lead to this
-    # directory (it has no name here: the listing must not go on with another one's entries)
-    confirm: Callable[[], Awaitable[None]] | None = field(default=None, repr=False)
+    # the last page asked failed (meta's error, or this directory's path leading to another
+    # one now): the pages iterator ended with it, so the next call asks again from the cursor
+    # instead of taking the dead iterator's end for the directory's
+    failed: bool = field(default=False, repr=False)
 
     def __repr__(self) -> str:
         return f"DirStream({self.path!r}, base={self.base}, page={len(self.page)}, pages_seen={len(self.starts)})"
@@ -82,15 +83,18 @@ class DirStream:
         elif not self.base <= offset <= self.base + len(self.page):
             await self._restart(max(s for s in self.starts if s <= offset))  # seekdir
         while offset >= self.base + len(self.page):
-            if self.pages is not None and self.listed_path != self.path:
-                # renamed since these pages were asked for: the old path is another
-                # directory's now, or nothing's (session 15 review)
+            if self.failed or (self.pages is not None and self.listed_path != self.path):
+                # a failed page is asked again; renamed since these pages were asked for: the
+                # old path is another directory's now, or nothing's (session 15 review)
                 await self.close()
                 self.pages = self.pages_after(self.page[-1].name if self.page else self.starts[self.base])
                 self.listed_path = self.path
-            if self.pages is not None and self.confirm is not None:
-                await self.confirm()
-            nxt = await self.run(_next_page(self.pages)) if self.pages is not None else None
+                self.failed = False
+            try:
+                nxt = await self.run(_next_page(self.pages)) if self.pages is not None else None
+            except BaseException:
+                self.failed = True
+                raise
             if nxt is None:
                 await self.close()
                 self.complete = self.names is not None
@@ -106,6 +110,7 @@ class DirStream:
 
     async def _restart(self, base: int) -> None:
         await self.close()
+        self.failed = False
         self.names, self.complete = (set() if base == 0 else None), False
         if base == 0:
             self.starts = {0: ""}

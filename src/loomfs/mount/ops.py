@@ -190,7 +190,8 @@ class LoomOperations(NameOps, XattrOps, DirOps, HoldOps, FileOps):
         asked = time.monotonic()
         names: list[str] = []
         try:
-            pages = self.client.readdir_pages(self.inodes.path(dir_inode), page_size=RELIST_MAX_NAMES + 1)
+            pages = self.client.readdir_pages(self.inodes.path(dir_inode), page_size=RELIST_MAX_NAMES + 1,
+                                              dir_inode=dir_inode)
 
             async def read_all() -> None:
                 try:

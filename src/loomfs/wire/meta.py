@@ -183,12 +183,17 @@ class ReaddirReq(Message):
     after: str = ""  # cursor: return names strictly greater than this
     limit: int = 1024
     with_attrs: bool = False
+    # the directory a listing began in (the first page's ``dir_inode``): when ``path`` leads to
+    # another inode now (renamed away, another made under its name), ENOENT instead of that
+    # one's entries; 0: whichever directory ``path`` names
+    dir_inode: int = 0
 
 
 @message
 class ReaddirRsp(Message):
     entries: list[DirEntry] = many()
     more: bool = False  # another page follows; pass the last name as `after`
+    dir_inode: int = 0  # the directory listed: the next pages pass it (0 from an older meta)
 
 
 @message

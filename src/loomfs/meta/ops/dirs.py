@@ -103,6 +103,17 @@ class DirOps(NamespaceBase):
     async def readdir(
         self, path: str, *, after: str = "", limit: int = READDIR_LIMIT_DEFAULT, with_attrs: bool = False
     ) -> tuple[list[DirEntry], bool]:
+        entries, more, _ = await self.readdir_in(path, after=after, limit=limit, with_attrs=with_attrs)
+        return entries, more
+
+    async def readdir_in(
+        self, path: str, *, after: str = "", limit: int = READDIR_LIMIT_DEFAULT, with_attrs: bool = False,
+        dir_inode: int = 0,
+    ) -> tuple[list[DirEntry], bool, int]:
+        """A page of ``path``'s entries after ``after``, whether more follow, and the directory's
+        inode. ``dir_inode``: the directory the listing began in; ``path`` leading to another one
+        now (renamed away, another made under its name) is ENOENT, as Linux answers getdents of
+        a directory removed while open, never the other directory's entries."""
         parts = split_path(path)
         if limit < 0:
             raise StatusError(Status.EINVAL, f"readdir limit {limit}")
@@ -111,6 +122,8 @@ class DirOps(NamespaceBase):
             r = await walk(txn, parts, follow_last=True)
             if r.inode is None:
                 raise StatusError(Status.ENOENT, path)
+            if dir_inode and r.inode != dir_inode:
+                raise StatusError(Status.ENOENT, f"{path!r} leads to another directory than the listing's now")
             if not r.is_dir:
                 raise StatusError(Status.ENOTDIR, path)
             who = caller()
@@ -123,7 +136,7 @@ class DirOps(NamespaceBase):
             del rows[limit:]
             attrs = await txn.get_inodes([d.inode for d in rows]) if with_attrs else {}
         entries = [DirEntry(name=d.name, inode=d.inode, type=d.type, attr=attrs.get(d.inode)) for d in rows]
-        return entries, more
+        return entries, more, r.inode
 
     async def rename(self, src: str, dst: str, *, no_replace: bool = False,
                      expect: tuple[int, int, int] | None = None) -> None:
