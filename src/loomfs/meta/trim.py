@@ -13,7 +13,8 @@ Rule 1, a trim runs before any later write can land past its length. A trim remo
 bytes at and past its ``length``. A write that should survive it is one ordered after the
 truncate, and a writer learns it may write (its session, or the current epoch) only from a
 reply of meta: write OPEN, SETATTR of the size (also an extend, which exposes bytes past the
-end), SYNC and CLOSE. Each of these *settles* the file before it answers: cuts the file's
+end), SYNC and CLOSE, and for a writer of an inline file WRITE_INLINE that finds the file in
+chunks and MIGRATE. Each of these *settles* the file before it answers: cuts the file's
 pending truncate trim, or waits for the performer that holds it. So:
 
 * the truncating call answers after its own cut: writes its caller sends afterwards are safe;

@@ -212,15 +212,23 @@ class InlineOps(NamespaceBase):
             if attr is not None and who.uid != 0 and not perm.allowed(attr, who, perm.W):
                 if not session_id or await txn.session_client(inode, session_id) is None:
                     raise StatusError(Status.EACCES, f"inode {inode}: permission denied")
+            settle = False
             if attr is None or attr.type != FILE or not attr.inline:
                 if attr is None and close and session_id:
                     await txn.remove_session(inode, session_id)
                     await orphans.release_if_unheld(txn, inode, self.clock.now_ns(), self.default_layout)
                 epoch = await txn.trunc_epoch(inode) if attr is not None else 0
-                return InlineWritten(attr, False, epoch)
-            limit = attr.layout.inline_max_bytes if attr.layout is not None else 0
-            grow = patched_length(attr.size, patches) > limit
-            if not grow:
+                in_chunks = InlineWritten(attr, False, epoch)
+                # the writer goes on in chunks at this epoch: a pending truncate's trim is cut
+                # before it hears it (rule 1 of ``loomfs.meta.trim``; hunt 16: the trim, cut
+                # later, cut bytes it wrote and reported at that epoch)
+                settle = attr is not None and attr.type == FILE and await self._must_settle(txn, inode)
+                grow = False
+            else:
+                in_chunks = None
+                limit = attr.layout.inline_max_bytes if attr.layout is not None else 0
+                grow = patched_length(attr.size, patches) > limit
+            if attr is not None and in_chunks is None and not grow:
                 now = self.clock.now_ns()
                 data = await self._inline_content(txn, attr) or b""
                 attr = await self._set_inline(txn, attr, apply_patches(data, patches), now, mtime_ns=mtime_ns)
@@ -229,12 +237,28 @@ class InlineOps(NamespaceBase):
                     # the last holder of a nameless file: it goes now, not at GC's next sweep
                     await orphans.release_if_unheld(txn, inode, now, self.default_layout)
                 return InlineWritten(attr, True, await txn.trunc_epoch(inode))
+        if in_chunks is not None:
+            if settle:
+                await self._settle(inode)
+            return in_chunks
         attr, epoch = await self.migrate(inode, checked=True)  # its writer passed the check above
         return InlineWritten(attr, False, epoch)
 
     async def migrate(self, inode: int, *, checked: bool = False) -> tuple[Attr, int]:
         """Move an inline file's content to chunks (see the module docstring); returns the
-        attributes (chunked) and the file's truncate epoch. A file in chunks is answered as is."""
+        attributes (chunked) and the file's truncate epoch. A file in chunks is answered as is.
+        Its caller writes chunks at that epoch next, so the file's pending truncate trim is
+        cut first (rule 1 of ``loomfs.meta.trim``; hunt 16: a trim a crash left, cut later,
+        cut bytes written and reported at the epoch MIGRATE had handed out)."""
+        answer = await self._migrate(inode, checked)
+        if self.trimmer is not None:
+            async with self.store.read() as txn:
+                settle = await self._must_settle(txn, inode)
+            if settle:
+                await self._settle(inode)
+        return answer
+
+    async def _migrate(self, inode: int, checked: bool) -> tuple[Attr, int]:
         async with self._migrations.hold(inode):
             deadline = self.clock.monotonic() + self.migration_wait_s
             rounds = 0
