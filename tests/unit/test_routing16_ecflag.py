@@ -229,3 +229,22 @@ def test_meta_places_replicated_one_replica_files_off_a_lower_ec_table() -> None
                   ChainTable(table_id=2, replicas=1, chain_ids=list(range(11, 17)))])
     lay = _created_on(r, Layout(chunk_size=1 << 20, stripe=2, replicas=1, table_id=0))
     assert lay.table_id == 2 and set(lay.chains) <= set(range(11, 17)) and not lay.ec_k
+
+
+def test_local_cluster_marks_its_ec_table_again_only_when_routing_shows_no_flag() -> None:
+    """A cluster directory from before the flag gets its EC table (the second) marked; once
+    routing shows a flagged table nothing is asked (no set-ec on every start)."""
+    from types import SimpleNamespace
+
+    from loomfs.testing.cluster_waits import ClusterWaits
+
+    def ensure(tables: list[ChainTable]) -> list[int]:
+        marked: list[int] = []
+        fake = SimpleNamespace(ec_targets_per_node=1, routing=lambda: RoutingInfo(version=1, tables=tables),
+                               _mark_ec=lambda table_id, timeout_s: marked.append(table_id))
+        ClusterWaits._ensure_chain_table(fake, 1.0)  # duck-typed: routing, _mark_ec
+        return marked
+
+    rep = ChainTable(table_id=1, replicas=3, chain_ids=[1])
+    assert ensure([rep, ChainTable(table_id=2, replicas=1, chain_ids=[2])]) == [2]
+    assert ensure([rep, ChainTable(table_id=2, replicas=1, chain_ids=[2], ec=True)]) == []
