@@ -1,11 +1,12 @@
 """The EC rebuild worker (runs in meta): regenerates lost fragments onto a spare by itself.
 
-mgmtd swaps an empty spare into a single-replica (EC) chain whose target's node has been dead
+mgmtd swaps an empty spare into an EC group's chain whose target's node has been dead
 for ``replace_after_s`` (``loomfs.mgmtd.ec``): the chain keeps its id, gets a new target and a
 new version. Chain replication cannot fill it; this worker does, with the EC scrub's repair
-(``loomfs.client.ec_rebuild.scrub_file``). Each tick it compares every single-replica chain's
-target in routing with the target it last knew complete (stored per chain in the metastore's
-worker state, ``ec_rebuild/<chain>``); a chain whose target changed gets a *job*:
+(``loomfs.client.ec_rebuild.scrub_file``). Each tick it compares the target of every chain of
+an EC group's table (``ChainTable.ec`` in routing, never a replica count) with the target it
+last knew complete (stored per chain in the metastore's worker state, ``ec_rebuild/<chain>``);
+a chain whose target changed gets a *job*:
 
 1. ``count``: page through every inode (``scan_inodes``) and count the EC files with a
    fragment on the chain (files and bytes: the progress' denominator);
