@@ -493,7 +493,7 @@ def test_rebuild_onto_a_spare(efs: loomfs.LoomFS, ec_cluster: LocalCluster) -> N
     dead_node = ec_cluster.services[victim].node_id
     r0 = ec_cluster.routing()
     node_of = {t.target_id: t.node_id for t in r0.targets}
-    ec_table = next(t for t in r0.tables if t.replicas == 1)
+    ec_table = next(t for t in r0.tables if t.ec)  # routing flags the EC group's table
     lost_chain = next(c.chain_id for c in r0.chains
                       if c.table_id == ec_table.table_id and node_of[c.targets[0]] == dead_node)
     on_chain = {p for p in files if lost_chain in (efs.attr(p).layout or Layout()).chains}
