@@ -230,8 +230,24 @@ class DataOps(LoomBase):
         """A file object. In a transaction (``autocommit=False``) a new file ("w" and "x"
         modes) is written under a temporary name that ``commit()`` renames into place ("x":
         only if the target still does not exist); other modes ("a", "r+") change the file
-        in place at once, as fsspec's local filesystem does."""
+        in place at once, as fsspec's local filesystem does.
+
+        ``block_size`` and ``cache_type`` (with ``cache_options``) are honoured as fsspec's
+        buffered files honour them: without a ``cache_type`` (or with "none") reads go
+        straight through the client's file, with its own read-ahead (the fast path); with one
+        (``"readahead"``, ``"bytes"``, ``"first"``, ``"all"``, ``"blockcache"``, ...) a read-only
+        file reads through that fsspec cache of ``block_size`` blocks fetched with ranged
+        ``cat_file`` calls (a pyarrow footer cached by ``"first"``, say)."""
         p = self._strip_protocol(path)
+        if block_size is not None and (not isinstance(block_size, int) or block_size <= 0):
+            raise ValueError(f"block_size must be a positive number of bytes, not {block_size!r}")
+        cache_type = kwargs.get("cache_type")
+        cache_class = None
+        if cache_type not in (None, "none"):
+            from fsspec.caching import caches
+            cache_class = caches.get(cache_type)
+            if cache_class is None:
+                raise ValueError(f"cache_type {cache_type!r} is not one of fsspec's: {sorted(k for k in caches if k)}")
         temp = None
         if "r" not in mode:
             if self.auto_mkdir:
@@ -247,7 +263,16 @@ class DataOps(LoomBase):
             except BaseException:
                 raw.close()
                 raise
-        return LoomBufferedFile(self, p, mode, raw, autocommit=autocommit, temp_path=temp)
+        f = LoomBufferedFile(self, p, mode, raw, autocommit=autocommit, temp_path=temp)
+        if block_size is not None:
+            f.blocksize = block_size
+        if cache_class is not None and f._read_only:  # noqa: SLF001  (this layer's own file)
+            try:
+                f.cache = cache_class(f.blocksize, f._fetch_range, f.size, **(cache_options or {}))  # noqa: SLF001
+            except BaseException:
+                f.close()
+                raise
+        return f
 
     async def open_async(self, path: str, mode: str = "rb", **kwargs: Any) -> AsyncLoomFile:
         if "b" not in mode or kwargs.get("compression"):

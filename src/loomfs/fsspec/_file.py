@@ -44,6 +44,8 @@ def temp_name(path: str) -> str:
 class LoomBufferedFile(io.BufferedIOBase):
     """A binary LoomFS file opened through fsspec (see the module docstring)."""
 
+    cache: Any  # set only with a cache_type, or by a caching layer: reads go through it
+
     def __init__(self, fs: LoomFileSystem, path: str, mode: str, raw: Any, *,
                  autocommit: bool = True, temp_path: str | None = None):
         super().__init__()
@@ -172,6 +174,12 @@ class LoomBufferedFile(io.BufferedIOBase):
         return self.readinto(b)
 
     def readline(self, size: int | None = -1) -> bytes:
+        if self.__dict__.get("cache") is not None:  # through the cache, as read() goes
+            line = self.readuntil(b"\n")
+            if size is not None and 0 <= size < len(line):
+                self.seek(self.tell() - len(line) + size)
+                return line[:size]
+            return line
         return bytes(self._io.readline(size))
 
     def readuntil(self, char: bytes = b"\n", blocks: int | None = None) -> bytes:
