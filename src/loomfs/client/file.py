@@ -5,7 +5,9 @@ Semantics: reads stop at the length this file object knows (the length at open, 
 its own writes); holes and short chunks read as zeros; reads see this file's own buffered
 writes (pending data is flushed first). ``flush``/``fsync``/``close`` wait for every
 in-flight chunk write and raise the first error one of them hit. ``close`` reports the
-highest written offset to meta, which sets the exact length.
+highest written offset to meta, which sets the exact length; after a failed chunk write the
+reported length stops before it, and ``fsync``/``close`` keep failing (EIO, or ENOSPC) until
+the program writes that range again, so they never succeed with written bytes left out.
 
 Truncates go to meta, which cuts the chunks before it answers. A length report carries the
 file's truncate epoch this object knows; if another client truncated the file since, meta
@@ -40,7 +42,7 @@ from loomfs.client.readahead import CachedChunk, ReadAheadCache
 from loomfs.client.storage_client import ChunkStore
 from loomfs.client.writeback import ByteBudget, ChunkBuffer
 from loomfs.config import ClientConfig
-from loomfs.errors import InvalidArgument, LoomError, NotFound
+from loomfs.errors import InvalidArgument, LoomError, NotFound, error_for_errno
 from loomfs.net.buffers import BufferPool
 from loomfs.wire.meta import OpenRsp, SetattrReq
 from loomfs.wire.types import FILE_BYTES_MAX, Attr, Layout
@@ -131,9 +133,15 @@ class AsyncFile:
         self._flushes: set[asyncio.Task[None]] = set()
         self._last_flush: dict[int, asyncio.Task[None]] = {}  # per chunk: keeps same-chunk order
         self._error: BaseException | None = None
-        # lowest file offset whose chunk write failed (ENOSPC, EIO): the length this object
-        # reports never claims bytes from there on, which may never have been written
+        # lowest file offset whose stripe write failed (an EC file's, set by ``EcFileIO``): the
+        # length this object reports never claims bytes from there on, which may never have
+        # been written
         self._failed_at: int | None = None
+        # the file ranges whose chunk writes failed (ENOSPC, EIO, a timeout) and were not
+        # written since: the reported length stops at the first; a later write of a range that
+        # goes through takes it out again (the program wrote those bytes anew)
+        self._failed: list[tuple[int, int]] = []
+        self._failed_errno = errno.EIO  # what a close/fsync short of the written end raises
         self._cache = ReadAheadCache(pool, max(4, 2 * config.readahead_chunks))
         self._seq_next = 0
         self._streak = 0
@@ -178,9 +186,41 @@ class AsyncFile:
 
     def _reported_end(self) -> int:
         """The end of what this object wrote, as reported to meta: not past a failed write."""
-        if self._failed_at is not None and self._written_end > self._failed_at:
-            return self._failed_at
+        cap = self._failed_at
+        if self._failed:
+            first = min(s for s, _ in self._failed)
+            cap = first if cap is None else min(cap, first)
+        if cap is not None and self._written_end > cap:
+            return cap
         return self._written_end
+
+    def _note_failed(self, start: int, end: int, exc: BaseException) -> None:
+        self._failed.append((start, end))
+        code = getattr(exc, "errno", None)
+        self._failed_errno = code if code in (errno.ENOSPC, errno.EDQUOT) else errno.EIO
+
+    def _note_written(self, start: int, end: int) -> None:
+        """[start, end) was stored: no longer a failed range (a same-chunk write lands after
+        the earlier ones, so this is the newest content there)."""
+        if self._failed:
+            self._failed = [(s, e) for a, b in self._failed for s, e in ((a, min(b, start)), (max(a, end), b))
+                            if s < e]
+
+    def _forget_failed_from(self, size: int) -> None:
+        """The file was cut to ``size``: failed writes past it no longer matter."""
+        self._failed = [(s, min(e, size)) for s, e in self._failed if s < size]
+        if self._failed_at is not None and self._failed_at >= size:
+            self._failed_at = None
+
+    def _short_error(self) -> OSError | None:
+        """An error when the length this object reports leaves out bytes it was asked to
+        write (a failed chunk or stripe write, not written again since): a close or fsync
+        must not then succeed, whether or not the write's own error was raised already."""
+        end = self._reported_end()
+        if end >= self._written_end:
+            return None
+        return error_for_errno(self._failed_errno, f"bytes from offset {end} to {self._written_end} were not "
+                               "stored (a write of them failed); the file's length stops before them", self.path)
 
     def _raise_pending(self) -> None:
         if self._error is not None:
@@ -386,12 +426,14 @@ class AsyncFile:
                 await asyncio.wait([prev])  # same chunk: the earlier write lands first
             view = memoryview(cur.buf)[cur.start : cur.end]
             await self._storage.write_chunk(self.layout, self.inode, cur.index, cur.start, view)
+            at = cur.index * self._chunk_size
+            self._note_written(at + cur.start, at + cur.end)
         except Exception as exc:
             logger.warning("%s: write of chunk %d failed: %s", self.path, cur.index, exc)
             if self._error is None:
                 self._error = exc
-            at = cur.index * self._chunk_size + cur.start
-            self._failed_at = at if self._failed_at is None else min(self._failed_at, at)
+            at = cur.index * self._chunk_size
+            self._note_failed(at + cur.start, at + cur.end, exc)
         finally:
             self._pool.release(cur.buf)
             self._budget.release(self._chunk_size)
@@ -439,6 +481,10 @@ class AsyncFile:
                 self._cache.clear()
                 if rsp.attr is not None:
                     self._length = rsp.attr.size
+                    self._forget_failed_from(rsp.attr.size)
+            short = self._short_error()
+            if short is not None:
+                raise short
 
     async def truncate(self, size: int | None = None) -> int:
         self._check(write=True)
@@ -464,6 +510,7 @@ class AsyncFile:
             self._inline = None  # an extend past the limit moved it to chunks
         self._cache.clear()
         self._length = size
+        self._forget_failed_from(size)
         if self._written_end >= 0:
             self._written_end = size
         return size
@@ -666,6 +713,8 @@ class AsyncFile:
             else:
                 await self._meta.close(self.inode, self.session_id, self._reported_end(),
                                        trunc_epoch=self._trunc_epoch)
+        if err is None and self.writable:
+            err = self._short_error()
         if err is not None:
             raise err
 
