@@ -410,8 +410,19 @@ class AsyncFile:
             while len(self._flushes) >= FLUSHES_INFLIGHT_MAX:
                 await asyncio.wait(list(self._flushes), return_when=asyncio.FIRST_COMPLETED)
             await self._budget.acquire(self._chunk_size)
-        except BaseException:
-            self._pool.release(cur.buf)
+        except BaseException as exc:
+            # cancelled while waiting (a write or seek under asyncio.wait_for, Ctrl-C in the
+            # blocking API): the buffer holds bytes of earlier writes that returned, so it is
+            # kept to be sent later, not dropped (the length already counts its bytes)
+            if self._cur is None:
+                self._cur = cur
+            else:  # another call buffered meanwhile: never claim these bytes, then
+                at = cur.index * self._chunk_size
+                self._note_failed(at + cur.start, at + cur.end, exc)
+                if self._error is None:
+                    self._error = LoomError(f"write of chunk {cur.index} abandoned: {exc!r}", errno=errno.EIO,
+                                            path=self.path)
+                self._pool.release(cur.buf)
             raise
         prev = self._last_flush.get(cur.index)
         task = asyncio.get_running_loop().create_task(self._flush_one(cur, prev))
