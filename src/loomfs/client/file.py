@@ -8,6 +8,8 @@ in-flight chunk write and raise the first error one of them hit. ``close`` repor
 highest written offset to meta, which sets the exact length; after a failed chunk write the
 reported length stops before it, and ``fsync``/``close`` keep failing (EIO, or ENOSPC) until
 the program writes that range again, so they never succeed with written bytes left out.
+Writes, seeks, truncates, fsyncs and closes of one file object run one at a time (tasks or
+threads sharing it): each is atomic to the others, as POSIX has it.
 
 Truncates go to meta, which cuts the chunks before it answers. A length report carries the
 file's truncate epoch this object knows; if another client truncated the file since, meta
@@ -122,6 +124,10 @@ class AsyncFile:
         self._ec: EcFileIO | None = None  # an erasure-coded file's data path (loomfs.client.ec_file)
         self._opener = opener  # set while a "w" file waits to be created (lazy)
         self._create_lock = asyncio.Lock()  # one creation, whoever asks first
+        # one write, seek, truncate, fsync or close at a time: calls from several tasks (or
+        # threads of the blocking API) share the position and the chunk buffer, and each
+        # may wait (for write budget) half-way; POSIX has them atomic to each other
+        self._io_lock = asyncio.Lock()
         self.opened_attr = attr  # as meta answered the open (its version: size, mtime, ctime)
         if attr is not None:
             self._adopt(attr, inline_data)
@@ -231,6 +237,11 @@ class AsyncFile:
 
     async def write(self, b: bytes | bytearray | memoryview) -> int:
         self._check(write=True)
+        async with self._io_lock:
+            return await self._write(b)
+
+    async def _write(self, b: bytes | bytearray | memoryview) -> int:
+        self._check(write=True)  # (again: closed while this write waited for the lock)
         self._raise_pending()
         data = memoryview(b)
         if data.ndim != 1 or data.itemsize != 1:
@@ -476,6 +487,11 @@ class AsyncFile:
 
     async def fsync(self) -> None:
         self._check()
+        async with self._io_lock:
+            await self._fsync()
+
+    async def _fsync(self) -> None:
+        self._check()
         if self._opener is not None:
             await self._materialize()
         await self.flush()
@@ -498,6 +514,11 @@ class AsyncFile:
                 raise short
 
     async def truncate(self, size: int | None = None) -> int:
+        self._check(write=True)
+        async with self._io_lock:
+            return await self._truncate(size)
+
+    async def _truncate(self, size: int | None) -> int:
         self._check(write=True)
         size = self._pos if size is None else size
         if size < 0:
@@ -538,14 +559,16 @@ class AsyncFile:
         if size < 0:
             raise InvalidArgument("negative size", path=self.path)
         _check_length(size, self.path)
-        if self._inline is not None and not self._inline.fits(size):
-            await self._leave_inline()  # past the inline limit: in chunks (no buffer of ``size``)
-        if self._inline is not None:
-            if size > len(self._inline.buf):  # an empty patch at ``size``: meta's content only grows
-                self._inline.truncate(size, record=True)
-        else:
-            self._written_end = max(self._written_end, size)
-        self._length = max(self._length, size)
+        async with self._io_lock:
+            self._check(write=True)
+            if self._inline is not None and not self._inline.fits(size):
+                await self._leave_inline()  # past the inline limit: in chunks (no buffer of ``size``)
+            if self._inline is not None:
+                if size > len(self._inline.buf):  # an empty patch at ``size``: meta's content only grows
+                    self._inline.truncate(size, record=True)
+            else:
+                self._written_end = max(self._written_end, size)
+            self._length = max(self._length, size)
         await self.fsync()
         return self._length
 
@@ -683,6 +706,11 @@ class AsyncFile:
 
     async def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
         self._check()
+        async with self._io_lock:
+            return await self._seek(offset, whence)
+
+    async def _seek(self, offset: int, whence: int) -> int:
+        self._check()
         if whence == os.SEEK_SET:
             new = offset
         elif whence == os.SEEK_CUR:
@@ -702,6 +730,12 @@ class AsyncFile:
     async def close(self) -> None:
         if self.closed:
             return
+        async with self._io_lock:
+            await self._close()
+
+    async def _close(self) -> None:
+        if self.closed:
+            return  # (closed while this close waited for the lock)
         err: BaseException | None = None
         try:
             if await self._close_inline():
