@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import os
 import random
-from typing import Any
+from typing import Any, cast
 
 import msgpack
 import pytest
@@ -242,7 +242,7 @@ def test_local_cluster_marks_its_ec_table_again_only_when_routing_shows_no_flag(
         marked: list[int] = []
         fake = SimpleNamespace(ec_targets_per_node=1, routing=lambda: RoutingInfo(version=1, tables=tables),
                                _mark_ec=lambda table_id, timeout_s: marked.append(table_id))
-        ClusterWaits._ensure_chain_table(fake, 1.0)  # duck-typed: routing, _mark_ec
+        ClusterWaits._ensure_chain_table(cast(Any, fake), 1.0)  # duck-typed: routing, _mark_ec
         return marked
 
     rep = ChainTable(table_id=1, replicas=3, chain_ids=[1])
