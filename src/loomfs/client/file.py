@@ -8,8 +8,8 @@ in-flight chunk write and raise the first error one of them hit. ``close`` repor
 highest written offset to meta, which sets the exact length; after a failed chunk write the
 reported length stops before it, and ``fsync``/``close`` keep failing (EIO, or ENOSPC) until
 the program writes that range again, so they never succeed with written bytes left out.
-Writes, seeks, truncates, fsyncs and closes of one file object run one at a time (tasks or
-threads sharing it): each is atomic to the others, as POSIX has it.
+Writes, seeks, truncates, flushes, fsyncs and closes of one file object run one at a time
+(tasks or threads sharing it): each is atomic to the others, as POSIX has it.
 
 Truncates go to meta, which cuts the chunks before it answers. A length report carries the
 file's truncate epoch this object knows; if another client truncated the file since, meta
@@ -124,7 +124,7 @@ class AsyncFile:
         self._ec: EcFileIO | None = None  # an erasure-coded file's data path (loomfs.client.ec_file)
         self._opener = opener  # set while a "w" file waits to be created (lazy)
         self._create_lock = asyncio.Lock()  # one creation, whoever asks first
-        # one write, seek, truncate, fsync or close at a time: calls from several tasks (or
+        # one write, seek, truncate, flush, fsync or close at a time: calls from several tasks (or
         # threads of the blocking API) share the position and the chunk buffer, and each
         # may wait (for write budget) half-way; POSIX has them atomic to each other
         self._io_lock = asyncio.Lock()
@@ -256,7 +256,7 @@ class AsyncFile:
             end = self._pos + total
             if self._inline.fits(end):
                 if len(self._inline.patches) >= PATCHES_MAX and self._opener is None:
-                    await self.flush()  # many scattered writes: send them before more pile up
+                    await self._flush()  # many scattered writes: send them before more pile up
                 if self._inline is not None:
                     self._inline.write(self._pos, data)
                     self._pos = end
@@ -375,7 +375,7 @@ class AsyncFile:
         if rsp.applied or rsp.attr is None:  # applied, or the file is gone (unlinked)
             return True
         self._trunc_epoch = max(self._trunc_epoch, rsp.trunc_epoch)
-        content.patches = unsent
+        content.patches = unsent + content.patches  # (and any written meanwhile)
         await self._to_chunks(content)
         return False
 
@@ -470,6 +470,12 @@ class AsyncFile:
         bytes wait for its close or fsync)."""
         if self.closed:
             return
+        async with self._io_lock:  # (an inline file's flush may move it to chunks: a write)
+            await self._flush()
+
+    async def _flush(self) -> None:
+        if self.closed:
+            return
         if self._inline is not None:
             if self._opener is not None or await self._send_inline():
                 return
@@ -494,7 +500,7 @@ class AsyncFile:
         self._check()
         if self._opener is not None:
             await self._materialize()
-        await self.flush()
+        await self._flush()
         if self._inline is not None:
             return  # WRITE_INLINE committed the bytes and the length together
         if self.writable:
@@ -530,7 +536,7 @@ class AsyncFile:
             return size
         if self._opener is not None:
             await self._materialize()
-        await self.flush()
+        await self._flush()
         # by inode: this file, whatever its name is now (meta cuts the chunks)
         rsp = await self._meta.setattr(SetattrReq(path=self.path, inode=self.inode, size=size))
         self._trunc_epoch = max(self._trunc_epoch, rsp.trunc_epoch)
@@ -740,7 +746,7 @@ class AsyncFile:
         try:
             if await self._close_inline():
                 return
-            await self.flush()
+            await self._flush()
         except Exception as exc:
             err = exc
         self.closed = True
