@@ -204,6 +204,7 @@ class AsyncClient:
                 await f.close()
             except Exception as exc:
                 logger.warning("closing %s: %s", f.path, exc)
+                f.close_error = exc  # the file's own close raises it
         while self._background:  # write sessions still closing
             await asyncio.gather(*list(self._background), return_exceptions=True)
         if self._renew_task is not None:

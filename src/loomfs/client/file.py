@@ -152,6 +152,9 @@ class AsyncFile:
         self._seq_next = 0
         self._streak = 0
         self.closed = False
+        # the error of a close made for its owner (``AsyncClient.close`` closing the files left
+        # open): raised by the owner's own close later, once, not only logged
+        self.close_error: BaseException | None = None
         self.bytes_read = 0
         self.bytes_written = 0
 
@@ -735,6 +738,7 @@ class AsyncFile:
 
     async def close(self) -> None:
         if self.closed:
+            self.raise_close_error()
             return
         async with self._io_lock:
             await self._close()
@@ -768,6 +772,12 @@ class AsyncFile:
             err = self._short_error()
         if err is not None:
             raise err
+
+    def raise_close_error(self) -> None:
+        """Raise (once) the error the client's close of this file met."""
+        if self.close_error is not None:
+            exc, self.close_error = self.close_error, None
+            raise exc
 
     async def _close_inline(self) -> bool:
         """Close an inline file in one round trip: a lazy file's put, or the last writes with

@@ -104,6 +104,8 @@ class LoomFile(io.BufferedIOBase):
         try:
             if not self._af.closed:
                 self._fs._close_file(self._generation, self._af)
+            else:  # closed by the client's close: what that met is this close's error
+                self._af.raise_close_error()
         finally:
             super().close()
 
