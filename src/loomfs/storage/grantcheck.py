@@ -11,6 +11,7 @@ and nothing is checked (every caller is TRUSTED then anyway).
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import time
 from collections.abc import Callable
@@ -19,6 +20,7 @@ from loomfs.common import grants
 from loomfs.common.identity import Identity, Right
 from loomfs.errors import StatusError
 from loomfs.wire.status import Status
+from loomfs.wire.storage import RequestTag
 
 logger = logging.getLogger(__name__)
 
@@ -51,6 +53,23 @@ class GrantCheck:
 
     def __repr__(self) -> str:
         return f"GrantCheck(on={self.key is not None} required={self.required} refused={self.refused_total})"
+
+
+def dedupe_slot(tag: RequestTag | None, kind: str, inode: int, index: int = 0) -> RequestTag | None:
+    """The key the head's in-flight dedupe cache (``storage.dedupe.TagCache``) keeps a client
+    request under: its tag bound to the request's kind and chunk (a hash of them, 63 bits).
+
+    The cache answers a request whose (client id, request id) it has seen with that request's
+    reply, without applying it. Keyed by the tag alone, a client that learnt another client's id
+    could run a write, truncate or removal of *its own* chunk under that client's next request
+    ids, and the victim's later request with such an id was answered with the attacker's reply
+    and silently never applied (security hunt 16). A retry of a request names the same chunk,
+    so binding the key to it changes nothing for retries; to take another request's slot a
+    caller must now name the same chunk, which needs the write grant for it anyway."""
+    if tag is None or (tag.client_id == 0 and tag.request_id == 0):
+        return tag
+    h = hashlib.blake2b(f"{kind}:{inode}:{index}:{tag.client_id}".encode(), digest_size=8).digest()
+    return RequestTag(client_id=(int.from_bytes(h, "little") >> 1) | 1, request_id=tag.request_id)
 
 
 CACHE_MAX = 1 << 17  # (token, inode) pairs a node remembers as granted; past it the table restarts

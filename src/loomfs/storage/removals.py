@@ -15,7 +15,7 @@ from loomfs.storage.dedupe import TagCache
 from loomfs.storage.engine.types import ChunkKey, ChunkState
 from loomfs.storage.fencing import Fencing
 from loomfs.storage.foreground import ForegroundGate
-from loomfs.storage.grantcheck import GrantCheck
+from loomfs.storage.grantcheck import GrantCheck, dedupe_slot
 from loomfs.storage.target import StorageTarget
 from loomfs.storage.tenantcheck import TenantCheck
 from loomfs.storage.updates import CHUNK_SIZE_ANY, ChunkUpdates
@@ -72,7 +72,8 @@ class ChunkRemovals(ChunkUpdates, Fencing):
         self.grant_check.check(ctx.identity, req.grant, inodes)
         if req.forwarded:
             return await self._remove(req)
-        return await self.tags.run(req.tag, lambda: self._remove(req))
+        return await self.tags.run(dedupe_slot(req.tag, "remove", req.inode, req.index_begin),
+                                   lambda: self._remove(req))
 
     async def _remove(self, req: RemoveChunksReq) -> RemoveChunksRsp:
         """Remove a range of chunks: forwarded first, then removed here (the tail removes

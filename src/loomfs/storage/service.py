@@ -26,7 +26,7 @@ from loomfs.storage.dedupe import TagCache, pack_tags, unpack_tags
 from loomfs.storage.engine.types import ChunkKey
 from loomfs.storage.fencing import chain_peers_only
 from loomfs.storage.foreground import ForegroundGate
-from loomfs.storage.grantcheck import GrantCheck, ReadGrantCheck
+from loomfs.storage.grantcheck import GrantCheck, ReadGrantCheck, dedupe_slot
 from loomfs.storage.reads import ChunkReads
 from loomfs.storage.removals import ChunkRemovals
 from loomfs.storage.routing import RoutingSource, write_chain
@@ -160,7 +160,8 @@ class StorageService(ChunkReads, ChunkRemovals):
         with self.foreground.busy():
             if req.forwarded:
                 return await self._update(req, payload)
-            return await self.tags.run(req.tag, lambda: self._update(req, payload))
+            slot = dedupe_slot(req.tag, "write", inodes[0], req.chunk.index if req.chunk else 0)
+            return await self.tags.run(slot, lambda: self._update(req, payload))
 
     @handles(TRUNCATE)
     async def truncate(self, req: TruncateReq, ctx: CallContext) -> WriteRsp:
@@ -175,7 +176,8 @@ class StorageService(ChunkReads, ChunkRemovals):
         with self.foreground.busy():
             if req.forwarded:
                 return await self._update(req, _EMPTY)
-            return await self.tags.run(req.tag, lambda: self._update(req, _EMPTY))
+            slot = dedupe_slot(req.tag, "truncate", inodes[0], req.chunk.index if req.chunk else 0)
+            return await self.tags.run(slot, lambda: self._update(req, _EMPTY))
 
     async def _sync_write(self, req: WriteReq, payload: memoryview) -> WriteRsp:
         """A resync copy at the syncing target: make the chunk exactly the sender's version.
