@@ -1,5 +1,5 @@
 """Security hunt 16: what an authenticated, non-admin client can do to other clients' chunks
-through storage's retry dedupe.
+through storage's retry dedupe and chunk listings.
 
 * The head's in-flight dedupe cache (``TagCache``) was keyed by the request tag alone
   (client id, request id): a client that knew another client's id (QUERY_CHUNKS showed every
@@ -7,6 +7,9 @@ through storage's retry dedupe.
   next request ids; the victim's later write with such an id was answered with the attacker's
   reply and never applied: an acknowledged write silently lost, without any permission on the
   victim's file.
+* QUERY_CHUNKS of an inode of the caller's tenant answered every chunk's CRC32C and request
+  tags, with no read grant: a token without r on a file learnt a checksum of its content (a
+  guess of the content confirmed offline) and the client ids of its writers.
 
 Handlers called directly on a one-replica StorageService over a memory engine, with write
 grants required (no sockets, virtual time).
@@ -24,7 +27,8 @@ from loomfs.errors import StatusError
 from loomfs.storage.grantcheck import GrantCheck
 from loomfs.wire.storage import (
     ChunkId,
-        RemoveChunksReq,
+    QueryChunksReq,
+    RemoveChunksReq,
     RequestTag,
     TruncateReq,
     WriteReq,
@@ -100,3 +104,24 @@ def test_a_retry_of_the_same_request_is_still_deduplicated() -> None:
 
     _run(body)
 
+
+def test_a_chunk_listing_shows_a_client_no_checksums_or_request_tags() -> None:
+    """A token of the same tenant without any grant lists another user's file's chunks: it
+    learns which exist, their lengths and versions (a writer's fenced trim needs them), not
+    their CRC32C nor the writers' client ids. Services and admins see everything (fsck)."""
+    victim, other = _user(1001), _user(1002)
+
+    async def body(n: Node) -> None:
+        _setup(n)
+        data = b"secret content"
+        await _write(n, victim, VICTIM_INODE, data, RequestTag(client_id=VICTIM_CLIENT, request_id=1))
+        req = QueryChunksReq(target_id=TID, inode=VICTIM_INODE)
+        rsp = await n.svc.query_chunks(req, _ctx(other))
+        [m] = rsp.chunks
+        assert m.chunk is not None and m.chunk.inode == VICTIM_INODE and m.length == len(data) and m.commit_ver == 1
+        assert m.crc == 0 and m.tags == []
+        for who in (SERVICE, Identity(uid=0, gid=0, rights=Right.user() | Right.ADMIN, token_id="adm")):
+            [m] = (await n.svc.query_chunks(req, _ctx(who))).chunks
+            assert m.crc == crc32c.crc32c(data) and m.tags[:2] == [VICTIM_CLIENT, 1]
+
+    _run(body)

@@ -255,9 +255,14 @@ class StorageService(ChunkReads, ChunkRemovals):
         limit = max(0, min(req.limit, 100_000))
         after = ChunkKey(req.after.inode, req.after.index) if req.after is not None and not req.inode else None
         states = target.engine.list_chunks(req.inode, req.index_begin, req.index_end, limit + 1, after=after)
+        # a client (which needs no read grant here) learns which chunks exist, their lengths and
+        # versions (a writer's fenced trim), not their CRC32C (a checksum of bytes it may not
+        # read) nor their writers' client ids (security hunt 16); services and admins see all
+        full = ctx.identity.privileged
         metas = [
             ChunkMeta(chunk=ChunkId(inode=s.key.inode, index=s.key.index), commit_ver=s.commit_ver,
-                      update_ver=s.pending_ver, length=s.length, crc=s.crc, tags=pack_tags(s.tags))
+                      update_ver=s.pending_ver, length=s.length, crc=s.crc if full else 0,
+                      tags=pack_tags(s.tags) if full else [])
             for s in states[:limit]
         ]
         return QueryChunksRsp(chunks=metas, more=len(states) > limit)
