@@ -343,10 +343,10 @@ class FileEngine(Offload, Commits, Verification, ChunkEngine):
         if marker is not None:
             marker.join(MARKER_WAIT_S)
         self._close_fds()
-        for pool in (self._io, self._hasher):
+        for pool in (self._io, self._cold, self._hasher):
             if pool is not None:
                 pool.shutdown(wait=True)
-        self._io = self._hasher = None
+        self._io = self._cold = self._hasher = None
         self._durable.close()  # before the index it writes to
         if self._executor is not None:
             self._executor.shutdown(wait=True)

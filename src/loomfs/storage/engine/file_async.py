@@ -1,7 +1,16 @@
 """The file engine's off-loop variants: the disk I/O of big requests (``aread``, and
 ``astage_write`` of a whole chunk) runs in a small thread pool, so the event loop keeps
 receiving and sending while a 4 MiB pread/pwrite is in the kernel. Only I/O on a private dup of
-the fd (and hashing) runs in a thread; all state changes stay on the loop."""
+the fd (and hashing) runs in a thread; all state changes stay on the loop.
+
+A small read (under ``OFFLOAD_MIN_BYTES``) is served on the loop when its range is in the page
+cache (a thread hop costs more than copying it), and on a pool of its own (``COLD_THREADS``)
+when it is not (session 16): read on the loop, a cold read waited for the disk with the whole
+process stopped (every other request, heartbeats, chain forwards), and concurrent cold reads,
+say a DataLoader's workers reading 100 KiB records of cold shards, went to the disk one at a
+time. Residency is asked with non-blocking one-byte reads (``RWF_NOWAIT``) of the range's
+first, middle and last byte, as ``storage.hotchunks`` does; a kernel or file system that cannot
+say keeps every small read on the loop, as before."""
 
 from __future__ import annotations
 
@@ -17,21 +26,54 @@ from loomfs.storage.engine.file_rows import Pending
 from loomfs.storage.engine.file_stage import Staging
 from loomfs.storage.engine.types import ChunkKey, ChunkState, ChunkTag
 
+COLD_THREADS = 8  # small reads that would wait for the disk: this many at once (queue depth)
+_NOWAIT = getattr(os, "RWF_NOWAIT", None)
+_PROBE = memoryview(bytearray(1))
+
+
+def in_page_cache(fd: int, offset: int, length: int) -> bool | None:
+    """Whether ``fd``'s first, middle and last byte of ``[offset, offset + length)`` are in the
+    page cache; None where the kernel or the file system cannot say (no ``RWF_NOWAIT``)."""
+    if _NOWAIT is None:
+        return None
+    for pos in {offset, offset + length // 2, offset + length - 1}:
+        try:
+            if os.preadv(fd, [_PROBE], pos, _NOWAIT) != 1:
+                return False
+        except BlockingIOError:
+            return False
+        except OSError:  # EOPNOTSUPP and the like: this file system cannot tell
+            return None
+    return True
+
 
 class Offload(Staging):
     """Mixin of ``FileEngine``: ``aread`` and ``astage_write`` on its I/O threads."""
 
     _io: ThreadPoolExecutor | None
+    _cold: ThreadPoolExecutor | None = None
+    cold_reads_offloaded = 0  # small reads sent to the cold pool (their range not in the page cache)
 
     def _io_pool(self) -> ThreadPoolExecutor:
         if self._io is None:
             self._io = ThreadPoolExecutor(IO_THREADS, thread_name_prefix="chunk-io")
         return self._io
 
+    def _cold_pool(self) -> ThreadPoolExecutor:
+        if self._cold is None:
+            self._cold = ThreadPoolExecutor(COLD_THREADS, thread_name_prefix="chunk-cold")
+        return self._cold
+
     async def aread(self, key: ChunkKey, offset: int, into: memoryview) -> int:
         m = self._m(key)
-        if len(into) < OFFLOAD_MIN_BYTES or m is None or key in self._pending:
+        if m is None or key in self._pending:
             return self.read(key, offset, into)
+        small = len(into) < OFFLOAD_MIN_BYTES
+        if small:
+            want = min(len(into), m.length - offset)
+            if want <= 0 or in_page_cache(self._fd(key, m.file_ver), offset, want) is not False:
+                return self.read(key, offset, into)  # resident (or cannot tell): on the loop
+            self.cold_reads_offloaded += 1
         check_range(offset, len(into))
         want = min(len(into), m.length - offset)
         if want <= 0:
@@ -59,7 +101,7 @@ class Offload(Staging):
                 if dfd >= 0:
                     os.close(dfd)
 
-        await asyncio.get_running_loop().run_in_executor(self._io_pool(), work)
+        await asyncio.get_running_loop().run_in_executor(self._cold_pool() if small else self._io_pool(), work)
         return want
 
     async def astage_write(
