@@ -30,6 +30,15 @@ engine).
   administrator can end a stuck client's locks, and an auth-off cluster keeps raw ids. The
   lock in the way is shown to an unprivileged caller without another client's id and owner
   (0, as POSIX F_GETLK tells only a pid); its own client's locks carry the id it sent.
+* **Bounded for users** (session 16). Every lock call on an inode reads all its rows (on
+  meta's loop), so an unprivileged caller gets ENOLCK (as Linux answers when its lock table is
+  full) for a POSIX lock that would leave its client holding more than ``CLIENT_RANGES_MAX``
+  ranges on the inode, or the inode more than ``INODE_RANGES_MAX`` in all; an unlock that
+  splits a range adds one and is bounded too (Linux's F_UNLCK can fail with ENOLCK alike, and
+  unlocking every other byte of one big lock would otherwise grow rows without end). Calls that
+  add no ranges always go through; privileged callers are not bounded. Before, one
+  user's thousands of disjoint ranges on a shared file made every lock call on it, anyone's,
+  cost tens of milliseconds of meta's loop (security hunt 16).
 
 The rules here do no I/O besides the store's transaction; ``LockTable`` runs them.
 """
@@ -63,6 +72,8 @@ LEASE_MAX_S = 600.0
 DEFAULT_LEASE_S = 30.0
 SWEEP_MAX = 16  # expired clients dropped per renewal at most
 OWNER_BITS = 64
+CLIENT_RANGES_MAX = 1024  # POSIX ranges one unprivileged client may hold on one inode
+INODE_RANGES_MAX = 4096  # ... and all clients together, beyond which users' new ranges are refused
 
 
 def to_signed(owner: int) -> int:
@@ -151,6 +162,18 @@ def posix_apply(mine: Sequence[LockRow], type_: int, first: int, last: int, pid:
     return merged
 
 
+def _check_room(rows: Sequence[LockRow], client_id: int, added: int, inode: int) -> None:
+    """ENOLCK when ``added`` more ranges would take the client past ``CLIENT_RANGES_MAX`` on
+    the inode, or the inode past ``INODE_RANGES_MAX`` (an unprivileged caller's lock)."""
+    held = sum(1 for r in rows if r.client_id == client_id)
+    if held + added > CLIENT_RANGES_MAX:
+        raise error_for_errno(errno.ENOLCK, f"inode {inode}: a client may hold {CLIENT_RANGES_MAX} lock ranges "
+                                            f"on one file (holds {held})")
+    if len(rows) + added > INODE_RANGES_MAX:
+        raise error_for_errno(errno.ENOLCK, f"inode {inode}: {len(rows)} lock ranges held on the file "
+                                            f"(at most {INODE_RANGES_MAX})")
+
+
 def bounded_lease_ns(lease_s: float) -> int:
     """The lease a client asked for, bounded; the default for 0 and for what is not a number
     (a hostile NaN made ``int`` raise: INTERNAL, found by the hostile-peer fuzzer)."""
@@ -231,6 +254,8 @@ class LockTable:
                 new = [] if type_ == UNLOCK else [LockRow(client_id, owner, type_, 0, OFFSET_MAX, pid)]
             else:
                 new = posix_apply(mine, type_, first, last, pid, client_id, owner)
+                if len(new) > len(mine) and not who.privileged:
+                    _check_room(rows, client_id, len(new) - len(mine), inode)
             if new != mine:
                 await txn.locks_replace(inode, kind, client_id, owner, new)
         return None, fresh
