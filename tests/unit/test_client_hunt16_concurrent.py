@@ -61,3 +61,32 @@ def test_close_waits_for_a_write_in_progress() -> None:
             assert isinstance(writing.exception(), ValueError)  # or it was refused (closed)
 
     run(body, write_buffer_bytes_max=CHUNK)
+
+
+def test_writes_at_offsets_from_several_tasks_land_at_their_offsets() -> None:
+    """The mount writes each WRITE request as a seek and a write of the inode's one client
+    file, from as many tasks as requests in flight. With the I/O lock taken by each call,
+    a seek queued behind a write waiting for budget came between another request's seek and
+    its write: that write's bytes landed at the other request's offset (session 16).
+    ``AsyncFile.pwrite`` does both in one hold of the lock."""
+
+    async def body(client: Any, meta: Any, storage: FlakyStorage) -> None:
+        storage.write_gate = asyncio.Event()
+        f = await client.open("/p", "wb")
+        await f.write(b"x" * CHUNK)  # chunk 0 in flight, held: the budget is used up
+        await until(lambda: storage.inflight_writes == 1)
+        filling = asyncio.ensure_future(f.write(b"y" * CHUNK))  # chunk 1 full: waits for budget
+        await until(lambda: client.budget.waits == 1)
+        a = asyncio.ensure_future(f.pwrite(3 * CHUNK, b"A" * 100))  # both queue on the lock
+        b = asyncio.ensure_future(f.pwrite(3 * CHUNK + 1000, b"B" * 100))
+        for _ in range(50):
+            await asyncio.sleep(0)
+        storage.write_gate.set()
+        await asyncio.gather(filling, a, b)
+        await f.close()
+        got = await client.cat("/p")
+        assert got[3 * CHUNK:3 * CHUNK + 100] == b"A" * 100
+        assert got[3 * CHUNK + 1000:3 * CHUNK + 1100] == b"B" * 100
+        assert got[3 * CHUNK + 100:3 * CHUNK + 1000] == bytes(900)
+
+    run(body, write_buffer_bytes_max=CHUNK)

@@ -12,6 +12,7 @@ keep their order. Reads: ``loomfs.client.ec_stripe.read_range``.
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -139,20 +140,37 @@ class EcFileIO:
         sb = self.geometry.stripe_bytes
         try:
             await self._inflight.acquire()
-        except BaseException:
-            f._pool.release(cur.buf)
+        except BaseException as exc:
+            self._keep(cur, exc)
             raise
         try:
             await f._budget.acquire(sb)
-        except BaseException:
+        except BaseException as exc:
             self._inflight.release()
-            f._pool.release(cur.buf)
+            self._keep(cur, exc)
             raise
         prev = self._last.get(cur.stripe)
         task = asyncio.get_running_loop().create_task(self._send(cur, prev))
         self._last[cur.stripe] = task
         f._flushes.add(task)
         task.add_done_callback(lambda t: self._sent(t, cur.stripe))
+
+    def _keep(self, cur: _Pending, exc: BaseException) -> None:
+        """``dispatch`` cancelled (or failed) while it waited for a slot or write budget: the
+        stripe's buffer holds bytes of writes that returned, so it stays the file's current
+        stripe, sent by the next flush or close; it was released to the pool, the bytes
+        dropped with no error while the length counted them (session 16, as the chunk path's
+        ``AsyncFile._dispatch``). Should another call have buffered meanwhile, those bytes are
+        never claimed instead: the length stops before them and an EIO waits for fsync/close."""
+        if self._cur is None:
+            self._cur = cur
+            return
+        f = self.file
+        at = cur.stripe * self.geometry.stripe_bytes + cur.lo
+        f._failed_at = at if f._failed_at is None else min(f._failed_at, at)
+        if f._error is None:
+            f._error = LoomError(f"write of stripe {cur.stripe} abandoned: {exc!r}", errno=errno.EIO, path=f.path)
+        f._pool.release(cur.buf)
 
     async def _send(self, cur: _Pending, prev: asyncio.Task[None] | None) -> None:
         f = self.file

@@ -718,6 +718,17 @@ class AsyncFile:
         async with self._io_lock:
             return await self._seek(offset, whence)
 
+    async def pwrite(self, offset: int, b: bytes | bytearray | memoryview) -> int:
+        """A write at ``offset`` (the position ends past it, as ``seek`` then ``write``), in one
+        hold of the I/O lock: ``seek`` and ``write`` called one after the other each take it,
+        and another task's seek queued on it meanwhile (behind a write waiting for budget)
+        came between them, sending this write's bytes to that offset (the mount's WRITEs of
+        one file from several descriptors, session 16)."""
+        self._check(write=True)
+        async with self._io_lock:
+            await self._seek(offset, os.SEEK_SET)
+            return await self._write(b)
+
     async def _seek(self, offset: int, whence: int) -> int:
         self._check()
         if whence == os.SEEK_SET:

@@ -346,8 +346,7 @@ class FileOps(WriterOps, pyfuse3.Operations):
 
     @staticmethod
     async def _write_at(f: AsyncFile, off: int, buf: bytes) -> int:
-        await f.seek(off)
-        return await f.write(buf)
+        return await f.pwrite(off, buf)  # one step: descriptors of this mount share the file
 
     @fuse_errors
     async def flush(self, fh: int) -> None:
