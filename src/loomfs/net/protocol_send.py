@@ -72,13 +72,20 @@ class FrameSender:
             self.transport.write(prefix_and_header)
             if payload is not None and len(payload) and not large:
                 self.transport.write(payload)  # type: ignore[arg-type]  # not a FileRegion: large
-            if self._write_paused:
-                await self._drained()
-            if region is not None:
-                await self._raw_sendfile(region)
-            elif large:
-                assert payload is not None and not isinstance(payload, FileRegion)
-                await self._raw_send(memoryview(payload).cast("B"))
+            try:
+                if self._write_paused:
+                    await self._drained()
+                if region is not None:
+                    await self._raw_sendfile(region)
+                elif large:
+                    assert payload is not None and not isinstance(payload, FileRegion)
+                    await self._raw_send(memoryview(payload).cast("B"))
+            except asyncio.CancelledError:
+                if large:  # the header went, the payload not all of it: a torn frame nobody
+                    # can finish; the next frame's bytes would be read as this payload (then
+                    # fail its CRC): the connection goes now, its calls fail and are retried
+                    self.abort(ConnectionResetError("a large send was cancelled midway"))
+                raise
 
     async def _raw_sendfile(self, region: FileRegion) -> None:
         """``region`` with ``os.sendfile`` on the dup of the socket; a failure midway (the
