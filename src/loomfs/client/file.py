@@ -224,12 +224,18 @@ class AsyncFile:
     def _short_error(self) -> OSError | None:
         """An error when the length this object reports leaves out bytes it was asked to
         write (a failed chunk or stripe write, not written again since): a close or fsync
-        must not then succeed, whether or not the write's own error was raised already."""
+        must not then succeed, whether or not the write's own error was raised already. Also
+        when another client's truncate (a newer epoch) reset what this object counts: a failed
+        range below the new size holds other bytes than the program wrote (review 16)."""
         end = self._reported_end()
-        if end >= self._written_end:
-            return None
-        return error_for_errno(self._failed_errno, f"bytes from offset {end} to {self._written_end} were not "
-                               "stored (a write of them failed); the file's length stops before them", self.path)
+        if end < self._written_end:
+            return error_for_errno(self._failed_errno, f"bytes from offset {end} to {self._written_end} were not "
+                                   "stored (a write of them failed); the file's length stops before them", self.path)
+        if self._failed or self._failed_at is not None:
+            at = min([s for s, _ in self._failed] + ([self._failed_at] if self._failed_at is not None else []))
+            return error_for_errno(self._failed_errno, f"bytes from offset {at} were not stored (a write of them "
+                                   "failed) and not written since", self.path)
+        return None
 
     def _raise_pending(self) -> None:
         if self._error is not None:
@@ -385,9 +391,14 @@ class AsyncFile:
     async def create_now(self) -> None:
         """A lazy "w" file is created now (with a write session; its bytes are sent at the
         next flush or close), so this client's calls on its path see it: another call on
-        the path (stat, rename, unlink, ...) comes first."""
-        if self._opener is not None:
-            await self._materialize()
+        the path (stat, rename, unlink, ...) comes first. Under the I/O lock: a create the
+        directory answers with chunks writes the buffer into chunk buffers at its offsets
+        (moving the position, waiting for budget), which a write meanwhile must not share."""
+        if self._opener is None:
+            return
+        async with self._io_lock:
+            if self._opener is not None and not self.closed:
+                await self._materialize()
 
     async def _materialize(self) -> None:
         """Create a lazy file now (with a session); its bytes go at the next flush."""
@@ -583,41 +594,62 @@ class AsyncFile:
 
     # --- reading ----------------------------------------------------------------------
 
+    async def _flush_for_read(self) -> None:
+        """Reads see this file's own writes: what it buffered for chunks is sent first (by
+        ``flush``, before the read takes the I/O lock, which ``flush`` takes too)."""
+        if self._inline is None and self.dirty:
+            await self.flush()
+
     async def read(self, n: int | None = -1) -> bytes:
         self._check(read=True)
-        avail = max(0, self._length - self._pos)
-        if n is None or n < 0 or n > avail:
-            n = avail
-        if n == 0:
-            if self.dirty:
-                await self.flush()
-            return b""
-        buf = self._pool.acquire(n)
-        view = memoryview(buf)[:n]
-        got = await self._pread_into(self._pos, view)
-        self._pos += got
-        out = bytes(view[:got])
-        view.release()
-        self._pool.release(buf)
-        return out
+        await self._flush_for_read()
+        # under the I/O lock, as writes and seeks: the read starts at the position and moves
+        # it, and a write or seek meanwhile must come wholly before or after (session 16 review)
+        async with self._io_lock:
+            self._check(read=True)
+            avail = max(0, self._length - self._pos)
+            if n is None or n < 0 or n > avail:
+                n = avail
+            if n > 0:
+                buf = self._pool.acquire(n)
+                view = memoryview(buf)[:n]
+                got = await self._pread_into(self._pos, view, locked=True)
+                self._pos += got
+                out = bytes(view[:got])
+                view.release()
+                self._pool.release(buf)
+                return out
+            at_end_dirty = self.dirty
+        if at_end_dirty:
+            await self.flush()
+        return b""
 
     async def readinto(self, b: bytearray | memoryview) -> int:
         self._check(read=True)
         view = memoryview(b)
         if view.ndim != 1 or view.itemsize != 1:
             view = view.cast("B")
-        got = await self._pread_into(self._pos, view)
-        self._pos += got
-        return got
+        await self._flush_for_read()
+        async with self._io_lock:
+            self._check(read=True)
+            got = await self._pread_into(self._pos, view, locked=True)
+            self._pos += got
+            return got
 
     async def readline(self, limit: int = -1) -> bytes:
         self._check(read=True)
+        await self._flush_for_read()
+        async with self._io_lock:
+            self._check(read=True)
+            return await self._readline(limit)
+
+    async def _readline(self, limit: int) -> bytes:
         out = bytearray()
         buf = self._pool.acquire(READLINE_BLOCK_BYTES)
         view = memoryview(buf)
         while limit < 0 or len(out) < limit:
             want = READLINE_BLOCK_BYTES if limit < 0 else min(READLINE_BLOCK_BYTES, limit - len(out))
-            n = await self._pread_into(self._pos, view[:want])
+            n = await self._pread_into(self._pos, view[:want], locked=True)
             if n == 0:
                 break
             i = buf.find(b"\n", 0, n)
@@ -641,13 +673,14 @@ class AsyncFile:
     async def _fetch_chunk(self, index: int, into: memoryview) -> int:
         return await self._storage.read_chunk(self.layout, self.inode, index, 0, len(into), into)
 
-    async def _pread_into(self, pos: int, view: memoryview, *, readahead: bool = True) -> int:
+    async def _pread_into(self, pos: int, view: memoryview, *, readahead: bool = True, locked: bool = False) -> int:
+        """``locked``: the caller holds the I/O lock (a read at the position)."""
         if self._inline is not None:
             n = self._inline.read_into(pos, view) if pos < self._length else 0
             self.bytes_read += n
             return n
-        if self.dirty:
-            await self.flush()  # reads see this file's own writes
+        if self.dirty:  # reads see this file's own writes
+            await (self._flush() if locked else self.flush())
         n = min(len(view), self._length - pos)
         if n <= 0:
             return 0
