@@ -42,7 +42,7 @@ def test_a_dispatch_cancelled_waiting_for_budget_keeps_the_stripe() -> None:
         budget.open.set()
         await e.dispatch()  # the next flush or close sends it
         await settle(f)
-        assert f._error is None and f._failed_at is None
+        assert f._error is None and f.failed == []
         got = bytearray(CS)
         await es.read_range(io, make_codec(K, M), STATS, pool, 0, memoryview(got))  # type: ignore[arg-type]
         assert got[:100] == b"a" * 100, bytes(got[:16])
@@ -62,6 +62,6 @@ def test_a_stripe_another_call_replaced_meanwhile_is_never_claimed() -> None:
         await e.write(G.stripe_bytes, memoryview(b"b" * 10), 100)  # another stripe buffered meanwhile
         d.cancel()
         await asyncio.gather(d, return_exceptions=True)
-        assert f._failed_at == 0 and f._error is not None and f._error.errno == 5
+        assert f.failed == [(0, 100)] and f._error is not None and f._error.errno == 5
 
     asyncio.run(main())

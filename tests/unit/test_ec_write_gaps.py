@@ -70,9 +70,21 @@ class Budget:
         pass
 
 
+class FakeFile(types.SimpleNamespace):
+    """What EcFileIO uses of its AsyncFile: failed ranges as ``AsyncFile`` keeps them."""
+
+    failed: list[tuple[int, int]]
+
+    def _note_failed(self, start: int, end: int, exc: BaseException) -> None:
+        self.failed.append((start, end))
+
+    def _note_written(self, start: int, end: int) -> None:
+        self.failed = [(s, e) for a, b in self.failed for s, e in ((a, min(b, start)), (max(a, end), b)) if s < e]
+
+
 def make_file(io: FakeIO, pool: BufferPool) -> tuple[EcFileIO, Any]:
-    f = types.SimpleNamespace(_pool=pool, _budget=Budget(), _flushes=set(), _error=None, _failed_at=None,
-                              path="/x", _config=types.SimpleNamespace(ec_ack_fragments_min=0))
+    f = FakeFile(_pool=pool, _budget=Budget(), _flushes=set(), _error=None, failed=[],
+                 path="/x", _config=types.SimpleNamespace(ec_ack_fragments_min=0))
     e = object.__new__(EcFileIO)
     e.file = f  # type: ignore[assignment]
     e.io = io  # type: ignore[assignment]
@@ -117,6 +129,6 @@ def test_a_failed_stripe_write_caps_the_reported_length() -> None:
         await e.write(SB + 100, memoryview(b"c" * 50), SB)
         await e.dispatch()
         await settle(f)
-        assert f._error is not None and f._failed_at == SB + 100
+        assert f._error is not None and f.failed == [(SB + 100, SB + 150)]
 
     asyncio.run(main())

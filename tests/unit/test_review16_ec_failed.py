@@ -1,6 +1,7 @@
-"""Review of e0b923a for erasure-coded files: a failed stripe write is still kept as one offset
-(``_failed_at``) that no later write of the range clears, while fsync and close now raise for
-as long as it caps the length (the fakes of test_ec_write_gaps under a real AsyncFile)."""
+"""Review of e0b923a for erasure-coded files: a failed stripe write was kept as one offset
+(``_failed_at``) that no later write of the range cleared, while fsync and close raised for as
+long as it capped the length; stripes now keep failed ranges as chunks do (``_note_failed`` /
+``_note_written``). The fakes of test_ec_write_gaps under a real AsyncFile."""
 
 from __future__ import annotations
 
@@ -29,8 +30,6 @@ def _ec_file(f: Any, io: FakeIO) -> EcFileIO:
     return e
 
 
-@pytest.mark.xfail(strict=True, reason="EC stripe failures set _failed_at, never cleared by a later "
-                   "successful write of the range: fsync/close raise EIO for good and the length stays capped")
 def test_an_ec_stripe_written_again_after_a_failure_counts_and_fsync_passes() -> None:
     """A stripe write of a new EC file fails (more fragments down than the code loses), fsync
     raises it; the fragments come back and the program writes the range again: that write

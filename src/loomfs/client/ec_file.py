@@ -166,8 +166,8 @@ class EcFileIO:
             self._cur = cur
             return
         f = self.file
-        at = cur.stripe * self.geometry.stripe_bytes + cur.lo
-        f._failed_at = at if f._failed_at is None else min(f._failed_at, at)
+        at = cur.stripe * self.geometry.stripe_bytes
+        f._note_failed(at + cur.lo, at + cur.hi, exc)
         if f._error is None:
             f._error = LoomError(f"write of stripe {cur.stripe} abandoned: {exc!r}", errno=errno.EIO, path=f.path)
         f._pool.release(cur.buf)
@@ -190,9 +190,13 @@ class EcFileIO:
             logger.warning("%s: write of stripe %d failed: %s", f.path, cur.stripe, exc)
             if f._error is None:
                 f._error = exc
-            # the length reported to meta stops before it, as for a failed chunk write
-            at = cur.stripe * self.geometry.stripe_bytes + cur.lo
-            f._failed_at = at if f._failed_at is None else min(f._failed_at, at)
+            # the length reported to meta stops before it, and fsync/close fail, until the
+            # range is written again, as for a failed chunk write (AsyncFile._note_failed)
+            at = cur.stripe * self.geometry.stripe_bytes
+            f._note_failed(at + cur.lo, at + cur.hi, exc)
+        else:
+            at = cur.stripe * self.geometry.stripe_bytes
+            f._note_written(at + cur.lo, at + cur.hi)  # a failure there before is written over
         finally:
             f._pool.release(cur.buf)
             f._budget.release(self.geometry.stripe_bytes)

@@ -142,7 +142,6 @@ class AsyncFile:
         # lowest file offset whose stripe write failed (an EC file's, set by ``EcFileIO``): the
         # length this object reports never claims bytes from there on, which may never have
         # been written
-        self._failed_at: int | None = None
         # the file ranges whose chunk writes failed (ENOSPC, EIO, a timeout) and were not
         # written since: the reported length stops at the first; a later write of a range that
         # goes through takes it out again (the program wrote those bytes anew)
@@ -195,12 +194,10 @@ class AsyncFile:
 
     def _reported_end(self) -> int:
         """The end of what this object wrote, as reported to meta: not past a failed write."""
-        cap = self._failed_at
         if self._failed:
-            first = min(s for s, _ in self._failed)
-            cap = first if cap is None else min(cap, first)
-        if cap is not None and self._written_end > cap:
-            return cap
+            cap = min(s for s, _ in self._failed)
+            if self._written_end > cap:
+                return cap
         return self._written_end
 
     def _note_failed(self, start: int, end: int, exc: BaseException) -> None:
@@ -218,8 +215,6 @@ class AsyncFile:
     def _forget_failed_from(self, size: int) -> None:
         """The file was cut to ``size``: failed writes past it no longer matter."""
         self._failed = [(s, min(e, size)) for s, e in self._failed if s < size]
-        if self._failed_at is not None and self._failed_at >= size:
-            self._failed_at = None
 
     def _short_error(self) -> OSError | None:
         """An error when the length this object reports leaves out bytes it was asked to
@@ -231,8 +226,8 @@ class AsyncFile:
         if end < self._written_end:
             return error_for_errno(self._failed_errno, f"bytes from offset {end} to {self._written_end} were not "
                                    "stored (a write of them failed); the file's length stops before them", self.path)
-        if self._failed or self._failed_at is not None:
-            at = min([s for s, _ in self._failed] + ([self._failed_at] if self._failed_at is not None else []))
+        if self._failed:
+            at = min(s for s, _ in self._failed)
             return error_for_errno(self._failed_errno, f"bytes from offset {at} were not stored (a write of them "
                                    "failed) and not written since", self.path)
         return None
