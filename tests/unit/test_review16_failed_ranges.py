@@ -60,8 +60,6 @@ def test_a_range_written_again_after_another_clients_truncate_lets_close_pass() 
     run(body)
 
 
-@pytest.mark.xfail(strict=True, reason="_close sets closed=True before meta.close: a close cancelled while "
-                   "meta's CLOSE is on its way, then called again, returns quietly with no length reported")
 def test_a_close_cancelled_during_metas_close_is_not_quietly_done_by_the_next_close() -> None:
     """``asyncio.wait_for(f.close(), t)`` times out while CLOSE waits for meta (or Ctrl-C in
     the blocking API, whose cancel stops the task): the caller is told it did not finish

@@ -154,6 +154,7 @@ class AsyncFile:
         # the error of a close made for its owner (``AsyncClient.close`` closing the files left
         # open): raised by the owner's own close later, once, not only logged
         self.close_error: BaseException | None = None
+        self._close_unsent = False  # meta's CLOSE not answered yet: a later close() sends it again
         self.bytes_read = 0
         self.bytes_written = 0
 
@@ -776,7 +777,7 @@ class AsyncFile:
         return new
 
     async def close(self) -> None:
-        if self.closed:
+        if self.closed and not self._close_unsent:
             self.raise_close_error()
             return
         async with self._io_lock:
@@ -784,6 +785,10 @@ class AsyncFile:
 
     async def _close(self) -> None:
         if self.closed:
+            if self._close_unsent:  # an earlier close stopped before meta's CLOSE answered
+                await self._send_close()
+                if self.writable and (short := self._short_error()) is not None:
+                    raise short
             return  # (closed while this close waited for the lock)
         err: BaseException | None = None
         try:
@@ -805,12 +810,24 @@ class AsyncFile:
                 self._background.add(task)
                 task.add_done_callback(self._background.discard)
             else:
-                await self._meta.close(self.inode, self.session_id, self._reported_end(),
-                                       trunc_epoch=self._trunc_epoch)
+                self._close_unsent = True
+                await self._send_close()
         if err is None and self.writable:
             err = self._short_error()
         if err is not None:
             raise err
+
+    @property
+    def close_pending(self) -> bool:
+        """Closed, but meta's CLOSE (with the length) never answered: ``close()`` sends it again."""
+        return self._close_unsent
+
+    async def _send_close(self) -> None:
+        """Meta's CLOSE with the length; until it answers, a later ``close()`` sends it again
+        (cancelled, or failed: the first one's ``closed`` stops nothing else). A repeated CLOSE
+        of a session meta already ended is a length report, which only grows the length."""
+        await self._meta.close(self.inode, self.session_id, self._reported_end(), trunc_epoch=self._trunc_epoch)
+        self._close_unsent = False
 
     def raise_close_error(self) -> None:
         """Raise (once) the error the client's close of this file met."""

@@ -99,10 +99,10 @@ class LoomFile(io.BufferedIOBase):
         return self._af.tell()
 
     def close(self) -> None:
-        if self.closed:
+        if self.closed and not self._af.close_pending:
             return
         try:
-            if not self._af.closed:
+            if not self._af.closed or self._af.close_pending:  # (an interrupted close: again)
                 self._fs._close_file(self._generation, self._af)
             else:  # closed by the client's close: what that met is this close's error
                 self._af.raise_close_error()
