@@ -9,12 +9,10 @@ ManualClock, no sockets."""
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 
-import pytest
-from test_meta_inline import LIMIT, WritingChunks
+from test_meta_inline import LIMIT, WritingChunks, chunks, env  # noqa: F401 - fixtures: the writing chunk model, an inline Env over it
 from test_meta_namespace import CREAT, Env
-from test_meta_trim import _gc, _trimmer
+from test_meta_trim import _gc
 
 from loomfs.meta.ops.inline import Patch
 from loomfs.meta.store.base import TrimEntry
@@ -23,25 +21,12 @@ W = os.O_WRONLY
 MIB = 1 << 20
 
 
-@pytest.fixture
-def chunks() -> WritingChunks:
-    return WritingChunks()
-
-
-@pytest.fixture
-def env(chunks: WritingChunks) -> Iterator[Env]:
-    e = Env(inline_max_bytes=LIMIT, chunk_writer=chunks)
-    e.ns.trimmer = _trimmer(e, chunks)
-    yield e
-    e.close()
-
-
-async def _trim(env: Env, inode: int) -> TrimEntry | None:
+async def _trim(env: Env, inode: int) -> TrimEntry | None:  # noqa: F811
     async with env.store.read() as t:
         return await t.trim_get(inode)
 
 
-def _inline_writer_then_chunks_then_crashed_truncate(env: Env, chunks: WritingChunks) -> tuple[int, int]:
+def _inline_writer_then_chunks_then_crashed_truncate(env: Env, chunks: WritingChunks) -> tuple[int, int]:  # noqa: F811
     """An inline writer W (still open); the file moves to chunks and grows to 3 MiB; a truncate
     to 1 MiB commits on a meta that dies before it cuts (the trim stays queued). Returns
     (inode, W's session)."""
@@ -61,7 +46,7 @@ def _inline_writer_then_chunks_then_crashed_truncate(env: Env, chunks: WritingCh
     return ino, w.session_id
 
 
-def test_write_inline_on_a_file_in_chunks_settles_the_pending_trim_first(env: Env, chunks: WritingChunks) -> None:
+def test_write_inline_on_a_file_in_chunks_settles_the_pending_trim_first(env: Env, chunks: WritingChunks) -> None:  # noqa: F811
     ino, sid = _inline_writer_then_chunks_then_crashed_truncate(env, chunks)
     rsp = env.run(env.ns.write_inline(ino, sid, [Patch(2 * MIB, b"late!")]))
     assert not rsp.applied and rsp.trunc_epoch == 1  # W now writes chunks, at epoch 1
@@ -74,7 +59,7 @@ def test_write_inline_on_a_file_in_chunks_settles_the_pending_trim_first(env: En
     assert chunks.read(ino, MIB, 8) == bytes(8)  # the truncate's cut: the old bytes are gone
 
 
-def test_migrate_of_a_file_in_chunks_settles_the_pending_trim_first(env: Env, chunks: WritingChunks) -> None:
+def test_migrate_of_a_file_in_chunks_settles_the_pending_trim_first(env: Env, chunks: WritingChunks) -> None:  # noqa: F811
     ino, sid = _inline_writer_then_chunks_then_crashed_truncate(env, chunks)
     _attr, epoch = env.run(env.ns.migrate(ino))  # W's write goes past the limit: MIGRATE
     assert epoch == 1
