@@ -335,9 +335,18 @@ _REPAIRS: set[asyncio.Task[list[int]]] = set()  # repairs run in the background 
 
 
 async def repairs_settled() -> None:
-    """Wait for the repairs started so far (tests, bench, close)."""
-    while _REPAIRS:
-        await asyncio.gather(*list(_REPAIRS), return_exceptions=True)
+    """Wait for the repairs this event loop started so far (tests, bench, close). Repairs of
+    another loop cannot be awaited here; those of a loop closed since (a client closed while
+    its repair was pending) never end and are dropped: gathering one raised RuntimeError
+    ("attached to a different loop") in whichever test or client asked next."""
+    loop = asyncio.get_running_loop()
+    while True:
+        for t in [t for t in _REPAIRS if t.get_loop() is not loop and t.get_loop().is_closed()]:
+            _REPAIRS.discard(t)
+        mine = [t for t in _REPAIRS if t.get_loop() is loop]
+        if not mine:
+            return
+        await asyncio.gather(*mine, return_exceptions=True)
 
 
 async def repair_fragments(io: FragmentIO, stats: EcStats, stripe: int, buf: Buffer, res: Resolved) -> list[int]:
