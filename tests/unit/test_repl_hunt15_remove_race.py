@@ -8,21 +8,13 @@ reconciles). Three real StorageServices over the simulated network, on virtual t
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 
+from test_client_lock_undo import until
 from test_replication_defects import KEY, Chain3, run
 
 from loomfs.errors import LoomError
 from loomfs.wire.status import Status
 from loomfs.wire.storage import REMOVE_CHUNKS, RemoveChunksReq
-
-
-async def _until(cond: Callable[[], bool], what: str, deadline_s: float = 10.0) -> None:
-    loop = asyncio.get_running_loop()
-    end = loop.time() + deadline_s
-    while not cond():
-        assert loop.time() < end, f"not within {deadline_s}s: {what}"
-        await asyncio.sleep(0.001)
 
 
 def _summary(c: Chain3, node: int) -> tuple[int, int, int] | None:
@@ -38,12 +30,12 @@ def test_update_at_the_head_during_a_removal_leaves_the_replicas_equal() -> None
         tail_lock = tail.target.locks.hold(KEY)
         await tail_lock.__aenter__()  # the tail is busy with the chunk: the removal waits there
         removal = asyncio.ensure_future(c.client.call(c.nodes[0].address, REMOVE_CHUNKS, rm))
-        await _until(lambda: tail.service.being_removed(c.tid(3), KEY) and tail.target.locks.users(KEY) >= 2,
+        await until(lambda: tail.service.being_removed(c.tid(3), KEY) and tail.target.locks.users(KEY) >= 2,
                      "the removal waits for the chunk's lock at the tail")
         assert not removal.done()
         write = asyncio.ensure_future(c.write(1, 0, b"b" * 200))  # a late writer of the deleted file
         # refused at the head (the fix), or (before it) gone down the chain to wait at the tail
-        await _until(lambda: write.done() or tail.target.locks.users(KEY) >= 3, "the write refused or queued")
+        await until(lambda: write.done() or tail.target.locks.users(KEY) >= 3, "the write refused or queued")
         await tail_lock.__aexit__(None, None, None)
         await removal
         try:
