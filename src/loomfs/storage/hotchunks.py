@@ -27,12 +27,12 @@ from collections import OrderedDict
 from collections.abc import Hashable
 from typing import Any
 
+from loomfs.storage.engine.file_io import in_page_cache
+
 HOT_CHUNKS_MAX = 4096  # ranges remembered per storage process (counts only: ~0.5 MiB of dict)
 PROMOTE_AFTER_READS = 2  # reads of a chunk served with O_DIRECT before it is kept in the page cache
 HOT_CHUNKS_ENV = "LOOMFS_HOT_CHUNKS"  # overrides HOT_CHUNKS_MAX; "0": every read as before (A/B)
 SENDFILE_MIN_BYTES = 256 << 10  # smaller reads go through the page cache already (file_io)
-_PROBE = bytearray(1)
-_PROBE_VIEW = memoryview(_PROBE)
 
 
 class Plan(enum.Enum):
@@ -83,17 +83,8 @@ class HotChunks:
 def resident(fd: int, length: int, offset: int = 0) -> bool:
     """Whether ``fd``'s first, middle and last byte of ``[offset, offset + length)`` are in the
     page cache (a read that would wait for the disk fails with EAGAIN under RWF_NOWAIT); False
-    where the kernel or Python lacks RWF_NOWAIT."""
-    flag: Any = getattr(os, "RWF_NOWAIT", None)
-    if flag is None or length <= 0:
-        return False
-    for pos in {offset, offset + length // 2, offset + length - 1}:
-        try:
-            if os.preadv(fd, [_PROBE_VIEW], pos, flag) != 1:
-                return False
-        except OSError:  # BlockingIOError: not resident; EOPNOTSUPP: file system without it
-            return False
-    return True
+    where the kernel or Python lacks RWF_NOWAIT (``file_io.in_page_cache`` says None)."""
+    return length > 0 and in_page_cache(fd, offset, length) is True
 
 
 def open_region(engine: Any, key: Any) -> tuple[int, int, int] | None:

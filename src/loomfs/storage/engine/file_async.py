@@ -21,31 +21,17 @@ from concurrent.futures import ThreadPoolExecutor
 import crc32c
 
 from loomfs.storage.engine.blocks import check_range
-from loomfs.storage.engine.file_io import DIRECT_READ_MIN_BYTES, IO_THREADS, OFFLOAD_MIN_BYTES
+from loomfs.storage.engine.file_io import (  # in_page_cache: tests patch it here
+    DIRECT_READ_MIN_BYTES,
+    IO_THREADS,
+    OFFLOAD_MIN_BYTES,
+    in_page_cache,
+)
 from loomfs.storage.engine.file_rows import Pending
 from loomfs.storage.engine.file_stage import Staging
 from loomfs.storage.engine.types import ChunkKey, ChunkState, ChunkTag
 
 COLD_THREADS = 8  # small reads that would wait for the disk: this many at once (queue depth)
-_NOWAIT = getattr(os, "RWF_NOWAIT", None)
-_PROBE = memoryview(bytearray(1))
-
-
-def in_page_cache(fd: int, offset: int, length: int) -> bool | None:
-    """Whether ``fd``'s first, middle and last byte of ``[offset, offset + length)`` are in the
-    page cache; None where the kernel or the file system cannot say (no ``RWF_NOWAIT``)."""
-    if _NOWAIT is None:
-        return None
-    for pos in {offset, offset + length // 2, offset + length - 1}:
-        try:
-            if os.preadv(fd, [_PROBE], pos, _NOWAIT) != 1:
-                return False
-        except BlockingIOError:
-            return False
-        except OSError:  # EOPNOTSUPP and the like: this file system cannot tell
-            return None
-    return True
-
 
 class Offload(Staging):
     """Mixin of ``FileEngine``: ``aread`` and ``astage_write`` on its I/O threads."""

@@ -55,3 +55,23 @@ def _pwrite_at(fd: int, data: memoryview | bytes, offset: int) -> None:
 
 
 _ZERO_MV = memoryview(bytes(SCRATCH_BYTES))
+
+
+_NOWAIT = getattr(os, "RWF_NOWAIT", None)
+_PROBE = memoryview(bytearray(1))
+
+
+def in_page_cache(fd: int, offset: int, length: int) -> bool | None:
+    """Whether ``fd``'s first, middle and last byte of ``[offset, offset + length)`` are in the
+    page cache; None where the kernel or the file system cannot say (no ``RWF_NOWAIT``)."""
+    if _NOWAIT is None:
+        return None
+    for pos in {offset, offset + length // 2, offset + length - 1}:
+        try:
+            if os.preadv(fd, [_PROBE], pos, _NOWAIT) != 1:
+                return False
+        except BlockingIOError:
+            return False
+        except OSError:  # EOPNOTSUPP and the like: this file system cannot tell
+            return None
+    return True
